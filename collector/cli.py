@@ -1,0 +1,134 @@
+"""`rankscope` command line.
+
+Every command that reads or writes data takes ``--data-dir`` (default
+``./rankscope-data``). Commands that need torch (the demo's training run,
+nvme-tune) run it in a child process, so this module imports neither torch
+nor the trainer: the collector side stays light.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+
+DEFAULT_DATA_DIR = "rankscope-data"
+DEFAULT_ENDPOINT = "127.0.0.1:50051"
+
+
+def _data_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, metavar="D",
+                   help=f"data directory holding parquet/ and catalog.duckdb (default: ./{DEFAULT_DATA_DIR})")
+
+
+def _examples(text: str) -> str:
+    return "examples:\n" + textwrap.indent(textwrap.dedent(text).strip(), "  ")
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from collector.server import serve
+
+    token = args.token or os.environ.get("RANKSCOPE_TOKEN") or None
+    return serve(args.data_dir, host=args.host, port=args.port, token=token) or 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from collector.sqlcli import run
+
+    return run(args.data_dir, args.query)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from collector.launch import dashboard_command
+
+    cmd = dashboard_command(args.data_dir, port=args.port, host=args.host)
+    os.execv(cmd[0], cmd)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from collector.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_nvme_tune(args: argparse.Namespace) -> int:
+    cmd = [sys.executable, "-m", "native.nvme_tune", "--dir", args.dir, *args.rest]
+    os.execv(cmd[0], cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rankscope",
+        description="Live observability for distributed PyTorch training.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_examples("""
+            rankscope demo                      # collector + live 4-rank run + dashboard
+            rankscope collect --port 50051      # run the collector
+            rankscope dashboard --data-dir sample_runs
+            rankscope sql "select op, count(*) from comm group by op"
+        """),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func, help: str, examples: str):
+        p = sub.add_parser(name, help=help, description=help, epilog=_examples(examples),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("collect", cmd_collect, "Run the gRPC collector that writes Parquet and the DuckDB catalog.", """
+        rankscope collect
+        rankscope collect --data-dir /scratch/rs --port 50051 --token "$RANKSCOPE_TOKEN"
+    """)
+    _data_dir_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="port to bind (default 50051; 0 picks a free one)")
+    p.add_argument("--token", default=None, help="require 'authorization: Bearer TOKEN' (default: $RANKSCOPE_TOKEN)")
+
+    p = add("dashboard", cmd_dashboard, "Serve the Streamlit dashboard over a data directory.", """
+        rankscope dashboard
+        rankscope dashboard --data-dir sample_runs --port 8502
+    """)
+    _data_dir_arg(p)
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+
+    p = add("demo", cmd_demo, "Start a collector, a live multi-rank CPU training run streaming into it, and the dashboard.", """
+        rankscope demo
+        rankscope demo --nproc 2 --steps 50 --no-dashboard
+    """)
+    _data_dir_arg(p)
+    p.add_argument("--nproc", type=int, default=4, help="training ranks (default 4)")
+    p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    p.add_argument("--config", default=None, help="engine config JSON (default: the ZeRO-2 example config)")
+    p.add_argument("--port", type=int, default=50051, help="collector port (default 50051)")
+    p.add_argument("--dashboard-port", type=int, default=8501)
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    p.add_argument("--exit", action="store_true", help="stop everything when the training run ends")
+
+    p = add("sql", cmd_sql, "Run a read-only SQL query over the catalog and print the result.", """
+        rankscope sql "select * from runs"
+        rankscope sql --data-dir sample_runs "select rank, avg(busbw_gbs) from comm group by rank"
+    """)
+    _data_dir_arg(p)
+    p.add_argument("query", help="a SELECT / WITH / DESCRIBE / SHOW query")
+
+    p = add("nvme-tune", cmd_nvme_tune, "Sweep async I/O handle settings on a directory and print the best `aio` config block.", """
+        rankscope nvme-tune --dir /local_nvme
+        rankscope nvme-tune --dir /local_nvme --io-size 268435456 --loops 3
+    """)
+    p.add_argument("--dir", required=True, help="a writable directory on the device to tune")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="more options for the tuner (see python -m native.nvme_tune --help)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Fixtures shared by every area's tests: free ports and isolated data/spool dirs."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_telemetry_env(tmp_path, monkeypatch):
+    """No test talks to a developer's collector or writes into a shared spool."""
+    for var in ("RANKSCOPE_ENDPOINT", "RANKSCOPE_RUN", "RANKSCOPE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANKSCOPE_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))

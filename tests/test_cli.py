@@ -1,0 +1,31 @@
+"""The `rankscope` entry point: every command answers --help with examples."""
+import subprocess
+import sys
+
+import pytest
+
+COMMANDS = ["collect", "dashboard", "demo", "sql", "nvme-tune"]
+
+
+def rankscope(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_top_level_help_lists_commands():
+    out = rankscope("--help")
+    assert out.returncode == 0, out.stderr
+    for cmd in COMMANDS:
+        assert cmd in out.stdout
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_each_command_has_help_with_examples(cmd):
+    out = rankscope(cmd, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "examples:" in out.stdout and f"rankscope {cmd}" in out.stdout
+
+
+def test_unknown_command_is_a_clear_error():
+    out = rankscope("frobnicate")
+    assert out.returncode == 2
+    assert "invalid choice: 'frobnicate'" in out.stderr
