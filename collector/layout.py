@@ -1,0 +1,86 @@
+"""Where things live in a data dir D, and the schema of every stored table.
+
+    D/parquet/<table>/run=<run_id>/<segment>.parquet   committed segments
+    D/parquet/<table>/run=@schema/schema.parquet      empty placeholder (see below)
+    D/ledger/                                          the store's commit log (collector/ledger.py)
+    D/catalog.duckdb                                   views only (collector/catalog.py)
+
+Segments are written as ``.<name>.tmp`` and renamed into place; the view globs
+(``*/*.parquet``) never match a temporary name, so readers never see a
+half-written file.
+
+Every table gets a zero-row placeholder file in the ``run=@schema`` partition:
+DuckDB refuses to bind a view over a glob that matches nothing, and the
+placeholder also carries the current schema so ``union_by_name`` fills columns
+that older segments lack with nulls. ``@`` is not allowed in a run_id, so the
+placeholder partition can never collide with a real run, and it holds no rows.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+
+PARQUET_DIR = "parquet"
+LEDGER_DIR = "ledger"
+CATALOG_FILE = "catalog.duckdb"
+PLACEHOLDER_PARTITION = "run=@schema"
+PLACEHOLDER_FILE = "schema.parquet"
+SEGMENT_SUFFIX = ".parquet"
+TEMP_SUFFIX = ".tmp"
+
+# Tables the collector writes from Hello / RunEnd messages; run_id is a column
+# there (and also the partition), unlike the per-rank tables.
+COLLECTOR_TABLES: dict[str, pa.Schema] = {
+    "runs": RUNS_SCHEMA,
+    "ranks": RANKS_SCHEMA,
+    "rank_ends": RANK_ENDS_SCHEMA,
+}
+
+
+def stored_schemas() -> dict[str, pa.Schema]:
+    """Every table stored under D/parquet with the schema of its files."""
+    schemas = {name: table.arrow_schema() for name, table in TABLES.items()}
+    schemas.update(COLLECTOR_TABLES)
+    return schemas
+
+
+def table_dir(data_dir: Path, table: str) -> Path:
+    return data_dir / PARQUET_DIR / table
+
+
+def partition_dir(data_dir: Path, table: str, run_id: str) -> Path:
+    return table_dir(data_dir, table) / f"run={run_id}"
+
+
+def temp_name(final: Path) -> Path:
+    """The name a segment is written under before it is committed."""
+    return final.with_name(f".{final.name}{TEMP_SUFFIX}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_placeholders(data_dir: Path) -> None:
+    """Write (or refresh, after a schema change) each table's empty placeholder."""
+    for table, schema in stored_schemas().items():
+        path = table_dir(data_dir, table) / PLACEHOLDER_PARTITION / PLACEHOLDER_FILE
+        if path.exists():
+            try:
+                if pq.read_schema(path).equals(schema):
+                    continue
+            except (OSError, pa.ArrowInvalid):
+                pass  # unreadable: rewrite it below
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(path).with_suffix(f".{os.getpid()}")
+        pq.write_table(schema.empty_table(), tmp)
+        os.replace(tmp, path)
