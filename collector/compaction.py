@@ -1,0 +1,129 @@
+"""Background merging of small segments, so a long run is not 100k tiny files.
+
+The store writes one segment per (table, run) per flush -- a few per second.
+Every ``interval`` seconds the compactor looks at each partition and merges the
+oldest small segments (smaller than ``target_bytes``) into one ``cmp-*``
+segment, through the same ledger commit as a flush: the output is written under
+a temporary name, the commit record names inputs and output, then the inputs are
+unlinked and the output renamed in. Readers may miss those rows for the instant
+between the two, never see them twice; a crash anywhere is rolled forward or
+back by the ledger at start-up (see collector/ledger.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector import layout
+from collector.ledger import Ledger
+from collector.store import segment_path, write_segment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class CompactionConfig:
+    interval: float = 5.0           # s between scans
+    min_files: int = 8              # merge once this many small segments are waiting...
+    target_bytes: int = 64 << 20    # ...into segments of about this size; bigger ones are left alone
+    max_files: int = 256            # per merge, to bound memory
+
+    def __post_init__(self):
+        if self.interval <= 0:
+            raise ValueError(f"compaction.interval must be > 0, got {self.interval}")
+        if self.min_files < 2 or self.max_files < self.min_files:
+            raise ValueError("compaction needs 2 <= compaction.min_files <= compaction.max_files")
+
+
+def pick_inputs(sizes: list[tuple[Path, int]], config: CompactionConfig) -> list[Path]:
+    """The oldest run of small segments worth merging, or [] if none is.
+
+    ``sizes`` is (path, bytes) in commit order. Taking the oldest first keeps
+    merged files in roughly time order; stopping at target_bytes makes each
+    merge produce one segment of about the target size, so files grow
+    geometrically and every row is rewritten only a few times."""
+    chosen, total = [], 0
+    for path, size in sizes:
+        if size >= config.target_bytes:
+            continue
+        if chosen and (total + size > config.target_bytes or len(chosen) == config.max_files):
+            break
+        chosen.append(path)
+        total += size
+    if len(chosen) >= config.min_files or (len(chosen) >= 2 and total >= config.target_bytes // 2):
+        return chosen
+    return []
+
+
+class Compactor:
+    def __init__(self, data_dir: Path, ledger: Ledger, config: CompactionConfig | None = None):
+        self.data_dir = Path(data_dir)
+        self.ledger = ledger
+        self.config = config or CompactionConfig()
+        self.merges = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
+
+    def start(self) -> "Compactor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        try:  # Linux threads are tasks: lower this one's priority so ingest wins the CPU
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
+        while not self._stop.wait(self.config.interval):
+            try:
+                self.run_once()
+            except Exception:  # a failed merge leaves its inputs in place; try again next scan
+                log.exception("compaction failed")
+
+    def run_once(self) -> int:
+        """One pass over every partition; returns how many merges were made."""
+        merges = 0
+        parquet = self.data_dir / layout.PARQUET_DIR
+        for partition in sorted(parquet.glob("*/run=*")):
+            if partition.name == layout.PLACEHOLDER_PARTITION or self._stop.is_set():
+                continue
+            while not self._stop.is_set():
+                segments = sorted(partition.glob(f"*{layout.SEGMENT_SUFFIX}"), key=_commit_number)
+                sizes = []
+                for path in segments:
+                    try:
+                        sizes.append((path, path.stat().st_size))
+                    except FileNotFoundError:
+                        pass
+                inputs = pick_inputs(sizes, self.config)
+                if not inputs:
+                    break
+                self._merge(partition, inputs)
+                merges += 1
+        self.merges += merges
+        return merges
+
+    def _merge(self, partition: Path, inputs: list[Path]) -> None:
+        # promote_options: a segment written before a column was added lacks it (nulls).
+        rows = pa.concat_tables([pq.read_table(p) for p in inputs], promote_options="default")
+        table, run_id = partition.parent.name, partition.name.removeprefix("run=")
+        commit = self.ledger.reserve_commit()
+        output = segment_path(self.data_dir, table, run_id, "cmp", commit)
+        write_segment(rows, output)
+        self.ledger.commit_compaction(commit, inputs, output)
+        log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
+
+
+def _commit_number(path: Path) -> int:
+    # seg-0000000042.parquet / cmp-0000000042.parquet: the commit that wrote it
+    return int(path.stem.rsplit("-", 1)[-1])

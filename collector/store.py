@@ -1,0 +1,201 @@
+"""Buffers accepted rows in Arrow and group-commits them to Parquet segments.
+
+The server hands each envelope's rows to ``Store.submit`` together with a
+callback. Rows accumulate per (table, run) and a flusher thread commits them
+every ``flush_interval`` seconds (or sooner when ``flush_bytes`` are buffered):
+one zstd Parquet segment per (table, run) per commit, committed through the
+ledger (collector/ledger.py). Callbacks -- which send the acks -- run only after
+the commit, so an ack always means durable.
+
+Deduplication happens here: an envelope whose (client_id, seq) is durable is
+acknowledged at once; one that is already buffered or being committed (the same
+envelope resent on a second stream) just waits for that commit.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector import layout
+from collector.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[BaseException | None], None]
+Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
+
+PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
+
+
+@dataclass(kw_only=True)
+class StoreConfig:
+    flush_interval: float = 0.25     # s; a record is durable (and visible) at most this long + one write later
+    flush_bytes: int = 64 << 20      # buffered Arrow bytes that trigger a flush before the interval
+    max_buffered_bytes: int = 512 << 20  # beyond this, submit blocks: back-pressure on the streams
+
+    def __post_init__(self):
+        if not 0 < self.flush_interval <= 5:
+            raise ValueError(f"store.flush_interval must be in (0, 5] s, got {self.flush_interval}")
+        if self.flush_bytes <= 0 or self.max_buffered_bytes < self.flush_bytes:
+            raise ValueError("store.max_buffered_bytes must be >= store.flush_bytes > 0")
+
+
+def mkdir_durable(path: Path) -> None:
+    """mkdir -p whose new entries survive a crash (the parent directory is fsync'd)."""
+    if path.is_dir():
+        return
+    mkdir_durable(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return
+    layout.fsync_dir(path.parent)
+
+
+def write_segment(rows: pa.Table, final: Path) -> None:
+    """Write and fsync ``rows`` at the temporary name of ``final``."""
+    mkdir_durable(final.parent)
+    with open(layout.temp_name(final), "wb") as f:
+        pq.write_table(rows, f, **PARQUET_OPTIONS)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: int) -> Path:
+    return layout.partition_dir(data_dir, table, run_id) / f"{prefix}-{commit:010d}{layout.SEGMENT_SUFFIX}"
+
+
+class Store:
+    def __init__(self, data_dir, config: StoreConfig | None = None):
+        self.data_dir = Path(data_dir).resolve()
+        self.config = config or StoreConfig()
+        mkdir_durable(self.data_dir / layout.PARQUET_DIR)
+        self.ledger = Ledger(self.data_dir)
+        self._known_runs = self._load_known_runs()
+        self._cond = threading.Condition()
+        self._buffers: dict[tuple[str, str], list[pa.Table]] = {}
+        self._buffered_since: float | None = None
+        self._bytes = 0                                  # buffered + being committed
+        self._pending: dict[tuple[str, int], list[Callback]] = {}
+        self._committing: dict[tuple[str, int], list[Callback]] = {}
+        self._closing = False
+        self.records_durable = 0
+        self._writers = ThreadPoolExecutor(2, thread_name_prefix="rankscope-write")
+        self._flusher = threading.Thread(target=self._flush_loop, name="rankscope-flush", daemon=True)
+        self._flusher.start()
+
+    # -- intake ------------------------------------------------------------
+
+    def submit(self, client_id: str, seq: int, rows: list[Rows], on_durable: Callback) -> bool:
+        """Queue one envelope. Returns False (and acks at once) if it is a duplicate."""
+        key = (client_id, seq)
+        if self.ledger.is_durable(client_id, seq):
+            on_durable(None)
+            return False
+        with self._cond:
+            while self._bytes >= self.config.max_buffered_bytes and not self._closing:
+                self._cond.wait()
+            for waiting in (self._pending, self._committing):
+                if key in waiting:
+                    waiting[key].append(on_durable)
+                    return False
+            if self.ledger.is_durable(client_id, seq):  # committed while we waited
+                on_durable(None)
+                return False
+            if self._closing:
+                raise RuntimeError("the store is shutting down")
+            for table, run_id, batch in rows:
+                if table == "runs":  # one runs row per run: the first Hello wins
+                    if run_id in self._known_runs:
+                        continue
+                    self._known_runs.add(run_id)
+                self._buffers.setdefault((table, run_id), []).append(batch)
+                self._bytes += batch.nbytes
+            self._pending[key] = [on_durable]
+            if self._buffered_since is None:
+                self._buffered_since = time.monotonic()
+            self._cond.notify_all()
+            return True
+
+    def flush(self) -> None:
+        """Block until everything submitted so far is committed."""
+        with self._cond:
+            target = set(self._pending) | set(self._committing)
+            self._buffered_since = 0.0 if self._pending else self._buffered_since  # due now
+            self._cond.notify_all()
+            while target & (set(self._pending) | set(self._committing)):
+                self._cond.wait(0.05)
+
+    def close(self) -> None:
+        """Commit what is buffered, stop the flusher and release the data dir."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._flusher.join()
+        self._writers.shutdown()
+        self.ledger.close()
+
+    # -- flushing ------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._pending:
+                        due = self._buffered_since + self.config.flush_interval
+                        if (self._closing or time.monotonic() >= due
+                                or self._bytes >= self.config.flush_bytes):
+                            break
+                        self._cond.wait(max(0.0, due - time.monotonic()))
+                    elif self._closing:
+                        return
+                    else:
+                        self._cond.wait()
+                buffers, self._buffers = self._buffers, {}
+                self._committing, self._pending = self._pending, {}
+                self._buffered_since = None
+            self._commit(buffers)
+
+    def _commit(self, buffers: dict[tuple[str, str], list[pa.Table]]) -> None:
+        nbytes = sum(t.nbytes for ts in buffers.values() for t in ts)
+        nrows = sum(t.num_rows for (table, _), ts in buffers.items()
+                    if table not in layout.COLLECTOR_TABLES for t in ts)
+        commit = self.ledger.reserve_commit()
+        finals = [segment_path(self.data_dir, table, run_id, "seg", commit) for table, run_id in buffers]
+        error: BaseException | None = None
+        try:
+            # Segments of different (table, run) are independent files: write them in parallel.
+            list(self._writers.map(lambda item: write_segment(pa.concat_tables(item[0]), item[1]),
+                                   zip(buffers.values(), finals)))
+            acked: dict[str, list[int]] = {}
+            for client_id, seq in self._committing:
+                acked.setdefault(client_id, []).append(seq)
+            self.ledger.commit_segments(commit, finals, acked)
+        except Exception as exc:  # disk full, permissions: nothing is acked, clients resend
+            log.exception("commit %d failed; %d envelopes not acknowledged", commit, len(self._committing))
+            for final in finals:
+                layout.temp_name(final).unlink(missing_ok=True)
+            error = exc
+        with self._cond:
+            done, self._committing = self._committing, {}
+            self._bytes -= nbytes
+            if error is None:
+                self.records_durable += nrows
+            self._cond.notify_all()
+        for callbacks in done.values():
+            for callback in callbacks:
+                callback(error)
+
+    def _load_known_runs(self) -> set[str]:
+        runs_dir = layout.table_dir(self.data_dir, "runs")
+        return {p.name.removeprefix("run=") for p in runs_dir.glob("run=*")
+                if p.name != layout.PLACEHOLDER_PARTITION and any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))}
