@@ -87,7 +87,7 @@ INSTRUMENTED_OPS = (
 _P2P_OPS = frozenset(("send", "recv", "isend", "irecv"))
 _GROUP_SIZE = -1  # `scale` meaning "the op's data is n x this tensor"
 _DRAIN_INTERVAL_S = 0.1
-_MAX_PENDING = 1 << 20  # records waiting for the drain thread; beyond it they are counted and dropped
+_MAX_PENDING = 1 << 18  # records waiting for the drain thread; beyond it they are counted and dropped
 
 
 @dataclass(kw_only=True)

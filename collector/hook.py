@@ -1,0 +1,128 @@
+"""Instrument an existing script: ``attach()`` (or ``with attached():``) at the top.
+
+What gets recorded while attached:
+
+* every ``torch.distributed.<collective>`` looked up through the module at call
+  time (``dist.all_reduce(...)``): plain scripts, DeepSpeed's ``deepspeed.comm``
+  (its torch backend calls ``torch.distributed.*``) and FSDP's collectives. A
+  function imported by name *before* attach (``from torch.distributed import
+  all_reduce``) keeps the original and is not seen.
+* DDP: its C++ reducer all-reduces gradient buckets without going through
+  Python, so each DDP model gets ``ddp_comm_hook`` (torch's default all-reduce
+  hook, recorded) at its first forward. A model whose owner registers a comm
+  hook of their own keeps theirs (DDP allows one hook) and its buckets are only
+  seen if that hook uses ``torch.distributed``.
+
+attach works before or after ``init_process_group``: it wraps
+``init_process_group`` so the run identity is agreed as soon as the process
+group exists (collector.telemetry). ``detach`` restores every patched name,
+flushes and sends RunEnd.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
+
+from collector import comm, telemetry
+
+_originals: dict[tuple[object, str], object] = {}
+
+
+def _patch(owner, name: str, value) -> None:
+    _originals.setdefault((owner, name), getattr(owner, name))
+    setattr(owner, name, value)
+
+
+@functools.wraps(c10d.init_process_group)
+def _init_process_group(*args, **kwargs):
+    c10d.init_process_group(*args, **kwargs)
+    comm._REC.forget_groups()
+    telemetry.on_process_group()
+
+
+@functools.wraps(c10d.destroy_process_group)
+def _destroy_process_group(group=None):
+    c10d.destroy_process_group(group)
+    comm._REC.forget_groups()
+
+
+def ddp_comm_hook(process_group, bucket) -> torch.futures.Future:
+    """DDP comm hook equivalent to torch's default all-reduce (average over the
+    group), issued through collector.comm so each bucket becomes a comm record.
+    Register it yourself with ``model.register_comm_hook(None, ddp_comm_hook)``
+    when not using attach()."""
+    group = process_group if process_group is not None else c10d.GroupMember.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    work = comm.all_reduce(tensor, group=group, async_op=True, log_name="ddp_bucket_all_reduce")
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def _ddp_forward(forward):
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if not getattr(self, "_rankscope_hook_checked", False):
+            self._rankscope_hook_checked = True
+            if not getattr(self, "_rankscope_user_hook", False):
+                try:
+                    _ORIGINAL_REGISTER(self, self.process_group, ddp_comm_hook)
+                except Exception:  # e.g. a hook registered through a path we do not see: leave DDP as is
+                    pass
+        return forward(self, *args, **kwargs)
+    return wrapper
+
+
+_ORIGINAL_REGISTER = DistributedDataParallel.register_comm_hook
+
+
+def _ddp_register_comm_hook(register):
+    @functools.wraps(register)
+    def wrapper(self, *args, **kwargs):
+        self._rankscope_user_hook = True
+        return register(self, *args, **kwargs)
+    return wrapper
+
+
+def attach(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None):
+    """Patch torch.distributed and start the telemetry session (idempotent).
+    Returns the session (None if the config disables telemetry)."""
+    if not _originals:
+        for op in comm.INSTRUMENTED_OPS:
+            _patch(dist, op, getattr(comm, op))
+        _patch(dist, "init_process_group", _init_process_group)
+        _patch(dist, "destroy_process_group", _destroy_process_group)
+        _patch(DistributedDataParallel, "forward", _ddp_forward(DistributedDataParallel.forward))
+        _patch(DistributedDataParallel, "register_comm_hook",
+               _ddp_register_comm_hook(DistributedDataParallel.register_comm_hook))
+        for name in ("_register_builtin_comm_hook", "_register_fused_optim"):
+            if hasattr(DistributedDataParallel, name):
+                _patch(DistributedDataParallel, name, _ddp_register_comm_hook(getattr(DistributedDataParallel, name)))
+    return telemetry.start(run=run, endpoint=endpoint, token=token, config=config, source="hook")
+
+
+def detach(status: str = "finished") -> None:
+    """Flush and end the session, then restore everything attach patched."""
+    telemetry.stop(status)
+    for (owner, name), original in _originals.items():
+        setattr(owner, name, original)
+    _originals.clear()
+
+
+def is_attached() -> bool:
+    return bool(_originals)
+
+
+@contextlib.contextmanager
+def attached(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None):
+    session = attach(run=run, endpoint=endpoint, token=token, config=config)
+    try:
+        yield session
+    except BaseException:
+        detach("failed")
+        raise
+    detach()

@@ -1,0 +1,89 @@
+"""Envelopes kept on local disk while the collector cannot take them.
+
+File format (``*.rsspool``): the 8-byte magic ``RSSPOOL1``, then records of a
+4-byte little-endian length followed by that many bytes of a serialised
+``rankscope.v1.Envelope``. Envelopes keep their client_id and seq, so whoever
+resends a file (this process after a reconnect, or a later reader of the spool
+directory) gets them deduplicated by the collector.
+
+Name: ``<client_id>-<first seq>-<last seq>.rsspool``, zero-padded so names sort
+in send order. Files are written under a ``.tmp`` name, fsync'd and renamed, so
+a reader never sees half a file; they are deleted once every envelope in them
+is acknowledged.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import struct
+import tempfile
+from pathlib import Path
+
+from proto import pb
+
+MAGIC = b"RSSPOOL1"
+SUFFIX = ".rsspool"
+_LEN = struct.Struct("<I")
+
+
+class SpoolError(ValueError):
+    """A spool file that is not one, or is cut short; the message names the file."""
+
+
+def default_dir() -> Path:
+    """RANKSCOPE_SPOOL_DIR, else a per-user directory under the system temp dir."""
+    env = os.environ.get("RANKSCOPE_SPOOL_DIR")
+    if env:
+        return Path(env)
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers): fall back to the uid
+        user = str(os.getuid())
+    return Path(tempfile.gettempdir()) / f"rankscope-spool-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)}"
+
+
+def write(directory: Path, client_id: str, envelopes: list[pb.Envelope]) -> Path:
+    """One file holding ``envelopes`` (at least one), made visible atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{client_id}-{envelopes[0].seq:012d}-{envelopes[-1].seq:012d}{SUFFIX}"
+    path = directory / name
+    tmp = directory / (name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        for env in envelopes:
+            data = env.SerializeToString()
+            f.write(_LEN.pack(len(data)))
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read(path: Path) -> list[pb.Envelope]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(MAGIC):
+        raise SpoolError(f"{path}: not a rankscope spool file (bad magic)")
+    out, at = [], len(MAGIC)
+    while at < len(data):
+        if at + _LEN.size > len(data):
+            raise SpoolError(f"{path}: truncated length prefix at byte {at}")
+        (n,) = _LEN.unpack_from(data, at)
+        at += _LEN.size
+        if at + n > len(data):
+            raise SpoolError(f"{path}: record at byte {at} needs {n} bytes, file ends first")
+        env = pb.Envelope()
+        env.ParseFromString(data[at:at + n])
+        out.append(env)
+        at += n
+    return out
+
+
+def files(directory: Path, client_id: str | None = None) -> list[Path]:
+    """Spool files in send order, all of them or one client's."""
+    if not directory.is_dir():
+        return []
+    prefix = f"{client_id}-" if client_id else ""
+    return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.name.startswith(prefix))
