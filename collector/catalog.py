@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -27,6 +29,7 @@ import pyarrow as pa
 from collector import layout
 from collector.schema import TABLES
 
+T = TypeVar("T")
 VERSION_VIEW = "rankscope_catalog_version"
 # Statement types a user query may have; DESCRIBE/SHOW/SUMMARIZE/FROM parse as SELECT.
 _QUERY_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
@@ -212,16 +215,35 @@ def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000) -> pa.
                          f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement")
     con = readonly_connection(data_dir)
     try:
-        reader = con.execute(sql).to_arrow_reader(min(max_rows or 65_536, 65_536))
-        batches, rows = [], 0
-        for batch in reader:
-            if max_rows is not None and rows + batch.num_rows >= max_rows:
-                batches.append(batch.slice(0, max_rows - rows))
-                break
-            batches.append(batch)
-            rows += batch.num_rows
-        return pa.Table.from_batches(batches, schema=reader.schema)
+        return with_segment_retry(lambda: _fetch(con, sql, max_rows))
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from None
     finally:
         con.close()
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None) -> pa.Table:
+    reader = con.sql(sql).to_arrow_reader(min(max_rows or 65_536, 65_536))
+    batches, rows = [], 0
+    for batch in reader:
+        if max_rows is not None and rows + batch.num_rows >= max_rows:
+            batches.append(batch.slice(0, max_rows - rows))
+            break
+        batches.append(batch)
+        rows += batch.num_rows
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def with_segment_retry(query: Callable[[], T], attempts: int = 5) -> T:
+    """Run ``query``, again if a segment vanished under it.
+
+    Compaction unlinks merged segments; a query that listed the files just before
+    then fails to open one. Running it again lists the merged file instead."""
+    for attempt in range(attempts):
+        try:
+            return query()
+        except duckdb.IOException as exc:
+            if "No such file" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")

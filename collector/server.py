@@ -26,6 +26,7 @@ import hmac
 import importlib.metadata
 import logging
 import signal
+import sys
 import threading
 import time
 from concurrent import futures
@@ -38,6 +39,7 @@ import pyarrow as pa
 from collector import catalog
 from collector.codec import CodecError, check_run_id, decode_batch
 from collector.compaction import CompactionConfig, Compactor
+from collector.ledger import DataDirBusy
 from collector.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA
 from collector.store import Rows, Store, StoreConfig
 from proto import SCHEMA_VERSION, pb, pb_grpc
@@ -318,10 +320,14 @@ def create_server(address: str, data_dir, token: str | None = None, *,
     return server, port, state
 
 
-def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None) -> None:
-    """Run a collector until SIGINT/SIGTERM, then commit what is buffered and exit."""
+def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None) -> int:
+    """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-    server, bound, state = create_server(address, data_dir, token)
+    try:
+        server, bound, state = create_server(address, data_dir, token)
+    except (OSError, DataDirBusy) as exc:
+        print(f"rankscope collect: {exc}", file=sys.stderr)
+        return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -333,3 +339,4 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     print("rankscope collector: stopping, committing buffered records", flush=True)
     server.stop(grace=5).wait()
     state.close()
+    return 0

@@ -47,7 +47,8 @@ def comm_envelope(client_id: str, seq: int, run_id: str, rank: int, first_seq: i
 class RawStream:
     """One bidi Stream driven by hand: send envelopes, collect acked seqs."""
 
-    def __init__(self, channel: grpc.Channel, metadata=None):
+    def __init__(self, channel: grpc.Channel, metadata=None, on_ack=None):
+        self._on_ack = on_ack  # called with each Ack's seqs, before they count as acked
         self._outbox: queue.Queue = queue.Queue()
         self.acked: set[int] = set()
         self._cond = threading.Condition()
@@ -61,6 +62,8 @@ class RawStream:
     def _collect(self):
         try:
             for ack in self._call:
+                if self._on_ack is not None:
+                    self._on_ack(list(ack.seqs))
                 with self._cond:
                     self.acked.update(ack.seqs)
                     self._cond.notify_all()
@@ -92,3 +95,11 @@ class RawStream:
     def cancel(self) -> None:
         self._call.cancel()
         self._outbox.put(None)
+
+
+def stored_rows(data_dir, table: str = "comm") -> int:
+    """Rows in the committed segments of ``table``, read with pyarrow (not the catalog)."""
+    import pyarrow.parquet as pq
+    from pathlib import Path
+    return sum(pq.ParquetFile(p).metadata.num_rows
+               for p in (Path(data_dir) / "parquet" / table).glob("run=*/*.parquet"))
