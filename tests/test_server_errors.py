@@ -1,0 +1,149 @@
+"""Bad input ends only the stream that sent it, with the right status and a clear message."""
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from _server_util import RawStream, comm_envelope, hello, stored_rows
+from collector.compaction import CompactionConfig
+from collector.server import MAX_MESSAGE_BYTES, REJECTED_SEQ_KEY, create_server
+from collector.store import StoreConfig
+from proto import pb, pb_grpc
+
+
+@pytest.fixture
+def served(tmp_path):
+    made = []
+
+    def start(token=None):
+        server, port, state = create_server(
+            "127.0.0.1:0", tmp_path / "data", token=token,
+            store_config=StoreConfig(flush_interval=0.05), compaction_config=CompactionConfig(interval=3600))
+        server.start()
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)])
+        made.append((server, state, channel))
+        return channel, state
+
+    yield start
+    for server, state, channel in made:
+        channel.close()
+        server.stop(0).wait()
+        state.close()
+
+
+def _short_column(env: pb.Envelope) -> pb.Envelope:
+    env.table.columns[0].i64 = env.table.columns[0].i64[:-3]
+    return env
+
+
+def _unknown_table(env: pb.Envelope) -> pb.Envelope:
+    env.table.table = "no_such_table"
+    return env
+
+
+def _bad_run_id(env: pb.Envelope) -> pb.Envelope:
+    env.table.run_id = "../etc"
+    return env
+
+
+def _unknown_column(env: pb.Envelope) -> pb.Envelope:
+    env.table.columns.add(name="nonsense", i64=b"\0" * 8 * env.table.rows)
+    return env
+
+
+def _wrong_schema_version(env: pb.Envelope) -> pb.Envelope:
+    env.schema_version = 2
+    return env
+
+
+def _no_body(env: pb.Envelope) -> pb.Envelope:
+    env.ClearField("table")
+    return env
+
+
+def _bad_hello(env: pb.Envelope) -> pb.Envelope:
+    return hello(env.client_id, env.seq, "r", rank=5, world_size=4)
+
+
+@pytest.mark.parametrize("spoil, code, words", [
+    (_short_column, grpc.StatusCode.INVALID_ARGUMENT, ["comm.step", "bytes, expected"]),
+    (_unknown_table, grpc.StatusCode.INVALID_ARGUMENT, ["unknown table 'no_such_table'"]),
+    (_bad_run_id, grpc.StatusCode.INVALID_ARGUMENT, ["run_id '../etc'"]),
+    (_unknown_column, grpc.StatusCode.INVALID_ARGUMENT, ["unknown column 'nonsense'"]),
+    (_no_body, grpc.StatusCode.INVALID_ARGUMENT, ["no body"]),
+    (_bad_hello, grpc.StatusCode.INVALID_ARGUMENT, ["rank 5", "world_size=4"]),
+    (_wrong_schema_version, grpc.StatusCode.FAILED_PRECONDITION, ["schema_version 2", "schema_version 1"]),
+])
+def test_a_bad_envelope_ends_its_stream_only(served, tmp_path, spoil, code, words):
+    channel, state = served()
+    healthy = RawStream(channel)
+    healthy.send(comm_envelope("healthy", 1, "r", 1, 0, 10))
+    assert healthy.wait_acked([1])
+
+    bad = RawStream(channel)
+    bad.send(comm_envelope("bad", 1, "r", 0, 0, 10), comm_envelope("bad", 2, "r", 0, 10, 10))
+    bad.send(spoil(comm_envelope("bad", 3, "r", 0, 20, 10)))
+    bad.send(comm_envelope("bad", 4, "r", 0, 30, 10))  # after the bad one: never read
+    assert bad.done.wait(10)
+    err = bad.error
+    assert err is not None and err.code() == code
+    assert "seq 3" in err.details()
+    for w in words:
+        assert w in err.details()
+    assert dict(err.trailing_metadata())[REJECTED_SEQ_KEY] == "3"
+    # What came before the bad envelope was committed and acked before the stream closed.
+    assert bad.acked == {1, 2}
+
+    healthy.send(comm_envelope("healthy", 2, "r", 1, 10, 10))
+    healthy.finish()
+    assert healthy.error is None and healthy.acked == {1, 2}
+    assert stored_rows(tmp_path / "data") == 40
+    health = pb_grpc.CollectorStub(channel).Health(pb.HealthRequest())
+    assert health.batches_rejected == 1
+
+
+def test_an_oversized_message_is_refused_with_resource_exhausted(served, tmp_path):
+    channel, _ = served()
+    healthy = RawStream(channel)
+    healthy.send(comm_envelope("healthy", 1, "r", 1, 0, 10))
+    big = RawStream(channel)
+    big.send(comm_envelope("big", 1, "r", 0, 0, 10))
+    assert big.wait_acked([1])
+    huge = comm_envelope("big", 2, "r", 0, 10, 1)
+    huge.table.columns[0].i64 = b"\0" * (MAX_MESSAGE_BYTES + 1024)
+    big.send(huge)
+    assert big.done.wait(20)
+    assert big.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    healthy.send(comm_envelope("healthy", 2, "r", 1, 10, 10))
+    healthy.finish()
+    assert healthy.acked == {1, 2}
+    assert stored_rows(tmp_path / "data") == 30
+
+
+def test_a_token_is_required_when_the_collector_has_one(served, tmp_path):
+    channel, _ = served(token="s3cret")
+    stub = pb_grpc.CollectorStub(channel)
+    for metadata in (None, (("authorization", "Bearer wrong"),), (("authorization", "s3cret"),)):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Health(pb.HealthRequest(), metadata=metadata)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "bearer token" in info.value.details()
+        denied = RawStream(channel, metadata=metadata)
+        denied.send(comm_envelope("c", 1, "r", 0, 0, 10))
+        assert denied.done.wait(10)
+        assert denied.error.code() == grpc.StatusCode.UNAUTHENTICATED and not denied.acked
+
+    good = (("authorization", "Bearer s3cret"),)
+    assert stub.Health(pb.HealthRequest(), metadata=good).schema_version == 1
+    allowed = RawStream(channel, metadata=good)
+    allowed.send(comm_envelope("c", 1, "r", 0, 0, 10))
+    allowed.finish()
+    assert allowed.acked == {1}
+    assert stored_rows(tmp_path / "data") == 10
+
+
+def test_a_second_collector_on_the_same_data_dir_is_refused(served, tmp_path):
+    served()
+    with pytest.raises(RuntimeError, match="in use by another collector"):
+        create_server("127.0.0.1:0", tmp_path / "data")
