@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import csv
+import functools
 import logging
 import os
 import queue
@@ -170,12 +171,9 @@ def _telemetry_active() -> bool:
     return _telemetry is not None and _telemetry.session() is not None
 
 
-_open_monitors: "weakref.WeakSet[MonitorMaster]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_monitors() -> None:
-    for monitor in list(_open_monitors):
+def _close_at_exit(ref: "weakref.ref[MonitorMaster]") -> None:
+    monitor = ref()
+    if monitor is not None:
         monitor.close()
 
 
@@ -208,7 +206,7 @@ class MonitorMaster:
         self._lock = threading.Lock()
         self._closed = False
         self._failed: set[str] = set()  # backends already reported as failing
-        _open_monitors.add(self)
+        self._exit_hook = None
 
     @property
     def enabled(self) -> bool:
@@ -231,6 +229,10 @@ class MonitorMaster:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._drain, name="rankscope-monitor", daemon=True)
                 self._thread.start()
+                # Registered now, not at import: atexit runs last-in first-out, so this
+                # drains before a telemetry session started earlier is stopped.
+                self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
+                atexit.register(self._exit_hook)
             self._queue.put((now, batch))
 
     def flush(self) -> None:
@@ -254,7 +256,8 @@ class MonitorMaster:
                 return
         for backend in self._backends:
             self._guarded(backend, backend.close)
-        _open_monitors.discard(self)
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
 
     @staticmethod
     def _checked(event) -> tuple[str, Any, int]:
