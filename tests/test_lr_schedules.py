@@ -179,6 +179,7 @@ def test_unknown_type_names_key_and_allowed_values():
     ({"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_first_step_size": 0}},
      "cycle_first_step_size"),
     ({"type": "LRRangeTest", "params": {"lr_range_test_staircase": "yes"}}, "lr_range_test_staircase"),
+    ({"type": "LRRangeTest", "params": {"lr_range_test_step_rate": -1}}, "lr_range_test_step_rate"),
     ({"type": "WarmupLR", "params": {"warmup_min_lr": [0.1, 0.2]}}, "warmup_min_lr"),  # 1 param group
 ])
 def test_bad_params_name_the_dotted_key(cfg, key):

@@ -109,6 +109,15 @@ def test_events_are_flushed_at_interpreter_exit(tmp_path):
     assert lines[0] == "step,loss" and len(lines) == 201 and lines[-1] == "199,199.0"
 
 
+def test_defaults_write_under_the_working_directory(tmp_path, monkeypatch):
+    # output_path "" and job_name "DeepSpeedJobName" are DeepSpeed's defaults
+    monkeypatch.chdir(tmp_path)
+    mon = MonitorMaster({"csv_monitor": {"enabled": True}})
+    mon.write_events([("loss", 2.0, 4)])
+    mon.close()
+    assert (tmp_path / "DeepSpeedJobName" / "loss.csv").read_bytes() == b"step,loss\r\n4,2.0\r\n"
+
+
 def test_other_ranks_write_no_files(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     mon = MonitorMaster({**_csv_cfg(tmp_path),

@@ -97,7 +97,7 @@ class LRRangeTestConfig:
     def __post_init__(self):
         _check_number_or_list("lr_range_test_min_lr", self.lr_range_test_min_lr)
         _check_int("lr_range_test_step_size", self.lr_range_test_step_size, min_value=1)
-        _check_number("lr_range_test_step_rate", self.lr_range_test_step_rate)
+        _check_number("lr_range_test_step_rate", self.lr_range_test_step_rate, min_value=0.0)
         _check_bool("lr_range_test_staircase", self.lr_range_test_staircase)
 
 
