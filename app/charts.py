@@ -1,0 +1,113 @@
+"""Plotly figure builders shared by the pages. Each takes a query result and
+returns a figure; none runs a query."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+HEIGHT = 320
+
+
+def _tidy(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40, b=10), legend_title_text="")
+    return fig
+
+
+def lines(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, *, y_title: str | None = None,
+          log_y: bool = False) -> go.Figure:
+    fig = px.line(df, x=x, y=y, color=color, log_y=log_y, markers=len(df) < 60)
+    fig.update_yaxes(title=y_title or y)
+    return _tidy(fig, title)
+
+
+def loss_scale(df: pd.DataFrame) -> go.Figure:
+    """The scale as a step line (log2 axis) with a red marker at every overflow."""
+    fig = go.Figure(go.Scatter(x=df.step, y=df.scale, mode="lines", line_shape="hv", name="loss scale"))
+    over = df[df.overflow]
+    fig.add_trace(go.Scatter(
+        x=over.step, y=over.scale, mode="markers", name="overflow", marker=dict(color="red", symbol="x", size=10),
+        customdata=over.bad_params, hovertemplate="step %{x}: overflow, scale → %{y}<br>%{customdata}<extra></extra>"))
+    fig.update_yaxes(type="log", dtick=0.30103, title="scale")  # one tick per power of two
+    return _tidy(fig, "Loss scale (× = overflow, step skipped)")
+
+
+def step_breakdown(df: pd.DataFrame) -> go.Figure:
+    """Mean time per timer per rank, stacked: where each rank's step goes."""
+    mean = df.groupby(["rank", "name"], as_index=False).dur_ms.mean()
+    mean["rank"] = mean["rank"].astype(str)
+    fig = px.bar(mean, x="rank", y="dur_ms", color="name", barmode="stack")
+    fig.update_yaxes(title="mean ms per step")
+    return _tidy(fig, "Step time breakdown per rank")
+
+
+def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
+    fig = px.line(df, x="bytes", y="busbw_gbs", color="op", markers=True, log_x=True,
+                  hover_data={"count": True})
+    fig.update_xaxes(title="message size (bytes, log)")
+    fig.update_yaxes(title="busbw (GB/s)")
+    return _tidy(fig, "Bus bandwidth vs message size")
+
+
+def heatmap(df: pd.DataFrame, z: str, title: str, *, y_labels: dict[int, str] | None = None,
+            colorbar: str = "ms") -> go.Figure:
+    """Rank x step grid of ``z``; rows follow ``y_labels``' order (e.g. grouped by host)."""
+    grid = df.pivot(index="rank", columns="step", values=z).sort_index()
+    if y_labels:
+        grid = grid.reindex([r for r in y_labels if r in grid.index] + [r for r in grid.index if r not in y_labels])
+    labels = [(y_labels or {}).get(r, f"rank {r}") for r in grid.index]
+    fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=labels, colorscale="Viridis",
+                               colorbar=dict(title=colorbar),
+                               hovertemplate="%{y}, step %{x}: %{z:.2f} " + colorbar + "<extra></extra>"))
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(title="step")
+    return _tidy(fig, title, height=max(HEIGHT, 40 * len(labels) + 120))
+
+
+def last_rank_bars(df: pd.DataFrame) -> go.Figure:
+    shown = df.assign(rank=df["rank"].astype(str), percent=100 * df.share)
+    fig = px.bar(shown, x="op", y="percent", color="rank", barmode="group",
+                 hover_data={"n_last": True, "mean_lead_ms": ":.1f"})
+    fig.update_yaxes(title="% of collectives arriving last")
+    return _tidy(fig, "Last-arriving rank per collective")
+
+
+def _branch_values(tree: pd.DataFrame, column: str) -> str:
+    """'total' when every parent covers its children (the profiler's normal output), else
+    'remainder' so inconsistent measurements still draw instead of vanishing."""
+    children = tree[tree.parent_id != ""].groupby("parent_id")[column].sum()
+    own = tree.set_index("id")[column].reindex(children.index)
+    return "total" if (own.fillna(0) + 1e-9 >= children).all() else "remainder"
+
+
+def module_tree(df: pd.DataFrame, kind: str, size_by: str) -> go.Figure:
+    """The profiler's module tree as an icicle / treemap / sunburst, coloured by achieved TFLOPS."""
+    tree = df.assign(id=df.module.replace("", "(model)"),
+                     parent_id=df.parent.fillna("").replace("", "(model)").where(df.module != "", ""),
+                     latency_ms=df.latency_ns / 1e6,
+                     tflops=df.flops / df.latency_ns.where(df.latency_ns > 0) / 1e3)  # flops/ns = GFLOPS
+    builder = {"icicle": go.Icicle, "treemap": go.Treemap, "sunburst": go.Sunburst}[kind]
+    fig = go.Figure(builder(
+        ids=tree.id, labels=tree.id.str.rsplit(".", n=1).str[-1] + " (" + tree.module_type.fillna("") + ")",
+        parents=tree.parent_id, values=tree[size_by], branchvalues=_branch_values(tree, size_by),
+        marker=dict(colors=tree.tflops.fillna(0), colorscale="Viridis", showscale=True,
+                    colorbar=dict(title="TFLOPS")),
+        customdata=tree[["flops", "latency_ms", "tflops"]].values,
+        hovertemplate="%{id}<br>flops %{customdata[0]:.3s}<br>fwd latency %{customdata[1]:.2f} ms"
+                      "<br>achieved %{customdata[2]:.3f} TFLOPS<extra></extra>"))
+    return _tidy(fig, f"Module tree sized by {size_by}, coloured by achieved FLOPS", height=480)
+
+
+def moe_heatmap(df: pd.DataFrame, title: str) -> go.Figure:
+    grid = df.pivot(index="expert", columns="step", values="tokens").sort_index()
+    fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"expert {e}" for e in grid.index],
+                               colorscale="Viridis", colorbar=dict(title="tokens")))
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(title="step")
+    return _tidy(fig, title)
+
+
+def custom(df: pd.DataFrame, kind: str, x: str, y: str, color: str | None) -> go.Figure:
+    """The SQL console's chart builder."""
+    builder = {"line": px.line, "bar": px.bar, "scatter": px.scatter}[kind]
+    return _tidy(builder(df, x=x, y=y, color=color), f"{y} by {x}")

@@ -1,0 +1,90 @@
+"""Comms: per-op bandwidth over time and by message size, DeepSpeed's log_summary
+table, the share of step time spent communicating, and the per-rank breakdown."""
+import pandas as pd
+import streamlit as st
+
+from app import charts, queries, state
+from collector.bandwidth import gbps
+
+
+def human_bytes(n: int) -> str:
+    """Message sizes the way DeepSpeed's log_summary prints them (KB = 1024 bytes)."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.2f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def log_summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Columns and units of deepspeed.comm.log_summary(), one row per op x message size."""
+    return pd.DataFrame({
+        "Comm. Op": summary.op, "Message Size": summary.bytes.map(human_bytes), "bytes": summary.bytes,
+        "Count": summary["count"], "Total Latency(ms)": summary.total_latency_ms.round(2),
+        "Avg Latency(ms)": summary.avg_latency_ms.round(3),
+        "tput_avg (Gbps)": gbps(summary.algbw_gbs).round(2), "busbw_avg (Gbps)": gbps(summary.busbw_gbs).round(2),
+    })
+
+
+def filters(dims: dict) -> queries.CommFilter:
+    c1, c2, c3 = st.columns(3)
+    ops = c1.multiselect("Op", dims["ops"], placeholder="all ops")
+    groups = c2.multiselect("Group", dims["groups"], placeholder="all groups")
+    ranks = c3.multiselect("Rank", dims["ranks"], placeholder="all ranks")
+    steps = None
+    first, last = dims["first_step"], dims["last_step"]
+    if first is not None and last > first:
+        lo, hi = st.slider("Steps", first, last, (first, last))
+        # The full range stays open-ended so a live run keeps showing new steps.
+        steps = None if (lo, hi) == (first, last) else (lo, hi)
+    return queries.CommFilter(ops, groups, ranks, steps)
+
+
+def comms_page() -> None:
+    sel = state.selection()
+    d, run_id = sel.data_dir, sel.run_id
+    dims = queries.comm_dimensions(d, run_id, queries.data_version(d, run_id))
+    if not dims["ops"] and not sel.is_live():
+        st.info("This run has no communication records (a single rank without collectives, "
+                "or the comms logger was off).")
+        return
+    flt = filters(dims)
+    metric = st.radio("Bandwidth", ["busbw_gbs", "algbw_gbs"], horizontal=True,
+                      format_func=lambda m: "bus bandwidth" if m.startswith("bus") else "algorithm bandwidth")
+
+    def body(version: str) -> None:
+        summary = queries.log_summary(d, run_id, version, flt)
+        if summary.empty:
+            st.info("No communication records match these filters yet.")
+            return
+        over_time = queries.bandwidth_by_step(d, run_id, version, flt)
+        over_time["series"] = over_time.op + " · " + over_time.group_name
+        left, right = st.columns(2)
+        left.plotly_chart(charts.lines(over_time, "step", metric, "series", "Bandwidth per step",
+                                       y_title=f"{metric.split('_')[0]} (GB/s)"))
+        right.plotly_chart(charts.busbw_vs_size(queries.bandwidth_by_size(d, run_id, version, flt)))
+
+        st.subheader("Summary (deepspeed.comm.log_summary)")
+        st.caption("Counts add up every selected rank's records; tput is algbw. Gbps = 8 × GB/s.")
+        st.dataframe(log_summary_table(summary), hide_index=True, column_config={"bytes": None})
+
+        per_rank = queries.comm_by_rank(d, run_id, version, flt)
+        wall = queries.step_wall_ms(d, run_id, version)
+        st.subheader("Per rank")
+        totals = per_rank.groupby("rank", as_index=False)[["total_latency_ms", "wait_ms"]].sum()
+        if not wall.empty:
+            totals = totals.merge(wall, on="rank", how="left")
+            totals["comm share of step time"] = totals.total_latency_ms / totals.wall_ms
+            st.metric("Share of step time in communication (mean over ranks)",
+                      f"{100 * totals['comm share of step time'].mean():.0f}%")
+        st.dataframe(totals, hide_index=True, column_config={
+            "comm share of step time": st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1)})
+        st.dataframe(per_rank.pivot_table(index="rank", columns="op", values="total_latency_ms").round(1),
+                     column_config={"_index": st.column_config.NumberColumn("rank")})
+
+    state.live(sel, body)
+
+
+st.title("Comms")
+comms_page()

@@ -1,0 +1,88 @@
+"""SQL console: read-only queries over the catalog's views, a quick chart, downloads.
+
+Queries go through collector.catalog.run_readonly_query: one SELECT-like
+statement in a sandboxed database that can read nothing outside D/parquet."""
+import io
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import streamlit as st
+
+from app import charts, queries, state
+from collector.catalog import QueryError
+
+EXAMPLES = {
+    "Runs": "SELECT run_id, name, status, world_size, started_at, ended_at FROM runs ORDER BY started_at DESC",
+    "Bus bandwidth per op and rank": (
+        "SELECT run_id, op, rank, count(*) AS n, round(avg(busbw_gbs), 3) AS busbw_gbs\n"
+        "FROM comm GROUP BY ALL ORDER BY run_id, op, rank"),
+    "Who arrives last": (
+        "SELECT run_id, op, last_rank, count(*) AS times_last, round(median(max_delay_ns) / 1e6, 2) AS median_delay_ms\n"
+        "FROM stragglers GROUP BY ALL ORDER BY times_last DESC"),
+    "Loss-scale overflows": (
+        "SELECT run_id, step, scale_before, scale, bad_params FROM loss_scale\n"
+        "WHERE overflow AND rank = 0 ORDER BY run_id, step"),
+    "Slowest modules": (
+        "SELECT run_id, module, module_type, latency_ns / 1e6 AS fwd_ms, flops / latency_ns / 1e3 AS tflops\n"
+        "FROM flops WHERE rank = 0 ORDER BY latency_ns DESC LIMIT 20"),
+    "Step time per rank": (
+        "SELECT rank, name, round(avg(dur_ns) / 1e6, 2) AS mean_ms FROM timers GROUP BY ALL ORDER BY rank, name"),
+}
+SQL_KEY, RESULT_KEY = "sql.text", "sql.result"
+
+
+def _use_example() -> None:
+    st.session_state[SQL_KEY] = EXAMPLES[st.session_state["sql.example"]]
+
+
+def _parquet_bytes(df: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), buf)
+    return buf.getvalue()
+
+
+def chart_builder(result: pd.DataFrame) -> None:
+    numeric = [c for c in result.columns if pd.api.types.is_numeric_dtype(result[c])]
+    if not numeric or len(result.columns) < 2:
+        return
+    with st.expander("Chart", expanded=True):
+        c1, c2, c3, c4 = st.columns(4)
+        kind = c1.selectbox("Kind", ["line", "bar", "scatter"])
+        x = c2.selectbox("x", list(result.columns))
+        y = c3.selectbox("y", numeric, index=len(numeric) - 1)
+        color = c4.selectbox("Colour", [None] + [c for c in result.columns if c not in (x, y)])
+        st.plotly_chart(charts.custom(result, kind, x, y, color))
+
+
+def sql_page() -> None:
+    directory = st.session_state.get("rankscope.data_dir") or state.data_dir()
+    st.selectbox("Examples", list(EXAMPLES), key="sql.example", on_change=_use_example, index=None,
+                 placeholder="Pick an example query…")
+    st.session_state.setdefault(SQL_KEY, EXAMPLES["Bus bandwidth per op and rank"])
+    with st.form("sql"):
+        sql = st.text_area("SQL (read-only: one SELECT / WITH / FROM / DESCRIBE / SHOW statement)",
+                           key=SQL_KEY, height=140)
+        max_rows = st.number_input("Max rows", min_value=1, max_value=1_000_000, value=10_000)
+        submitted = st.form_submit_button("Run", type="primary")
+    st.caption("Views: runs, ranks, comm, timers, monitor, loss_scale, flops, memory, moe, "
+               "comm_instances, stragglers (columns: `DESCRIBE comm`).")
+    if submitted:
+        try:
+            st.session_state[RESULT_KEY] = queries.console_query(directory, sql, int(max_rows))
+        except QueryError as exc:
+            st.session_state.pop(RESULT_KEY, None)
+            st.error(f"Query failed: {exc}")
+    result = st.session_state.get(RESULT_KEY)
+    if result is None:
+        return
+    st.write(f"{len(result):,} rows")
+    st.dataframe(result, hide_index=True)
+    c1, c2 = st.columns(2)
+    c1.download_button("Download CSV", result.to_csv(index=False).encode(), "query.csv", "text/csv")
+    c2.download_button("Download Parquet", _parquet_bytes(result), "query.parquet", "application/octet-stream")
+    chart_builder(result)
+
+
+st.title("SQL console")
+sql_page()

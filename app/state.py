@@ -1,0 +1,132 @@
+"""What every page shares: the data dir, the selected run(s), and live refresh.
+
+The run selection lives in ``st.session_state`` (the sidebar picker declared by
+main.py, which runs before every page) and is mirrored into the ``?run=`` query
+parameter so a URL reopens the same runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+import streamlit as st
+
+from app import queries
+from collector import catalog
+
+DEFAULT_DATA_DIR = "rankscope-data"
+REFRESH_S = 1.0
+MAX_COMPARED = 2
+SELECTION_KEY = "selected_runs"
+
+
+def data_dir() -> str:
+    """``streamlit run app/main.py -- --data-dir D``, else $RANKSCOPE_DATA_DIR, else the CLI default."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--data-dir")
+    args, _ = parser.parse_known_args(sys.argv[1:])
+    return os.path.abspath(args.data_dir or os.environ.get("RANKSCOPE_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+@dataclass(frozen=True)
+class Selection:
+    data_dir: str
+    runs: pd.DataFrame          # every run, newest first
+    run_ids: tuple[str, ...]    # the selected ones, primary first
+
+    @property
+    def run_id(self) -> str:
+        return self.run_ids[0]
+
+    def run(self, run_id: str | None = None) -> pd.Series:
+        return self.runs.set_index("run_id").loc[run_id or self.run_id]
+
+    def is_live(self, run_id: str | None = None) -> bool:
+        return self.run(run_id)["status"] == "running"
+
+
+def load_runs(directory: str) -> pd.DataFrame | None:
+    """The runs table, or None after showing why it cannot be read."""
+    if not os.path.isdir(directory):
+        st.error(f"Data dir `{directory}` does not exist. Start a collector with "
+                 f"`rankscope collect --data-dir {directory}` or pass `--data-dir` to the dashboard.")
+        return None
+    try:
+        return queries.list_runs(directory)
+    except (queries.DataDirError, catalog.QueryError, OSError) as exc:
+        st.error(f"Cannot read the catalog in `{directory}`: {exc}")
+    except Exception as exc:  # a DuckDB error from a damaged catalog or segment
+        st.error(f"Cannot read the runs in `{directory}`: {exc}")
+    return None
+
+
+def _label(runs: pd.DataFrame) -> Callable[[str], str]:
+    names = dict(zip(runs.run_id, runs.name))
+    status = dict(zip(runs.run_id, runs.status))
+    return lambda run_id: f"{names.get(run_id) or run_id} ({run_id}, {status.get(run_id, '?')})"
+
+
+def sidebar_picker() -> None:
+    """Declared by main.py: the data dir and the run picker shared by all pages."""
+    directory = data_dir()
+    st.sidebar.caption(f"Data dir: `{directory}`")
+    runs = load_runs(directory)
+    st.session_state["rankscope.data_dir"] = directory
+    st.session_state["rankscope.runs"] = runs
+    if runs is None or runs.empty:
+        return
+    known = list(runs.run_id)
+    if SELECTION_KEY not in st.session_state:
+        wanted = [r for r in st.query_params.get_all("run") if r in known]
+        st.session_state[SELECTION_KEY] = wanted[:MAX_COMPARED] or known[:1]
+    # Runs can disappear (a data dir swapped under us): keep only known ones.
+    st.session_state[SELECTION_KEY] = [r for r in st.session_state[SELECTION_KEY] if r in known] or known[:1]
+    chosen = st.sidebar.multiselect("Runs (pick two to compare)", known, key=SELECTION_KEY,
+                                    format_func=_label(runs), max_selections=MAX_COMPARED)
+    st.query_params["run"] = chosen
+
+
+def select_runs(run_ids: list[str]) -> None:
+    """Replace the shared selection (used by the Runs page's table)."""
+    st.session_state[SELECTION_KEY] = list(run_ids)[:MAX_COMPARED]
+
+
+def selection() -> Selection:
+    """The page's data dir and runs; stops the page with a message when there is nothing to show."""
+    directory = st.session_state.get("rankscope.data_dir") or data_dir()
+    runs = st.session_state.get("rankscope.runs")
+    if runs is None:
+        st.stop()  # the sidebar already said why
+    if runs.empty:
+        st.info(f"No runs in `{directory}` yet. Stream one with `rankscope demo --data-dir {directory}`, "
+                "attach `collector.hook` to a training script, or `rankscope import` DeepSpeed outputs.")
+        st.stop()
+    chosen = tuple(st.session_state.get(SELECTION_KEY) or ())
+    if not chosen:
+        st.info("Pick a run in the sidebar.")
+        st.stop()
+    return Selection(directory, runs, chosen)
+
+
+def live(sel: Selection, body: Callable[[str], None], run_id: str | None = None) -> None:
+    """Render ``body(data_version)``; while the run is live, as a fragment that re-renders
+    in place every second (not a whole-page rerun) and stops once the run has ended."""
+    run_id = run_id or sel.run_id
+    if not sel.is_live(run_id):
+        body(queries.data_version(sel.data_dir, run_id))
+        return
+
+    @st.fragment(run_every=REFRESH_S)
+    def refreshing() -> None:
+        runs = queries.list_runs(sel.data_dir)
+        if runs.loc[runs.run_id == run_id, "status"].eq("running").any():
+            st.caption(f"Live: refreshing every {REFRESH_S:g} s")
+            body(queries.data_version(sel.data_dir, run_id))
+        else:
+            st.rerun()  # the run ended: redraw the page once, without the timer
+
+    refreshing()
