@@ -44,8 +44,11 @@ import torch
 
 try:  # the rank-side telemetry module; the monitor works without it
     from collector import telemetry as _telemetry
+    from collector.clock import CLOCK
+    _now_ns = CLOCK.now_ns  # unix ns on rank 0's clock, like every other table's time_ns
 except ImportError:  # pragma: no cover - collector is part of this repo
     _telemetry = None
+    _now_ns = time.time_ns
 
 __all__ = ["MonitorMaster", "CSVMonitorConfig", "TensorBoardConfig"]
 
@@ -219,7 +222,7 @@ class MonitorMaster:
         numbers or 0-d tensors (read on the writer thread, not here)."""
         if not self.enabled:
             return
-        now = time.time_ns()
+        now = _now_ns()
         batch = [self._checked(event) for event in event_list]
         if not batch:
             return
