@@ -15,12 +15,14 @@ import grpc
 from _server_util import RawStream, comm_envelope, hello
 from collector import catalog
 
-# A collector with aggressive compaction, so kills also land inside merges.
+# A collector committing and compacting often, so kills land inside both.
 COLLECTOR = """
 import signal, sys, threading
 from collector.compaction import CompactionConfig
 from collector.server import create_server
+from collector.store import StoreConfig
 server, port, state = create_server("127.0.0.1:0", sys.argv[1],
+                                    store_config=StoreConfig(flush_interval=0.02),
                                     compaction_config=CompactionConfig(interval=0.05, min_files=3))
 server.start()
 print(f"listening {port}", flush=True)
@@ -93,8 +95,12 @@ def test_sigkill_mid_stream_then_resend_stores_every_record_exactly_once(tmp_pat
         killed_with_unacked += sum(len(a) < ENVELOPES + 1 for a in acked)
 
     proc, port = start_collector(data)
+    partition = data / "parquet" / "comm" / "run=crashy"
     try:
         send_until_killed(port, acked, None)
+        deadline = time.monotonic() + 20
+        while not list(partition.glob("cmp-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the compactor runs at low priority: give it a moment
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
@@ -106,7 +112,7 @@ def test_sigkill_mid_stream_then_resend_stores_every_record_exactly_once(tmp_pat
     assert total == distinct == RANKS * ENVELOPES * ROWS
     assert con.execute("SELECT count(*) FROM ranks").fetchone() == (RANKS,)
     assert con.execute("SELECT count(*) FROM _runs_raw").fetchone() == (1,)
-    assert list((data / "parquet" / "comm" / "run=crashy").glob("cmp-*.parquet")), "no compaction ran"
+    assert list(partition.glob("cmp-*.parquet")), "no compaction ran"
     leftovers = [p for p in (data / "parquet").rglob(".*") if not p.name.startswith(".schema")]
     assert leftovers == []
     assert len(os.listdir(data / "ledger")) <= 3  # one checkpoint, one log, the lock
