@@ -115,7 +115,7 @@ class Compactor:
 
     def _merge(self, partition: Path, inputs: list[Path]) -> None:
         # promote_options: a segment written before a column was added lacks it (nulls).
-        rows = pa.concat_tables([pq.read_table(p) for p in inputs], promote_options="default")
+        rows = pa.concat_tables([pq.ParquetFile(p).read() for p in inputs], promote_options="default")
         table, run_id = partition.parent.name, partition.name.removeprefix("run=")
         commit = self.ledger.reserve_commit()
         output = segment_path(self.data_dir, table, run_id, "cmp", commit)
