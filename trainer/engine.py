@@ -1,0 +1,312 @@
+"""The training engine: DeepSpeed's ``initialize`` / engine API over ZeRO stages 0-3.
+
+    engine, optimizer, dataloader, lr_scheduler = trainer.initialize(model=model, config="ds_config.json")
+    for x, y in dataloader:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+
+Runs under torchrun (the process group is created from the environment, gloo on
+CPU / nccl on CUDA) or as a plain process, which is a world of one on the same
+code path. Every collective goes through ``trainer.comm``; telemetry (timers,
+memory, loss-scale records, monitor events) is emitted per optimizer step and
+never stops training when no collector is reachable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from collector import telemetry
+from trainer import comm
+from trainer.config import ConfigError, EngineConfig, OptimizerConfig, load_config
+from trainer.loss_scaler import build_loss_scaler
+from trainer.lr_schedules import build_scheduler
+from trainer.memory import MemoryTracker
+from trainer.monitor import MonitorMaster
+from trainer.offload import CPUStorage, DeviceStorage
+from trainer.timers import Timers
+from trainer.zero import ZeroOptimizer, build_zero_optimizer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> torch.device:
+    """Join the torchrun process group (or make a world of one) and pick this rank's device."""
+    cuda = torch.cuda.is_available()
+    if not comm.is_initialized():
+        backend = "nccl" if cuda else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            comm.init_process_group(backend=backend)
+        else:
+            comm.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                    rank=0, world_size=1)
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def optimizer_factory(cfg: OptimizerConfig):
+    """``groups -> torch optimizer`` for the config's optimizer block, with DeepSpeed's meaning:
+    ``Adam`` is AdamW unless params.adam_w_mode is false, weight_decay defaults to 0."""
+    params = dict(cfg.params)
+    if cfg.type in ("Adam", "AdamW"):
+        adam_w_mode = params.pop("adam_w_mode", True) if cfg.type == "Adam" else True
+        params.pop("torch_adam", None)
+        if params.pop("bias_correction", True) is not True:
+            raise ConfigError("optimizer.params.bias_correction: only true is supported")
+        params.setdefault("weight_decay", 0.0)
+        cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    else:
+        cls = torch.optim.SGD
+
+    def make(groups: list[dict]) -> torch.optim.Optimizer:
+        try:
+            return cls(groups, **params)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"optimizer.params: {cls.__name__} rejects {params}: {e}") from None
+    return make
+
+
+def _named_groups(model: nn.Module, model_parameters) -> tuple[list[list], list[dict]]:
+    """Trainable (name, param) lists and their options, one per param group."""
+    names = {p: n for n, p in model.named_parameters()}
+    if model_parameters is None:
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    else:
+        model_parameters = list(model_parameters)
+        if model_parameters and isinstance(model_parameters[0], dict):
+            groups = [dict(g, params=list(g["params"])) for g in model_parameters]
+        else:
+            groups = [{"params": model_parameters}]
+    named, options = [], []
+    for g in groups:
+        for p in g["params"]:
+            if p not in names:
+                raise ValueError("model_parameters holds a tensor that is not a parameter of the model")
+        named.append([(names[p], p) for p in g["params"] if p.requires_grad])
+        options.append({k: v for k, v in g.items() if k != "params"})
+    return named, options
+
+
+def _start_telemetry(cfg: EngineConfig) -> None:
+    if not cfg.telemetry.enabled:
+        return
+    try:
+        telemetry.start(run=cfg.telemetry.run, endpoint=cfg.telemetry.endpoint, token=cfg.telemetry.token,
+                        config=cfg.raw, source="engine")
+    except Exception as e:  # telemetry must never stop training
+        warnings.warn(f"telemetry disabled: {e}", stacklevel=3)
+
+
+def _step_profiler(cfg: EngineConfig, model: nn.Module):
+    try:
+        from trainer.profiling import StepProfiler
+    except ImportError:  # the flops profiler is optional
+        return None
+    return StepProfiler(cfg.flops_profiler or {}, model)
+
+
+class Engine(nn.Module):
+    """Wraps the model; forward / backward / step with ZeRO, precision and telemetry."""
+
+    def __init__(self, model: nn.Module, config, model_parameters=None, training_data=None, collate_fn=None):
+        super().__init__()
+        raw = load_config(config)
+        self.device = init_distributed()
+        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.config = cfg = EngineConfig.from_dict(raw, dp_world_size=self.world_size)
+        _start_telemetry(cfg)
+        comm.configure(cfg.comms_logger)
+
+        self.module = model.to(device=self.device, dtype=cfg.precision)
+        self._broadcast_model()
+        named, options = _named_groups(self.module, model_parameters)
+        zero = cfg.zero_optimization
+        self.loss_scaler = None
+        if cfg.fp16.enabled:
+            self.loss_scaler = build_loss_scaler(dataclasses.asdict(cfg.fp16))
+        self.optimizer: ZeroOptimizer = build_zero_optimizer(
+            self.module, named, zero=zero, rank=self.rank, world_size=self.world_size, device=self.device,
+            loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping)
+        storage = (CPUStorage(pin_memory=zero.offload_optimizer.pin_memory) if zero.offload_optimizer.enabled
+                   else DeviceStorage(self.device))
+        self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer), storage)
+        self.lr_scheduler = build_scheduler(self.optimizer.master.optimizer, cfg.scheduler)
+        self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
+
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self.timers = Timers(cfg.wall_clock_breakdown or cfg.telemetry.enabled)
+        self.memory = MemoryTracker(self.module, self.optimizer, self.device)
+        self.monitor = MonitorMaster(cfg.raw)
+        self.profiler = _step_profiler(cfg, self.module)
+        self._loss_sum = None
+        self._last_step_end = time.perf_counter()
+        self.last_records: dict[str, list[dict]] = {}  # this rank's records of the last step, by table
+        telemetry.set_step(self.global_steps)
+
+    # ---------------------------------------------------------------- set-up
+
+    def _broadcast_model(self) -> None:
+        """Start every rank from rank 0's weights and buffers."""
+        if self.world_size == 1:
+            return
+        for t in list(self.module.parameters()) + list(self.module.buffers()):
+            comm.broadcast(t.data, src=0, log_name="engine.broadcast_model")
+
+    def _dataloader(self, dataset, collate_fn):
+        from torch.utils.data import DataLoader, DistributedSampler
+        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank)
+        return DataLoader(dataset, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
+                          collate_fn=collate_fn, drop_last=True)
+
+    # ---------------------------------------------------------------- DeepSpeed accessors
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def zero_optimization_stage(self) -> int:
+        return self.config.zero_optimization.stage
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
+
+    # ---------------------------------------------------------------- training
+
+    def forward(self, *args, **kwargs):
+        if self.micro_steps % self.gradient_accumulation_steps() == 0 and self.profiler is not None:
+            self.profiler.begin(self.global_steps)
+        if hasattr(self.optimizer, "begin_forward") and self.module.training:
+            self.optimizer.begin_forward()
+        self.timers.start("fwd")
+        out = self.module(*args, **kwargs)
+        self.timers.stop("fwd")
+        return out
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Scale by 1/gradient_accumulation_steps (and the fp16 loss scale), backprop, reduce."""
+        detached = loss.detach().float()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        scaled = loss.float() / self.gradient_accumulation_steps()
+        if self.loss_scaler is not None:
+            scaled = scaled * self.loss_scale
+        self.timers.start("bwd")
+        self.timers.start("bwd_inner")
+        self.optimizer.begin_backward(self.is_gradient_accumulation_boundary())
+        scaled.backward()
+        self.timers.stop("bwd_inner")
+        self.timers.start("bwd_allreduce")
+        self.optimizer.after_backward()
+        self.timers.stop("bwd_allreduce")
+        self.timers.stop("bwd")
+        return loss
+
+    def step(self) -> None:
+        """Optimizer step at the accumulation boundary; otherwise only counts the micro-step."""
+        if self.is_gradient_accumulation_boundary():
+            self.timers.start("step")
+            outcome = self.optimizer.step()
+            if outcome.skipped:
+                self.skipped_steps += 1
+            elif self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            self.timers.stop("step")
+            self._report(outcome)
+            self.global_steps += 1
+            self.global_samples += self.train_batch_size()
+            telemetry.set_step(self.global_steps)
+        self.micro_steps += 1
+
+    def _report(self, outcome) -> None:
+        """This step's records: timers, memory, loss scale, monitor events; a line every steps_per_print."""
+        step, cfg = self.global_steps, self.config
+        now = time.perf_counter()
+        samples_per_sec = self.train_batch_size() / max(now - self._last_step_end, 1e-9)
+        self._last_step_end = now
+        records = {"timers": self.timers.records(step), "memory": self.memory.sample(step)}
+        if self.loss_scaler is not None:
+            records["loss_scale"] = [{
+                "step": step, "scale_before": outcome.scale_before, "scale": outcome.scale_after,
+                "overflow": outcome.overflow, "hysteresis_left": outcome.hysteresis_left,
+                "bad_params": ",".join(outcome.bad_params), "first_rank": outcome.first_rank,
+                "time_ns": time.time_ns()}]
+        for table, rows in records.items():
+            telemetry.emit_rows(table, rows)
+        self.last_records = records
+        samples = self.global_samples + self.train_batch_size()
+        loss = self._loss_sum / self.gradient_accumulation_steps()
+        self._loss_sum = None
+        events = [("Train/Samples/train_loss", loss, samples), ("Train/Samples/lr", self.get_lr()[0], samples),
+                  ("Train/Samples/samples_per_sec", samples_per_sec, samples)]
+        if self.loss_scaler is not None:
+            events.append(("Train/Samples/loss_scale", outcome.scale_after, samples))
+        self.monitor.write_events(events)
+        if self.profiler is not None:
+            ns = {r["name"]: r["dur_ns"] for r in records["timers"]}
+            self.profiler.end(step, fwd_ns=ns.get("fwd"), bwd_ns=ns.get("bwd"), step_ns=ns.get("step"),
+                              samples=self.train_batch_size())
+        if self.rank == 0 and (step + 1) % cfg.steps_per_print == 0:
+            line = (f"[engine] step={step + 1} skipped={self.skipped_steps} lr={self.get_lr()} "
+                    f"samples/s={samples_per_sec:.1f}")
+            if self.loss_scaler is not None:
+                line += f" loss_scale={outcome.scale_after:g}"
+            print(line, flush=True)
+            if cfg.wall_clock_breakdown:
+                print(Timers.format(records["timers"]), flush=True)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None) -> str:
+        from trainer.checkpoint import save_checkpoint
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {})
+
+    def load_checkpoint(self, load_dir, tag=None):
+        from trainer.checkpoint import load_checkpoint
+        return load_checkpoint(self, load_dir, tag=tag)
+
+    def close(self) -> None:
+        """Flush monitor events and end the telemetry session."""
+        self.monitor.flush()
+        try:
+            telemetry.stop()
+        except Exception as e:  # telemetry must never fail the run
+            warnings.warn(f"telemetry stop failed: {e}", stacklevel=2)
+
+
+def initialize(model: nn.Module = None, config=None, model_parameters=None, training_data=None, collate_fn=None):
+    """DeepSpeed's ``deepspeed.initialize``: returns ``(engine, optimizer, dataloader, lr_scheduler)``."""
+    if model is None:
+        raise ValueError("initialize: model is required")
+    if config is None:
+        raise ValueError("initialize: config (a dict or a path to a ds_config.json) is required")
+    engine = Engine(model, config, model_parameters=model_parameters, training_data=training_data,
+                    collate_fn=collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -1,0 +1,233 @@
+"""What every ZeRO stage shares: the boundary step.
+
+At a gradient-accumulation boundary each stage leaves, per bucket, this rank's
+reduced gradient shard (averaged over data-parallel ranks, still multiplied by
+the fp16 loss scale). The step is then the same for all stages:
+
+    overflow = all_reduce(MAX, any inf/nan seen locally)        # fp16 only
+    if overflow: skip, lower the scale, report bad params + first rank
+    norm^2   = all_reduce(SUM, sum(g^2 for owned shards))       # only when clipping
+    masters.step(grads * (1/scale) * clip_coef)                 # OffloadedOptimizer
+    stage-specific: all_gather updated shards into the full parameters
+
+Subclasses (one module per stage) decide how gradients get reduced into the
+shards and how parameters are laid out; see their docstrings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from trainer import comm
+from trainer.offload import OffloadedOptimizer
+from trainer.zero.partition import FlatBucket, storage_bytes
+
+
+@dataclass
+class StepOutcome:
+    """What happened at one optimizer step (the engine turns it into records)."""
+    skipped: bool = False
+    overflow: bool = False
+    scale_before: float = 1.0
+    scale_after: float = 1.0
+    hysteresis_left: int = 0
+    bad_params: list[str] = field(default_factory=list)
+    first_rank: int = -1
+    grad_norm: float | None = None
+
+
+class ZeroOptimizer:
+    """Base of the stage optimizers: owns the buckets, gradient shards, master optimizer and step."""
+
+    stage = -1
+
+    def __init__(self, buckets: list[FlatBucket], *, rank: int, world_size: int, device: torch.device,
+                 loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False) -> None:
+        self.buckets = buckets
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.loss_scaler = loss_scaler
+        self.gradient_clipping = gradient_clipping
+        self.overlap_comm = overlap_comm
+        self.master: OffloadedOptimizer | None = None  # set by attach_master once shards exist
+        self._local_bad: list[str] = []  # params with inf/nan seen in local (pre-reduction) grads
+        self._bucket_of: dict[nn.Parameter, FlatBucket] = {}
+        for b in buckets:
+            for s in b.slots:
+                self._bucket_of[s.param] = b
+        self._ready: dict[int, int] = {}     # id(bucket) -> grads ready in this backward
+        self._launched: set[int] = set()     # id(bucket) reduced in this backward
+        self._pending: list = []             # (bucket, output, work) reductions in flight
+        self._reduce_now = False             # whether this backward's hooks may reduce
+
+    # ---------------------------------------------------------------- set-up helpers
+
+    def param_shards(self) -> list[torch.Tensor]:
+        """This rank's parameter shard of every bucket, in bucket order."""
+        raise NotImplementedError
+
+    def grad_shards(self) -> list[torch.Tensor]:
+        """This rank's reduced fp32 gradient shard of every bucket (valid after the boundary backward)."""
+        raise NotImplementedError
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether each rank holds a different shard (the norm then needs an all_reduce)."""
+        return self.buckets[0].num_shards > 1 if self.buckets else False
+
+    def attach_master(self, group_options: list[dict], optimizer_factory, storage) -> None:
+        # Masters are grouped by param group; keep buckets (and so gradient shards) in the same order.
+        self.buckets.sort(key=lambda b: b.group_index)
+        shards: list[list[torch.Tensor]] = [[] for _ in group_options]
+        for b, shard in zip(self.buckets, self.param_shards()):
+            shards[b.group_index].append(shard)
+        self.master = OffloadedOptimizer(shards, group_options, optimizer_factory=optimizer_factory,
+                                         storage=storage)
+
+    def register_hooks(self) -> None:
+        for p in self._bucket_of:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.master.param_groups
+
+    # ---------------------------------------------------------------- backward
+
+    def begin_backward(self, boundary: bool) -> None:
+        """Called before each backward; ``boundary`` is True on the last micro-step of a step."""
+        self._ready.clear()
+        self._launched.clear()
+        self._reduce_now = self.reduces_every_micro_step() or boundary
+
+    def reduces_every_micro_step(self) -> bool:
+        return False
+
+    def _on_grad_ready(self, p: nn.Parameter) -> None:
+        b = self._bucket_of[p]
+        n = self._ready.get(id(b), 0) + 1
+        self._ready[id(b)] = n
+        if n == len(b.slots):
+            self.on_bucket_ready(b)
+
+    def on_bucket_ready(self, b: FlatBucket) -> None:
+        """All of ``b``'s gradients for this backward exist: with overlap_comm, reduce now."""
+        if self._reduce_now and self.overlap_comm:
+            self._launch(b)
+
+    def _launch(self, b: FlatBucket) -> None:
+        if id(b) not in self._launched:
+            self._launched.add(id(b))
+            self._pending.append(self.launch_reduction(b))
+
+    def launch_reduction(self, b: FlatBucket):
+        """Start the async reduction of ``b``'s local gradients; returns what finish_reduction needs."""
+        raise NotImplementedError
+
+    def finish_reduction(self, pending) -> None:
+        raise NotImplementedError
+
+    def after_backward(self) -> None:
+        """Reduce every bucket not yet launched during backward, then wait for all of them."""
+        if self._reduce_now:
+            for b in self.buckets:
+                self._launch(b)
+        for pending in self._pending:
+            self.finish_reduction(pending)
+        self._pending.clear()
+
+    def note_local_overflow(self, b: FlatBucket, flat: torch.Tensor) -> None:
+        """fp16: remember which params had inf/nan in this rank's own gradients, before reduction."""
+        if self.loss_scaler is not None and not torch.isfinite(flat).all():
+            self._local_bad += b.nonfinite_param_names(flat, shard=False)
+
+    # ---------------------------------------------------------------- step
+
+    def step(self) -> StepOutcome:
+        grads = self.grad_shards()
+        out = StepOutcome()
+        scale = 1.0
+        if self.loss_scaler is not None:
+            scale = float(self.loss_scaler.loss_scale)
+            self._check_overflow(grads, out)
+            decision = self.loss_scaler.update(out.overflow)
+            out.scale_before, out.scale_after = float(decision.scale_before), float(decision.scale_after)
+            out.hysteresis_left = int(decision.hysteresis_left)
+            out.skipped = bool(decision.skipped)
+            if out.skipped:
+                self.zero_grad()
+                return out
+        coef = 1.0 / scale
+        if self.gradient_clipping > 0:
+            sumsq = torch.zeros((), dtype=torch.float32, device=self.device)
+            for g in grads:
+                sumsq += g.float().pow(2).sum().to(self.device)
+            if self.partitioned:
+                comm.all_reduce(sumsq, log_name="zero.grad_norm")
+            out.grad_norm = math.sqrt(float(sumsq)) / scale
+            clip = self.gradient_clipping / (out.grad_norm + 1e-6)
+            if clip < 1.0:
+                coef *= clip
+        self.master.step(grads, coef)
+        self.after_step()
+        self.zero_grad()
+        return out
+
+    def _check_overflow(self, grads: list[torch.Tensor], out: StepOutcome) -> None:
+        post_bad: list[str] = []
+        for b, g in zip(self.buckets, grads):
+            if not torch.isfinite(g).all():
+                post_bad += b.nonfinite_param_names(g, shard=True)
+        flag = torch.tensor([1.0 if (self._local_bad or post_bad) else 0.0], device=self.device)
+        comm.all_reduce(flag, op=comm.ReduceOp.MAX, log_name="zero.overflow")
+        out.overflow = bool(flag.item() > 0)
+        if out.overflow:
+            # The rank that produced the inf (pre-reduction) wins over ranks that only received it.
+            w = self.world_size
+            code = self.rank if self._local_bad else (w + self.rank if post_bad else 2 * w)
+            first = torch.tensor([float(code)], device=self.device)
+            comm.all_reduce(first, op=comm.ReduceOp.MIN, log_name="zero.overflow_rank")
+            out.first_rank = int(first.item()) % w
+            names: list = [None] * w
+            comm.all_gather_object(names, self._local_bad + post_bad)
+            out.bad_params = list(dict.fromkeys(n for rank_names in names for n in rank_names))
+        self._local_bad = []
+
+    def after_step(self) -> None:
+        """Stage-specific: make the updated shards visible in the full parameters."""
+
+    def zero_grad(self) -> None:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- introspection
+
+    def memory_bytes(self, module: nn.Module) -> dict[str, int]:
+        """Bytes this rank holds, by kind; shared storages are counted once (params first)."""
+        seen: set[int] = set()
+        params = storage_bytes([p.data for p in module.parameters()] + self.param_tensors(), seen)
+        grads = storage_bytes([p.grad for p in module.parameters()] + self.grad_tensors(), seen)
+        optim = storage_bytes(self.master.state_tensors(), seen)
+        return {"params": params, "grads": grads, "optimizer": optim}
+
+    def param_tensors(self) -> list[torch.Tensor]:
+        return self.param_shards()
+
+    def grad_tensors(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        sd = {"stage": self.stage, "world_size": self.world_size, "master": self.master.state_dict()}
+        if self.loss_scaler is not None:
+            sd["loss_scaler"] = self.loss_scaler.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["stage"] != self.stage or sd["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint was written by ZeRO stage {sd['stage']} on {sd['world_size']} ranks; "
+                             f"this engine runs stage {self.stage} on {self.world_size} ranks")
+        self.master.load_state_dict(sd["master"])
+        if self.loss_scaler is not None and "loss_scaler" in sd:
+            self.loss_scaler.load_state_dict(sd["loss_scaler"])
+        self.after_step()
