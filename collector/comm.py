@@ -87,6 +87,7 @@ INSTRUMENTED_OPS = (
 _P2P_OPS = frozenset(("send", "recv", "isend", "irecv"))
 _GROUP_SIZE = -1  # `scale` meaning "the op's data is n x this tensor"
 _DRAIN_INTERVAL_S = 0.1
+_POLL_INTERVAL_S = 0.002
 _MAX_PENDING = 1 << 18  # records waiting for the drain thread; beyond it they are counted and dropped
 
 
@@ -262,7 +263,9 @@ class _Recorder:
     # ---- off the training thread ----
     def _run(self) -> None:
         while True:
-            self.wake.wait(_DRAIN_INTERVAL_S)
+            # Async work without a future (gloo p2p) is stamped when seen complete: look often then.
+            polling = any(isinstance(r[_TIMING], _AsyncEnd) and r[_TIMING].end is None for r in self.waiting)
+            self.wake.wait(_POLL_INTERVAL_S if polling else _DRAIN_INTERVAL_S)
             self.wake.clear()
             try:
                 self.drain()

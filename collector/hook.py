@@ -18,8 +18,6 @@ attach works before or after ``init_process_group``: it wraps
 group exists (collector.telemetry). ``detach`` restores every patched name,
 flushes and sends RunEnd.
 """
-from __future__ import annotations
-
 import contextlib
 import functools
 
@@ -51,11 +49,12 @@ def _destroy_process_group(group=None):
     comm._REC.forget_groups()
 
 
-def ddp_comm_hook(process_group, bucket) -> torch.futures.Future:
+def ddp_comm_hook(process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook equivalent to torch's default all-reduce (average over the
     group), issued through collector.comm so each bucket becomes a comm record.
     Register it yourself with ``model.register_comm_hook(None, ddp_comm_hook)``
-    when not using attach()."""
+    when not using attach(). (The annotations are real objects, not strings:
+    DDP checks them, so this module has no ``from __future__ import annotations``.)"""
     group = process_group if process_group is not None else c10d.GroupMember.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())

@@ -179,9 +179,9 @@ def start(run=None, endpoint=None, token=None, config=None, source="hook") -> Se
 
 
 def _resolve_if_possible(session: Session) -> None:
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed as dist
 
-    if c10d.is_available() and c10d.is_initialized():
+    if dist.is_available() and dist.is_initialized():
         session.resolve_identity(collective=True)
     elif int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         session.resolve_identity(collective=False)

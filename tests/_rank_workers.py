@@ -1,0 +1,111 @@
+"""Rank processes for the multi-process tests (started with torch.multiprocessing
+spawn, gloo on CPU). Each writes what it saw to ``out/rank<r>.json``."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+WORLD = 4
+# What every rank issues through plain torch.distributed while attached:
+# op -> number of calls on rank r (sub-group and p2p ops depend on the rank).
+WORLD_OPS = {
+    "all_reduce": 4,  # 3 sync + 1 async
+    "all_gather": 2, "all_gather_into_tensor": 1, "reduce_scatter": 1, "reduce_scatter_tensor": 1,
+    "all_to_all": 1, "all_to_all_single": 1, "broadcast": 1, "reduce": 1, "gather": 1, "scatter": 1,
+    "barrier": 1, "all_reduce_coalesced": 1,
+}
+SUB_RANKS = (0, 2)
+SUB_ALL_REDUCES = 2
+N = 4  # elements per rank's tensor
+STRAGGLE_S = 0.2
+
+
+def _env(rank: int, world: int, port: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def collectives_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """attach() before init_process_group, then a known mix of every collective."""
+    from collector import comm, hook, telemetry
+
+    _env(rank, WORLD, port)
+    session = hook.attach(run="e2e-job", endpoint=endpoint)
+    assert session is not None and not session.ready  # identity waits for the process group
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    assert session.ready
+    comm.configure({"enabled": True})
+    telemetry.set_step(7)
+    t = torch.full((N,), float(rank + 1))
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.all_reduce(t, async_op=True).wait()
+    for _ in range(2):
+        dist.all_gather([torch.empty(N) for _ in range(WORLD)], t)
+    dist.all_gather_into_tensor(torch.empty(N * WORLD), t)
+    dist.reduce_scatter(torch.empty(N), [torch.ones(N) for _ in range(WORLD)])
+    dist.reduce_scatter_tensor(torch.empty(N), torch.ones(N * WORLD))
+    dist.all_to_all([torch.empty(N) for _ in range(WORLD)], [torch.ones(N) for _ in range(WORLD)])
+    dist.all_to_all_single(torch.empty(N * WORLD), torch.ones(N * WORLD))
+    dist.broadcast(t, src=0)
+    dist.reduce(t, dst=0)
+    dist.gather(t, [torch.empty(N) for _ in range(WORLD)] if rank == 0 else None, dst=0)
+    dist.scatter(t, [torch.ones(N) for _ in range(WORLD)] if rank == 0 else None, src=0)
+    dist.all_reduce_coalesced([torch.ones(N), torch.ones(2 * N)])
+    if rank == 0:
+        time.sleep(STRAGGLE_S)  # rank 0 arrives late: the others wait for it in the barrier
+    dist.barrier()
+    sub = dist.new_group(list(SUB_RANKS))
+    if rank in SUB_RANKS:
+        for _ in range(SUB_ALL_REDUCES):
+            dist.all_reduce(torch.ones(2 * N, dtype=torch.float64), group=sub)
+    # p2p: 0 -> 1 blocking, 2 -> 3 async
+    if rank == 0:
+        dist.send(torch.ones(N), dst=1)
+    elif rank == 1:
+        dist.recv(torch.empty(N), src=0)
+    elif rank == 2:
+        dist.isend(torch.ones(N), dst=3).wait()
+    else:
+        dist.irecv(torch.empty(N), src=2).wait()
+    summary = comm.log_summary(show_straggler=True, return_dict=True)
+    result = {"run_id": session.run_id, "summary": {k: {str(s): v for s, v in d.items()} for k, d in summary.items()}}
+    hook.detach()
+    assert dist.all_reduce is not comm.all_reduce  # restored
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def ddp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """attach() after init_process_group; a DDP model's buckets are recorded and
+    its gradients are still the average over ranks."""
+    from collector import hook
+
+    world = 2
+    _env(rank, world, port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    session = hook.attach(run="ddp-job", endpoint=endpoint)
+    assert session.ready
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    reference = torch.nn.Linear(8, 3)
+    reference.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    inputs = [torch.arange(16, dtype=torch.float32).reshape(2, 8) * (r + 1) / 10 for r in range(world)]
+    ddp(inputs[rank]).pow(2).sum().backward()
+    # reference: the mean over ranks of each rank's local gradient, computed here
+    grads = []
+    for r in range(world):
+        reference.zero_grad()
+        reference(inputs[r]).pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in reference.parameters()])
+    for i, p in enumerate(model.parameters()):
+        torch.testing.assert_close(p.grad, (grads[0][i] + grads[1][i]) / world, rtol=1e-5, atol=1e-6)
+    hook.detach()
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": session.run_id}))
