@@ -1,0 +1,124 @@
+"""The engine's flops profiler: the ``flops_profiler`` config block, one
+profiled step, the report on rank 0 and the module tree on every rank.
+
+The engine calls ``begin(step)`` before every forward and ``end(step, ...)``
+after every ``engine.step()``; both are no-ops except at ``profile_step``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+
+import torch.distributed as dist
+from torch import nn
+
+from trainer.profiling.profiler import FlopsProfiler, ModuleProfile
+from trainer.profiling.report import Summary
+
+try:  # collector is optional for the profiler: without it the tree is only printed
+    from collector import telemetry
+except ImportError:
+    telemetry = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlopsProfilerConfig:
+    enabled: bool = False
+    profile_step: int = 1
+    module_depth: int = -1
+    top_modules: int = 1
+    detailed: bool = True
+    output_file: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("enabled", "detailed"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"flops_profiler.{name} must be true or false, got {getattr(self, name)!r}")
+        for name, low in (("profile_step", 0), ("module_depth", -1), ("top_modules", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"flops_profiler.{name} must be an int >= {low}, got {value!r}")
+        if self.output_file is not None and (not isinstance(self.output_file, str) or not self.output_file):
+            raise ValueError(f"flops_profiler.output_file must be a path or null, got {self.output_file!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "FlopsProfilerConfig":
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise ValueError(f"flops_profiler must be an object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        for key in d.keys() - known:
+            warnings.warn(f"unknown config key flops_profiler.{key} is ignored")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def module_rows(root: ModuleProfile, step: int) -> list[dict]:
+    """One ``flops`` table row per module. A row leaves ``bwd_latency_ns`` out
+    (stored as null) when no backward went through the module."""
+    rows = []
+    for p in root.walk():
+        row = {"step": step, "module": p.name, "parent": p.parent, "depth": p.depth,
+               "module_type": p.module_type, "params": p.params, "macs": p.macs, "flops": p.flops,
+               "latency_ns": p.fwd_ns}
+        if p.bwd_ns is not None:
+            row["bwd_latency_ns"] = p.bwd_ns
+        rows.append(row)
+    return rows
+
+
+def _emit_to_collector(table: str, rows: list[dict]) -> None:
+    if telemetry is not None:
+        telemetry.emit_rows(table, rows)
+
+
+class StepProfiler:
+    """Profiles one training step of ``model`` as the ``flops_profiler`` block says.
+
+    ``tp_size``: tensor-parallel degree; each rank counts its own shard and the
+    report's model totals are per rank x tp_size. ``sink(table, rows)`` receives
+    the module tree (default: the collector's telemetry, a no-op without a session).
+    """
+
+    def __init__(self, flops_profiler_cfg: dict | None, model: nn.Module, tp_size: int = 1, sink=None):
+        self.config = FlopsProfilerConfig.from_dict(flops_profiler_cfg)
+        if not isinstance(tp_size, int) or tp_size < 1:
+            raise ValueError(f"tp_size must be an int >= 1, got {tp_size!r}")
+        self.tp_size = tp_size
+        self.model = model
+        self.sink = sink or _emit_to_collector
+        self.profiler: FlopsProfiler | None = None
+        self.report: str | None = None  # the last printed report (rank 0)
+        self.rows: list[dict] = []      # the last rows sent
+
+    def begin(self, step: int) -> None:
+        if not self.config.enabled or step != self.config.profile_step or self.profiler is not None:
+            return
+        self.profiler = FlopsProfiler(self.model)
+        self.profiler.start_profile()
+
+    def end(self, step: int, *, fwd_ns=None, bwd_ns=None, step_ns=None, samples=None) -> None:
+        prof = self.profiler
+        if prof is None or step != self.config.profile_step:
+            return
+        self.profiler = None
+        try:
+            prof.stop_profile()
+            summary = Summary(step=step, fwd_ns=fwd_ns if fwd_ns is not None else prof.root.fwd_ns,
+                              bwd_ns=bwd_ns if bwd_ns is not None else prof.root.bwd_ns,
+                              step_ns=step_ns, samples=samples, tp_size=self.tp_size)
+            if _rank() == 0:
+                cfg = self.config
+                self.report = prof.print_model_profile(
+                    profile_step=step, module_depth=cfg.module_depth, top_modules=cfg.top_modules,
+                    detailed=cfg.detailed, output_file=cfg.output_file, summary=summary)
+            self.rows = module_rows(prof.root, step)
+            self.sink("flops", self.rows)
+        except Exception as e:  # the report is telemetry: it never fails training
+            warnings.warn(f"flops profiler: step {step} report failed: {e}")
+        finally:
+            prof.end_profile()
