@@ -1,0 +1,169 @@
+"""Added cost of recording a collective: 4-element all_reduce on 2 gloo ranks,
+raw (torch.distributed.distributed_c10d.all_reduce) vs attached
+(torch.distributed.all_reduce patched by collector.hook, shipping to a real
+collector started in this process). Target: <= 2 us median added per call.
+
+Two measurements, both medians:
+  end-to-end   each call timed alone; raw and attached blocks interleaved so
+               drift hits both. Gloo's own latency jitter (tens of us) is much
+               larger than the overhead, so this shows "no visible slowdown".
+  isolated     the same wrapper with the real all_reduce swapped for a no-op
+               (this process only, no collective): exactly the work added on
+               the training thread (timestamps, group lookup, tuple append).
+
+    python -m benches.hook_overhead [--calls 400 --rounds 20]
+Writes benches/RESULTS-hook.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, endpoint: str, calls: int, rounds: int, out: str, mode: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from collector import comm, hook
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if mode == "attached":
+        hook.attach(run="bench-hook-overhead", endpoint=endpoint)
+        attached_fn = dist.all_reduce
+        assert attached_fn is comm.all_reduce
+    else:  # comms logger only: record + background drain, nothing shipped
+        comm.configure({"enabled": True})
+        attached_fn = comm.all_reduce
+    t = torch.ones(4)
+    perf = time.perf_counter_ns
+    raw_fn = c10d.all_reduce
+    for _ in range(200):  # warm up both paths
+        raw_fn(t)
+        attached_fn(t)
+    raw, attached = [], []
+    for i in range(rounds):
+        pair = ((raw_fn, raw), (attached_fn, attached))
+        for fn, sink in (pair if i % 2 == 0 else pair[::-1]):  # alternate which path goes first
+            c10d.barrier()
+            for _ in range(calls):
+                t0 = perf()
+                fn(t)
+                sink.append(perf() - t0)
+
+    # isolated: the wrapper around a no-op (local only, no collective)
+    def noop(tensor, op=None, group=None, async_op=False):
+        return None
+
+    c10d.barrier()
+    c10d.all_reduce = noop
+    iso_raw, iso_att = [], []
+    try:
+        for _ in range(50):
+            for fn, sink in ((noop, iso_raw), (comm.all_reduce, iso_att)):
+                t0 = perf()
+                for _ in range(1000):
+                    fn(t)
+                sink.append((perf() - t0) / 1000)
+    finally:
+        c10d.all_reduce = raw_fn
+    c10d.barrier()
+    recorded = comm.flush()
+    if mode == "attached":
+        hook.detach()
+    dist.destroy_process_group()
+    Path(out, f"{mode}-rank{rank}.json").write_text(json.dumps({
+        "raw_us": statistics.median(raw) / 1e3, "attached_us": statistics.median(attached) / 1e3,
+        "raw_p90_us": sorted(raw)[int(0.9 * len(raw))] / 1e3,
+        "attached_p90_us": sorted(attached)[int(0.9 * len(attached))] / 1e3,
+        "iso_raw_us": statistics.median(iso_raw) / 1e3, "iso_attached_us": statistics.median(iso_att) / 1e3,
+        "calls": len(raw), "recorded_left": recorded,
+    }))
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m benches.hook_overhead", description=__doc__.split("\n")[0])
+    p.add_argument("--calls", type=int, default=400, help="calls per block")
+    p.add_argument("--rounds", type=int, default=20, help="raw/attached block pairs")
+    p.add_argument("--out", default=str(HERE / "RESULTS-hook.md"))
+    args = p.parse_args(argv)
+
+    import torch.multiprocessing as mp
+
+    from collector import catalog
+    from collector.server import create_server
+
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp, "data")
+        server, port, state = create_server("127.0.0.1:0", data)
+        server.start()
+        try:
+            for mode in ("logger", "attached"):
+                mp.spawn(_rank, args=(_free_port(), f"127.0.0.1:{port}", args.calls, args.rounds, tmp, mode),
+                         nprocs=2)
+                res[mode] = [json.loads(Path(tmp, f"{mode}-rank{r}.json").read_text()) for r in range(2)]
+        finally:
+            server.stop(grace=2).wait()
+            state.close()
+        con = catalog.connect(data)
+        stored = con.execute("SELECT count(*) FROM comm").fetchone()[0]
+        con.close()
+
+    cmd = "python -m benches.hook_overhead " + " ".join(argv)
+    lines = [
+        "# Hook overhead (collector.hook / collector.comm)",
+        "",
+        f"Command: `{cmd.strip()}`  ",
+        f"Machine: {platform.machine()} {os.cpu_count()}-core CPU VM (shared with other jobs), "
+        f"Python {platform.python_version()}, torch gloo on CPU, 2 ranks, 4-element float32 all_reduce.  ",
+        f"Calls timed per rank and path: {res['attached'][0]['calls']}; comm rows stored by the collector "
+        f"(attached run, warm-up and isolated loop included): {stored}.",
+        "",
+        "logger = comms_logger enabled, no telemetry session (record + background drain, nothing shipped);",
+        "attached = hook.attach() shipping every record over gRPC to a collector running on the same 2 cores.",
+        "",
+        "| mode | rank | raw median (us) | attached median (us) | added (us) | raw p90 | attached p90 | "
+        "isolated: no-op (us) | isolated: wrapper (us) | isolated added (us) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, per_rank in res.items():
+        for r, x in enumerate(per_rank):
+            lines.append(
+            f"| {mode} | {r} | {x['raw_us']:.1f} | {x['attached_us']:.1f} | {x['attached_us'] - x['raw_us']:+.1f} | "
+            f"{x['raw_p90_us']:.1f} | {x['attached_p90_us']:.1f} | {x['iso_raw_us']:.3f} | "
+            f"{x['iso_attached_us']:.3f} | {x['iso_attached_us'] - x['iso_raw_us']:.3f} |")
+    lines += [
+        "",
+        "The isolated columns time the same wrapper around a no-op collective: the work the hook adds to",
+        "the training thread (target <= 2 us). End-to-end medians include gloo's latency and everything",
+        "else competing for the 2 shared cores: the background drain/client threads and, in the attached",
+        "run, the collector itself (decode, Parquet, fsync) in the same VM, and other jobs on the box.",
+        "",
+    ]
+    text = "\n".join(lines)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
