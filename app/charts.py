@@ -10,7 +10,8 @@ HEIGHT = 320
 
 
 def _tidy(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40, b=10), legend_title_text="")
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=60, b=10), legend_title_text="",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
     return fig
 
 
@@ -28,7 +29,7 @@ def loss_scale(df: pd.DataFrame) -> go.Figure:
     fig.add_trace(go.Scatter(
         x=over.step, y=over.scale, mode="markers", name="overflow", marker=dict(color="red", symbol="x", size=10),
         customdata=over.bad_params, hovertemplate="step %{x}: overflow, scale → %{y}<br>%{customdata}<extra></extra>"))
-    fig.update_yaxes(type="log", dtick=0.30103, title="scale")  # one tick per power of two
+    fig.update_yaxes(type="log", dtick=0.30103, tickformat=",.0f", title="scale")  # a tick per power of two
     return _tidy(fig, "Loss scale (× = overflow, step skipped)")
 
 

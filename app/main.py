@@ -8,7 +8,8 @@ import streamlit as st
 
 from app import state
 
-PAGES = Path(__file__).parent / "pages"
+# Not "pages/": Streamlit would also serve that folder as a legacy multipage app.
+PAGES = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="rankscope", page_icon=":material/monitoring:", layout="wide")
 page = st.navigation({

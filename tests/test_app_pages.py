@@ -20,7 +20,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def open_page(data_dir, monkeypatch):
-    """open_page("pages/x.py", run_ids) -> the AppTest after rendering that page."""
+    """open_page("views/x.py", run_ids) -> the AppTest after rendering that page."""
     monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
 
     def _open(page: str | None, run_ids: list[str] | None = None) -> AppTest:
@@ -68,7 +68,7 @@ def test_selection_from_query_param(data_dir, monkeypatch):
 
 
 def test_overview_health_names_the_straggler_and_the_overflows(open_page):
-    at = open_page("pages/overview.py", [FINISHED.run_id])
+    at = open_page("views/overview.py", [FINISHED.run_id])
     warnings = texts(at.warning)
     assert f"rank {DELAYED_RANK} arrives last in 100% of all_reduces" in warnings
     assert f"loss scale fell {len(OVERFLOW_STEPS)} times in {FINISHED.steps} steps" in warnings
@@ -77,13 +77,13 @@ def test_overview_health_names_the_straggler_and_the_overflows(open_page):
 
 
 def test_overview_of_a_live_run_refreshes_in_a_fragment(open_page):
-    at = open_page("pages/overview.py", [LIVE.run_id])
+    at = open_page("views/overview.py", [LIVE.run_id])
     assert any("Live: refreshing" in c.value for c in at.caption)
 
 
 def test_comms_summary_lists_each_op_with_bandwidth(open_page):
-    at = open_page("pages/comms.py", [FINISHED.run_id])
-    summary = next(df for df in frames(at) if "Comm. Op" in df.columns)
+    at = open_page("views/comms.py", [FINISHED.run_id])
+    summary = at.table[0].value
     assert set(summary["Comm. Op"]) == {op for op, _, _ in COLLECTIVES}
     assert (summary["busbw_avg (Gbps)"] > 0).all()
     # Count adds up every rank's records: instances x world size.
@@ -95,17 +95,17 @@ def test_comms_summary_lists_each_op_with_bandwidth(open_page):
 
 
 def test_comms_filters_narrow_the_summary(open_page):
-    at = open_page("pages/comms.py", [FINISHED.run_id])
+    at = open_page("views/comms.py", [FINISHED.run_id])
     labelled(at.multiselect, "Op").set_value(["all_gather"]).run()
     labelled(at.multiselect, "Rank").set_value([DELAYED_RANK]).run()
     assert not at.exception
-    summary = next(df for df in frames(at) if "Comm. Op" in df.columns)
+    summary = at.table[0].value
     assert set(summary["Comm. Op"]) == {"all_gather"}
     assert summary.Count.sum() == sum(o == "all_gather" for o, _, _ in COLLECTIVES) * FINISHED.steps
 
 
 def test_stragglers_page_names_the_delayed_rank_and_drills_down(open_page):
-    at = open_page("pages/stragglers.py", [FINISHED.run_id])
+    at = open_page("views/stragglers.py", [FINISHED.run_id])
     assert f"**all_reduce**: rank {DELAYED_RANK} arrives last in 100%" in texts(at.markdown)
     assert len(at.get("plotly_chart")) == 3  # last-rank bars, delay heatmap, wait heatmap
     by_host = next(df for df in frames(at) if "host" in df.columns)
@@ -120,7 +120,7 @@ def test_stragglers_page_names_the_delayed_rank_and_drills_down(open_page):
 
 
 def test_flops_page_shows_the_module_tree_and_table(open_page):
-    at = open_page("pages/flops.py", [FINISHED.run_id])
+    at = open_page("views/flops.py", [FINISHED.run_id])
     table = next(df for df in frames(at) if "% params" in df.columns)
     assert len(table) == len(FLOPS_TREE)
     assert table.loc[table.module == "(model)", "% params"].item() == 100
@@ -131,20 +131,20 @@ def test_flops_page_shows_the_module_tree_and_table(open_page):
 
 
 def test_memory_and_moe_pages(open_page):
-    at = open_page("pages/memory.py", [FINISHED.run_id])
+    at = open_page("views/memory.py", [FINISHED.run_id])
     assert len(at.get("plotly_chart")) == 5  # one per kind
-    at = open_page("pages/moe.py", [FINISHED.run_id])
+    at = open_page("views/moe.py", [FINISHED.run_id])
     assert len(at.get("plotly_chart")) == 2
     assert len(frames(at)[0]) == 8  # experts
 
 
 def test_moe_page_empty_state(open_page):
-    at = open_page("pages/moe.py", [LIVE.run_id])
+    at = open_page("views/moe.py", [LIVE.run_id])
     assert "No MoE records" in texts(at.info)
 
 
 def _console(open_page, sql: str) -> AppTest:
-    at = open_page("pages/sql.py")
+    at = open_page("views/sql.py")
     at.text_area[0].set_value(sql)
     at.button[0].click().run()
     assert not at.exception
