@@ -1,0 +1,185 @@
+"""collector.comm, telemetry and hook in one process: config errors, the
+comms-logger behaviours (verbose, debug caller, prof_ops, summary), run
+identity, attach/detach, and never raising into training. Multi-rank
+behaviour is in test_rank_e2e.py."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from collector import comm, hook, spool, telemetry
+from tests._rank_util import free_port, serve
+
+
+@pytest.fixture
+def one_rank():
+    """A real single-rank gloo process group (the degenerate distributed case)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    comm._REC.forget_groups()
+    yield
+    comm.configure({})
+    comm.reset_summary()
+    dist.destroy_process_group()
+    comm._REC.forget_groups()
+
+
+@pytest.fixture
+def collector():
+    server, port, col = serve()
+    yield f"127.0.0.1:{port}", col
+    server.stop(0)
+
+
+def _stop_quickly():
+    s = telemetry.session()
+    if s is not None:
+        s.client.cfg.close_timeout_s = 0.5
+
+
+def test_comms_logger_config_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"comms_logger\.enabled must be true or false"):
+        comm.configure({"enabled": "yes"})
+    with pytest.raises(ValueError, match=r"comms_logger\.verbos is not a known key"):
+        comm.configure({"verbos": True})
+    with pytest.raises(ValueError, match=r"comms_logger\.prof_ops must be a list"):
+        comm.configure({"prof_ops": "all_reduce"})
+    assert comm._REC.on is False
+
+
+def test_telemetry_config_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"telemetry\.endpont is not a known key"):
+        telemetry.start(config={"telemetry": {"endpont": "x:1"}})
+    with pytest.raises(ValueError, match=r"telemetry\.run must be a non-empty string"):
+        telemetry.start(config={"telemetry": {"run": 3}})
+    assert telemetry.session() is None
+
+
+def my_training_step(t):
+    comm.all_reduce(t)
+    comm.broadcast(t, src=0)
+
+
+def test_verbose_prints_deepspeed_style_lines_with_caller_in_debug(one_rank, capsys):
+    comm.configure({"enabled": True, "verbose": True, "debug": True})
+    my_training_step(torch.ones(4))
+    comm.flush()
+    out = capsys.readouterr().out
+    assert re.search(r"rank=0 \| comm op: all_reduce \| \[Caller Func: my_training_step\] \| time \(ms\): [\d.]+ "
+                     r"\| msg size: 16\.0 B \| algbw \(Gbps\): [\d.]+  \| busbw \(Gbps\): [\d.]+", out), out
+    assert "comm op: broadcast | [Caller Func: my_training_step]" in out
+
+
+def test_prof_ops_records_only_the_listed_ops(one_rank):
+    comm.configure({"enabled": True, "prof_all": False, "prof_ops": ["broadcast"]})
+    my_training_step(torch.ones(4))
+    summary = comm.log_summary(return_dict=True)
+    assert list(summary) == ["broadcast"]
+
+
+def test_log_summary_table_and_dict(one_rank, capsys):
+    comm.configure({"enabled": True})
+    for _ in range(3):
+        comm.all_reduce(torch.ones(256))  # 1 KiB
+    comm.all_reduce(torch.ones(4), log_name="tiny")
+    comm.barrier()
+    summary = comm.log_summary(return_dict=True)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["Comm.", "Op", "Message", "Size", "Count", "Total", "Latency(ms)", "Avg",
+                                           "Latency(ms)", "tput_avg", "(Gbps)", "busbw_avg", "(Gbps)"]
+    assert "1.0 KB" in out and "16.0 B" in out
+    assert summary["all_reduce"][1024]["count"] == 3
+    assert summary["tiny"][16]["count"] == 1
+    assert summary["barrier"][0]["count"] == 1
+    s = summary["all_reduce"][1024]
+    assert s["total_latency_ms"] >= s["avg_latency_ms"] > 0
+    assert s["busbw_avg_gbps"] == 0.0  # one rank: no bus traffic (factor 2(n-1)/n = 0)
+
+
+def test_off_by_default_records_nothing(one_rank):
+    comm.all_reduce(torch.ones(4))
+    assert comm.flush() == 0 and comm.log_summary(return_dict=True) == {}
+
+
+def test_single_process_session_without_process_group(collector, monkeypatch):
+    endpoint, col = collector
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ids = []
+    for _ in range(2):  # the same name twice: two runs
+        s = telemetry.start(run="same name!", endpoint=endpoint)
+        assert s.ready and s.rank == 0 and s.world_size == 1
+        telemetry.set_step(11)
+        telemetry.emit("monitor", tag="Train/loss", value=0.5, samples=64)
+        telemetry.emit("monitor", tag="Train/lr", value=1e-3, samples=64, step=3)
+        ids.append(s.run_id)
+        telemetry.stop()
+    telemetry.set_step(0)
+    assert ids[0] != ids[1]
+    assert all(re.fullmatch(r"same_name-\d{8}-\d{6}-[0-9a-f]{6}", i) for i in ids)
+    hellos = col.envelopes("hello")
+    assert {h.hello.run_id for h in hellos} == set(ids)
+    h = hellos[0].hello
+    assert (h.run_name, h.rank, h.world_size, h.clock_offset_ns, h.source) == ("same name!", 0, 1, 0, "hook")
+    rows = col.rows("monitor").to_pydict()
+    assert sorted(zip(rows["run_id"], rows["tag"], rows["step"])) == sorted(
+        [(i, "Train/loss", 11) for i in ids] + [(i, "Train/lr", 3) for i in ids])
+    assert [e.end.status for e in col.envelopes("end")] == ["finished", "finished"]
+
+
+def test_run_name_precedence(monkeypatch, collector):
+    endpoint, _ = collector
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = {"telemetry": {"run": "from-config"}}
+    cases = [({"run": "explicit"}, "from-env", "explicit"), ({}, "from-env", "from-env"), ({}, None, "from-config")]
+    for kwargs, env, expected in cases:
+        if env:
+            monkeypatch.setenv("RANKSCOPE_RUN", env)
+        else:
+            monkeypatch.delenv("RANKSCOPE_RUN", raising=False)
+        s = telemetry.start(endpoint=endpoint, config=cfg, **kwargs)
+        assert s.run_name == expected
+        telemetry.stop()
+    assert telemetry.start(config={"telemetry": {"enabled": False}}) is None
+
+
+def test_attach_detach_patches_and_restores_torch_distributed(one_rank, collector):
+    endpoint, col = collector
+    originals = {op: getattr(dist, op) for op in comm.INSTRUMENTED_OPS}
+    ddp_forward = torch.nn.parallel.DistributedDataParallel.forward
+    with hook.attached(run="ctx", endpoint=endpoint) as session:
+        assert all(getattr(dist, op) is getattr(comm, op) for op in comm.INSTRUMENTED_OPS)
+        dist.all_reduce(torch.ones(4))
+        dist.barrier()
+        run_id = session.run_id
+    assert {op: getattr(dist, op) for op in comm.INSTRUMENTED_OPS} == originals
+    assert torch.nn.parallel.DistributedDataParallel.forward is ddp_forward
+    assert telemetry.session() is None and comm._REC.on is False
+    rows = col.rows("comm").to_pydict()
+    assert rows["op"] == ["all_reduce", "barrier"] and set(rows["run_id"]) == {run_id}
+    assert rows["group_name"] == ["world", "world"] and rows["seq"] == [1, 2] and rows["group_size"] == [1, 1]
+
+
+def test_a_failing_block_ends_the_run_failed(one_rank, collector):
+    endpoint, col = collector
+    with pytest.raises(RuntimeError, match="boom"):
+        with hook.attached(run="fails", endpoint=endpoint):
+            raise RuntimeError("boom")
+    assert [e.end.status for e in col.envelopes("end")] == ["failed"]
+
+
+def test_unreachable_collector_never_raises_into_training(one_rank, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANKSCOPE_SPOOL_DIR", str(tmp_path))
+    session = hook.attach(run="offline", endpoint="no such host:::")
+    _stop_quickly()
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4))
+    telemetry.emit("timers", name="fwd", start_ns=1, dur_ns=2)
+    telemetry.emit("nosuch", x=1)  # bad table: dropped with a warning, no exception
+    hook.detach()
+    envs = [e for f in spool.files(tmp_path) for e in spool.read(f)]
+    assert {e.client_id for e in envs} == {session.client_id}
+    tables = sorted(e.table.table for e in envs if e.HasField("table"))
+    assert tables == ["comm", "timers"]
+    assert sum(e.table.rows for e in envs if e.HasField("table") and e.table.table == "comm") == 5
