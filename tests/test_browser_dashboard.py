@@ -1,0 +1,127 @@
+"""The dashboard in a real headless Chromium: `streamlit run app/main.py` on a free
+port over the synthetic runs; every page loads and draws its charts. Screenshots go
+to test-artifacts/screenshots/<page>.png (the README's tour uses them)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from _app_fixtures import COLLECTIVES, DELAYED_RANK, FINISHED, make_data_dir
+
+CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[1]
+SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
+# url path -> what must be on the page once it has rendered
+PAGES = {
+    "": "Runs",
+    "overview": f"rank {DELAYED_RANK} arrives last",
+    "comms": "Summary (deepspeed.comm.log_summary)",
+    "stragglers": f"rank {DELAYED_RANK} arrives last",
+    "flops": "Detailed profile",
+    "memory": "params per rank",
+    "moe": "Expert load",
+    "sql": "SQL console",
+}
+CHART_PAGES = {"overview", "comms", "stragglers", "flops", "memory", "moe"}
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"Debian's chromium is not installed at {CHROMIUM}"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_dashboard(data_dir: Path, port: int) -> subprocess.Popen:
+    """`streamlit run app/main.py -- --data-dir D`, as `rankscope dashboard` does; waits until it answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "main.py"), "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+         "--", "--data-dir", str(data_dir)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited: {proc.stdout.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1) as reply:
+                if reply.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError("streamlit did not answer /_stcore/health within 60 s")
+
+
+def launch_chromium(playwright):
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    data_dir = make_data_dir(tmp_path_factory.mktemp("browser-data"))
+    port = _free_port()
+    proc = start_dashboard(data_dir, port)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def page(dashboard):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        yield tab
+        browser.close()
+
+
+def open_page(tab, base: str, path: str) -> None:
+    tab.goto(f"{base}/{path}?run={FINISHED.run_id}")
+    tab.get_by_text(PAGES[path], exact=False).first.wait_for(timeout=45_000)
+    if path in CHART_PAGES:
+        tab.locator(".js-plotly-plot").first.wait_for(timeout=45_000)
+    # Streamlit shows a running indicator until the script run finishes.
+    tab.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=45_000)
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_page_renders(page, dashboard, path):
+    open_page(page, dashboard, path)
+    assert page.locator("[data-testid='stException']").count() == 0
+    if path in CHART_PAGES:
+        assert page.locator(".js-plotly-plot").count() >= 1
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{path or 'runs'}.png"), full_page=True)
+
+
+def test_straggler_page_names_the_delayed_rank(page, dashboard):
+    open_page(page, dashboard, "stragglers")
+    assert page.get_by_text(f"rank {DELAYED_RANK} arrives last in 100%").count() >= 1
+
+
+def test_comms_table_lists_each_op(page, dashboard):
+    open_page(page, dashboard, "comms")
+    summary = page.locator("[data-testid='stTable']").first
+    summary.wait_for()
+    text = summary.inner_text()
+    for op in {op for op, _, _ in COLLECTIVES}:
+        assert op in text
