@@ -49,20 +49,22 @@ def estimate_offsets(group=None, rounds: int = 5) -> int:
     device = _collective_device(group)
     hosts: list = [None] * world
     c10d.all_gather_object(hosts, socket.gethostname(), group=group)
+    if all(h == hosts[0] for h in hosts):
+        return 0  # one host, one clock (every rank sees the same list, so all skip the rounds)
     me = c10d.get_rank(group)
-    if hosts[me] == hosts[0]:
-        same_host_as_zero = True
-    else:
-        same_host_as_zero = False
     samples = []
     for _ in range(rounds):
         c10d.barrier(group=group)
         mine = torch.tensor([time.time_ns()], dtype=torch.int64, device=device)
-        out = torch.empty(world, dtype=torch.int64, device=device)
-        c10d.all_gather_into_tensor(out, mine, group=group)
-        times = out.tolist()
-        samples.append(times[me] - times[0])
-    return 0 if same_host_as_zero else int(statistics.median(samples))
+        out = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
+        c10d.all_gather(out, mine, group=group)
+        samples.append(int(out[me].item()) - int(out[0].item()))
+    return 0 if hosts[me] == hosts[0] else offset_from_samples(samples)
+
+
+def offset_from_samples(samples: list[int]) -> int:
+    """Median of (my time - rank 0's time) over rounds: robust to one slow round."""
+    return int(statistics.median(samples))
 
 
 def _collective_device(group=None):

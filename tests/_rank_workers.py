@@ -109,3 +109,24 @@ def ddp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     hook.detach()
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": session.run_id}))
+
+
+SKEW_NS = 5_000_000_000
+
+
+def clock_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """Two "hosts" (hostname faked per rank) whose clocks differ by SKEW_NS on rank 1."""
+    import socket
+
+    from collector import clock
+
+    _env(rank, 2, port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    real_time_ns = time.time_ns
+    socket.gethostname = lambda: f"host{rank}"
+    if rank == 1:
+        time.time_ns = lambda: real_time_ns() + SKEW_NS
+    offset = clock.estimate_offsets()
+    time.time_ns = real_time_ns
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"offset": offset}))

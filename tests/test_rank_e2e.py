@@ -118,3 +118,11 @@ def test_ddp_buckets_are_recorded_and_gradients_still_averaged(collector, tmp_pa
                        [run_id]).fetchall()
     assert rows == [(r, "all_reduce", "ddp_bucket_all_reduce", True, (8 * 3 + 3) * F32) for r in range(2)]
     con.close()
+
+
+def test_clock_offset_across_hosts_is_measured(tmp_path):
+    """Rank 1 on another "host" with a clock 5 s ahead: its offset is 5 s within
+    a few ms (barrier exit skew on one machine); rank 0's is exactly 0."""
+    results = spawn(workers.clock_worker, 2, "unused:1", tmp_path)
+    assert results[0]["offset"] == 0
+    assert results[1]["offset"] == pytest.approx(workers.SKEW_NS, abs=20_000_000)
