@@ -10,8 +10,7 @@ HEIGHT = 320
 
 
 def _tidy(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=60, b=10), legend_title_text="",
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=40, b=10), legend_title_text="")
     return fig
 
 

@@ -21,9 +21,9 @@ def log_summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Columns and units of deepspeed.comm.log_summary(), one row per op x message size."""
     return pd.DataFrame({
         "Comm. Op": summary.op, "Message Size": summary.bytes.map(human_bytes),
-        "Count": summary["count"], "Total Latency(ms)": summary.total_latency_ms.round(2),
-        "Avg Latency(ms)": summary.avg_latency_ms.round(3),
-        "tput_avg (Gbps)": gbps(summary.algbw_gbs).round(2), "busbw_avg (Gbps)": gbps(summary.busbw_gbs).round(2),
+        "Count": summary["count"], "Total Latency(ms)": summary.total_latency_ms,
+        "Avg Latency(ms)": summary.avg_latency_ms,
+        "tput_avg (Gbps)": gbps(summary.algbw_gbs), "busbw_avg (Gbps)": gbps(summary.busbw_gbs),
     })
 
 
@@ -67,7 +67,7 @@ def comms_page() -> None:
 
         st.subheader("Summary (deepspeed.comm.log_summary)")
         st.caption("Counts add up every selected rank's records; tput is algbw. Gbps = 8 × GB/s.")
-        st.table(log_summary_table(summary), hide_index=True)
+        st.table(log_summary_table(summary).style.format(precision=2, thousands=","), hide_index=True)
 
         per_rank = queries.comm_by_rank(d, run_id, version, flt)
         wall = queries.step_wall_ms(d, run_id, version)
