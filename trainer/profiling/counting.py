@@ -16,7 +16,7 @@ Conventions (the flops profiler's, so totals read the same):
 - Reductions (sum, mean, ...), softmax and pooling: one flop per input element.
 - Layer/group/batch norm in training: 5 flops per element with an affine
   weight, 4 without; batch norm in eval: 2 (affine) or 1.
-- Embedding lookups, views, copies and dropout: 0.
+- Embedding lookups, views, copies (clone included) and dropout: 0.
 """
 from __future__ import annotations
 
@@ -145,7 +145,8 @@ def _per_input_element(a: dict, out) -> Count:
     return _numel(a["self"] if "self" in a else a.get("input")), 0
 
 
-@_formula(aten.embedding, aten.native_dropout, aten.dropout)
+# Tagged pointwise by ATen but only move data.
+@_formula(aten.embedding, aten.native_dropout, aten.dropout, aten.clone, aten.positive)
 def _free(a: dict, out) -> Count:
     return 0, 0
 
