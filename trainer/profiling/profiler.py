@@ -263,6 +263,9 @@ class FlopsProfiler:
         if not heads:
             return
         stop = {t.grad_fn for t in _tensors(inputs) if t.grad_fn is not None}
+        if heads <= stop:  # e.g. Dropout(p=0) returns its input: no backward work of its own
+            profile.backward_calls.append(_BackwardCall(begin_ns=0, end_ns=0))
+            return
         call = _BackwardCall()
         profile.backward_calls.append(call)
         hooked = self._handles  # identity check: the profiler was not ended meanwhile
