@@ -148,6 +148,7 @@ class Client:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._channel: grpc.Channel | None = None
+        self._orphans_started = False
         self.acked = 0  # envelopes acked, for tests and RunEnd diagnostics
 
     # ---- called from the session (any thread) ----
@@ -381,6 +382,11 @@ class Client:
         if self._connected_at is None:
             self._connected_at = time.monotonic()
             self._backoff = self.cfg.backoff_initial_s
+            if not self._orphans_started:
+                # The collector is reachable: deliver what dead processes on this host left behind.
+                self._orphans_started = True
+                threading.Thread(target=resend_spooled, args=(self.cfg.spool_dir, self.cfg.endpoint, self.cfg.token),
+                                 name="rankscope-orphans", daemon=True).start()
         if self._stopping.is_set():
             self._wake.set()
 
@@ -434,3 +440,57 @@ def _rejected_seq(err) -> int | None:
     except Exception:
         pass
     return None
+
+
+def resend_spooled(directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0,
+                   only_orphans: bool = True) -> tuple[int, int]:
+    """Stream spool files to a collector, one writer (client_id) per stream so
+    acks are unambiguous, deleting each file once all its envelopes are acked.
+    By default only orphans (writers on this host that are gone). Returns
+    (files delivered, files left). Never raises."""
+    directory = Path(directory)
+    if only_orphans:
+        groups = spool.orphans(directory)
+    else:
+        groups = {}
+        for path in spool.files(directory):
+            groups.setdefault(spool.client_id_of(path), []).append(path)
+    delivered = left = 0
+    if not groups:
+        return 0, 0
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = pb_grpc.CollectorStub(channel)
+        for client_id, paths in groups.items():
+            per_file: dict[Path, set[int]] = {}
+            envs = []
+            for path in paths:
+                try:
+                    got = spool.read(path)
+                except (OSError, spool.SpoolError) as e:
+                    log.error("rankscope: skipping spool file: %s", e)
+                    continue
+                per_file[path] = {e.seq for e in got}
+                envs += got
+            need = set().union(*per_file.values()) if per_file else set()
+            acked: set[int] = set()
+            call = stub.Stream(iter(envs), metadata=metadata, timeout=timeout_s)
+            try:
+                for ack in call:
+                    acked.update(ack.seqs)
+                    if need <= acked:
+                        break
+            except grpc.RpcError as e:
+                log.warning("rankscope: resending spool of %s stopped: %s", client_id,
+                            e.details() if hasattr(e, "details") else e)
+            finally:
+                call.cancel()
+            for path, seqs in per_file.items():
+                if seqs <= acked:
+                    path.unlink(missing_ok=True)
+                    delivered += 1
+                else:
+                    left += 1
+    if delivered:
+        log.info("rankscope: resent %d spool file(s) from %s", delivered, directory)
+    return delivered, left

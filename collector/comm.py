@@ -176,8 +176,11 @@ class _CudaSpan:
 def _cuda_start(tensor):
     if not tensor.is_cuda:
         return None
-    ev = torch.cuda.Event(enable_timing=True)
-    ev.record()
+    try:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+    except Exception:  # e.g. inside CUDA graph capture: time on the CPU instead
+        return None
     return _CudaSpan(ev)
 
 
@@ -239,26 +242,31 @@ class _Recorder:
     # ---- hot path ----
     def record(self, op, log_name, grp, t0, work, span, dtype, numel, scale, peer=-1, peer_is_src=False):
         t1 = perf_ns()
-        if span is not None:
-            span.stop = torch.cuda.Event(enable_timing=True)
-            span.stop.record()
-        timing = _AsyncEnd(work) if work is not None else span
-        if op in _P2P_OPS:
-            me = get_rank()
-            g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)
-        else:
-            g = self.groups.get(grp) or self._group(grp)
-            if scale == _GROUP_SIZE:
-                scale = g.size
-        if log_name is None:
-            log_name = op
-        if self.debug:
-            log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
-        if len(self.pending) < _MAX_PENDING:
-            self.pending.append((op, log_name, g, next(g.seq), dtype, numel * scale, dtype.itemsize, t0, t1,
-                                 timing, work is not None, peer, telemetry._step))
-        else:
+        try:
+            if span is not None:
+                span.stop = torch.cuda.Event(enable_timing=True)
+                span.stop.record()
+            timing = _AsyncEnd(work) if work is not None else span
+            if op in _P2P_OPS:
+                me = get_rank()
+                g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)
+            else:
+                g = self.groups.get(grp) or self._group(grp)
+                if scale == _GROUP_SIZE:
+                    scale = g.size
+            if log_name is None:
+                log_name = op
+            if self.debug:
+                log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+            if len(self.pending) < _MAX_PENDING:
+                self.pending.append((op, log_name, g, next(g.seq), dtype, numel * scale, dtype.itemsize, t0, t1,
+                                     timing, work is not None, peer, telemetry._step))
+            else:
+                self.dropped += 1
+        except Exception:  # the collective itself succeeded; losing its record must not fail training
             self.dropped += 1
+            if self.dropped == 1:
+                log.exception("rankscope: could not record %s; counting it as dropped", op)
 
     # ---- off the training thread ----
     def _run(self) -> None:
@@ -608,7 +616,7 @@ def _straggler_min_latencies(keys: list[tuple[str, int]]) -> dict[tuple[str, int
 
 
 def log_summary(show_straggler: bool = False, return_dict: bool = False):
-    """Print DeepSpeed's comms summary for this rank's records (grouped by
+    """Print (on rank 0) DeepSpeed's comms summary for this rank's records (grouped by
     log_name, which carries the caller in debug mode), by message size.
 
     show_straggler adds, per op and size, the straggler effect: sum over
@@ -649,7 +657,8 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False):
             row = ("", convert_size(size), stats["count"], f"{stats['total_latency_ms']:.2f}",
                    f"{stats['avg_latency_ms']:.2f}", f"{stats['tput_avg_gbps']:.2f}", f"{stats['busbw_avg_gbps']:.2f}")
         lines.append("".join(f"{str(c):<20}" for c in row))
-    print("\n".join(lines), flush=True)
+    if get_rank() == 0:  # as DeepSpeed: every rank computes, rank 0 prints
+        print("\n".join(lines), flush=True)
     return out if return_dict else None
 
 

@@ -7,7 +7,9 @@ resends a file (this process after a reconnect, or a later reader of the spool
 directory) gets them deduplicated by the collector.
 
 Name: ``<client_id>-<first seq>-<last seq>.rsspool``, zero-padded so names sort
-in send order. Files are written under a ``.tmp`` name, fsync'd and renamed, so
+in send order; client_id is ``<host>.<pid>.<random>`` with no '-'. A file whose
+writer (same host, that pid) is gone is an orphan: ``collector.client``
+resends orphans when it next reaches a collector (``resend_spooled``). Files are written under a ``.tmp`` name, fsync'd and renamed, so
 a reader never sees half a file; they are deleted once every envelope in them
 is acknowledged.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import socket
 import re
 import struct
 import tempfile
@@ -87,3 +90,36 @@ def files(directory: Path, client_id: str | None = None) -> list[Path]:
         return []
     prefix = f"{client_id}-" if client_id else ""
     return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.name.startswith(prefix))
+
+
+def client_id_of(path: Path) -> str:
+    return path.name.rsplit("-", 2)[0]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def local_host_id() -> str:
+    """This host's name as it appears in client ids."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
+
+
+def orphans(directory: Path) -> dict[str, list[Path]]:
+    """Spool files of writers on this host that no longer run, by client_id."""
+    host = local_host_id()
+    out: dict[str, list[Path]] = {}
+    for path in files(directory):
+        cid = client_id_of(path)
+        owner_host, pid, _ = (cid.rsplit(".", 2) + ["", ""])[:3]
+        if owner_host != host or not pid.isdigit():
+            continue
+        if not _pid_alive(int(pid)):
+            out.setdefault(cid, []).append(path)
+    return out

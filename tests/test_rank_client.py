@@ -4,11 +4,14 @@ tokens, the memory bound. The server is tests/_rank_util.RecordingCollector."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from collector import spool
+from collector import codec, spool
 from collector.client import Client, ClientConfig
 from collector.records import RecordBuffer
 from proto import pb
@@ -90,7 +93,6 @@ def test_spools_while_nothing_listens_then_resends_and_deletes(tmp_path):
     client, buf = make_client(f"127.0.0.1:{port}", tmp_path)
     add_timers(buf, 0, 300)
     # nothing listens: after spool_after_s the envelopes land on disk
-    import time
     deadline = time.monotonic() + 10
     while not spool.files(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -207,3 +209,32 @@ def test_spool_file_format_round_trip_and_bad_file(tmp_path):
     (tmp_path / "junk.rsspool").write_bytes(b"hello")
     with pytest.raises(spool.SpoolError, match="bad magic"):
         spool.read(tmp_path / "junk.rsspool")
+
+
+def test_orphaned_spool_of_a_dead_process_is_resent_and_deleted(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = spool.local_host_id()
+    orphan_id = f"{host}.{dead.pid}.dead"
+    live_id = f"{host}.{os.getpid()}.live"  # a running writer's files are not touched
+    for cid in (orphan_id, live_id):
+        buf = RecordBuffer()
+        add_timers(buf, 0, 5)
+        envs = [pb.Envelope(schema_version=1, client_id=cid, seq=1,
+                            hello=pb.Hello(run_id="old-run", run_name="old", rank=0, world_size=1))]
+        (table, cols, n), = buf.take()
+        envs.append(pb.Envelope(schema_version=1, client_id=cid, seq=2,
+                                table=codec.encode_batch(table, "old-run", 0, cols)))
+        spool.write(tmp_path, cid, envs)
+    assert set(spool.orphans(tmp_path)) == {orphan_id}
+    server, port, col = serve()
+    try:
+        client, buf = make_client(f"127.0.0.1:{port}", tmp_path)
+        assert col.wait_for(lambda: any(e.client_id == orphan_id for e in col.envelopes("table")))
+        assert col.wait_for(lambda: [spool.client_id_of(p) for p in spool.files(tmp_path)] == [live_id])
+        assert end(client)
+        old = [e for e in col.envelopes("table") if e.client_id == orphan_id]
+        assert len(old) == 1 and old[0].table.rows == 5
+        assert not any(e.client_id == live_id for e in col.received)
+    finally:
+        server.stop(0)
