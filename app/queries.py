@@ -107,6 +107,16 @@ def data_version(data_dir: str, run_id: str) -> str:
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=CACHE_ENTRIES, show_spinner=False)
+def latest_step(data_dir: str, run_id: str, version: str) -> int | None:
+    """The highest step any rank has reported in comm or timers (Parquet min/max stats make it cheap)."""
+    value = _df(data_dir, """
+        SELECT max(step) AS step FROM (
+            SELECT max(step) AS step FROM comm WHERE run_id = ?
+            UNION ALL SELECT max(step) FROM timers WHERE run_id = ?)""", [run_id, run_id]).step.iloc[0]
+    return None if pd.isna(value) else int(value)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=CACHE_ENTRIES, show_spinner=False)
 def ranks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return _df(data_dir, """
         SELECT rank, host, pid, status, ended_at, dropped_records

@@ -124,8 +124,10 @@ def live(sel: Selection, body: Callable[[str], None], run_id: str | None = None)
     def refreshing() -> None:
         runs = queries.list_runs(sel.data_dir)
         if runs.loc[runs.run_id == run_id, "status"].eq("running").any():
-            st.caption(f"Live: refreshing every {REFRESH_S:g} s")
-            body(queries.data_version(sel.data_dir, run_id))
+            version = queries.data_version(sel.data_dir, run_id)
+            step = queries.latest_step(sel.data_dir, run_id, version)
+            st.caption(f"Live: refreshing every {REFRESH_S:g} s · latest step {'–' if step is None else step}")
+            body(version)
         else:
             st.rerun()  # the run ended: redraw the page once, without the timer
 

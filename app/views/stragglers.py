@@ -37,6 +37,8 @@ def clicked_cell(labels: dict[int, str]) -> tuple[int, int] | None:
 
 def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims: dict) -> None:
     st.subheader("Collective instances behind a cell")
+    if dims["first_step"] is None:
+        return
     cell = clicked_cell(labels)
     c1, c2 = st.columns(2)
     ranks = dims["ranks"]
@@ -88,7 +90,7 @@ def stragglers_page() -> None:
                 times_last=("n_last", "sum"))
             st.subheader("By host")
             st.dataframe(per_host, hide_index=True)
-        drill_down(sel, version, labels, dims)
+        drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version))
 
     state.live(sel, body)
 
