@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from collector import layout
 from collector.ledger import Ledger
-from collector.store import segment_path, write_segment
+from collector.store import segment_order, segment_path, write_segment
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Compactor:
             if partition.name == layout.PLACEHOLDER_PARTITION or self._stop.is_set():
                 continue
             while not self._stop.is_set():
-                segments = sorted(partition.glob(f"*{layout.SEGMENT_SUFFIX}"), key=_commit_number)
+                segments = sorted(partition.glob(f"*{layout.SEGMENT_SUFFIX}"), key=segment_order)
                 sizes = []
                 for path in segments:
                     try:
@@ -123,7 +123,3 @@ class Compactor:
         self.ledger.commit_compaction(commit, inputs, output)
         log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
 
-
-def _commit_number(path: Path) -> int:
-    # seg-0000000042.parquet / cmp-0000000042.parquet: the commit that wrote it
-    return int(path.stem.rsplit("-", 1)[-1])

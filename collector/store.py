@@ -30,10 +30,26 @@ from collector.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
+SPLIT_ROWS = 200_000  # a (table, run) buffer this big is written as two segments in parallel
+
 Callback = Callable[[BaseException | None], None]
 Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
 
 PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
+# Min/max statistics only where queries filter (DuckDB skips row groups with them);
+# computing them for every column costs ~20% of the write.
+STATISTICS_COLUMNS = ("run_id", "rank", "step", "seq", "start_ns", "time_ns")
+
+
+# Columns (nearly) unique per record: dictionary-encoding them only costs time
+# before the writer falls back to plain encoding (-20% write CPU on comm rows).
+UNIQUE_COLUMNS = frozenset(("seq", "start_ns", "end_ns", "time_ns", "algbw_gbs", "busbw_gbs"))
+
+
+def parquet_options(schema: pa.Schema) -> dict:
+    stats = [name for name in STATISTICS_COLUMNS if name in schema.names]
+    dictionary = [name for name in schema.names if name not in UNIQUE_COLUMNS]
+    return {**PARQUET_OPTIONS, "write_statistics": stats or False, "use_dictionary": dictionary or False}
 
 
 @dataclass(kw_only=True)
@@ -65,13 +81,32 @@ def write_segment(rows: pa.Table, final: Path) -> None:
     """Write and fsync ``rows`` at the temporary name of ``final``."""
     mkdir_durable(final.parent)
     with open(layout.temp_name(final), "wb") as f:
-        pq.write_table(rows, f, **PARQUET_OPTIONS)
+        pq.write_table(rows, f, **parquet_options(rows.schema))
         f.flush()
         os.fsync(f.fileno())
 
 
-def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: int) -> Path:
-    return layout.partition_dir(data_dir, table, run_id) / f"{prefix}-{commit:010d}{layout.SEGMENT_SUFFIX}"
+def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: int, part: int = 0) -> Path:
+    """``<prefix>-<commit>-<part>.parquet``: names sort in commit order."""
+    return layout.partition_dir(data_dir, table, run_id) / f"{prefix}-{commit:010d}-{part}{layout.SEGMENT_SUFFIX}"
+
+
+def segment_order(path: Path) -> tuple[int, int]:
+    _, commit, part = path.stem.split("-")
+    return int(commit), int(part)
+
+
+def _split(chunks: list[pa.Table], parts: int) -> list[list[pa.Table]]:
+    """Chunks in `parts` groups of about equal rows, order kept."""
+    total = sum(c.num_rows for c in chunks)
+    groups: list[list[pa.Table]] = [[]]
+    done = 0
+    for chunk in chunks:
+        if done >= total * len(groups) / parts and len(groups) < parts:
+            groups.append([])
+        groups[-1].append(chunk)
+        done += chunk.num_rows
+    return groups
 
 
 class Store:
@@ -170,12 +205,17 @@ class Store:
         nrows = sum(t.num_rows for (table, _), ts in buffers.items()
                     if table not in layout.COLLECTOR_TABLES for t in ts)
         commit = self.ledger.reserve_commit()
-        finals = [segment_path(self.data_dir, table, run_id, "seg", commit) for table, run_id in buffers]
+        # Segments are independent files: write them in parallel (pyarrow releases the GIL),
+        # splitting a big buffer in two so that one busy run still uses two cores.
+        jobs: list[tuple[list[pa.Table], Path]] = []
+        for (table, run_id), chunks in buffers.items():
+            parts = 2 if sum(c.num_rows for c in chunks) >= SPLIT_ROWS and len(chunks) > 1 else 1
+            for part, group in enumerate(_split(chunks, parts)):
+                jobs.append((group, segment_path(self.data_dir, table, run_id, "seg", commit, part)))
+        finals = [final for _, final in jobs]
         error: BaseException | None = None
         try:
-            # Segments of different (table, run) are independent files: write them in parallel.
-            list(self._writers.map(lambda item: write_segment(pa.concat_tables(item[0]), item[1]),
-                                   zip(buffers.values(), finals)))
+            list(self._writers.map(lambda job: write_segment(pa.concat_tables(job[0]), job[1]), jobs))
             acked: dict[str, list[int]] = {}
             for client_id, seq in self._committing:
                 acked.setdefault(client_id, []).append(seq)
