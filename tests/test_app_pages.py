@@ -104,6 +104,13 @@ def test_comms_filters_narrow_the_summary(open_page):
     assert summary.Count.sum() == sum(o == "all_gather" for o, _, _ in COLLECTIVES) * FINISHED.steps
 
 
+def test_comms_compares_two_runs_per_op(open_page):
+    at = open_page("views/comms.py", [FINISHED.run_id, LIVE.run_id])
+    table = frames(at)[-1]
+    assert set(table.index) == {op for op, _, _ in COLLECTIVES}
+    assert {run for _, run in table.columns} == {f"{FINISHED.name} ({FINISHED.run_id})", f"{LIVE.name} ({LIVE.run_id})"}
+
+
 def test_stragglers_page_names_the_delayed_rank_and_drills_down(open_page):
     at = open_page("views/stragglers.py", [FINISHED.run_id])
     assert f"**all_reduce**: rank {DELAYED_RANK} arrives last in 100%" in texts(at.markdown)

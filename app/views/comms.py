@@ -41,6 +41,23 @@ def filters(dims: dict) -> queries.CommFilter:
     return queries.CommFilter(ops, groups, ranks, steps)
 
 
+def compared(sel: state.Selection, flt: queries.CommFilter) -> None:
+    """Per-op busbw and latency of each selected run, side by side."""
+    frames = []
+    for run_id in sel.run_ids:
+        summary = queries.log_summary(sel.data_dir, run_id, queries.data_version(sel.data_dir, run_id), flt)
+        per_op = summary.groupby("op").apply(lambda g: pd.Series({
+            "count": g["count"].sum(), "avg latency (ms)": g.total_latency_ms.sum() / g["count"].sum(),
+            "busbw (GB/s)": (g.busbw_gbs * g["count"]).sum() / g["count"].sum()}), include_groups=False)
+        frames.append(per_op.assign(run=f"{sel.run(run_id)['name']} ({run_id})").reset_index())
+    st.subheader("Runs compared")
+    both = pd.concat(frames)
+    if both.empty:
+        st.info("Neither run has communication records matching these filters.")
+    else:
+        st.dataframe(both.pivot(index="op", columns="run", values=["busbw (GB/s)", "avg latency (ms)"]).round(3))
+
+
 def comms_page() -> None:
     sel = state.selection()
     d, run_id = sel.data_dir, sel.run_id
@@ -84,6 +101,8 @@ def comms_page() -> None:
                      column_config={"_index": st.column_config.NumberColumn("rank")})
 
     state.live(sel, body)
+    if len(sel.run_ids) > 1:
+        compared(sel, flt)
 
 
 st.title("Comms")
