@@ -1,0 +1,56 @@
+"""This rank's experts: ``num_local_experts`` copies of the user's expert module.
+
+Each copy is re-initialised from a seed drawn once per MoE layer plus its
+*global* expert index, so experts differ from each other and global expert e
+starts from the same weights whatever ``ep_size`` is (every rank draws the
+same seed when ranks are seeded alike).
+
+Expert parameters are marked the way DeepSpeed marks them, so the engine can
+keep them out of the data-parallel all_reduce and reduce them over the
+expert-data-parallel group instead (trainer.moe.gradients)::
+
+    param.allreduce = False
+    param.group_name = "ep_size_<E>"
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def mark_expert_param(param: nn.Parameter, group_name: str) -> None:
+    param.allreduce = False
+    param.group_name = group_name
+
+
+def is_expert_param(param: nn.Parameter) -> bool:
+    return getattr(param, "allreduce", True) is False
+
+
+def _reinitialise(module: nn.Module, seed: int) -> None:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for m in module.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+
+class Experts(nn.Module):
+    def __init__(self, expert: nn.Module, num_local_experts: int, first_expert: int, group_name: str) -> None:
+        super().__init__()
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        self.local_experts = nn.ModuleList()
+        for i in range(num_local_experts):
+            e = copy.deepcopy(expert)
+            _reinitialise(e, seed + first_expert + i)
+            self.local_experts.append(e)
+        self.first_expert = first_expert  # global index of local expert 0
+        for p in self.parameters():
+            mark_expert_param(p, group_name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [ep, E_local, C, M] -- slot buffers from every rank of the expert-parallel group
+        outs = [expert(x[:, i]) for i, expert in enumerate(self.local_experts)]  # each [ep, C, M]
+        return torch.stack(outs, dim=1)  # [ep, E_local, C, M]

@@ -1,0 +1,135 @@
+"""Top-1 / top-2 gating with expert capacity (GShard, as DeepSpeed's sharded_moe).
+
+For S tokens on this rank and E experts::
+
+    gates    = softmax(x @ Wg)                             # [S, E] fp32
+    choice_i = argmax (top-1), then argmax of the rest     # [S] for i < k
+    capacity = max(min_capacity, ceil(k * S / E * capacity_factor))
+    slot     = the token's position in its expert's buffer, in token order,
+               every first choice before any second choice
+    kept     = slot < capacity              (drop_tokens=False: capacity = the
+               largest expert load over the expert-parallel group, nothing dropped)
+
+so per expert, dropped = max(0, routed - capacity). The combine weight of a
+kept choice is its gate probability (top-2: renormalised over the kept
+choices). aux_loss = E * sum_e mean_s(gates[:, e]) * fraction of tokens whose
+first choice is e, the GShard / Switch load-balancing loss.
+
+Random token selection (``use_rts``, top-1 only, like DeepSpeed): when an
+expert overflows, the kept tokens are a uniform random subset instead of the
+first ``capacity`` in token order. ``top2_2nd_expert_sampling`` adds Gumbel
+noise before picking the second expert (training only).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer import comm
+
+NOISY_GATE_POLICIES = (None, "Jitter", "RSample")
+
+
+def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float, min_capacity: int) -> int:
+    """Slots per expert per rank: ceil(k * tokens / experts * capacity_factor), at least min_capacity."""
+    return max(min_capacity, math.ceil(num_tokens / num_experts * (k * capacity_factor)))
+
+
+@dataclass
+class Routing:
+    """What the gate decided for S tokens, E experts, C slots per expert."""
+    combine_weights: torch.Tensor  # [S, E, C] gate weight of the token in slot c of expert e, else 0
+    dispatch_mask: torch.Tensor    # [S, E, C] bool, token s fills slot c of expert e
+    aux_loss: torch.Tensor         # [] load-balancing loss
+    expert_counts: torch.Tensor    # [E] int64 tokens routed to each expert (before dropping)
+    dropped: torch.Tensor          # [E] int64 of those, tokens over capacity
+    capacity: int
+
+
+def _gumbel(shape, device) -> torch.Tensor:
+    return -torch.log(-torch.log(torch.rand(shape, device=device).clamp_min(1e-20)).clamp_min(1e-20))
+
+
+class TopKGate(nn.Module):
+    def __init__(self, model_dim: int, num_experts: int, k: int = 1, capacity_factor: float = 1.0,
+                 eval_capacity_factor: float = 1.0, min_capacity: int = 4, noisy_gate_policy: str | None = None,
+                 drop_tokens: bool = True, use_rts: bool = True, top2_2nd_expert_sampling: bool = True,
+                 ep_group=None) -> None:
+        super().__init__()
+        if k not in (1, 2):
+            raise ValueError(f"moe.k must be 1 or 2 (top-1 or top-2 gating), got {k!r}")
+        for key, value in (("capacity_factor", capacity_factor), ("eval_capacity_factor", eval_capacity_factor)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"moe.{key} must be a positive number, got {value!r}")
+        if not isinstance(min_capacity, int) or min_capacity < 0:
+            raise ValueError(f"moe.min_capacity must be a non-negative integer, got {min_capacity!r}")
+        if noisy_gate_policy not in NOISY_GATE_POLICIES:
+            raise ValueError(f"moe.noisy_gate_policy must be one of {NOISY_GATE_POLICIES}, got {noisy_gate_policy!r}")
+        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+        self.num_experts, self.k = num_experts, k
+        self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
+        self.min_capacity = min_capacity
+        self.noisy_gate_policy = noisy_gate_policy
+        self.drop_tokens, self.use_rts = drop_tokens, use_rts
+        self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
+        self.ep_group = ep_group
+
+    def forward(self, tokens: torch.Tensor) -> Routing:  # tokens: [S, M]
+        # Routing in half precision flips argmaxes: gate in at least fp32, as DeepSpeed does.
+        dtype = torch.promote_types(self.wg.weight.dtype, torch.float32)
+        x = tokens.to(dtype)
+        if self.noisy_gate_policy == "Jitter" and self.training:
+            x = x * torch.empty_like(x).uniform_(1.0 - 1e-2, 1.0 + 1e-2)
+        logits = F.linear(x, self.wg.weight.to(dtype))  # [S, E]
+        factor = self.capacity_factor if self.training else self.eval_capacity_factor
+        return self.route(logits, factor)
+
+    def route(self, logits: torch.Tensor, capacity_factor: float) -> Routing:
+        S, E = logits.shape
+        gates = F.softmax(logits, dim=1)  # [S, E]
+        first_by = logits + _gumbel(logits.shape, logits.device) \
+            if self.noisy_gate_policy == "RSample" and self.training else gates
+        masks = [F.one_hot(first_by.argmax(dim=1), E)]  # [S, E] int64, one per choice
+        if self.k == 2:
+            second_by = logits + _gumbel(logits.shape, logits.device) \
+                if self.top2_2nd_expert_sampling and self.training else logits
+            masks.append(F.one_hot(second_by.masked_fill(masks[0].bool(), float("-inf")).argmax(dim=1), E))
+        counts = sum(masks).sum(dim=0)  # [E]
+        aux_loss = (gates.mean(dim=0) * masks[0].float().mean(dim=0)).sum() * E
+
+        if self.drop_tokens:
+            capacity = expert_capacity(S, E, self.k, capacity_factor, self.min_capacity)
+        else:  # every rank of the expert-parallel group must agree: all_to_all needs equal buffers
+            largest = counts.max().reshape(1)
+            if self.ep_group is not None:
+                comm.all_reduce(largest, op=comm.ReduceOp.MAX, group=self.ep_group, log_name="moe.no_drop_capacity")
+            capacity = max(1, int(largest.item()))
+
+        if self.k == 1 and self.use_rts and self.drop_tokens and self.training:
+            # keep a random `capacity` of each expert's tokens, then slot them in token order
+            score = masks[0] * torch.rand(S, E, device=logits.device)
+            keep = torch.zeros_like(masks[0]).scatter_(0, score.topk(min(capacity, S), dim=0).indices, 1)
+            masks[0] = masks[0] * keep
+        slots, offset = [], torch.zeros(1, E, dtype=torch.long, device=logits.device)
+        for i, mask in enumerate(masks):
+            slot = torch.cumsum(mask, dim=0) - 1 + offset  # [S, E]
+            offset = offset + mask.sum(dim=0, keepdim=True)  # second choices queue behind all first choices
+            masks[i] = mask * (slot < capacity)
+            slots.append((slot * masks[i]).sum(dim=1))  # [S] (0 where dropped: masked out below)
+        dropped = counts - sum(masks).sum(dim=0)
+
+        weights = [(gates * m).sum(dim=1) for m in masks]  # [S] per choice, 0 where dropped
+        if self.k == 2:
+            denom = (weights[0] + weights[1]).clamp_min(torch.finfo(gates.dtype).eps)
+            weights = [w / denom for w in weights]
+        combine = torch.zeros(S, E, capacity, dtype=gates.dtype, device=logits.device)
+        dispatch = torch.zeros(S, E, capacity, dtype=torch.bool, device=logits.device)
+        for w, m, slot in zip(weights, masks, slots):
+            placed = m.unsqueeze(2) * F.one_hot(slot, capacity).unsqueeze(1)  # [S, E, C] 0/1
+            combine = combine + w[:, None, None] * placed
+            dispatch = dispatch | placed.bool()
+        return Routing(combine, dispatch, aux_loss, counts, dropped, capacity)

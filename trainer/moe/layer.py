@@ -1,0 +1,122 @@
+"""The MoE layer: gate, dispatch to experts over the expert-parallel group, combine.
+
+Collective pattern for S tokens of width M on each rank, E experts, C slots
+per expert, an expert-parallel group of ``ep`` ranks with E_local = E / ep
+experts each (trainer.moe.groups)::
+
+    routing  = gate(tokens)                                  # combine/dispatch [S, E, C]
+    buffers  = einsum(dispatch, tokens)                      # [E, C, M] my tokens, by expert
+    buffers  = all_to_all(buffers, ep group)                 # [ep, E_local, C, M] everyone's tokens for my experts
+    outputs  = experts(buffers)                              # [ep, E_local, C, M]
+    outputs  = all_to_all(outputs, ep group)                 # [E, C, M] my tokens' results
+    output   = einsum(combine, outputs)                      # [S, M]
+
+Each all_to_all moves E*C*M elements per rank, of which (ep-1)/ep leave the
+rank. Backward runs the same two all_to_alls in reverse. With ep == 1 both
+are skipped (nothing leaves the rank).
+
+PR-MoE (``use_residual``): output = a * moe(x) + b * mlp(x), with a dense copy
+of the expert as ``mlp`` and (a, b) = softmax(Linear(hidden, 2)(x)) per token.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+
+import torch
+from torch import nn
+
+from trainer import comm
+from trainer.moe import groups as moe_groups
+from trainer.moe import telemetry as moe_telemetry
+from trainer.moe.experts import Experts
+from trainer.moe.gating import TopKGate
+
+_layer_ids = itertools.count()
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single over ``group`` (equal chunks of dim 0); its gradient is the reverse all_to_all."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, log_name: str) -> torch.Tensor:
+        ctx.group, ctx.log_name = group, log_name
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        comm.all_to_all_single(out, x, group=group, log_name=log_name)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _AllToAll.apply(grad, ctx.group, ctx.log_name + ".backward"), None, None
+
+
+class MoE(nn.Module):
+    """DeepSpeed's ``deepspeed.moe.layer.MoE``: forward(x) -> (output, aux_loss, expert_counts).
+
+    ``expert`` is any module mapping [..., hidden_size] to [..., hidden_size];
+    this rank holds ``num_experts / ep_size`` copies of it. ``layer_id`` names
+    the layer in the ``moe`` telemetry table (default: construction order).
+    """
+
+    def __init__(self, hidden_size: int, expert: nn.Module, num_experts: int = 1, ep_size: int = 1, k: int = 1,
+                 capacity_factor: float = 1.0, eval_capacity_factor: float = 1.0, min_capacity: int = 4,
+                 use_residual: bool = False, noisy_gate_policy: str | None = None, drop_tokens: bool = True,
+                 use_rts: bool = True, top2_2nd_expert_sampling: bool = True, layer_id: int | None = None) -> None:
+        super().__init__()
+        moe_groups.validate(num_experts, ep_size, comm.get_world_size())
+        self.groups = moe_groups.expert_groups(ep_size)
+        self.num_experts, self.ep_size = num_experts, ep_size
+        self.num_local_experts = num_experts // ep_size
+        ep_rank = comm.get_rank(self.groups.ep_group) if self.groups.ep_group is not None else 0
+        self.layer_id = next(_layer_ids) if layer_id is None else layer_id
+        self.gate = TopKGate(hidden_size, num_experts, k, capacity_factor, eval_capacity_factor, min_capacity,
+                             noisy_gate_policy, drop_tokens, use_rts, top2_2nd_expert_sampling,
+                             ep_group=self.groups.ep_group)
+        self.experts = Experts(expert, self.num_local_experts, ep_rank * self.num_local_experts, self.groups.name)
+        self.use_residual = use_residual
+        if use_residual:
+            self.mlp = copy.deepcopy(expert)
+            self.coefficient = nn.Linear(hidden_size, 2)
+
+    def forward(self, hidden_states: torch.Tensor):
+        output, aux_loss, counts = self._moe(hidden_states)
+        if self.use_residual:
+            coef = torch.softmax(self.coefficient(hidden_states), dim=-1)  # [..., 2]
+            output = output * coef[..., 0:1] + self.mlp(hidden_states) * coef[..., 1:]
+        return output, aux_loss, counts
+
+    def _moe(self, x: torch.Tensor):
+        M = x.shape[-1]
+        tokens = x.reshape(-1, M)  # [S, M]
+        routing = self.gate(tokens)
+        E, C, ep = self.num_experts, routing.capacity, self.ep_size
+        buffers = torch.einsum("sec,sm->ecm", routing.dispatch_mask.type_as(tokens), tokens)  # [E, C, M]
+        if ep > 1:
+            buffers = _AllToAll.apply(buffers, self.groups.ep_group, "moe.dispatch")
+        outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M)).reshape(E, C, M)
+        if ep > 1:
+            outputs = _AllToAll.apply(outputs, self.groups.ep_group, "moe.combine")
+        out = torch.einsum("sec,ecm->sm", routing.combine_weights.type_as(tokens), outputs)  # [S, M]
+        if self.training:
+            moe_telemetry.record(self.layer_id, routing)
+        return out.reshape(x.shape), routing.aux_loss, routing.expert_counts
+
+
+def pyramid_moe(hidden_size: int, expert: nn.Module, num_experts: list[int], ep_size: int | list[int] = 1,
+                first_layer_id: int = 0, **moe_kwargs) -> nn.ModuleList:
+    """PR-MoE's pyramid: one MoE per entry of ``num_experts`` (more experts near the
+    output, e.g. [32, 32, 64, 64]), layer ids counting from ``first_layer_id``.
+    ``ep_size`` is one size for all layers or one per layer."""
+    if not isinstance(num_experts, (list, tuple)) or not num_experts:
+        raise ValueError(f"moe.num_experts must be a non-empty list of expert counts per MoE layer, got {num_experts!r}")
+    ep_sizes = list(ep_size) if isinstance(ep_size, (list, tuple)) else [ep_size] * len(num_experts)
+    if len(ep_sizes) != len(num_experts):
+        raise ValueError(f"moe.ep_size has {len(ep_sizes)} entries but moe.num_experts has {len(num_experts)}")
+    layers = nn.ModuleList()
+    for i, (n, ep) in enumerate(zip(num_experts, ep_sizes)):
+        try:
+            layers.append(MoE(hidden_size, expert, n, ep, layer_id=first_layer_id + i, **moe_kwargs))
+        except ValueError as e:
+            raise ValueError(f"MoE layer {i}: {e}") from None
+    return layers
