@@ -107,6 +107,7 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn, args) -> None:
 def spawn(fn, world: int, tmp_path, *args) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; returns each rank's result."""
     out_dir = str(tmp_path)
+    os.makedirs(out_dir, exist_ok=True)
     mp.start_processes(_entry, args=(world, free_port(), out_dir, fn, args), nprocs=world, join=True,
                        start_method="spawn")
     results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]

@@ -292,6 +292,10 @@ class Engine(nn.Module):
         from trainer.checkpoint import load_checkpoint
         return load_checkpoint(self, load_dir, tag=tag)
 
+    def after_checkpoint_load(self) -> None:
+        telemetry.set_step(self.global_steps)
+        self._loss_sum = None
+
     def close(self) -> None:
         """Flush monitor events and end the telemetry session."""
         self.monitor.flush()
