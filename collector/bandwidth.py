@@ -29,8 +29,8 @@ from __future__ import annotations
 
 _ALL_REDUCE = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce")
 _GATHER_LIKE = (
-    "all_gather", "all_gather_into_tensor", "all_gather_coalesced", "_all_gather_base",
-    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
+    "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced", "_all_gather_base",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base",
     "all_to_all", "all_to_all_single", "gather", "scatter",
 )
 _ONE = ("broadcast", "reduce", "send", "recv", "isend", "irecv")

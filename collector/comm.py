@@ -83,7 +83,8 @@ INSTRUMENTED_OPS = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
     "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "send", "recv",
     "isend", "irecv", "barrier", "all_gather_coalesced", "all_reduce_coalesced",
-)
+) + tuple(op for op in ("all_gather_single", "reduce_scatter_single") if hasattr(c10d, op))
+# ^ the *_single names replace *_into_tensor / *_tensor in newer torch (FSDP2 uses them)
 _P2P_OPS = frozenset(("send", "recv", "isend", "irecv"))
 _GROUP_SIZE = -1  # `scale` meaning "the op's data is n x this tensor"
 _DRAIN_INTERVAL_S = 0.1
@@ -404,6 +405,30 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     _REC.record("all_gather_into_tensor", log_name, group, t0, work if async_op else None, span, output_tensor.dtype,
                 output_tensor.numel(), 1)
     return work
+
+
+if "all_gather_single" in INSTRUMENTED_OPS:
+    def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, log_name=None):
+        if _skip("all_gather_single"):
+            return c10d.all_gather_single(output_tensor, input_tensor, group, async_op)
+        span = _cuda_start(input_tensor)
+        t0 = perf_ns()
+        work = c10d.all_gather_single(output_tensor, input_tensor, group, async_op)
+        _REC.record("all_gather_single", log_name, group, t0, work if async_op else None, span,
+                    output_tensor.dtype, output_tensor.numel(), 1)
+        return work
+
+
+if "reduce_scatter_single" in INSTRUMENTED_OPS:
+    def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, log_name=None):
+        if _skip("reduce_scatter_single"):
+            return c10d.reduce_scatter_single(output, input, op, group, async_op)
+        span = _cuda_start(input)
+        t0 = perf_ns()
+        work = c10d.reduce_scatter_single(output, input, op, group, async_op)
+        _REC.record("reduce_scatter_single", log_name, group, t0, work if async_op else None, span, input.dtype,
+                    input.numel(), 1)
+        return work
 
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False, log_name=None):

@@ -130,3 +130,27 @@ def clock_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     time.time_ns = real_time_ns
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps({"offset": offset}))
+
+
+def fsdp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """FSDP2 (fully_shard) on CPU under attach(): its collectives are recorded."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from collector import comm, hook
+
+    _env(rank, 2, port)
+    session = hook.attach(run="fsdp-job", endpoint=endpoint)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(torch.ones(3, 8)).sum().backward()
+    summary = comm.log_summary(return_dict=True)
+    hook.detach()
+    dist.destroy_process_group()
+    counts = {name: sum(v["count"] for v in sizes.values()) for name, sizes in summary.items()}
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": session.run_id, "counts": counts}))

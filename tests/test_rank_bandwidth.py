@@ -13,8 +13,10 @@ TABLE = {
     "all_gather": (0.5, 0.75, 0.875),            # (n-1)/n
     "all_gather_into_tensor": (0.5, 0.75, 0.875),
     "all_gather_coalesced": (0.5, 0.75, 0.875),
+    "all_gather_single": (0.5, 0.75, 0.875),
     "reduce_scatter": (0.5, 0.75, 0.875),        # (n-1)/n
     "reduce_scatter_tensor": (0.5, 0.75, 0.875),
+    "reduce_scatter_single": (0.5, 0.75, 0.875),
     "all_to_all": (0.5, 0.75, 0.875),            # (n-1)/n
     "all_to_all_single": (0.5, 0.75, 0.875),
     "gather": (0.5, 0.75, 0.875),                # (n-1)/n

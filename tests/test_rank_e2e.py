@@ -126,3 +126,16 @@ def test_clock_offset_across_hosts_is_measured(tmp_path):
     results = spawn(workers.clock_worker, 2, "unused:1", tmp_path)
     assert results[0]["offset"] == 0
     assert results[1]["offset"] == pytest.approx(workers.SKEW_NS, abs=20_000_000)
+
+
+def test_fsdp2_collectives_are_recorded(collector, tmp_path):
+    endpoint, data = collector
+    results = spawn(workers.fsdp_worker, 2, endpoint, tmp_path)
+    assert results[0]["counts"] == results[1]["counts"]
+    gather_op = "all_gather_single" if "all_gather_single" in results[0]["counts"] else "all_gather_into_tensor"
+    assert results[0]["counts"][gather_op] > 0
+    con = catalog.connect(data)
+    rows = con.execute("SELECT op, count(*) FROM comm WHERE run_id = ? AND rank = 0 GROUP BY op",
+                       [results[0]["run_id"]]).fetchall()
+    assert dict(rows) == results[0]["counts"]
+    con.close()
