@@ -198,3 +198,34 @@ def test_compaction_merges_segments_without_losing_or_duplicating_rows(collector
     assert counts and max(counts) == 2000
     con = catalog.connect(data)
     assert con.execute("SELECT count(*), count(DISTINCT seq) FROM comm").fetchone() == (2000, 2000)
+
+
+def test_back_pressure_holds_streams_without_losing_anything(collector, tmp_path):
+    # Buffers far smaller than what is in flight: submit blocks until commits free room.
+    tiny = StoreConfig(flush_interval=0.05, flush_bytes=64 << 10, max_buffered_bytes=256 << 10)
+    channel, _ = collector(store_config=tiny)
+    streams = [RawStream(channel) for _ in range(4)]
+    for rank, s in enumerate(streams):
+        s.send(*(comm_envelope(f"c{rank}", seq, "r", rank, seq * 2000, 2000) for seq in range(1, 16)))
+    for s in streams:
+        s.finish()
+        assert s.error is None and s.acked == set(range(1, 16))
+    assert stored_rows(tmp_path / "data") == 4 * 15 * 2000
+
+
+def test_a_big_commit_is_split_over_two_segments(tmp_path):
+    from collector.codec import decode_batch, encode_batch
+    from collector.store import SPLIT_ROWS, Store
+    from _server_util import comm_columns
+
+    store = Store(tmp_path, StoreConfig(flush_interval=5))
+    per_chunk = SPLIT_ROWS // 3 + 1
+    for seq in range(1, 5):
+        rows = decode_batch(encode_batch("comm", "r", 0, comm_columns(0, seq * per_chunk, per_chunk)))
+        store.submit("c", seq, [("comm", "r", rows)], lambda err: None)
+    store.flush()
+    store.close()
+    files = sorted((tmp_path / "parquet" / "comm" / "run=r").glob("*.parquet"))
+    assert [f.name for f in files] == ["seg-0000000001-0.parquet", "seg-0000000001-1.parquet"]
+    seqs = sorted(s for f in files for s in pq.read_table(f)["seq"].to_pylist())
+    assert seqs == list(range(per_chunk, 5 * per_chunk))
