@@ -51,6 +51,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    if args.watch:
+        from collector.watch import main as watch_main
+
+        return watch_main(args)
+    from collector.importers.ingest import main as import_main
+
+    return import_main(args)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from collector.replay import main as replay_main
+
+    return replay_main(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from collector.export import main as export_main
+
+    return export_main(args)
+
+
 def cmd_nvme_tune(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "native.nvme_tune", "--dir", args.dir, *args.rest]
     os.execv(cmd[0], cmd)
@@ -112,6 +134,51 @@ def build_parser() -> argparse.ArgumentParser:
     """)
     _data_dir_arg(p)
     p.add_argument("query", help="a SELECT / WITH / DESCRIBE / SHOW query")
+
+    p = add("import", cmd_import, "Import DeepSpeed outputs (csv_monitor, tensorboard, log_summary JSON, verbose "
+            "comms log, flops profile, exported Parquet) as a new run, or watch a folder for them.", """
+        rankscope import ds_logs/                       # a DeepSpeed output folder, into ./rankscope-data
+        rankscope import comms_summary_rank0.json --run bert-large --data-dir /scratch/rs
+        rankscope import flops_profile.txt --endpoint 127.0.0.1:50051   # through a running collector
+        rankscope import --watch incoming/ --run nightly  # ingest files (also spool files, archives) as they appear
+    """)
+    _data_dir_arg(p)
+    p.add_argument("path", nargs="?", help="a file or a folder (searched recursively)")
+    p.add_argument("--run", default=None, help="run name (default: the file or folder name)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks of the job (default: from the files, else the ranks seen)")
+    p.add_argument("--endpoint", default=None,
+                   help="send through the collector at HOST:PORT instead of writing --data-dir yourself")
+    p.add_argument("--token", default=None, help="bearer token for --endpoint (default: $RANKSCOPE_TOKEN)")
+    p.add_argument("--watch", metavar="DIR", default=None,
+                   help="keep watching DIR and ingest every new file once, also across restarts")
+    p.add_argument("--settle", type=float, default=1.0,
+                   help="watch: seconds a file must stay unchanged before it is ingested (default 1)")
+    p.add_argument("--once", action="store_true", help="watch: ingest what is there now and exit")
+
+    p = add("replay", cmd_replay, "Re-stream an archived run through a live collector as a new, linked run.", """
+        rankscope replay run.rsarchive --speed 10           # 10x real time into 127.0.0.1:50051
+        rankscope replay rankscope-data --run bert-large --speed 0 --endpoint 10.0.0.5:50051
+        rankscope replay sample_runs/parquet/comm/run=demo-20260101-000000-abc123
+    """)
+    p.add_argument("path", help="an archive (rankscope export --archive), a data dir (with --run), "
+                   "or a run=<id> folder inside one")
+    p.add_argument("--run", default=None, help="run id or name, when PATH is a data dir")
+    p.add_argument("--speed", type=float, default=1.0, help="times real time (default 1; 0 = as fast as possible)")
+    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"collector address (default {DEFAULT_ENDPOINT})")
+    p.add_argument("--token", default=None, help="bearer token (default: $RANKSCOPE_TOKEN)")
+    p.add_argument("--name", default=None, help="name of the new run (default: the original's + '-replay')")
+
+    p = add("export", cmd_export, "Export a run: a Perfetto/Chrome trace, a self-contained archive, or Parquet files.", """
+        rankscope export --perfetto bert-large trace.json   # open in ui.perfetto.dev or chrome://tracing
+        rankscope export --archive bert-large bert.rsarchive  # replay it anywhere: rankscope replay bert.rsarchive
+        rankscope export --parquet bert-large out/          # out/<table>.parquet, with run_id and rank
+    """)
+    _data_dir_arg(p)
+    kind = p.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--perfetto", nargs=2, metavar=("RUN", "OUT.json"), help="Chrome trace-event JSON")
+    kind.add_argument("--archive", nargs=2, metavar=("RUN", "OUT"), help="one file: the run's Parquet and catalog rows")
+    kind.add_argument("--parquet", nargs=2, metavar=("RUN", "OUTDIR"), help="one Parquet file per table")
 
     p = add("nvme-tune", cmd_nvme_tune, "Sweep async I/O handle settings on a directory and print the best `aio` config block.", """
         rankscope nvme-tune --dir /local_nvme
