@@ -95,18 +95,17 @@ class _OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        stack = self.profiler._stack
-        if stack:
-            try:
-                flops, macs = counting.count(func, args, kwargs, out)
-            except Exception as e:  # an unexpected operator must never fail training
-                if not self.warned:
-                    warnings.warn(f"flops profiler: could not count {func}: {e}; counted as 0")
-                    self.warned = True
-                flops, macs = 0, 0
-            top = stack[-1][0]
-            top.own_flops += flops
-            top.own_macs += macs
+        try:
+            flops, macs = counting.count(func, args, kwargs, out)
+        except Exception as e:  # an unexpected operator must never fail training
+            if not self.warned:
+                warnings.warn(f"flops profiler: could not count {func}: {e}; counted as 0")
+                self.warned = True
+            flops, macs = 0, 0
+        # active only while a profiled forward runs, so the stack is never empty here
+        top = self.profiler._stack[-1][0]
+        top.own_flops += flops
+        top.own_macs += macs
         return out
 
 
@@ -243,9 +242,9 @@ class FlopsProfiler:
         ]
 
     def _push(self, profile: ModuleProfile) -> None:
-        if not self._stack:
-            self._counter.__enter__()
         self._stack.append((profile, _now_ns()))
+        if len(self._stack) == 1:
+            self._counter.__enter__()
 
     def _pop(self) -> None:
         profile, start = self._stack.pop()
