@@ -16,12 +16,14 @@ comparable to the hardware's link speed whatever n is):
   broadcast, reduce, send, recv                  1
 
 Where DeepSpeed's ``calc_bw_log`` (deepspeed/utils/comms_logging.py) differs:
-it always uses the *world* size, not the group's, so ops on sub-groups (tensor /
-pipeline / expert parallel) get the wrong factor; its all_reduce "tput" counts
-2 x S / t (our algbw is S / t); and it multiplies the message size by n for
-reduce_scatter even when that size is already the full input, overstating
-reduce_scatter bandwidth by n. Its figures are in Gbps (bits, 1e9);
-``gbps(gbs)`` converts ours for the DeepSpeed-style summary table.
+* it always uses the *world* size, not the group's, so ops on sub-groups (tensor /
+  pipeline / expert parallel) get the wrong factor;
+* its message size is the input tensor(s), multiplied by n for all_gather (right:
+  that is the gathered output) and for reduce_scatter (wrong: the input already is
+  the full S), so reduce_scatter algbw/busbw come out n times too high;
+* its all_reduce "tput" is 2 x S / t, where nccl-tests' algbw is S / t;
+* it reports Gbps (bits, 1e9); ``gbps(gbs)`` converts ours for the DeepSpeed-style
+  summary table, which keeps DeepSpeed's column names.
 
 Pure Python, no torch: the collector, the dashboard and importers share it.
 """

@@ -690,3 +690,13 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False):
 def reset_summary() -> None:
     with _REC.lock:
         _REC.summary.clear()
+
+
+__all__ = [
+    *INSTRUMENTED_OPS, "batch_isend_irecv",
+    "ReduceOp", "group", "P2POp", "is_available", "is_initialized", "get_backend", "new_group", "get_global_rank",
+    "get_process_group_ranks", "all_gather_object", "broadcast_object_list", "monitored_barrier", "get_rank",
+    "get_world_size", "init_process_group", "destroy_process_group",
+    "CommsLoggerConfig", "INSTRUMENTED_OPS", "configure", "flush", "dropped_records", "log_summary",
+    "reset_summary", "convert_size", "trim_mean",
+]
