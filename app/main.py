@@ -4,6 +4,7 @@
 """
 from pathlib import Path
 
+import duckdb
 import streamlit as st
 
 from app import state
@@ -29,4 +30,7 @@ page = st.navigation({
     "Query": [st.Page(PAGES / "sql.py", title="SQL console", icon=":material/terminal:")],
 })
 state.sidebar_picker()
-page.run()
+try:
+    page.run()
+except duckdb.Error as exc:  # e.g. a damaged segment: say so instead of showing a traceback
+    st.error(f"Could not read this run's data: {exc}")

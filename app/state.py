@@ -12,11 +12,11 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+import duckdb
 import pandas as pd
 import streamlit as st
 
 from app import queries
-from collector import catalog
 
 DEFAULT_DATA_DIR = "rankscope-data"
 REFRESH_S = 1.0
@@ -57,9 +57,7 @@ def load_runs(directory: str) -> pd.DataFrame | None:
         return None
     try:
         return queries.list_runs(directory)
-    except (queries.DataDirError, catalog.QueryError, OSError) as exc:
-        st.error(f"Cannot read the catalog in `{directory}`: {exc}")
-    except Exception as exc:  # a DuckDB error from a damaged catalog or segment
+    except (queries.DataDirError, OSError, duckdb.Error) as exc:
         st.error(f"Cannot read the runs in `{directory}`: {exc}")
     return None
 
@@ -112,12 +110,20 @@ def selection() -> Selection:
     return Selection(directory, runs, chosen)
 
 
+def _guarded(body: Callable[[str], None], version: str) -> None:
+    # A damaged or vanished segment is a message on the page, not a traceback.
+    try:
+        body(version)
+    except duckdb.Error as exc:
+        st.error(f"Could not read this run's data: {exc}")
+
+
 def live(sel: Selection, body: Callable[[str], None], run_id: str | None = None) -> None:
     """Render ``body(data_version)``; while the run is live, as a fragment that re-renders
     in place every second (not a whole-page rerun) and stops once the run has ended."""
     run_id = run_id or sel.run_id
     if not sel.is_live(run_id):
-        body(queries.data_version(sel.data_dir, run_id))
+        _guarded(body, queries.data_version(sel.data_dir, run_id))
         return
 
     @st.fragment(run_every=REFRESH_S)
@@ -127,7 +133,7 @@ def live(sel: Selection, body: Callable[[str], None], run_id: str | None = None)
             version = queries.data_version(sel.data_dir, run_id)
             step = queries.latest_step(sel.data_dir, run_id, version)
             st.caption(f"Live: refreshing every {REFRESH_S:g} s · latest step {'–' if step is None else step}")
-            body(version)
+            _guarded(body, version)
         else:
             st.rerun()  # the run ended: redraw the page once, without the timer
 

@@ -190,3 +190,16 @@ def test_empty_data_dir_says_how_to_get_runs(tmp_path, monkeypatch):
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     assert not at.exception
     assert "No runs" in texts(at.info)
+
+
+def test_damaged_segment_is_an_error_message_not_a_traceback(tmp_path, monkeypatch):
+    data_dir = make_data_dir(tmp_path, (FINISHED,))
+    (data_dir / "parquet" / "comm" / f"run={FINISHED.run_id}" / "zz-damaged.parquet").write_bytes(b"not parquet")
+    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
+    for page in ("views/comms.py", "views/stragglers.py", "views/overview.py"):
+        at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+        at.session_state["selected_runs"] = [FINISHED.run_id]
+        at.run()
+        at.switch_page(page).run()
+        assert not at.exception, page
+        assert "Could not read this run's data" in texts(at.error), page
