@@ -81,7 +81,9 @@ def train(engine, *, steps: int, batch: int, start: int = 0) -> list[float]:
     for step in range(start, start + steps):
         total = torch.zeros(())
         for x, y in micro_batches(step, batch, rank, world, gas):
-            loss = nn.functional.mse_loss(engine(x), y)
+            if not engine.config.fp16.auto_cast:
+                x = x.to(engine.config.precision)
+            loss = nn.functional.mse_loss(engine(x).float(), y)
             engine.backward(loss)
             engine.step()
             total += loss.detach()

@@ -119,6 +119,17 @@ def _step_profiler(cfg: EngineConfig, model: nn.Module):
     return StepProfiler(cfg.flops_profiler or {}, model)
 
 
+def _cast_floats(obj, dtype: torch.dtype):
+    """fp16.auto_cast: floating-point tensors in (nested) inputs cast to ``dtype``."""
+    if torch.is_tensor(obj):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_floats(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj
+
+
 class Engine(nn.Module):
     """Wraps the model; forward / backward / step with ZeRO, precision and telemetry."""
 
@@ -206,6 +217,8 @@ class Engine(nn.Module):
             self.profiler.begin(self.global_steps)
         if hasattr(self.optimizer, "begin_forward") and self.module.training:
             self.optimizer.begin_forward()
+        if self.config.fp16.auto_cast:
+            args, kwargs = _cast_floats((args, kwargs), torch.float16)
         self.timers.start("fwd")
         out = self.module(*args, **kwargs)
         self.timers.stop("fwd")

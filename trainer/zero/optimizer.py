@@ -33,7 +33,7 @@ class StepOutcome:
     overflow: bool = False
     scale_before: float = 1.0
     scale_after: float = 1.0
-    hysteresis_left: int = 0
+    hysteresis_left: int | None = None  # None: the scaler has no hysteresis (static scale)
     bad_params: list[str] = field(default_factory=list)
     first_rank: int = -1
     grad_norm: float | None = None
@@ -154,7 +154,7 @@ class ZeroOptimizer:
             self._check_overflow(grads, out)
             decision = self.loss_scaler.update(out.overflow)
             out.scale_before, out.scale_after = float(decision.scale_before), float(decision.scale_after)
-            out.hysteresis_left = int(decision.hysteresis_left)
+            out.hysteresis_left = decision.hysteresis_left
             out.skipped = bool(decision.skipped)
             if out.skipped:
                 self.zero_grad()
