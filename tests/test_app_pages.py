@@ -163,6 +163,8 @@ def test_sql_console_runs_a_query(open_page):
     result = frames(at)[0]
     assert set(result.op) == {op for op, _, _ in COLLECTIVES}
     assert not at.error
+    assert len(at.get("download_button")) == 2  # CSV and Parquet
+    assert len(at.get("plotly_chart")) == 1     # the chart builder's default: n by op
 
 
 def test_sql_console_shows_duckdb_error_for_bad_sql(open_page):
