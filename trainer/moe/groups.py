@@ -50,6 +50,16 @@ def validate(num_experts: int, ep_size: int, world_size: int) -> None:
         raise ValueError(f"moe.num_experts={num_experts} must be divisible by moe.ep_size={ep_size}")
 
 
+def _new_group(ranks: list[int], world: int):
+    """Every rank creates every group, in the same order (new_group is collective).
+    A group of one rank needs no communicator; one of all ranks is the world's."""
+    if len(ranks) == 1:
+        return None
+    if len(ranks) == world:
+        return comm.group.WORLD
+    return comm.new_group(ranks)
+
+
 def expert_groups(ep_size: int) -> ExpertGroups:
     """This rank's groups for ``ep_size`` (collective on first call for that size)."""
     groups = _GROUPS.get(ep_size)
@@ -61,15 +71,14 @@ def expert_groups(ep_size: int) -> ExpertGroups:
     ep_group = edp_group = None
     edp_size = world // ep_size
     if comm.is_initialized() and world > 1:
-        # Every rank creates every group, in the same order (new_group is collective).
         for start in range(0, world, ep_size):
             ranks = list(range(start, start + ep_size))
-            g = comm.new_group(ranks) if ep_size > 1 else None
+            g = _new_group(ranks, world)
             if rank in ranks:
                 ep_group = g
         for offset in range(ep_size):
             ranks = list(range(offset, world, ep_size))
-            g = comm.new_group(ranks) if edp_size > 1 else None
+            g = _new_group(ranks, world)
             if rank in ranks:
                 edp_group = g
     groups = _GROUPS[ep_size] = ExpertGroups(ep_size, ep_group, edp_group, edp_size)
