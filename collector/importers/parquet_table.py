@@ -15,10 +15,19 @@ from collector.schema import TABLES
 
 NAME = "parquet"
 TABLE_KEY = b"rankscope.table"
+_COLLECTOR_TABLES = ("runs", "ranks", "rank_ends")
 
 
 def detect(path: Path) -> bool:
-    return path.suffix == ".parquet"
+    """A .parquet file, unless it holds one of the collector's own tables (runs, ranks...),
+    which ``export --parquet`` writes beside the data and an import does not take."""
+    if path.suffix != ".parquet":
+        return False
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException):
+        return True  # unreadable: parse() reports it
+    return table_name(path, schema) is not None or path.stem not in _COLLECTOR_TABLES
 
 
 def table_name(path: Path, schema: pa.Schema) -> str | None:

@@ -1,0 +1,192 @@
+"""``rankscope replay PATH``: stream an archived run through a live collector again.
+
+PATH is an archive (``rankscope export --archive``), a data dir with ``--run``,
+or a ``run=<id>`` partition folder inside a data dir. The run is re-sent as a
+new run (new run id, ``source = 'replay'``, ``Hello.linked_run_id`` = the
+original) with every row as stored: only run_id and what the collector stamps
+on arrival (client ids) differ, so the replay's tables equal the original's row
+for row.
+
+Pacing: one stream per rank, as the ranks sent them. Each row has a time --
+``start_ns`` (comm, timers) or ``time_ns`` (monitor, loss_scale, memory); rows
+without one (flops, moe) take the first time of their rank and step -- and rows
+are sent in windows of ``WINDOW_NS`` of original time, each at
+``start + (t - t0) / speed`` of wall time, so ``--speed 10`` replays a minute in
+six seconds and ``--speed 0`` sends as fast as the collector takes it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from collector import catalog, layout
+from collector.export import ExportError, is_archive, resolve_run, unpack_archive
+from collector.importers.ingest import new_run_id
+from collector.importers.sink import GrpcSink, SinkError, client_id, envelope, table_batches
+from collector.schema import TABLES
+from proto import pb
+
+WINDOW_NS = 50_000_000  # rows of 50 ms of original time travel together
+TIME_COLUMNS = ("start_ns", "time_ns")
+
+
+@dataclass
+class RankData:
+    rank: int
+    hello: pb.Hello
+    end: pb.RunEnd | None
+    tables: dict[str, pa.Table]   # sorted by pace
+    paces: dict[str, np.ndarray]  # per table, the original ns each row is paced by
+
+
+def _pace(table: pa.Table, step_times: dict[int, int], default: int) -> np.ndarray:
+    col = next((c for c in TIME_COLUMNS if c in table.column_names), None)
+    pace = (pc.fill_null(table[col], -1).to_numpy() if col else np.full(table.num_rows, -1, dtype=np.int64))
+    if (pace < 0).any():
+        steps = table["step"].to_pylist()
+        for i in np.flatnonzero(pace < 0):
+            pace[i] = step_times.get(steps[i], default)
+    return pace
+
+
+def load_run(data_dir: Path, run: str) -> tuple[dict, list[RankData]]:
+    """The run's catalog rows and, per rank, its rows of every table."""
+    con = catalog.connect(data_dir)
+    try:
+        run_id = resolve_run(con, run)
+        cols = ["name", "world_size", "config", "started_ns"]
+        run_row = dict(zip(cols, con.execute("SELECT name, world_size, config, epoch_ns(started_at) FROM runs "
+                                             "WHERE run_id = ?", [run_id]).fetchone()))
+        run_row["run_id"] = run_id
+        hellos = {r[0]: r[1:] for r in con.execute(
+            """SELECT rank, host, pid, clock_offset_ns, epoch_ns(started_at) FROM ranks WHERE run_id = ?""",
+            [run_id]).fetchall()}
+        ends = {r[0]: r[1:] for r in con.execute(
+            """SELECT rank, status, epoch_ns(ended_at), dropped_records FROM rank_ends WHERE run_id = ?""",
+            [run_id]).fetchall()}
+        per_table = {t: con.sql(f"SELECT * EXCLUDE (run_id) FROM {catalog.quote_ident(t)} WHERE run_id = ?",
+                                params=[run_id]).to_arrow_table() for t in TABLES}
+    finally:
+        con.close()
+    ranks = sorted(set(hellos) | {r for t in per_table.values() for r in pc.unique(t["rank"]).to_pylist()})
+    run_start = run_row["started_ns"] or 0
+    out = []
+    for rank in ranks:
+        tables = {t: rows.filter(pc.equal(rows["rank"], rank)) for t, rows in per_table.items()}
+        tables = {t: rows for t, rows in tables.items() if rows.num_rows}
+        step_times: dict[int, int] = {}
+        for rows in tables.values():
+            col = next((c for c in TIME_COLUMNS if c in rows.column_names), None)
+            if col:
+                for step, ns in zip(rows["step"].to_pylist(), rows[col].to_pylist()):
+                    if ns is not None and (step not in step_times or ns < step_times[step]):
+                        step_times[step] = ns
+        host, pid, offset, started = hellos.get(rank, (None, 0, 0, run_start))
+        hello = pb.Hello(run_name=run_row["name"] or "", rank=rank, world_size=run_row["world_size"],
+                         host=host or "", pid=pid or 0, clock_offset_ns=offset or 0,
+                         started_at_ns=started or run_start, config_json=run_row["config"] or "",
+                         source="replay", linked_run_id=run_id)
+        end = None
+        if rank in ends:
+            status, ended, dropped = ends[rank]
+            end = pb.RunEnd(rank=rank, status=status, ended_at_ns=ended or 0, dropped_records=dropped or 0)
+        default = min(step_times.values(), default=started or run_start)
+        paces, ordered = {}, {}
+        for t, rows in tables.items():
+            pace = _pace(rows, step_times, default)
+            order = np.argsort(pace, kind="stable")
+            ordered[t], paces[t] = rows.take(pa.array(order)), pace[order]
+        out.append(RankData(rank, hello, end, ordered, paces))
+    return run_row, out
+
+
+def _rank_stream(data: RankData, new_run: str, client: str, speed: float, t0: int, wall0: float, bar):
+    """The rank's envelopes, each window held back until its time has come."""
+    hello = pb.Hello()
+    hello.CopyFrom(data.hello)
+    hello.run_id = new_run
+    seq = 1
+    yield envelope(client, seq, hello=hello)
+    window = WINDOW_NS if speed > 0 else None
+    starts = [p[0] for p in data.paces.values() if len(p)]
+    lo = min(starts, default=t0)
+    cursor = {t: 0 for t in data.tables}
+    while any(cursor[t] < len(data.paces[t]) for t in data.tables):
+        hi = lo + window if window else None
+        if speed > 0:
+            delay = wall0 + (lo - t0) / 1e9 / speed - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        for t, rows in data.tables.items():
+            pace = data.paces[t]
+            start = cursor[t]
+            end = len(pace) if hi is None else int(np.searchsorted(pace, hi, side="left"))
+            if end > start:
+                for batch in table_batches(t, new_run, data.rank, rows.slice(start, end - start)):
+                    seq += 1
+                    yield envelope(client, seq, table=batch)
+                bar.update(end - start)
+                cursor[t] = end
+        if hi is not None:
+            remaining = [data.paces[t][cursor[t]] for t in data.tables if cursor[t] < len(data.paces[t])]
+            lo = max(hi, min(remaining)) if remaining else hi
+    if data.end is not None:
+        end = pb.RunEnd()
+        end.CopyFrom(data.end)
+        end.run_id = new_run
+        seq += 1
+        yield envelope(client, seq, end=end)
+
+
+def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | None = None,
+           speed: float = 1.0, name: str | None = None) -> dict:
+    if speed < 0:
+        raise ValueError(f"--speed must be >= 0, got {speed}")
+    source = Path(source)
+    with tempfile.TemporaryDirectory(prefix="rankscope-replay-") as tmp:
+        if is_archive(source):
+            manifest = unpack_archive(source, Path(tmp))
+            data_dir, run = Path(tmp), run or manifest["run_id"]
+        elif source.name.startswith("run=") and source.parent.parent.name == layout.PARQUET_DIR:
+            data_dir, run = source.parent.parent.parent, run or source.name.removeprefix("run=")
+        elif (source / layout.PARQUET_DIR).is_dir():
+            if not run:
+                raise ExportError(f"{source} is a data dir: say which run with --run")
+            data_dir = source
+        else:
+            raise ExportError(f"{source}: not an archive, a data dir or a run=<id> folder")
+        run_row, ranks = load_run(data_dir, run)
+    new_name = name or run_row["name"] or run_row["run_id"]
+    new_run = new_run_id(new_name)
+    for r in ranks:
+        r.hello.run_name = new_name
+    t0 = min((p[0] for r in ranks for p in r.paces.values() if len(p)), default=0)
+    total = sum(t.num_rows for r in ranks for t in r.tables.values())
+    with GrpcSink(endpoint, token) as sink, tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row",
+                                                 disable=None, leave=False) as bar:
+        wall0 = time.monotonic()
+        streams = [_rank_stream(r, new_run, client_id("replay", new_run, str(r.rank)), speed, t0, wall0, bar)
+                   for r in ranks]
+        sink.send(streams)
+    return {"run_id": new_run, "linked_run_id": run_row["run_id"], "rows": total, "ranks": len(ranks)}
+
+
+def main(args) -> int:
+    token = args.token or os.environ.get("RANKSCOPE_TOKEN") or None
+    try:
+        r = replay(Path(args.path), endpoint=args.endpoint, token=token, run=args.run, speed=args.speed,
+                   name=args.name)
+    except (ExportError, SinkError, ValueError, FileNotFoundError) as exc:
+        print(f"rankscope replay: {exc}", file=sys.stderr)
+        return 1
+    print(f"replayed run {r['linked_run_id']} as {r['run_id']}: {r['rows']} rows from {r['ranks']} ranks")
+    return 0
