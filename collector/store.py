@@ -80,10 +80,14 @@ def mkdir_durable(path: Path) -> None:
 def write_segment(rows: pa.Table, final: Path) -> None:
     """Write and fsync ``rows`` at the temporary name of ``final``."""
     mkdir_durable(final.parent)
-    with open(layout.temp_name(final), "wb") as f:
-        pq.write_table(rows, f, **parquet_options(rows.schema))
-        f.flush()
-        os.fsync(f.fileno())
+    tmp = layout.temp_name(final)
+    # A path, not a Python file object: Arrow then writes natively without taking the GIL.
+    pq.write_table(rows, str(tmp), **parquet_options(rows.schema))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: int, part: int = 0) -> Path:
