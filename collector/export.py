@@ -67,7 +67,7 @@ def export_perfetto(data_dir, run: str, out) -> dict:
                             (SELECT min(start_ns) FROM timers WHERE run_id = $1)),
                       (SELECT count(*) FROM comm WHERE run_id = $1),
                       (SELECT count(start_ns) FROM comm WHERE run_id = $1 AND end_ns IS NOT NULL)""",
-            [run_id]).fetchone()
+            [run_id]).fetchall()[0]
         groups = con.execute("""SELECT DISTINCT rank, coalesce(group_name, '') FROM comm
                                 WHERE run_id = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL
                                 ORDER BY ALL""", [run_id]).fetchall()
@@ -76,7 +76,7 @@ def export_perfetto(data_dir, run: str, out) -> dict:
                        | {r for r, in con.execute("SELECT DISTINCT rank FROM timers WHERE run_id = ?",
                                                   [run_id]).fetchall()})
         timers_total = con.execute("SELECT count(*) FROM timers WHERE run_id = ? AND start_ns IS NOT NULL",
-                                   [run_id]).fetchone()[0]
+                                   [run_id]).fetchall()[0][0]
         t0 = t0 or 0
         tids = {}
         for rank, group in groups:

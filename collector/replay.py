@@ -65,7 +65,7 @@ def load_run(data_dir: Path, run: str) -> tuple[dict, list[RankData]]:
         run_id = resolve_run(con, run)
         cols = ["name", "world_size", "config", "started_ns"]
         run_row = dict(zip(cols, con.execute("SELECT name, world_size, config, epoch_ns(started_at) FROM runs "
-                                             "WHERE run_id = ?", [run_id]).fetchone()))
+                                             "WHERE run_id = ?", [run_id]).fetchall()[0]))
         run_row["run_id"] = run_id
         hellos = {r[0]: r[1:] for r in con.execute(
             """SELECT rank, host, pid, clock_offset_ns, epoch_ns(started_at) FROM ranks WHERE run_id = ?""",
