@@ -1,0 +1,74 @@
+"""Tensor-parallel and data-parallel process groups (Megatron's layout).
+
+``tensor_parallel.tp_size`` T splits the world of W ranks into W/T
+tensor-parallel groups of consecutive ranks (they share one model replica,
+each holding 1/T of every parallel layer) and T data-parallel groups with
+stride T (same shard, different data). World 4, T 2::
+
+    tensor-parallel  [0,1] [2,3]     activations all_reduce here, every layer
+    data-parallel    [0,2] [1,3]     gradients all_reduce here, once per step
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer import comm
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    tp_size: int
+    tp_rank: int
+    tp_group: object | None  # None: one rank, nothing to communicate
+    dp_size: int
+    dp_group: object | None
+
+
+_GROUPS: dict[int, ParallelGroups] = {}
+
+
+def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> None:
+    """One clear message per bad setting, naming it."""
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ValueError(f"tensor_parallel.tp_size must be a positive integer, got {tp_size!r}")
+    if world_size % tp_size:
+        raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the world size {world_size}")
+    if num_heads is not None and num_heads % tp_size:
+        raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the number of attention heads {num_heads}")
+
+
+def _new_group(ranks: list[int], world: int):
+    # collective: every rank creates every group in the same order
+    if len(ranks) == 1:
+        return None
+    if len(ranks) == world:
+        return comm.group.WORLD
+    return comm.new_group(ranks)
+
+
+def parallel_groups(tp_size: int = 1) -> ParallelGroups:
+    """This rank's groups for ``tp_size`` (collective on first call for that size)."""
+    groups = _GROUPS.get(tp_size)
+    if groups is not None:
+        return groups
+    world, rank = comm.get_world_size(), comm.get_rank()
+    validate(tp_size, world)
+    tp_group = dp_group = None
+    if comm.is_initialized() and world > 1:
+        for start in range(0, world, tp_size):
+            ranks = list(range(start, start + tp_size))
+            g = _new_group(ranks, world)
+            if rank in ranks:
+                tp_group = g
+        for offset in range(tp_size):
+            ranks = list(range(offset, world, tp_size))
+            g = _new_group(ranks, world)
+            if rank in ranks:
+                dp_group = g
+    groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)
+    return groups
+
+
+def reset() -> None:
+    """Forget the groups (after destroy_process_group)."""
+    _GROUPS.clear()
