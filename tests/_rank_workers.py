@@ -81,14 +81,22 @@ def collectives_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def ddp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+def two_rank_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """One pair of processes for three checks (process start-up is the slow part)."""
+    _env(rank, 2, port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    result = {"clock_offset": _clock_part(rank), "ddp_run_id": _ddp_part(rank, endpoint)}
+    result.update(_fsdp_part(endpoint))
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _ddp_part(rank: int, endpoint: str) -> str:
     """attach() after init_process_group; a DDP model's buckets are recorded and
     its gradients are still the average over ranks."""
     from collector import hook
 
     world = 2
-    _env(rank, world, port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     session = hook.attach(run="ddp-job", endpoint=endpoint)
     assert session.ready
     torch.manual_seed(0)
@@ -107,41 +115,37 @@ def ddp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     for i, p in enumerate(model.parameters()):
         torch.testing.assert_close(p.grad, (grads[0][i] + grads[1][i]) / world, rtol=1e-5, atol=1e-6)
     hook.detach()
-    dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": session.run_id}))
+    return session.run_id
 
 
 SKEW_NS = 5_000_000_000
 
 
-def clock_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+def _clock_part(rank: int) -> int:
     """Two "hosts" (hostname faked per rank) whose clocks differ by SKEW_NS on rank 1."""
     import socket
 
     from collector import clock
 
-    _env(rank, 2, port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    real_time_ns = time.time_ns
+    real_time_ns, real_hostname = time.time_ns, socket.gethostname
     socket.gethostname = lambda: f"host{rank}"
     if rank == 1:
         time.time_ns = lambda: real_time_ns() + SKEW_NS
-    offset = clock.estimate_offsets()
-    time.time_ns = real_time_ns
-    dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"offset": offset}))
+    try:
+        return clock.estimate_offsets()
+    finally:
+        time.time_ns, socket.gethostname = real_time_ns, real_hostname
 
 
-def fsdp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+def _fsdp_part(endpoint: str) -> dict:
     """FSDP2 (fully_shard) on CPU under attach(): its collectives are recorded."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from collector import comm, hook
 
-    _env(rank, 2, port)
+    comm.reset_summary()  # the summary spans the process (as DeepSpeed's); count only FSDP's ops
     session = hook.attach(run="fsdp-job", endpoint=endpoint)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
@@ -151,6 +155,5 @@ def fsdp_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     model(torch.ones(3, 8)).sum().backward()
     summary = comm.log_summary(return_dict=True)
     hook.detach()
-    dist.destroy_process_group()
     counts = {name: sum(v["count"] for v in sizes.values()) for name, sizes in summary.items()}
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": session.run_id, "counts": counts}))
+    return {"fsdp_run_id": session.run_id, "fsdp_counts": counts}
