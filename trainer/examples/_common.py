@@ -1,0 +1,91 @@
+"""What the examples share: a small pre-norm transformer block, the command line and the loop."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; every parameter is used inside the forward of the module
+    that owns it, so ZeRO-3 can gather it with that module's hooks."""
+
+    def __init__(self, dim: int, heads: int, causal: bool) -> None:
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc, self.out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))  # [B, H, T, D/H]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def parse_args(description: str, default_config: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", default=str(CONFIG_DIR / default_config), help="ds_config.json path")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps")
+    p.add_argument("--run", default=None, help="telemetry run name (sets telemetry.run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", default=None, help="save a checkpoint here at the end")
+    p.add_argument("--load", default=None, help="resume from the latest checkpoint here")
+    return p.parse_args()
+
+
+def load_config(args: argparse.Namespace) -> dict:
+    try:
+        with open(args.config) as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"error: cannot read --config {args.config}: {e}")
+    if args.run:
+        config.setdefault("telemetry", {})["run"] = args.run
+    return config
+
+
+def train_loop(engine, batches, args: argparse.Namespace, name: str) -> None:
+    """``batches(step, micro) -> (inputs, loss_fn)``; prints rank 0's loss every step."""
+    rank = int(os.environ.get("RANK", 0))
+    if args.load:
+        engine.load_checkpoint(args.load)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step, total = engine.global_steps, 0.0
+        for micro in range(engine.gradient_accumulation_steps()):
+            inputs, loss_fn = batches(step, micro)
+            loss = loss_fn(engine(inputs))
+            engine.backward(loss)
+            engine.step()
+            total += loss.item()
+        if rank == 0:
+            print(f"[{name}] step {engine.global_steps} loss {total / engine.gradient_accumulation_steps():.4f}",
+                  flush=True)
+    if rank == 0:
+        elapsed = time.perf_counter() - t0
+        print(f"[{name}] {args.steps} steps in {elapsed:.1f}s, "
+              f"{args.steps * engine.train_batch_size() / elapsed:.1f} samples/s", flush=True)
+    if args.save:
+        engine.save_checkpoint(args.save)
+    engine.close()
