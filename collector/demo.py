@@ -56,9 +56,10 @@ def run_demo(args: argparse.Namespace) -> int:
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
             "-m", "trainer.examples.gpt", "--config", args.config or _example_config(),
-            "--steps", str(args.steps), "--run", "demo",
+            "--steps", str(args.steps),
         ]
-        env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, OMP_NUM_THREADS="1")
+        # The run name travels by env: torchrun would take `--run` for its own --run-path.
+        env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN="demo", OMP_NUM_THREADS="1")
         print(f"[demo] training: {' '.join(train[2:])}", flush=True)
         rc = subprocess.call(train, env=env)
         print(f"[demo] training finished (exit {rc}); try:\n"
