@@ -50,7 +50,8 @@ class RankData:
 
 def _pace(table: pa.Table, step_times: dict[int, int], default: int) -> np.ndarray:
     col = next((c for c in TIME_COLUMNS if c in table.column_names), None)
-    pace = (pc.fill_null(table[col], -1).to_numpy() if col else np.full(table.num_rows, -1, dtype=np.int64))
+    pace = (np.array(pc.fill_null(table[col], -1).to_numpy()) if col
+            else np.full(table.num_rows, -1, dtype=np.int64))
     if (pace < 0).any():
         steps = table["step"].to_pylist()
         for i in np.flatnonzero(pace < 0):
@@ -63,9 +64,9 @@ def load_run(data_dir: Path, run: str) -> tuple[dict, list[RankData]]:
     con = catalog.connect(data_dir)
     try:
         run_id = resolve_run(con, run)
-        cols = ["name", "world_size", "config", "started_ns"]
-        run_row = dict(zip(cols, con.execute("SELECT name, world_size, config, epoch_ns(started_at) FROM runs "
-                                             "WHERE run_id = ?", [run_id]).fetchall()[0]))
+        cols = ["name", "world_size", "config", "started_ns", "source", "linked_run_id"]
+        run_row = dict(zip(cols, con.execute("SELECT name, world_size, config, epoch_ns(started_at), source, "
+                                             "linked_run_id FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]))
         run_row["run_id"] = run_id
         hellos = {r[0]: r[1:] for r in con.execute(
             """SELECT rank, host, pid, clock_offset_ns, epoch_ns(started_at) FROM ranks WHERE run_id = ?""",
@@ -109,8 +110,9 @@ def load_run(data_dir: Path, run: str) -> tuple[dict, list[RankData]]:
     return run_row, out
 
 
-def _rank_stream(data: RankData, new_run: str, client: str, speed: float, t0: int, wall0: float, bar):
-    """The rank's envelopes, each window held back until its time has come."""
+def rank_stream(data: RankData, new_run: str, client: str, speed: float = 0, t0: int = 0, wall0: float = 0,
+                bar=None):
+    """The rank's envelopes, each window held back until its time has come (speed 0: no wait)."""
     hello = pb.Hello()
     hello.CopyFrom(data.hello)
     hello.run_id = new_run
@@ -134,7 +136,8 @@ def _rank_stream(data: RankData, new_run: str, client: str, speed: float, t0: in
                 for batch in table_batches(t, new_run, data.rank, rows.slice(start, end - start)):
                     seq += 1
                     yield envelope(client, seq, table=batch)
-                bar.update(end - start)
+                if bar is not None:
+                    bar.update(end - start)
                 cursor[t] = end
         if hi is not None:
             remaining = [data.paces[t][cursor[t]] for t in data.tables if cursor[t] < len(data.paces[t])]
@@ -147,23 +150,40 @@ def _rank_stream(data: RankData, new_run: str, client: str, speed: float, t0: in
         yield envelope(client, seq, end=end)
 
 
+def open_source(source: Path, run: str | None, tmp: Path) -> tuple[Path, str]:
+    """(data dir, run) for an archive (unpacked into tmp), a partition folder or a data dir."""
+    if is_archive(source):
+        manifest = unpack_archive(source, tmp)
+        return tmp, run or manifest["run_id"]
+    if source.name.startswith("run=") and source.parent.parent.name == layout.PARQUET_DIR:
+        return source.parent.parent.parent, run or source.name.removeprefix("run=")
+    if (source / layout.PARQUET_DIR).is_dir():
+        if not run:
+            raise ExportError(f"{source} is a data dir: say which run with --run")
+        return source, run
+    raise ExportError(f"{source}: not an archive, a data dir or a run=<id> folder")
+
+
+def restore_streams(archive: Path) -> tuple[str, list]:
+    """An archive's run under its own run id, as it was sent (watch mode ingests dropped
+    archives this way); client ids are derived from the run, so a second restore is a no-op."""
+    with tempfile.TemporaryDirectory(prefix="rankscope-restore-") as tmp:
+        data_dir, run = open_source(archive, None, Path(tmp))
+        run_row, ranks = load_run(data_dir, run)
+    run_id = run_row["run_id"]
+    for r in ranks:
+        r.hello.source = run_row["source"] or ""
+        r.hello.linked_run_id = run_row["linked_run_id"] or ""
+    return run_id, [list(rank_stream(r, run_id, client_id("archive", run_id, str(r.rank)))) for r in ranks]
+
+
 def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | None = None,
            speed: float = 1.0, name: str | None = None) -> dict:
     if speed < 0:
         raise ValueError(f"--speed must be >= 0, got {speed}")
     source = Path(source)
     with tempfile.TemporaryDirectory(prefix="rankscope-replay-") as tmp:
-        if is_archive(source):
-            manifest = unpack_archive(source, Path(tmp))
-            data_dir, run = Path(tmp), run or manifest["run_id"]
-        elif source.name.startswith("run=") and source.parent.parent.name == layout.PARQUET_DIR:
-            data_dir, run = source.parent.parent.parent, run or source.name.removeprefix("run=")
-        elif (source / layout.PARQUET_DIR).is_dir():
-            if not run:
-                raise ExportError(f"{source} is a data dir: say which run with --run")
-            data_dir = source
-        else:
-            raise ExportError(f"{source}: not an archive, a data dir or a run=<id> folder")
+        data_dir, run = open_source(source, run, Path(tmp))
         run_row, ranks = load_run(data_dir, run)
     new_name = name or run_row["name"] or run_row["run_id"]
     new_run = new_run_id(new_name)
@@ -174,7 +194,7 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
     with GrpcSink(endpoint, token) as sink, tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row",
                                                  disable=None, leave=False) as bar:
         wall0 = time.monotonic()
-        streams = [_rank_stream(r, new_run, client_id("replay", new_run, str(r.rank)), speed, t0, wall0, bar)
+        streams = [rank_stream(r, new_run, client_id("replay", new_run, str(r.rank)), speed, t0, wall0, bar)
                    for r in ranks]
         sink.send(streams)
     return {"run_id": new_run, "linked_run_id": run_row["run_id"], "rows": total, "ranks": len(ranks)}

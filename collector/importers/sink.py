@@ -70,8 +70,8 @@ def envelope(client: str, seq: int, **body) -> pb.Envelope:
 
 def rank_envelopes(parsed: Parsed, *, run_id: str, run_name: str, rank: int, world_size: int,
                    client: str, source: str, started_ns: int, ended_ns: int,
-                   linked_run_id: str = "", config_json: str = "") -> list[pb.Envelope]:
-    """Hello, the rank's rows of every table, RunEnd(finished)."""
+                   linked_run_id: str = "", config_json: str = "", with_end: bool = True) -> list[pb.Envelope]:
+    """Hello, the rank's rows of every table, RunEnd(finished) unless ``with_end`` is False."""
     hello = pb.Hello(run_id=run_id, run_name=run_name, rank=rank, world_size=world_size,
                      host=socket.gethostname(), pid=os.getpid(), started_at_ns=started_ns,
                      source=source, linked_run_id=linked_run_id, config_json=config_json)
@@ -80,8 +80,9 @@ def rank_envelopes(parsed: Parsed, *, run_id: str, run_name: str, rank: int, wor
         if (table, rank) in parsed.rows:
             for batch in table_batches(table, run_id, rank, parsed.arrow(table, rank)):
                 out.append(envelope(client, len(out) + 1, table=batch))
-    end = pb.RunEnd(run_id=run_id, rank=rank, status="finished", ended_at_ns=ended_ns)
-    out.append(envelope(client, len(out) + 1, end=end))
+    if with_end:
+        end = pb.RunEnd(run_id=run_id, rank=rank, status="finished", ended_at_ns=ended_ns)
+        out.append(envelope(client, len(out) + 1, end=end))
     return out
 
 
@@ -92,15 +93,16 @@ def time_range_ns(parsed: Parsed, default_ns: int) -> tuple[int, int]:
 
 
 def run_envelopes(parsed: Parsed, *, run_id: str, run_name: str, source: str, client_key: str,
-                  default_ns: int | None = None) -> list[list[pb.Envelope]]:
+                  default_ns: int | None = None, with_end: bool = True,
+                  only_ranks_with_rows: bool = False) -> list[list[pb.Envelope]]:
     """One envelope list (one client) per rank 0..world_size-1; ranks with no rows still
     say Hello and RunEnd, so the run is 'finished' once imported."""
     world = max([parsed.world_size or 0, *(r + 1 for r in parsed.ranks), 1])
     start, end = time_range_ns(parsed, default_ns or time.time_ns())
     return [rank_envelopes(parsed, run_id=run_id, run_name=run_name, rank=rank, world_size=world,
                            client=client_id(client_key, run_id, str(rank)), source=source,
-                           started_ns=start, ended_ns=end)
-            for rank in range(world)]
+                           started_ns=start, ended_ns=end, with_end=with_end)
+            for rank in range(world) if not only_ranks_with_rows or rank in parsed.ranks]
 
 
 class SinkError(RuntimeError):
@@ -116,7 +118,7 @@ class StoreSink:
         self.store = Store(data_dir)
 
     def send(self, streams: Iterable[Iterable[pb.Envelope]]) -> int:
-        from collector.server import Rejected, envelope_rows
+        from collector.server import envelope_rows
 
         errors: list[BaseException] = []
         sent = 0
@@ -124,8 +126,8 @@ class StoreSink:
             for env in stream:
                 try:
                     rows = envelope_rows(env)
-                except Rejected as exc:
-                    raise SinkError(exc.message) from None
+                except Exception as exc:  # the collector's refusal of a bad envelope; its message says why
+                    raise SinkError(getattr(exc, "message", str(exc))) from None
                 self.store.submit(env.client_id, env.seq, rows, lambda e: e and errors.append(e))
                 sent += 1
         self.store.flush()
