@@ -114,12 +114,18 @@ class Compactor:
         return merges
 
     def _merge(self, partition: Path, inputs: list[Path]) -> None:
-        # promote_options: a segment written before a column was added lacks it (nulls).
-        rows = pa.concat_tables([pq.ParquetFile(p).read() for p in inputs], promote_options="default")
+        # A segment written before a column was added lacks it: the merged file has it, as nulls.
+        schema = pa.unify_schemas([pq.read_schema(p) for p in inputs])
         table, run_id = partition.parent.name, partition.name.removeprefix("run=")
         commit = self.ledger.reserve_commit()
         output = segment_path(self.data_dir, table, run_id, "cmp", commit)
-        write_segment(rows, output)
+        write_segment(output, schema, (_conform(pq.ParquetFile(p).read(), schema) for p in inputs))
         self.ledger.commit_compaction(commit, inputs, output)
         log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
 
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in its order, missing ones as nulls."""
+    return pa.table([table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                     for f in schema], schema=schema)

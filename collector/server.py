@@ -41,7 +41,7 @@ from collector.codec import CodecError, check_run_id, decode_batch
 from collector.compaction import CompactionConfig, Compactor
 from collector.ledger import DataDirBusy
 from collector.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA
-from collector.store import Rows, Store, StoreConfig
+from collector.store import Rows, Store, StoreClosed, StoreConfig
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20
 MAX_CLIENT_ID_CHARS = 256
 REJECTED_SEQ_KEY = "rankscope-rejected-seq"
+REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 RUN_END_STATUSES = ("finished", "failed")
 
 try:
@@ -60,8 +61,9 @@ except importlib.metadata.PackageNotFoundError:  # running from a bare checkout
     SERVER_VERSION = "unknown"
 
 
-class Rejected(Exception):
-    """An envelope the collector refuses; becomes the stream's final status."""
+class StreamError(Exception):
+    """Why a stream ends with an error status: a refused envelope (bad input) or a
+    collector that cannot take it now (shutting down, storage failure)."""
 
     def __init__(self, code: grpc.StatusCode, message: str, seq: int):
         super().__init__(message)
@@ -84,8 +86,8 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
     """Validate one envelope's body and turn it into rows for the store."""
     seq, body = env.seq, env.WhichOneof("body")
 
-    def bad(problem: str) -> Rejected:
-        return Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"envelope seq {seq}: {problem}", seq)
+    def bad(problem: str) -> StreamError:
+        return StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"envelope seq {seq}: {problem}", seq)
 
     try:
         if body == "table":
@@ -123,14 +125,14 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
 def check_header(env: pb.Envelope) -> None:
     seq = env.seq
     if env.schema_version != SCHEMA_VERSION:
-        raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
+        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
                        f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
                        f"this collector speaks schema_version {SCHEMA_VERSION}", seq)
     if not env.client_id or len(env.client_id) > MAX_CLIENT_ID_CHARS:
-        raise Rejected(grpc.StatusCode.INVALID_ARGUMENT,
+        raise StreamError(grpc.StatusCode.INVALID_ARGUMENT,
                        f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters", seq)
     if seq == 0:
-        raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "envelope seq 0: seq starts at 1", seq)
+        raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "envelope seq 0: seq starts at 1", seq)
 
 
 # -- collector state -------------------------------------------------------------
@@ -168,11 +170,17 @@ class _StreamAcks:
         self.outstanding = 0            # submitted, not yet durable
         self.reading = True
         self.cancelled = False
-        self.error: Rejected | None = None
+        self.error: StreamError | None = None
 
     def submitted(self) -> None:
         with self.cond:
             self.outstanding += 1
+
+    def withdraw(self) -> None:
+        """A submission that did not happen after all."""
+        with self.cond:
+            self.outstanding -= 1
+            self.cond.notify_all()
 
     def durable(self, seq: int, error: BaseException | None) -> None:
         with self.cond:
@@ -180,11 +188,11 @@ class _StreamAcks:
             if error is None:
                 self.acked.append(seq)
             elif self.error is None:
-                self.error = Rejected(grpc.StatusCode.UNAVAILABLE,
+                self.error = StreamError(grpc.StatusCode.UNAVAILABLE,
                                       f"envelope seq {seq} could not be stored ({error}); resend it", seq)
             self.cond.notify_all()
 
-    def stop_reading(self, error: Rejected | None = None) -> None:
+    def stop_reading(self, error: StreamError | None = None) -> None:
         with self.cond:
             self.reading = False
             if error is not None and self.error is None:
@@ -223,33 +231,50 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 yield pb.Ack(seqs=seqs)
             if seqs is not None and acks.error is not None:
                 err = acks.error
-                context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(err.seq)),))
+                if err.code in REFUSAL_CODES:  # the client must not resend this one as is
+                    context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(err.seq)),))
                 context.abort(err.code, err.message)
         finally:
             self.state.count(streams=-1)
 
     def _read(self, request_iterator, acks: _StreamAcks) -> None:
-        store = self.state.store
-        try:
-            for env in request_iterator:
-                check_header(env)
-                # A resend of something durable is acked without decoding it again.
-                if store.ledger.is_durable(env.client_id, env.seq):
-                    rows = []
-                else:
-                    rows = envelope_rows(env)
-                acks.submitted()
-                store.submit(env.client_id, env.seq, rows, partial(acks.durable, env.seq))
-                if acks.cancelled or acks.error is not None:
-                    break
-        except Rejected as rejected:
-            self.state.count(rejected=1)
-            log.info("rejected: %s", rejected.message)
-            acks.stop_reading(rejected)
-            return
-        except Exception as exc:  # the client went away mid-stream; nothing of it is lost
-            log.debug("stream ended: %r", exc)
+        requests = iter(request_iterator)
+        while not (acks.cancelled or acks.error is not None):
+            try:
+                env = next(requests)
+            except StopIteration:
+                break
+            except Exception as exc:  # the client went away mid-stream; what it sent is kept
+                log.debug("stream ended: %r", exc)
+                break
+            try:
+                self._accept(env, acks)
+            except StreamError as rejected:
+                self.state.count(rejected=1)
+                log.info("rejected: %s", rejected.message)
+                acks.stop_reading(rejected)
+                return
+            except StoreClosed as exc:
+                acks.stop_reading(StreamError(grpc.StatusCode.UNAVAILABLE, str(exc), env.seq))
+                return
+            except Exception as exc:  # a collector bug, not bad input: say so, keep serving others
+                log.exception("envelope seq %d", env.seq)
+                acks.stop_reading(StreamError(grpc.StatusCode.INTERNAL,
+                                           f"envelope seq {env.seq}: collector error {exc!r}", env.seq))
+                return
         acks.stop_reading()
+
+    def _accept(self, env: pb.Envelope, acks: _StreamAcks) -> None:
+        check_header(env)
+        store = self.state.store
+        # A resend of something durable is acked without decoding it again.
+        rows = [] if store.ledger.is_durable(env.client_id, env.seq) else envelope_rows(env)
+        acks.submitted()
+        try:
+            store.submit(env.client_id, env.seq, rows, partial(acks.durable, env.seq))
+        except BaseException:
+            acks.withdraw()
+            raise
 
     def Health(self, request, context):
         s = self.state

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ from collector.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
+ROW_GROUP_ROWS = 1 << 20
 SPLIT_ROWS = 200_000  # a (table, run) buffer this big is written as two segments in parallel
 
 Callback = Callable[[BaseException | None], None]
@@ -50,6 +51,10 @@ def parquet_options(schema: pa.Schema) -> dict:
     stats = [name for name in STATISTICS_COLUMNS if name in schema.names]
     dictionary = [name for name in schema.names if name not in UNIQUE_COLUMNS]
     return {**PARQUET_OPTIONS, "write_statistics": stats or False, "use_dictionary": dictionary or False}
+
+
+class StoreClosed(RuntimeError):
+    """Submitted after close() began."""
 
 
 @dataclass(kw_only=True)
@@ -77,17 +82,31 @@ def mkdir_durable(path: Path) -> None:
     layout.fsync_dir(path.parent)
 
 
-def write_segment(rows: pa.Table, final: Path) -> None:
-    """Write and fsync ``rows`` at the temporary name of ``final``."""
+def write_segment(final: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> int:
+    """Write ``tables`` (one after another) and fsync them at the temporary name of
+    ``final``; returns the row count. Row groups of up to ROW_GROUP_ROWS rows are
+    written as soon as they fill, so memory stays bounded whatever the total."""
     mkdir_durable(final.parent)
     tmp = layout.temp_name(final)
+    rows, pending, pending_rows = 0, [], 0
     # A path, not a Python file object: Arrow then writes natively without taking the GIL.
-    pq.write_table(rows, str(tmp), **parquet_options(rows.schema))
+    with pq.ParquetWriter(str(tmp), schema, **parquet_options(schema)) as writer:
+        for table in tables:
+            pending.append(table)
+            pending_rows += table.num_rows
+            if pending_rows >= ROW_GROUP_ROWS:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                rows, pending, pending_rows = rows + pending_rows, [], 0
+        if pending or rows == 0:
+            writer.write_table(pa.concat_tables(pending) if pending else schema.empty_table(),
+                               row_group_size=ROW_GROUP_ROWS)
+            rows += pending_rows
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return rows
 
 
 def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: int, part: int = 0) -> Path:
@@ -123,6 +142,7 @@ class Store:
         self._cond = threading.Condition()
         self._buffers: dict[tuple[str, str], list[pa.Table]] = {}
         self._buffered_since: float | None = None
+        self._flush_now = False
         self._bytes = 0                                  # buffered + being committed
         self._pending: dict[tuple[str, int], list[Callback]] = {}
         self._committing: dict[tuple[str, int], list[Callback]] = {}
@@ -151,7 +171,7 @@ class Store:
                 on_durable(None)
                 return False
             if self._closing:
-                raise RuntimeError("the store is shutting down")
+                raise StoreClosed("the collector is shutting down; resend to its successor")
             for table, run_id, batch in rows:
                 if table == "runs":  # one runs row per run: the first Hello wins
                     if run_id in self._known_runs:
@@ -169,7 +189,7 @@ class Store:
         """Block until everything submitted so far is committed."""
         with self._cond:
             target = set(self._pending) | set(self._committing)
-            self._buffered_since = 0.0 if self._pending else self._buffered_since  # due now
+            self._flush_now = True
             self._cond.notify_all()
             while target & (set(self._pending) | set(self._committing)):
                 self._cond.wait(0.05)
@@ -191,7 +211,7 @@ class Store:
                 while True:
                     if self._pending:
                         due = self._buffered_since + self.config.flush_interval
-                        if (self._closing or time.monotonic() >= due
+                        if (self._closing or self._flush_now or time.monotonic() >= due
                                 or self._bytes >= self.config.flush_bytes):
                             break
                         self._cond.wait(max(0.0, due - time.monotonic()))
@@ -201,7 +221,7 @@ class Store:
                         self._cond.wait()
                 buffers, self._buffers = self._buffers, {}
                 self._committing, self._pending = self._pending, {}
-                self._buffered_since = None
+                self._buffered_since, self._flush_now = None, False
             self._commit(buffers)
 
     def _commit(self, buffers: dict[tuple[str, str], list[pa.Table]]) -> None:
@@ -219,7 +239,7 @@ class Store:
         finals = [final for _, final in jobs]
         error: BaseException | None = None
         try:
-            list(self._writers.map(lambda job: write_segment(pa.concat_tables(job[0]), job[1]), jobs))
+            list(self._writers.map(lambda job: write_segment(job[1], job[0][0].schema, job[0]), jobs))
             acked: dict[str, list[int]] = {}
             for client_id, seq in self._committing:
                 acked.setdefault(client_id, []).append(seq)

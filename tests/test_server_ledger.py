@@ -14,14 +14,17 @@ from collector.ledger import Ledger, SeqSet
 from collector.store import segment_path, write_segment
 
 
+SCHEMA = pa.schema([("rank", pa.int64()), ("step", pa.int64())])
+
+
 def rows(first: int, n: int) -> pa.Table:
-    return pa.table({"rank": pa.array([0] * n, pa.int64()), "step": pa.array(range(first, first + n), pa.int64())})
+    return pa.table({"rank": [0] * n, "step": list(range(first, first + n))}, schema=SCHEMA)
 
 
 def committed_segment(led: Ledger, data, first: int, n: int, acked=None):
     commit = led.reserve_commit()
     final = segment_path(data, "timers", "r", "seg", commit)
-    write_segment(rows(first, n), final)
+    write_segment(final, SCHEMA, [rows(first, n)])
     led.commit_segments(commit, [final], acked or {})
     return final
 
@@ -57,7 +60,7 @@ def test_segments_written_but_never_committed_are_deleted_and_not_durable(tmp_pa
     led = Ledger(tmp_path)
     committed_segment(led, tmp_path, 0, 5, {"a": [1]})
     orphan = segment_path(tmp_path, "timers", "r", "seg", led.reserve_commit())
-    write_segment(rows(5, 5), orphan)  # the crash came before the ledger record
+    write_segment(orphan, SCHEMA, [rows(5, 5)])  # the crash came before the ledger record
     led.close()
 
     again = Ledger(tmp_path)
@@ -88,7 +91,7 @@ def test_a_compaction_interrupted_after_its_commit_is_finished_on_restart(tmp_pa
     inputs = [committed_segment(led, tmp_path, i * 5, 5) for i in range(3)]
     commit = led.reserve_commit()
     output = segment_path(tmp_path, "timers", "r", "cmp", commit)
-    write_segment(pa.concat_tables([pq.read_table(p) for p in inputs]), output)
+    write_segment(output, SCHEMA, [pq.read_table(p) for p in inputs])
     crash_after_commit_point(led, monkeypatch)
     led.commit_compaction(commit, inputs, output)
     inputs[0].unlink()  # the crash came after the first unlink
@@ -103,7 +106,7 @@ def test_a_compaction_interrupted_before_its_commit_is_rolled_back(tmp_path):
     led = Ledger(tmp_path)
     inputs = [committed_segment(led, tmp_path, i * 5, 5) for i in range(3)]
     output = segment_path(tmp_path, "timers", "r", "cmp", led.reserve_commit())
-    write_segment(pa.concat_tables([pq.read_table(p) for p in inputs]), output)
+    write_segment(output, SCHEMA, [pq.read_table(p) for p in inputs])
     led.close()
 
     Ledger(tmp_path)
