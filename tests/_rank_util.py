@@ -3,6 +3,7 @@ generated gRPC stubs (a real server on a real port; it stands in for
 collector/server.py, which is not what these tests test), and free ports."""
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -94,3 +95,12 @@ def serve(port: int = 0, token: str | None = None):
     port = server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     return server, port, servicer
+
+
+def spawn(fn, nprocs: int, endpoint: str, out) -> list[dict]:
+    """Run ``fn(rank, master_port, endpoint, out)`` on ``nprocs`` gloo ranks; each
+    rank writes ``out/rank<r>.json``, returned in rank order."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(fn, args=(free_port(), endpoint, str(out)), nprocs=nprocs, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]

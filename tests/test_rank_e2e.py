@@ -4,15 +4,12 @@ collector (collector.server) into Parquet and are checked with DuckDB
 (collector.catalog). DDP, FSDP2 and clock offsets: test_rank_frameworks.py."""
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch.multiprocessing as mp
 
 from collector import catalog
 from collector.server import create_server
 from tests import _rank_workers as workers
-from tests._rank_util import free_port
+from tests._rank_util import spawn
 
 W, N = workers.WORLD, workers.N
 F32 = 4
@@ -34,11 +31,6 @@ def collector(tmp_path):
     yield f"127.0.0.1:{port}", data
     server.stop(grace=2).wait()
     state.close()
-
-
-def spawn(fn, nprocs, endpoint, out):
-    mp.spawn(fn, args=(free_port(), endpoint, str(out)), nprocs=nprocs, join=True)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
 
 
 def test_four_ranks_every_collective_recorded_and_joinable(collector, tmp_path):

@@ -8,7 +8,9 @@ import pytest
 
 from collector import catalog
 from tests import _rank_workers as workers
-from tests.test_rank_e2e import F32, collector, spawn  # noqa: F401  (collector is a fixture)
+from tests._rank_util import spawn
+
+F32 = 4
 
 
 @pytest.fixture(scope="module")
