@@ -58,8 +58,11 @@ def _rank() -> int:
 
 
 def module_rows(root: ModuleProfile, step: int) -> list[dict]:
-    """One ``flops`` table row per module. A row leaves ``bwd_latency_ns`` out
-    (stored as null) when no backward went through the module."""
+    """One ``flops`` table row per module. ``module`` is the dotted path ('' for
+    the root); ``parent`` is the parent's path, '' both for depth-1 modules and
+    for the root itself (tell them apart by ``depth``). ``latency_ns`` and
+    ``bwd_latency_ns`` are summed over the module's calls; a row leaves
+    ``bwd_latency_ns`` out (stored as null) when no backward went through it."""
     rows = []
     for p in root.walk():
         row = {"step": step, "module": p.name, "parent": p.parent, "depth": p.depth,
