@@ -360,12 +360,13 @@ def dropped_records() -> int:
 # The instrumented surface. Each wrapper: skip when off; else time the real call
 # and hand the cheap facts to _REC.record. Signatures mirror torch.distributed.
 
-def _skip(op: str) -> bool:
-    return not _REC.on or op not in _REC.ops
+def _skip(op: str, log_name: str | None) -> bool:
+    # prof_ops may list op names or log_names (DeepSpeed matches log_name)
+    return not _REC.on or (op not in _REC.ops and log_name not in _REC.ops)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, log_name=None):
-    if _skip("all_reduce"):
+    if _skip("all_reduce", log_name):
         return c10d.all_reduce(tensor, op, group, async_op)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -375,7 +376,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, log_name=Non
 
 
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, log_name=None):
-    if _skip("all_reduce_coalesced") or not tensors:
+    if _skip("all_reduce_coalesced", log_name) or not tensors:
         return c10d.all_reduce_coalesced(tensors, op, group, async_op)
     span = _cuda_start(tensors[0])
     t0 = perf_ns()
@@ -386,7 +387,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, l
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, log_name=None):
-    if _skip("all_gather"):
+    if _skip("all_gather", log_name):
         return c10d.all_gather(tensor_list, tensor, group, async_op)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -397,7 +398,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, log_name=None):
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, log_name=None):
-    if _skip("all_gather_into_tensor"):
+    if _skip("all_gather_into_tensor", log_name):
         return c10d.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
     span = _cuda_start(input_tensor)
     t0 = perf_ns()
@@ -409,7 +410,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 
 if "all_gather_single" in INSTRUMENTED_OPS:
     def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, log_name=None):
-        if _skip("all_gather_single"):
+        if _skip("all_gather_single", log_name):
             return c10d.all_gather_single(output_tensor, input_tensor, group, async_op)
         span = _cuda_start(input_tensor)
         t0 = perf_ns()
@@ -421,7 +422,7 @@ if "all_gather_single" in INSTRUMENTED_OPS:
 
 if "reduce_scatter_single" in INSTRUMENTED_OPS:
     def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, log_name=None):
-        if _skip("reduce_scatter_single"):
+        if _skip("reduce_scatter_single", log_name):
             return c10d.reduce_scatter_single(output, input, op, group, async_op)
         span = _cuda_start(input)
         t0 = perf_ns()
@@ -432,7 +433,7 @@ if "reduce_scatter_single" in INSTRUMENTED_OPS:
 
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False, log_name=None):
-    if _skip("all_gather_coalesced") or not input_tensor_list:
+    if _skip("all_gather_coalesced", log_name) or not input_tensor_list:
         return c10d.all_gather_coalesced(output_tensor_lists, input_tensor_list, group, async_op)
     span = _cuda_start(input_tensor_list[0])
     t0 = perf_ns()
@@ -443,7 +444,7 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, log_name=None):
-    if _skip("reduce_scatter"):
+    if _skip("reduce_scatter", log_name):
         return c10d.reduce_scatter(output, input_list, op, group, async_op)
     span = _cuda_start(output)
     t0 = perf_ns()
@@ -454,7 +455,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, log_name=None):
-    if _skip("reduce_scatter_tensor"):
+    if _skip("reduce_scatter_tensor", log_name):
         return c10d.reduce_scatter_tensor(output, input, op, group, async_op)
     span = _cuda_start(input)
     t0 = perf_ns()
@@ -465,7 +466,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, log_name=None):
-    if _skip("all_to_all") or not input_tensor_list:
+    if _skip("all_to_all", log_name) or not input_tensor_list:
         return c10d.all_to_all(output_tensor_list, input_tensor_list, group, async_op)
     span = _cuda_start(input_tensor_list[0])
     t0 = perf_ns()
@@ -477,7 +478,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
                       log_name=None):
-    if _skip("all_to_all_single"):
+    if _skip("all_to_all_single", log_name):
         return c10d.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
     span = _cuda_start(input)
     t0 = perf_ns()
@@ -488,7 +489,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, log_name=None):
-    if _skip("broadcast"):
+    if _skip("broadcast", log_name):
         return c10d.broadcast(tensor, src, group, async_op, group_src)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -498,7 +499,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, log_
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, log_name=None):
-    if _skip("reduce"):
+    if _skip("reduce", log_name):
         return c10d.reduce(tensor, dst, op, group, async_op, group_dst)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -508,7 +509,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, log_name=None):
-    if _skip("gather"):
+    if _skip("gather", log_name):
         return c10d.gather(tensor, gather_list, dst, group, async_op, group_dst)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -519,7 +520,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, log_name=None):
-    if _skip("scatter"):
+    if _skip("scatter", log_name):
         return c10d.scatter(tensor, scatter_list, src, group, async_op, group_src)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -530,7 +531,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 
 
 def barrier(group=None, async_op=False, device_ids=None, timeout=None, log_name=None):
-    if _skip("barrier"):
+    if _skip("barrier", log_name):
         return c10d.barrier(group, async_op, device_ids, timeout)
     t0 = perf_ns()
     work = c10d.barrier(group, async_op, device_ids, timeout)
@@ -545,7 +546,7 @@ def _global_peer(group, peer, group_peer) -> int:
 
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None, log_name=None):
-    if _skip("send"):
+    if _skip("send", log_name):
         return c10d.send(tensor, dst, group, tag, group_dst)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -555,7 +556,7 @@ def send(tensor, dst=None, group=None, tag=0, group_dst=None, log_name=None):
 
 
 def recv(tensor, src=None, group=None, tag=0, group_src=None, log_name=None):
-    if _skip("recv"):
+    if _skip("recv", log_name):
         return c10d.recv(tensor, src, group, tag, group_src)
     span = _cuda_start(tensor)
     t0 = perf_ns()
@@ -565,7 +566,7 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None, log_name=None):
 
 
 def isend(tensor, dst=None, group=None, tag=0, group_dst=None, log_name=None):
-    if _skip("isend"):
+    if _skip("isend", log_name):
         return c10d.isend(tensor, dst, group, tag, group_dst)
     t0 = perf_ns()
     work = c10d.isend(tensor, dst, group, tag, group_dst)
@@ -576,7 +577,7 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None, log_name=None):
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None, log_name=None):
-    if _skip("irecv"):
+    if _skip("irecv", log_name):
         return c10d.irecv(tensor, src, group, tag, group_src)
     t0 = perf_ns()
     work = c10d.irecv(tensor, src, group, tag, group_src)

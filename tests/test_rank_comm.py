@@ -72,11 +72,13 @@ def test_verbose_prints_deepspeed_style_lines_with_caller_in_debug(one_rank, cap
     assert "comm op: broadcast | [Caller Func: my_training_step]" in out
 
 
-def test_prof_ops_records_only_the_listed_ops(one_rank):
-    comm.configure({"enabled": True, "prof_all": False, "prof_ops": ["broadcast"]})
+def test_prof_ops_records_only_the_listed_ops_or_log_names(one_rank):
+    comm.configure({"enabled": True, "prof_all": False, "prof_ops": ["broadcast", "grads"]})
     my_training_step(torch.ones(4))
+    comm.all_reduce(torch.ones(2), log_name="grads")  # listed by log_name, as DeepSpeed matches
+    comm.all_reduce(torch.ones(2), log_name="other")
     summary = comm.log_summary(return_dict=True)
-    assert list(summary) == ["broadcast"]
+    assert sorted(summary) == ["broadcast", "grads"]
 
 
 def test_log_summary_table_and_dict(one_rank, capsys):
