@@ -47,7 +47,8 @@ def parse_args(description: str, default_config: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", default=str(CONFIG_DIR / default_config), help="ds_config.json path")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps")
-    p.add_argument("--run", default=None, help="telemetry run name (sets telemetry.run)")
+    # --run-name: under torchrun, "--run" is taken as an abbreviation of torchrun's own --run-path.
+    p.add_argument("--run", "--run-name", dest="run", default=None, help="telemetry run name (sets telemetry.run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--load", default=None, help="resume from the latest checkpoint here")
