@@ -116,3 +116,33 @@ def test_sigkill_mid_stream_then_resend_stores_every_record_exactly_once(tmp_pat
     leftovers = [p for p in (data / "parquet").rglob(".*") if not p.name.startswith(".schema")]
     assert leftovers == []
     assert len(os.listdir(data / "ledger")) <= 3  # one checkpoint, one log, the lock
+
+
+SERVE = "import sys; from collector.server import serve; sys.exit(serve(sys.argv[1], port=0))"
+
+
+def test_serve_prints_its_address_and_commits_everything_on_sigterm(tmp_path):
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(data)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    match = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+    assert match, line
+    channel = grpc.insecure_channel(f"127.0.0.1:{match.group(1)}")
+    s = RawStream(channel)
+    s.send(*(comm_envelope("c", seq, "r", 0, seq * 100, 100) for seq in range(1, 6)))
+    assert s.wait_acked(range(1, 6))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert "Traceback" not in proc.stderr.read()
+    channel.close()
+    assert catalog.connect(data).execute("SELECT count(*) FROM comm").fetchone() == (500,)
+
+    # the data dir is free again, and a busy one is refused with a message, not a traceback
+    first = subprocess.Popen([sys.executable, "-c", SERVE, str(data)], stdout=subprocess.PIPE, text=True)
+    assert "listening" in first.stdout.readline()
+    second = subprocess.run([sys.executable, "-c", SERVE, str(data)], capture_output=True, text=True, timeout=60)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    assert second.returncode == 1
+    assert "in use by another collector" in second.stderr and "Traceback" not in second.stderr
