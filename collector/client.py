@@ -149,6 +149,7 @@ class Client:
         self._thread: threading.Thread | None = None
         self._channel: grpc.Channel | None = None
         self._orphans_started = False
+        self._end: pb.RunEnd | None = None  # set by close()
         self.acked = 0  # envelopes acked, for tests and RunEnd diagnostics
 
     # ---- called from the session (any thread) ----

@@ -4,7 +4,10 @@ identity, attach/detach, and never raising into training. Multi-rank
 behaviour is in test_rank_e2e.py."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -185,3 +188,18 @@ def test_unreachable_collector_never_raises_into_training(one_rank, tmp_path, mo
     tables = sorted(e.table.table for e in envs if e.HasField("table"))
     assert tables == ["comm", "timers"]
     assert sum(e.table.rows for e in envs if e.HasField("table") and e.table.table == "comm") == 5
+
+
+def test_exit_without_detach_flushes_and_an_uncaught_error_ends_the_run_failed(collector, tmp_path):
+    endpoint, col = collector
+    script = (
+        "from collector import hook, telemetry\n"
+        f"hook.attach(run='crashes', endpoint={endpoint!r})\n"
+        "telemetry.emit('timers', name='fwd', start_ns=1, dur_ns=2)\n"
+        "raise RuntimeError('training crashed')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WORLD_SIZE": "1", "RANKSCOPE_SPOOL_DIR": str(tmp_path)})
+    assert proc.returncode == 1 and "training crashed" in proc.stderr
+    assert [e.end.status for e in col.envelopes("end")] == ["failed"]
+    assert col.rows("timers").to_pydict()["name"] == ["fwd"]
