@@ -19,6 +19,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from collector.telemetry import TelemetryConfig  # the telemetry block belongs to its owner
+
 
 class ConfigError(ValueError):
     """A config value is invalid; the message names the dotted key."""
@@ -196,22 +198,6 @@ class ZeroConfig:
 
 
 @dataclass(kw_only=True)
-class TelemetryConfig:
-    """``telemetry``: where this run's records go (env RANKSCOPE_* fill what is not given)."""
-    enabled: bool = True
-    endpoint: str | None = None
-    run: str | None = None
-    token: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_bool("telemetry.enabled", self.enabled)
-        for k in ("endpoint", "run", "token"):
-            v = getattr(self, k)
-            if v is not None and not isinstance(v, str):
-                _fail(f"telemetry.{k}", "must be a string", v)
-
-
-@dataclass(kw_only=True)
 class TensorParallelConfig:
     """``tensor_parallel``: accepted now, used by the tensor-parallel part later."""
     tp_size: int = 1
@@ -307,7 +293,7 @@ class EngineConfig:
                                          _ACCEPTED_ZERO),
             wall_clock_breakdown=d.get("wall_clock_breakdown", False),
             steps_per_print=d.get("steps_per_print", 10),
-            telemetry=_from_dict(TelemetryConfig, d.get("telemetry"), "telemetry"),
+            telemetry=TelemetryConfig.from_dict(d.get("telemetry")),
             tensor_parallel=tensor_parallel,
             raw=d,
             **{k: (v if v is not None or k == "scheduler" else {}) for k, v in blocks.items()},
