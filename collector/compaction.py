@@ -98,7 +98,10 @@ class Compactor:
             if partition.name == layout.PLACEHOLDER_PARTITION or self._stop.is_set():
                 continue
             while not self._stop.is_set():
-                segments = sorted(partition.glob(f"*{layout.SEGMENT_SUFFIX}"), key=segment_order)
+                # Only segments the store named: files put there by hand or by git are left alone.
+                ours = [(order, p) for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
+                        if (order := segment_order(p)) is not None]
+                segments = [p for _, p in sorted(ours)]
                 sizes = []
                 for path in segments:
                     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -114,9 +115,13 @@ def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: i
     return layout.partition_dir(data_dir, table, run_id) / f"{prefix}-{commit:010d}-{part}{layout.SEGMENT_SUFFIX}"
 
 
-def segment_order(path: Path) -> tuple[int, int]:
-    _, commit, part = path.stem.split("-")
-    return int(commit), int(part)
+SEGMENT_NAME = re.compile(r"^(seg|cmp)-(\d+)-(\d+)$")
+
+
+def segment_order(path: Path) -> tuple[int, int] | None:
+    """(commit, part) of a segment this store wrote; None for any other file."""
+    match = SEGMENT_NAME.match(path.stem)
+    return (int(match.group(2)), int(match.group(3))) if match else None
 
 
 def _split(chunks: list[pa.Table], parts: int) -> list[list[pa.Table]]:

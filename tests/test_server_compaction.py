@@ -60,9 +60,13 @@ def test_merging_segments_from_before_a_new_column_fills_it_with_nulls(tmp_path)
     # an older collector's segment, without the later columns
     old = pa.table({"rank": pa.array([7], pa.int64()), "step": pa.array([1], pa.int64())})
     pq.write_table(old, partition / "seg-0000000000-0.parquet")
+    foreign = partition / "from-git.parquet"  # not the store's: never merged or deleted
+    pq.write_table(old, foreign)
     Compactor(tmp_path, store.ledger, CompactionConfig(min_files=4)).run_once()
     store.close()
-    (merged,) = partition.glob("*.parquet")
+    (merged,) = partition.glob("cmp-*.parquet")
+    assert foreign.exists()
+    foreign.unlink()
     table = pq.read_table(merged)
     assert table.num_rows == 31 and "busbw_gbs" in table.column_names
     con = catalog.connect(tmp_path)
