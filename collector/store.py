@@ -10,6 +10,9 @@ the commit, so an ack always means durable.
 Deduplication happens here: an envelope whose (client_id, seq) is durable is
 acknowledged at once; one that is already buffered or being committed (the same
 envelope resent on a second stream) just waits for that commit.
+
+Segment names are ``seg-<commit>-<part>.parquet`` (``cmp-`` for compaction
+output): unique, in commit order, and recognisably the store's own.
 """
 from __future__ import annotations
 
@@ -31,18 +34,16 @@ from collector.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
-ROW_GROUP_ROWS = 1 << 20
-SPLIT_ROWS = 200_000  # a (table, run) buffer this big is written as two segments in parallel
-
 Callback = Callable[[BaseException | None], None]
 Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
+
+ROW_GROUP_ROWS = 1 << 20
+SPLIT_ROWS = 200_000  # a (table, run) buffer this big is written as two segments in parallel
 
 PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
 # Min/max statistics only where queries filter (DuckDB skips row groups with them);
 # computing them for every column costs ~20% of the write.
 STATISTICS_COLUMNS = ("run_id", "rank", "step", "seq", "start_ns", "time_ns")
-
-
 # Columns (nearly) unique per record: dictionary-encoding them only costs time
 # before the writer falls back to plain encoding (-20% write CPU on comm rows).
 UNIQUE_COLUMNS = frozenset(("seq", "start_ns", "end_ns", "time_ns", "algbw_gbs", "busbw_gbs"))
@@ -259,6 +260,8 @@ class Store:
             self._bytes -= nbytes
             if error is None:
                 self.records_durable += nrows
+            else:  # the runs rows were lost with the commit: the resent Hello must write them
+                self._known_runs -= {run_id for table, run_id in buffers if table == "runs"}
             self._cond.notify_all()
         for callbacks in done.values():
             for callback in callbacks:
