@@ -40,7 +40,10 @@ class DataDirError(Exception):
 @st.cache_resource(show_spinner=False)
 def _catalog_connection(data_dir: str) -> duckdb.DuckDBPyConnection:
     try:
-        return catalog.connect(data_dir)
+        con = catalog.connect(data_dir)
+        # Segments never change once renamed into place, so their footers can be cached.
+        con.execute("SET parquet_metadata_cache = true")
+        return con
     except (OSError, duckdb.Error) as exc:
         raise DataDirError(f"cannot open the catalog in {data_dir!r}: {exc}") from None
 
@@ -54,7 +57,8 @@ def _catalog(data_dir: str) -> duckdb.DuckDBPyConnection:
     return cur
 
 
-_rollup_engine = duckdb.connect(":memory:")
+# Rollups are small: one thread per query answers faster on a busy machine than many.
+_rollup_engine = duckdb.connect(":memory:", config={"threads": 1})
 _rollup_lock = threading.Lock()
 
 
@@ -80,9 +84,10 @@ def _df(data_dir: str, sql: str, params: list) -> pd.DataFrame:
 
 # --- runs --------------------------------------------------------------------
 
+@st.cache_data(ttl=1, show_spinner=False)
 def list_runs(data_dir: str) -> pd.DataFrame:
-    """Every run, newest first, with its duration so far. Not cached: it is the
-    cheap query that tells the pages whether a run is still live."""
+    """Every run, newest first, with its duration so far. Cached for a second only:
+    it tells the pages whether a run is still live."""
     return _df(data_dir, """
         SELECT run_id, name, status, world_size, n_ranks, started_at, ended_at,
                epoch(coalesce(ended_at::TIMESTAMPTZ, now()) - started_at::TIMESTAMPTZ) AS duration_s,
@@ -267,21 +272,20 @@ def last_arrivals(data_dir: str, run_id: str, version: str, flt: CommFilter) -> 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=CACHE_ENTRIES, show_spinner=False)
 def instances_at(data_dir: str, run_id: str, version: str, step: int, rank: int) -> pd.DataFrame:
-    """The collective instances behind one heatmap cell (rank, step), with every rank's
-    arrival. Filters on step before the window: all ranks of an instance share its step.
-    run_id stays in the window partition although the query filters on it: DuckDB 2.0
-    rewrites such a window into a self-join whose second scan loses the run filter."""
+    """The collective instances behind one heatmap cell (rank, step), with this rank's
+    arrival delay and wait and the instance's last rank. Filters on step before grouping
+    into instances: all ranks of an instance share its step."""
     return _df(data_dir, """
-        WITH inst AS (
-            SELECT group_name, seq, op, bytes, rank, start_ns,
-                   start_ns - min(start_ns) OVER w AS delay_ns,
-                   max(start_ns) OVER w - start_ns AS wait_ns,
-                   arg_max(rank, start_ns) OVER w AS last_rank
-            FROM comm WHERE run_id = ? AND step = ?
-            WINDOW w AS (PARTITION BY run_id, group_name, seq))
-        SELECT group_name, seq, op, bytes, delay_ns / 1e6 AS arrival_delay_ms, wait_ns / 1e6 AS wait_ms,
-               last_rank
-        FROM inst WHERE rank = ? ORDER BY group_name, seq""", [run_id, int(step), int(rank)])
+        WITH c AS (
+            SELECT group_name, seq, op, bytes, rank, start_ns FROM comm WHERE run_id = ? AND step = ?),
+        inst AS (
+            SELECT group_name, seq, min(start_ns) AS first_ns, max(start_ns) AS last_ns,
+                   arg_max(rank, start_ns) AS last_rank
+            FROM c GROUP BY group_name, seq)
+        SELECT c.group_name, c.seq, c.op, c.bytes, (c.start_ns - i.first_ns) / 1e6 AS arrival_delay_ms,
+               (i.last_ns - c.start_ns) / 1e6 AS wait_ms, i.last_rank
+        FROM c JOIN inst i ON c.group_name = i.group_name AND c.seq = i.seq
+        WHERE c.rank = ? ORDER BY c.group_name, c.seq""", [run_id, int(step), int(rank)])
 
 
 # --- per-step tables -----------------------------------------------------------
