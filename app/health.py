@@ -32,6 +32,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def duration(ms: float) -> str:
+    """A lead or wait for people: '41 ms', '0.4 ms', '2 µs'."""
+    if ms >= 10:
+        return f"{ms:.0f} ms"
+    if ms >= 0.1:
+        return f"{ms:.1f} ms"
+    return f"{ms * 1e3:.0f} µs"
+
+
 def stragglers(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
     """From queries.last_arrivals: ranks that arrive last far more often than 1/n."""
     found = []
@@ -42,7 +51,7 @@ def stragglers(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
         worst = rows.loc[rows.share.idxmax()]
         if worst.share * world_size >= STRAGGLER_FAIR_SHARE_FACTOR:
             found.append(Finding("warning", f"rank {int(worst['rank'])} arrives last in {_pct(worst.share)} of "
-                                 f"{op}s (+{worst.mean_lead_ms:.0f} ms on average after the first rank)"))
+                                 f"{op}s (+{duration(worst.mean_lead_ms)} on average after the first rank)"))
     return found
 
 

@@ -73,3 +73,7 @@ def test_summary_puts_warnings_first():
                              comm_by_rank=pd.DataFrame(columns=["rank", "total_latency_ms", "wait_ms"]),
                              step_wall=pd.DataFrame(columns=["rank", "wall_ms", "steps"]), world_size=4)
     assert [f.level for f in found] == ["warning", "ok"]
+
+
+def test_durations_read_naturally():
+    assert [health.duration(ms) for ms in (41.2, 0.43, 0.002)] == ["41 ms", "0.4 ms", "2 µs"]
