@@ -2,7 +2,8 @@
 
 Every rank routes its own tokens; for ep_size 1, 2 and 4 (top-1 and top-2, and
 no-drop mode) each rank's output and every gradient (after
-trainer.moe.reduce_gradients) must equal a single-process token-by-token
+trainer.moe.reduce_gradients, after trainer.moe.broadcast_parameters synced
+the replicas) must equal a single-process token-by-token
 reference built from the gathered expert weights, within 1e-5. Records go to
 a real collector; the test then reads them back with DuckDB: all_to_all on
 the expert-parallel groups with their sizes and busbw factors, and per-expert
@@ -42,12 +43,16 @@ def tokens_of(rank: int, step: int) -> torch.Tensor:
 def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
     from collector import telemetry
     from trainer import comm
-    from trainer.moe import MoE, reduce_gradients
+    from trainer.moe import MoE, broadcast_parameters, reduce_gradients
 
     telemetry.set_step(step)
     torch.manual_seed(step)  # same on every rank: the gate and the expert seeds agree
     moe = MoE(M, expert(), num_experts=E, ep_size=ep, k=k, capacity_factor=CAPACITY_FACTOR, min_capacity=1,
               drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False, layer_id=10 + step)
+    with torch.no_grad():  # ranks disagree until broadcast_parameters syncs each parameter over its group
+        for p in moe.parameters():
+            p.add_(0.01 * rank)
+    broadcast_parameters(moe)
     x = tokens_of(rank, step).requires_grad_(True)
     out, aux, counts = moe(x)
     (out.square().sum() + aux).backward()
@@ -63,6 +68,10 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
             if e in states:  # another expert-parallel group's copy of the same expert
                 assert all(torch.equal(sd[n], states[e][n]) for n in sd)
             states[e] = sd
+    assert not torch.equal(states[0]["0.weight"], states[E - 1]["0.weight"]), "experts stay distinct"
+    gates = [None] * WORLD
+    comm.all_gather_object(gates, moe.gate.wg.weight.detach())
+    assert all(torch.equal(g, gates[0]) for g in gates), "dense parameters agree after the broadcast"
     experts = [copy.deepcopy(expert()) for _ in range(E)]
     for e, module in enumerate(experts):
         module.load_state_dict(states[e])
