@@ -120,6 +120,8 @@ def test_get_model_profile_returns_totals_and_validates_input(tmp_path, capsys):
     assert flops > 2 * macs  # bias adds, GELU, layer norm on top
     assert get_model_profile(model, args=[torch.randn(4, 8)], print_profile=False) == (
         fmt_count(flops), fmt_count(macs, "MACs"), fmt_count(params))
+    assert get_model_profile(model, kwargs={"input": torch.randn(4, 8)}, print_profile=False,
+                             as_string=False) == (flops, macs, params)
     assert no_mode_active() and all(not m._forward_hooks for m in model.modules())
 
     out = tmp_path / "profile.txt"
