@@ -108,7 +108,6 @@ def _background(rank: int, records: int, out: str) -> None:
     from collector import comm, telemetry
     from collector.client import Client, ClientConfig
     from collector.records import RecordBuffer
-    from proto import pb
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     comm._DRAIN_INTERVAL_S = 3600.0  # keep the drain thread out of the way: we drain by hand

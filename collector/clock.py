@@ -59,12 +59,8 @@ def estimate_offsets(group=None, rounds: int = 5) -> int:
         out = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world)]
         c10d.all_gather(out, mine, group=group)
         samples.append(int(out[me].item()) - int(out[0].item()))
-    return 0 if hosts[me] == hosts[0] else offset_from_samples(samples)
-
-
-def offset_from_samples(samples: list[int]) -> int:
-    """Median of (my time - rank 0's time) over rounds: robust to one slow round."""
-    return int(statistics.median(samples))
+    # the median over rounds is robust to one slow round
+    return 0 if hosts[me] == hosts[0] else int(statistics.median(samples))
 
 
 def _collective_device(group=None):
