@@ -204,10 +204,14 @@ class _StreamAcks:
             self.cancelled = True
             self.cond.notify_all()
 
+    def _ended(self) -> bool:
+        # A storage error ends the stream without waiting for the client to stop sending.
+        return (not self.reading or self.error is not None) and self.outstanding == 0
+
     def next_acks(self) -> list[int] | None:
-        """Seqs to ack now; [] once all is acked and reading ended; None if cancelled."""
+        """Seqs to ack now; [] once all is acked and reading ended (or failed); None if cancelled."""
         with self.cond:
-            while not (self.acked or self.cancelled or (not self.reading and self.outstanding == 0)):
+            while not (self.acked or self.cancelled or self._ended()):
                 self.cond.wait()
             if self.cancelled:
                 return None

@@ -147,3 +147,32 @@ def test_a_second_collector_on_the_same_data_dir_is_refused(served, tmp_path):
     served()
     with pytest.raises(RuntimeError, match="in use by another collector"):
         create_server("127.0.0.1:0", tmp_path / "data")
+
+
+def test_a_failed_commit_is_not_acked_and_the_resend_is_stored_once(served, tmp_path, monkeypatch):
+    import collector.store as store_module
+
+    real_write = store_module.write_segment
+    failures = []
+
+    def disk_full_once(final, schema, tables):
+        if not failures:
+            failures.append(final)
+            raise OSError(28, "No space left on device")
+        return real_write(final, schema, tables)
+
+    monkeypatch.setattr(store_module, "write_segment", disk_full_once)
+    channel, _ = served()
+    s = RawStream(channel)
+    s.send(hello("c", 1, "r", 0, 1), comm_envelope("c", 2, "r", 0, 0, 10))
+    assert s.done.wait(10)
+    assert s.error.code() == grpc.StatusCode.UNAVAILABLE and "resend" in s.error.details()
+    assert REJECTED_SEQ_KEY not in dict(s.error.trailing_metadata())
+    assert not s.acked
+
+    again = RawStream(channel)
+    again.send(hello("c", 1, "r", 0, 1), comm_envelope("c", 2, "r", 0, 0, 10))
+    again.finish()
+    assert again.acked == {1, 2}
+    assert stored_rows(tmp_path / "data") == 10
+    assert stored_rows(tmp_path / "data", "runs") == 1
