@@ -137,3 +137,17 @@ def test_bad_expert_parallel_settings_name_the_key(kwargs, message):
 def test_bad_layer_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MoE(M, expert(), num_experts=4, **kwargs)
+
+
+def test_eval_uses_eval_capacity_factor_and_no_noise():
+    torch.manual_seed(6)
+    gate = TopKGate(M, 4, 1, capacity_factor=0.5, eval_capacity_factor=2.0, min_capacity=1,
+                    noisy_gate_policy="RSample")
+    x = torch.randn(16, M)
+    assert gate.train()(x).capacity == 2
+    gate.eval()
+    a, b = gate(x), gate(x)
+    assert a.capacity == 8
+    assert torch.equal(a.combine_weights, b.combine_weights)  # no Gumbel noise outside training
+    probs = torch.softmax(x @ gate.wg.weight.t(), dim=1)
+    assert torch.equal(a.dispatch_mask.any(dim=2).float().argmax(dim=1), probs.argmax(dim=1))

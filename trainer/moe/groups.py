@@ -84,7 +84,3 @@ def expert_groups(ep_size: int) -> ExpertGroups:
     groups = _GROUPS[ep_size] = ExpertGroups(ep_size, ep_group, edp_group, edp_size)
     return groups
 
-
-def reset() -> None:
-    """Forget the groups (after destroy_process_group)."""
-    _GROUPS.clear()

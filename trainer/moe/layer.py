@@ -109,7 +109,8 @@ def pyramid_moe(hidden_size: int, expert: nn.Module, num_experts: list[int], ep_
     output, e.g. [32, 32, 64, 64]), layer ids counting from ``first_layer_id``.
     ``ep_size`` is one size for all layers or one per layer."""
     if not isinstance(num_experts, (list, tuple)) or not num_experts:
-        raise ValueError(f"moe.num_experts must be a non-empty list of expert counts per MoE layer, got {num_experts!r}")
+        raise ValueError(f"moe.num_experts must be a non-empty list of expert counts per MoE layer, "
+                         f"got {num_experts!r}")
     ep_sizes = list(ep_size) if isinstance(ep_size, (list, tuple)) else [ep_size] * len(num_experts)
     if len(ep_sizes) != len(num_experts):
         raise ValueError(f"moe.ep_size has {len(ep_sizes)} entries but moe.num_experts has {len(num_experts)}")

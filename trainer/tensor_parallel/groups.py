@@ -68,7 +68,3 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
     groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)
     return groups
 
-
-def reset() -> None:
-    """Forget the groups (after destroy_process_group)."""
-    _GROUPS.clear()
