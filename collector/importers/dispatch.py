@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
 from collector.importers import (comms_summary, comms_verbose, csv_monitor, flops_text, parquet_table,
                                  tensorboard)
 from collector.importers.base import Parsed
@@ -57,7 +59,7 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
         return result
     todo = files if files is not None else find_files(path)
     verbose_files, parsed_by_format = [], []
-    for file in todo:
+    for file in tqdm(todo, desc="reading", unit="file", disable=None, leave=False):
         fmts = formats_of(file)
         if not fmts:
             if file == path:

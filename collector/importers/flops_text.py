@@ -35,9 +35,9 @@ _SUMMARY = re.compile(r"^(?P<key>[A-Za-z][^:=]*?(?:=[^:]*)?):\s+(?P<value>\S.*?)
 _ROOT = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)\((?P<rest>.*)$")
 _CHILD = re.compile(r"^(?P<indent>\s+)\((?P<name>[^()]+)\): (?P<type>[A-Za-z_][\w.]*)\((?P<rest>.*)$")
 _STATS = re.compile(
-    r"^\s*(?P<params>[0-9.]+(?: ?[KMGTB])?) (?:=|,) [0-9.]+% Params, "
-    r"(?P<macs>[0-9.]+ ?[KMGT]?MACs) (?:=|,) [0-9.]+% MACs, "
-    r"(?P<lat>[0-9.]+ ?[KMGTmu]?s) (?:=|,) [0-9.]+% latency, "
+    r"^\s*(?P<params>[0-9.]+(?: ?[KMGTB])?)\s?[=,] [0-9.]+% Params, "
+    r"(?P<macs>[0-9.]+ ?[KMGT]?MACs)\s?[=,] [0-9.]+% MACs, "
+    r"(?P<lat>[0-9.]+ ?[KMGTmu]?s)\s?[=,] [0-9.]+% latency, "
     r"(?P<rate>[0-9.]+ ?[KMGT]?FLOPS)")
 
 
