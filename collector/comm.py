@@ -33,6 +33,7 @@ import logging
 import math
 import sys
 import threading
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -200,7 +201,9 @@ class _Recorder:
         self.dropped = 0
         self.groups: dict = {}
         self.p2p: dict = {}
-        self.summary: dict[str, dict[int, list[list[float]]]] = {}
+        # log_name -> bytes -> (latency ms, algbw Gbps, busbw Gbps) per instance, as compact
+        # float arrays (24 bytes a record): the straggler effect needs every instance.
+        self.summary: dict[str, dict[int, tuple[array, array, array]]] = {}
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
@@ -322,7 +325,7 @@ class _Recorder:
                 cols["busbw_gbs"].append(busbw)
                 cols["peer"].append(r[_PEER])
                 lat_ms = dur / 1e6
-                stats = self.summary.setdefault(r[_NAME], {}).setdefault(nbytes, [[], [], []])
+                stats = self.summary.setdefault(r[_NAME], {}).setdefault(nbytes, (array("d"), array("d"), array("d")))
                 stats[0].append(lat_ms)
                 stats[1].append(bandwidth.gbps(algbw))
                 stats[2].append(bandwidth.gbps(busbw))
@@ -633,7 +636,7 @@ def _straggler_min_latencies(keys: list[tuple[str, int]]) -> dict[tuple[str, int
     offsets, at = [], 0
     for k, c in zip(union, counts_l):
         own = _REC.summary.get(k[0], {}).get(k[1], [[]])[0]
-        flat[at:at + len(own)] = torch.tensor(own, dtype=torch.float64)
+        flat[at:at + len(own)] = torch.tensor(list(own), dtype=torch.float64)
         offsets.append(at)
         at += c
     c10d.all_reduce(flat, op=ReduceOp.MIN)
