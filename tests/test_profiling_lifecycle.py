@@ -110,6 +110,26 @@ def test_ignored_modules_are_charged_to_their_parent():
         prof.start_profile(ignore_list=["GELU"])
 
 
+def test_tied_weights_count_once():
+    class TiedLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.head = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
+            self.head.weight = self.wte.weight
+
+        def forward(self, idx):
+            return self.head(self.wte(idx))
+
+    model = TiedLM()
+    prof = FlopsProfiler(model)
+    prof.start_profile()
+    model(torch.tensor([[1, 2, 3]]))
+    assert prof.get_total_params() == 80 == sum(p.numel() for p in model.parameters())
+    assert [(p.name, p.params) for p in prof.root.walk()] == [("", 80), ("wte", 80), ("head", 0)]
+    assert prof.get_total_macs() == 3 * 8 * 10
+    prof.end_profile()
+
+
 def test_get_model_profile_returns_totals_and_validates_input(tmp_path, capsys):
     model = make_model()
     flops, macs, params = get_model_profile(model, input_shape=(4, 8), print_profile=False, as_string=False)

@@ -136,6 +136,34 @@ def test_a_failing_sink_never_fails_training():
     assert all(not m._forward_hooks for m in model.modules())
 
 
+def test_engine_zero3_counts_partitioned_parameters_in_full(tmp_path):
+    """ZeRO-3 frees each module's parameters outside its forward; the profile
+    still reports the full parameter count and the same MACs as stage 0."""
+    import torch.distributed as dist
+
+    import trainer
+
+    model = make_model()
+    params = sum(p.numel() for p in model.parameters())
+    try:
+        engine, *_ = trainer.initialize(model=model, config={
+            "train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "steps_per_print": 1000, "telemetry": {"enabled": False},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "flops_profiler": {"enabled": True, "profile_step": 0, "output_file": str(tmp_path / "f.txt")},
+        })
+        for _ in range(2):
+            engine.backward(engine(torch.randn(8, 16)).pow(2).mean())
+            engine.step()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert sum(p.numel() for p in model.parameters()) < params, "stage 3 released the parameters"
+    root = engine.profiler.rows[0]
+    assert root["params"] == params
+    assert root["macs"] == 8 * (16 * 64 + 64 * 64 + 64 * 4)
+
+
 def test_engine_streams_the_tree_through_the_collector(tmp_path):
     """The bundled engine with ``flops_profiler`` on: rows land in the real
     collector's Parquet and read back from the DuckDB catalog."""

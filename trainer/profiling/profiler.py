@@ -47,13 +47,17 @@ class ModuleProfile:
     module_type: str
     depth: int
     parent: str          # the parent's dotted path; '' for depth-1 modules and for the root itself
-    params: int          # parameters of the whole subtree
+    own_params: int = 0  # elements of the parameters this module holds directly (each tensor counted once)
     own_flops: int = 0   # operators run directly in this module's forward, not in a child's
     own_macs: int = 0
     calls: int = 0
     fwd_ns: int = 0      # summed over calls
     children: list["ModuleProfile"] = field(default_factory=list)
     backward_calls: list[_BackwardCall] = field(default_factory=list)
+
+    @property
+    def params(self) -> int:
+        return self.own_params + sum(c.params for c in self.children)
 
     @property
     def flops(self) -> int:
@@ -203,29 +207,38 @@ class FlopsProfiler:
 
     def _build_tree(self, ignore: tuple[type, ...]) -> ModuleProfile:
         by_name: dict[str, ModuleProfile] = {}
+        counted: set[int] = set()  # a tied weight belongs to the first module that holds it
         for name, module in self.model.named_modules():  # parents before children
-            if name and isinstance(module, ignore):
-                continue
+            own = [p for p in module.parameters(recurse=False) if id(p) not in counted]
+            counted.update(id(p) for p in own)
             parent = None
             if name:
                 parent_name = name.rpartition(".")[0]
                 while parent_name not in by_name:  # skip ignored ancestors
                     parent_name = parent_name.rpartition(".")[0]
                 parent = by_name[parent_name]
+            if name and isinstance(module, ignore):
+                parent.own_params += sum(p.numel() for p in own)
+                continue
             profile = ModuleProfile(
                 name=name, module_type=type(module).__name__, depth=parent.depth + 1 if parent else 0,
                 parent=parent.name if parent else "",
-                params=sum(p.numel() for p in module.parameters()),
             )
             if parent is not None:
                 parent.children.append(profile)
             by_name[name] = profile
-            self._hook(module, profile)
+            self._hook(module, profile, own)
         return by_name[""]
 
-    def _hook(self, module: nn.Module, profile: ModuleProfile) -> None:
+    def _hook(self, module: nn.Module, profile: ModuleProfile, own_params: list[nn.Parameter]) -> None:
+        def count_params():
+            # ZeRO-3 frees partitioned parameters outside their module's forward;
+            # its pre-hook (registered first) has gathered them when ours runs.
+            profile.own_params = max(profile.own_params, sum(p.numel() for p in own_params))
+
         def pre(_module, _args):
             if self._counting:
+                count_params()
                 self._push(profile)
 
         def post(_module, args, kwargs, output):
@@ -236,6 +249,7 @@ class FlopsProfiler:
             if torch.is_grad_enabled():
                 self._watch_backward(profile, (args, kwargs), output)
 
+        count_params()
         self._handles += [
             module.register_forward_pre_hook(pre),
             module.register_forward_hook(post, with_kwargs=True, always_call=True),
