@@ -37,7 +37,7 @@ def test_routing_matches_the_token_by_token_reference(k, capacity_factor):
     C = reference_capacity(S, E, k, capacity_factor, 1)
     assert r.capacity == C
     identity = [lambda t: t] * E  # output = sum of kept weights * token: checks the combine weights
-    ref_out, ref_aux, routed, dropped = reference_moe(tokens, gate.wg.weight, identity, k=k, capacity=C)
+    ref_out, ref_aux, routed, dropped = reference_moe(tokens, gate.weight, identity, k=k, capacity=C)
     assert torch.equal(r.expert_counts, routed) and int(routed.sum()) == k * S
     assert torch.equal(r.dropped, dropped)
     assert torch.equal(r.dropped, (routed - C).clamp_min(0))
@@ -82,7 +82,7 @@ def test_layer_output_and_gradients_match_the_reference(k):
     assert not torch.equal(experts[0][0].weight, experts[1][0].weight), "experts start distinct"
     xr = x.detach().clone().requires_grad_(True)
     C = reference_capacity(18, 4, k, 1.0, 1)
-    ref, ref_aux, routed, dropped = reference_moe(xr.reshape(-1, M), moe.gate.wg.weight, experts, k=k, capacity=C)
+    ref, ref_aux, routed, dropped = reference_moe(xr.reshape(-1, M), moe.gate.weight, experts, k=k, capacity=C)
     assert int(dropped.sum()) > 0
     assert torch.equal(counts, routed)
     torch.testing.assert_close(out.reshape(-1, M), ref, rtol=0, atol=1e-10)
@@ -149,5 +149,5 @@ def test_eval_uses_eval_capacity_factor_and_no_noise():
     a, b = gate(x), gate(x)
     assert a.capacity == 8
     assert torch.equal(a.combine_weights, b.combine_weights)  # no Gumbel noise outside training
-    probs = torch.softmax(x @ gate.wg.weight.t(), dim=1)
+    probs = torch.softmax(x @ gate.weight.t(), dim=1)
     assert torch.equal(a.dispatch_mask.any(dim=2).float().argmax(dim=1), probs.argmax(dim=1))

@@ -70,12 +70,12 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
             states[e] = sd
     assert not torch.equal(states[0]["0.weight"], states[E - 1]["0.weight"]), "experts stay distinct"
     gates = [None] * WORLD
-    comm.all_gather_object(gates, moe.gate.wg.weight.detach())
+    comm.all_gather_object(gates, moe.gate.weight.detach())
     assert all(torch.equal(g, gates[0]) for g in gates), "dense parameters agree after the broadcast"
     experts = [copy.deepcopy(expert()) for _ in range(E)]
     for e, module in enumerate(experts):
         module.load_state_dict(states[e])
-    gate_weight = moe.gate.wg.weight.detach().clone().requires_grad_(True)
+    gate_weight = moe.gate.weight.detach().clone().requires_grad_(True)
 
     inputs = [tokens_of(q, step).reshape(-1, M).requires_grad_(True) for q in range(WORLD)]
     if drop:
@@ -96,7 +96,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
     tol = dict(rtol=0, atol=1e-5)
     torch.testing.assert_close(out.reshape(-1, M), ref_out, **tol)
     torch.testing.assert_close(x.grad.reshape(-1, M) / WORLD, inputs[rank].grad, **tol)
-    torch.testing.assert_close(moe.gate.wg.weight.grad, gate_weight.grad, **tol)
+    torch.testing.assert_close(moe.gate.weight.grad, gate_weight.grad, **tol)
     for i, local in enumerate(moe.experts.local_experts):
         for p, ref_p in zip(local.parameters(), experts[moe.experts.first_expert + i].parameters()):
             torch.testing.assert_close(p.grad, ref_p.grad, **tol)

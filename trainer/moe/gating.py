@@ -69,7 +69,10 @@ class TopKGate(nn.Module):
             raise ValueError(f"moe.min_capacity must be a non-negative integer, got {min_capacity!r}")
         if noisy_gate_policy not in NOISY_GATE_POLICIES:
             raise ValueError(f"moe.noisy_gate_policy must be one of {NOISY_GATE_POLICIES}, got {noisy_gate_policy!r}")
-        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+        # A parameter of the gate itself (not a child Linear), so it is used in the forward of the
+        # module that owns it -- what ZeRO-3's per-module gather relies on. Init as nn.Linear's.
+        self.weight = nn.Parameter(torch.empty(num_experts, model_dim))  # [E, M]
+        nn.init.uniform_(self.weight, -1 / math.sqrt(model_dim), 1 / math.sqrt(model_dim))
         self.num_experts, self.k = num_experts, k
         self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
         self.min_capacity = min_capacity
@@ -80,11 +83,11 @@ class TopKGate(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> Routing:  # tokens: [S, M]
         # Routing in half precision flips argmaxes: gate in at least fp32, as DeepSpeed does.
-        dtype = torch.promote_types(self.wg.weight.dtype, torch.float32)
+        dtype = torch.promote_types(self.weight.dtype, torch.float32)
         x = tokens.to(dtype)
         if self.noisy_gate_policy == "Jitter" and self.training:
             x = x * torch.empty_like(x).uniform_(1.0 - 1e-2, 1.0 + 1e-2)
-        logits = F.linear(x, self.wg.weight.to(dtype))  # [S, E]
+        logits = F.linear(x, self.weight.to(dtype))  # [S, E]
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         return self.route(logits, factor)
 
