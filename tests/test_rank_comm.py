@@ -203,3 +203,20 @@ def test_exit_without_detach_flushes_and_an_uncaught_error_ends_the_run_failed(c
     assert proc.returncode == 1 and "training crashed" in proc.stderr
     assert [e.end.status for e in col.envelopes("end")] == ["failed"]
     assert col.rows("timers").to_pydict()["name"] == ["fwd"]
+
+
+def test_ddp_model_with_its_own_comm_hook_keeps_it(one_rank, collector):
+    """DDP allows one comm hook: a user's hook wins over ddp_comm_hook, and its
+    torch.distributed calls are still recorded."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    endpoint, col = collector
+    with hook.attached(run="own-hook", endpoint=endpoint):
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        model.register_comm_hook(None, allreduce_hook)
+        model(torch.ones(3, 4)).sum().backward()  # would raise if a second hook were registered
+        plain = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        plain(torch.ones(3, 4)).sum().backward()
+    names = col.rows("comm").to_pydict()["log_name"]
+    assert names.count("ddp_bucket_all_reduce") == 1  # only the model without a hook of its own
+    assert names.count("all_reduce") >= 1  # the user's hook, through the patched dist.all_reduce
