@@ -51,79 +51,76 @@ def resolve_run(con, run: str) -> str:
 
 # -- perfetto ----------------------------------------------------------------------
 
-def _event_rows(con, sql: str, run_id: str):
-    reader = con.sql(sql, params=[run_id]).to_arrow_reader(TRACE_BATCH)
-    for batch in reader:
-        yield from batch.to_pylist()
+# DuckDB writes each event's JSON itself: ~5x faster than json.dumps per row.
+_TIMED = "run_id = $run AND start_ns IS NOT NULL AND end_ns IS NOT NULL"
+_TRACKS = f"""tracks AS (
+    SELECT rank, g, row_number() OVER (PARTITION BY rank ORDER BY g) AS tid
+    FROM (SELECT DISTINCT rank, coalesce(group_name, '') AS g FROM comm WHERE {_TIMED}))"""
+_COMM_EVENTS = f"""WITH {_TRACKS}
+    SELECT json_object('name', coalesce(log_name, op), 'cat', 'comm', 'ph', 'X', 'pid', c.rank, 'tid', t.tid,
+                       'ts', (start_ns - $t0) / 1e3, 'dur', greatest(end_ns - start_ns, 0) / 1e3,
+                       'args', json_object('op', op, 'seq', seq, 'step', step, 'bytes', bytes,
+                                           'algbw_gbs', algbw_gbs, 'busbw_gbs', busbw_gbs, 'dtype', dtype,
+                                           'numel', numel, 'group_size', group_size))::VARCHAR
+    FROM comm c JOIN tracks t ON t.rank = c.rank AND t.g = coalesce(c.group_name, '')
+    WHERE {_TIMED} ORDER BY start_ns, c.rank"""
+_TIMER_EVENTS = """
+    SELECT json_object('name', name, 'cat', 'timer', 'ph', 'X', 'pid', rank, 'tid', 0,
+                       'ts', (start_ns - $t0) / 1e3, 'dur', greatest(coalesce(dur_ns, 0), 0) / 1e3,
+                       'args', json_object('step', step))::VARCHAR
+    FROM timers WHERE run_id = $run AND start_ns IS NOT NULL ORDER BY start_ns, rank"""
+
+
+def _write_events(con, f, sql: str, params: dict, bar) -> int:
+    n = 0
+    for batch in con.sql(sql, params=params).to_arrow_reader(TRACE_BATCH):
+        lines = batch.column(0).to_pylist()
+        if lines:
+            f.write(",\n" + ",\n".join(lines))
+            n += len(lines)
+            bar.update(len(lines))
+    return n
 
 
 def export_perfetto(data_dir, run: str, out) -> dict:
     """Write the trace; returns counts (events per kind) for the caller to print."""
     con = catalog.connect(data_dir)
     try:
+        con.execute("SET enable_progress_bar = false")  # ours is tqdm
         run_id = resolve_run(con, run)
-        t0, comm_total, comm_timed = con.execute(
-            """SELECT least((SELECT min(start_ns) FROM comm WHERE run_id = $1),
-                            (SELECT min(start_ns) FROM timers WHERE run_id = $1)),
-                      (SELECT count(*) FROM comm WHERE run_id = $1),
-                      (SELECT count(start_ns) FROM comm WHERE run_id = $1 AND end_ns IS NOT NULL)""",
-            [run_id]).fetchall()[0]
-        groups = con.execute("""SELECT DISTINCT rank, coalesce(group_name, '') FROM comm
-                                WHERE run_id = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL
-                                ORDER BY ALL""", [run_id]).fetchall()
-        ranks = sorted({r for r, in con.execute("SELECT rank FROM ranks WHERE run_id = ?", [run_id]).fetchall()}
-                       | {r for r, _ in groups}
-                       | {r for r, in con.execute("SELECT DISTINCT rank FROM timers WHERE run_id = ?",
-                                                  [run_id]).fetchall()})
-        timers_total = con.execute("SELECT count(*) FROM timers WHERE run_id = ? AND start_ns IS NOT NULL",
-                                   [run_id]).fetchall()[0][0]
-        t0 = t0 or 0
-        tids = {}
-        for rank, group in groups:
-            tids[(rank, group)] = 1 + sum(1 for r, _ in tids if r == rank)
+        params = {"run": run_id}
+        t0, comm_total, comm_timed, timers_total = con.execute(
+            f"""SELECT least((SELECT min(start_ns) FROM comm WHERE {_TIMED}),
+                             (SELECT min(start_ns) FROM timers WHERE run_id = $run)),
+                       (SELECT count(*) FROM comm WHERE run_id = $run),
+                       (SELECT count(*) FROM comm WHERE {_TIMED}),
+                       (SELECT count(start_ns) FROM timers WHERE run_id = $run)""", params).fetchall()[0]
+        tracks = con.execute(f"WITH {_TRACKS} SELECT rank, g, tid FROM tracks ORDER BY rank, tid",
+                             params).fetchall()
+        ranks = sorted({r for r, in con.execute("SELECT rank FROM ranks WHERE run_id = $run", params).fetchall()}
+                       | {r for r, _, _ in tracks}
+                       | {r for r, in con.execute("SELECT DISTINCT rank FROM timers WHERE run_id = $run",
+                                                  params).fetchall()})
+        params["t0"] = t0 = t0 or 0
+        meta = []
+        for rank in ranks:
+            meta += [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+                     {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
+                     {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "engine timers"}}]
+        meta += [{"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                  "args": {"name": f"comm {group}" if group else "comm"}} for rank, group, tid in tracks]
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
-        counts = {"comm": 0, "timers": 0}
         with open(tmp, "w") as f, tqdm(total=comm_timed + timers_total, desc="perfetto", unit="event",
                                        disable=None, leave=False) as bar:
-            f.write('{"traceEvents": [\n')
-            first = True
-
-            def emit(event: dict) -> None:
-                nonlocal first
-                f.write(("" if first else ",\n") + json.dumps(event, separators=(",", ":")))
-                first = False
-
-            for rank in ranks:
-                emit({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-                emit({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-                emit({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "engine timers"}})
-            for (rank, group), tid in tids.items():
-                emit({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                      "args": {"name": f"comm {group}" if group else "comm"}})
-            for r in _event_rows(con, """SELECT rank, coalesce(group_name, '') AS g, op, log_name, seq, step, bytes,
-                                           start_ns, end_ns, algbw_gbs, busbw_gbs, dtype, numel, group_size
-                                    FROM comm WHERE run_id = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL
-                                    ORDER BY start_ns, rank""", run_id):
-                args = {k: r[k] for k in ("op", "seq", "step", "bytes", "algbw_gbs", "busbw_gbs", "dtype",
-                                          "numel", "group_size") if r[k] is not None}
-                emit({"name": r["log_name"] or r["op"], "cat": "comm", "ph": "X", "pid": r["rank"],
-                      "tid": tids[(r["rank"], r["g"])], "ts": (r["start_ns"] - t0) / 1e3,
-                      "dur": max(r["end_ns"] - r["start_ns"], 0) / 1e3, "args": args})
-                counts["comm"] += 1
-                bar.update(1)
-            for r in _event_rows(con, """SELECT rank, name, step, start_ns, dur_ns FROM timers
-                                    WHERE run_id = ? AND start_ns IS NOT NULL ORDER BY start_ns, rank""", run_id):
-                emit({"name": r["name"], "cat": "timer", "ph": "X", "pid": r["rank"], "tid": 0,
-                      "ts": (r["start_ns"] - t0) / 1e3, "dur": max(r["dur_ns"] or 0, 0) / 1e3,
-                      "args": {"step": r["step"]}})
-                counts["timers"] += 1
-                bar.update(1)
+            f.write('{"traceEvents": [\n' + ",\n".join(json.dumps(m, separators=(",", ":")) for m in meta))
+            counts = {"comm": _write_events(con, f, _COMM_EVENTS, params, bar),
+                      "timers": _write_events(con, f, _TIMER_EVENTS, params, bar)}
             other = {"run_id": run_id, "t0_unix_ns": t0, "comm_rows_without_times": comm_total - counts["comm"]}
             f.write('\n], "displayTimeUnit": "ns", "otherData": ' + json.dumps(other) + "}\n")
         tmp.replace(out)
-        return {"run_id": run_id, **counts, "ranks": len(ranks), "groups": len(tids)}
+        return {"run_id": run_id, **counts, "ranks": len(ranks), "groups": len(tracks)}
     finally:
         con.close()
 
