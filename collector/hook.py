@@ -121,7 +121,38 @@ def attached(run: str | None = None, endpoint: str | None = None, token: str | N
     session = attach(run=run, endpoint=endpoint, token=token, config=config)
     try:
         yield session
+    except SystemExit as e:  # sys.exit(0) in a script is a normal end
+        detach("finished" if e.code in (None, 0) else "failed")
+        raise
     except BaseException:
         detach("failed")
         raise
     detach()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m collector.hook [--run NAME] [--endpoint E] [--token T] script.py [args...]``:
+    run an unmodified script attached (works under torchrun: ``torchrun ... -m collector.hook train.py``)."""
+    import argparse
+    import runpy
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m collector.hook", description=main.__doc__.split("\n")[0])
+    parser.add_argument("--run", help="run name (default: RANKSCOPE_RUN, else the script's name)")
+    parser.add_argument("--endpoint", help="collector host:port (default: RANKSCOPE_ENDPOINT or 127.0.0.1:50051)")
+    parser.add_argument("--token", help="bearer token (default: RANKSCOPE_TOKEN)")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    opts = parser.parse_args(argv)
+    sys.argv = [opts.script, *opts.args]
+    with attached(run=opts.run, endpoint=opts.endpoint, token=opts.token):
+        runpy.run_path(opts.script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from collector import hook as _hook  # the importable module, not this __main__ copy
+
+    sys.exit(_hook.main())

@@ -220,3 +220,21 @@ def test_ddp_model_with_its_own_comm_hook_keeps_it(one_rank, collector):
     names = col.rows("comm").to_pydict()["log_name"]
     assert names.count("ddp_bucket_all_reduce") == 1  # only the model without a hook of its own
     assert names.count("all_reduce") >= 1  # the user's hook, through the patched dist.all_reduce
+
+
+def test_python_m_collector_hook_runs_an_unmodified_script(collector, tmp_path):
+    endpoint, col = collector
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+        "for _ in range(int(sys.argv[1])):\n"
+        "    dist.all_reduce(torch.ones(8))\n"
+        "dist.destroy_process_group()\n")
+    proc = subprocess.run([sys.executable, "-m", "collector.hook", "--endpoint", endpoint, str(script), "3"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WORLD_SIZE": "1", "RANKSCOPE_SPOOL_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert col.envelopes("hello")[0].hello.run_name == "train"  # the script's name
+    rows = col.rows("comm").to_pydict()
+    assert rows["op"] == ["all_reduce"] * 3 and rows["bytes"] == [32] * 3
