@@ -208,3 +208,4 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path):
     assert root[5] == 8 * (16 * 64 + 64 * 64 + 64 * 4)
     assert printed(report_file.read_text(), "fwd flops per rank") == fmt_count(root[4])
     assert all(r[6] > 0 and r[7] > 0 for r in rows)
+
