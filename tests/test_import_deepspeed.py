@@ -130,3 +130,11 @@ def test_unknown_file_is_an_error(tmp_path, capsys):
     odd.write_text("hello\n")
     assert rankscope("import", odd, "--data-dir", tmp_path / "data") == 1
     assert f"{odd}: not a DeepSpeed output" in capsys.readouterr().err
+
+
+def test_import_into_a_data_dir_a_collector_holds_says_use_endpoint(tmp_path, port, capsys):
+    data = tmp_path / "data"
+    with live_collector(data, port):
+        assert rankscope("import", FIXTURE / "flops_profile.txt", "--data-dir", data) == 1
+    err = capsys.readouterr().err
+    assert "a collector is running on" in err and "with --endpoint HOST:PORT" in err

@@ -17,7 +17,7 @@ from collector import spool
 from collector.codec import encode_batch
 from collector.importers.sink import envelope
 from proto import pb
-from tests._import_util import FIXTURE, copy_fixture, query, rankscope
+from tests._import_util import FIXTURE, copy_fixture, live_collector, query, rankscope
 
 SPOOL_RUN = "spooled"
 WAIT_S = 120  # a bound for a hung watcher, not a timing expectation
@@ -142,6 +142,16 @@ def test_dropped_archive_restores_its_run_once(tmp_path):
     for table in ("comm", "monitor", "flops"):
         sql = f"SELECT * EXCLUDE (run_id) FROM {table} WHERE run_id = ? ORDER BY ALL"
         assert query(data, sql, [run_id]) == query(src, sql, [run_id]), table
+
+
+def test_watch_through_a_live_collector(tmp_path, port):
+    folder, data = tmp_path / "in", tmp_path / "data"
+    folder.mkdir()
+    _drop(folder, range(10))
+    with live_collector(data, port) as endpoint:
+        assert rankscope("import", "--watch", folder, "--endpoint", endpoint, "--once", "--settle", "0.1") == 0
+        assert rankscope("import", "--watch", folder, "--endpoint", endpoint, "--once", "--settle", "0.1") == 0
+    _assert_each_file_once(data, range(10))
 
 
 @pytest.mark.parametrize("bad", ["missing", "file"])
