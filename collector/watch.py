@@ -41,7 +41,7 @@ from collector import spool
 from collector.export import is_archive
 from collector.importers.dispatch import formats_of, parse_path
 from collector.importers.ingest import new_run_id, open_sink
-from collector.importers.sink import SinkError, client_id, run_envelopes
+from collector.importers.sink import SinkError, run_envelopes
 
 LEDGER_NAME = ".rankscope-watch.jsonl"
 RESCAN_S = 2.0  # fallback rescan period; watchdog events trigger one at once

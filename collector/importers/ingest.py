@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +66,6 @@ def import_path(path, *, sink, run: str | None = None, run_id: str | None = None
 
 def main(args) -> int:
     """The CLI: print what was imported, and every problem with its file and line."""
-    import os
-    import sys
-
     from collector.importers.sink import SinkError
     from collector.ledger import DataDirBusy
 
@@ -86,6 +85,9 @@ def main(args) -> int:
         return 1
     for note in report.notes:
         print(f"note: {note}")
+    if report.skipped:
+        shown = ", ".join(report.skipped[:5]) + (", ..." if len(report.skipped) > 5 else "")
+        print(f"left alone {len(report.skipped)} files that are no DeepSpeed output: {shown}")
     for problem in report.problems:
         print(f"skipped: {problem}", file=sys.stderr)
     if not report.rows:
