@@ -213,13 +213,19 @@ def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000) -> pa.
     if kind not in _QUERY_TYPES:
         raise QueryError(f"only queries are allowed here (SELECT, WITH, FROM, DESCRIBE, SHOW, "
                          f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement")
-    con = readonly_connection(data_dir)
+
+    def attempt() -> pa.Table:
+        # Creating the views lists the segments too, so it is retried with the query.
+        con = readonly_connection(data_dir)
+        try:
+            return _fetch(con, sql, max_rows)
+        finally:
+            con.close()
+
     try:
-        return with_segment_retry(lambda: _fetch(con, sql, max_rows))
+        return with_segment_retry(attempt)
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from None
-    finally:
-        con.close()
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None) -> pa.Table:
