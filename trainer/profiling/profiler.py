@@ -26,6 +26,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -113,6 +114,29 @@ class _OpCounter(TorchDispatchMode):
         return out
 
 
+class _PassThrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+_dispatch_warm = False
+
+
+def _warm_up_dispatch() -> None:
+    """The first operator ever run under a Python dispatch mode costs seconds
+    (PyTorch's one-time set-up), each new operator milliseconds. Pay that here,
+    once per process and outside any timed forward, for the common operators."""
+    global _dispatch_warm
+    if _dispatch_warm:
+        return
+    x, q = torch.ones(2, 2), torch.ones(1, 1, 2, 2)
+    with _PassThrough(), torch.no_grad():
+        x + x, x * x, x / 2, x - x, x @ x, torch.bmm(x[None], x[None]), F.linear(x, x, x[0])
+        F.layer_norm(x, (2,)), F.gelu(x), F.silu(x), x.tanh(), x.relu(), x.softmax(-1), x.sum(), x.mean(-1)
+        F.scaled_dot_product_attention(q, q, q)
+    _dispatch_warm = True
+
+
 def _tensors(value) -> list[torch.Tensor]:
     return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.requires_grad]
 
@@ -141,6 +165,7 @@ class FlopsProfiler:
             if not isinstance(t, type):
                 raise TypeError(f"ignore_list takes module types, got {t!r}")
         self.end_profile()
+        _warm_up_dispatch()
         self._counter = _OpCounter(self)
         self.root = self._build_tree(ignore)
         self._counting = True
