@@ -76,11 +76,12 @@ def engine_config(*, stage: int, batch: int, gas: int, clip: float = 0.0, lr: fl
 def train(engine, *, steps: int, batch: int, start: int = 0) -> list[float]:
     """Run ``steps`` optimizer steps; returns the global mean loss of each (all ranks agree)."""
     import torch.distributed as dist
-    rank, world, gas = dist.get_rank(), dist.get_world_size(), engine.gradient_accumulation_steps()
+    world, gas = dist.get_world_size(), engine.gradient_accumulation_steps()
     out = []
     for step in range(start, start + steps):
         total = torch.zeros(())
-        for x, y in micro_batches(step, batch, rank, world, gas):
+        # tensor-parallel peers share a data-parallel rank, so they see the same micro-batches
+        for x, y in micro_batches(step, batch, engine.dp_rank, engine.dp_world_size, gas):
             if not engine.config.fp16.auto_cast:
                 x = x.to(engine.config.precision)
             loss = nn.functional.mse_loss(engine(x).float(), y)

@@ -31,17 +31,21 @@ CASES = {
 # 4 ranks share 2 cores in CI: a subset covering every stage, offload, overlap and persistence.
 CASES_4 = ("zero0", "zero1_gas2_clip", "zero2_gas2_clip_overlap", "zero3_gas2_clip_overlap_persist",
            "zero3_offload_gas2_clip")
+# tensor_parallel.tp_size 2 on 4 ranks: ZeRO partitions over the 2-rank data-parallel groups only.
+TP2 = {"zero2_tp2": (2, 2, CLIP, {})}
 
 
 def _cases(world: int) -> dict:
-    return CASES if world == 2 else {k: CASES[k] for k in CASES_4}
+    return CASES if world == 2 else dict({k: CASES[k] for k in CASES_4}, **TP2)
 
 
 def _run_cases(rank, world):
     out = {}
     for name, (stage, gas, clip, zero) in _cases(world).items():
-        engine, *_ = trainer.initialize(model=make_model(), config=engine_config(
-            stage=stage, batch=BATCH, gas=gas, clip=clip, **zero))
+        cfg = engine_config(stage=stage, batch=BATCH, gas=gas, clip=clip, **zero)
+        if name in TP2:
+            cfg["tensor_parallel"] = {"tp_size": 2}
+        engine, *_ = trainer.initialize(model=make_model(), config=cfg)
         losses = train(engine, steps=STEPS, batch=BATCH)
         memory = {r["kind"]: r["bytes"] for r in engine.last_records["memory"]}
         out[name] = {"losses": losses, "memory": memory}
@@ -76,7 +80,8 @@ def test_engine_zero_matches_torch_reference_and_partitions_memory(world, refere
             for step, (a, b) in enumerate(zip(got, ref)):
                 assert abs(a - b) <= RTOL * abs(b), f"{name} world={world} rank={rank} step={step}: {a} vs {b}"
             offload = zero.get("offload_optimizer", {}).get("device") == "cpu"
-            expected = _expected_bytes(stage, world, offload, zero.get("stage3_param_persistence_threshold", 0))
+            dp = world // 2 if name in TP2 else world
+            expected = _expected_bytes(stage, dp, offload, zero.get("stage3_param_persistence_threshold", 0))
             for kind, want in expected.items():
                 have = res[name]["memory"][kind]
                 assert abs(have - want) <= 0.05 * want, f"{name} world={world} rank={rank} {kind}: {have} vs {want}"

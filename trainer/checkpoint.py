@@ -2,11 +2,11 @@
 
     save_dir/
       latest                                       # the newest tag, written last by rank 0
-      <tag>/mp_rank_00_model_states.pt             # rank 0: module state (resident tensors), steps,
-                                                   #   scheduler, config
-      <tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.pt
-                                                   # rank r: fp32 master partition + optimizer state,
-                                                   #   loss scaler, RNG states
+      <tag>/mp_rank_<t>_model_states.pt            # data-parallel rank 0 of tensor-parallel rank t:
+                                                   #   module state (resident tensors), steps, scheduler
+      <tag>/zero_pp_rank_<d>_mp_rank_<t>_optim_states.pt
+                                                   # data-parallel rank d: fp32 master partition,
+                                                   #   optimizer state, loss scaler, RNG states
 
 Loading needs the same world size and ZeRO stage (the partitions are
 per-rank); the parameters are rebuilt from the fp32 masters, so training
@@ -24,12 +24,12 @@ from trainer import comm
 LATEST = "latest"
 
 
-def _model_file(ckpt_dir: str) -> str:
-    return os.path.join(ckpt_dir, "mp_rank_00_model_states.pt")
+def _model_file(ckpt_dir: str, tp_rank: int) -> str:
+    return os.path.join(ckpt_dir, f"mp_rank_{tp_rank:02d}_model_states.pt")
 
 
-def _optim_file(ckpt_dir: str, rank: int) -> str:
-    return os.path.join(ckpt_dir, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+def _optim_file(ckpt_dir: str, dp_rank: int, tp_rank: int) -> str:
+    return os.path.join(ckpt_dir, f"zero_pp_rank_{dp_rank}_mp_rank_{tp_rank:02d}_optim_states.pt")
 
 
 def _rng_state() -> dict:
@@ -65,7 +65,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
     ckpt_dir = os.path.join(os.fspath(save_dir), tag)
     os.makedirs(ckpt_dir, exist_ok=True)
     comm.barrier(log_name="checkpoint.mkdir")
-    if engine.rank == 0:
+    if engine.dp_rank == 0:
         torch.save({
             "module": _resident_state(engine),
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
@@ -73,9 +73,9 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "world_size": engine.world_size, "zero_stage": engine.zero_optimization_stage(),
             "ds_config": engine.config.raw, "client_state": client_state or {},
-        }, _model_file(ckpt_dir))
+        }, _model_file(ckpt_dir, engine.tp_rank))
     torch.save({"optimizer_state_dict": engine.optimizer.state_dict(), "rng": _rng_state()},
-               _optim_file(ckpt_dir, engine.rank))
+               _optim_file(ckpt_dir, engine.dp_rank, engine.tp_rank))
     comm.barrier(log_name="checkpoint.written")
     if engine.rank == 0:
         tmp = os.path.join(os.fspath(save_dir), LATEST + ".tmp")
@@ -97,7 +97,8 @@ def load_checkpoint(engine, load_dir, tag=None):
         with open(latest) as f:
             tag = f.read().strip()
     ckpt_dir = os.path.join(load_dir, str(tag))
-    model_file, optim_file = _model_file(ckpt_dir), _optim_file(ckpt_dir, engine.rank)
+    model_file = _model_file(ckpt_dir, engine.tp_rank)
+    optim_file = _optim_file(ckpt_dir, engine.dp_rank, engine.tp_rank)
     for path in (model_file, optim_file):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"checkpoint file {path} is missing (was it written with "

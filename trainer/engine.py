@@ -130,6 +130,15 @@ def _cast_floats(obj, dtype: torch.dtype):
     return obj
 
 
+def _reject_expert_params(model: nn.Module) -> None:
+    """MoE expert parameters (DeepSpeed's ``param.allreduce = False``) need expert-group reduction,
+    which this engine does not do yet: refuse rather than average them over the wrong group."""
+    experts = [n for n, p in model.named_parameters() if getattr(p, "allreduce", True) is False]
+    if experts:
+        raise ValueError(f"model has MoE expert parameters ({experts[0]}, ... {len(experts)} in all); the bundled "
+                         "engine does not reduce them over expert-data-parallel groups yet")
+
+
 class Engine(nn.Module):
     """Wraps the model; forward / backward / step with ZeRO, precision and telemetry."""
 
@@ -141,6 +150,15 @@ class Engine(nn.Module):
         self.config = cfg = EngineConfig.from_dict(raw, dp_world_size=self.world_size)
         _start_telemetry(cfg)
         comm.configure(cfg.comms_logger)
+        # ZeRO partitions over the data-parallel group; with tensor parallelism that is one rank per TP group.
+        self.dp_group, self.tp_rank = None, 0
+        if cfg.tensor_parallel.tp_size > 1:
+            from trainer.tensor_parallel.groups import parallel_groups
+            groups = parallel_groups(cfg.tensor_parallel.tp_size)
+            self.dp_group, self.tp_rank = groups.dp_group, groups.tp_rank
+        self.dp_world_size = cfg.dp_world_size
+        self.dp_rank = comm.get_rank(group=self.dp_group) if self.dp_group is not None else self.rank
+        _reject_expert_params(model)
 
         self.module = model.to(device=self.device, dtype=cfg.precision)
         self._broadcast_model()
@@ -150,8 +168,8 @@ class Engine(nn.Module):
         if cfg.fp16.enabled:
             self.loss_scaler = build_loss_scaler(dataclasses.asdict(cfg.fp16))
         self.optimizer: ZeroOptimizer = build_zero_optimizer(
-            self.module, named, zero=zero, rank=self.rank, world_size=self.world_size, device=self.device,
-            loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping)
+            self.module, named, zero=zero, rank=self.dp_rank, world_size=self.dp_world_size, device=self.device,
+            group=self.dp_group, loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping)
         storage = (CPUStorage(pin_memory=zero.offload_optimizer.pin_memory) if zero.offload_optimizer.enabled
                    else DeviceStorage(self.device))
         self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer), storage)
@@ -174,15 +192,16 @@ class Engine(nn.Module):
     # ---------------------------------------------------------------- set-up
 
     def _broadcast_model(self) -> None:
-        """Start every rank from rank 0's weights and buffers."""
-        if self.world_size == 1:
+        """Start every data-parallel replica from the first replica's weights and buffers."""
+        if self.dp_world_size == 1:
             return
+        src = comm.get_global_rank(self.dp_group, 0) if self.dp_group is not None else 0
         for t in list(self.module.parameters()) + list(self.module.buffers()):
-            comm.broadcast(t.data, src=0, log_name="engine.broadcast_model")
+            comm.broadcast(t.data, src=src, group=self.dp_group, log_name="engine.broadcast_model")
 
     def _dataloader(self, dataset, collate_fn):
         from torch.utils.data import DataLoader, DistributedSampler
-        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank)
+        sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size, rank=self.dp_rank)
         return DataLoader(dataset, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
                           collate_fn=collate_fn, drop_last=True)
 

@@ -20,10 +20,11 @@ __all__ = ["build_zero_optimizer", "ZeroOptimizer", "StepOutcome", "Stage0Optimi
 
 
 def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, nn.Parameter]]], *,
-                         zero: ZeroConfig, rank: int, world_size: int, device: torch.device,
+                         zero: ZeroConfig, rank: int, world_size: int, device: torch.device, group=None,
                          loss_scaler=None, gradient_clipping: float = 0.0) -> ZeroOptimizer:
-    """The stage's optimizer over ``named_groups`` (trainable (name, param) lists, one per param group)."""
-    common = dict(rank=rank, world_size=world_size, device=device, loss_scaler=loss_scaler,
+    """The stage's optimizer over ``named_groups`` (trainable (name, param) lists, one per param group),
+    partitioned over the data-parallel ``group`` (None: the world) of which this is rank ``rank``."""
+    common = dict(rank=rank, world_size=world_size, device=device, group=group, loss_scaler=loss_scaler,
                   gradient_clipping=gradient_clipping, overlap_comm=zero.overlap_comm)
     shards = 1 if zero.stage == 0 else world_size
 

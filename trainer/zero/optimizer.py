@@ -45,9 +45,10 @@ class ZeroOptimizer:
     stage = -1
 
     def __init__(self, buckets: list[FlatBucket], *, rank: int, world_size: int, device: torch.device,
-                 loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False) -> None:
+                 group=None, loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False) -> None:
         self.buckets = buckets
-        self.rank, self.world_size, self.device = rank, world_size, device
+        # rank / world_size / group: the data-parallel group (the world without tensor parallelism)
+        self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
         self.loss_scaler = loss_scaler
         self.gradient_clipping = gradient_clipping
         self.overlap_comm = overlap_comm
@@ -165,7 +166,7 @@ class ZeroOptimizer:
             for g in grads:
                 sumsq += g.float().pow(2).sum().to(self.device)
             if self.partitioned:
-                comm.all_reduce(sumsq, log_name="zero.grad_norm")
+                comm.all_reduce(sumsq, group=self.group, log_name="zero.grad_norm")
             out.grad_norm = math.sqrt(float(sumsq)) / scale
             clip = self.gradient_clipping / (out.grad_norm + 1e-6)
             if clip < 1.0:
@@ -181,17 +182,17 @@ class ZeroOptimizer:
             if not torch.isfinite(g).all():
                 post_bad += b.nonfinite_param_names(g, shard=True)
         flag = torch.tensor([1.0 if (self._local_bad or post_bad) else 0.0], device=self.device)
-        comm.all_reduce(flag, op=comm.ReduceOp.MAX, log_name="zero.overflow")
+        comm.all_reduce(flag, op=comm.ReduceOp.MAX, group=self.group, log_name="zero.overflow")
         out.overflow = bool(flag.item() > 0)
         if out.overflow:
             # The rank that produced the inf (pre-reduction) wins over ranks that only received it.
             w = self.world_size
             code = self.rank if self._local_bad else (w + self.rank if post_bad else 2 * w)
             first = torch.tensor([float(code)], device=self.device)
-            comm.all_reduce(first, op=comm.ReduceOp.MIN, log_name="zero.overflow_rank")
+            comm.all_reduce(first, op=comm.ReduceOp.MIN, group=self.group, log_name="zero.overflow_rank")
             out.first_rank = int(first.item()) % w
             names: list = [None] * w
-            comm.all_gather_object(names, self._local_bad + post_bad)
+            comm.all_gather_object(names, self._local_bad + post_bad, group=self.group)
             out.bad_params = list(dict.fromkeys(n for rank_names in names for n in rank_names))
         self._local_bad = []
 

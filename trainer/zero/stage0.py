@@ -22,7 +22,7 @@ class Stage0Optimizer(Stage1Optimizer):
     stage = 0
 
     def reduce(self, b: FlatBucket):
-        return comm.all_reduce(b.flat_grad, async_op=True, log_name="zero0.all_reduce_grads")
+        return comm.all_reduce(b.flat_grad, group=self.group, async_op=True, log_name="zero0.all_reduce_grads")
 
     def finish_reduction(self, pending) -> None:
         b, work = pending

@@ -61,7 +61,7 @@ class Stage1Optimizer(ZeroOptimizer):
         return b, self.reduce(b)
 
     def reduce(self, b: FlatBucket):
-        return comm.reduce_scatter_tensor(b.shard_of(b.flat_grad), b.flat_grad, async_op=True,
+        return comm.reduce_scatter_tensor(b.shard_of(b.flat_grad), b.flat_grad, group=self.group, async_op=True,
                                           log_name="zero1.reduce_scatter_grads")
 
     def finish_reduction(self, pending) -> None:
@@ -70,7 +70,7 @@ class Stage1Optimizer(ZeroOptimizer):
         b.shard_of(b.flat_grad).div_(self.world_size)
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), async_op=True,
+        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=self.group, async_op=True,
                                              log_name=f"zero{self.stage}.all_gather_params")
                  for b in self.buckets]
         for w in works:

@@ -59,7 +59,7 @@ class Stage2Optimizer(ZeroOptimizer):
             s.param.grad = None
         self.note_local_overflow(b, staging)
         out = torch.empty(b.shard_numel, dtype=b.dtype, device=self.device)
-        work = comm.reduce_scatter_tensor(out, staging, async_op=True, log_name=f"zero{self.stage}.reduce_scatter_grads")
+        work = comm.reduce_scatter_tensor(out, staging, group=self.group, async_op=True, log_name=f"zero{self.stage}.reduce_scatter_grads")
         return b, out, staging, work
 
     def finish_reduction(self, pending) -> None:
@@ -68,7 +68,7 @@ class Stage2Optimizer(ZeroOptimizer):
         b.grad_shard.add_(out.float(), alpha=1.0 / self.world_size)
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), async_op=True,
+        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=self.group, async_op=True,
                                              log_name=f"zero{self.stage}.all_gather_params")
                  for b in self.buckets]
         for w in works:
