@@ -23,7 +23,7 @@ noise before picking the second expert (training only).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +39,9 @@ def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: 
     return max(min_capacity, math.ceil(num_tokens / num_experts * (k * capacity_factor)))
 
 
-@dataclass
-class Routing:
-    """What the gate decided for S tokens, E experts, C slots per expert."""
+class Routing(NamedTuple):
+    """What the gate decided for S tokens, E experts, C slots per expert. A tuple, so
+    hooks that walk module outputs (ZeRO-3's re-gather before backward) see its tensors."""
     combine_weights: torch.Tensor  # [S, E, C] gate weight of the token in slot c of expert e, else 0
     dispatch_mask: torch.Tensor    # [S, E, C] bool, token s fills slot c of expert e
     aux_loss: torch.Tensor         # [] load-balancing loss
