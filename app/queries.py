@@ -4,7 +4,7 @@ Values from the user or from run names always travel as DuckDB ``?``
 parameters. Results come back as pandas frames.
 
 Speed on big runs comes from per-step rollups: one pass over a run's comm
-records (with the per-collective window that finds arrival delays) aggregated
+records (grouped per collective instance to find arrival delays) aggregated
 to (rank, step, group, op, message size). Page queries then read that rollup,
 tens of thousands of rows, instead of millions of raw records. A rollup is
 keyed by the run's *data version* (the names, sizes and mtimes of its Parquet

@@ -147,7 +147,9 @@ def report(records: int, reps: int, rows, extra, browser_rows, gen_s: float) -> 
     lines = [
         "# Dashboard query latency",
         "",
-        f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}, shared with other jobs.",
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}, shared with other jobs "
+        f"(1-minute load average {extra['load'][0]:.1f} at the start, {extra['load'][1]:.1f} at the end: "
+        "expect noisy tails).",
         f"Command: `python -m benches.dashboard_queries --records {records} --reps {reps}"
         f"{' --browser' if browser_rows else ''}`",
         "",
@@ -191,8 +193,10 @@ def main() -> None:
         data_dir = str(make_data_dir(Path(tmp), (run,)))
         gen_s = time.perf_counter() - t0
         print(f"generated {steps * WORLD * PER_STEP:,} comm records in {gen_s:.0f} s", flush=True)
+        load_before = os.getloadavg()[0]
         rows, extra = bench_queries(data_dir, run.run_id, args.reps)
         browser_rows = bench_browser(data_dir, run.run_id) if args.browser else []
+        extra["load"] = (load_before, os.getloadavg()[0])
     text = report(steps * WORLD * PER_STEP, args.reps, rows, extra, browser_rows, gen_s)
     Path(args.out).write_text(text)
     print(text)

@@ -98,8 +98,12 @@ def overview_page() -> None:
     st.caption(f"{run['name']} ({sel.run_id}) · {run.status} · world size {run.world_size}")
 
     def body(version: str) -> None:
-        health_summary(sel, version)
+        # The summary reads the comm rollup, which a big run builds once (seconds): draw
+        # the charts first and fill the summary in above them.
+        summary_slot = st.container()
         training_charts(sel, version)
+        with summary_slot:
+            health_summary(sel, version)
 
     state.live(sel, body)
     if len(sel.run_ids) > 1:
