@@ -11,10 +11,11 @@ How it attributes work to modules:
   parent is never smaller than the sum of its children.
 
 Backward flops are not counted: they are estimated as 2x forward. Backward
-latency is measured per module without touching the autograd graph: a hook on
-a module's output tensors marks when its backward can start (the gradient of
-its output is complete), hooks on its input tensors and the post-accumulate
-hooks of the parameters in its subtree mark when it has finished.
+latency is measured per module call without changing the autograd graph
+(module backward hooks would wrap tensors and break in-place ops): after the
+forward, the autograd nodes the call created (from its outputs' grad_fn back to
+its inputs' grad_fn, parameter AccumulateGrad nodes included) get hooks; the
+first to run starts the call's backward, the last to finish ends it.
 
 ``end_profile()`` removes every hook, so a model that was profiled once costs
 nothing afterwards.
@@ -36,7 +37,7 @@ from trainer.profiling import counting, report
 
 @dataclass(eq=False)
 class _BackwardCall:
-    """One forward call's backward: from its output's gradient to its last input/param gradient."""
+    """One forward call's backward: from its first autograd node starting to its last one finishing."""
     begin_ns: int | None = None
     end_ns: int | None = None
 
@@ -71,7 +72,7 @@ class ModuleProfile:
     @property
     def bwd_ns(self) -> int | None:
         """Summed backward latency; None when no backward went through this module."""
-        spans = [max(c.end_ns or c.begin_ns, c.begin_ns) - c.begin_ns
+        spans = [(c.end_ns if c.end_ns is not None else c.begin_ns) - c.begin_ns
                  for c in self.backward_calls if c.begin_ns is not None]
         return sum(spans) if spans else None
 
