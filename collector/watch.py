@@ -12,15 +12,19 @@ What is ingested (hidden files and ``*.tmp`` are ignored):
 
 A file is taken once it has not changed for ``--settle`` seconds (DeepSpeed and
 rsync write in place). Exactly once: a ledger in ``DIR/.rankscope-watch.jsonl``
-lists every file taken (path, size, mtime, sha256), appended and fsync'd after
-its rows are durable; at start-up the folder is scanned against it, so files
-dropped while the watcher was stopped are taken then, and nothing is taken
-twice. Should the watcher die between the commit and the ledger line, the file
-is sent again with the same client ids and seqs (derived from its content), and
-the collector's dedupe keeps one copy. A file that changes after it was taken is
-reported, not read again (tailing growing files is not supported). A file that
-cannot be read is reported by name (with the line or record) and recorded, so it
-is not retried; the rest of the folder is unaffected.
+lists every file taken (path, size, mtime, sha256, rows sent), appended and
+fsync'd after its rows are durable; at start-up the folder is scanned against
+it, so files dropped while the watcher was stopped are taken then, and nothing
+is taken twice. Should the watcher die between the commit and the ledger line,
+the file is sent again with the same client ids and seqs (derived from its
+content), and the collector's dedupe keeps one copy.
+
+Files DeepSpeed appends to while it trains (csv_monitor files, tensorboard
+event files, a console log with verbose comms lines) are followed: when one has
+grown and its start is unchanged, the rows past those already sent are sent.
+Any other change to a taken file (a rewrite) is reported, not read again. A file
+that cannot be read is reported by name (with the line or record) and recorded,
+so it is not retried; the rest of the folder is unaffected.
 """
 from __future__ import annotations
 
@@ -39,12 +43,14 @@ from watchdog.observers import Observer
 
 from collector import spool
 from collector.export import is_archive
+from collector.importers import comms_verbose, csv_monitor, tensorboard
 from collector.importers.dispatch import formats_of, parse_path
 from collector.importers.ingest import new_run_id, open_sink
 from collector.importers.sink import SinkError, run_envelopes
 
 LEDGER_NAME = ".rankscope-watch.jsonl"
 RESCAN_S = 2.0  # fallback rescan period; watchdog events trigger one at once
+APPENDED_FORMATS = (csv_monitor, tensorboard, comms_verbose)  # DeepSpeed appends to these while training
 
 
 @dataclass(frozen=True)
@@ -53,11 +59,14 @@ class Seen:
     mtime_ns: int
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, limit: int | None = None) -> str:
+    """Of the whole file, or of its first ``limit`` bytes."""
     h = hashlib.sha256()
+    left = limit if limit is not None else float("inf")
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        while left > 0 and (chunk := f.read(int(min(1 << 20, left)))):
             h.update(chunk)
+            left -= len(chunk)
     return h.hexdigest()
 
 
@@ -66,20 +75,24 @@ class WatchLedger:
 
     def __init__(self, folder: Path):
         self.path = folder / LEDGER_NAME
-        self.taken: dict[str, Seen] = {}
+        self.taken: dict[str, dict] = {}   # path -> its latest entry (a grown file has several)
         if self.path.exists():
             for line in self.path.read_text(errors="replace").splitlines():
                 try:
                     rec = json.loads(line)
-                    self.taken[rec["path"]] = Seen(rec["size"], rec["mtime_ns"])
+                    self.taken[rec["path"]] = rec
                 except (ValueError, KeyError, TypeError):
                     continue  # a torn last line: that file was not recorded, so it is retaken
         self._f = open(self.path, "a")
 
+    def seen(self, rel: str) -> Seen | None:
+        entry = self.taken.get(rel)
+        return Seen(entry["size"], entry["mtime_ns"]) if entry else None
+
     def record(self, entries: list[dict]) -> None:
         for e in entries:
             self._f.write(json.dumps(e) + "\n")
-            self.taken[e["path"]] = Seen(e["size"], e["mtime_ns"])
+            self.taken[e["path"]] = e
         self._f.flush()
         os.fsync(self._f.fileno())
 
@@ -121,10 +134,11 @@ class Watcher:
             except FileNotFoundError:
                 continue
             seen = Seen(st.st_size, st.st_mtime_ns)
-            if rel in self.ledger.taken:
-                if self.ledger.taken[rel] != seen and rel not in self._warned_changed:
-                    self._warned_changed.add(rel)
-                    print(f"watch: {path} changed after it was ingested; not read again", file=self.err)
+            before = self.ledger.seen(rel)
+            if before == seen or rel in self._warned_changed:
+                continue
+            if before is not None and not (self.ledger.taken[rel].get("grows") and seen.size > before.size):
+                self._rewritten(path, rel)
                 continue
             last = self._pending.get(rel)
             if last is None or last[0] != seen:
@@ -135,46 +149,67 @@ class Watcher:
             del self._pending[gone]
         return ready
 
-    def _streams_for(self, path: Path, sha: str):
-        """(streams, problems) for one file."""
+    def _rewritten(self, path: Path, rel: str) -> None:
+        self._warned_changed.add(rel)
+        self._pending.pop(rel, None)
+        print(f"watch: {path} changed after it was ingested (not by appending); not read again", file=self.err)
+
+    def _streams_for(self, path: Path, sha: str, before: dict | None):
+        """(streams, problems, rows sent per 'table:rank', grows) for one file; for a grown
+        file (``before`` is its last ledger entry) only the rows past those already sent."""
         if path.name.endswith(spool.SUFFIX):
             try:
-                return [spool.read(path)], []
+                return [spool.read(path)], [], {}, False
             except (spool.SpoolError, OSError, ValueError) as exc:
-                return [], [str(exc)]
+                return [], [str(exc)], {}, False
         if is_archive(path):
             from collector.replay import restore_streams
 
             try:
                 _, streams = restore_streams(path)
-                return streams, []
+                return streams, [], {}, False
             except Exception as exc:  # a damaged archive must not stop the watcher
-                return [], [f"{path}: cannot restore archive: {exc}"]
-        if not formats_of(path):
-            return [], [f"{path}: not a file rankscope ingests; skipped"]
-        result = parse_path(path, world_size=self.world_size, files=[path])
-        problems = [str(p) for p in result.parsed.problems]
-        if not result.parsed.rows:
-            return [], problems
-        streams = run_envelopes(result.parsed, run_id=self.run_id, run_name=self.run_name, source="import",
+                return [], [f"{path}: cannot restore archive: {exc}"], {}, False
+        formats = formats_of(path)
+        if not formats:
+            return [], [f"{path}: not a file rankscope ingests; skipped"], {}, False
+        grows = all(f in APPENDED_FORMATS for f in formats)
+        parsed = parse_path(path, world_size=self.world_size, files=[path]).parsed
+        problems = [str(p) for p in parsed.problems]
+        counts = {f"{table}:{rank}": len(rows) for (table, rank), rows in parsed.rows.items()}
+        if before is not None:  # the start of the file was taken already: so were its rows and problems
+            problems = problems[before.get("problems", 0):]
+            for (table, rank), rows in list(parsed.rows.items()):
+                del rows[:before.get("rows", {}).get(f"{table}:{rank}", 0)]
+                if not rows:
+                    del parsed.rows[(table, rank)]
+        if not parsed.rows:
+            return [], problems, counts, grows
+        streams = run_envelopes(parsed, run_id=self.run_id, run_name=self.run_name, source="import",
                                 client_key=f"watch\0{path.relative_to(self.folder)}\0{sha}",
                                 default_ns=path.stat().st_mtime_ns, with_end=False, only_ranks_with_rows=True)
-        return streams, problems
+        return streams, problems, counts, grows
 
     def take(self, ready: list[tuple[Path, Seen]]) -> int:
         """Ingest a batch of settled files; one durable send, then one ledger append."""
         streams, entries = [], []
         for path, seen in tqdm(ready, desc="watch: reading", unit="file", disable=None, leave=False):
+            rel = str(path.relative_to(self.folder))
+            before = self.ledger.taken.get(rel)
             try:
                 sha = _sha256(path)
+                if before is not None and _sha256(path, before["size"]) != before["sha256"]:
+                    self._rewritten(path, rel)
+                    continue
             except FileNotFoundError:
                 continue
-            file_streams, problems = self._streams_for(path, sha)
+            file_streams, problems, counts, grows = self._streams_for(path, sha, before)
             for problem in problems:
                 print(f"skipped: {problem}", file=self.err)
             streams += file_streams
-            entries.append({"path": str(path.relative_to(self.folder)), "size": seen.size,
-                            "mtime_ns": seen.mtime_ns, "sha256": sha, "problems": len(problems)})
+            entries.append({"path": rel, "size": seen.size, "mtime_ns": seen.mtime_ns, "sha256": sha,
+                            "problems": len(problems) + (before or {}).get("problems", 0),
+                            "rows": counts, "grows": grows})
         if streams:
             self.sink.send(streams)
         self.ledger.record(entries)

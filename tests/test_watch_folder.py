@@ -12,6 +12,8 @@ import sys
 import time
 
 import pytest
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from collector import spool
 from collector.codec import encode_batch
@@ -152,6 +154,41 @@ def test_watch_through_a_live_collector(tmp_path, port):
         assert rankscope("import", "--watch", folder, "--endpoint", endpoint, "--once", "--settle", "0.1") == 0
         assert rankscope("import", "--watch", folder, "--endpoint", endpoint, "--once", "--settle", "0.1") == 0
     _assert_each_file_once(data, range(10))
+
+
+def _add_scalars(writer, tag: str, samples) -> None:
+    for n in samples:
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=n / 8)])
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=n, summary=summary))
+    writer.flush()
+
+
+def test_watch_follows_files_deepspeed_appends_to(tmp_path):
+    folder, data = tmp_path / "in", tmp_path / "data"
+    folder.mkdir()
+    csv = folder / "Train_Samples_loss.csv"
+    csv.write_text("step,loss\n8,1.0\n16,0.9\n")
+    writer = EventFileWriter(str(folder))
+    _add_scalars(writer, "Train/Samples/lr", [8, 16, 24])
+    shutil.copy(FIXTURE / "flops_profile.txt", folder / "flops_profile.txt")
+    assert _watch_once(folder, data).returncode == 0
+
+    with open(csv, "a") as f:
+        f.write("24,0.8\n32,oops\n40,0.7\n")
+    _add_scalars(writer, "Train/Samples/lr", [32, 40])
+    writer.close()
+    (folder / "flops_profile.txt").write_text((FIXTURE / "flops_profile.txt").read_text().replace("Linear", "Lin"))
+    grown = _watch_once(folder, data)
+    assert grown.returncode == 0, grown.stderr
+    assert f"{csv}:line 5: not a number" in grown.stderr
+    assert "flops_profile.txt changed after it was ingested (not by appending); not read again" in grown.stderr
+    rows = query(data, "SELECT tag, list(samples ORDER BY samples) FROM monitor GROUP BY tag ORDER BY tag")
+    assert rows == [("Train/Samples/loss", [8, 16, 24, 40]), ("Train/Samples/lr", [8, 16, 24, 32, 40])]
+    assert query(data, "SELECT count(*) FROM flops WHERE module_type = 'Lin'")[0][0] == 0
+
+    again = _watch_once(folder, data)
+    assert "stopped after 0 files" in again.stdout and "skipped" not in again.stderr
+    assert query(data, "SELECT count(*) FROM monitor")[0][0] == 9
 
 
 @pytest.mark.parametrize("bad", ["missing", "file"])
