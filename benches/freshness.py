@@ -11,7 +11,7 @@ collector otherwise idle, and while 4 more client processes stream comm batches
 (~160k records/s). The rank-side client's own batching delay is not included
 (the sender does not batch); add it from that client's configuration.
 
-Writes the freshness section of benches/RESULTS-ingest.md (appended).
+Writes (replaces) the freshness section of benches/RESULTS-ingest.md.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 
 from benches._collector_proc import CollectorProcess
+from benches._sections import replace_section
 from benches.ingest import comm_columns
 
 HERE = Path(__file__).resolve().parent
@@ -149,10 +150,7 @@ Target p95 <= 1000 ms: {'met' if ok else '**not met**'}. Baseline for comparison
 (250 ms) is the floor a record waits for its commit; the rest is the Parquet write + fsync and the
 reader's query (which lists and opens the segment files).
 """
-    text = args.out.read_text() if args.out.exists() else ""
-    marker = "\n# Freshness"
-    text = text.split(marker)[0].rstrip("\n") + "\n" if marker in text else text
-    args.out.write_text(text + section)
+    replace_section(args.out, section)
     print(f"wrote {args.out}")
     return 0 if ok else 1
 
