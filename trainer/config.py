@@ -16,7 +16,7 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from collector.telemetry import TelemetryConfig  # the telemetry block belongs to its owner
@@ -72,8 +72,9 @@ def _check_dict(key: str, v: Any) -> None:
         _fail(key, "must be an object", v)
 
 
-def _from_dict(cls, d: Any, prefix: str, accepted: set[str] = frozenset()):
-    """Build dataclass ``cls`` from ``d``, warning about unknown keys by dotted path."""
+def _from_dict(cls, d: Any, prefix: str, accepted: set[str] = frozenset(), **extra):
+    """Build dataclass ``cls`` from ``d`` (plus ``extra`` init-only values), warning about unknown
+    keys by dotted path."""
     if d is None:
         d = {}
     _check_dict(prefix, d)
@@ -81,7 +82,7 @@ def _from_dict(cls, d: Any, prefix: str, accepted: set[str] = frozenset()):
     unknown = sorted(k for k in d if k not in names and k not in accepted)
     if unknown:
         warnings.warn("ignoring unknown config keys: " + ", ".join(f"{prefix}.{k}" for k in unknown), stacklevel=3)
-    return cls(**{k: v for k, v in d.items() if k in names})
+    return cls(**{k: v for k, v in d.items() if k in names}, **extra)
 
 
 @dataclass(kw_only=True)
@@ -142,17 +143,16 @@ class OffloadConfig:
     """``zero_optimization.offload_optimizer`` / ``offload_param``."""
     device: str = "none"
     pin_memory: bool = False
-    key: str = field(default="zero_optimization.offload", repr=False)
+    key: InitVar[str] = "zero_optimization.offload"  # dotted path for messages; not a config key
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, key: str) -> None:
         if self.device is None:
             self.device = "none"
         if self.device not in OFFLOAD_DEVICES:
-            _fail(f"{self.key}.device", f"must be one of {', '.join(OFFLOAD_DEVICES)}", self.device)
+            _fail(f"{key}.device", f"must be one of {', '.join(OFFLOAD_DEVICES)}", self.device)
         if self.device == "nvme":
-            _fail(f"{self.key}.device", "nvme offload is not available in this build; use 'cpu' or 'none'",
-                  self.device)
-        _check_bool(f"{self.key}.pin_memory", self.pin_memory)
+            _fail(f"{key}.device", "nvme offload is not available in this build; use 'cpu' or 'none'", self.device)
+        _check_bool(f"{key}.pin_memory", self.pin_memory)
 
     @property
     def enabled(self) -> bool:
@@ -187,8 +187,8 @@ class ZeroConfig:
         for k in ("offload_optimizer", "offload_param"):
             v = getattr(self, k)
             if not isinstance(v, OffloadConfig):
-                v = dict(v or {}, key=f"zero_optimization.{k}")
-                setattr(self, k, _from_dict(OffloadConfig, v, f"zero_optimization.{k}", _ACCEPTED_OFFLOAD))
+                setattr(self, k, _from_dict(OffloadConfig, v, f"zero_optimization.{k}", _ACCEPTED_OFFLOAD,
+                                            key=f"zero_optimization.{k}"))
         if self.offload_optimizer.enabled and self.stage == 0:
             _fail("zero_optimization.offload_optimizer", "optimizer offload needs zero_optimization.stage 1, 2 or 3",
                   self.stage)
