@@ -92,7 +92,9 @@ class OffloadedOptimizer:
         """One optimizer step from fp32 gradient shards (aligned with the parameter shards),
         each multiplied by ``grad_scale`` (unscaling and clipping folded into one factor)."""
         for master, grad in zip(self.masters, grads):
-            g = grad.to(master.device, non_blocking=True) if grad.device != master.device else grad
+            # Blocking device->host copy: the optimizer reads it at once (and it orders the stream,
+            # so last step's non-blocking host->device parameter copies are done too).
+            g = grad.to(master.device) if grad.device != master.device else grad
             if grad_scale != 1.0:
                 g = g * grad_scale
             master.grad = g
