@@ -35,7 +35,7 @@ from pathlib import Path
 
 import grpc
 
-from collector import codec, spool
+from collector import codec, security, spool
 from collector.records import RecordBuffer
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
@@ -51,6 +51,7 @@ _CLOSE_STREAM = object()
 class ClientConfig:
     endpoint: str = "127.0.0.1:50051"
     token: str | None = None
+    tls_ca: str | None = None  # PEM CA file: TLS to the collector, verified against it; None: plaintext
     spool_dir: Path | None = None  # None: collector.spool.default_dir()
     batch_rows: int = 8192
     flush_interval_s: float = 0.2
@@ -306,11 +307,8 @@ class Client:
     def _connect(self) -> None:
         try:
             if self._channel is None:
-                self._channel = grpc.insecure_channel(self.cfg.endpoint, options=[
-                    ("grpc.max_send_message_length", 64 << 20),
-                    ("grpc.max_receive_message_length", 64 << 20),
-                ])
-            metadata = [("authorization", f"Bearer {self.cfg.token}")] if self.cfg.token else None
+                self._channel = security.open_channel(self.cfg.endpoint, tls_ca=self.cfg.tls_ca)
+            metadata = security.auth_metadata(self.cfg.token)
             stream = _Stream(self, pb_grpc.CollectorStub(self._channel), metadata)
         except Exception as e:
             self._on_stream_error(e)
@@ -387,7 +385,7 @@ class Client:
                 # The collector is reachable: deliver what dead processes on this host left behind.
                 self._orphans_started = True
                 threading.Thread(target=resend_spooled, args=(self.cfg.spool_dir, self.cfg.endpoint, self.cfg.token),
-                                 name="rankscope-orphans", daemon=True).start()
+                                 kwargs={"tls_ca": self.cfg.tls_ca}, name="rankscope-orphans", daemon=True).start()
         if self._stopping.is_set():
             self._wake.set()
 
@@ -444,7 +442,7 @@ def _rejected_seq(err) -> int | None:
 
 
 def resend_spooled(directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0,
-                   only_orphans: bool = True) -> tuple[int, int]:
+                   only_orphans: bool = True, tls_ca: str | None = None) -> tuple[int, int]:
     """Stream spool files to a collector, one writer (client_id) per stream so
     acks are unambiguous, deleting each file once all its envelopes are acked.
     By default only orphans (writers on this host that are gone). Returns
@@ -459,8 +457,13 @@ def resend_spooled(directory: Path, endpoint: str, token: str | None = None, tim
     delivered = left = 0
     if not groups:
         return 0, 0
-    metadata = [("authorization", f"Bearer {token}")] if token else None
-    with grpc.insecure_channel(endpoint) as channel:
+    metadata = security.auth_metadata(token)
+    try:
+        channel = security.open_channel(endpoint, tls_ca=tls_ca)
+    except security.SecurityConfigError as e:
+        log.error("rankscope: cannot resend spool files: %s", e)
+        return 0, sum(len(paths) for paths in groups.values())
+    with channel:
         stub = pb_grpc.CollectorStub(channel)
         for client_id, paths in groups.items():
             per_file: dict[Path, set[int]] = {}

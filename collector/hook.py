@@ -87,7 +87,8 @@ def _ddp_register_comm_hook(register):
     return wrapper
 
 
-def attach(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None):
+def attach(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None,
+           tls_ca: str | None = None):
     """Patch torch.distributed and start the telemetry session (idempotent).
     Returns the session (None if the config disables telemetry)."""
     if not _originals:
@@ -101,7 +102,7 @@ def attach(run: str | None = None, endpoint: str | None = None, token: str | Non
         for name in ("_register_builtin_comm_hook", "_register_fused_optim"):
             if hasattr(DistributedDataParallel, name):
                 _patch(DistributedDataParallel, name, _ddp_register_comm_hook(getattr(DistributedDataParallel, name)))
-    return telemetry.start(run=run, endpoint=endpoint, token=token, config=config, source="hook")
+    return telemetry.start(run=run, endpoint=endpoint, token=token, config=config, source="hook", tls_ca=tls_ca)
 
 
 def detach(status: str = "finished") -> None:
@@ -117,8 +118,9 @@ def is_attached() -> bool:
 
 
 @contextlib.contextmanager
-def attached(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None):
-    session = attach(run=run, endpoint=endpoint, token=token, config=config)
+def attached(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None,
+             tls_ca: str | None = None):
+    session = attach(run=run, endpoint=endpoint, token=token, config=config, tls_ca=tls_ca)
     try:
         yield session
     except SystemExit as e:  # sys.exit(0) in a script is a normal end
@@ -141,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help="run name (default: RANKSCOPE_RUN, else the script's name)")
     parser.add_argument("--endpoint", help="collector host:port (default: RANKSCOPE_ENDPOINT or 127.0.0.1:50051)")
     parser.add_argument("--token", help="bearer token (default: RANKSCOPE_TOKEN)")
+    parser.add_argument("--tls-ca", help="CA file to verify the collector's TLS certificate (default: RANKSCOPE_TLS_CA)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     opts = parser.parse_args(argv)
     sys.argv = [opts.script, *opts.args]
-    with attached(run=opts.run, endpoint=opts.endpoint, token=opts.token):
+    with attached(run=opts.run, endpoint=opts.endpoint, token=opts.token, tls_ca=opts.tls_ca):
         runpy.run_path(opts.script, run_name="__main__")
     return 0
 

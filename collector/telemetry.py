@@ -14,9 +14,10 @@ single-rank case and resolves its identity at once. The same exchange
 estimates this rank's clock offset to rank 0 (collector.clock).
 
 Name of the run (``runs.name``): ``start(run=...)``, else ``RANKSCOPE_RUN``,
-else the config's ``telemetry.run``, else the script's name. Endpoint and token
-resolve the same way (argument, ``RANKSCOPE_ENDPOINT`` / ``RANKSCOPE_TOKEN``,
-``telemetry.endpoint`` / ``telemetry.token``, default 127.0.0.1:50051).
+else the config's ``telemetry.run``, else the script's name. Endpoint, token and
+TLS CA resolve the same way (argument, ``RANKSCOPE_ENDPOINT`` / ``RANKSCOPE_TOKEN`` /
+``RANKSCOPE_TLS_CA``, ``telemetry.endpoint`` / ``telemetry.token`` / ``telemetry.tls_ca``,
+default 127.0.0.1:50051 in plaintext).
 """
 from __future__ import annotations
 
@@ -54,12 +55,13 @@ class TelemetryConfig:
     run: str | None = None
     endpoint: str | None = None
     token: str | None = None
+    tls_ca: str | None = None
     spool_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"telemetry.enabled must be true or false, got {self.enabled!r}")
-        for key in ("run", "endpoint", "token", "spool_dir"):
+        for key in ("run", "endpoint", "token", "tls_ca", "spool_dir"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"telemetry.{key} must be a non-empty string, got {value!r}")
@@ -100,7 +102,7 @@ def _script_name() -> str:
 
 class Session:
     def __init__(self, *, run_name: str, endpoint: str, token: str | None, spool_dir: str | None,
-                 config: dict, source: str) -> None:
+                 config: dict, source: str, tls_ca: str | None = None) -> None:
         from collector.client import Client, ClientConfig
 
         self.run_name = run_name
@@ -114,7 +116,8 @@ class Session:
         self.host = host
         self.client_id = re.sub(r"[^A-Za-z0-9_.]", "_", f"{host}.{os.getpid()}.{secrets.token_hex(4)}")
         self.buffer = RecordBuffer()
-        self.client_config = ClientConfig(endpoint=endpoint, token=token, spool_dir=spool_dir)
+        self.client_config = ClientConfig(endpoint=endpoint, token=token, tls_ca=tls_ca,
+                                          spool_dir=spool_dir)
         self.client = Client(self.client_config, self.client_id, self.buffer)
 
     @property
@@ -147,7 +150,7 @@ class Session:
         ))
 
 
-def start(run=None, endpoint=None, token=None, config=None, source="hook") -> Session | None:
+def start(run=None, endpoint=None, token=None, config=None, source="hook", tls_ca=None) -> Session | None:
     """Start (or return) this process's session. Idempotent. Raises ValueError
     only for a bad config; returns None when the config disables telemetry."""
     global _session
@@ -163,6 +166,7 @@ def start(run=None, endpoint=None, token=None, config=None, source="hook") -> Se
             run_name=name,
             endpoint=endpoint or os.environ.get("RANKSCOPE_ENDPOINT") or cfg.endpoint or DEFAULT_ENDPOINT,
             token=token or os.environ.get("RANKSCOPE_TOKEN") or cfg.token,
+            tls_ca=tls_ca or os.environ.get("RANKSCOPE_TLS_CA") or cfg.tls_ca,
             spool_dir=cfg.spool_dir,
             config=train_cfg, source=source,
         )
