@@ -126,11 +126,11 @@ def check_header(env: pb.Envelope) -> None:
     seq = env.seq
     if env.schema_version != SCHEMA_VERSION:
         raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
-                       f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
-                       f"this collector speaks schema_version {SCHEMA_VERSION}", seq)
+                          f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
+                          f"this collector speaks schema_version {SCHEMA_VERSION}", seq)
     if not env.client_id or len(env.client_id) > MAX_CLIENT_ID_CHARS:
         raise StreamError(grpc.StatusCode.INVALID_ARGUMENT,
-                       f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters", seq)
+                          f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters", seq)
     if seq == 0:
         raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "envelope seq 0: seq starts at 1", seq)
 
@@ -189,7 +189,7 @@ class _StreamAcks:
                 self.acked.append(seq)
             elif self.error is None:
                 self.error = StreamError(grpc.StatusCode.UNAVAILABLE,
-                                      f"envelope seq {seq} could not be stored ({error}); resend it", seq)
+                                         f"envelope seq {seq} could not be stored ({error}); resend it", seq)
             self.cond.notify_all()
 
     def stop_reading(self, error: StreamError | None = None) -> None:
@@ -264,7 +264,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             except Exception as exc:  # a collector bug, not bad input: say so, keep serving others
                 log.exception("envelope seq %d", env.seq)
                 acks.stop_reading(StreamError(grpc.StatusCode.INTERNAL,
-                                           f"envelope seq {env.seq}: collector error {exc!r}", env.seq))
+                                              f"envelope seq {env.seq}: collector error {exc!r}", env.seq))
                 return
         acks.stop_reading()
 
