@@ -40,23 +40,29 @@ def tokens_of(rank: int, step: int) -> torch.Tensor:
     return torch.randn(3, S // 3, M, generator=g)  # [3, 4, M]: S tokens
 
 
-def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
+def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -> None:
+    """One MoE layer on WORLD ranks; with tp > 1 the ranks of a tensor-parallel group
+    (consecutive ranks) see the same tokens and experts span the data-parallel ranks."""
     from collector import telemetry
     from trainer import comm
     from trainer.moe import MoE, broadcast_parameters, reduce_gradients
+    from trainer.tensor_parallel import parallel_groups
+
+    dp_group = parallel_groups(tp).dp_group
+    DP, dp_rank = WORLD // tp, rank // tp
 
     telemetry.set_step(step)
     torch.manual_seed(step)  # same on every rank: the gate and the expert seeds agree
     moe = MoE(M, expert(), num_experts=E, ep_size=ep, k=k, capacity_factor=CAPACITY_FACTOR, min_capacity=1,
-              drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False, layer_id=10 + step)
+              drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False, layer_id=10 + step, tp_size=tp)
     with torch.no_grad():  # ranks disagree until broadcast_parameters syncs each parameter over its group
         for p in moe.parameters():
-            p.add_(0.01 * rank)
-    broadcast_parameters(moe)
-    x = tokens_of(rank, step).requires_grad_(True)
+            p.add_(0.01 * dp_rank)
+    broadcast_parameters(moe, dp_group)
+    x = tokens_of(dp_rank, step).requires_grad_(True)
     out, aux, counts = moe(x)
     (out.square().sum() + aux).backward()
-    reduce_gradients(moe)
+    reduce_gradients(moe, dp_group)
 
     # the reference holds all E experts: gather every rank's local experts (global order)
     gathered = [None] * WORLD
@@ -65,7 +71,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
     states = {}
     for part in gathered:
         for e, sd in part.items():
-            if e in states:  # another expert-parallel group's copy of the same expert
+            if e in states:  # another expert-parallel (or tensor-parallel) group's copy of the same expert
                 assert all(torch.equal(sd[n], states[e][n]) for n in sd)
             states[e] = sd
     assert not torch.equal(states[0]["0.weight"], states[E - 1]["0.weight"]), "experts stay distinct"
@@ -77,25 +83,25 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool) -> None:
         module.load_state_dict(states[e])
     gate_weight = moe.gate.weight.detach().clone().requires_grad_(True)
 
-    inputs = [tokens_of(q, step).reshape(-1, M).requires_grad_(True) for q in range(WORLD)]
+    inputs = [tokens_of(q, step).reshape(-1, M).requires_grad_(True) for q in range(DP)]
     if drop:
-        capacity = [reference_capacity(S, E, k, CAPACITY_FACTOR, 1)] * WORLD
+        capacity = [reference_capacity(S, E, k, CAPACITY_FACTOR, 1)] * DP
     else:  # no-drop: the busiest expert over this rank's expert-parallel group
         loads = [reference_moe(t.detach(), gate_weight.detach(), experts, k=k, capacity=S)[2].max() for t in inputs]
-        capacity = [max(int(loads[g - g % ep + j]) for j in range(ep)) for g in range(WORLD)]
+        capacity = [max(int(loads[g - g % ep + j]) for j in range(ep)) for g in range(DP)]
     refs = [reference_moe(t, gate_weight, experts, k=k, capacity=c) for t, c in zip(inputs, capacity)]
-    loss = sum(o.square().sum() + a for o, a, _, _ in refs) / WORLD  # the data-parallel mean
+    loss = sum(o.square().sum() + a for o, a, _, _ in refs) / DP  # the data-parallel mean
     loss.backward()
 
-    ref_out, _, routed, dropped = refs[rank]
+    ref_out, _, routed, dropped = refs[dp_rank]
     assert torch.equal(counts, routed)
     if drop:
-        assert torch.equal(dropped, (routed - capacity[rank]).clamp_min(0))
+        assert torch.equal(dropped, (routed - capacity[dp_rank]).clamp_min(0))
     else:
         assert int(dropped.sum()) == 0
     tol = dict(rtol=0, atol=1e-5)
     torch.testing.assert_close(out.reshape(-1, M), ref_out, **tol)
-    torch.testing.assert_close(x.grad.reshape(-1, M) / WORLD, inputs[rank].grad, **tol)
+    torch.testing.assert_close(x.grad.reshape(-1, M) / DP, inputs[dp_rank].grad, **tol)
     torch.testing.assert_close(moe.gate.weight.grad, gate_weight.grad, **tol)
     for i, local in enumerate(moe.experts.local_experts):
         for p, ref_p in zip(local.parameters(), experts[moe.experts.first_expert + i].parameters()):

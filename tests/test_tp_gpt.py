@@ -4,7 +4,9 @@ single-process dense GPT (same weights, same batches) within 1e-5. The data-
 parallel gradient all_reduce is done in the test with trainer.moe.reduce_gradients
 over the dp group (the engine does not build tp/dp groups yet). Records go to a
 real collector: all_reduce on the tensor-parallel groups (size 2, busbw = algbw
-x 2(n-1)/n with n = 2) and on the data-parallel groups."""
+x 2(n-1)/n with n = 2) and on the data-parallel groups. An MoE layer inside the
+tensor-parallel model (tests.test_moe_parallel.check_case with tp 2) runs its
+all_to_all over the data-parallel ranks and matches its reference too."""
 from __future__ import annotations
 
 import os
@@ -18,11 +20,13 @@ from torch import nn
 from collector import catalog
 from collector.server import create_server
 from tests.conftest import free_port
+from tests.test_moe_parallel import check_case
 from trainer.tensor_parallel import (ParallelTransformerBlock, load_dense_state, parallel_groups, shard,
                                      validate)
 
 WORLD, TP = 4, 2
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS, BATCH, STEPS = 32, 8, 16, 4, 2, 2, 20
+MOE_STEP = 100  # telemetry step of the MoE-under-TP check
 
 
 class DenseAttention(nn.Module):
@@ -147,6 +151,8 @@ def worker(rank: int, port: int, endpoint: str) -> None:
     assert str(e.value) == "tensor_parallel.tp_size=2 must divide the number of attention heads 3"
     diffs = train_and_compare(groups, STEPS)
     assert max(diffs) < 1e-5, diffs
+    # an MoE layer inside a tensor-parallel model: experts span the data-parallel ranks
+    check_case(rank, MOE_STEP, ep=2, k=1, drop=True, tp=TP)
     telemetry.stop()
     comm.destroy_process_group()
 
@@ -169,7 +175,8 @@ def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(collector):
     q = lambda sql, *p: con.execute(sql, list(p)).fetchall()  # noqa: E731
     (run_id,) = q("SELECT run_id FROM runs WHERE name = 'tp-gpt'")[0]
     rows = q("""SELECT rank, group_name, group_size, log_name, count(*), count(DISTINCT step), min(bytes), max(bytes)
-                FROM comm WHERE run_id = ? AND op = 'all_reduce' GROUP BY ALL ORDER BY ALL""", run_id)
+                FROM comm WHERE run_id = ? AND op = 'all_reduce' AND step < ? GROUP BY ALL ORDER BY ALL""",
+             run_id, STEPS)
     act = BATCH * SEQ * HIDDEN * 4  # one [B, T, H] fp32 activation
     expected = []
     for rank in range(WORLD):
@@ -187,4 +194,11 @@ def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(collector):
     assert bad == [(0,)]
     assert q("""SELECT count(*) FROM (SELECT group_name, seq, count(*) n, any_value(group_size) g FROM comm
                 WHERE run_id = ? GROUP BY ALL HAVING n <> g)""", run_id) == [(0,)]
+    # MoE under tp 2: all_to_all on the data-parallel ranks [0,2] / [1,3]; experts are not replicated
+    # over data-parallel ranks there (ep 2 = dp 2), so no expert-gradient all_reduce
+    assert q("""SELECT rank, group_name, group_size, count(*) FROM comm WHERE run_id = ? AND step = ?
+                AND op = 'all_to_all_single' GROUP BY ALL ORDER BY rank""", run_id, MOE_STEP) == \
+        [(r, "g[0,2]" if r % 2 == 0 else "g[1,3]", 2, 4) for r in range(WORLD)]
+    assert q("SELECT count(*) FROM comm WHERE run_id = ? AND log_name = 'moe.reduce_expert_gradients'",
+             run_id) == [(0,)]
     con.close()

@@ -32,7 +32,7 @@ from trainer.moe.experts import is_expert_param
 def sync_group(param: nn.Parameter, dp_group=None) -> tuple[object | None, int]:
     """(group, size) over which ``param`` is replicated; size 1 means nothing to sync."""
     if is_expert_param(param):
-        groups = moe_groups.expert_groups(int(param.group_name.removeprefix("ep_size_")))
+        groups = moe_groups.groups_named(param.group_name)
         return groups.edp_group, groups.edp_size
     return dp_group, comm.get_world_size(dp_group)
 

@@ -57,15 +57,18 @@ class MoE(nn.Module):
     ``expert`` is any module mapping [..., hidden_size] to [..., hidden_size];
     this rank holds ``num_experts / ep_size`` copies of it. ``layer_id`` names
     the layer in the ``moe`` telemetry table (default: construction order).
+    ``tp_size``: the tensor-parallel size of the surrounding model; expert
+    parallelism then runs over the data-parallel ranks (trainer.moe.groups).
     """
 
     def __init__(self, hidden_size: int, expert: nn.Module, num_experts: int = 1, ep_size: int = 1, k: int = 1,
                  capacity_factor: float = 1.0, eval_capacity_factor: float = 1.0, min_capacity: int = 4,
                  use_residual: bool = False, noisy_gate_policy: str | None = None, drop_tokens: bool = True,
-                 use_rts: bool = True, top2_2nd_expert_sampling: bool = True, layer_id: int | None = None) -> None:
+                 use_rts: bool = True, top2_2nd_expert_sampling: bool = True, layer_id: int | None = None,
+                 tp_size: int = 1) -> None:
         super().__init__()
-        moe_groups.validate(num_experts, ep_size, comm.get_world_size())
-        self.groups = moe_groups.expert_groups(ep_size)
+        moe_groups.validate(num_experts, ep_size, comm.get_world_size(), tp_size)
+        self.groups = moe_groups.expert_groups(ep_size, tp_size)
         self.num_experts, self.ep_size = num_experts, ep_size
         self.num_local_experts = num_experts // ep_size
         ep_rank = comm.get_rank(self.groups.ep_group) if self.groups.ep_group is not None else 0

@@ -37,13 +37,23 @@ def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> Non
         raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the number of attention heads {num_heads}")
 
 
-def _new_group(ranks: list[int], world: int):
-    # collective: every rank creates every group in the same order
+_BY_RANKS: dict[tuple[int, ...], object] = {}
+
+
+def process_group(ranks: list[int]):
+    """The communicator for ``ranks``: None for one rank, the world's for all of them,
+    else made once per rank set, so layouts that coincide (tp 2's data-parallel ranks
+    and MoE's expert-parallel ranks) share one group and one name in the comm table.
+    Collective the first time: every rank asks for every group, in the same order."""
+    world = comm.get_world_size()
     if len(ranks) == 1:
         return None
     if len(ranks) == world:
         return comm.group.WORLD
-    return comm.new_group(ranks)
+    key = tuple(ranks)
+    if key not in _BY_RANKS:
+        _BY_RANKS[key] = comm.new_group(list(ranks))
+    return _BY_RANKS[key]
 
 
 def parallel_groups(tp_size: int = 1) -> ParallelGroups:
@@ -57,12 +67,12 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
     if comm.is_initialized() and world > 1:
         for start in range(0, world, tp_size):
             ranks = list(range(start, start + tp_size))
-            g = _new_group(ranks, world)
+            g = process_group(ranks)
             if rank in ranks:
                 tp_group = g
         for offset in range(tp_size):
             ranks = list(range(offset, world, tp_size))
-            g = _new_group(ranks, world)
+            g = process_group(ranks)
             if rank in ranks:
                 dp_group = g
     groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)
