@@ -120,10 +120,13 @@ def test_pyramid_gives_each_layer_its_expert_count_and_id():
     (dict(num_experts=8, ep_size=8, world=4), r"^moe.ep_size=8 is larger than the world size 4$"),
     (dict(num_experts=6, ep_size=3, world=4), r"^moe.ep_size=3 must divide the world size 4$"),
     (dict(num_experts=0, ep_size=1, world=4), r"^moe.num_experts must be a positive integer, got 0$"),
+    (dict(num_experts=4, ep_size=4, world=4, tp=2),
+     r"^moe.ep_size=4 is larger than the data-parallel size 2 \(world 4 / tensor_parallel.tp_size 2\)$"),
+    (dict(num_experts=4, ep_size=1, world=4, tp=3), r"^tensor_parallel.tp_size=3 must divide the world size 4$"),
 ])
 def test_bad_expert_parallel_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        validate(kwargs["num_experts"], kwargs["ep_size"], kwargs["world"])
+        validate(kwargs["num_experts"], kwargs["ep_size"], kwargs["world"], kwargs.get("tp", 1))
 
 
 @pytest.mark.parametrize("kwargs,message", [

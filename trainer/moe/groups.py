@@ -49,6 +49,8 @@ def validate(num_experts: int, ep_size: int, world_size: int, tp_size: int = 1) 
         raise ValueError(f"moe.num_experts must be a positive integer, got {num_experts!r}")
     if not isinstance(ep_size, int) or ep_size < 1:
         raise ValueError(f"moe.ep_size must be a positive integer, got {ep_size!r}")
+    if world_size % tp_size:
+        raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the world size {world_size}")
     ranks = world_size // tp_size
     where = f"the world size {world_size}" if tp_size == 1 else \
         f"the data-parallel size {ranks} (world {world_size} / tensor_parallel.tp_size {tp_size})"
