@@ -200,7 +200,7 @@ WHY = {
            "ReLU/SiLU, pooling (1 per input element).",
 }
 
-# What DeepSpeed (0.19.8, monkeypatched torch functions) does differently on the same models.
+# What DeepSpeed (0.19.8: monkeypatched torch functions) does differently on the same models.
 WHY_DS = {
     "gpt_explicit_attention": "DeepSpeed: same MACs; its flops leave Linear bias adds out and count some "
                               "elementwise ops differently.",
@@ -238,6 +238,14 @@ def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
             lines.append(f"| {model} | {label} | {wall[key]:.2f} | {wall[key] / wall['baseline']:.2f}x | "
                          f"{cpu[key]:.2f} | {cpu[key] / cpu['baseline']:.2f}x |")
             model = ""
+    lines.append("")
+    for ov in overheads:
+        cpu = ov["cpu_ms"]
+        lines.append(
+            f"- {ov['size']}: the profiled step costs {cpu['profiled'] - cpu['baseline']:+.2f} ms CPU "
+            f"({cpu['profiled'] / cpu['baseline']:.2f}x) against FlopCounterMode's "
+            f"{cpu['flop_counter'] - cpu['baseline']:+.2f} ms ({cpu['flop_counter'] / cpu['baseline']:.2f}x); "
+            f"the step after end_profile() {cpu['after_end'] - cpu['baseline']:+.2f} ms.")
     lines += [
         "",
         "Only the profile step pays: `end_profile()` removes every hook and the dispatch mode is active only",
@@ -262,6 +270,10 @@ def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
         why = WHY[t["model"]] + (" " + WHY_DS[t["model"]] if ds and "error" not in ds else "")
         lines.append(f"| {t['model']} | {t['flops']:,} | {t['matmul_flops']:,} | {t['flop_counter']:,} | {note} | "
                      + " | ".join(ds_cells) + f" | {why} |")
+    versions = {t["deepspeed"].get("version") for t in tot if t["deepspeed"] and "version" in t["deepspeed"]}
+    if versions:
+        lines += ["", f"DeepSpeed {', '.join(sorted(versions))} from .bench-venv-ds: "
+                      "`get_model_profile(model, args=..., warm_up=0, as_string=False)` on the same models."]
     lines += [
         "",
         "Matmul-class flops (2 x MACs) equal FlopCounterMode exactly on every model except SDPA on CPU,",
