@@ -24,8 +24,10 @@ checksum and is cut off, as that commit never happened.
 """
 from __future__ import annotations
 
+import bisect
 import fcntl
 import json
+import math
 import os
 import threading
 import zlib
@@ -46,30 +48,37 @@ class LedgerBroken(RuntimeError):
 
 
 class SeqSet:
-    """The seqs of one client that are durable: all of 1..upto, plus `extras` above.
+    """The seqs of one client that are durable, as sorted disjoint [lo, hi] ranges.
 
-    Clients number envelopes 1, 2, 3...; resends and reconnects make arrival
-    slightly out of order, so the set is a watermark plus a few stragglers."""
+    Clients number envelopes 1, 2, 3...; normally this is the single range
+    [1, n]. Resends arrive out of order and a client may skip a seq for good
+    (an envelope the collector refused), so a gap costs one more range, never
+    one entry per later seq."""
 
-    __slots__ = ("upto", "extras")
+    __slots__ = ("ranges",)
 
-    def __init__(self, upto: int = 0, extras: Iterable[int] = ()):
-        self.upto = upto
-        self.extras = set(extras)
-        self._advance()
+    def __init__(self, ranges: Iterable[Iterable[int]] = ()):
+        self.ranges: list[list[int]] = []
+        for lo, hi in ranges:
+            self.add_range(lo, hi)
 
     def __contains__(self, seq: int) -> bool:
-        return seq <= self.upto or seq in self.extras
+        i = bisect.bisect_right(self.ranges, [seq, math.inf]) - 1  # last range starting <= seq
+        return i >= 0 and seq <= self.ranges[i][1]
 
     def add(self, seq: int) -> None:
-        if seq > self.upto:
-            self.extras.add(seq)
-            self._advance()
+        self.add_range(seq, seq)
 
-    def _advance(self) -> None:
-        while self.upto + 1 in self.extras:
-            self.upto += 1
-            self.extras.remove(self.upto)
+    def add_range(self, lo: int, hi: int) -> None:
+        r = self.ranges
+        i = bisect.bisect_left(r, [lo])  # first range starting at or after lo
+        if i > 0 and r[i - 1][1] >= lo - 1:  # the one before touches: merge from there
+            i -= 1
+        j = i
+        while j < len(r) and r[j][0] <= hi + 1:
+            lo, hi = min(lo, r[j][0]), max(hi, r[j][1])
+            j += 1
+        r[i:j] = [[lo, hi]]
 
 
 def _ranges(seqs: Iterable[int]) -> list[list[int]]:
@@ -141,10 +150,10 @@ class Ledger:
         with self._lock:
             self._append(record)
             self._apply(record)
-            for client, seqs in acked.items():
+            for client, ranges in record["acked"].items():
                 seq_set = self._clients.setdefault(client, SeqSet())
-                for s in seqs:
-                    seq_set.add(s)
+                for lo, hi in ranges:
+                    seq_set.add_range(lo, hi)
             self._after_commit()
 
     def commit_compaction(self, commit: int, inputs: list[Path], output: Path) -> None:
@@ -241,7 +250,7 @@ class Ledger:
                 continue  # a checkpoint is renamed into place whole, so this is damage; use an older one
             self._gen = gen
             self._next_commit = state["next_commit"]
-            self._clients = {c: SeqSet(v["upto"], v["extras"]) for c, v in state["clients"].items()}
+            self._clients = {c: SeqSet(ranges) for c, ranges in state["clients"].items()}
             break
         log = self._log_path(self._gen)
         if log.exists():
@@ -257,8 +266,7 @@ class Ledger:
                     for client, ranges in record.get("acked", {}).items():
                         seq_set = self._clients.setdefault(client, SeqSet())
                         for lo, hi in ranges:
-                            for s in range(lo, hi + 1):
-                                seq_set.add(s)
+                            seq_set.add_range(lo, hi)
             os.truncate(log, good_bytes)
         self._delete_uncommitted_temps()
 
@@ -272,8 +280,7 @@ class Ledger:
         """Fold the log into a new checkpoint; every record in it is fully applied."""
         new_gen = self._gen + 1
         state = {"next_commit": self._next_commit,
-                 "clients": {c: {"upto": s.upto, "extras": sorted(s.extras)}
-                             for c, s in self._clients.items()}}
+                 "clients": {c: s.ranges for c, s in self._clients.items()}}
         path = self._checkpoint_path(new_gen)
         tmp = path.with_name(path.name + layout.TEMP_SUFFIX)
         with open(tmp, "w") as f:

@@ -137,12 +137,32 @@ def test_a_second_ledger_on_the_same_dir_is_refused(tmp_path):
     Ledger(tmp_path).close()
 
 
-def test_seq_set_tracks_out_of_order_arrivals():
+def test_seq_set_tracks_out_of_order_arrivals_and_gaps_as_ranges():
     s = SeqSet()
     for seq in (3, 1, 5):
         s.add(seq)
-    assert s.upto == 1 and s.extras == {3, 5}
+    assert s.ranges == [[1, 1], [3, 3], [5, 5]]
     s.add(2)
     s.add(4)
-    assert s.upto == 5 and s.extras == set()
-    assert 4 in s and 6 not in s
+    assert s.ranges == [[1, 5]]
+    assert 4 in s and 6 not in s and 0 not in s
+    # a seq skipped for good: everything after it still costs a single range
+    for seq in range(7, 10_000):
+        s.add(seq)
+    assert s.ranges == [[1, 5], [7, 9999]] and 6 not in s and 9999 in s
+    s.add_range(2, 20_000)
+    assert s.ranges == [[1, 20_000]]
+    assert SeqSet([[5, 9], [1, 2], [3, 4]]).ranges == [[1, 9]]
+
+
+def test_seq_set_matches_a_plain_set():
+    import random
+    rng = random.Random(7)
+    s, plain = SeqSet(), set()
+    for _ in range(2000):
+        lo = rng.randint(1, 500)
+        hi = lo + rng.choice([0, 0, 0, 1, 5])
+        s.add_range(lo, hi)
+        plain.update(range(lo, hi + 1))
+    assert all((seq in s) == (seq in plain) for seq in range(0, 520))
+    assert all(a[1] + 1 < b[0] for a, b in zip(s.ranges, s.ranges[1:]))  # disjoint, not touching
