@@ -67,6 +67,7 @@ class Compactor:
         self.ledger = ledger
         self.config = config or CompactionConfig()
         self.merges = 0
+        self._settled: dict[Path, int] = {}  # partition -> dir mtime when it had nothing to merge
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
 
@@ -98,6 +99,12 @@ class Compactor:
             if partition.name == layout.PLACEHOLDER_PARTITION or self._stop.is_set():
                 continue
             while not self._stop.is_set():
+                try:
+                    mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
+                except FileNotFoundError:
+                    break
+                if self._settled.get(partition) == mtime:
+                    break  # no file came or went since it last had nothing to merge
                 # Only segments the store named: files put there by hand or by git are left alone.
                 ours = [(order, p) for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
                         if (order := segment_order(p)) is not None]
@@ -110,6 +117,7 @@ class Compactor:
                         pass
                 inputs = pick_inputs(sizes, self.config)
                 if not inputs:
+                    self._settled[partition] = mtime
                     break
                 self._merge(partition, inputs)
                 merges += 1
