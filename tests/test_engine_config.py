@@ -15,7 +15,7 @@ OPT = {"type": "Adam", "params": {"lr": 1e-3}}
 
 
 def _cfg(**kw) -> dict:
-    return dict({"train_micro_batch_size_per_gpu": 2, "optimizer": OPT}, **kw)
+    return dict({"train_micro_batch_size_per_gpu": 2, "optimizer": OPT, "telemetry": {"enabled": False}}, **kw)
 
 
 @pytest.mark.parametrize("given, world, expected", [
