@@ -1,0 +1,163 @@
+"""Scenario runs: the example GPT under the bundled engine, each with one thing wrong
+that the dashboard should make obvious. They are what ``sample_runs/`` holds
+(``python -m trainer.examples.make_sample_runs``), and can be run on their own:
+
+    RANKSCOPE_ENDPOINT=127.0.0.1:50051 RANKSCOPE_RUN=zero2-slow-rank3 \\
+        torchrun --nproc_per_node 4 -m trainer.examples.scenarios --scenario zero2-slow-rank3 --steps 30
+
+- ``zero2-slow-rank3``: ZeRO-2 on 4 ranks; rank 3 sleeps before every forward and
+  every optimizer step, so it is last at the gradient reduce_scatters and at the
+  parameter all_gathers (the ``stragglers`` view names it).
+- ``zero3-fp16-overflows``: ZeRO-3 + fp16 on 2 ranks starting from a loss scale of
+  2^24: the first steps overflow and are skipped while the scale backs off.
+- ``moe-skewed-expert``: the GPT with an MoE layer after each block, 4 experts over
+  ep_size 2, whose router is biased toward expert 0: that expert gets most tokens
+  and overflows its capacity, so tokens are dropped.
+
+Each scenario starts from a shipped config (trainer/examples/configs/) and
+changes only what the scenario is about.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+import trainer
+from trainer.examples._common import CONFIG_DIR, train_loop
+from trainer.examples.gpt import GPT, synthetic_batch
+
+VOCAB, BLOCK_SIZE = 128, 32  # GPT()'s defaults, which synthetic_batch must match
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str
+    nproc: int                                     # torchrun --nproc_per_node
+    base_config: str                               # file in trainer/examples/configs/
+    overrides: dict                                # merged into the base config, key by key
+    model: Callable[[], nn.Module]
+    prepare: Callable[[nn.Module, int], None] = lambda model, rank: None  # (model, rank), before initialize
+
+    def config(self) -> dict:
+        with open(CONFIG_DIR / self.base_config) as f:
+            return _merge(json.load(f), self.overrides)
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+# ---------------------------------------------------------------- zero2-slow-rank3
+
+SLOW_RANK, SLOW_SECONDS = 3, 0.04
+
+
+def _slow_down(model: nn.Module, rank: int) -> None:
+    """Rank 3 is a slow host: it sleeps before each forward and before each optimizer step.
+    Gradient reduce_scatters are launched async from backward, so all of rank 3's are
+    issued ~40 ms after the others'; its late optimizer step makes it the last to reach
+    the parameter all_gathers that follow."""
+    if rank == SLOW_RANK:
+        model.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_SECONDS))
+        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: time.sleep(SLOW_SECONDS))
+
+
+# ---------------------------------------------------------------- moe-skewed-expert
+
+NUM_EXPERTS, EP_SIZE, FAVOURED_EXPERT, ROUTER_BIAS = 4, 2, 0, 1.5
+
+
+class MoEGPT(GPT):
+    """The example GPT with an MoE feed-forward (residual, pre-norm) after each block.
+    forward returns (logits, aux_loss summed over the MoE layers)."""
+
+    def __init__(self, layers: int = 2, dim: int = 64, **gpt_kw) -> None:
+        from trainer.moe import MoE
+
+        super().__init__(layers=layers, dim=dim, **gpt_kw)
+        expert = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.moe_ln = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
+        self.moe = nn.ModuleList(MoE(dim, expert, num_experts=NUM_EXPERTS, ep_size=EP_SIZE, k=1,
+                                     capacity_factor=1.0, min_capacity=4, layer_id=i) for i in range(layers))
+
+    def forward(self, idx: torch.Tensor):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)  # [B, T, C]
+        aux = x.new_zeros(())
+        for block, ln, moe in zip(self.blocks, self.moe_ln, self.moe):
+            x = block(x)
+            y, layer_aux, _ = moe(ln(x))
+            x, aux = x + y, aux + layer_aux
+        return self.lm_head(self.ln_f(x)), aux
+
+
+def _skew_router(model: nn.Module, rank: int) -> None:
+    """Bias every router toward one expert: a pre-hook on the gate shifts the tokens it
+    sees along that expert's gate-weight row so that its logit is ROUTER_BIAS higher for
+    every token (the experts still get the unshifted tokens). Recomputed from the current
+    weight at each forward, so training does not wear the skew off."""
+    def shift(gate, args):
+        row = gate.weight.detach()[FAVOURED_EXPERT].to(args[0].dtype)  # [M]
+        return (args[0] + row * (ROUTER_BIAS / row.dot(row)),)
+
+    for moe in model.moe:
+        moe.gate.register_forward_pre_hook(shift)
+
+
+def _moe_loss(out, targets):
+    logits, aux = out
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)) + 0.01 * aux
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario(name="zero2-slow-rank3", nproc=4, base_config="zero2.json", model=GPT, prepare=_slow_down,
+             overrides={"comms_logger": {"enabled": True, "prof_all": True}, "wall_clock_breakdown": True,
+                        "flops_profiler": {"enabled": True, "profile_step": 2}}),
+    Scenario(name="zero3-fp16-overflows", nproc=2, base_config="zero3.json", model=GPT,
+             overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
+                                 "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
+                        "flops_profiler": {"enabled": False}}),
+    Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=MoEGPT, prepare=_skew_router,
+             overrides={"flops_profiler": {"enabled": False}}),
+)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Run one scenario of the shipped sample runs under torchrun.")
+    p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    scenario = SCENARIOS[args.scenario]
+    rank = int(os.environ.get("RANK", 0))
+    torch.manual_seed(args.seed)
+    model = scenario.model()
+    scenario.prepare(model, rank)
+    engine, *_ = trainer.initialize(model=model, config=scenario.config())
+    moe = isinstance(model, MoEGPT)
+
+    def batches(step, micro):
+        x, y = synthetic_batch(step, micro, rank, engine.train_micro_batch_size_per_gpu(), VOCAB, BLOCK_SIZE,
+                               engine.device)
+        if moe:
+            return x, lambda out: _moe_loss(out, y)
+        return x, lambda logits: F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    train_loop(engine, batches, argparse.Namespace(steps=args.steps, load=None, save=None), scenario.name)
+
+
+if __name__ == "__main__":
+    main()
