@@ -143,6 +143,25 @@ def machine() -> str:
            f"duckdb {__import__('duckdb').__version__}, streamlit {__import__('streamlit').__version__}"
 
 
+NOTES = """
+## Reading these numbers
+
+- Page queries read the per-run comm rollup (one row per rank, step, group, op and message
+  size) instead of the raw records; the raw-Parquet columns are the same aggregations without
+  it, and the straggler ones need the per-collective join across ranks, which is what makes
+  them take seconds. The rollup costs one pass per data version (the build time above); a
+  live run rebuilds it when a new segment lands, a finished run keeps it.
+- `instances_at` is the Stragglers drill-down (a click, not a page load): it reads the raw
+  records of one step, pruned by Parquet min/max statistics but still opening every
+  segment's footer.
+- `memory_by_step` returns every (rank, step, kind) point of a 10,000-rank-step run; its
+  cost is mostly the rows handed to pandas.
+- Time to first chart includes the browser loading the page and Plotly, a fresh Streamlit
+  session, and (cold) the first queries of the run; it is dominated by CPU share on this
+  busy 2-core machine, not by the queries above.
+"""
+
+
 def report(records: int, reps: int, rows, extra, browser_rows, gen_s: float) -> str:
     lines = [
         "# Dashboard query latency",
@@ -174,7 +193,7 @@ def report(records: int, reps: int, rows, extra, browser_rows, gen_s: float) -> 
                   "Headless /usr/bin/chromium via Playwright, navigation to first `.js-plotly-plot` drawn.", "",
                   "| load | page | seconds |", "|---|---|---:|"]
         lines += [f"| {a} | {p} | {s:.2f} |" for a, p, s in browser_rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + NOTES
 
 
 def main() -> None:
