@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import trainer
-from _engine_util import engine_config, make_model, spawn, train
+from _engine_util import engine_config, make_model, num_params, spawn, train
 
 BATCH, OVERFLOW_STEP, BAD_RANK, BAD_PARAM = 8, 3, 1, "2.weight"
 
@@ -35,7 +35,8 @@ def _overflow_run(rank, world, config):
         snapshots.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
         records.append(engine.last_records["loss_scale"][0])
     return {"records": records, "unchanged": snapshots, "skipped": engine.skipped_steps,
-            "dtype": str(next(model.parameters()).dtype)}
+            "dtype": str(next(model.parameters()).dtype),
+            "memory": {r["kind"]: r["bytes"] for r in engine.last_records["memory"]}}
 
 
 def _bf16_run(rank, world):
@@ -67,6 +68,11 @@ def test_engine_precision(tmp_path):
                 assert not rec["overflow"] and rec["bad_params"] == "" and rec["first_rank"] == -1
                 assert not dyn["unchanged"][step]
         assert dyn["records"][0]["scale_before"] == 2.0 ** 8
+        # ZeRO-2 with fp16 on 2 ranks: fp16 params 2Ψ; fp32 gradient shards 4Ψ/2 (accumulated in fp32,
+        # where the paper counts fp16); fp32 master + Adam moments 12Ψ/2 (the paper's K = 12).
+        psi = num_params()
+        for kind, want in {"params": 2 * psi, "grads": 4 * psi / 2, "optimizer": 12 * psi / 2}.items():
+            assert abs(dyn["memory"][kind] - want) <= 0.05 * want, (kind, dyn["memory"][kind], want)
         assert dyn["skipped"] == 1
         static = res["static"]
         assert [r["scale"] for r in static["records"]] == [128.0] * 6
