@@ -70,6 +70,7 @@ def _rank(rank: int, port: int, args: dict, out_dir: str) -> None:
         for _ in range(args["warmup"]):
             step(ep)
     comm.barrier()
+    comm.flush()  # warm-up records still queued for the drain thread would land after the reset
     comm.reset_summary()
     for _ in range(args["steps"]):  # interleaved, so load from other jobs hits both placements alike
         for ep in (1, 2):
