@@ -19,6 +19,8 @@ CASES = {
     "zero2": (2, 1, 0.0, {}),
     "zero2_gas2_clip_overlap": (2, 2, CLIP, {"overlap_comm": True}),
     "zero2_offload_gas2_clip": (2, 2, CLIP, {"offload_optimizer": {"device": "cpu"}}),
+    "zero2_allreduce_gas2": (2, 2, 0.0, {"reduce_scatter": False}),
+    "zero1_allreduce": (1, 1, 0.0, {"reduce_scatter": False}),
     "zero3": (3, 1, 0.0, {}),
     "zero3_gas2_clip_overlap_persist": (3, 2, CLIP, {"overlap_comm": True,
                                                     "stage3_param_persistence_threshold": 100}),

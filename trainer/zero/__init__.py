@@ -25,7 +25,8 @@ def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, n
     """The stage's optimizer over ``named_groups`` (trainable (name, param) lists, one per param group),
     partitioned over the data-parallel ``group`` (None: the world) of which this is rank ``rank``."""
     common = dict(rank=rank, world_size=world_size, device=device, group=group, loss_scaler=loss_scaler,
-                  gradient_clipping=gradient_clipping, overlap_comm=zero.overlap_comm)
+                  gradient_clipping=gradient_clipping, overlap_comm=zero.overlap_comm,
+                  reduce_scatter=zero.reduce_scatter)
     shards = 1 if zero.stage == 0 else world_size
 
     def buckets_of(groups):

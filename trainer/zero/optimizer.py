@@ -45,13 +45,15 @@ class ZeroOptimizer:
     stage = -1
 
     def __init__(self, buckets: list[FlatBucket], *, rank: int, world_size: int, device: torch.device,
-                 group=None, loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False) -> None:
+                 group=None, loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False,
+                 reduce_scatter: bool = True) -> None:
         self.buckets = buckets
         # rank / world_size / group: the data-parallel group (the world without tensor parallelism)
         self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
         self.loss_scaler = loss_scaler
         self.gradient_clipping = gradient_clipping
         self.overlap_comm = overlap_comm
+        self.reduce_scatter = reduce_scatter  # False: all_reduce whole buckets, keep this rank's shard
         self.master: OffloadedOptimizer | None = None  # set by attach_master once shards exist
         self._local_bad: list[str] = []  # params with inf/nan seen in local (pre-reduction) grads
         self._bucket_of: dict[nn.Parameter, FlatBucket] = {}

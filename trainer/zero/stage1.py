@@ -10,7 +10,8 @@ Once per step, at the boundary:
     master_shard.step(grad_shard)                              # [S] fp32 Adam, state [2, S]
     all_gather_into_tensor(flat_param, flat_param[r*S:(r+1)*S])  # [N * S] everyone's update
 
-With overlap_comm a bucket's reduce_scatter starts (async) during the boundary
+With ``reduce_scatter: false`` the bucket is all_reduced instead (DeepSpeed's switch)
+and only the shard is used. With overlap_comm a bucket's reduction starts (async) during the boundary
 backward as soon as all its gradients are produced; otherwise all start after it.
 """
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Stage1Optimizer(ZeroOptimizer):
         return b, self.reduce(b)
 
     def reduce(self, b: FlatBucket):
+        if not self.reduce_scatter:
+            return comm.all_reduce(b.flat_grad, group=self.group, async_op=True, log_name="zero1.all_reduce_grads")
         return comm.reduce_scatter_tensor(b.shard_of(b.flat_grad), b.flat_grad, group=self.group, async_op=True,
                                           log_name="zero1.reduce_scatter_grads")
 

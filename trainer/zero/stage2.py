@@ -13,7 +13,8 @@ in fp32 across micro-batches; the full local gradients are dropped right after:
 
 This is DeepSpeed's schedule: one reduction per micro-batch, because holding
 the full gradients until the boundary would undo the stage's memory saving.
-With overlap_comm a bucket's reduce_scatter starts (async) inside backward as
+With ``reduce_scatter: false`` buckets are all_reduced and only the shard is kept.
+With overlap_comm a bucket's reduction starts (async) inside backward as
 soon as its last gradient is produced; otherwise all start right after backward.
 """
 from __future__ import annotations
@@ -58,8 +59,13 @@ class Stage2Optimizer(ZeroOptimizer):
         for s in b.slots:
             s.param.grad = None
         self.note_local_overflow(b, staging)
+        if not self.reduce_scatter:
+            work = comm.all_reduce(staging, group=self.group, async_op=True,
+                                   log_name=f"zero{self.stage}.all_reduce_grads")
+            return b, b.shard_of(staging), staging, work
         out = torch.empty(b.shard_numel, dtype=b.dtype, device=self.device)
-        work = comm.reduce_scatter_tensor(out, staging, group=self.group, async_op=True, log_name=f"zero{self.stage}.reduce_scatter_grads")
+        work = comm.reduce_scatter_tensor(out, staging, group=self.group, async_op=True,
+                                          log_name=f"zero{self.stage}.reduce_scatter_grads")
         return b, out, staging, work
 
     def finish_reduction(self, pending) -> None:
