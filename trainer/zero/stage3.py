@@ -12,6 +12,11 @@ its shard ``[S]`` (on the CPU with offload_param). Around every use:
                         grad_shard [S] += out / N ; params -> empty
     boundary:           master_shard.step(grad_shard) ; the shard is the parameter (no all_gather)
 
+Releasing drops the engine's reference; an op that saved a view of the weight
+for backward (F.linear saves weight.t()) keeps that buffer alive until its
+backward runs, as in DeepSpeed without its custom ZeRO-3 linear. Parameters
+must be used inside the forward of the module that owns them.
+
 Parameters below stage3_param_persistence_threshold elements, and parameters
 used by more than one module (tied weights), stay resident and are handled
 exactly like stage 2 (full copy, gradient reduce_scatter, all_gather after step).
