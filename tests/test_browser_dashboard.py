@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 # url path -> what must be on the page once it has rendered
 PAGES = {
-    "": "Runs",
+    "": "train_batch_size",  # the selected run's config, drawn after the runs table
     "overview": f"rank {DELAYED_RANK} arrives last",
     "comms": "Summary (deepspeed.comm.log_summary)",
     "stragglers": f"rank {DELAYED_RANK} arrives last",
@@ -99,6 +99,8 @@ def open_page(tab, base: str, path: str) -> None:
     tab.get_by_text(PAGES[path], exact=False).first.wait_for(timeout=45_000)
     if path in CHART_PAGES:
         tab.locator(".js-plotly-plot").first.wait_for(timeout=45_000)
+    if path == "":
+        tab.locator("[data-testid='stDataFrame'] canvas").first.wait_for(timeout=45_000)
     # Streamlit shows a running indicator until the script run finishes.
     tab.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=45_000)
 
