@@ -167,6 +167,7 @@ def main() -> int:
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{out.name}.new.", dir=out.parent))
+    build.chmod(0o755)  # mkdtemp's 0700 would become --out's mode
     try:
         with tempfile.TemporaryDirectory(prefix="rankscope-sample-runs-") as raw:
             record(Path(raw), args.only, args.steps)

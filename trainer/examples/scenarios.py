@@ -5,9 +5,11 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
     RANKSCOPE_ENDPOINT=127.0.0.1:50051 RANKSCOPE_RUN=zero2-slow-rank3 \\
         torchrun --nproc_per_node 4 -m trainer.examples.scenarios --scenario zero2-slow-rank3 --steps 30
 
-- ``zero2-slow-rank3``: ZeRO-2 on 4 ranks; rank 3 sleeps before every forward and
-  every optimizer step, so it is last at the gradient reduce_scatters and at the
-  parameter all_gathers (the ``stragglers`` view names it).
+- ``zero2-slow-rank3``: ZeRO-2 on 4 ranks; rank 3 sleeps before every forward, so
+  it is last at every gradient reduction (the ``stragglers`` view names it). The
+  buckets are all_reduced (``reduce_scatter: false``): an async gloo
+  reduce_scatter_tensor cannot be timed on CPU (its Work has no future and never
+  reports completion), so its records would be missing.
 - ``zero3-fp16-overflows``: ZeRO-3 + fp16 on 2 ranks starting from a loss scale of
   2^24: the first steps overflow and are skipped while the scale backs off.
 - ``moe-skewed-expert``: the GPT with an MoE layer after each block, 4 experts over
@@ -30,9 +32,9 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import trainer
+from trainer.engine import init_distributed
 from trainer.examples._common import CONFIG_DIR, train_loop
 from trainer.examples.gpt import GPT, synthetic_batch
 
@@ -66,13 +68,10 @@ SLOW_RANK, SLOW_SECONDS = 3, 0.04
 
 
 def _slow_down(model: nn.Module, rank: int) -> None:
-    """Rank 3 is a slow host: it sleeps before each forward and before each optimizer step.
-    Gradient reduce_scatters are launched async from backward, so all of rank 3's are
-    issued ~40 ms after the others'; its late optimizer step makes it the last to reach
-    the parameter all_gathers that follow."""
+    """Rank 3 sleeps before each forward. Gradient reductions are launched async from
+    backward, so every one of rank 3's is issued ~40 ms after the others'."""
     if rank == SLOW_RANK:
         model.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_SECONDS))
-        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: time.sleep(SLOW_SECONDS))
 
 
 # ---------------------------------------------------------------- moe-skewed-expert
@@ -125,7 +124,8 @@ def _moe_loss(out, targets):
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(name="zero2-slow-rank3", nproc=4, base_config="zero2.json", model=GPT, prepare=_slow_down,
              overrides={"comms_logger": {"enabled": True, "prof_all": True}, "wall_clock_breakdown": True,
-                        "flops_profiler": {"enabled": True, "profile_step": 2}}),
+                        "flops_profiler": {"enabled": True, "profile_step": 2},
+                        "zero_optimization": {"reduce_scatter": False}}),
     Scenario(name="zero3-fp16-overflows", nproc=2, base_config="zero3.json", model=GPT,
              overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
                                  "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
@@ -144,6 +144,7 @@ def main() -> None:
     scenario = SCENARIOS[args.scenario]
     rank = int(os.environ.get("RANK", 0))
     torch.manual_seed(args.seed)
+    init_distributed()  # before the model: MoE layers build their expert-parallel groups
     model = scenario.model()
     scenario.prepare(model, rank)
     engine, *_ = trainer.initialize(model=model, config=scenario.config())
