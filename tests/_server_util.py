@@ -82,13 +82,13 @@ class RawStream:
         """Half-close: the server acks what is outstanding, then ends the stream."""
         self._outbox.put(None)
 
-    def wait_acked(self, seqs: Iterable[int], timeout: float = 20.0) -> bool:
+    def wait_acked(self, seqs: Iterable[int], timeout: float = 30.0) -> bool:
         want = set(seqs)
         with self._cond:
             return self._cond.wait_for(lambda: want <= self.acked or self.done.is_set(), timeout) \
                 and want <= self.acked
 
-    def finish(self, timeout: float = 20.0) -> None:
+    def finish(self, timeout: float = 30.0) -> None:
         self.close()
         assert self.done.wait(timeout), "stream did not end"
 

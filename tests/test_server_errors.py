@@ -85,7 +85,7 @@ def test_a_bad_envelope_ends_its_stream_only(served, tmp_path, spoil, code, word
     bad.send(comm_envelope("bad", 1, "r", 0, 0, 10), comm_envelope("bad", 2, "r", 0, 10, 10))
     bad.send(spoil(comm_envelope("bad", 3, "r", 0, 20, 10)))
     bad.send(comm_envelope("bad", 4, "r", 0, 30, 10))  # after the bad one: never read
-    assert bad.done.wait(10)
+    assert bad.done.wait(30)
     err = bad.error
     assert err is not None and err.code() == code
     assert "seq 3" in err.details()
@@ -113,7 +113,7 @@ def test_an_oversized_message_is_refused_with_resource_exhausted(served, tmp_pat
     huge = comm_envelope("big", 2, "r", 0, 10, 1)
     huge.table.columns[0].i64 = b"\0" * (MAX_MESSAGE_BYTES + 1024)
     big.send(huge)
-    assert big.done.wait(20)
+    assert big.done.wait(30)
     assert big.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     healthy.send(comm_envelope("healthy", 2, "r", 1, 10, 10))
     healthy.finish()
@@ -131,7 +131,7 @@ def test_a_token_is_required_when_the_collector_has_one(served, tmp_path):
         assert "bearer token" in info.value.details()
         denied = RawStream(channel, metadata=metadata)
         denied.send(comm_envelope("c", 1, "r", 0, 0, 10))
-        assert denied.done.wait(10)
+        assert denied.done.wait(30)
         assert denied.error.code() == grpc.StatusCode.UNAUTHENTICATED and not denied.acked
 
     good = (("authorization", "Bearer s3cret"),)
@@ -165,7 +165,7 @@ def test_a_failed_commit_is_not_acked_and_the_resend_is_stored_once(served, tmp_
     channel, _ = served()
     s = RawStream(channel)
     s.send(hello("c", 1, "r", 0, 1), comm_envelope("c", 2, "r", 0, 0, 10))
-    assert s.done.wait(10)
+    assert s.done.wait(30)
     assert s.error.code() == grpc.StatusCode.UNAVAILABLE and "resend" in s.error.details()
     assert REJECTED_SEQ_KEY not in dict(s.error.trailing_metadata())
     assert not s.acked
