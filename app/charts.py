@@ -50,8 +50,11 @@ def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
 
 
 def heatmap(df: pd.DataFrame, z: str, title: str, *, y_labels: dict[int, str] | None = None,
-            colorbar: str = "ms") -> go.Figure:
-    """Rank x step grid of ``z``; rows follow ``y_labels``' order (e.g. grouped by host)."""
+            colorbar: str = "ms", clickable: bool = False) -> go.Figure:
+    """Rank x step grid of ``z``; rows follow ``y_labels``' order (e.g. grouped by host).
+
+    Plotly reports no selection on heatmap cells, so a clickable heatmap carries an
+    invisible marker on every cell: clicking a cell selects its marker (x=step, y=label)."""
     grid = df.pivot(index="rank", columns="step", values=z).sort_index()
     if y_labels:
         grid = grid.reindex([r for r in y_labels if r in grid.index] + [r for r in grid.index if r not in y_labels])
@@ -59,6 +62,12 @@ def heatmap(df: pd.DataFrame, z: str, title: str, *, y_labels: dict[int, str] | 
     fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=labels, colorscale="Viridis",
                                colorbar=dict(title=colorbar),
                                hovertemplate="%{y}, step %{x}: %{z:.2f} " + colorbar + "<extra></extra>"))
+    if clickable:
+        cells = grid.stack().reset_index()
+        fig.add_trace(go.Scatter(
+            x=cells.step, y=[labels[grid.index.get_loc(r)] for r in cells["rank"]], mode="markers",
+            marker=dict(symbol="square", size=12, opacity=0), showlegend=False,
+            hovertemplate="%{y}, step %{x}: click to list its collectives<extra></extra>"))
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(title="step")
     return _tidy(fig, title, height=max(HEIGHT, 40 * len(labels) + 120))

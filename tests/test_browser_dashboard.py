@@ -127,3 +127,19 @@ def test_comms_table_lists_each_op(page, dashboard):
     text = summary.inner_text()
     for op in {op for op, _, _ in COLLECTIVES}:
         assert op in text
+
+
+def test_clicking_a_heatmap_cell_drills_down_to_it(page, dashboard):
+    open_page(page, dashboard, "stragglers")
+    heatmap = page.locator(".js-plotly-plot").nth(1)  # arrival delay; [0] is the last-rank bars
+    heatmap.scroll_into_view_if_needed()
+    cells = heatmap.locator(".nsewdrag").first.bounding_box()
+    # Rows are ranks 0..3 (grouped by host, in rank order here). The drill-down starts at the
+    # last rank and step 0; click rank 1's row mid-run and both follow the clicked cell.
+    clicked_rank = 1
+    page.mouse.click(cells["x"] + cells["width"] / 2, cells["y"] + cells["height"] * (clicked_rank + 0.5) / 4)
+    page.wait_for_function(
+        "rank => [...document.querySelectorAll(\"[data-testid='stSelectbox'] input\")]"
+        ".some(el => el.value.endsWith(rank))", arg=f"rank {clicked_rank}", timeout=30_000)
+    step = int(page.locator("[data-testid='stNumberInput'] input").first.input_value())
+    assert 0 < step < FINISHED.steps - 1

@@ -80,7 +80,7 @@ def stragglers_page() -> None:
 
         grid = queries.delay_heatmap(d, run_id, version, flt)
         st.plotly_chart(charts.heatmap(grid, "arrival_delay_ms", "Arrival delay per collective (mean ms)",
-                                       y_labels=labels),
+                                       y_labels=labels, clickable=True),
                         key=HEATMAP_KEY, on_select="rerun", selection_mode="points")
         st.plotly_chart(charts.heatmap(grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)",
                                        y_labels=labels))
