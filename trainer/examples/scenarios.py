@@ -14,7 +14,9 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
   2^24: the first steps overflow and are skipped while the scale backs off.
 - ``moe-skewed-expert``: the GPT with an MoE layer after each block, 4 experts over
   ep_size 2, whose router is biased toward expert 0: that expert gets most tokens
-  and overflows its capacity, so tokens are dropped.
+  and overflows its capacity, so tokens are dropped. The engine refuses expert
+  parameters for now, so this one trains in its own loop with trainer.moe's
+  expert-aware data parallelism (``_train_without_engine``).
 
 Each scenario starts from a shipped config (trainer/examples/configs/) and
 changes only what the scenario is about.
@@ -34,11 +36,17 @@ from torch import nn
 from torch.nn import functional as F
 
 import trainer
+from collector import telemetry
+from trainer import comm
 from trainer.engine import init_distributed
 from trainer.examples._common import CONFIG_DIR, train_loop
 from trainer.examples.gpt import GPT, synthetic_batch
 
 VOCAB, BLOCK_SIZE = 128, 32  # GPT()'s defaults, which synthetic_batch must match
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +56,9 @@ class Scenario:
     base_config: str                               # file in trainer/examples/configs/
     overrides: dict                                # merged into the base config, key by key
     model: Callable[[], nn.Module]
-    prepare: Callable[[nn.Module, int], None] = lambda model, rank: None  # (model, rank), before initialize
+    prepare: Callable[[nn.Module, int], None] = lambda model, rank: None  # (model, rank), before training
+    loss: Callable[[object, torch.Tensor], torch.Tensor] = _lm_loss  # (model output, targets)
+    engine: bool = True                            # False: _train_without_engine
 
     def config(self) -> dict:
         with open(CONFIG_DIR / self.base_config) as f:
@@ -116,9 +126,37 @@ def _skew_router(model: nn.Module, rank: int) -> None:
         moe.gate.register_forward_pre_hook(shift)
 
 
-def _moe_loss(out, targets):
+def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
     logits, aux = out
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)) + 0.01 * aux
+    return _lm_loss(logits, targets) + 0.01 * aux
+
+
+def _train_without_engine(scenario: Scenario, model: nn.Module, config: dict, steps: int, rank: int) -> None:
+    """The loop a user's own script runs with trainer.moe: replicas synced and gradients
+    averaged by trainer.moe.data_parallel (expert parameters over their expert-data-parallel
+    group), AdamW with the config's settings, telemetry started by hand. Only while the
+    engine refuses expert parameters (trainer/engine.py, _reject_expert_params)."""
+    from trainer.moe import broadcast_parameters, reduce_gradients
+
+    telemetry.start(config=config, source="script")
+    comm.configure(config.get("comms_logger"))
+    broadcast_parameters(model)
+    optimizer = torch.optim.AdamW(model.parameters(), **config["optimizer"]["params"])
+    status = "failed"
+    try:
+        for step in range(steps):
+            telemetry.set_step(step)
+            x, y = synthetic_batch(step, 0, rank, config["train_micro_batch_size_per_gpu"], VOCAB, BLOCK_SIZE, "cpu")
+            loss = scenario.loss(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            reduce_gradients(model)
+            optimizer.step()
+            if rank == 0:
+                print(f"[{scenario.name}] step {step + 1} loss {loss.item():.4f}", flush=True)
+        status = "finished"
+    finally:
+        telemetry.stop(status)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -130,8 +168,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
                                  "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
                         "flops_profiler": {"enabled": False}}),
+    # engine=False: the engine does not reduce expert gradients over expert-data-parallel groups yet.
     Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=MoEGPT, prepare=_skew_router,
-             overrides={"flops_profiler": {"enabled": False}}),
+             loss=_moe_loss, engine=False, overrides={"flops_profiler": {"enabled": False}}),
 )}
 
 
@@ -147,18 +186,18 @@ def main() -> None:
     init_distributed()  # before the model: MoE layers build their expert-parallel groups
     model = scenario.model()
     scenario.prepare(model, rank)
-    engine, *_ = trainer.initialize(model=model, config=scenario.config())
-    moe = isinstance(model, MoEGPT)
+    config = scenario.config()
+    if not scenario.engine:
+        _train_without_engine(scenario, model, config, args.steps, rank)
+        return
+    engine, *_ = trainer.initialize(model=model, config=config)
 
     def batches(step, micro):
         x, y = synthetic_batch(step, micro, rank, engine.train_micro_batch_size_per_gpu(), VOCAB, BLOCK_SIZE,
                                engine.device)
-        if moe:
-            return x, lambda out: _moe_loss(out, y)
-        return x, lambda logits: F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return x, lambda out: scenario.loss(out, y)
 
     train_loop(engine, batches, argparse.Namespace(steps=args.steps, load=None, save=None), scenario.name)
-
 
 if __name__ == "__main__":
     main()
