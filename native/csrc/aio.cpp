@@ -71,8 +71,12 @@ struct IoOp {
   }
 };
 
+// Workers hold a raw pointer: the op's owner (pending_ or the caller of run)
+// keeps it alive until `done`, so a worker never drops the last reference to
+// the tensor -- which would need the GIL that a Python thread joining the
+// workers in ~AioHandle is holding.
 struct Task {
-  std::shared_ptr<IoOp> op;
+  IoOp* op;
   int index;
 };
 
@@ -225,7 +229,7 @@ class AioHandle {
         close_fds(*op);
         op->done = true;
       }
-      for (int64_t i = 0; i < tasks; ++i) queue_.push_back(Task{op, static_cast<int>(i)});
+      for (int64_t i = 0; i < tasks; ++i) queue_.push_back(Task{op.get(), static_cast<int>(i)});
     }
     if (tasks > 0) work_cv_.notify_all();
     return op;
@@ -257,12 +261,12 @@ class AioHandle {
 
   void worker_loop() {
     while (true) {
-      Task task;
+      Task task{nullptr, 0};
       {
         std::unique_lock<std::mutex> lock(mutex_);
         work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, and nothing left to do
-        task = std::move(queue_.front());
+        task = queue_.front();
         queue_.pop_front();
         ++running_;
       }
