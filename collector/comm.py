@@ -31,6 +31,7 @@ import collections
 import itertools
 import logging
 import math
+import queue
 import sys
 import threading
 from array import array
@@ -140,17 +141,55 @@ def _ranks_label(ranks: list[int]) -> str:
     return ",".join(parts)
 
 
+class _Waiter:
+    """A daemon thread that waits on async collectives whose Work has no future.
+
+    Some gloo collectives (e.g. reduce_scatter_tensor in torch 2.13) return a
+    Work without get_future() whose is_completed() never turns true, so polling
+    would never resolve them. Waiting on such a Work from a second thread is
+    safe for collectives; p2p works are left to polling, because a second wait
+    on a gloo send can block for ever.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def submit(self, pending: "_AsyncEnd") -> None:
+        if self.thread is None or not self.thread.is_alive():
+            with self.lock:
+                if self.thread is None or not self.thread.is_alive():
+                    self.thread = threading.Thread(target=self._run, name="rankscope-comm-waiter", daemon=True)
+                    self.thread.start()
+        self.queue.put(pending)
+
+    def _run(self) -> None:
+        while True:
+            pending = self.queue.get()
+            try:
+                pending.work.wait()
+            except Exception:  # the caller sees the failure on its own wait(); we only time it
+                pass
+            pending.end = perf_ns()
+
+
+_WAITER = _Waiter()
+
+
 class _AsyncEnd:
     """Completion time of an async op, set by its future's callback (or, for
-    work objects without futures, when the drain thread sees it completed)."""
+    work objects without futures, by the waiter thread for collectives and by
+    the drain thread's polling for p2p)."""
     __slots__ = ("work", "end")
 
-    def __init__(self, work) -> None:
+    def __init__(self, work, p2p: bool) -> None:
         self.work, self.end = work, None
         try:
             work.get_future().then(self._done)
-        except Exception:  # backends / ops without futures (e.g. gloo p2p): polled instead
-            pass
+        except Exception:  # backends / ops without futures (e.g. gloo)
+            if not p2p:
+                _WAITER.submit(self)
 
     def _done(self, fut) -> None:
         self.end = perf_ns()
@@ -250,7 +289,7 @@ class _Recorder:
             if span is not None:
                 span.stop = torch.cuda.Event(enable_timing=True)
                 span.stop.record()
-            timing = _AsyncEnd(work) if work is not None else span
+            timing = _AsyncEnd(work, op in _P2P_OPS) if work is not None else span
             if op in _P2P_OPS:
                 me = get_rank()
                 g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)

@@ -59,8 +59,6 @@ def test_engine_records_land_in_the_catalog(run):
     assert comm["zero.overflow"] == STEPS  # the fp16 overflow vote, once per step
 
 
-@pytest.mark.xfail(strict=True, reason="collector.comm: an async gloo reduce_scatter_tensor Work has no future "
-                                       "and is_completed() stays False after wait(), so its record never resolves")
 def test_engine_gradient_reduce_scatter_records(run):
     q, where = run
     comm = dict(q(f"SELECT log_name, count(*) FROM comm {where} AND rank = 0 GROUP BY ALL"))
