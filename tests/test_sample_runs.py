@@ -117,3 +117,21 @@ def test_moe_run_favours_one_expert_and_drops_tokens(q):
         top = max(tokens, key=tokens.get)
         assert tokens[top] > 1.5 * max(t for e, t in tokens.items() if e != top), (layer, tokens)
     assert sum(d for *_, d in per_expert) > 0
+
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "app"
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (DASHBOARD / "views").glob("*.py")))
+def test_every_dashboard_page_renders_every_sample_run(page, copied, q, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(copied))
+    for name, run in q("SELECT name, run_id FROM runs ORDER BY name"):
+        at = AppTest.from_file(str(DASHBOARD / "main.py"), default_timeout=60)
+        at.session_state["selected_runs"] = [run]
+        at.run()
+        at.switch_page(f"views/{page}").run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        if page == "stragglers.py" and name == "zero2-slow-rank3":
+            assert "rank 3 arrives last" in "\n".join(str(m.value) for m in at.markdown)

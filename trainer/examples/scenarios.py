@@ -41,6 +41,8 @@ from trainer import comm
 from trainer.engine import init_distributed
 from trainer.examples._common import CONFIG_DIR, train_loop
 from trainer.examples.gpt import GPT, synthetic_batch
+from trainer.moe import MoE, broadcast_parameters, reduce_gradients
+from trainer.monitor import MonitorMaster
 
 VOCAB, BLOCK_SIZE = 128, 32  # GPT()'s defaults, which synthetic_batch must match
 
@@ -94,8 +96,6 @@ class MoEGPT(GPT):
     forward returns (logits, aux_loss summed over the MoE layers)."""
 
     def __init__(self, layers: int = 2, dim: int = 64, **gpt_kw) -> None:
-        from trainer.moe import MoE
-
         super().__init__(layers=layers, dim=dim, **gpt_kw)
         expert = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
         self.moe_ln = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
@@ -136,26 +136,31 @@ def _train_without_engine(scenario: Scenario, model: nn.Module, config: dict, st
     averaged by trainer.moe.data_parallel (expert parameters over their expert-data-parallel
     group), AdamW with the config's settings, telemetry started by hand. Only while the
     engine refuses expert parameters (trainer/engine.py, _reject_expert_params)."""
-    from trainer.moe import broadcast_parameters, reduce_gradients
-
     telemetry.start(config=config, source="script")
     comm.configure(config.get("comms_logger"))
+    monitor = MonitorMaster(config)  # the loss and lr the engine would log, for the dashboard's overview
     broadcast_parameters(model)
+    lr = config["optimizer"]["params"]["lr"]
     optimizer = torch.optim.AdamW(model.parameters(), **config["optimizer"]["params"])
+    micro = config["train_micro_batch_size_per_gpu"]
     status = "failed"
     try:
         for step in range(steps):
             telemetry.set_step(step)
-            x, y = synthetic_batch(step, 0, rank, config["train_micro_batch_size_per_gpu"], VOCAB, BLOCK_SIZE, "cpu")
+            x, y = synthetic_batch(step, 0, rank, micro, VOCAB, BLOCK_SIZE, "cpu")
             loss = scenario.loss(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             reduce_gradients(model)
             optimizer.step()
+            samples = (step + 1) * micro * comm.get_world_size()
+            monitor.write_events([("Train/Samples/train_loss", loss.detach(), samples),
+                                  ("Train/Samples/lr", lr, samples)])
             if rank == 0:
                 print(f"[{scenario.name}] step {step + 1} loss {loss.item():.4f}", flush=True)
         status = "finished"
     finally:
+        monitor.flush()
         telemetry.stop(status)
 
 
