@@ -134,8 +134,9 @@ def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
 def _train_without_engine(scenario: Scenario, model: nn.Module, config: dict, steps: int, rank: int) -> None:
     """The loop a user's own script runs with trainer.moe: replicas synced and gradients
     averaged by trainer.moe.data_parallel (expert parameters over their expert-data-parallel
-    group), AdamW with the config's settings, telemetry started by hand. Only while the
-    engine refuses expert parameters (trainer/engine.py, _reject_expert_params)."""
+    group), AdamW with the config's optimizer params (no warmup, no clipping), telemetry and
+    the loss/lr monitor events by hand. Only while the engine refuses expert parameters
+    (trainer/engine.py, _reject_expert_params)."""
     telemetry.start(config=config, source="script")
     comm.configure(config.get("comms_logger"))
     monitor = MonitorMaster(config)  # the loss and lr the engine would log, for the dashboard's overview
@@ -203,6 +204,7 @@ def main() -> None:
         return x, lambda out: scenario.loss(out, y)
 
     train_loop(engine, batches, argparse.Namespace(steps=args.steps, load=None, save=None), scenario.name)
+
 
 if __name__ == "__main__":
     main()
