@@ -1,33 +1,49 @@
-"""Added cost of recording a collective: 4-element all_reduce on 2 gloo ranks,
-raw (torch.distributed.distributed_c10d.all_reduce) vs attached
-(torch.distributed.all_reduce patched by collector.hook, shipping to a real
-collector started in this process). Target: <= 2 us median added per call.
+"""Added cost of recording a collective, ours vs DeepSpeed's comms logger: 4-element
+float32 all_reduce on 2 gloo ranks. Target: ours <= 2 us median added per call and
+<= 1/10 of what DeepSpeed's logger adds.
 
-Two measurements, both medians:
-  end-to-end   each call timed alone; raw and attached blocks interleaved so
-               drift hits both. Gloo's own latency jitter (tens of us) is much
-               larger than the overhead, so this shows "no visible slowdown".
-  isolated     the same wrapper with the real all_reduce swapped for a no-op
-               (this process only, no collective): exactly the work added on
-               the training thread (timestamps, group lookup, tuple append).
+Four process pairs run side by side in one invocation, each started once and then
+driven in lock-step rounds by this process (one pair works while the others wait on a
+pipe, so they never compete for the cores), A/B order alternating every round:
 
-    python -m benches.hook_overhead [--calls 400 --rounds 20]
+  logger     rankscope venv: raw torch.distributed.distributed_c10d.all_reduce vs
+             collector.comm.all_reduce with comms_logger enabled, no telemetry session
+             (record + background drain, nothing shipped)
+  deferred   as logger, but the background drain is held off during the timed blocks and run
+             between them (untimed): separates the training thread's own work from the drain
+             thread's competition for the GIL and the cores
+  attached   rankscope venv: raw vs torch.distributed.all_reduce patched by
+             collector.hook.attach(), shipping every record over gRPC to a real collector
+             started in this process
+  deepspeed  .bench-venv-ds (benches/_deepspeed_venv.py): raw torch all_reduce vs
+             deepspeed.comm.all_reduce with comms_logger disabled vs enabled (prof_all)
+
+Per call: median of per-call wall times over all rounds; "added" is the difference of
+medians (ours: hooked - raw; DeepSpeed's: logger on - logger off). The spread of the
+per-round differences is reported too. Each pair also measures the isolated wrapper
+cost: the same wrappers around a no-op collective (local, 1000-call loops), i.e. exactly
+the work added on the training thread.
+
+    python -m benches.hook_overhead [--calls 300 --rounds 24]
 Writes benches/RESULTS-hook.md.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 
 def _free_port() -> int:
@@ -36,67 +52,210 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, endpoint: str, calls: int, rounds: int, out: str, mode: str) -> None:
+def _pct(xs: list, q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# ---------------------------------------------------------------------------
+# workers: `python -m benches.hook_overhead --worker KIND RANK PORT OUT [ENDPOINT]`
+# stdin: "round I" -> one block of --calls calls per variant, "end" -> isolated + results
+
+def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=None, after_block=None) -> None:
+    """Lock-step loop shared by every worker kind. ``variants``: name -> fn(tensor)."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+    t = torch.ones(4)
+    perf = time.perf_counter_ns
+    for _ in range(200):  # warm up every path
+        for fn in variants.values():
+            fn(t)
+    samples = {name: [] for name in variants}
+    per_round = {name: [] for name in variants}
+    names = list(variants)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] == "end":
+            break
+        i = int(cmd[1])
+        order = names[i % len(names):] + names[:i % len(names)]  # rotate which path goes first
+        for name in order:
+            fn, sink = variants[name], []
+            c10d.barrier()
+            for _ in range(calls):
+                t0 = perf()
+                fn(t)
+                sink.append(perf() - t0)
+            samples[name] += sink
+            per_round[name].append(statistics.median(sink) / 1e3)
+            if after_block:
+                after_block()  # untimed
+        print("done", flush=True)
+    c10d.barrier()
+    iso = isolated(t)
+    c10d.barrier()
+    extra = finish() if finish else {}
+    out.write_text(json.dumps({
+        "median_us": {n: statistics.median(v) / 1e3 for n, v in samples.items()},
+        "p90_us": {n: _pct(v, 0.9) / 1e3 for n, v in samples.items()},
+        "per_round_us": per_round, "calls": {n: len(v) for n, v in samples.items()},
+        "isolated_us": iso, **extra}))
+
+
+def _time_isolated(fns: dict, t, blocks: int = 50, n: int = 1000) -> dict:
+    perf = time.perf_counter_ns
+    res = {name: [] for name in fns}
+    for _ in range(blocks):
+        for name, fn in fns.items():
+            t0 = perf()
+            for _ in range(n):
+                fn(t)
+            res[name].append((perf() - t0) / n / 1e3)
+    return {name: statistics.median(v) for name, v in res.items()}
+
+
+def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     from collector import comm, hook
 
+    if kind == "deferred":
+        comm._DRAIN_INTERVAL_S = 3600.0  # no background drain during a block: flushed between blocks instead
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    if mode == "attached":
+    if kind == "attached":
         hook.attach(run="bench-hook-overhead", endpoint=endpoint)
-        attached_fn = dist.all_reduce
-        assert attached_fn is comm.all_reduce
-    else:  # comms logger only: record + background drain, nothing shipped
+        hooked = dist.all_reduce
+        assert hooked is comm.all_reduce
+    else:
         comm.configure({"enabled": True})
-        attached_fn = comm.all_reduce
-    t = torch.ones(4)
-    perf = time.perf_counter_ns
-    raw_fn = c10d.all_reduce
-    for _ in range(200):  # warm up both paths
-        raw_fn(t)
-        attached_fn(t)
-    raw, attached = [], []
-    for i in range(rounds):
-        pair = ((raw_fn, raw), (attached_fn, attached))
-        for fn, sink in (pair if i % 2 == 0 else pair[::-1]):  # alternate which path goes first
-            c10d.barrier()
-            for _ in range(calls):
-                t0 = perf()
-                fn(t)
-                sink.append(perf() - t0)
+        hooked = comm.all_reduce
+    raw = c10d.all_reduce
 
-    # isolated: the wrapper around a no-op (local only, no collective)
-    def noop(tensor, op=None, group=None, async_op=False):
-        return None
+    def isolated(t):
+        def noop(tensor, op=None, group=None, async_op=False):
+            return None
+        c10d.all_reduce = noop
+        try:
+            return _time_isolated({"no-op": noop, "wrapper": comm.all_reduce}, t)
+        finally:
+            c10d.all_reduce = raw
 
-    c10d.barrier()
-    c10d.all_reduce = noop
-    iso_raw, iso_att = [], []
-    try:
-        for _ in range(50):
-            for fn, sink in ((noop, iso_raw), (comm.all_reduce, iso_att)):
-                t0 = perf()
-                for _ in range(1000):
-                    fn(t)
-                sink.append((perf() - t0) / 1000)
-    finally:
-        c10d.all_reduce = raw_fn
-    c10d.barrier()
-    recorded = comm.flush()
-    if mode == "attached":
-        hook.detach()
+    def finish():
+        left = comm.flush()
+        if kind == "attached":
+            hook.detach()
+        return {"recorded_left": left, "dropped": comm.dropped_records()}
+
+    _serve(rank, {"raw": raw, kind: hooked}, calls, isolated, out, finish,
+           after_block=comm.flush if kind == "deferred" else None)
     dist.destroy_process_group()
-    Path(out, f"{mode}-rank{rank}.json").write_text(json.dumps({
-        "raw_us": statistics.median(raw) / 1e3, "attached_us": statistics.median(attached) / 1e3,
-        "raw_p90_us": sorted(raw)[int(0.9 * len(raw))] / 1e3,
-        "attached_p90_us": sorted(attached)[int(0.9 * len(attached))] / 1e3,
-        "iso_raw_us": statistics.median(iso_raw) / 1e3, "iso_attached_us": statistics.median(iso_att) / 1e3,
-        "calls": len(raw), "recorded_left": recorded,
-    }))
+
+
+def _deepspeed(rank: int, port: int, out: Path, calls: int) -> None:
+    import logging
+
+    import deepspeed
+    import deepspeed.comm as ds
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    ds.configure(enabled=False, prof_all=True, verbose=False, debug=False)
+    logger = ds.comms_logger
+
+    def off(t):
+        logger.enabled = False
+        ds.all_reduce(t)
+
+    def on(t):
+        logger.enabled = True
+        ds.all_reduce(t)
+        logger.enabled = False  # leave it off for the other variants' calls (and the barriers)
+
+    raw = c10d.all_reduce
+    torch_mod = torch.distributed
+
+    def isolated(t):
+        def noop(tensor=None, op=None, group=None, async_op=False):
+            return None
+        logged_before = len(ds.timers("all_reduce").event_timers)
+        ds.timers("all_reduce").reset()  # start from an empty timer: its cost grows with what it holds
+        saved = torch_mod.all_reduce
+        torch_mod.all_reduce = noop  # deepspeed.comm's TorchBackend calls torch.distributed.all_reduce
+        perf = time.perf_counter_ns
+        try:
+            res = _time_isolated({"no-op": noop, "logger off": off}, t, blocks=20, n=500)
+            blocks = []  # logger on, 500-call blocks from an empty timer to 10,000 logged calls
+            for _ in range(20):
+                t0 = perf()
+                for _ in range(500):
+                    on(t)
+                blocks.append((perf() - t0) / 500 / 1e3)
+        finally:
+            torch_mod.all_reduce = saved
+        return dict(res, **{"logger on": statistics.median(blocks), "on first 500": blocks[0],
+                            "on last 500": blocks[-1], "timer entries before reset": logged_before})
+
+    def finish():
+        logged = sum(v[0] for sizes in logger.comms_dict.values() for v in sizes.values())
+        return {"versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__}, "logged": logged}
+
+    _serve(rank, {"raw": raw, "ds logger off": off, "ds logger on": on}, calls, isolated, out, finish)
+    ds.destroy_process_group()
+
+
+class _Pair:
+    """Two worker processes of one kind, driven in lock-step."""
+
+    def __init__(self, kind: str, python: str, env: dict, out_dir: Path, calls: int, endpoint: str) -> None:
+        self.kind, port = kind, _free_port()
+        self.outs = [out_dir / f"{kind}-rank{r}.json" for r in range(2)]
+        self.errs = [open(out_dir / f"{kind}-rank{r}.err", "w+") for r in range(2)]
+        self.procs = [subprocess.Popen(
+            [python, "-m", "benches.hook_overhead", "--worker", kind, str(r), str(port), str(self.outs[r]),
+             str(calls), endpoint], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.errs[r], text=True) for r in range(2)]
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
+        for r, p in enumerate(self.procs):
+            line = p.stdout.readline().strip()
+            while line and line != word:  # stray prints (DeepSpeed's banners) go past
+                line = p.stdout.readline().strip()
+            if line != word:
+                self.errs[r].seek(0)
+                raise RuntimeError(f"{self.kind} rank {r} died:\n{self.errs[r].read()[-3000:]}")
+
+    def send(self, line: str) -> None:
+        for p in self.procs:
+            p.stdin.write(line + "\n")
+            p.stdin.flush()
+
+    def round(self, i: int) -> None:
+        self.send(f"round {i}")
+        self._expect("done")
+
+    def finish(self, timeout: float = 300) -> list[dict]:
+        self.send("end")
+        for p in self.procs:
+            p.stdin.close()
+            p.wait(timeout)
+        return [json.loads(o.read_text()) for o in self.outs]
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def _background(rank: int, records: int, out: str) -> None:
@@ -137,77 +296,171 @@ def _background(rank: int, records: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _spread(a: list, b: list) -> str:
+    d = [y - x for x, y in zip(a, b)]
+    return f"{statistics.median(d):+.1f} [{_pct(d, 0.25):+.1f}, {_pct(d, 0.75):+.1f}]"
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--worker"]:
+        kind, rank, port, out, calls, endpoint = argv[1], int(argv[2]), int(argv[3]), Path(argv[4]), int(argv[5]), argv[6]
+        if kind == "deepspeed":
+            _deepspeed(rank, port, out, calls)
+        else:
+            _ours(kind, rank, port, out, calls, endpoint)
+        return 0
     p = argparse.ArgumentParser(prog="python -m benches.hook_overhead", description=__doc__.split("\n")[0])
-    p.add_argument("--calls", type=int, default=400, help="calls per block")
-    p.add_argument("--rounds", type=int, default=20, help="raw/attached block pairs")
+    p.add_argument("--calls", type=int, default=300, help="calls per block (per variant and round)")
+    p.add_argument("--rounds", type=int, default=24, help="interleaved rounds")
     p.add_argument("--background-records", type=int, default=100_000, help="records for the off-thread cost")
+    p.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed pair")
     p.add_argument("--out", default=str(HERE / "RESULTS-hook.md"))
     args = p.parse_args(argv)
 
     import torch.multiprocessing as mp
 
+    from benches import _deepspeed_venv
     from collector import catalog
     from collector.server import create_server
 
-    res = {}
+    ds_python = None if args.no_deepspeed else str(_deepspeed_venv.ensure())
+    load = [os.getloadavg()]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp, "data")
+        tmp = Path(tmp)
+        data = tmp / "data"
         server, port, state = create_server("127.0.0.1:0", data)
         server.start()
+        pairs = []
         try:
-            for mode in ("logger", "attached"):
-                mp.spawn(_rank, args=(_free_port(), f"127.0.0.1:{port}", args.calls, args.rounds, tmp, mode),
-                         nprocs=2)
-                res[mode] = [json.loads(Path(tmp, f"{mode}-rank{r}.json").read_text()) for r in range(2)]
+            endpoint = f"127.0.0.1:{port}"
+            pairs.append(_Pair("logger", sys.executable, env, tmp, args.calls, endpoint))
+            pairs.append(_Pair("deferred", sys.executable, env, tmp, args.calls, endpoint))
+            pairs.append(_Pair("attached", sys.executable, env, tmp, args.calls, endpoint))
+            if ds_python:
+                pairs.append(_Pair("deepspeed", ds_python, _deepspeed_venv.env(), tmp, args.calls, "-"))
+            for i in range(args.rounds):
+                for pair in (pairs if i % 2 == 0 else pairs[::-1]):
+                    pair.round(i)
+                if i == args.rounds // 2:
+                    load.append(os.getloadavg())
+            res = {pair.kind: pair.finish() for pair in pairs}
         finally:
+            for pair in pairs:
+                pair.kill()
             server.stop(grace=2).wait()
             state.close()
         con = catalog.connect(data)
         stored = con.execute("SELECT count(*) FROM comm").fetchone()[0]
         con.close()
-        mp.spawn(_background, args=(args.background_records, tmp), nprocs=1)
-        bg = json.loads(Path(tmp, "background.json").read_text())
+        mp.spawn(_background, args=(args.background_records, str(tmp)), nprocs=1)
+        bg = json.loads((tmp / "background.json").read_text())
+    load.append(os.getloadavg())
+    elapsed = time.monotonic() - t_start
 
-    cmd = "python -m benches.hook_overhead " + " ".join(argv)
+    cmd = ("python -m benches.hook_overhead " + " ".join(argv)).strip()
+    fmt_load = " -> ".join(f"{l[0]:.1f}" for l in load)
     lines = [
-        "# Hook overhead (collector.hook / collector.comm)",
+        "# Hook overhead vs DeepSpeed's comms logger",
         "",
-        f"Command: `{cmd.strip()}`  ",
-        f"Machine: {platform.machine()} {os.cpu_count()}-core CPU VM (shared with other jobs), "
-        f"Python {platform.python_version()}, torch gloo on CPU, 2 ranks, 4-element float32 all_reduce.  ",
-        f"Calls timed per rank and path: {res['attached'][0]['calls']}; comm rows stored by the collector "
-        f"(attached run, warm-up and isolated loop included): {stored}.",
-        "",
-        "logger = comms_logger enabled, no telemetry session (record + background drain, nothing shipped);",
-        "attached = hook.attach() shipping every record over gRPC to a collector running on the same 2 cores.",
-        "",
-        "| mode | rank | raw median (us) | attached median (us) | added (us) | raw p90 | attached p90 | "
-        "isolated: no-op (us) | isolated: wrapper (us) | isolated added (us) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"- command: `{cmd}` ({elapsed:.0f} s, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
+        f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM shared with ~8 other jobs; 1-minute load "
+        f"average {fmt_load} (start -> middle -> end); Python {platform.python_version()}",
+        f"- 2 gloo ranks on CPU, 4-element float32 all_reduce; {args.rounds} rounds x {args.calls} calls per "
+        "variant, the three process pairs and the variants inside each pair interleaved (order rotated every round)",
     ]
-    for mode, per_rank in res.items():
-        for r, x in enumerate(per_rank):
-            lines.append(
-            f"| {mode} | {r} | {x['raw_us']:.1f} | {x['attached_us']:.1f} | {x['attached_us'] - x['raw_us']:+.1f} | "
-            f"{x['raw_p90_us']:.1f} | {x['attached_p90_us']:.1f} | {x['iso_raw_us']:.3f} | "
-            f"{x['iso_attached_us']:.3f} | {x['iso_attached_us'] - x['iso_raw_us']:.3f} |")
+    if "deepspeed" in res:
+        v = res["deepspeed"][0]["versions"]
+        lines.append(f"- DeepSpeed {v['deepspeed']} with torch {v['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu); "
+                     f"rankscope with the torch in .venv")
     lines += [
+        "",
+        "## End to end: median wall time per call (us)",
+        "",
+        "added = difference of the two medians; per-round = median [IQR] over rounds of (median of the round's "
+        "block - median of the baseline block in the same round). Baseline: raw torch for rankscope, "
+        "deepspeed.comm with the logger off for DeepSpeed (its wrapper without logging).",
+        "",
+        "| pair | rank | raw torch | baseline | instrumented | added (medians) | added per round, median [IQR] | "
+        "added, first / last round | baseline p90 | instrumented p90 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    pairs_def = {"logger": ("raw", "logger"), "deferred": ("raw", "deferred"), "attached": ("raw", "attached"),
+                 "deepspeed": ("ds logger off", "ds logger on")}
+    added = {}
+    for kind, per_rank in res.items():
+        base, inst = pairs_def[kind]
+        for r, x in enumerate(per_rank):
+            m, p90, pr = x["median_us"], x["p90_us"], x["per_round_us"]
+            added.setdefault(kind, []).append(m[inst] - m[base])
+            label = {"logger": "rankscope comms logger (record only)",
+                     "deferred": "rankscope comms logger, drain between blocks",
+                     "attached": "rankscope hook.attach (shipped to collector)",
+                     "deepspeed": "DeepSpeed comms_logger (off -> on)"}[kind]
+            lines.append(f"| {label} | {r} | {m['raw']:.1f} | {m[base]:.1f} | {m[inst]:.1f} | "
+                         f"{m[inst] - m[base]:+.1f} | {_spread(pr[base], pr[inst])} | {pr[inst][0] - pr[base][0]:+.1f} / "
+                         f"{pr[inst][-1] - pr[base][-1]:+.1f} | {p90[base]:.1f} | {p90[inst]:.1f} |")
+    lines += ["", "## Isolated: the wrapper around a no-op collective (us per call, median of 1000-call loops)", "",
+              "| pair | rank | no-op | wrapper | added |", "|---|---|---:|---:|---:|"]
+    iso_added = {}
+    for kind, per_rank in res.items():
+        for r, x in enumerate(per_rank):
+            iso = x["isolated_us"]
+            if kind == "deepspeed":
+                a = iso["logger on"] - iso["logger off"]
+                lines.append(f"| DeepSpeed logger off -> on | {r} | {iso['no-op']:.3f} | off {iso['logger off']:.3f}, "
+                             f"on {iso['logger on']:.3f} (first 500 calls {iso['on first 500']:.3f}, calls "
+                             f"9,501-10,000 {iso['on last 500']:.3f}) | {a:.3f} |")
+            else:
+                a = iso["wrapper"] - iso["no-op"]
+                lines.append(f"| rankscope {kind} | {r} | {iso['no-op']:.3f} | {iso['wrapper']:.3f} | {a:.3f} |")
+            iso_added.setdefault(kind, []).append(a)
+    if "deepspeed" in res:
+        ds_e2e, ds_iso = statistics.mean(added["deepspeed"]), statistics.mean(iso_added["deepspeed"])
+        lines += ["", "## Ratio ours / DeepSpeed's (added cost per call, mean of the two ranks)", "",
+                  "| ours | ours added (us) | DeepSpeed added (us) | ratio end to end | ours isolated (us) | "
+                  "DeepSpeed isolated (us) | ratio isolated |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for kind in ("logger", "deferred", "attached"):
+            e, i = statistics.mean(added[kind]), statistics.mean(iso_added[kind])
+            ratio_e = f"{e / ds_e2e:.3f}" if ds_e2e > 0 else "n/a (DeepSpeed added <= 0)"
+            lines.append(f"| {kind} | {e:+.1f} | {ds_e2e:+.1f} | {ratio_e} | {i:.3f} | {ds_iso:.3f} | "
+                         f"{i / ds_iso:.3f} |")
+    lines += [
+        "",
+        f"Comm rows stored by the collector for the attached pair (warm-up and isolated loops included): {stored}. "
+        f"Records dropped: " + ", ".join(f"{k} {x[0].get('dropped', 0)}/{x[1].get('dropped', 0)}"
+                                         for k, x in res.items() if k != "deepspeed") + ".",
         "",
         f"Off the training thread, per record ({bg['records']} all_reduce records, one process): drain "
         f"(timings -> rows, bandwidth, summary) {bg['drain_us']:.2f} us, encode to TableBatch "
         f"{bg['encode_us']:.2f} us, {bg['wire_bytes']:.0f} bytes on the wire ({bg['envelopes']} envelopes).",
         "",
-        "The isolated columns time the same wrapper around a no-op collective: the work the hook adds to",
-        "the training thread (target <= 2 us). End-to-end medians include gloo's latency and everything",
-        "else competing for the 2 shared cores: the background drain/client threads and, in the attached",
-        "run, the collector itself (decode, Parquet, fsync) in the same VM, and other jobs on the box.",
-        "",
     ]
     text = "\n".join(lines)
-    Path(args.out).write_text(text)
+    Path(args.out).write_text(text + NOTES)
     print(text)
     return 0
+
+
+NOTES = """
+## Reading
+
+- The isolated rows are the cost the instrumentation adds to the training thread, free of gloo's
+  jitter: rankscope's wrapper is two `perf_counter_ns` reads, a cached group lookup and one tuple
+  appended to a deque (the rows, bandwidth and summary are computed by a background thread, costed
+  above per record). DeepSpeed's `timed_op` binds the call's signature (`inspect.Signature.bind_partial`),
+  computes the message size and bandwidth, starts/stops a named timer and appends to its dict on
+  the calling thread, and calls `get_accelerator().synchronize()` after every op (a no-op on the CPU
+  accelerator; on GPU it is a device-wide sync, which this CPU run cannot show).
+- DeepSpeed's timer is read with `elapsed(reset=False)`, which sums every interval recorded under
+  that log name so far, so its per-call cost grows with the number of calls already logged; the
+  per-round column shows whether that was visible in this run.
+- End-to-end medians include gloo's own latency and everything else competing for the 2 shared
+  cores: the background drain/client threads, in the attached pair the collector (decode, Parquet,
+  fsync) in this process, and the other jobs on the VM. A difference smaller than the per-round IQR
+  is noise.
+"""
 
 
 if __name__ == "__main__":

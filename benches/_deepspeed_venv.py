@@ -1,0 +1,78 @@
+"""The DeepSpeed venv the comparison benchmarks run DeepSpeed in: `.bench-venv-ds/`
+(gitignored). DeepSpeed is never a dependency of rankscope; benchmarks that compare
+against it call ``ensure()``, which creates the venv on first use:
+
+    python3 -m venv .bench-venv-ds
+    .bench-venv-ds/bin/pip install torch==2.13.0 deepspeed==0.19.8
+
+DeepSpeed runs there on CPU (``DS_ACCELERATOR=cpu``) over gloo, as in
+tests/fixtures/deepspeed_run/generate.py.
+
+    python -m benches._deepspeed_venv      # create it if missing, print its versions
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".bench-venv-ds"
+PYTHON = VENV / "bin" / "python"
+TORCH, DEEPSPEED = "2.13.0", "0.19.8"
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU wheels: no CUDA download
+
+
+def env(**extra: str) -> dict[str, str]:
+    """Environment for a process in the venv: DeepSpeed on CPU, one intra-op thread."""
+    e = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    e.pop("PYTHONPATH", None)  # nothing from rankscope's venv leaks in
+    e.update(extra)
+    return e
+
+
+def versions() -> dict[str, str] | None:
+    """{'torch': ..., 'deepspeed': ...} from the venv, or None if it cannot import them."""
+    if not PYTHON.exists():
+        return None
+    code = "import json, torch, deepspeed; print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__}))"
+    try:
+        out = subprocess.run([str(PYTHON), "-c", code], env=env(), capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return None
+    if out.returncode != 0:
+        return None
+    import json
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ensure() -> Path:
+    """Path of the venv's python, creating the venv (and installing torch + DeepSpeed) if needed."""
+    have = versions()
+    if have and have["deepspeed"] == DEEPSPEED and have["torch"].split("+")[0] == TORCH:
+        return PYTHON
+    if have:
+        print(f"[deepspeed venv] {VENV} has {have}; installing torch=={TORCH} deepspeed=={DEEPSPEED}", flush=True)
+    elif not PYTHON.exists():
+        print(f"[deepspeed venv] creating {VENV} (python3 -m venv)", flush=True)
+        subprocess.run([sys.executable if sys.version_info >= (3, 9) else "python3", "-m", "venv", str(VENV)],
+                       check=True, timeout=600)
+    steps = [
+        ["-m", "pip", "install", "--upgrade", "pip"],
+        ["-m", "pip", "install", f"torch=={TORCH}", "--index-url", TORCH_INDEX],
+        ["-m", "pip", "install", f"deepspeed=={DEEPSPEED}"],
+    ]
+    for i, step in enumerate(steps, 1):
+        print(f"[deepspeed venv] ({i}/{len(steps)}) {PYTHON.name} {' '.join(step)}", flush=True)
+        subprocess.run([str(PYTHON), *step], env=env(DS_BUILD_OPS="0"), check=True, timeout=3600)
+    have = versions()
+    if not have:
+        raise RuntimeError(f"DeepSpeed venv at {VENV} still cannot import torch and deepspeed")
+    print(f"[deepspeed venv] ready: {have}", flush=True)
+    return PYTHON
+
+
+if __name__ == "__main__":
+    ensure()
+    print(versions())
