@@ -45,6 +45,22 @@ OUT = HERE / "RESULTS-engine-ds.md"
 VOCAB, BLOCK = 128, 32
 
 
+def code_version(root) -> str:
+    """Which rankscope code ran: the git commit (+ 'with local changes'), or $RANKSCOPE_BENCH_COMMIT
+    for a snapshot exported with `git archive`."""
+    import subprocess as sp
+    if os.environ.get("RANKSCOPE_BENCH_COMMIT"):
+        return f"commit {os.environ['RANKSCOPE_BENCH_COMMIT']} (clean snapshot: git archive)"
+    try:
+        head = sp.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                      timeout=10).stdout.strip()
+        dirty = sp.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer",
+                        "collector"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, sp.TimeoutExpired):
+        return "unknown"
+    return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -345,6 +361,7 @@ def _report(args, argv, results, failures, volumes, load, elapsed) -> str:
         f"- command: `{cmd}` ({elapsed:.0f} s, ended {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
         f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM shared with ~8 other jobs; 1-minute load "
         f"average " + " -> ".join(f"{x:.1f}" for x in load) + " (start, then after each stage)",
+        f"- rankscope code: {code_version(ROOT)}",
         f"- {n} gloo ranks on CPU, 1 intra-op thread per rank; rankscope engine with torch from .venv; "
         + (f"DeepSpeed {versions['deepspeed']} with torch {versions['torch']} from .bench-venv-ds (DS_ACCELERATOR=cpu)"
            if versions else "DeepSpeed: did not run"),

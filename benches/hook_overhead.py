@@ -46,6 +46,22 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+def code_version(root) -> str:
+    """Which rankscope code ran: the git commit (+ 'with local changes'), or $RANKSCOPE_BENCH_COMMIT
+    for a snapshot exported with `git archive`."""
+    import subprocess as sp
+    if os.environ.get("RANKSCOPE_BENCH_COMMIT"):
+        return f"commit {os.environ['RANKSCOPE_BENCH_COMMIT']} (clean snapshot: git archive)"
+    try:
+        head = sp.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                      timeout=10).stdout.strip()
+        dirty = sp.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer",
+                        "collector"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, sp.TimeoutExpired):
+        return "unknown"
+    return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -367,6 +383,7 @@ def main(argv: list[str]) -> int:
         f"- command: `{cmd}` ({elapsed:.0f} s, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
         f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM shared with ~8 other jobs; 1-minute load "
         f"average {fmt_load} (start -> middle -> end); Python {platform.python_version()}",
+        f"- rankscope code: {code_version(ROOT)}",
         f"- 2 gloo ranks on CPU, 4-element float32 all_reduce; {args.rounds} rounds x {args.calls} calls per "
         "variant, the three process pairs and the variants inside each pair interleaved (order rotated every round)",
     ]
