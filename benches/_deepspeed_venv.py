@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".bench-venv-ds"
+VENV = (ROOT / ".bench-venv-ds").resolve()  # a symlinked venv keeps its real path: DeepSpeed's JIT ops rebuild when it changes
 PYTHON = VENV / "bin" / "python"
 TORCH, DEEPSPEED = "2.13.0", "0.19.8"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU wheels: no CUDA download
