@@ -26,10 +26,18 @@ def _examples(text: str) -> str:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    from collector import security
     from collector.server import serve
 
-    token = args.token or os.environ.get("RANKSCOPE_TOKEN") or None
-    return serve(args.data_dir, host=args.host, port=args.port, token=token) or 0
+    try:
+        token = security.check_token(security.resolve_token(args.token))
+        tls = security.ServerTLS.from_args(args.tls_cert, args.tls_key)
+    except security.SecurityConfigError as exc:
+        print(f"rankscope collect: {exc}", file=sys.stderr)
+        return 2
+    # serve() applies the bind policy (collector.security.check_bind) and prints its warnings.
+    return serve(args.data_dir, host=args.host, port=args.port, token=token, tls=tls,
+                 insecure=args.insecure) or 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -101,11 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("collect", cmd_collect, "Run the gRPC collector that writes Parquet and the DuckDB catalog.", """
         rankscope collect
         rankscope collect --data-dir /scratch/rs --port 50051 --token "$RANKSCOPE_TOKEN"
+        rankscope collect --host 0.0.0.0 --token "$RANKSCOPE_TOKEN" --tls-cert server.pem --tls-key server.key
     """)
     _data_dir_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="port to bind (default 50051; 0 picks a free one)")
     p.add_argument("--token", default=None, help="require 'authorization: Bearer TOKEN' (default: $RANKSCOPE_TOKEN)")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="serve TLS with this certificate chain (clients then need --tls-ca / $RANKSCOPE_TLS_CA)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without a token (prints a warning)")
 
     p = add("dashboard", cmd_dashboard, "Serve the Streamlit dashboard over a data directory.", """
         rankscope dashboard

@@ -16,7 +16,9 @@ import pyarrow as pa
 from collector.schema import BOOL, F64, I64, STR, TABLES
 from proto import pb
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
+# directory name breaks every catalog view (found by tests/test_security_fuzz.py).
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 MAX_BATCH_ROWS = 1_000_000
 _NP_DTYPES = {I64: np.dtype("<i8"), F64: np.dtype("<f8"), BOOL: np.dtype("u1")}
 

@@ -10,8 +10,11 @@ Bad input ends only the stream that sent it, with a status naming the problem:
 - undecodable batch, bad run_id/rank,
   unknown table or column, empty body  -> INVALID_ARGUMENT, message names the seq;
                                           trailing metadata ``rankscope-rejected-seq``
+- bytes that are no Envelope at all    -> INVALID_ARGUMENT ("message N ... cannot be decoded"),
+  (also for Health's request)             no seq to name; decoded by us, not by gRPC, which
+                                          would answer INTERNAL (and wedge server.stop)
 - message over MAX_MESSAGE_BYTES       -> RESOURCE_EXHAUSTED (refused by gRPC itself)
-- missing/wrong bearer token           -> UNAUTHENTICATED (before any message is read)
+- missing/wrong bearer token           -> UNAUTHENTICATED (before any message is read or decoded)
 
 Envelopes accepted before a bad one are still committed and acked before the
 stream is closed; other streams are unaffected.
@@ -35,8 +38,9 @@ from pathlib import Path
 
 import grpc
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 
-from collector import catalog
+from collector import catalog, security
 from collector.codec import CodecError, check_run_id, decode_batch
 from collector.compaction import CompactionConfig, Compactor
 from collector.ledger import DataDirBusy
@@ -133,6 +137,25 @@ def check_header(env: pb.Envelope) -> None:
                           f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters", seq)
     if seq == 0:
         raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "envelope seq 0: seq starts at 1", seq)
+
+
+class Undecodable:
+    """What a request deserializer hands the servicer for bytes that do not parse."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str):
+        self.problem = problem
+
+
+def _lenient(message_type):
+    """A deserializer that never raises: undecodable bytes become ``Undecodable``."""
+    def parse(raw: bytes):
+        try:
+            return message_type.FromString(raw)
+        except DecodeError as exc:
+            return Undecodable(f"{len(raw)} bytes cannot be decoded as a {message_type.__name__} ({exc})")
+    return parse
 
 
 # -- collector state -------------------------------------------------------------
@@ -235,7 +258,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 yield pb.Ack(seqs=seqs)
             if seqs is not None and acks.error is not None:
                 err = acks.error
-                if err.code in REFUSAL_CODES:  # the client must not resend this one as is
+                if err.code in REFUSAL_CODES and err.seq:  # seq 0 names no real envelope  # the client must not resend this one as is
                     context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(err.seq)),))
                 context.abort(err.code, err.message)
         finally:
@@ -243,6 +266,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 
     def _read(self, request_iterator, acks: _StreamAcks) -> None:
         requests = iter(request_iterator)
+        received = 0
         while not (acks.cancelled or acks.error is not None):
             try:
                 env = next(requests)
@@ -251,6 +275,12 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             except Exception as exc:  # the client went away mid-stream; what it sent is kept
                 log.debug("stream ended: %r", exc)
                 break
+            received += 1
+            if isinstance(env, Undecodable):
+                self.state.count(rejected=1)
+                acks.stop_reading(StreamError(grpc.StatusCode.INVALID_ARGUMENT,
+                                              f"message {received} on this stream: {env.problem}", 0))
+                return
             try:
                 self._accept(env, acks)
             except StreamError as rejected:
@@ -281,6 +311,8 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             raise
 
     def Health(self, request, context):
+        if isinstance(request, Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"health request: {request.problem}")
         s = self.state
         return pb.HealthReply(
             schema_version=SCHEMA_VERSION, server_version=SERVER_VERSION,
@@ -319,8 +351,22 @@ def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler}
     make = kind[(handler.request_streaming, handler.response_streaming)]
-    return make(_refuse, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    # No request deserializer: an unauthenticated request is never decoded.
+    return make(_refuse, request_deserializer=None, response_serializer=handler.response_serializer)
+
+
+def _add_servicer(servicer: CollectorServicer, server: grpc.Server) -> None:
+    """Like pb_grpc.add_CollectorServicer_to_server, with lenient request decoding."""
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            servicer.Stream, request_deserializer=_lenient(pb.Envelope),
+            response_serializer=pb.Ack.SerializeToString),
+        "Health": grpc.unary_unary_rpc_method_handler(
+            servicer.Health, request_deserializer=_lenient(pb.HealthRequest),
+            response_serializer=pb.HealthReply.SerializeToString),
+    }
+    service = pb.DESCRIPTOR.services_by_name["Collector"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
 
 
 # -- entry points ----------------------------------------------------------------
@@ -328,8 +374,11 @@ def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 def create_server(address: str, data_dir, token: str | None = None, *,
                   store_config: StoreConfig | None = None,
                   compaction_config: CompactionConfig | None = None,
+                  tls: security.ServerTLS | None = None,
                   max_workers: int = 512) -> tuple[grpc.Server, int, CollectorState]:
-    """A collector bound to ``address`` (port 0 picks one), not yet started."""
+    """A collector bound to ``address`` (port 0 picks one), not yet started; with
+    ``tls`` it speaks TLS only. The bind policy is serve()'s (security.check_bind)."""
+    credentials = tls.credentials() if tls is not None else None  # bad files fail before the data dir is taken
     state = CollectorState(data_dir, store_config, compaction_config)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rankscope-rpc"),
@@ -338,9 +387,12 @@ def create_server(address: str, data_dir, token: str | None = None, *,
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
         maximum_concurrent_rpcs=max_workers // 2,
     )
-    pb_grpc.add_CollectorServicer_to_server(CollectorServicer(state), server)
+    _add_servicer(CollectorServicer(state), server)
     try:
-        port = server.add_insecure_port(address)
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
@@ -349,11 +401,24 @@ def create_server(address: str, data_dir, token: str | None = None, *,
     return server, port, state
 
 
-def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None) -> int:
-    """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code."""
+def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None, *,
+          tls: security.ServerTLS | None = None, insecure: bool = False) -> int:
+    """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
+
+    A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
+    the warnings of collector.security.check_bind go to stderr."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
-        server, bound, state = create_server(address, data_dir, token)
+        for warning in security.check_bind(host, token=token, tls=tls is not None, insecure=insecure):
+            print(f"rankscope collect: {warning}", file=sys.stderr, flush=True)
+    except security.SecurityConfigError as exc:
+        print(f"rankscope collect: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server, bound, state = create_server(address, data_dir, token, tls=tls)
+    except security.SecurityConfigError as exc:
+        print(f"rankscope collect: {exc}", file=sys.stderr)
+        return 2
     except (OSError, DataDirBusy) as exc:
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 1
@@ -362,7 +427,10 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         signal.signal(sig, lambda *_: stop.set())
     server.start()
     shown_host = address.rsplit(":", 1)[0]
-    print(f"rankscope collector listening on {shown_host}:{bound} (data dir {state.data_dir})", flush=True)
+    scheme = "TLS" if tls is not None else "plaintext"
+    auth = "token required" if token else "no token"
+    print(f"rankscope collector listening on {shown_host}:{bound} ({scheme}, {auth}; data dir {state.data_dir})",
+          flush=True)
     while not stop.wait(1.0):
         pass
     print("rankscope collector: stopping, committing buffered records", flush=True)

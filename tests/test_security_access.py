@@ -1,0 +1,241 @@
+"""Who may talk to a collector: bearer token on both RPCs (checked before anything
+is decoded), TLS (a plaintext client gets nothing), and the bind policy of
+``rankscope collect`` (loopback by default; a wider address needs a token or
+``--insecure``, which warns)."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from _server_util import RawStream, comm_envelope, hello, run_end, stored_rows
+from _tls_util import make_pki
+from collector import security
+from collector.client import Client, ClientConfig
+from collector.compaction import CompactionConfig
+from collector.records import RecordBuffer
+from collector.server import create_server
+from collector.store import StoreConfig
+from proto import pb, pb_grpc
+
+TOKEN = "t0ken-for-tests"
+HEALTH = "/rankscope.v1.Collector/Health"
+STREAM = "/rankscope.v1.Collector/Stream"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def served(tmp_path):
+    made = []
+
+    def start(token=None, tls=None):
+        server, port, state = create_server(
+            "127.0.0.1:0", tmp_path / "data", token=token, tls=tls,
+            store_config=StoreConfig(flush_interval=0.05), compaction_config=CompactionConfig(interval=3600))
+        server.start()
+        made.append((server, state))
+        return port, state
+
+    yield start
+    for server, state in made:
+        server.stop(0).wait()
+        state.close()
+
+
+def _code(fn) -> grpc.StatusCode:
+    try:
+        fn()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+# -- token ----------------------------------------------------------------------
+
+WRONG = [None, [("authorization", "Bearer nope")], [("authorization", TOKEN)],
+         [("authorization", f"bearer {TOKEN}")], [("authorization", f"Bearer {TOKEN}x")],
+         [("authorization", f"Bearer {TOKEN[:-1]}")]]
+
+
+@pytest.mark.parametrize("metadata", WRONG, ids=["none", "wrong", "no-scheme", "lowercase", "longer", "shorter"])
+def test_every_rpc_refuses_a_missing_or_wrong_token_before_decoding(served, tmp_path, metadata):
+    port, _ = served(token=TOKEN)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = channel.unary_unary(HEALTH, request_serializer=None, response_deserializer=None)
+        stream = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=None)
+        # Garbage bodies: were they decoded first, the answer would be INVALID_ARGUMENT.
+        for body in (pb.HealthRequest().SerializeToString(), b"\xff\xff\xff garbage"):
+            assert _code(lambda: health(body, metadata=metadata, timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+        for body in (comm_envelope("c", 1, "r", 0, 0, 10).SerializeToString(), b"\xff\xff\xff garbage"):
+            assert _code(lambda: list(stream(iter([body]), metadata=metadata, timeout=10))) \
+                == grpc.StatusCode.UNAUTHENTICATED
+        try:
+            pb_grpc.CollectorStub(channel).Health(pb.HealthRequest(), metadata=metadata, timeout=10)
+        except grpc.RpcError as exc:
+            assert "bearer token" in exc.details() and TOKEN not in exc.details()
+    assert stored_rows(tmp_path / "data") == 0
+
+
+def test_the_right_token_passes_on_both_rpcs_and_garbage_is_then_invalid_argument(served, tmp_path):
+    port, _ = served(token=TOKEN)
+    good = security.auth_metadata(TOKEN)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.CollectorStub(channel)
+        assert stub.Health(pb.HealthRequest(), metadata=good, timeout=10).schema_version == 1
+        health = channel.unary_unary(HEALTH, request_serializer=None, response_deserializer=None)
+        assert _code(lambda: health(b"\xff\xff\xff", metadata=good, timeout=10)) == grpc.StatusCode.INVALID_ARGUMENT
+        s = RawStream(channel, metadata=good)
+        s.send(hello("c", 1, "r", 0, 1), comm_envelope("c", 2, "r", 0, 0, 10), run_end("c", 3, "r", 0))
+        s.finish()
+        assert s.error is None and s.acked == {1, 2, 3}
+    assert stored_rows(tmp_path / "data") == 10
+
+
+# -- TLS ------------------------------------------------------------------------
+
+def test_tls_collector_serves_a_client_that_trusts_its_ca_and_no_one_else(served, tmp_path, pki):
+    port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
+    endpoint = f"127.0.0.1:{port}"
+    request = pb.HealthRequest()
+
+    with security.open_channel(endpoint, tls_ca=pki.ca) as channel:
+        reply = pb_grpc.CollectorStub(channel).Health(request, metadata=security.auth_metadata(TOKEN), timeout=10)
+        assert reply.schema_version == 1
+        # TLS does not replace the token
+        assert _code(lambda: pb_grpc.CollectorStub(channel).Health(request, timeout=10)) \
+            == grpc.StatusCode.UNAUTHENTICATED
+    # plaintext, or a CA that did not sign the certificate: no RPC gets through
+    with grpc.insecure_channel(endpoint) as channel:
+        assert _code(lambda: pb_grpc.CollectorStub(channel).Health(
+            request, metadata=security.auth_metadata(TOKEN), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+        s = RawStream(channel, metadata=security.auth_metadata(TOKEN))
+        s.send(comm_envelope("plain", 1, "r", 0, 0, 10))
+        assert s.done.wait(10) and s.error.code() == grpc.StatusCode.UNAVAILABLE and not s.acked
+    with security.open_channel(endpoint, tls_ca=pki.other_ca) as channel:
+        assert _code(lambda: pb_grpc.CollectorStub(channel).Health(
+            request, metadata=security.auth_metadata(TOKEN), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+    assert stored_rows(tmp_path / "data") == 0
+
+
+def test_the_rank_client_streams_over_tls_with_a_token(served, tmp_path, pki):
+    port, state = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
+    buffer = RecordBuffer()
+    cfg = ClientConfig(endpoint=f"127.0.0.1:{port}", token=TOKEN, tls_ca=str(pki.ca),
+                       spool_dir=tmp_path / "spool", flush_interval_s=0.05)
+    client = Client(cfg, "tls-client", buffer)
+    client.start(pb.Hello(run_id="tlsrun", run_name="tlsrun", rank=0, world_size=1))
+    for i in range(500):
+        buffer.add_row("timers", {"name": "fwd", "dur_ns": 1000 + i}, step=i)
+    assert client.close(pb.RunEnd(run_id="tlsrun", rank=0, status="finished"), timeout_s=20)
+    assert stored_rows(tmp_path / "data", "timers") == 500
+    assert not list((tmp_path / "spool").glob("*")) if (tmp_path / "spool").exists() else True
+
+
+def test_a_plaintext_rank_client_spools_instead_of_reaching_a_tls_collector(served, tmp_path, pki):
+    port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
+    buffer = RecordBuffer()
+    cfg = ClientConfig(endpoint=f"127.0.0.1:{port}", token=TOKEN, spool_dir=tmp_path / "spool",
+                       flush_interval_s=0.05, close_timeout_s=1.0)
+    client = Client(cfg, "plain-client", buffer)
+    client.start(pb.Hello(run_id="plainrun", run_name="plainrun", rank=0, world_size=1))
+    for i in range(100):
+        buffer.add_row("timers", {"name": "fwd", "dur_ns": 1}, step=i)
+    assert not client.close(pb.RunEnd(run_id="plainrun", rank=0, status="finished"), timeout_s=1.0)
+    assert stored_rows(tmp_path / "data", "timers") == 0
+    assert list((tmp_path / "spool").glob("*")), "nothing was kept for a later resend"
+
+
+def test_tls_files_are_checked_with_clear_errors(tmp_path, pki):
+    with pytest.raises(security.SecurityConfigError, match="both --tls-cert and --tls-key"):
+        security.ServerTLS.from_args(pki.cert, None)
+    with pytest.raises(security.SecurityConfigError, match="missing.pem"):
+        security.ServerTLS(cert=tmp_path / "missing.pem", key=pki.key).credentials()
+    with pytest.raises(security.SecurityConfigError, match="holds no private key"):
+        security.ServerTLS(cert=pki.cert, key=pki.cert).credentials()
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(security.SecurityConfigError, match="not a PEM file"):
+        security.open_channel("127.0.0.1:1", tls_ca=tmp_path / "junk.pem")
+
+
+# -- bind policy ----------------------------------------------------------------
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True),
+                                            ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
+                                            ("::", False), ("10.0.0.5", False), ("collector.example", False)])
+def test_loopback_detection(host, loopback):
+    assert security.is_loopback(host) is loopback
+
+
+def test_bind_policy():
+    assert security.check_bind("127.0.0.1", token=None, tls=False) == []
+    with pytest.raises(security.SecurityConfigError, match="--insecure"):
+        security.check_bind("0.0.0.0", token=None, tls=False)
+    open_warnings = security.check_bind("0.0.0.0", token=None, tls=False, insecure=True)
+    assert any("no token" in w for w in open_warnings) and any("without TLS" in w for w in open_warnings)
+    assert security.check_bind("0.0.0.0", token=TOKEN, tls=True) == []
+    assert [w for w in security.check_bind("0.0.0.0", token=TOKEN, tls=False) if "clear text" in w]
+
+
+def _collect(tmp_path, *args, env_token=None, wait_listening=True):
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "RANKSCOPE_TOKEN"}
+    if env_token:
+        env["RANKSCOPE_TOKEN"] = env_token
+    proc = subprocess.Popen([sys.executable, "-m", "collector.cli", "collect", "--data-dir", str(tmp_path / "data"),
+                             "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return proc
+
+
+def _stop(proc) -> tuple[str, str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return out, err
+
+
+def test_cli_refuses_a_wide_bind_without_token_and_warns_with_insecure(tmp_path):
+    refused = _collect(tmp_path, "--host", "0.0.0.0")
+    out, err = refused.communicate(timeout=60)
+    assert refused.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a token" in err and "--insecure" in err
+    assert "Traceback" not in err and not (tmp_path / "data" / "ledger").exists()
+
+    opened = _collect(tmp_path, "--host", "0.0.0.0", "--insecure")
+    line = opened.stdout.readline()
+    out, err = _stop(opened)
+    assert re.search(r"listening on 0\.0\.0\.0:\d+ \(plaintext, no token", line), line
+    assert "WARNING" in err and "no token" in err and "without TLS" in err
+    assert opened.returncode == 0
+
+
+def test_cli_collect_with_env_token_and_tls(tmp_path, pki):
+    proc = _collect(tmp_path, "--tls-cert", str(pki.cert), "--tls-key", str(pki.key), env_token=TOKEN)
+    line = proc.stdout.readline()
+    try:
+        match = re.search(r"listening on 127\.0\.0\.1:(\d+) \(TLS, token required", line)
+        assert match, line
+        with security.open_channel(f"127.0.0.1:{match.group(1)}", tls_ca=pki.ca) as channel:
+            stub = pb_grpc.CollectorStub(channel)
+            deadline = time.monotonic() + 20
+            assert stub.Health(pb.HealthRequest(), metadata=security.auth_metadata(TOKEN),
+                               timeout=max(1.0, deadline - time.monotonic())).schema_version == 1
+            assert _code(lambda: stub.Health(pb.HealthRequest(), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        out, err = _stop(proc)
+    assert proc.returncode == 0 and "WARNING" not in err
+
+    bad = _collect(tmp_path, "--tls-cert", str(pki.cert))
+    _, err = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and "both --tls-cert and --tls-key" in err
