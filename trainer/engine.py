@@ -11,6 +11,16 @@ CPU / nccl on CUDA) or as a plain process, which is a world of one on the same
 code path. Every collective goes through ``trainer.comm``; telemetry (timers,
 memory, loss-scale records, monitor events) is emitted per optimizer step and
 never stops training when no collector is reachable.
+
+MoE (trainer.moe) trains under ZeRO 0-3 with any ep_size: expert parameters
+(``param.allreduce = False``) are bucketed apart and reduced / partitioned over
+their expert-data-parallel group, dense ones over the data-parallel group
+(trainer.moe.sync_group); both are divided by the full data-parallel size. Build
+the MoE model after ``trainer.engine.init_distributed()`` when ep_size > 1 (its
+expert groups are process groups). The load-balancing loss is the model's
+business, as in DeepSpeed: ``MoE.forward`` returns ``aux_loss`` and the training
+loss is ``task_loss + coeff * sum(aux_loss)`` written by the user (the GPT
+example's ``--moe-loss-coeff``); the engine backpropagates whatever loss it is given.
 """
 from __future__ import annotations
 
@@ -116,7 +126,7 @@ def _step_profiler(cfg: EngineConfig, model: nn.Module):
         from trainer.profiling import StepProfiler
     except ImportError:  # the flops profiler is optional
         return None
-    return StepProfiler(cfg.flops_profiler or {}, model)
+    return StepProfiler(cfg.flops_profiler or {}, model, tp_size=cfg.tensor_parallel.tp_size)
 
 
 def _cast_floats(obj, dtype: torch.dtype):
@@ -128,15 +138,6 @@ def _cast_floats(obj, dtype: torch.dtype):
     if isinstance(obj, dict):
         return {k: _cast_floats(v, dtype) for k, v in obj.items()}
     return obj
-
-
-def _reject_expert_params(model: nn.Module) -> None:
-    """MoE expert parameters (DeepSpeed's ``param.allreduce = False``) need expert-group reduction,
-    which this engine does not do yet: refuse rather than average them over the wrong group."""
-    experts = [n for n, p in model.named_parameters() if getattr(p, "allreduce", True) is False]
-    if experts:
-        raise ValueError(f"model has MoE expert parameters ({experts[0]}, ... {len(experts)} in all); the bundled "
-                         "engine does not reduce them over expert-data-parallel groups yet")
 
 
 class Engine(nn.Module):
@@ -158,7 +159,6 @@ class Engine(nn.Module):
             self.dp_group, self.tp_rank = groups.dp_group, groups.tp_rank
         self.dp_world_size = cfg.dp_world_size
         self.dp_rank = comm.get_rank(group=self.dp_group) if self.dp_group is not None else self.rank
-        _reject_expert_params(model)
 
         self.module = model.to(device=self.device, dtype=cfg.precision)
         self._broadcast_model()
@@ -169,7 +169,8 @@ class Engine(nn.Module):
             self.loss_scaler = build_loss_scaler(dataclasses.asdict(cfg.fp16))
         self.optimizer: ZeroOptimizer = build_zero_optimizer(
             self.module, named, zero=zero, rank=self.dp_rank, world_size=self.dp_world_size, device=self.device,
-            group=self.dp_group, loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping)
+            group=self.dp_group, loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping,
+            tp_rank=self.tp_rank)
         storage = (CPUStorage(pin_memory=zero.offload_optimizer.pin_memory) if zero.offload_optimizer.enabled
                    else DeviceStorage(self.device))
         self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer), storage)
@@ -192,11 +193,15 @@ class Engine(nn.Module):
     # ---------------------------------------------------------------- set-up
 
     def _broadcast_model(self) -> None:
-        """Start every data-parallel replica from the first replica's weights and buffers."""
+        """Start every data-parallel replica from the first replica's weights and buffers: dense
+        parameters and buffers over the data-parallel group, MoE experts over their
+        expert-data-parallel group only (trainer.moe.broadcast_parameters)."""
         if self.dp_world_size == 1:
             return
+        from trainer.moe import broadcast_parameters
+        broadcast_parameters(self.module, self.dp_group)
         src = comm.get_global_rank(self.dp_group, 0) if self.dp_group is not None else 0
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
+        for t in self.module.buffers():
             comm.broadcast(t.data, src=src, group=self.dp_group, log_name="engine.broadcast_model")
 
     def _dataloader(self, dataset, collate_fn):
@@ -316,12 +321,24 @@ class Engine(nn.Module):
 
     # ---------------------------------------------------------------- checkpoints
 
+    def _refuse_expert_parallel_checkpoint(self, what: str) -> None:
+        """Checkpoints hold data-parallel rank 0's module state, which lacks the experts other
+        expert-parallel ranks hold: refuse (on every rank, before any collective) when ep_size > 1."""
+        for name, p in self.module.named_parameters():
+            if getattr(p, "allreduce", True) is False and getattr(p, "group_name", "") != "ep_size_1" \
+                    and not str(getattr(p, "group_name", "")).startswith("ep_size_1_"):
+                raise NotImplementedError(
+                    f"{what}: MoE expert parameter {name} is sharded over an expert-parallel group "
+                    f"({p.group_name}); the bundled engine checkpoints MoE models only with moe ep_size 1")
+
     def save_checkpoint(self, save_dir, tag=None, client_state=None) -> str:
         from trainer.checkpoint import save_checkpoint
+        self._refuse_expert_parallel_checkpoint("save_checkpoint")
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {})
 
     def load_checkpoint(self, load_dir, tag=None):
         from trainer.checkpoint import load_checkpoint
+        self._refuse_expert_parallel_checkpoint("load_checkpoint")
         return load_checkpoint(self, load_dir, tag=tag)
 
     def after_checkpoint_load(self) -> None:
@@ -329,9 +346,11 @@ class Engine(nn.Module):
         self._loss_sum = None
 
     def close(self) -> None:
-        """Flush monitor events and end the telemetry session."""
+        """Flush monitor events and MoE rows, and end the telemetry session."""
         self.monitor.flush()
         try:
+            from trainer.moe import telemetry as moe_telemetry
+            moe_telemetry.flush()
             telemetry.stop()
         except Exception as e:  # telemetry must never fail the run
             warnings.warn(f"telemetry stop failed: {e}", stacklevel=2)

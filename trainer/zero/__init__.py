@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from trainer import comm
 from trainer.config import ZeroConfig
 from trainer.zero.optimizer import StepOutcome, ZeroOptimizer
 from trainer.zero.partition import FlatBucket, build_buckets
@@ -19,20 +20,46 @@ __all__ = ["build_zero_optimizer", "ZeroOptimizer", "StepOutcome", "Stage0Optimi
            "Stage2Optimizer", "Stage3Optimizer"]
 
 
+def _by_sync_group(named: list[tuple[str, nn.Parameter]], dp_group) -> list[tuple[object, int, list]]:
+    """``named`` split by the group each parameter is kept in sync over (trainer.moe.sync_group):
+    dense parameters over the data-parallel group, MoE experts over their expert-data-parallel
+    group. Returns (group, size, named) in first-seen order (the same on every rank)."""
+    from trainer.moe import sync_group
+
+    out: dict[tuple[int, int], tuple[object, int, list]] = {}
+    for name, p in named:
+        group, size = sync_group(p, dp_group)
+        out.setdefault((id(group), size), (group, size, []))[2].append((name, p))
+    return list(out.values())
+
+
+def _shard_index(group, size: int) -> int:
+    return comm.get_rank(group) if size > 1 else 0
+
+
 def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, nn.Parameter]]], *,
                          zero: ZeroConfig, rank: int, world_size: int, device: torch.device, group=None,
-                         loss_scaler=None, gradient_clipping: float = 0.0) -> ZeroOptimizer:
+                         loss_scaler=None, gradient_clipping: float = 0.0, tp_rank: int = 0) -> ZeroOptimizer:
     """The stage's optimizer over ``named_groups`` (trainable (name, param) lists, one per param group),
-    partitioned over the data-parallel ``group`` (None: the world) of which this is rank ``rank``."""
+    partitioned over the data-parallel ``group`` (None: the world) of which this is rank ``rank``.
+
+    Each bucket holds parameters of one sync group only: dense ones are sharded over the
+    data-parallel group, MoE expert parameters over their expert-data-parallel group (stages
+    1-3 use that group's size as the shard count; stage 0 keeps one shard). Gradients are
+    still divided by the full data-parallel ``world_size`` (see trainer.moe.data_parallel)."""
     common = dict(rank=rank, world_size=world_size, device=device, group=group, loss_scaler=loss_scaler,
                   gradient_clipping=gradient_clipping, overlap_comm=zero.overlap_comm,
-                  reduce_scatter=zero.reduce_scatter)
-    shards = 1 if zero.stage == 0 else world_size
+                  reduce_scatter=zero.reduce_scatter, tp_rank=tp_rank)
 
     def buckets_of(groups):
-        return [b for g, named in enumerate(groups) if named
-                for b in build_buckets(named, group_index=g, bucket_numel=zero.reduce_bucket_size,
-                                       num_shards=shards, shard_index=rank if shards > 1 else 0)]
+        out = []
+        for g, named in enumerate(groups):
+            for sync, size, part in _by_sync_group(named, group) if named else []:
+                shards = 1 if zero.stage == 0 else size
+                out += build_buckets(part, group_index=g, bucket_numel=zero.reduce_bucket_size, num_shards=shards,
+                                     shard_index=_shard_index(sync, size) if shards > 1 else 0, group=sync,
+                                     group_size=size)
+        return out
 
     if zero.stage in (0, 1, 2):
         cls = {0: Stage0Optimizer, 1: Stage1Optimizer, 2: Stage2Optimizer}[zero.stage]
@@ -55,7 +82,9 @@ def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, n
                 per_unit[(id(m), g)].append((name, p))
     units: dict[nn.Module, list[FlatBucket]] = defaultdict(list)
     for (mid, g), named in per_unit.items():
-        units[unit_module[mid]].append(FlatBucket(named, num_shards=world_size, shard_index=rank, group_index=g))
+        for sync, size, part in _by_sync_group(named, group):
+            units[unit_module[mid]].append(FlatBucket(part, num_shards=size, shard_index=_shard_index(sync, size),
+                                                      group_index=g, group=sync, group_size=size))
     shard_device = torch.device("cpu") if zero.offload_param.enabled else device
     persistent = buckets_of(persistent_groups)
     return Stage3Optimizer(persistent, dict(units),

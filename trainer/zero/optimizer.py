@@ -4,11 +4,21 @@ At a gradient-accumulation boundary each stage leaves, per bucket, this rank's
 reduced gradient shard (averaged over data-parallel ranks, still multiplied by
 the fp16 loss scale). The step is then the same for all stages:
 
-    overflow = all_reduce(MAX, any inf/nan seen locally)        # fp16 only
+    overflow = all_reduce(MAX, any inf/nan seen locally)        # fp16 only, over the world
     if overflow: skip, lower the scale, report bad params + first rank
-    norm^2   = all_reduce(SUM, sum(g^2 for owned shards))       # only when clipping
+    norm^2   = all_reduce(SUM, sum(g^2 for counted shards))     # only when clipping, over the world
     masters.step(grads * (1/scale) * clip_coef)                 # OffloadedOptimizer
     stage-specific: all_gather updated shards into the full parameters
+
+The norm counts every gradient element of the model exactly once across the
+world: a bucket is counted on every rank of its group when it is partitioned
+(stages 1-3: each rank owns a different shard), else only on its group's first
+rank (stage 0, or MoE experts' replicas); within a bucket a tensor-parallel
+shard (``param.tensor_model_parallel``) counts on every tensor-parallel rank, a
+parameter replicated over the tensor-parallel group only on tp_rank 0. Expert
+buckets of different expert-parallel ranks hold different experts, so they all
+count. The overflow vote is over the world too, so every rank (tensor-parallel
+peers included) skips the same steps.
 
 Subclasses (one module per stage) decide how gradients get reduced into the
 shards and how parameters are laid out; see their docstrings.
@@ -46,8 +56,9 @@ class ZeroOptimizer:
 
     def __init__(self, buckets: list[FlatBucket], *, rank: int, world_size: int, device: torch.device,
                  group=None, loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False,
-                 reduce_scatter: bool = True) -> None:
+                 reduce_scatter: bool = True, tp_rank: int = 0) -> None:
         self.buckets = buckets
+        self.tp_rank = tp_rank
         # rank / world_size / group: the data-parallel group (the world without tensor parallelism)
         self.rank, self.world_size, self.group, self.device = rank, world_size, group, device
         self.loss_scaler = loss_scaler
@@ -164,11 +175,9 @@ class ZeroOptimizer:
                 return out
         coef = 1.0 / scale
         if self.gradient_clipping > 0:
-            sumsq = torch.zeros((), dtype=torch.float32, device=self.device)
-            for g in grads:
-                sumsq += g.float().pow(2).sum().to(self.device)
-            if self.partitioned:
-                comm.all_reduce(sumsq, group=self.group, log_name="zero.grad_norm")
+            sumsq = self._counted_sumsq(grads)
+            if comm.get_world_size() > 1:
+                comm.all_reduce(sumsq, log_name="zero.grad_norm")
             out.grad_norm = math.sqrt(float(sumsq)) / scale
             clip = self.gradient_clipping / (out.grad_norm + 1e-6)
             if clip < 1.0:
@@ -178,23 +187,40 @@ class ZeroOptimizer:
         self.zero_grad()
         return out
 
+    def _counted_sumsq(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """This rank's share of the squared global gradient norm (see the module docstring)."""
+        sumsq = torch.zeros((), dtype=torch.float32, device=self.device)
+        for b, g in zip(self.buckets, grads):
+            if b.num_shards == 1 and b.group_size > 1 and comm.get_rank(b.group) != 0:
+                continue  # a replica: its group's first rank counts it
+            g = g.float()
+            if self.tp_rank == 0:
+                sumsq += g.pow(2).sum().to(self.device)
+                continue
+            for s, lo, hi in b.owned_slots():
+                if getattr(s.param, "tensor_model_parallel", False):
+                    sumsq += g[lo:hi].pow(2).sum().to(self.device)
+        return sumsq
+
     def _check_overflow(self, grads: list[torch.Tensor], out: StepOutcome) -> None:
         post_bad: list[str] = []
         for b, g in zip(self.buckets, grads):
             if not torch.isfinite(g).all():
                 post_bad += b.nonfinite_param_names(g, shard=True)
         flag = torch.tensor([1.0 if (self._local_bad or post_bad) else 0.0], device=self.device)
-        comm.all_reduce(flag, op=comm.ReduceOp.MAX, group=self.group, log_name="zero.overflow")
+        # Over the world: data-parallel groups of different tensor-parallel ranks, and experts'
+        # groups, must all agree on skipping the step.
+        comm.all_reduce(flag, op=comm.ReduceOp.MAX, log_name="zero.overflow")
         out.overflow = bool(flag.item() > 0)
         if out.overflow:
             # The rank that produced the inf (pre-reduction) wins over ranks that only received it.
-            w = self.world_size
-            code = self.rank if self._local_bad else (w + self.rank if post_bad else 2 * w)
+            w, rank = comm.get_world_size(), comm.get_rank()
+            code = rank if self._local_bad else (w + rank if post_bad else 2 * w)
             first = torch.tensor([float(code)], device=self.device)
-            comm.all_reduce(first, op=comm.ReduceOp.MIN, group=self.group, log_name="zero.overflow_rank")
-            out.first_rank = int(first.item()) % w
+            comm.all_reduce(first, op=comm.ReduceOp.MIN, log_name="zero.overflow_rank")
+            out.first_rank = int(first.item()) % w  # a global rank
             names: list = [None] * w
-            comm.all_gather_object(names, self._local_bad + post_bad, group=self.group)
+            comm.all_gather_object(names, self._local_bad + post_bad)
             out.bad_params = list(dict.fromkeys(n for rank_names in names for n in rank_names))
         self._local_bad = []
 

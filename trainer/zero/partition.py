@@ -32,8 +32,17 @@ class FlatBucket:
     """Parameters of one param group flattened into one padded buffer, split in ``num_shards``."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], *, num_shards: int, shard_index: int,
-                 group_index: int) -> None:
+                 group_index: int, group=None, group_size: int | None = None) -> None:
         self.group_index = group_index
+        # The process group the bucket's parameters are replicated over (None: the world, or no
+        # one when group_size is 1): the data-parallel group for dense parameters, the
+        # expert-data-parallel group for MoE experts (trainer.moe.sync_group).
+        self.group = group
+        self.group_size = num_shards if group_size is None else group_size
+        # solo: replicated nowhere else although the world is larger (an MoE expert whose
+        # expert-data-parallel group is this rank alone): no collective at all. In a world of
+        # one, collectives still run (the degenerate case of the distributed path).
+        self.solo = self.group_size == 1 and group is None and _world_size() > 1
         self.slots: list[ParamSlot] = []
         offset = 0
         for name, p in named_params:
@@ -99,20 +108,27 @@ class FlatBucket:
 
 
 def build_buckets(named_params: list[tuple[str, nn.Parameter]], *, group_index: int, bucket_numel: int,
-                  num_shards: int, shard_index: int) -> list[FlatBucket]:
+                  num_shards: int, shard_index: int, group=None, group_size: int | None = None) -> list[FlatBucket]:
     """Split one param group into buckets of about ``bucket_numel`` elements, in reverse
-    registration order (roughly the order backward produces gradients)."""
+    registration order (roughly the order backward produces gradients); every bucket is
+    synchronised over ``group`` of ``group_size`` ranks."""
+    kw = dict(num_shards=num_shards, shard_index=shard_index, group_index=group_index, group=group,
+              group_size=group_size)
     buckets, current, size = [], [], 0
     for name, p in reversed(named_params):
         if current and size + p.numel() > bucket_numel:
-            buckets.append(FlatBucket(current, num_shards=num_shards, shard_index=shard_index,
-                                      group_index=group_index))
+            buckets.append(FlatBucket(current, **kw))
             current, size = [], 0
         current.append((name, p))
         size += p.numel()
     if current:
-        buckets.append(FlatBucket(current, num_shards=num_shards, shard_index=shard_index, group_index=group_index))
+        buckets.append(FlatBucket(current, **kw))
     return buckets
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def storage_bytes(tensors, seen: set[int]) -> int:

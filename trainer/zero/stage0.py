@@ -8,7 +8,8 @@ are views into it); at the accumulation boundary each bucket is averaged:
     master.step(flat_grad)                      # full fp32 optimizer on every rank
 
 Buckets have a single shard (num_shards = 1), so there is nothing to gather
-after the step. With overlap_comm a bucket's all_reduce starts (async) during
+after the step. MoE expert buckets are summed over their expert-data-parallel
+group only (``b.group``) and still divided by N. With overlap_comm a bucket's all_reduce starts (async) during
 the boundary backward as soon as all its gradients are produced.
 """
 from __future__ import annotations
@@ -22,12 +23,15 @@ class Stage0Optimizer(Stage1Optimizer):
     stage = 0
 
     def reduce(self, b: FlatBucket):
-        return comm.all_reduce(b.flat_grad, group=self.group, async_op=True, log_name="zero0.all_reduce_grads")
+        if b.solo:  # an expert no other rank holds: nothing to sum
+            return None
+        return comm.all_reduce(b.flat_grad, group=b.group, async_op=True, log_name="zero0.all_reduce_grads")
 
     def finish_reduction(self, pending) -> None:
         b, work = pending
-        work.wait()
-        b.flat_grad.div_(self.world_size)
+        if work is not None:
+            work.wait()
+        b.flat_grad.div_(self.world_size)  # the full data-parallel size, also for experts
 
     def after_step(self) -> None:
         """Every rank stepped the full parameters itself."""

@@ -11,7 +11,9 @@ Once per step, at the boundary:
     all_gather_into_tensor(flat_param, flat_param[r*S:(r+1)*S])  # [N * S] everyone's update
 
 With ``reduce_scatter: false`` the bucket is all_reduced instead (DeepSpeed's switch)
-and only the shard is used. With overlap_comm a bucket's reduction starts (async) during the boundary
+and only the shard is used. Each bucket reduces and gathers over its own group
+(``b.group``: the data-parallel group, or an MoE expert-data-parallel group of
+S' ranks, where the bucket has S' shards) and divides by the full N. With overlap_comm a bucket's reduction starts (async) during the boundary
 backward as soon as all its gradients are produced; otherwise all start after it.
 """
 from __future__ import annotations
@@ -62,20 +64,23 @@ class Stage1Optimizer(ZeroOptimizer):
         return b, self.reduce(b)
 
     def reduce(self, b: FlatBucket):
+        if b.solo:  # an expert no other rank holds: nothing to sum
+            return None
         if not self.reduce_scatter:
-            return comm.all_reduce(b.flat_grad, group=self.group, async_op=True, log_name="zero1.all_reduce_grads")
-        return comm.reduce_scatter_tensor(b.shard_of(b.flat_grad), b.flat_grad, group=self.group, async_op=True,
+            return comm.all_reduce(b.flat_grad, group=b.group, async_op=True, log_name="zero1.all_reduce_grads")
+        return comm.reduce_scatter_tensor(b.shard_of(b.flat_grad), b.flat_grad, group=b.group, async_op=True,
                                           log_name="zero1.reduce_scatter_grads")
 
     def finish_reduction(self, pending) -> None:
         b, work = pending
-        work.wait()
-        b.shard_of(b.flat_grad).div_(self.world_size)
+        if work is not None:
+            work.wait()
+        b.shard_of(b.flat_grad).div_(self.world_size)  # the full data-parallel size, also for experts
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=self.group, async_op=True,
+        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
                                              log_name=f"zero{self.stage}.all_gather_params")
-                 for b in self.buckets]
+                 for b in self.buckets if not b.solo]
         for w in works:
             w.wait()
 

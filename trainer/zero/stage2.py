@@ -59,24 +59,27 @@ class Stage2Optimizer(ZeroOptimizer):
         for s in b.slots:
             s.param.grad = None
         self.note_local_overflow(b, staging)
+        if b.solo:  # an expert no other rank holds: nothing to sum
+            return b, staging, staging, None
         if not self.reduce_scatter:
-            work = comm.all_reduce(staging, group=self.group, async_op=True,
+            work = comm.all_reduce(staging, group=b.group, async_op=True,
                                    log_name=f"zero{self.stage}.all_reduce_grads")
             return b, b.shard_of(staging), staging, work
         out = torch.empty(b.shard_numel, dtype=b.dtype, device=self.device)
-        work = comm.reduce_scatter_tensor(out, staging, group=self.group, async_op=True,
+        work = comm.reduce_scatter_tensor(out, staging, group=b.group, async_op=True,
                                           log_name=f"zero{self.stage}.reduce_scatter_grads")
         return b, out, staging, work
 
     def finish_reduction(self, pending) -> None:
         b, out, _staging, work = pending  # staging stays referenced until the op is done
-        work.wait()
-        b.grad_shard.add_(out.float(), alpha=1.0 / self.world_size)
+        if work is not None:
+            work.wait()
+        b.grad_shard.add_(out.float(), alpha=1.0 / self.world_size)  # the full data-parallel size, also for experts
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=self.group, async_op=True,
+        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
                                              log_name=f"zero{self.stage}.all_gather_params")
-                 for b in self.buckets]
+                 for b in self.buckets if not b.solo]
         for w in works:
             w.wait()
 

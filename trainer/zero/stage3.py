@@ -79,7 +79,12 @@ class Stage3Optimizer(Stage2Optimizer):
         if u.flat_param is None:
             u.flat_param = torch.empty(u.padded_numel, dtype=u.dtype, device=self.device)
             src = u.param_shard.to(self.device, non_blocking=True)
-            u.inflight = comm.all_gather_into_tensor(u.flat_param, src, group=self.group, async_op=True,
+            if u.solo:  # an expert no other rank holds: the shard is the whole unit
+                u.flat_param.copy_(src)
+                u.inflight = None
+                u.bind_params(u.flat_param)
+                return
+            u.inflight = comm.all_gather_into_tensor(u.flat_param, src, group=u.group, async_op=True,
                                                      log_name="zero3.all_gather_params")
         if wait and u.inflight is not None:
             u.inflight.wait()
@@ -170,9 +175,9 @@ class Stage3Optimizer(Stage2Optimizer):
         return self.param_shards() + [b.flat_param for b in self.buckets if b.flat_param is not None]
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=self.group, async_op=True,
+        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
                                              log_name="zero3.all_gather_persistent_params")
-                 for b in self.buckets if not b.partitioned]
+                 for b in self.buckets if not b.partitioned and not b.solo]
         for w in works:
             w.wait()
 
