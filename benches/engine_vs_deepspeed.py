@@ -390,9 +390,14 @@ def _report(args, argv, results, failures, volumes, load, elapsed) -> str:
         f = r["finished"]
         if "ours" in f and "deepspeed" in f:
             lo, ld = f["ours"][0]["losses"], f["deepspeed"][0]["losses"]
-            losses.append(f"zero{stage}: ours {lo[0]:.3f} -> {lo[-1]:.3f}, DeepSpeed {ld[0]:.3f} -> {ld[-1]:.3f}")
+            diff = [i for i, (a, b) in enumerate(zip(lo, ld)) if abs(a - b) > 1e-3 * max(1.0, abs(b))]
+            where = (f"first differs by > 0.1% at step {diff[0]} ({lo[diff[0]]:.4f} vs {ld[diff[0]]:.4f}), "
+                     f"max |diff| {max(abs(a - b) for a, b in zip(lo, ld)):.4f}") if diff else "equal within 0.1% every step"
+            losses.append(f"zero{stage}: ours {lo[0]:.3f} -> {lo[-1]:.3f}, DeepSpeed {ld[0]:.3f} -> {ld[-1]:.3f} "
+                          f"({len(lo)} steps; {where})")
     if losses:
-        lines += ["", "Rank-0 loss, first -> last step (same data, same init, same config): " + "; ".join(losses) + "."]
+        lines += ["", "Rank-0 loss, first -> last step (same data, same init, same config):", "",
+                  *[f"- {x}" for x in losses]]
     if failures:
         lines += ["", "## Failures", ""]
         for (stage, kind), msg in failures.items():
