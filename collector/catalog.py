@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ T = TypeVar("T")
 VERSION_VIEW = "rankscope_catalog_version"
 # Statement types a user query may have; DESCRIBE/SHOW/SUMMARIZE/FROM parse as SELECT.
 _QUERY_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+QUERY_TIMEOUT_S = 30.0  # a user query running longer is interrupted (a runaway recursive CTE, a huge join)
 
 
 class QueryError(Exception):
@@ -198,11 +200,13 @@ def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000) -> pa.Table:
-    """Run one user query read-only and return (at most max_rows rows of) its result.
+def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000,
+                       timeout_s: float | None = QUERY_TIMEOUT_S) -> pa.Table:
+    """Run one user query read-only and return (at most max_rows rows of) its result,
+    interrupting it after ``timeout_s`` seconds (None: no limit).
 
     Raises QueryError with a message fit to show the user: DuckDB's own error
-    text for bad SQL, or why the statement was refused."""
+    text for bad SQL, or why the statement was refused or stopped."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -217,13 +221,23 @@ def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000) -> pa.
     def attempt() -> pa.Table:
         # Creating the views lists the segments too, so it is retried with the query.
         con = readonly_connection(data_dir)
+        # interrupt() is DuckDB's documented way to stop a running query from another thread.
+        timer = threading.Timer(timeout_s, con.interrupt) if timeout_s is not None else None
         try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             return _fetch(con, sql, max_rows)
         finally:
+            if timer is not None:
+                timer.cancel()
             con.close()
 
     try:
         return with_segment_retry(attempt)
+    except duckdb.InterruptException:
+        raise QueryError(f"query stopped after the {timeout_s:g} s time limit; "
+                         "narrow it (WHERE run_id = ..., LIMIT) and run it again") from None
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from None
 
