@@ -3,8 +3,8 @@
     python -m trainer.examples.make_sample_runs --out sample_runs      # what `make sample-runs` runs
 
 A real collector (a subprocess on a free port) records the scenario runs of
-trainer.examples.scenarios, each a real torchrun job (of the bundled engine,
-or trainer.moe's own loop for the MoE run), into a fresh temporary data dir. The collector is stopped with SIGINT so it
+trainer.examples.scenarios, each a real torchrun job of the bundled engine,
+into a fresh temporary data dir. The collector is stopped with SIGINT so it
 commits everything, then each (table, run) partition is merged into one
 Parquet file in a new data dir built beside --out (Parquet + placeholders +
 catalog.duckdb with relative paths; the collector's ledger is a writer's

@@ -14,9 +14,7 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
   2^24: the first steps overflow and are skipped while the scale backs off.
 - ``moe-skewed-expert``: the GPT with an MoE layer after each block, 4 experts over
   ep_size 2, whose router is biased toward expert 0: that expert gets most tokens
-  and overflows its capacity, so tokens are dropped. The engine refuses expert
-  parameters for now, so this one trains in its own loop with trainer.moe's
-  expert-aware data parallelism (``_train_without_engine``).
+  and overflows its capacity, so tokens are dropped.
 
 Each scenario starts from a shipped config (trainer/examples/configs/) and
 changes only what the scenario is about.
@@ -36,13 +34,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import trainer
-from collector import telemetry
-from trainer import comm
 from trainer.engine import init_distributed
 from trainer.examples._common import CONFIG_DIR, train_loop
 from trainer.examples.gpt import GPT, synthetic_batch
-from trainer.moe import MoE, broadcast_parameters, reduce_gradients
-from trainer.monitor import MonitorMaster
+from trainer.moe import MoE
 
 VOCAB, BLOCK_SIZE = 128, 32  # GPT()'s defaults, which synthetic_batch must match
 
@@ -60,7 +55,6 @@ class Scenario:
     model: Callable[[], nn.Module]
     prepare: Callable[[nn.Module, int], None] = lambda model, rank: None  # (model, rank), before training
     loss: Callable[[object, torch.Tensor], torch.Tensor] = _lm_loss  # (model output, targets)
-    engine: bool = True                            # False: _train_without_engine
 
     def config(self) -> dict:
         with open(CONFIG_DIR / self.base_config) as f:
@@ -131,40 +125,6 @@ def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
     return _lm_loss(logits, targets) + 0.01 * aux
 
 
-def _train_without_engine(scenario: Scenario, model: nn.Module, config: dict, steps: int, rank: int) -> None:
-    """The loop a user's own script runs with trainer.moe: replicas synced and gradients
-    averaged by trainer.moe.data_parallel (expert parameters over their expert-data-parallel
-    group), AdamW with the config's optimizer params (no warmup, no clipping), telemetry and
-    the loss/lr monitor events by hand. Only while the engine refuses expert parameters
-    (trainer/engine.py, _reject_expert_params)."""
-    telemetry.start(config=config, source="script")
-    comm.configure(config.get("comms_logger"))
-    monitor = MonitorMaster(config)  # the loss and lr the engine would log, for the dashboard's overview
-    broadcast_parameters(model)
-    lr = config["optimizer"]["params"]["lr"]
-    optimizer = torch.optim.AdamW(model.parameters(), **config["optimizer"]["params"])
-    micro = config["train_micro_batch_size_per_gpu"]
-    status = "failed"
-    try:
-        for step in range(steps):
-            telemetry.set_step(step)
-            x, y = synthetic_batch(step, 0, rank, micro, VOCAB, BLOCK_SIZE, "cpu")
-            loss = scenario.loss(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            reduce_gradients(model)
-            optimizer.step()
-            samples = (step + 1) * micro * comm.get_world_size()
-            monitor.write_events([("Train/Samples/train_loss", loss.detach(), samples),
-                                  ("Train/Samples/lr", lr, samples)])
-            if rank == 0:
-                print(f"[{scenario.name}] step {step + 1} loss {loss.item():.4f}", flush=True)
-        status = "finished"
-    finally:
-        monitor.flush()
-        telemetry.stop(status)
-
-
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(name="zero2-slow-rank3", nproc=4, base_config="zero2.json", model=GPT, prepare=_slow_down,
              overrides={"comms_logger": {"enabled": True, "prof_all": True}, "wall_clock_breakdown": True,
@@ -174,9 +134,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
                                  "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
                         "flops_profiler": {"enabled": False}}),
-    # engine=False: the engine does not reduce expert gradients over expert-data-parallel groups yet.
     Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=MoEGPT, prepare=_skew_router,
-             loss=_moe_loss, engine=False, overrides={"flops_profiler": {"enabled": False}}),
+             loss=_moe_loss, overrides={"flops_profiler": {"enabled": False}}),
 )}
 
 
@@ -192,11 +151,7 @@ def main() -> None:
     init_distributed()  # before the model: MoE layers build their expert-parallel groups
     model = scenario.model()
     scenario.prepare(model, rank)
-    config = scenario.config()
-    if not scenario.engine:
-        _train_without_engine(scenario, model, config, args.steps, rank)
-        return
-    engine, *_ = trainer.initialize(model=model, config=config)
+    engine, *_ = trainer.initialize(model=model, config=scenario.config())
 
     def batches(step, micro):
         x, y = synthetic_batch(step, micro, rank, engine.train_micro_batch_size_per_gpu(), VOCAB, BLOCK_SIZE,
