@@ -43,7 +43,8 @@ def init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def parse_args(description: str, default_config: str) -> argparse.Namespace:
+def parse_args(description: str, default_config: str, add_arguments=None) -> argparse.Namespace:
+    """The examples' shared flags; ``add_arguments(parser)`` adds an example's own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", default=str(CONFIG_DIR / default_config), help="ds_config.json path")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps")
@@ -52,6 +53,8 @@ def parse_args(description: str, default_config: str) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--load", default=None, help="resume from the latest checkpoint here")
+    if add_arguments is not None:
+        add_arguments(p)
     return p.parse_args()
 
 
