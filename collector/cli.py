@@ -37,7 +37,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return 2
     # serve() applies the bind policy (collector.security.check_bind) and prints its warnings.
     return serve(args.data_dir, host=args.host, port=args.port, token=token, tls=tls,
-                 insecure=args.insecure) or 0
+                 insecure=args.insecure, writer=args.writer_id) or 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without a token (prints a warning)")
+    p.add_argument("--writer-id", default=None, metavar="W",
+                   help="share --data-dir with other collectors, each with its own id ([a-z][a-z0-9_]*); "
+                        "route each rank to one of them (see docs/SCALING.md)")
 
     p = add("dashboard", cmd_dashboard, "Serve the Streamlit dashboard over a data directory.", """
         rankscope dashboard

@@ -107,7 +107,7 @@ class Compactor:
                     break  # no file came or went since it last had nothing to merge
                 # Only segments the store named: files put there by hand or by git are left alone.
                 ours = [(order, p) for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
-                        if (order := segment_order(p)) is not None]
+                        if (order := segment_order(p, self.ledger.writer)) is not None]
                 segments = [p for _, p in sorted(ours)]
                 sizes = []
                 for path in segments:
@@ -129,7 +129,7 @@ class Compactor:
         schema = pa.unify_schemas([pq.read_schema(p) for p in inputs])
         table, run_id = partition.parent.name, partition.name.removeprefix("run=")
         commit = self.ledger.reserve_commit()
-        output = segment_path(self.data_dir, table, run_id, "cmp", commit)
+        output = segment_path(self.data_dir, table, run_id, layout.segment_prefix("cmp", self.ledger.writer), commit)
         write_segment(output, schema, (_conform(pq.ParquetFile(p).read(), schema) for p in inputs))
         self.ledger.commit_compaction(commit, inputs, output)
         log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)

@@ -3,6 +3,8 @@
     D/parquet/<table>/run=<run_id>/<segment>.parquet   committed segments
     D/parquet/<table>/run=@schema/schema.parquet      empty placeholder (see below)
     D/ledger/                                          the store's commit log (collector/ledger.py)
+    D/ledger/writer=<w>/                               the log of writer <w>, when several collectors
+                                                       share D (docs/SCALING.md)
     D/catalog.duckdb                                   views only (collector/catalog.py)
 
 Segments are written as ``.<name>.tmp`` and renamed into place; the view globs
@@ -18,6 +20,7 @@ placeholder partition can never collide with a real run, and it holds no rows.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +43,35 @@ COLLECTOR_TABLES: dict[str, pa.Schema] = {
     "ranks": RANKS_SCHEMA,
     "rank_ends": RANK_ENDS_SCHEMA,
 }
+
+
+# Several collectors may share one data dir, each under its own writer id: its
+# segments are named seg-<w>-<commit>-<part> / cmp-<w>-..., its ledger is
+# D/ledger/writer=<w>/, and it recovers, compacts and deletes only its own files.
+# Without a writer id (one collector per D) names stay seg-<commit>-<part>.
+WRITER_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+
+
+def check_writer(writer: str | None) -> str | None:
+    if writer is not None and not WRITER_RE.match(writer):
+        raise ValueError(f"writer id {writer!r} is not allowed: use 1-32 of [a-z0-9_], starting with a letter")
+    return writer
+
+
+def segment_prefix(kind: str, writer: str | None) -> str:
+    """'seg' / 'cmp', or 'seg-<writer>' / 'cmp-<writer>' for a named writer."""
+    return f"{kind}-{writer}" if writer else kind
+
+
+def segment_name_re(writer: str | None) -> re.Pattern:
+    """Matches the stems of exactly this writer's segments: groups (kind, commit, part)."""
+    middle = f"-{re.escape(writer)}" if writer else ""
+    return re.compile(rf"^(seg|cmp){middle}-(\d+)-(\d+)\Z")
+
+
+def ledger_dir(data_dir: Path, writer: str | None) -> Path:
+    base = data_dir / LEDGER_DIR
+    return base / f"writer={writer}" if writer else base
 
 
 def stored_schemas() -> dict[str, pa.Schema]:

@@ -113,9 +113,11 @@ def _decode_line(line: bytes) -> dict | None:
 class Ledger:
     """Recovers D on construction, then records commits. Thread-safe."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, writer: str | None = None):
         self.data_dir = Path(data_dir)
-        self.dir = self.data_dir / layout.LEDGER_DIR
+        self.writer = layout.check_writer(writer)  # None: the only writer of D
+        self._own_name = layout.segment_name_re(writer)
+        self.dir = layout.ledger_dir(self.data_dir, writer)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._owner = self._lock_data_dir()
         self._lock = threading.Lock()
@@ -178,7 +180,8 @@ class Ledger:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise DataDirBusy(f"data dir {str(self.data_dir)!r} is in use by another collector") from None
+            who = f" as writer {self.writer!r}" if self.writer else ""
+            raise DataDirBusy(f"data dir {str(self.data_dir)!r} is in use by another collector{who}") from None
         return f
 
     def _rel(self, path: Path) -> str:
@@ -274,6 +277,10 @@ class Ledger:
         # Every committed temp file was renamed by the replay above, so any left is uncommitted.
         parquet = self.data_dir / layout.PARQUET_DIR
         for tmp in parquet.glob(f"*/*/.*{layout.SEGMENT_SUFFIX}{layout.TEMP_SUFFIX}"):
+            # only this writer's: another collector sharing D may be writing its own right now
+            stem = tmp.name[1:-len(layout.SEGMENT_SUFFIX + layout.TEMP_SUFFIX)]
+            if not self._own_name.match(stem):
+                continue
             tmp.unlink(missing_ok=True)
 
     def _checkpoint(self) -> None:

@@ -164,9 +164,9 @@ class CollectorState:
     """The store, the compactor and the counters Health reports."""
 
     def __init__(self, data_dir, store_config: StoreConfig | None = None,
-                 compaction_config: CompactionConfig | None = None):
+                 compaction_config: CompactionConfig | None = None, writer: str | None = None):
         self.data_dir = Path(data_dir).resolve()
-        self.store = Store(self.data_dir, store_config)  # recovers the data dir first
+        self.store = Store(self.data_dir, store_config, writer)  # recovers the data dir first
         catalog.ensure_catalog(self.data_dir)
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
         self.started = time.monotonic()
@@ -374,12 +374,13 @@ def _add_servicer(servicer: CollectorServicer, server: grpc.Server) -> None:
 def create_server(address: str, data_dir, token: str | None = None, *,
                   store_config: StoreConfig | None = None,
                   compaction_config: CompactionConfig | None = None,
-                  tls: security.ServerTLS | None = None,
+                  tls: security.ServerTLS | None = None, writer: str | None = None,
                   max_workers: int = 512) -> tuple[grpc.Server, int, CollectorState]:
     """A collector bound to ``address`` (port 0 picks one), not yet started; with
-    ``tls`` it speaks TLS only. The bind policy is serve()'s (security.check_bind)."""
+    ``tls`` it speaks TLS only. The bind policy is serve()'s (security.check_bind).
+    ``writer``: this collector's id when several share ``data_dir`` (docs/SCALING.md)."""
     credentials = tls.credentials() if tls is not None else None  # bad files fail before the data dir is taken
-    state = CollectorState(data_dir, store_config, compaction_config)
+    state = CollectorState(data_dir, store_config, compaction_config, writer)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rankscope-rpc"),
         interceptors=[BearerTokenInterceptor(token)] if token else [],
@@ -402,7 +403,7 @@ def create_server(address: str, data_dir, token: str | None = None, *,
 
 
 def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None, *,
-          tls: security.ServerTLS | None = None, insecure: bool = False) -> int:
+          tls: security.ServerTLS | None = None, insecure: bool = False, writer: str | None = None) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
     A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
@@ -415,8 +416,8 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 2
     try:
-        server, bound, state = create_server(address, data_dir, token, tls=tls)
-    except security.SecurityConfigError as exc:
+        server, bound, state = create_server(address, data_dir, token, tls=tls, writer=writer)
+    except (security.SecurityConfigError, ValueError) as exc:
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 2
     except (OSError, DataDirBusy) as exc:

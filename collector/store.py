@@ -119,9 +119,9 @@ def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: i
 SEGMENT_NAME = re.compile(r"^(seg|cmp)-(\d+)-(\d+)$")
 
 
-def segment_order(path: Path) -> tuple[int, int] | None:
-    """(commit, part) of a segment this store wrote; None for any other file."""
-    match = SEGMENT_NAME.match(path.stem)
+def segment_order(path: Path, writer: str | None = None) -> tuple[int, int] | None:
+    """(commit, part) of a segment this store (as ``writer``) wrote; None for any other file."""
+    match = (SEGMENT_NAME if writer is None else layout.segment_name_re(writer)).match(path.stem)
     return (int(match.group(2)), int(match.group(3))) if match else None
 
 
@@ -139,11 +139,13 @@ def _split(chunks: list[pa.Table], parts: int) -> list[list[pa.Table]]:
 
 
 class Store:
-    def __init__(self, data_dir, config: StoreConfig | None = None):
+    def __init__(self, data_dir, config: StoreConfig | None = None, writer: str | None = None):
+        """``writer``: this collector's id when several share ``data_dir`` (see collector/layout.py)."""
         self.data_dir = Path(data_dir).resolve()
         self.config = config or StoreConfig()
         mkdir_durable(self.data_dir / layout.PARQUET_DIR)
-        self.ledger = Ledger(self.data_dir)
+        self.ledger = Ledger(self.data_dir, writer)
+        self.writer = self.ledger.writer
         self._known_runs = self._load_known_runs()
         self._cond = threading.Condition()
         self._buffers: dict[tuple[str, str], list[pa.Table]] = {}
@@ -241,7 +243,8 @@ class Store:
         for (table, run_id), chunks in buffers.items():
             parts = 2 if sum(c.num_rows for c in chunks) >= SPLIT_ROWS and len(chunks) > 1 else 1
             for part, group in enumerate(_split(chunks, parts)):
-                jobs.append((group, segment_path(self.data_dir, table, run_id, "seg", commit, part)))
+                jobs.append((group, segment_path(self.data_dir, table, run_id,
+                                                  layout.segment_prefix("seg", self.writer), commit, part)))
         finals = [final for _, final in jobs]
         error: BaseException | None = None
         try:
