@@ -2,9 +2,9 @@
 
     python -m benches.cpu_adam [--sizes 10000000 100000000] [--steps 5]
 
-Each optimizer runs on the same fp32 parameter/gradient tensors, one at a time
-(its state freed before the next); the figure is the median step time after
-one warm-up step. Also times the offload path: the step plus refreshing a
+Every optimizer steps the same fp32 parameter/gradient tensors (each with its
+own state); methods run round-robin, one step each per round, and the figure
+is the median step time after one warm-up step. Also times the offload path: the step plus refreshing a
 bf16 copy of the weights -- fused in one pass for CPUAdam (step(copy_to=...)),
 step + a separate copy_ for torch. Achieved GB/s counts the bytes an Adam step
 must move (read p, g, m, v; write p, m, v: 28 B/element, +2 B for a bf16
@@ -29,16 +29,6 @@ from native import CPUAdam, cpu_adam
 RESULTS = Path(__file__).resolve().parent / "RESULTS-native.md"
 
 
-def _median_seconds(fn, steps: int) -> float:
-    fn()  # warm-up: allocates optimizer state
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def memory_bandwidth_gbs(nbytes: int = 512 * 1024 * 1024, repeats: int = 7) -> float:
     """GB/s of an in-place a.add_(b) on nbytes fp32 buffers (read a, b; write a),
     best of `repeats`: the same in-place streaming pattern as an Adam step, so
@@ -57,32 +47,36 @@ def _timed(fn) -> float:
 
 
 def bench_size(numel: int, steps: int) -> list[tuple[str, float, float]]:
-    """[(label, seconds per step, achieved GB/s)] for one parameter size."""
+    """[(label, median seconds per step, achieved GB/s)] for one parameter size.
+
+    Methods run round-robin, one step each per round, so load from other jobs
+    on the machine falls on all of them alike."""
     param = torch.randn(numel)
     param.grad = torch.randn(numel)
     bf16_copy = torch.empty(numel, dtype=torch.bfloat16)
-    rows = []
-
-    def run(label, optimizer, step, bytes_per_elem):
-        seconds = _median_seconds(step, steps)
-        rows.append((label, seconds, bytes_per_elem * numel / seconds / 1e9))
-        optimizer.state.clear()
-        gc.collect()
-
     ours = CPUAdam([param], lr=1e-3, weight_decay=0.01)
-    run(f"rankscope CPUAdam ({cpu_adam.BACKEND})", ours, ours.step, 28)
     fused = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.01, fused=True)
-    run("torch AdamW fused=True", fused, fused.step, 28)
     foreach = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.01, foreach=True)
-    run("torch AdamW foreach=True", foreach, foreach.step, 28)
-    run("rankscope CPUAdam + bf16 copy (fused)", ours, lambda: ours.step(copy_to=[bf16_copy]), 30)
 
     def torch_step_and_copy():
         fused.step()
         bf16_copy.copy_(param)
 
-    run("torch AdamW fused=True + bf16 copy_", fused, torch_step_and_copy, 30)
-    return rows
+    methods = [  # (label, one step, bytes moved per element)
+        (f"rankscope CPUAdam ({cpu_adam.BACKEND})", ours.step, 28),
+        ("torch AdamW fused=True", fused.step, 28),
+        ("torch AdamW foreach=True", foreach.step, 28),
+        ("rankscope CPUAdam + bf16 copy (fused)", lambda: ours.step(copy_to=[bf16_copy]), 30),
+        ("torch AdamW fused=True + bf16 copy_", torch_step_and_copy, 30),
+    ]
+    for _, step, _ in methods:
+        step()  # warm-up: allocates optimizer state
+    times: dict[str, list[float]] = {label: [] for label, _, _ in methods}
+    for _ in range(steps):
+        for label, step, _ in methods:
+            times[label].append(_timed(step))
+    return [(label, statistics.median(times[label]), nbytes * numel / statistics.median(times[label]) / 1e9)
+            for label, _, nbytes in methods]
 
 
 def _with_share(row: str, bandwidth: float) -> str:

@@ -59,7 +59,7 @@ void adam_kernel(float* __restrict__ param, const float* __restrict__ grad,
   for (int64_t i = begin; i < end; ++i) {
     float p = param[i];
     float g = grad[i];
-    if (s.l2_into_grad) g = g + s.weight_decay * p;
+    if (s.l2_into_grad) g = std::fma(p, s.weight_decay, g);  // grad.add(param, alpha=wd): an fma in torch
     p = p * s.decay_factor;
     float m = exp_avg[i];
     m = std::fma(s.one_minus_beta1, g - m, m);      // exp_avg.lerp_(grad, 1 - beta1), fused as torch's
