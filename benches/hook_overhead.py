@@ -385,7 +385,7 @@ def main(argv: list[str]) -> int:
         f"average {fmt_load} (start -> middle -> end); Python {platform.python_version()}",
         f"- rankscope code: {code_version(ROOT)}",
         f"- 2 gloo ranks on CPU, 4-element float32 all_reduce; {args.rounds} rounds x {args.calls} calls per "
-        "variant, the three process pairs and the variants inside each pair interleaved (order rotated every round)",
+        "variant, the process pairs and the variants inside each pair interleaved (order rotated every round)",
     ]
     if "deepspeed" in res:
         v = res["deepspeed"][0]["versions"]
@@ -471,8 +471,12 @@ NOTES = """
   the calling thread, and calls `get_accelerator().synchronize()` after every op (a no-op on the CPU
   accelerator; on GPU it is a device-wide sync, which this CPU run cannot show).
 - DeepSpeed's timer is read with `elapsed(reset=False)`, which sums every interval recorded under
-  that log name so far, so its per-call cost grows with the number of calls already logged; the
-  per-round column shows whether that was visible in this run.
+  that log name so far (plus `inspect.signature` twice in `get_msg_size_from_args`), so its per-call
+  cost grows with the number of calls already logged: compare its first / last round and the
+  isolated first / last 500 calls.
+- "deferred" holds rankscope's background drain off during the timed blocks: if its added cost
+  is as large as "logger"'s, the end-to-end difference is not the drain thread competing for the
+  GIL and cores.
 - End-to-end medians include gloo's own latency and everything else competing for the 2 shared
   cores: the background drain/client threads, in the attached pair the collector (decode, Parquet,
   fsync) in this process, and the other jobs on the VM. A difference smaller than the per-round IQR
