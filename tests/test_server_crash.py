@@ -74,7 +74,7 @@ def send_until_killed(port: int, acked: list[set[int]], kill_after: float | None
         time.sleep(kill_after)
     else:
         for s in streams:
-            assert s.done.wait(30)
+            assert s.done.wait(90)
             assert s.error is None, s.error
     for rank, s in enumerate(streams):
         acked[rank] |= s.acked
@@ -98,12 +98,12 @@ def test_sigkill_mid_stream_then_resend_stores_every_record_exactly_once(tmp_pat
     partition = data / "parquet" / "comm" / "run=crashy"
     try:
         send_until_killed(port, acked, None)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not list(partition.glob("cmp-*.parquet")) and time.monotonic() < deadline:
             time.sleep(0.05)  # the compactor runs at low priority: give it a moment
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        assert proc.wait(60) == 0
 
     assert killed_with_unacked > 0, "the kills all came after everything was acked"
     assert all(a == set(range(1, ENVELOPES + 2)) for a in acked)
@@ -133,7 +133,7 @@ def test_serve_prints_its_address_and_commits_everything_on_sigterm(tmp_path):
     s.send(*(comm_envelope("c", seq, "r", 0, seq * 100, 100) for seq in range(1, 6)))
     assert s.wait_acked(range(1, 6))
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
+    assert proc.wait(60) == 0
     assert "Traceback" not in proc.stderr.read()
     channel.close()
     assert catalog.connect(data).execute("SELECT count(*) FROM comm").fetchone() == (500,)
@@ -143,6 +143,6 @@ def test_serve_prints_its_address_and_commits_everything_on_sigterm(tmp_path):
     assert "listening" in first.stdout.readline()
     second = subprocess.run([sys.executable, "-c", SERVE, str(data)], capture_output=True, text=True, timeout=60)
     first.send_signal(signal.SIGTERM)
-    assert first.wait(30) == 0
+    assert first.wait(60) == 0
     assert second.returncode == 1
     assert "in use by another collector" in second.stderr and "Traceback" not in second.stderr
