@@ -321,25 +321,66 @@ class Engine(nn.Module):
 
     # ---------------------------------------------------------------- checkpoints
 
-    def _refuse_expert_parallel_checkpoint(self, what: str) -> None:
-        """Checkpoints hold data-parallel rank 0's module state, which lacks the experts other
-        expert-parallel ranks hold: refuse (on every rank, before any collective) when ep_size > 1."""
-        for name, p in self.module.named_parameters():
-            if getattr(p, "allreduce", True) is False and getattr(p, "group_name", "") != "ep_size_1" \
-                    and not str(getattr(p, "group_name", "")).startswith("ep_size_1_"):
-                raise NotImplementedError(
-                    f"{what}: MoE expert parameter {name} is sharded over an expert-parallel group "
-                    f"({p.group_name}); the bundled engine checkpoints MoE models only with moe ep_size 1")
+    def _moe_layers(self) -> list:
+        """(index, dotted name, MoE) for every MoE layer, in module order (the same on every rank)."""
+        from trainer.moe import MoE
+        return [(i, name, m) for i, (name, m) in
+                enumerate((n, m) for n, m in self.module.named_modules() if isinstance(m, MoE))]
+
+    @staticmethod
+    def _expert_file(ckpt_dir: str, layer: int, expert: int, tp_rank: int) -> str:
+        return os.path.join(ckpt_dir, f"layer_{layer}_expert_{expert}_mp_rank_{tp_rank:02d}_model_states.pt")
+
+    def _save_experts(self, ckpt_dir: str) -> None:
+        """DeepSpeed's expert files, ``layer_<L>_expert_<e>_mp_rank_<t>_model_states.pt`` (L: the
+        MoE layer's index in module order, e: the global expert index), each written by the first
+        rank of its expert-data-parallel group. Collective under ZeRO-3 (experts are gathered)."""
+        layers = self._moe_layers()
+        if not layers:
+            return
+        full = self.optimizer.full_state_dict(self.module) if self.zero_optimization_stage() == 3 else None
+        for index, name, moe in layers:
+            groups = moe.groups
+            if groups.edp_size > 1 and comm.get_rank(groups.edp_group) != 0:
+                continue
+            for i, expert in enumerate(moe.experts.local_experts):
+                prefix = f"{name}.experts.local_experts.{i}." if name else f"experts.local_experts.{i}."
+                state = {k: (full[prefix + k] if full is not None else v.detach().clone()).cpu()
+                         for k, v in expert.state_dict().items()}
+                e = moe.experts.first_expert + i
+                torch.save({"layer": index, "expert": e, "module": name, "state": state},
+                           self._expert_file(ckpt_dir, index, e, self.tp_rank))
+
+    @torch.no_grad()
+    def _load_experts(self, ckpt_dir: str) -> None:
+        """Check this rank's expert files exist and (ZeRO 0-2) load them; the fp32 masters the
+        optimizer file restored hold the same values for trainable expert parameters."""
+        for index, name, moe in self._moe_layers():
+            for i, expert in enumerate(moe.experts.local_experts):
+                path = self._expert_file(ckpt_dir, index, moe.experts.first_expert + i, self.tp_rank)
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"checkpoint expert file {path} is missing (was it written with "
+                                            f"moe ep_size {moe.ep_size} and {moe.num_experts} experts?)")
+                if self.zero_optimization_stage() < 3:
+                    state = torch.load(path, map_location="cpu", weights_only=False)["state"]
+                    for k, t in expert.state_dict().items():
+                        t.copy_(state[k])
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None) -> str:
+        """DeepSpeed's layout (trainer/checkpoint.py) plus one file per MoE expert."""
         from trainer.checkpoint import save_checkpoint
-        self._refuse_expert_parallel_checkpoint("save_checkpoint")
+        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
+        ckpt_dir = os.path.join(os.fspath(save_dir), tag)
+        os.makedirs(ckpt_dir, exist_ok=True)
+        self._save_experts(ckpt_dir)  # before save_checkpoint's barriers, so "latest" comes last
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {})
 
     def load_checkpoint(self, load_dir, tag=None):
         from trainer.checkpoint import load_checkpoint
-        self._refuse_expert_parallel_checkpoint("load_checkpoint")
-        return load_checkpoint(self, load_dir, tag=tag)
+        ckpt_dir, client_state = load_checkpoint(self, load_dir, tag=tag)
+        if ckpt_dir is not None:
+            self._load_experts(ckpt_dir)
+        return ckpt_dir, client_state
 
     def after_checkpoint_load(self) -> None:
         telemetry.set_step(self.global_steps)
