@@ -12,8 +12,8 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
   reports completion), so its records would be missing.
 - ``zero3-fp16-overflows``: ZeRO-3 + fp16 on 2 ranks starting from a loss scale of
   2^24: the first steps overflow and are skipped while the scale backs off.
-- ``moe-skewed-expert``: the GPT with an MoE layer after each block, 4 experts over
-  ep_size 2, whose router is biased toward expert 0: that expert gets most tokens
+- ``moe-skewed-expert``: the GPT with MoE blocks (``GPT(moe=...)``), 4 experts over
+  ep_size 2, whose routers are biased toward expert 0: that expert gets most tokens
   and overflows its capacity, so tokens are dropped.
 
 Each scenario starts from a shipped config (trainer/examples/configs/) and
@@ -82,29 +82,9 @@ def _slow_down(model: nn.Module, rank: int) -> None:
 
 # ---------------------------------------------------------------- moe-skewed-expert
 
-NUM_EXPERTS, EP_SIZE, FAVOURED_EXPERT, ROUTER_BIAS = 4, 2, 0, 1.5
-
-
-class MoEGPT(GPT):
-    """The example GPT with an MoE feed-forward (residual, pre-norm) after each block.
-    forward returns (logits, aux_loss summed over the MoE layers)."""
-
-    def __init__(self, layers: int = 2, dim: int = 64, **gpt_kw) -> None:
-        super().__init__(layers=layers, dim=dim, **gpt_kw)
-        expert = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-        self.moe_ln = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
-        self.moe = nn.ModuleList(MoE(dim, expert, num_experts=NUM_EXPERTS, ep_size=EP_SIZE, k=1,
-                                     capacity_factor=1.0, min_capacity=4, layer_id=i) for i in range(layers))
-
-    def forward(self, idx: torch.Tensor):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # [B, T, C]
-        aux = x.new_zeros(())
-        for block, ln, moe in zip(self.blocks, self.moe_ln, self.moe):
-            x = block(x)
-            y, layer_aux, _ = moe(ln(x))
-            x, aux = x + y, aux + layer_aux
-        return self.lm_head(self.ln_f(x)), aux
+# gpt.py's MoE GPT: 4 blocks, the MoE ones (1 and 3) with 4 experts over ep_size 2, top-1.
+MOE = dict(num_experts=[4], ep_size=2, k=1, use_residual=False)
+FAVOURED_EXPERT, ROUTER_BIAS = 0, 1.5
 
 
 def _skew_router(model: nn.Module, rank: int) -> None:
@@ -116,8 +96,9 @@ def _skew_router(model: nn.Module, rank: int) -> None:
         row = gate.weight.detach()[FAVOURED_EXPERT].to(args[0].dtype)  # [M]
         return (args[0] + row * (ROUTER_BIAS / row.dot(row)),)
 
-    for moe in model.moe:
-        moe.gate.register_forward_pre_hook(shift)
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.gate.register_forward_pre_hook(shift)
 
 
 def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
@@ -134,7 +115,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
                                  "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
                         "flops_profiler": {"enabled": False}}),
-    Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=MoEGPT, prepare=_skew_router,
+    Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=lambda: GPT(layers=4, moe=MOE),
+             prepare=_skew_router,
              loss=_moe_loss, overrides={"flops_profiler": {"enabled": False}}),
 )}
 
