@@ -237,3 +237,22 @@ def test_cli_collect_with_env_token_and_tls(tmp_path, pki):
     bad = _collect(tmp_path, "--tls-cert", str(pki.cert))
     _, err = bad.communicate(timeout=60)
     assert bad.returncode == 2 and "both --tls-cert and --tls-key" in err
+
+
+def test_telemetry_start_takes_tls_ca_and_token_from_the_environment(served, tmp_path, pki, monkeypatch):
+    from collector import telemetry
+
+    port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
+    monkeypatch.setenv("RANKSCOPE_ENDPOINT", f"127.0.0.1:{port}")
+    monkeypatch.setenv("RANKSCOPE_TOKEN", TOKEN)
+    monkeypatch.setenv("RANKSCOPE_TLS_CA", str(pki.ca))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    try:
+        session = telemetry.start(run="tls-env")
+        assert session is not None and session.client_config.tls_ca == str(pki.ca)
+        for step in range(50):
+            telemetry.emit("timers", step=step, name="fwd", dur_ns=step)
+    finally:
+        telemetry.stop()
+    assert stored_rows(tmp_path / "data", "timers") == 50
+    assert stored_rows(tmp_path / "data", "rank_ends") == 1
