@@ -193,6 +193,9 @@ def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
     # Absolute paths: allowed_directories is checked before file_search_path is applied.
     _create_views(con, view_definitions(root=f"{root}/"), temporary=False)
     con.execute("SET allowed_directories = ?", [[f"{root / layout.PARQUET_DIR}/"]])
+    # DuckDB adds its spill directory (<cwd>/.tmp) to the allowed ones: no spilling,
+    # so that nothing under the process's cwd becomes readable.
+    con.execute("SET temp_directory = ''")
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")

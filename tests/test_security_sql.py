@@ -113,3 +113,14 @@ def test_rankscope_sql_cli_refuses_with_a_message(data, sql, says):
     assert proc.returncode == 1
     assert proc.stderr.startswith("rankscope sql: ") and says in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_duckdbs_spill_directory_under_the_cwd_is_not_readable(data, tmp_path, monkeypatch):
+    # DuckDB allows its temp_directory (<cwd>/.tmp by default) even with external access off
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "leak.csv").write_text("secret,1\n")
+    with pytest.raises(catalog.QueryError, match="Permission Error"):
+        catalog.run_readonly_query(data, f"SELECT * FROM read_csv('{tmp_path}/.tmp/leak.csv')")
+    assert catalog.run_readonly_query(
+        data, "SELECT count(*) AS n FROM (SELECT * FROM range(300000) ORDER BY random())")["n"][0].as_py() == 300000
