@@ -442,8 +442,8 @@ def _report(args, argv, results, failures, volumes, load, elapsed) -> str:
                     ds_rows.append(f"| {stage} | {name} | {size} | {count / steps:.1f} |")
     if ds_rows:
         lines += ["", "DeepSpeed's own comms logger over the same timed steps (rank 0; msg size in DeepSpeed's "
-                  "convention: for all_gather / reduce_scatter it records the per-rank chunk and multiplies by n "
-                  "only in its bandwidth math):", "", "| stage | log name | msg size (bytes) | calls/step |",
+                  "convention (get_msg_size_from_args): here its all_gather_into_tensor sizes sum to Psi/n, the per-rank "
+                  "chunk, and its reduce_scatter_tensor sizes to Psi, the full input):", "", "| stage | log name | msg size (bytes) | calls/step |",
                   "|---|---|---:|---:|", *ds_rows]
     return "\n".join(lines) + "\n"
 
