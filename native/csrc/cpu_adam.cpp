@@ -11,6 +11,11 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -48,13 +53,13 @@ inline uint16_t float_to_bf16_bits(float value) {
   return is_nan ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
 }
 
-template <CopyKind kCopy>
-void adam_kernel(float* __restrict__ param, const float* __restrict__ grad,
-                 float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                 void* __restrict__ copy_out, int64_t begin, int64_t end,
-                 const AdamScalars s) {
-  auto* half_out = static_cast<_Float16*>(copy_out);
-  auto* bf16_out = static_cast<uint16_t*>(copy_out);
+// Elements per inner block: the copy-out reads back weights the Adam loop just
+// wrote while they are still in L1, as its own loop so that each vectorises.
+constexpr int64_t kCopyBlock = 2048;
+
+inline void adam_block(float* __restrict__ param, const float* __restrict__ grad,
+                       float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
+                       int64_t begin, int64_t end, const AdamScalars& s) {
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     float p = param[i];
@@ -70,8 +75,53 @@ void adam_kernel(float* __restrict__ param, const float* __restrict__ grad,
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     param[i] = p;
-    if constexpr (kCopy == CopyKind::kHalf) half_out[i] = static_cast<_Float16>(p);
-    if constexpr (kCopy == CopyKind::kBFloat16) bf16_out[i] = float_to_bf16_bits(p);
+  }
+}
+
+// param[begin:end] cast into the fp16/bf16 copy. GCC 12 does not vectorise
+// these conversions by itself, so the AVX-512 path is written out; the scalar
+// loop finishes the tail (and is all there is on other CPUs).
+template <CopyKind kCopy>
+void copy_out_block(const float* __restrict__ src, void* __restrict__ dst, int64_t begin, int64_t end) {
+  auto* half_out = static_cast<_Float16*>(dst);
+  auto* bf16_out = static_cast<uint16_t*>(dst);
+  int64_t i = begin;
+#if defined(__AVX512F__)
+  for (; i + 16 <= end; i += 16) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    if constexpr (kCopy == CopyKind::kHalf) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(half_out + i),
+                          _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      const __m512i bits = _mm512_castps_si512(x);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      __m512i rounded = _mm512_srli_epi32(
+          _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+      const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      rounded = _mm512_mask_mov_epi32(rounded, is_nan, _mm512_set1_epi32(0x7FC0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bf16_out + i), _mm512_cvtepi32_epi16(rounded));
+    }
+  }
+#endif
+  for (; i < end; ++i) {
+    if constexpr (kCopy == CopyKind::kHalf) half_out[i] = static_cast<_Float16>(src[i]);
+    else bf16_out[i] = float_to_bf16_bits(src[i]);
+  }
+}
+
+template <CopyKind kCopy>
+void adam_kernel(float* __restrict__ param, const float* __restrict__ grad,
+                 float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
+                 void* __restrict__ copy_out, int64_t begin, int64_t end,
+                 const AdamScalars s) {
+  if constexpr (kCopy == CopyKind::kNone) {
+    adam_block(param, grad, exp_avg, exp_avg_sq, begin, end, s);
+    return;
+  }
+  for (int64_t block = begin; block < end; block += kCopyBlock) {
+    const int64_t block_end = std::min(end, block + kCopyBlock);
+    adam_block(param, grad, exp_avg, exp_avg_sq, block, block_end, s);
+    copy_out_block<kCopy>(param, copy_out, block, block_end);
   }
 }
 
