@@ -21,7 +21,7 @@ stubs: $(STAMP)
 	$(PY) -c "from proto.generate import generate; generate()"
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" tests
 
 demo: install
 	.venv/bin/rankscope demo --data-dir $(DATA)

@@ -71,7 +71,11 @@ def send_until_killed(port: int, acked: list[set[int]], kill_after: float | None
                 s.close()
         threading.Thread(target=pump, daemon=True).start()
     if kill_after is not None:
-        time.sleep(kill_after)
+        # Kill at the first ack (or after kill_after at the latest): the sends are paced over
+        # ~0.25 s, so the kill lands with data in flight however fast or loaded the machine is.
+        deadline = time.monotonic() + kill_after
+        while time.monotonic() < deadline and not any(len(s.acked) > len(acked[r]) for r, s in enumerate(streams)):
+            time.sleep(0.002)
     else:
         for s in streams:
             assert s.done.wait(90)
