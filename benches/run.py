@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def bench_modules() -> list[str]:
-    return sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_") and p.stem != "run")
+    return sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_") and p.stem not in ("run", "assemble"))
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
             failed.append(name)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    subprocess.call([sys.executable, "-m", "benches.assemble"])
     return 1 if failed else 0
 
 
