@@ -270,6 +270,7 @@ class AioHandle {
         queue_.pop_front();
         ++running_;
       }
+      assert(task.op != nullptr && task.op->tasks_left > 0);  // checked in DEBUG=1 builds
       run_task(*task.op, task.index);
       {
         std::lock_guard<std::mutex> guard(mutex_);
