@@ -31,7 +31,6 @@ import collections
 import itertools
 import logging
 import math
-import queue
 import sys
 import threading
 from array import array
@@ -141,55 +140,20 @@ def _ranks_label(ranks: list[int]) -> str:
     return ",".join(parts)
 
 
-class _Waiter:
-    """A daemon thread that waits on async collectives whose Work has no future.
-
-    Some gloo collectives (e.g. reduce_scatter_tensor in torch 2.13) return a
-    Work without get_future() whose is_completed() never turns true, so polling
-    would never resolve them. Waiting on such a Work from a second thread is
-    safe for collectives; p2p works are left to polling, because a second wait
-    on a gloo send can block for ever.
-    """
-
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-        self.lock = threading.Lock()
-
-    def submit(self, pending: "_AsyncEnd") -> None:
-        if self.thread is None or not self.thread.is_alive():
-            with self.lock:
-                if self.thread is None or not self.thread.is_alive():
-                    self.thread = threading.Thread(target=self._run, name="rankscope-comm-waiter", daemon=True)
-                    self.thread.start()
-        self.queue.put(pending)
-
-    def _run(self) -> None:
-        while True:
-            pending = self.queue.get()
-            try:
-                pending.work.wait()
-            except Exception:  # the caller sees the failure on its own wait(); we only time it
-                pass
-            pending.end = perf_ns()
-
-
-_WAITER = _Waiter()
-
-
 class _AsyncEnd:
-    """Completion time of an async op, set by its future's callback (or, for
-    work objects without futures, by the waiter thread for collectives and by
-    the drain thread's polling for p2p)."""
-    __slots__ = ("work", "end")
+    """Completion time of an async op: set by its future's callback; for gloo p2p
+    works (no future) when the drain thread's polling sees them completed; and for
+    collectives whose Work has neither a future nor a working is_completed() (gloo's
+    reduce_scatter_tensor in torch 2.13) when the caller's wait() returns, through
+    _WaitTimedWork."""
+    __slots__ = ("work", "end", "timed_at_wait")
 
     def __init__(self, work, p2p: bool) -> None:
-        self.work, self.end = work, None
+        self.work, self.end, self.timed_at_wait = work, None, False
         try:
             work.get_future().then(self._done)
         except Exception:  # backends / ops without futures (e.g. gloo)
-            if not p2p:
-                _WAITER.submit(self)
+            self.timed_at_wait = not p2p
 
     def _done(self, fut) -> None:
         self.end = perf_ns()
@@ -200,6 +164,45 @@ class _AsyncEnd:
         if self.end is not None:
             self.work = None  # let the tensors go
         return self.end
+
+
+class _WaitTimedWork(dist.Work):
+    """Handed back in place of a future-less collective Work: its record ends when
+    the caller's wait() returns (an upper bound of the op's end; the caller decides
+    when that is). Nothing else may wait on the inner Work: gloo's wait() copies the
+    result into the output, so a second wait from another thread can overwrite what
+    the caller has done with the output since (seen as wrong ZeRO-1 gradients)."""
+
+    def __init__(self, work, pending: _AsyncEnd) -> None:
+        super().__init__()
+        self._work, self._pending = work, pending
+
+    def wait(self, *args, **kwargs):
+        ok = self._work.wait(*args, **kwargs)
+        if self._pending.end is None:
+            self._pending.end = perf_ns()
+        return ok
+
+    def is_completed(self) -> bool:
+        return self._pending.end is not None or self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def result(self):
+        return self._work.result()
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
+
+    def get_future(self):
+        return self._work.get_future()
 
 
 class _CudaSpan:
@@ -284,12 +287,16 @@ class _Recorder:
 
     # ---- hot path ----
     def record(self, op, log_name, grp, t0, work, span, dtype, numel, scale, peer=-1, peer_is_src=False):
+        """Queue the op's record; returns the Work to hand back to the caller (``work`` itself,
+        or a _WaitTimedWork around it), or None for a synchronous op."""
         t1 = perf_ns()
         try:
             if span is not None:
                 span.stop = torch.cuda.Event(enable_timing=True)
                 span.stop.record()
             timing = _AsyncEnd(work, op in _P2P_OPS) if work is not None else span
+            if work is not None and timing.timed_at_wait:
+                work = _WaitTimedWork(work, timing)
             if op in _P2P_OPS:
                 me = get_rank()
                 g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)
@@ -310,6 +317,7 @@ class _Recorder:
             self.dropped += 1
             if self.dropped == 1:
                 log.exception("rankscope: could not record %s; counting it as dropped", op)
+        return work
 
     # ---- off the training thread ----
     def _run(self) -> None:
@@ -413,7 +421,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, log_name=Non
     span = _cuda_start(tensor)
     t0 = perf_ns()
     work = c10d.all_reduce(tensor, op, group, async_op)
-    _REC.record("all_reduce", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(), 1)
+    work = _REC.record("all_reduce", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(), 1)
     return work
 
 
@@ -423,8 +431,8 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, l
     span = _cuda_start(tensors[0])
     t0 = perf_ns()
     work = c10d.all_reduce_coalesced(tensors, op, group, async_op)
-    _REC.record("all_reduce_coalesced", log_name, group, t0, work if async_op else None, span, tensors[0].dtype,
-                sum(t.numel() for t in tensors), 1)
+    work = _REC.record("all_reduce_coalesced", log_name, group, t0, work if async_op else None, span, tensors[0].dtype,
+                       sum(t.numel() for t in tensors), 1)
     return work
 
 
@@ -434,8 +442,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, log_name=None):
     span = _cuda_start(tensor)
     t0 = perf_ns()
     work = c10d.all_gather(tensor_list, tensor, group, async_op)
-    _REC.record("all_gather", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(),
-                len(tensor_list))
+    work = _REC.record("all_gather", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(),
+                       len(tensor_list))
     return work
 
 
@@ -445,8 +453,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     span = _cuda_start(input_tensor)
     t0 = perf_ns()
     work = c10d.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
-    _REC.record("all_gather_into_tensor", log_name, group, t0, work if async_op else None, span, output_tensor.dtype,
-                output_tensor.numel(), 1)
+    work = _REC.record("all_gather_into_tensor", log_name, group, t0, work if async_op else None, span, output_tensor.dtype,
+                       output_tensor.numel(), 1)
     return work
 
 
@@ -457,8 +465,8 @@ if "all_gather_single" in INSTRUMENTED_OPS:
         span = _cuda_start(input_tensor)
         t0 = perf_ns()
         work = c10d.all_gather_single(output_tensor, input_tensor, group, async_op)
-        _REC.record("all_gather_single", log_name, group, t0, work if async_op else None, span,
-                    output_tensor.dtype, output_tensor.numel(), 1)
+        work = _REC.record("all_gather_single", log_name, group, t0, work if async_op else None, span,
+                           output_tensor.dtype, output_tensor.numel(), 1)
         return work
 
 
@@ -469,8 +477,8 @@ if "reduce_scatter_single" in INSTRUMENTED_OPS:
         span = _cuda_start(input)
         t0 = perf_ns()
         work = c10d.reduce_scatter_single(output, input, op, group, async_op)
-        _REC.record("reduce_scatter_single", log_name, group, t0, work if async_op else None, span, input.dtype,
-                    input.numel(), 1)
+        work = _REC.record("reduce_scatter_single", log_name, group, t0, work if async_op else None, span, input.dtype,
+                           input.numel(), 1)
         return work
 
 
@@ -480,8 +488,8 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
     span = _cuda_start(input_tensor_list[0])
     t0 = perf_ns()
     work = c10d.all_gather_coalesced(output_tensor_lists, input_tensor_list, group, async_op)
-    _REC.record("all_gather_coalesced", log_name, group, t0, work if async_op else None, span,
-                input_tensor_list[0].dtype, sum(t.numel() for out in output_tensor_lists for t in out), 1)
+    work = _REC.record("all_gather_coalesced", log_name, group, t0, work if async_op else None, span,
+                       input_tensor_list[0].dtype, sum(t.numel() for out in output_tensor_lists for t in out), 1)
     return work
 
 
@@ -491,8 +499,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     span = _cuda_start(output)
     t0 = perf_ns()
     work = c10d.reduce_scatter(output, input_list, op, group, async_op)
-    _REC.record("reduce_scatter", log_name, group, t0, work if async_op else None, span, output.dtype,
-                sum(t.numel() for t in input_list), 1)
+    work = _REC.record("reduce_scatter", log_name, group, t0, work if async_op else None, span, output.dtype,
+                       sum(t.numel() for t in input_list), 1)
     return work
 
 
@@ -502,8 +510,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     span = _cuda_start(input)
     t0 = perf_ns()
     work = c10d.reduce_scatter_tensor(output, input, op, group, async_op)
-    _REC.record("reduce_scatter_tensor", log_name, group, t0, work if async_op else None, span, input.dtype,
-                input.numel(), 1)
+    work = _REC.record("reduce_scatter_tensor", log_name, group, t0, work if async_op else None, span, input.dtype,
+                       input.numel(), 1)
     return work
 
 
@@ -513,8 +521,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     span = _cuda_start(input_tensor_list[0])
     t0 = perf_ns()
     work = c10d.all_to_all(output_tensor_list, input_tensor_list, group, async_op)
-    _REC.record("all_to_all", log_name, group, t0, work if async_op else None, span, input_tensor_list[0].dtype,
-                sum(t.numel() for t in input_tensor_list), 1)
+    work = _REC.record("all_to_all", log_name, group, t0, work if async_op else None, span, input_tensor_list[0].dtype,
+                       sum(t.numel() for t in input_tensor_list), 1)
     return work
 
 
@@ -525,8 +533,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     span = _cuda_start(input)
     t0 = perf_ns()
     work = c10d.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
-    _REC.record("all_to_all_single", log_name, group, t0, work if async_op else None, span, input.dtype,
-                input.numel(), 1)
+    work = _REC.record("all_to_all_single", log_name, group, t0, work if async_op else None, span, input.dtype,
+                       input.numel(), 1)
     return work
 
 
@@ -536,7 +544,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, log_
     span = _cuda_start(tensor)
     t0 = perf_ns()
     work = c10d.broadcast(tensor, src, group, async_op, group_src)
-    _REC.record("broadcast", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(), 1)
+    work = _REC.record("broadcast", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(), 1)
     return work
 
 
@@ -546,7 +554,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     span = _cuda_start(tensor)
     t0 = perf_ns()
     work = c10d.reduce(tensor, dst, op, group, async_op, group_dst)
-    _REC.record("reduce", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(), 1)
+    work = _REC.record("reduce", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(), 1)
     return work
 
 
@@ -556,8 +564,8 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     span = _cuda_start(tensor)
     t0 = perf_ns()
     work = c10d.gather(tensor, gather_list, dst, group, async_op, group_dst)
-    _REC.record("gather", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(),
-                _GROUP_SIZE)
+    work = _REC.record("gather", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(),
+                       _GROUP_SIZE)
     return work
 
 
@@ -567,8 +575,8 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     span = _cuda_start(tensor)
     t0 = perf_ns()
     work = c10d.scatter(tensor, scatter_list, src, group, async_op, group_src)
-    _REC.record("scatter", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(),
-                _GROUP_SIZE)
+    work = _REC.record("scatter", log_name, group, t0, work if async_op else None, span, tensor.dtype, tensor.numel(),
+                       _GROUP_SIZE)
     return work
 
 
@@ -577,7 +585,7 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, log_name=
         return c10d.barrier(group, async_op, device_ids, timeout)
     t0 = perf_ns()
     work = c10d.barrier(group, async_op, device_ids, timeout)
-    _REC.record("barrier", log_name, group, t0, work if async_op else None, None, torch.uint8, 0, 1)
+    work = _REC.record("barrier", log_name, group, t0, work if async_op else None, None, torch.uint8, 0, 1)
     return work
 
 
@@ -613,8 +621,8 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None, log_name=None):
     t0 = perf_ns()
     work = c10d.isend(tensor, dst, group, tag, group_dst)
     if work is not None:
-        _REC.record("isend", log_name, group, t0, work, None, tensor.dtype, tensor.numel(), 1,
-                    _global_peer(group, dst, group_dst))
+        work = _REC.record("isend", log_name, group, t0, work, None, tensor.dtype, tensor.numel(), 1,
+                           _global_peer(group, dst, group_dst))
     return work
 
 
@@ -624,8 +632,8 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None, log_name=None):
     t0 = perf_ns()
     work = c10d.irecv(tensor, src, group, tag, group_src)
     if work is not None:
-        _REC.record("irecv", log_name, group, t0, work, None, tensor.dtype, tensor.numel(), 1,
-                    _global_peer(group, src, group_src), True)
+        work = _REC.record("irecv", log_name, group, t0, work, None, tensor.dtype, tensor.numel(), 1,
+                           _global_peer(group, src, group_src), True)
     return work
 
 
