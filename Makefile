@@ -5,7 +5,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 DATA    ?= rankscope-data
 
-.PHONY: all install stubs test demo bench sample-runs soak clean
+.PHONY: all install stubs native test demo bench sample-runs soak clean
 
 all: install
 
@@ -20,7 +20,12 @@ install: $(STAMP) stubs
 stubs: $(STAMP)
 	$(PY) -c "from proto.generate import generate; generate()"
 
-test: install
+# Native extensions build once per machine (cached); without a compiler the
+# pure-torch fallback is used and the tests still pass, so a failed build warns only.
+native: install
+	-MAX_JOBS=2 $(PY) -m native.build --quiet
+
+test: install native
 	$(PY) -m pytest -q -m "not slow" tests
 
 demo: install
