@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 _ACCEPTED_TOP_LEVEL = {
     "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "communication_data_type",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dump_state", "activation_checkpointing",
-    "aio", "amp", "autotuning", "checkpoint", "data_types", "memory_breakdown", "wandb", "comet",
+    "amp", "autotuning", "checkpoint", "data_types", "memory_breakdown", "wandb", "comet",
     "elasticity", "compression_training", "data_efficiency", "curriculum_learning", "sparse_attention",
     "seed", "train_micro_batch_size", "disable_allgather", "gradient_accumulation_dtype",
 }
@@ -44,7 +44,7 @@ _ACCEPTED_ZERO = {
     "mics_shard_size", "mics_hierarchical_params_gather", "stage3_model_persistence_threshold",
     "use_multi_rank_bucket_allreduce", "legacy_stage1",
 }
-_ACCEPTED_OFFLOAD = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio",
+_ACCEPTED_OFFLOAD = {"buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio",
                      "pipeline_read", "pipeline_write", "pipeline"}
 
 
@@ -140,9 +140,11 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 @dataclass(kw_only=True)
 class OffloadConfig:
-    """``zero_optimization.offload_optimizer`` / ``offload_param``."""
+    """``zero_optimization.offload_optimizer`` / ``offload_param``: device none / cpu / nvme
+    (nvme needs ``nvme_path``, a writable directory; checked when the engine starts)."""
     device: str = "none"
     pin_memory: bool = False
+    nvme_path: str | None = None
     key: InitVar[str] = "zero_optimization.offload"  # dotted path for messages; not a config key
 
     def __post_init__(self, key: str) -> None:
@@ -150,13 +152,49 @@ class OffloadConfig:
             self.device = "none"
         if self.device not in OFFLOAD_DEVICES:
             _fail(f"{key}.device", f"must be one of {', '.join(OFFLOAD_DEVICES)}", self.device)
-        if self.device == "nvme":
-            _fail(f"{key}.device", "nvme offload is not available in this build; use 'cpu' or 'none'", self.device)
         _check_bool(f"{key}.pin_memory", self.pin_memory)
+        if self.device == "nvme":
+            if self.nvme_path is None or self.nvme_path == "":
+                _fail(f"{key}.nvme_path", "device 'nvme' needs nvme_path, a writable directory for the swap files",
+                      self.nvme_path)
+            if not isinstance(self.nvme_path, (str, os.PathLike)):
+                _fail(f"{key}.nvme_path", "must be a directory path (a string)", self.nvme_path)
+            self.nvme_path = os.fspath(self.nvme_path)
 
     @property
     def enabled(self) -> bool:
-        return self.device == "cpu"
+        """Off the accelerator: in host memory (cpu) or swapped to files through host memory (nvme)."""
+        return self.device in ("cpu", "nvme")
+
+    @property
+    def nvme(self) -> bool:
+        return self.device == "nvme"
+
+
+@dataclass(kw_only=True)
+class AioConfig:
+    """``aio``: the async I/O engine behind nvme offload (DeepSpeed's keys and defaults)."""
+    block_size: int = 1048576
+    queue_depth: int = 8
+    single_submit: bool = False
+    overlap_events: bool = True
+    intra_op_parallelism: int = 1
+
+    def __post_init__(self) -> None:
+        for k in ("block_size", "queue_depth", "intra_op_parallelism"):
+            _check_number(f"aio.{k}", getattr(self, k), min_value=1, integer=True)
+            setattr(self, k, int(getattr(self, k)))
+        for k in ("single_submit", "overlap_events"):
+            _check_bool(f"aio.{k}", getattr(self, k))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "AioConfig":
+        if isinstance(d, dict) and "thread_count" in d and "intra_op_parallelism" not in d:
+            d = dict(d, intra_op_parallelism=d["thread_count"])  # DeepSpeed's older name
+        return _from_dict(cls, d, "aio", {"thread_count", "use_gds"})
+
+    def handle_kwargs(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclass(kw_only=True)
@@ -195,6 +233,10 @@ class ZeroConfig:
         if self.offload_param.enabled and self.stage != 3:
             _fail("zero_optimization.offload_param", "parameter offload needs zero_optimization.stage 3",
                   self.stage)
+        if self.offload_param.nvme:
+            _fail("zero_optimization.offload_param.device",
+                  "nvme parameter offload is not available in this build; use 'cpu' "
+                  "(offload_optimizer.device 'nvme' is supported)", self.offload_param.device)
 
 
 @dataclass(kw_only=True)
@@ -235,6 +277,7 @@ class EngineConfig:
     moe: dict = field(default_factory=dict)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     tensor_parallel: TensorParallelConfig = field(default_factory=TensorParallelConfig)
+    aio: AioConfig = field(default_factory=AioConfig)
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -295,6 +338,7 @@ class EngineConfig:
             steps_per_print=d.get("steps_per_print", 10),
             telemetry=TelemetryConfig.from_dict(d.get("telemetry")),
             tensor_parallel=tensor_parallel,
+            aio=AioConfig.from_dict(d.get("aio")),
             raw=d,
             **{k: (v if v is not None or k == "scheduler" else {}) for k, v in blocks.items()},
         )

@@ -40,7 +40,7 @@ from trainer.loss_scaler import build_loss_scaler
 from trainer.lr_schedules import build_scheduler
 from trainer.memory import MemoryTracker
 from trainer.monitor import MonitorMaster
-from trainer.offload import CPUStorage, DeviceStorage
+from trainer.offload import CPUStorage, DeviceStorage, NVMeStorage
 from trainer.timers import Timers
 from trainer.zero import ZeroOptimizer, build_zero_optimizer
 
@@ -68,21 +68,39 @@ def init_distributed() -> torch.device:
     return torch.device("cpu")
 
 
-def optimizer_factory(cfg: OptimizerConfig):
+_CPU_ADAM_KEYS = {"lr", "betas", "eps", "weight_decay", "amsgrad"}
+
+
+def optimizer_factory(cfg: OptimizerConfig, *, host: bool = False):
     """``groups -> torch optimizer`` for the config's optimizer block, with DeepSpeed's meaning:
-    ``Adam`` is AdamW unless params.adam_w_mode is false, weight_decay defaults to 0."""
+    ``Adam`` is AdamW unless params.adam_w_mode is false, weight_decay defaults to 0.
+
+    ``host``: the masters live in host memory (offload_optimizer cpu/nvme); Adam/AdamW then run
+    as native.CPUAdam (same numerics; it falls back to torch ops itself without a compiler),
+    unless params.torch_adam is true or params hold keys CPUAdam does not take. SGD stays torch's."""
     params = dict(cfg.params)
+    native_adam = False
     if cfg.type in ("Adam", "AdamW"):
         adam_w_mode = params.pop("adam_w_mode", True) if cfg.type == "Adam" else True
-        params.pop("torch_adam", None)
+        torch_adam = params.pop("torch_adam", False)
         if params.pop("bias_correction", True) is not True:
             raise ConfigError("optimizer.params.bias_correction: only true is supported")
         params.setdefault("weight_decay", 0.0)
         cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+        native_adam = (host and not torch_adam and set(params) <= _CPU_ADAM_KEYS
+                       and not params.get("amsgrad", False))
     else:
         cls = torch.optim.SGD
 
     def make(groups: list[dict]) -> torch.optim.Optimizer:
+        if native_adam:
+            from native.cpu_adam import CPUAdam
+            try:
+                opt = CPUAdam(groups, adamw_mode=adam_w_mode, **params)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"optimizer.params: CPUAdam rejects {params}: {e}") from None
+            opt.rankscope_fused_copy = True  # OffloadedOptimizer may pass step(copy_to=...)
+            return opt
         try:
             return cls(groups, **params)
         except (TypeError, ValueError) as e:
@@ -171,9 +189,15 @@ class Engine(nn.Module):
             self.module, named, zero=zero, rank=self.dp_rank, world_size=self.dp_world_size, device=self.device,
             group=self.dp_group, loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping,
             tp_rank=self.tp_rank)
-        storage = (CPUStorage(pin_memory=zero.offload_optimizer.pin_memory) if zero.offload_optimizer.enabled
-                   else DeviceStorage(self.device))
-        self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer), storage)
+        offload = zero.offload_optimizer
+        if offload.nvme:
+            storage = NVMeStorage(offload.nvme_path, rank=self.rank, aio=cfg.aio.handle_kwargs(),
+                                  pin_memory=offload.pin_memory)
+        elif offload.enabled:
+            storage = CPUStorage(pin_memory=offload.pin_memory)
+        else:
+            storage = DeviceStorage(self.device)
+        self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer, host=offload.enabled), storage)
         self.lr_scheduler = build_scheduler(self.optimizer.master.optimizer, cfg.scheduler)
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
 
@@ -387,7 +411,10 @@ class Engine(nn.Module):
         self._loss_sum = None
 
     def close(self) -> None:
-        """Flush monitor events and MoE rows, and end the telemetry session."""
+        """Flush monitor events and MoE rows, end the telemetry session, and remove nvme swap files."""
+        master = getattr(self.optimizer, "master", None)
+        if master is not None:
+            master.close()
         self.monitor.flush()
         try:
             from trainer.moe import telemetry as moe_telemetry

@@ -7,16 +7,25 @@ on the device a :class:`StateStorage` chooses, runs the optimizer there and
 writes the result back into the parameter shards.
 
 Two parts are pluggable:
-- ``optimizer_factory(param_groups) -> torch.optim.Optimizer``: torch's AdamW/Adam/SGD
-  today; a native CPU Adam drops in here.
+- ``optimizer_factory(param_groups) -> torch.optim.Optimizer``: torch's AdamW/Adam/SGD,
+  or native.CPUAdam for Adam/AdamW when masters live in host memory (offload cpu/nvme);
+  with CPUAdam, half-precision parameter shards on the CPU are refreshed by its fused
+  copy-out (``step(copy_to=...)``) instead of a separate copy.
 - ``storage``: :class:`DeviceStorage` keeps masters beside the parameters (no
   offload; an fp32 shard is then its own master, no copy); :class:`CPUStorage`
-  keeps them in host memory (pinned when CUDA exists). A swapping backend (NVMe)
-  implements ``allocate`` and the ``before_step`` / ``after_step`` hooks to page
-  optimizer state in and out around the step.
+  keeps them in host memory (pinned when CUDA exists); :class:`NVMeStorage` keeps
+  masters in host memory too and parks the optimizer state (exp_avg, exp_avg_sq, ...)
+  in files between steps (native.swap.TensorSwapper over native.AsyncIOHandle),
+  paging it in (``before_step``) and out (``after_step``) around the step. Each
+  swap phase is one telemetry ``timers`` row, name ``nvme.swap_in`` / ``nvme.swap_out``.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import time
+import weakref
 from typing import Callable
 
 import torch
@@ -38,6 +47,9 @@ class StateStorage:
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Called after ``optimizer.step()``: write state back out."""
+
+    def close(self) -> None:
+        """Release whatever the storage holds outside the process (swap files)."""
 
 
 class DeviceStorage(StateStorage):
@@ -63,6 +75,100 @@ class CPUStorage(StateStorage):
     def allocate_like(self, shard: torch.Tensor) -> torch.Tensor:
         out = torch.empty(shard.shape, dtype=torch.float32, pin_memory=self.pin)
         return out.copy_(shard.detach())
+
+
+def _cleanup_swap(swapper, directory: str) -> None:
+    try:
+        swapper.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class NVMeStorage(CPUStorage):
+    """Masters in host memory; optimizer state swapped to files under ``nvme_path`` between steps.
+
+    Files live in a private ``rankscope-rank<R>-*`` directory under ``nvme_path`` (one per engine
+    and rank), removed by :meth:`close` (the engine's close) or at interpreter exit. Swap-in
+    issues every read first (prefetch) so they run together on the aio handle's workers, then
+    takes the tensors in order; swap-out writes from staging buffers and waits for the writes,
+    so host memory holds the state only around the step."""
+
+    def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None, pin_memory: bool = True,
+                 key: str = "zero_optimization.offload_optimizer.nvme_path") -> None:
+        super().__init__(pin_memory=pin_memory)
+        from native.aio import AsyncIOHandle
+        from native.swap import TensorSwapper
+        from trainer.config import ConfigError
+
+        if os.path.exists(nvme_path) and not os.path.isdir(nvme_path):
+            raise ConfigError(f"{key}: {nvme_path!r} is not a directory")
+        try:
+            os.makedirs(nvme_path, exist_ok=True)
+            self.directory = tempfile.mkdtemp(prefix=f"rankscope-rank{rank}-", dir=nvme_path)
+        except OSError as e:
+            raise ConfigError(f"{key}: cannot create swap files under {nvme_path!r} ({e.strerror or e})") from None
+        try:
+            self.swapper = TensorSwapper(self.directory, AsyncIOHandle(**(aio or {})))
+        except (OSError, ValueError) as e:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise ConfigError(f"{key}: cannot swap to {nvme_path!r} ({e})") from None
+        self._finalizer = weakref.finalize(self, _cleanup_swap, self.swapper, self.directory)
+        self._index: dict[int, int] = {}  # id(param) -> stable index for swap keys
+        self._swapped: dict[int, list[str]] = {}  # id(param) -> state names parked in files
+
+    def _key(self, p: torch.Tensor, name: str) -> str:
+        return f"p{self._index.setdefault(id(p), len(self._index))}.{name}"
+
+    @staticmethod
+    def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        params = [p for p in self._params(optimizer) if id(p) in self._swapped]
+        if not params:
+            return
+        start = time.time_ns()
+        nbytes = 0
+        for p in params:  # every read in flight before the first wait
+            for name in self._swapped[id(p)]:
+                self.swapper.prefetch(self._key(p, name))
+        for p in params:
+            state = optimizer.state[p]
+            for name in self._swapped.pop(id(p)):
+                state[name] = self.swapper.swap_in(self._key(p, name))
+                nbytes += state[name].numel() * state[name].element_size()
+        _emit("nvme.swap_in", start, nbytes)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        start = time.time_ns()
+        nbytes = 0
+        for p in self._params(optimizer):
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            names = [k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0 and v.numel() > 0]
+            for name in names:
+                t = state[name]
+                self.swapper.swap_out(self._key(p, name), t)
+                nbytes += t.numel() * t.element_size()
+                state[name] = torch.empty(0, dtype=t.dtype)  # placeholder until swap-in
+            if names:
+                self._swapped[id(p)] = names
+        if nbytes:
+            self.swapper.synchronize()
+            _emit("nvme.swap_out", start, nbytes)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _emit(name: str, start_ns: int, nbytes: int) -> None:
+    """One telemetry ``timers`` row for a swap phase (the bytes moved are in the log, not the row)."""
+    try:
+        from collector import telemetry
+        telemetry.emit("timers", name=name, start_ns=start_ns, dur_ns=time.time_ns() - start_ns)
+    except Exception:  # telemetry must never fail the step
+        pass
 
 
 class OffloadedOptimizer:
@@ -99,12 +205,29 @@ class OffloadedOptimizer:
                 g = g * grad_scale
             master.grad = g
         self.storage.before_step(self.optimizer)
-        self.optimizer.step()
+        fused = self._fused_copy_targets()
+        if fused is not None:
+            self.optimizer.step(copy_to=fused)
+        else:
+            self.optimizer.step()
         self.storage.after_step(self.optimizer)
-        for master, shard in zip(self.masters, self.param_shards):
+        for i, (master, shard) in enumerate(zip(self.masters, self.param_shards)):
             master.grad = None
-            if master is not shard:
+            if master is not shard and (fused is None or fused[i] is None):
                 shard.copy_(master, non_blocking=True)
+
+    def _fused_copy_targets(self) -> list | None:
+        """With native.CPUAdam: the half-precision CPU parameter shards it can write in its own
+        pass (one entry per master, None where a separate copy is still needed); None otherwise."""
+        if not getattr(self.optimizer, "rankscope_fused_copy", False):
+            return None
+        targets = [s if (s is not m and s.device.type == "cpu" and s.dtype in (torch.float16, torch.bfloat16)
+                         and s.is_contiguous() and s.numel() == m.numel()) else None
+                   for m, s in zip(self.masters, self.param_shards)]
+        return targets if any(t is not None for t in targets) else None
+
+    def close(self) -> None:
+        self.storage.close()
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Masters that are not the parameter shards themselves, plus every optimizer state tensor."""
@@ -114,7 +237,13 @@ class OffloadedOptimizer:
         return out
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "masters": [m.detach().cpu() for m in self.masters]}
+        self.storage.before_step(self.optimizer)  # swapped state back in memory for the checkpoint
+        try:
+            sd = self.optimizer.state_dict()
+            sd["state"] = {k: dict(v) for k, v in sd["state"].items()}  # survive the swap-out below
+        finally:
+            self.storage.after_step(self.optimizer)
+        return {"optimizer": sd, "masters": [m.detach().cpu() for m in self.masters]}
 
     def load_state_dict(self, sd: dict) -> None:
         if len(sd["masters"]) != len(self.masters):
@@ -127,4 +256,6 @@ class OffloadedOptimizer:
             master.data.copy_(saved)
             if master is not shard:
                 shard.copy_(master)
+        self.storage.before_step(self.optimizer)  # drop placeholders' bookkeeping: state comes from sd
         self.optimizer.load_state_dict(sd["optimizer"])
+        self.storage.after_step(self.optimizer)
