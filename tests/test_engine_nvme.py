@@ -1,5 +1,5 @@
-"""ZeRO-Infinity style optimizer offload to files (offload_optimizer.device "nvme") on 2 gloo
-ranks: same losses as CPU offload, swap files really used and removed at close, swap phases
+"""ZeRO-Infinity style offload to files (offload_optimizer.device "nvme", stages 1-3, and
+offload_param.device "nvme", stage 3) on 2 gloo ranks: same losses as CPU offload, swap files really used and removed at close, swap phases
 in telemetry, checkpoints through swapped state, bad nvme_path / aio values fail at
 initialize naming the key; and CPU offload running native.CPUAdam still matches torch."""
 from __future__ import annotations
@@ -22,8 +22,8 @@ def _offload(device: str, path: str | None = None) -> dict:
 
 def _engine(stage: int, device: str, path: str | None = None, **extra):
     zero = {"offload_optimizer": _offload(device, path)}
-    if stage == 3:
-        zero.update(offload_param={"device": "cpu"}, stage3_prefetch_bucket_size=3000)
+    if stage == 3:  # parameter partitions follow the optimizer: cpu, or files too
+        zero.update(offload_param=_offload(device, path), stage3_prefetch_bucket_size=3000)
     cfg = engine_config(stage=stage, batch=BATCH, gas=2, clip=CLIP, **zero)
     cfg.update(extra)
     engine, *_ = trainer.initialize(model=make_model(), config=cfg)
@@ -50,6 +50,7 @@ def _worker(rank, world, root):
             mine = [d for d in os.listdir(path) if d.startswith(f"rankscope-rank{rank}-")]
             files = [f for d in mine for _, _, fs in os.walk(os.path.join(path, d)) for f in fs]
             out[f"nvme{stage}_files"] = (len(mine), len(files))
+            out[f"nvme{stage}_resident"] = sum(u.param_shard.numel() for u in getattr(nvme.optimizer, "units", []))
             out[f"nvme{stage}_state_bytes"] = sum(t.numel() for t in nvme.optimizer.master.optimizer.state[
                 nvme.optimizer.master.masters[0]].values() if hasattr(t, "dim") and t.dim() > 0)
             nvme.close()
@@ -58,15 +59,23 @@ def _worker(rank, world, root):
             out[f"nvme{stage}_left"] = os.listdir(path)
 
         # checkpoint through swapped state: save at STEPS/2, resume in a fresh nvme engine
-        path, ckpt = os.path.join(root, "ckpt_swap"), os.path.join(root, "ckpt")
-        a = _engine(2, "nvme", path)
-        train(a, steps=STEPS // 2, batch=BATCH)
-        a.save_checkpoint(ckpt, tag="t")
-        a.close()
-        b = _engine(2, "nvme", path)
-        b.load_checkpoint(ckpt, tag="t")
-        out["resumed"] = train(b, steps=STEPS // 2, batch=BATCH, start=STEPS // 2)
-        b.close()
+        for stage in (2, 3):
+            path, ckpt = os.path.join(root, "ckpt_swap"), os.path.join(root, f"ckpt{stage}")
+            a = _engine(stage, "nvme", path)
+            train(a, steps=STEPS // 2, batch=BATCH)
+            a.save_checkpoint(ckpt, tag="t")
+            a.close()
+            b = _engine(stage, "nvme", path)
+            b.load_checkpoint(ckpt, tag="t")
+            out[f"resumed{stage}"] = train(b, steps=STEPS // 2, batch=BATCH, start=STEPS // 2)
+            b.close()
+
+        # bf16 stage 3 with cpu partitions: CPUAdam writes them in its fused copy-out; same as torch's AdamW
+        for name, params in (("fused", {"lr": 1e-2}), ("torch", {"lr": 1e-2, "torch_adam": True})):
+            e = _engine(3, "cpu", bf16={"enabled": True}, optimizer={"type": "AdamW", "params": params})
+            out[f"bf16_{name}_uses_fused"] = e.optimizer.master._fused_copy_targets() is not None
+            out[f"bf16_{name}"] = train(e, steps=5, batch=BATCH)
+            e.close()
 
         # SGD keeps torch's optimizer under offload
         sgd = _engine(2, "cpu", optimizer={"type": "SGD", "params": {"lr": 0.01}})
@@ -97,12 +106,18 @@ def test_engine_nvme_offload_matches_cpu_offload_and_cleans_up(tmp_path):
             assert res[f"cpu{stage}_optimizer"] == "CPUAdam"
             _close(res[f"cpu{stage}"], ref, RTOL, f"stage {stage} cpu offload (CPUAdam) vs torch rank={rank}")
             dirs, files = res[f"nvme{stage}_files"]
-            assert dirs == 1 and files >= 2, f"stage {stage} rank={rank}: swap files {res[f'nvme{stage}_files']}"
+            assert dirs == (2 if stage == 3 else 1) and files >= 2, f"stage {stage} rank={rank}: swap files {res[f'nvme{stage}_files']}"
             assert res[f"nvme{stage}_state_bytes"] == 0, "state must be parked in files between steps"
             assert res[f"nvme{stage}_left"] == [], f"stage {stage}: left after close: {res[f'nvme{stage}_left']}"
-        _close(res["resumed"], res["nvme2"][STEPS // 2:], TOL, f"nvme checkpoint resume rank={rank}")
+        for stage in (2, 3):
+            _close(res[f"resumed{stage}"], res[f"nvme{stage}"][STEPS // 2:], TOL,
+                   f"stage {stage} nvme checkpoint resume rank={rank}")
+        assert res["nvme3_resident"] == 0, "stage 3 parameter partitions must be parked in files between steps"
         assert res["sgd_optimizer"] == "SGD"
-        assert res["timers"] == ["nvme.swap_in", "nvme.swap_out"] and res["timers_ok"]
+        assert res["bf16_fused_uses_fused"] and not res["bf16_torch_uses_fused"]
+        _close(res["bf16_fused"], res["bf16_torch"], 1e-3, f"bf16 fused copy-out vs torch AdamW rank={rank}")
+        assert res["timers"] == ["nvme.param_swap_in", "nvme.param_swap_out", "nvme.swap_in", "nvme.swap_out"]
+        assert res["timers_ok"]
     assert os.listdir(root / "ckpt_swap") == []
 
 
@@ -133,7 +148,10 @@ def test_engine_nvme_bad_path_fails_at_initialize(tmp_path):
         trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), aio={"queue_depth": 0}))
     with pytest.raises(ValueError, match="aio.single_submit: must be true or false"):
         trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), aio={"single_submit": "no"}))
-    with pytest.raises(ValueError, match="zero_optimization.offload_param.device: nvme parameter offload"):
+    with pytest.raises(ValueError, match="zero_optimization.offload_param.nvme_path: .*is not a directory"):
         trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), zero_optimization={
-            "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}}))
+            "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(a_file)}}))
+    with pytest.raises(ValueError, match="zero_optimization.offload_param.nvme_path: device 'nvme' needs"):
+        trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), zero_optimization={
+            "stage": 3, "offload_param": {"device": "nvme"}}))
     assert set(os.listdir(tmp_path)) <= {"a_file", "ro"}  # nothing left behind by the failed starts

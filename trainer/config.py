@@ -233,10 +233,6 @@ class ZeroConfig:
         if self.offload_param.enabled and self.stage != 3:
             _fail("zero_optimization.offload_param", "parameter offload needs zero_optimization.stage 3",
                   self.stage)
-        if self.offload_param.nvme:
-            _fail("zero_optimization.offload_param.device",
-                  "nvme parameter offload is not available in this build; use 'cpu' "
-                  "(offload_optimizer.device 'nvme' is supported)", self.offload_param.device)
 
 
 @dataclass(kw_only=True)

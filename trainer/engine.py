@@ -40,7 +40,7 @@ from trainer.loss_scaler import build_loss_scaler
 from trainer.lr_schedules import build_scheduler
 from trainer.memory import MemoryTracker
 from trainer.monitor import MonitorMaster
-from trainer.offload import CPUStorage, DeviceStorage, NVMeStorage
+from trainer.offload import CPUStorage, DeviceStorage, NVMeParamSwap, NVMeStorage
 from trainer.timers import Timers
 from trainer.zero import ZeroOptimizer, build_zero_optimizer
 
@@ -198,6 +198,9 @@ class Engine(nn.Module):
         else:
             storage = DeviceStorage(self.device)
         self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer, host=offload.enabled), storage)
+        if zero.offload_param.nvme:
+            self.optimizer.attach_param_swap(NVMeParamSwap(zero.offload_param.nvme_path, rank=self.rank,
+                                                           aio=cfg.aio.handle_kwargs()))
         self.lr_scheduler = build_scheduler(self.optimizer.master.optimizer, cfg.scheduler)
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
 
@@ -412,9 +415,7 @@ class Engine(nn.Module):
 
     def close(self) -> None:
         """Flush monitor events and MoE rows, end the telemetry session, and remove nvme swap files."""
-        master = getattr(self.optimizer, "master", None)
-        if master is not None:
-            master.close()
+        self.optimizer.close()
         self.monitor.flush()
         try:
             from trainer.moe import telemetry as moe_telemetry

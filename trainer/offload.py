@@ -84,6 +84,88 @@ def _cleanup_swap(swapper, directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def open_swapper(nvme_path: str, *, rank: int, aio: dict | None, key: str, owner, kind: str = ""):
+    """A TensorSwapper in a fresh ``rankscope-rank<R>-*`` directory under ``nvme_path``, plus a
+    finalizer (call it to close; it also runs when ``owner`` is collected or at exit) that
+    removes the directory. Bad paths raise ConfigError naming ``key``."""
+    from native.aio import AsyncIOHandle
+    from native.swap import TensorSwapper
+    from trainer.config import ConfigError
+
+    if os.path.exists(nvme_path) and not os.path.isdir(nvme_path):
+        raise ConfigError(f"{key}: {nvme_path!r} is not a directory")
+    try:
+        os.makedirs(nvme_path, exist_ok=True)
+        directory = tempfile.mkdtemp(prefix=f"rankscope-rank{rank}-{kind}", dir=nvme_path)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot create swap files under {nvme_path!r} ({e.strerror or e})") from None
+    try:
+        swapper = TensorSwapper(directory, AsyncIOHandle(**(aio or {})))
+    except (OSError, ValueError) as e:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise ConfigError(f"{key}: cannot swap to {nvme_path!r} ({e})") from None
+    return swapper, directory, weakref.finalize(owner, _cleanup_swap, swapper, directory)
+
+
+class NVMeParamSwap:
+    """ZeRO-3 parameter partitions (offload_param.device nvme) parked in files.
+
+    A partition is written after each optimizer step (:meth:`write`); otherwise it is read
+    back only while needed (:meth:`load` before its all-gather, :meth:`evict` after), so host
+    memory holds just the partitions in use. ``prefetch`` starts reads of partitions about to
+    be gathered. Telemetry: ``timers`` rows ``nvme.param_swap_in`` / ``nvme.param_swap_out``."""
+
+    def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None,
+                 key: str = "zero_optimization.offload_param.nvme_path") -> None:
+        self.swapper, self.directory, self._finalizer = open_swapper(nvme_path, rank=rank, aio=aio, key=key,
+                                                                     owner=self, kind="param-")
+        self._keys: dict[int, str] = {}  # id(shard tensor) -> swap key
+        self._shapes: dict[int, tuple] = {}
+
+    def _key(self, t: torch.Tensor) -> str:
+        return self._keys.setdefault(id(t), f"param{len(self._keys)}")
+
+    def resident(self, t: torch.Tensor) -> bool:
+        return id(t) not in self._shapes
+
+    def write(self, shards: list[torch.Tensor]) -> None:
+        """Write the (resident) partitions to their files and drop them from memory."""
+        start, nbytes = time.time_ns(), 0
+        for t in shards:
+            self.swapper.swap_out(self._key(t), t.data)
+            nbytes += t.numel() * t.element_size()
+        self.swapper.synchronize()
+        for t in shards:
+            self.evict(t)
+        if shards:
+            _emit("nvme.param_swap_out", start, nbytes)
+
+    def evict(self, t: torch.Tensor) -> None:
+        if self.resident(t) and id(t) in self._keys:
+            self._shapes[id(t)] = (t.shape, t.dtype)
+            t.data = torch.empty(0, dtype=t.dtype)
+
+    def prefetch(self, shards: list[torch.Tensor]) -> None:
+        for t in shards:
+            if not self.resident(t):
+                self.swapper.prefetch(self._key(t))
+
+    def load(self, shards: list[torch.Tensor]) -> None:
+        """Bring the partitions back into memory (reads already prefetched are not repeated)."""
+        missing = [t for t in shards if not self.resident(t)]
+        if not missing:
+            return
+        start = time.time_ns()
+        self.prefetch(missing)
+        for t in missing:
+            t.data = self.swapper.swap_in(self._key(t))
+            del self._shapes[id(t)]
+        _emit("nvme.param_swap_in", start, 0)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
 class NVMeStorage(CPUStorage):
     """Masters in host memory; optimizer state swapped to files under ``nvme_path`` between steps.
 
@@ -96,23 +178,8 @@ class NVMeStorage(CPUStorage):
     def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None, pin_memory: bool = True,
                  key: str = "zero_optimization.offload_optimizer.nvme_path") -> None:
         super().__init__(pin_memory=pin_memory)
-        from native.aio import AsyncIOHandle
-        from native.swap import TensorSwapper
-        from trainer.config import ConfigError
-
-        if os.path.exists(nvme_path) and not os.path.isdir(nvme_path):
-            raise ConfigError(f"{key}: {nvme_path!r} is not a directory")
-        try:
-            os.makedirs(nvme_path, exist_ok=True)
-            self.directory = tempfile.mkdtemp(prefix=f"rankscope-rank{rank}-", dir=nvme_path)
-        except OSError as e:
-            raise ConfigError(f"{key}: cannot create swap files under {nvme_path!r} ({e.strerror or e})") from None
-        try:
-            self.swapper = TensorSwapper(self.directory, AsyncIOHandle(**(aio or {})))
-        except (OSError, ValueError) as e:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            raise ConfigError(f"{key}: cannot swap to {nvme_path!r} ({e})") from None
-        self._finalizer = weakref.finalize(self, _cleanup_swap, self.swapper, self.directory)
+        self.swapper, self.directory, self._finalizer = open_swapper(nvme_path, rank=rank, aio=aio, key=key,
+                                                                     owner=self)
         self._index: dict[int, int] = {}  # id(param) -> stable index for swap keys
         self._swapped: dict[int, list[str]] = {}  # id(param) -> state names parked in files
 

@@ -100,6 +100,11 @@ class ZeroOptimizer:
         self.master = OffloadedOptimizer(shards, group_options, optimizer_factory=optimizer_factory,
                                          storage=storage)
 
+    def close(self) -> None:
+        """Remove swap files (nvme offload); the optimizer is unusable afterwards."""
+        if self.master is not None:
+            self.master.close()
+
     def register_hooks(self) -> None:
         for p in self._bucket_of:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)

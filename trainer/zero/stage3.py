@@ -54,6 +54,7 @@ class Stage3Optimizer(Stage2Optimizer):
         ZeroOptimizer.__init__(self, persistent + unit_list, **kw)
         self.units = unit_list
         self.prefetch_numel = prefetch_numel
+        self.param_swap = None  # trainer.offload.NVMeParamSwap with offload_param.device nvme
         for b in persistent:
             b.partitioned = False
             b.flat_param = b.flatten_params()
@@ -73,10 +74,43 @@ class Stage3Optimizer(Stage2Optimizer):
         self._cursor = 0
         self._backward_seen: set[int] = set()
 
+    def attach_param_swap(self, swap) -> None:
+        """Park the partitioned units' parameter shards in files (after attach_master, which
+        copies them into the fp32 masters)."""
+        self.param_swap = swap
+        swap.write([u.param_shard for u in self.units])
+
+    def _swap_in_units(self, units) -> None:
+        if self.param_swap is not None:
+            self.param_swap.load([u.param_shard for u in units])
+
+    def step(self):
+        self._swap_in_units(self.units)  # the step writes every updated partition
+        out = super().step()
+        if self.param_swap is not None:
+            if out.skipped:
+                for u in self.units:
+                    self.param_swap.evict(u.param_shard)
+            else:
+                self.param_swap.write([u.param_shard for u in self.units])
+        return out
+
+    def load_state_dict(self, sd: dict) -> None:
+        self._swap_in_units(self.units)
+        super().load_state_dict(sd)
+        if self.param_swap is not None:
+            self.param_swap.write([u.param_shard for u in self.units])
+
+    def close(self) -> None:
+        super().close()
+        if self.param_swap is not None:
+            self.param_swap.close()
+
     # ---------------------------------------------------------------- gather / release
 
     def _fetch(self, u: FlatBucket, wait: bool = True) -> None:
         if u.flat_param is None:
+            self._swap_in_units([u])
             u.flat_param = torch.empty(u.padded_numel, dtype=u.dtype, device=self.device)
             src = u.param_shard.to(self.device, non_blocking=True)
             if u.solo:  # an expert no other rank holds: the shard is the whole unit
@@ -99,8 +133,19 @@ class Stage3Optimizer(Stage2Optimizer):
         for s in u.slots:
             s.param.data = empty
         u.flat_param = None
+        if self.param_swap is not None:
+            self.param_swap.evict(u.param_shard)  # unchanged since its last write: no write needed
 
     def _prefetch(self, order: list[FlatBucket], start: int) -> None:
+        if self.param_swap is not None:  # start every file read in the window before the first gather
+            budget, window = self.prefetch_numel, []
+            for u in order[start:]:
+                if budget <= 0:
+                    break
+                if u.flat_param is None:
+                    window.append(u.param_shard)
+                budget -= u.padded_numel
+            self.param_swap.prefetch(window)
         budget = self.prefetch_numel
         for u in order[start:]:
             if budget <= 0:
