@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import pytest
 
@@ -25,3 +26,14 @@ def _isolated_telemetry_env(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RANKSCOPE_SPOOL_DIR", str(tmp_path / "spool"))
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_process_group():
+    """A test that initialises torch.distributed in the pytest process (a world of one)
+    must not hand its process group to the next test: rank-dependent code would read
+    rank 0 from it instead of the RANK that test sets."""
+    yield
+    dist = sys.modules.get("torch.distributed")  # never import torch just for this
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
