@@ -78,11 +78,7 @@ class Stage1Optimizer(ZeroOptimizer):
         b.shard_of(b.flat_grad).div_(self.world_size)  # the full data-parallel size, also for experts
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
-                                             log_name=f"zero{self.stage}.all_gather_params")
-                 for b in self.buckets if not b.solo]
-        for w in works:
-            w.wait()
+        self.gather_params(self.buckets, f"zero{self.stage}.all_gather_params")
 
     def zero_grad(self) -> None:
         for b in self.buckets:

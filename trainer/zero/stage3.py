@@ -220,11 +220,7 @@ class Stage3Optimizer(Stage2Optimizer):
         return self.param_shards() + [b.flat_param for b in self.buckets if b.flat_param is not None]
 
     def after_step(self) -> None:
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
-                                             log_name="zero3.all_gather_persistent_params")
-                 for b in self.buckets if not b.partitioned and not b.solo]
-        for w in works:
-            w.wait()
+        self.gather_params([b for b in self.buckets if not b.partitioned], "zero3.all_gather_persistent_params")
 
     def full_state_dict(self, module: nn.Module) -> dict:
         """The module's state_dict with every partitioned parameter gathered (collective)."""
