@@ -94,13 +94,15 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, M)  # [S, M]
         routing = self.gate(tokens)
         E, C, ep = self.num_experts, routing.capacity, self.ep_size
-        buffers = torch.einsum("sec,sm->ecm", routing.dispatch_mask.type_as(tokens), tokens)  # [E, C, M]
+        # Plain 2-D matmuls on reshaped views: einsum lowers these to batched bmm plus copies, ~2x slower on CPU.
+        dispatch = routing.dispatch_mask.type_as(tokens).reshape(-1, E * C)  # [S, E*C]
+        buffers = (dispatch.t() @ tokens).reshape(E, C, M)  # [E, C, M]
         if ep > 1:
             buffers = _AllToAll.apply(buffers, self.groups.ep_group, "moe.dispatch")
         outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M)).reshape(E, C, M)
         if ep > 1:
             outputs = _AllToAll.apply(outputs, self.groups.ep_group, "moe.combine")
-        out = torch.einsum("sec,ecm->sm", routing.combine_weights.type_as(tokens), outputs)  # [S, M]
+        out = routing.combine_weights.type_as(tokens).reshape(-1, E * C) @ outputs.reshape(E * C, M)  # [S, M]
         if self.training:
             moe_telemetry.record(self.layer_id, routing)
         return out.reshape(x.shape), routing.aux_loss, routing.expert_counts
