@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 
 from collector import comm, hook, spool, telemetry
-from tests._rank_util import free_port, serve
+from tests._rank_util import serve
 
 
 @pytest.fixture
-def one_rank():
+def one_rank(tmp_path):
     """A real single-rank gloo process group (the degenerate distributed case)."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     comm._REC.forget_groups()
     yield
     comm.configure({})
@@ -227,7 +227,8 @@ def test_python_m_collector_hook_runs_an_unmodified_script(collector, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
         "import sys, torch, torch.distributed as dist\n"
-        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+        # a file store: a TCP port picked here could be taken by another process before the script binds it
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
         "for _ in range(int(sys.argv[1])):\n"
         "    dist.all_reduce(torch.ones(8))\n"
         "dist.destroy_process_group()\n")
