@@ -14,7 +14,6 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from benches._common import free_port
 
 WORLD, MICRO, WARMUP = 2, 8, 3
 OUT = Path(__file__).resolve().parent / "RESULTS-engine.md"
@@ -44,12 +44,6 @@ CASES = {
     "zero2 + telemetry (comms logger, spooling)": {"zero_optimization": _zero(2), "comms_logger": {"enabled": True},
                                                    "wall_clock_breakdown": True},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(step: int, rank: int, device):
@@ -130,7 +124,7 @@ def main() -> int:
     n_params = sum(t.numel() for t in GPT(dim=args.dim, layers=args.layers).parameters())
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_worker, args=(_free_port(), args, out_dir), nprocs=WORLD, start_method="spawn")
+        mp.start_processes(_worker, args=(free_port(), args, out_dir), nprocs=WORLD, start_method="spawn")
         results = torch.load(os.path.join(out_dir, "rank0.pt"), weights_only=False)
     load_after = os.getloadavg()[0]
     base = statistics.median(results["torch DDP + AdamW (baseline)"])

@@ -30,41 +30,19 @@ import importlib.util
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benches._common import code_version, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIGS = ROOT / "trainer" / "examples" / "configs"
 OUT = HERE / "RESULTS-engine-ds.md"
 VOCAB, BLOCK = 128, 32
-
-
-def code_version(root) -> str:
-    """Which rankscope code ran: the git commit (+ 'with local changes'), or $RANKSCOPE_BENCH_COMMIT
-    for a snapshot exported with `git archive`."""
-    import subprocess as sp
-    if os.environ.get("RANKSCOPE_BENCH_COMMIT"):
-        return f"commit {os.environ['RANKSCOPE_BENCH_COMMIT']} (clean snapshot: git archive)"
-    try:
-        head = sp.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                      timeout=10).stdout.strip()
-        dirty = sp.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer",
-                        "collector"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, sp.TimeoutExpired):
-        return "unknown"
-    return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_config(stage: int) -> dict:
@@ -200,7 +178,7 @@ class _Pair:
     """One framework's ranks, driven in lock-step."""
 
     def __init__(self, kind, python, env, stage, world, out_dir: Path, endpoint, warmup, steps, timeout):
-        self.kind, self.timeout, port = kind, timeout, _free_port()
+        self.kind, self.timeout, port = kind, timeout, free_port()
         self.outs = [out_dir / f"{kind}-zero{stage}-rank{r}.json" for r in range(world)]
         self.errs = [open(out_dir / f"{kind}-zero{stage}-rank{r}.err", "w+") for r in range(world)]
         self.procs = [subprocess.Popen(

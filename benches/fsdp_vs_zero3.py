@@ -27,25 +27,19 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benches._common import code_version, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIG = ROOT / "trainer" / "examples" / "configs" / "zero3.json"
 OUT = HERE / "RESULTS-fsdp.md"
 VOCAB, BLOCK = 128, 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_config() -> dict:
@@ -129,7 +123,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
 
 class _Group:
     def __init__(self, kind, world, tmp: Path, warmup, steps, timeout):
-        self.kind, self.timeout, port = kind, timeout, _free_port()
+        self.kind, self.timeout, port = kind, timeout, free_port()
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env.pop("RANKSCOPE_ENDPOINT", None)
         self.outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
@@ -189,7 +183,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
-    from benches.engine_vs_deepspeed import code_version
     micro = bench_config()["train_micro_batch_size_per_gpu"]
     load = [os.getloadavg()]
     t0 = time.monotonic()

@@ -34,38 +34,16 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benches._common import code_version, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-
-
-def code_version(root) -> str:
-    """Which rankscope code ran: the git commit (+ 'with local changes'), or $RANKSCOPE_BENCH_COMMIT
-    for a snapshot exported with `git archive`."""
-    import subprocess as sp
-    if os.environ.get("RANKSCOPE_BENCH_COMMIT"):
-        return f"commit {os.environ['RANKSCOPE_BENCH_COMMIT']} (clean snapshot: git archive)"
-    try:
-        head = sp.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                      timeout=10).stdout.strip()
-        dirty = sp.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer",
-                        "collector"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, sp.TimeoutExpired):
-        return "unknown"
-    return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pct(xs: list, q: float) -> float:
@@ -233,7 +211,7 @@ class _Pair:
     """Two worker processes of one kind, driven in lock-step."""
 
     def __init__(self, kind: str, python: str, env: dict, out_dir: Path, calls: int, endpoint: str) -> None:
-        self.kind, port = kind, _free_port()
+        self.kind, port = kind, free_port()
         self.outs = [out_dir / f"{kind}-rank{r}.json" for r in range(2)]
         self.errs = [open(out_dir / f"{kind}-rank{r}.err", "w+") for r in range(2)]
         self.procs = [subprocess.Popen(
@@ -284,7 +262,7 @@ def _background(rank: int, records: int, out: str) -> None:
     from collector.client import Client, ClientConfig
     from collector.records import RecordBuffer
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     comm._DRAIN_INTERVAL_S = 3600.0  # keep the drain thread out of the way: we drain by hand
     comm.configure({"enabled": True})
     buf = RecordBuffer(max_rows=records + 1)

@@ -25,13 +25,13 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benches._common import code_version, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -39,15 +39,9 @@ OUT = HERE / "RESULTS-collectors.md"
 RANKSCOPE = Path(sys.executable).parent / "rankscope"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Collector:
     def __init__(self, data: Path, writer: str):
-        self.port, self.writer = _free_port(), writer
+        self.port, self.writer = free_port(), writer
         self.proc = subprocess.Popen([str(RANKSCOPE), "collect", "--data-dir", str(data), "--port", str(self.port),
                                       "--writer-id", writer], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         line = self.proc.stdout.readline()
@@ -134,7 +128,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rows", type=int, default=16384, help="comm records per envelope")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    from benches.engine_vs_deepspeed import code_version
     from benches.ingest import baselines
     load0 = os.getloadavg()
     t_start = time.monotonic()

@@ -23,20 +23,14 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from benches._common import free_port
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, args: dict, out_dir: str) -> None:
@@ -116,7 +110,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     args = vars(p.parse_args())
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(_free_port(), args, out), nprocs=WORLD, join=True)
+        mp.spawn(_rank, args=(free_port(), args, out), nprocs=WORLD, join=True)
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
     S, M = args["tokens"], args["hidden"]

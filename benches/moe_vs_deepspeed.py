@@ -34,24 +34,18 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from benches._common import code_version, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "RESULTS-moe-ds.md"
 EPS = (2, 1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> None:
@@ -141,7 +135,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
 
 class _Group:
     def __init__(self, kind, python, env, world, tmp: Path, a: dict, timeout):
-        self.kind, self.timeout, port = kind, timeout, _free_port()
+        self.kind, self.timeout, port = kind, timeout, free_port()
         self.outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
         self.errs = [open(tmp / f"{kind}-rank{r}.err", "w+") for r in range(world)]
         self.procs = [subprocess.Popen(
@@ -203,7 +197,6 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     a = {k: getattr(args, k) for k in ("tokens", "hidden", "experts", "warmup", "steps")}
     from benches import _deepspeed_venv
-    from benches.engine_vs_deepspeed import code_version
     ds_python = str(_deepspeed_venv.ensure())
     envs = {"ours": (sys.executable, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")),
             "deepspeed": (ds_python, _deepspeed_venv.env())}

@@ -55,8 +55,6 @@ def _make_pki(d: Path) -> tuple[Path, Path, Path]:
 
 def _send(port: int, token: str | None, ca: Path | None, envelopes: int, rows: int, streams: int) -> float:
     """Rows per second from first send to last ack, over ``streams`` concurrent streams."""
-    import queue
-
     from collector import security
     from collector.codec import encode_batch
     from proto import SCHEMA_VERSION, pb, pb_grpc

@@ -1,0 +1,27 @@
+"""Small pieces every benchmark script needs: a free loopback port, and which code ran."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def code_version(root) -> str:
+    """Which rankscope code ran: the git commit (+ 'with local changes'), or $RANKSCOPE_BENCH_COMMIT
+    for a snapshot exported with `git archive`."""
+    if os.environ.get("RANKSCOPE_BENCH_COMMIT"):
+        return f"commit {os.environ['RANKSCOPE_BENCH_COMMIT']} (clean snapshot: git archive)"
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer",
+                                "collector"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")
