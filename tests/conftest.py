@@ -37,3 +37,17 @@ def _no_leaked_process_group():
     dist = sys.modules.get("torch.distributed")  # never import torch just for this
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def live_collector(tmp_path):
+    """A real collector (gRPC on a free port, Parquet + catalog under tmp_path/data):
+    yields (endpoint, data_dir)."""
+    from collector.server import create_server
+
+    data = tmp_path / "data"
+    server, port, state = create_server("127.0.0.1:0", data)
+    server.start()
+    yield f"127.0.0.1:{port}", data
+    server.stop(grace=2).wait()
+    state.close()

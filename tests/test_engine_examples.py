@@ -6,8 +6,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from _engine_util import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,18 +50,6 @@ def test_engine_example_bad_config_path_is_one_line():
     assert "Traceback" not in proc.stderr
 
 
-@pytest.fixture
-def collector(tmp_path):
-    from collector.server import create_server
-
-    data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
-    yield f"127.0.0.1:{port}", data
-    server.stop(grace=2).wait()
-    state.close()
-
-
 def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
     """(rank, group_name, group_size, log_name, count) of the run's comm rows matching ``sql_where``."""
     from collector import catalog
@@ -77,10 +63,10 @@ def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
         con.close()
 
 
-def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(collector):
+def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(live_collector):
     """--moe --ep-size 2 on 4 ranks: experts all_to_all over the expert-parallel groups [0,1] / [2,3],
     expert gradients reduce over the expert-data-parallel groups [0,2] / [1,3], dense ones over the world."""
-    endpoint, data = collector
+    endpoint, data = live_collector
     out = _torchrun("trainer.examples.gpt", "zero2.json", 10, 4, "--run-name", "gpt-moe", "--moe",
                     "--ep-size", "2", "--top-k", "2", env={"RANKSCOPE_ENDPOINT": endpoint})
     losses = _losses(out, "gpt")
@@ -98,10 +84,10 @@ def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(collector):
                                                      for g, n in ((edp_group[r], 2), ("world", 4))}
 
 
-def test_engine_example_gpt_tp2_four_ranks_records_tp_groups(collector):
+def test_engine_example_gpt_tp2_four_ranks_records_tp_groups(live_collector):
     """--tp 2 on 4 ranks: activations all_reduce over the tensor-parallel groups [0,1] / [2,3],
     ZeRO gradients over the data-parallel groups [0,2] / [1,3]."""
-    endpoint, data = collector
+    endpoint, data = live_collector
     out = _torchrun("trainer.examples.gpt", "zero2.json", 10, 4, "--run-name", "gpt-tp", "--tp", "2",
                     env={"RANKSCOPE_ENDPOINT": endpoint})
     losses = _losses(out, "gpt")

@@ -19,7 +19,6 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from collector import catalog
-from collector.server import create_server
 from tests._moe_reference import reference_capacity, reference_moe
 from tests.conftest import free_port
 
@@ -129,18 +128,8 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
     comm.destroy_process_group()
 
 
-@pytest.fixture
-def collector(tmp_path):
-    data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
-    yield f"127.0.0.1:{port}", data
-    server.stop(grace=2).wait()
-    state.close()
-
-
-def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(collector, tmp_path):
-    endpoint, data = collector
+def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(live_collector, tmp_path):
+    endpoint, data = live_collector
     mp.spawn(worker, args=(free_port(), endpoint, str(tmp_path)), nprocs=WORLD, join=True)
 
     con = catalog.connect(data)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from collector import catalog
-from collector.server import create_server
 from tests import _rank_workers as workers
 from tests._rank_util import spawn
 
@@ -23,18 +22,8 @@ EXPECTED_BYTES = {
 }
 
 
-@pytest.fixture
-def collector(tmp_path):
-    data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
-    yield f"127.0.0.1:{port}", data
-    server.stop(grace=2).wait()
-    state.close()
-
-
-def test_four_ranks_every_collective_recorded_and_joinable(collector, tmp_path):
-    endpoint, data = collector
+def test_four_ranks_every_collective_recorded_and_joinable(live_collector, tmp_path):
+    endpoint, data = live_collector
     results = spawn(workers.collectives_worker, W, endpoint, tmp_path)
     run_ids = {r["run_id"] for r in results}
     assert len(run_ids) == 1, "all ranks of one job share one run_id"

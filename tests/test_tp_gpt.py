@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from collector import catalog
-from collector.server import create_server
 from tests.conftest import free_port
 from tests.test_moe_parallel import check_case
 from trainer.tensor_parallel import (ParallelTransformerBlock, load_dense_state, parallel_groups, shard,
@@ -157,18 +156,8 @@ def worker(rank: int, port: int, endpoint: str) -> None:
     comm.destroy_process_group()
 
 
-@pytest.fixture
-def collector(tmp_path):
-    data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
-    yield f"127.0.0.1:{port}", data
-    server.stop(grace=2).wait()
-    state.close()
-
-
-def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(collector):
-    endpoint, data = collector
+def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collector):
+    endpoint, data = live_collector
     mp.spawn(worker, args=(free_port(), endpoint), nprocs=WORLD, join=True)
 
     con = catalog.connect(data)
