@@ -112,12 +112,7 @@ class CommsLoggerConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "CommsLoggerConfig":
-        d = dict(d or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"comms_logger.{unknown[0]} is not a known key; known: {', '.join(sorted(known))}")
-        return cls(**d)
+        return telemetry.config_from_dict(cls, d, "comms_logger")
 
 
 class _Group:

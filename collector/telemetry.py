@@ -48,6 +48,16 @@ _lock = threading.RLock()
 _failed = False  # set by the excepthook: the run ends as "failed"
 
 
+def config_from_dict(cls, d: dict | None, section: str):
+    """Build config dataclass ``cls`` from a config block; an unknown key is an error naming it."""
+    d = dict(d or {})
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{section}.{unknown[0]} is not a known key; known: {', '.join(sorted(known))}")
+    return cls(**d)
+
+
 @dataclass(kw_only=True)
 class TelemetryConfig:
     """The ``telemetry`` section of the training config."""
@@ -68,12 +78,7 @@ class TelemetryConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "TelemetryConfig":
-        d = dict(d or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"telemetry.{unknown[0]} is not a known key; known: {', '.join(sorted(known))}")
-        return cls(**d)
+        return config_from_dict(cls, d, "telemetry")
 
 
 def _training_config(config) -> dict:
