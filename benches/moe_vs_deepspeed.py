@@ -4,9 +4,10 @@ against the analytic volume.
 
     python -m benches.moe_vs_deepspeed [--world 2] [--tokens 1024] [--hidden 256] [--experts 4]
                                        [--warmup 3] [--steps 10] [--rounds 8]
+                                       [--capacity-factors 1.0,1.25]
 
 Same layer on both sides: hidden M, expert MLP M -> 4M -> M (Linear, GELU, Linear), E
-experts, top-1, capacity_factor 1.0, min_capacity 0, drop_tokens and use_rts at their
+experts, top-1, capacity_factor 1.0 and 1.25 (one section each), min_capacity 0, drop_tokens and use_rts at their
 defaults (on); S tokens per rank with requires_grad (as inside a model); step = forward
 + backward of ``y.square().mean() + aux``; fp32; 1 intra-op thread per rank.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -67,7 +69,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
         comm.configure({"enabled": True})
         for ep in EPS:
             torch.manual_seed(0)
-            layers[ep] = MoE(M, expert(), num_experts=E, ep_size=ep, k=1, capacity_factor=1.0, min_capacity=0)
+            layers[ep] = MoE(M, expert(), num_experts=E, ep_size=ep, k=1, capacity_factor=a["cf"], min_capacity=0)
         barrier = comm.barrier
     else:
         import logging
@@ -80,7 +82,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
         ds.configure(enabled=True, prof_all=True)
         for ep in EPS:
             torch.manual_seed(0)
-            layers[ep] = MoE(M, expert(), num_experts=E, ep_size=ep, k=1, capacity_factor=1.0, min_capacity=0)
+            layers[ep] = MoE(M, expert(), num_experts=E, ep_size=ep, k=1, capacity_factor=a["cf"], min_capacity=0)
             layers[ep].set_deepspeed_parallelism()
         barrier = ds.barrier
     x = torch.randn(S, M, generator=torch.Generator().manual_seed(rank)).requires_grad_(True)
@@ -193,13 +195,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--capacity-factors", default="1.0,1.25",
+                   help="comma-separated; one section of results per capacity factor")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
-    a = {k: getattr(args, k) for k in ("tokens", "hidden", "experts", "warmup", "steps")}
     from benches import _deepspeed_venv
     ds_python = str(_deepspeed_venv.ensure())
     envs = {"ours": (sys.executable, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")),
             "deepspeed": (ds_python, _deepspeed_venv.env())}
+    failed = False
+    for cf in (float(x) for x in args.capacity_factors.split(",")):
+        text, failures = _compare(args, cf, envs, argv)
+        from benches._sections import replace_section
+        replace_section(Path(args.out), text)
+        print(text)
+        failed = failed or bool(failures)
+    return 1 if failed else 0
+
+
+def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
+    """One interleaved comparison at capacity factor ``cf``: the results section and any failures."""
+    a = {k: getattr(args, k) for k in ("tokens", "hidden", "experts", "warmup", "steps")} | {"cf": cf}
     load = [os.getloadavg()]
     t0 = time.monotonic()
     secs = {k: {ep: [] for ep in EPS} for k in envs}
@@ -227,13 +243,15 @@ def main(argv: list[str]) -> int:
     load.append(os.getloadavg())
     elapsed = time.monotonic() - t0
     S, M, n = args.tokens, args.hidden, args.world
-    analytic = S * 1 * 1.0 * M * 4
+    C = math.ceil(S / args.experts * cf)  # expert_capacity with k 1, min_capacity 0
+    analytic = args.experts * C * M * 4
     rate = {k: {ep: [args.steps * S / s for s in v] for ep, v in d.items()} for k, d in secs.items()}
     cell = lambda v: f"{statistics.median(v):,.0f} [{min(v):,.0f}-{max(v):,.0f}]" if v else "did not run"  # noqa
     versions = fin.get("deepspeed", [{}])[0].get("versions") if "deepspeed" in fin else None
     cmd = ("python -m benches.moe_vs_deepspeed " + " ".join(argv)).strip()
     lines = [
-        "# MoE layer: trainer.moe.MoE vs DeepSpeed deepspeed.moe.layer.MoE, 2 gloo ranks", "",
+        f"# MoE layer: trainer.moe.MoE vs DeepSpeed deepspeed.moe.layer.MoE, 2 gloo ranks, capacity_factor {cf}",
+        "",
         f"- command: `timeout 600 {cmd}` ({elapsed:.0f} s, ended "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
         f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared (the lead's test suite and another "
@@ -242,7 +260,7 @@ def main(argv: list[str]) -> int:
         f"- rankscope code: {code_version(ROOT)}; ours in .venv; "
         + (f"DeepSpeed {versions['deepspeed']} with torch {versions['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu)"
            if versions else "DeepSpeed: did not run"),
-        f"- layer: hidden {M}, expert MLP {M}->{4 * M}->{M}, {args.experts} experts, top-1, capacity_factor 1.0, "
+        f"- layer: hidden {M}, expert MLP {M}->{4 * M}->{M}, {args.experts} experts, top-1, capacity_factor {cf}, "
         f"min_capacity 0, {S} tokens per rank (requires grad), fp32, forward + backward per step; comm logging on "
         "in both (ours trainer.comm, DeepSpeed's comms logger prof_all)",
         f"- {n} ranks, 1 thread each; {args.warmup} warm-up steps per placement, then {args.rounds} rounds; per "
@@ -259,7 +277,7 @@ def main(argv: list[str]) -> int:
         per_s = f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}]" if per else "-"
         lines.append(f"| {ep} | {cell(o)} | {cell(d)} | {ratio} | {per_s} |")
     lines += ["", "## all_to_all per step at ep_size 2 (rank 0, each side's own comm log)", "",
-              f"Analytic: S_a2a = S x k x cf x M x 4 = {S} x 1 x 1.0 x {M} x 4 = {analytic:,.0f} bytes per "
+              f"Analytic: S_a2a = E x C x M x 4 = {args.experts} x {C} x {M} x 4 = {analytic:,.0f} bytes per "
               f"all_to_all, 4 per step = {4 * analytic:,.0f} bytes; leaving the rank x (ep-1)/ep = "
               f"{4 * analytic * (n - 1) / n:,.0f} bytes per step.", "",
               "| side | log name | msg size (bytes) | calls/step | bytes/step | vs analytic 4 x S_a2a | "
@@ -275,11 +293,7 @@ def main(argv: list[str]) -> int:
         lines += ["", "## Failures", ""]
         for kind, msg in failures.items():
             lines += [f"{kind}:", "", "```", "\n".join(msg.strip().splitlines()[-15:]), "```", ""]
-    text = "\n".join(lines) + "\n"
-    from benches._sections import replace_section
-    replace_section(Path(args.out), text)
-    print(text)
-    return 0 if not failures else 1
+    return "\n".join(lines) + "\n", failures
 
 
 if __name__ == "__main__":

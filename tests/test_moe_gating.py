@@ -43,12 +43,12 @@ def test_routing_matches_the_token_by_token_reference(k, capacity_factor):
     assert torch.equal(r.dropped, (routed - C).clamp_min(0))
     if capacity_factor == 0.5:
         assert int(dropped.sum()) > 0  # the case really drops tokens
-    out = torch.einsum("sec,sm->sm", r.combine_weights, tokens)
+    out = torch.einsum("sec,sm->sm", r.combine_weights(), tokens)
     torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-6)
     torch.testing.assert_close(r.aux_loss, ref_aux.float(), rtol=0, atol=1e-6)
     # each slot of each expert holds at most one token, and only kept tokens hold one
-    assert int(r.dispatch_mask.sum(0).max()) <= 1
-    assert int(r.dispatch_mask.sum()) == k * S - int(dropped.sum())
+    assert int(r.dispatch_mask().sum(0).max()) <= 1
+    assert int(r.dispatch_mask().sum()) == k * S - int(dropped.sum())
 
 
 def test_random_token_selection_keeps_capacity_tokens_per_overflowing_expert():
@@ -56,7 +56,7 @@ def test_random_token_selection_keeps_capacity_tokens_per_overflowing_expert():
     S, E = 32, 4
     gate = TopKGate(M, E, 1, 0.5, min_capacity=1, use_rts=True).train()
     r = gate(torch.randn(S, M))
-    kept = r.dispatch_mask.sum(dim=(0, 2))
+    kept = r.dispatch_mask().sum(dim=(0, 2))
     assert torch.equal(kept, r.expert_counts.clamp_max(r.capacity))
     assert torch.equal(r.dropped, (r.expert_counts - r.capacity).clamp_min(0))
 
@@ -66,7 +66,7 @@ def test_no_drop_mode_sizes_capacity_to_the_busiest_expert():
     gate = TopKGate(M, 4, 2, 0.25, min_capacity=1, drop_tokens=False, top2_2nd_expert_sampling=False)
     r = gate(torch.randn(20, M))
     assert r.capacity == int(r.expert_counts.max())
-    assert int(r.dropped.sum()) == 0 and int(r.dispatch_mask.sum()) == 40
+    assert int(r.dropped.sum()) == 0 and int(r.dispatch_mask().sum()) == 40
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -151,6 +151,25 @@ def test_eval_uses_eval_capacity_factor_and_no_noise():
     gate.eval()
     a, b = gate(x), gate(x)
     assert a.capacity == 8
-    assert torch.equal(a.combine_weights, b.combine_weights)  # no Gumbel noise outside training
+    assert torch.equal(a.combine_weights(), b.combine_weights())  # no Gumbel noise outside training
     probs = torch.softmax(x @ gate.weight.t(), dim=1)
-    assert torch.equal(a.dispatch_mask.any(dim=2).float().argmax(dim=1), probs.argmax(dim=1))
+    assert torch.equal(a.dispatch_mask().any(dim=2).float().argmax(dim=1), probs.argmax(dim=1))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_dispatch_and_combine_have_exact_gradients_including_dropped_choices(k):
+    from trainer.moe.dispatch import combine, dispatch
+    torch.manual_seed(7)
+    S, E, C = 6, 2, 3
+    slots = torch.tensor([0, 4, 6, 1, 6, 5] + ([2, 6, 3, 6, 6, 6] if k == 2 else []))  # 6 = dropped
+    tokens = torch.randn(S, M, dtype=torch.float64, requires_grad=True)
+    weights = torch.rand(k, S, dtype=torch.float64).masked_fill(slots.view(k, S) == E * C, 0).requires_grad_()
+    buffer = dispatch(tokens, slots, E * C)
+    kept = slots < E * C
+    assert torch.equal(buffer[slots[kept]], tokens.repeat(k, 1)[kept])
+    assert int((buffer.abs().sum(1) != 0).sum()) == int(kept.sum())  # every other row stays zero
+    torch.autograd.gradcheck(lambda t: dispatch(t, slots, E * C), (tokens,))
+    outputs = torch.randn(E * C, M, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda o, w: combine(o, slots, w), (outputs, weights))
+    expected = sum(weights[i, :, None] * torch.cat([outputs, torch.zeros(1, M)])[slots.view(k, S)[i]] for i in range(k))
+    torch.testing.assert_close(combine(outputs, slots, weights), expected, rtol=0, atol=1e-12)

@@ -52,5 +52,10 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [ep, E_local, C, M] -- slot buffers from every rank of the expert-parallel group
-        outs = [expert(x[:, i]) for i, expert in enumerate(self.local_experts)]  # each [ep, C, M]
+        # unbind, not x[:, i]: the gradient of each x[:, i] would be a zero-filled copy of all of x
+        outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts)]  # each [ep, C, M]
         return torch.stack(outs, dim=1)  # [ep, E_local, C, M]
+
+    def forward_packed(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        # x: [sum(sizes), M] -- local expert i's tokens are the i-th run of sizes[i] rows
+        return torch.cat([expert(chunk) for chunk, expert in zip(x.split(sizes), self.local_experts)])

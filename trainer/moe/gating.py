@@ -40,14 +40,32 @@ def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: 
 
 
 class Routing(NamedTuple):
-    """What the gate decided for S tokens, E experts, C slots per expert. A tuple, so
-    hooks that walk module outputs (ZeRO-3's re-gather before backward) see its tensors."""
-    combine_weights: torch.Tensor  # [S, E, C] gate weight of the token in slot c of expert e, else 0
-    dispatch_mask: torch.Tensor    # [S, E, C] bool, token s fills slot c of expert e
+    """What the gate decided for S tokens, E experts, C slots per expert, in sparse form:
+    choice i of token s goes to flat slot ``slots[i, s] = e * C + c`` of the [E * C] slot
+    buffer with weight ``weights[i, s]``; a dropped choice points at slot E * C (one past
+    the buffer: the layer's spare zero row) with weight 0. A tuple, so hooks that walk
+    module outputs (ZeRO-3's re-gather before backward) see its tensors."""
+    slots: torch.Tensor            # [k, S] int64 flat slot per choice, E * C where dropped
+    weights: torch.Tensor          # [k, S] combine weight per choice, 0 where dropped
     aux_loss: torch.Tensor         # [] load-balancing loss
     expert_counts: torch.Tensor    # [E] int64 tokens routed to each expert (before dropping)
     dropped: torch.Tensor          # [E] int64 of those, tokens over capacity
     capacity: int
+
+    def dispatch_mask(self) -> torch.Tensor:
+        """The dense [S, E, C] bool form GShard and DeepSpeed build: token s fills slot c of expert e."""
+        return self._dense(torch.ones_like(self.weights)).bool()
+
+    def combine_weights(self) -> torch.Tensor:
+        """The dense [S, E, C] form: gate weight of token s in slot c of expert e, else 0."""
+        return self._dense(self.weights)
+
+    def _dense(self, values: torch.Tensor) -> torch.Tensor:
+        k, S = self.slots.shape
+        E, C = self.expert_counts.numel(), self.capacity
+        dense = torch.zeros(S, E * C + 1, dtype=values.dtype, device=values.device)
+        dense.scatter_add_(1, self.slots.t(), values.t())
+        return dense[:, :-1].reshape(S, E, C)
 
 
 def _gumbel(shape, device) -> torch.Tensor:
@@ -118,21 +136,18 @@ class TopKGate(nn.Module):
             keep = torch.zeros_like(masks[0]).scatter_(0, score.topk(min(capacity, S), dim=0).indices, 1)
             masks[0] = masks[0] * keep
         slots, offset = [], torch.zeros(1, E, dtype=torch.long, device=logits.device)
+        expert_base = torch.arange(E, device=logits.device) * capacity  # [E] first flat slot of each expert
         for i, mask in enumerate(masks):
             slot = torch.cumsum(mask, dim=0) - 1 + offset  # [S, E]
             offset = offset + mask.sum(dim=0, keepdim=True)  # second choices queue behind all first choices
             masks[i] = mask * (slot < capacity)
-            slots.append((slot * masks[i]).sum(dim=1))  # [S] (0 where dropped: masked out below)
+            kept = masks[i].sum(dim=1).bool()  # [S]
+            flat = ((slot + expert_base) * masks[i]).sum(dim=1)  # [S] e * C + c of the chosen expert
+            slots.append(torch.where(kept, flat, E * capacity))
         dropped = counts - sum(masks).sum(dim=0)
 
         weights = [(gates * m).sum(dim=1) for m in masks]  # [S] per choice, 0 where dropped
         if self.k == 2:
             denom = (weights[0] + weights[1]).clamp_min(torch.finfo(gates.dtype).eps)
             weights = [w / denom for w in weights]
-        combine = torch.zeros(S, E, capacity, dtype=gates.dtype, device=logits.device)
-        dispatch = torch.zeros(S, E, capacity, dtype=torch.bool, device=logits.device)
-        for w, m, slot in zip(weights, masks, slots):
-            placed = m.unsqueeze(2) * F.one_hot(slot, capacity).unsqueeze(1)  # [S, E, C] 0/1
-            combine = combine + w[:, None, None] * placed
-            dispatch = dispatch | placed.bool()
-        return Routing(combine, dispatch, aux_loss, counts, dropped, capacity)
+        return Routing(torch.stack(slots), torch.stack(weights), aux_loss, counts, dropped, capacity)

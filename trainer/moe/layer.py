@@ -4,12 +4,12 @@ Collective pattern for S tokens of width M on each rank, E experts, C slots
 per expert, an expert-parallel group of ``ep`` ranks with E_local = E / ep
 experts each (trainer.moe.groups)::
 
-    routing  = gate(tokens)                                  # combine/dispatch [S, E, C]
-    buffers  = einsum(dispatch, tokens)                      # [E, C, M] my tokens, by expert
+    routing  = gate(tokens)                                  # slot and weight per choice [k, S]
+    buffers  = tokens copied into their slots                # [E, C, M] my tokens, by expert
     buffers  = all_to_all(buffers, ep group)                 # [ep, E_local, C, M] everyone's tokens for my experts
     outputs  = experts(buffers)                              # [ep, E_local, C, M]
     outputs  = all_to_all(outputs, ep group)                 # [E, C, M] my tokens' results
-    output   = einsum(combine, outputs)                      # [S, M]
+    output   = sum_i weight_i * outputs[slot_i]              # [S, M]
 
 Each all_to_all moves E*C*M elements per rank, of which (ep-1)/ep leave the
 rank. Backward runs the same two all_to_alls in reverse. With ep == 1 both
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from trainer import comm
+from trainer.moe import dispatch as moe_dispatch
 from trainer.moe import groups as moe_groups
 from trainer.moe import telemetry as moe_telemetry
 from trainer.moe.experts import Experts
@@ -93,19 +94,40 @@ class MoE(nn.Module):
         M = x.shape[-1]
         tokens = x.reshape(-1, M)  # [S, M]
         routing = self.gate(tokens)
+        slots = routing.slots.reshape(-1)  # [k*S], choice-major
+        if self.ep_size == 1 and tokens.device.type == "cpu":
+            out = self._packed(tokens, routing, slots)
+        else:
+            out = self._capacity_buffers(tokens, routing, slots)
+        if self.training:
+            moe_telemetry.record(self.layer_id, routing)
+        return out.reshape(x.shape), routing.aux_loss, routing.expert_counts
+
+    def _capacity_buffers(self, tokens: torch.Tensor, routing, slots: torch.Tensor) -> torch.Tensor:
+        """GShard's fixed [E, C, M] buffers: every rank's chunk has one size, as all_to_all needs."""
+        M = tokens.shape[1]
         E, C, ep = self.num_experts, routing.capacity, self.ep_size
-        # Plain 2-D matmuls on reshaped views: einsum lowers these to batched bmm plus copies, ~2x slower on CPU.
-        dispatch = routing.dispatch_mask.type_as(tokens).reshape(-1, E * C)  # [S, E*C]
-        buffers = (dispatch.t() @ tokens).reshape(E, C, M)  # [E, C, M]
+        buffers = moe_dispatch.dispatch(tokens, slots, E * C).reshape(E, C, M)
         if ep > 1:
             buffers = _AllToAll.apply(buffers, self.groups.ep_group, "moe.dispatch")
         outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M)).reshape(E, C, M)
         if ep > 1:
             outputs = _AllToAll.apply(outputs, self.groups.ep_group, "moe.combine")
-        out = routing.combine_weights.type_as(tokens).reshape(-1, E * C) @ outputs.reshape(E * C, M)  # [S, M]
-        if self.training:
-            moe_telemetry.record(self.layer_id, routing)
-        return out.reshape(x.shape), routing.aux_loss, routing.expert_counts
+        return moe_dispatch.combine(outputs.reshape(E * C, M), slots, routing.weights)  # [S, M]
+
+    def _packed(self, tokens: torch.Tensor, routing, slots: torch.Tensor) -> torch.Tensor:
+        """All experts local: pack each expert's kept tokens back to back, skipping the empty
+        capacity slots (up to 1 - 1/capacity_factor of them) that the buffers would compute on.
+        Slots fill from 0 in each expert, so slot e*C + c becomes row offset[e] + c. Needs the
+        per-expert sizes on the host, hence CPU only (on a GPU that would be a sync per layer)."""
+        E, C = self.num_experts, routing.capacity
+        kept = routing.expert_counts - routing.dropped  # [E] tokens each expert computes
+        offset = torch.cumsum(kept, dim=0) - kept
+        rows = int(kept.sum())
+        expert = torch.div(slots, C, rounding_mode="floor").clamp_max(E - 1)
+        packed = torch.where(slots < E * C, slots - expert * C + offset[expert], rows)
+        outputs = self.experts.forward_packed(moe_dispatch.dispatch(tokens, packed, rows), kept.tolist())
+        return moe_dispatch.combine(outputs, packed, routing.weights)
 
 
 def pyramid_moe(hidden_size: int, expert: nn.Module, num_experts: list[int], ep_size: int | list[int] = 1,
