@@ -137,7 +137,7 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
     (run_id,) = q("SELECT run_id FROM runs WHERE name = 'moe-ep'")[0]
     cases = {step: (ep, k, drop) for step, ep, k, drop in CASES}
 
-    # all_to_all: two forward, two backward per MoE forward, only where ep > 1, on the ep group
+    # all_to_all: two forward, two backward per MoE forward (and the fill counts), only where ep > 1, on the ep group
     a2a = q("""SELECT step, rank, group_name, group_size, log_name, bytes, numel, algbw_gbs, busbw_gbs
                FROM comm WHERE run_id = ? AND op = 'all_to_all_single' ORDER BY step, rank, seq""", run_id)
     per_step_rank = {}
@@ -148,12 +148,16 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
         # the group's ranks as collector.comm labels them; ep_size == world is the world group
         assert group == ("world" if ep == WORLD else f"g[{first}-{first + ep - 1}]")
         assert size == ep
+        per_step_rank.setdefault((step, rank), []).append(log_name)
+        if log_name == "moe.fill_counts":  # [E] int64: how many slots of each expert this rank filled
+            assert (numel, nbytes) == (E, E * 8)
+            continue
         assert nbytes == numel * F32 and numel % (E * M) == 0  # [E, C, M] buffers
         if drop:
             assert numel == E * reference_capacity(S, E, k, CAPACITY_FACTOR, 1) * M
         assert busbw == pytest.approx(algbw * (ep - 1) / ep, rel=1e-9)
-        per_step_rank.setdefault((step, rank), []).append(log_name)
-    expected_names = ["moe.dispatch", "moe.combine", "moe.combine.backward", "moe.dispatch.backward"]
+    expected_names = ["moe.dispatch", "moe.fill_counts", "moe.combine", "moe.combine.backward",
+                      "moe.dispatch.backward"]
     assert per_step_rank == {(s, r): expected_names for s, (ep, _, _) in cases.items() if ep > 1
                              for r in range(WORLD)}
     # rows of one all_to_all join across exactly the ranks of its group

@@ -50,11 +50,27 @@ class Experts(nn.Module):
         for p in self.parameters():
             mark_expert_param(p, group_name)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [ep, E_local, C, M] -- slot buffers from every rank of the expert-parallel group
-        # unbind, not x[:, i]: the gradient of each x[:, i] would be a zero-filled copy of all of x
-        outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts)]  # each [ep, C, M]
-        return torch.stack(outs, dim=1)  # [ep, E_local, C, M]
+    def forward(self, x: torch.Tensor, fill: list[int] | None = None) -> torch.Tensor:
+        """x: [ep, E_local, C, M], the slot buffers from every rank of the expert-parallel group.
+        ``fill``: ep * E_local counts of filled slots, block (rank r, expert i) at r * E_local + i.
+        Slots fill from 0, so with it each expert computes only its filled prefixes; the empty
+        rest of the output stays zero (nobody reads it) instead of costing a matmul row."""
+        if fill is None:
+            # unbind, not x[:, i]: the gradient of each x[:, i] would be a zero-filled copy of all of x
+            outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts)]  # each [ep, C, M]
+            return torch.stack(outs, dim=1)  # [ep, E_local, C, M]
+        ep, n, C, M = x.shape
+        # Split the flat buffer into (filled, empty) runs per block: one split, one gradient cat.
+        runs = x.reshape(-1, M).split([r for f in fill for r in (f, C - f)])
+        filled = runs[0::2]
+        pad = x.new_zeros(C, M)
+        pieces = [None] * len(fill)
+        for i, expert in enumerate(self.local_experts):
+            blocks = range(i, ep * n, n)  # expert i's block from each rank
+            out = expert(torch.cat([filled[b] for b in blocks])).split([fill[b] for b in blocks])
+            for b, piece in zip(blocks, out):
+                pieces[b] = piece
+        return torch.cat([t for b, f in enumerate(fill) for t in (pieces[b], pad[:C - f])]).reshape(ep, n, C, M)
 
     def forward_packed(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         # x: [sum(sizes), M] -- local expert i's tokens are the i-th run of sizes[i] rows

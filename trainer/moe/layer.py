@@ -7,13 +7,20 @@ experts each (trainer.moe.groups)::
     routing  = gate(tokens)                                  # slot and weight per choice [k, S]
     buffers  = tokens copied into their slots                # [E, C, M] my tokens, by expert
     buffers  = all_to_all(buffers, ep group)                 # [ep, E_local, C, M] everyone's tokens for my experts
-    outputs  = experts(buffers)                              # [ep, E_local, C, M]
+    fill     = all_to_all(kept tokens per expert, ep group)  # [ep * E_local] int64 (CPU only, see below)
+    outputs  = experts(buffers, fill)                        # [ep, E_local, C, M]
     outputs  = all_to_all(outputs, ep group)                 # [E, C, M] my tokens' results
     output   = sum_i weight_i * outputs[slot_i]              # [S, M]
 
 Each all_to_all moves E*C*M elements per rank, of which (ep-1)/ep leave the
 rank. Backward runs the same two all_to_alls in reverse. With ep == 1 both
 are skipped (nothing leaves the rank).
+
+Slots fill from 0 in every expert, so knowing how many are filled lets the
+experts compute only those rows: on CPU the layer exchanges the fill counts
+(ep > 1) or packs kept tokens back to back (ep == 1). That saves up to
+1 - 1/capacity_factor of the expert FLOPs. On a GPU reading the counts would
+stall the stream once per layer, so there the experts compute every slot.
 
 PR-MoE (``use_residual``): output = a * moe(x) + b * mlp(x), with a dense copy
 of the expert as ``mlp`` and (a, b) = softmax(Linear(hidden, 2)(x)) per token.
@@ -108,12 +115,23 @@ class MoE(nn.Module):
         M = tokens.shape[1]
         E, C, ep = self.num_experts, routing.capacity, self.ep_size
         buffers = moe_dispatch.dispatch(tokens, slots, E * C).reshape(E, C, M)
+        fill = None
         if ep > 1:
             buffers = _AllToAll.apply(buffers, self.groups.ep_group, "moe.dispatch")
-        outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M)).reshape(E, C, M)
+            if tokens.device.type == "cpu":  # on a GPU reading the counts would be a sync per layer
+                fill = self._filled_slots(routing)
+        outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M), fill).reshape(E, C, M)
         if ep > 1:
             outputs = _AllToAll.apply(outputs, self.groups.ep_group, "moe.combine")
         return moe_dispatch.combine(outputs.reshape(E * C, M), slots, routing.weights)  # [S, M]
+
+    def _filled_slots(self, routing) -> list[int]:
+        """How many slots of each of my experts every rank of the group filled: [ep * E_local],
+        (rank r, local expert i) at r * E_local + i -- the layout the dispatch all_to_all delivers."""
+        kept = routing.expert_counts - routing.dropped  # [E] this rank's filled slots per expert
+        fill = torch.empty_like(kept)
+        comm.all_to_all_single(fill, kept, group=self.groups.ep_group, log_name="moe.fill_counts")
+        return fill.tolist()
 
     def _packed(self, tokens: torch.Tensor, routing, slots: torch.Tensor) -> torch.Tensor:
         """All experts local: pack each expert's kept tokens back to back, skipping the empty
