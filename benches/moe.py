@@ -82,7 +82,8 @@ def _rank(rank: int, port: int, args: dict, out_dir: str) -> None:
 
 
 def _a2a_bytes() -> tuple[int, int]:
-    """(calls, bytes) of the MoE all_to_alls since the last reset, from the comms summary."""
+    """(calls, bytes) of the MoE token all_to_alls since the last reset, from the comms summary
+    (the E-int64 ``moe.fill_counts`` exchange is left out: it carries no tokens)."""
     import contextlib
     import io
 
@@ -92,7 +93,7 @@ def _a2a_bytes() -> tuple[int, int]:
         summary = comm.log_summary(return_dict=True)
     calls = total = 0
     for name, sizes in summary.items():
-        if name.startswith("moe."):
+        if name.startswith("moe.") and name != "moe.fill_counts":
             for size, stats in sizes.items():
                 calls += stats["count"]
                 total += size * stats["count"]
@@ -140,7 +141,8 @@ def main() -> None:
                          f"{r['a2a_bytes_per_step'] * (ep - 1) / ep:.0f} |")
     lines += ["", "ep 1 moves no tokens (both ranks compute all experts for their own tokens). At ep 2 each rank",
               "computes half the experts for both ranks' tokens, so compute per rank is the same and the",
-              "difference is the four all_to_alls (gloo over loopback on 2 shared cores) plus the copies around them."]
+              "difference is the four all_to_alls (gloo over loopback on 2 shared cores), the copies around them",
+              "and one 32-byte all_to_all of per-expert fill counts (so experts skip empty capacity slots)."]
     text = "\n".join(lines) + "\n"
     print(text)
     (HERE / "RESULTS-moe.md").write_text(text)

@@ -254,8 +254,8 @@ def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
         "",
         f"- command: `timeout 600 {cmd}` ({elapsed:.0f} s, ended "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
-        f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared (the lead's test suite and another "
-        f"engineer's work ran beside it); load average (1/5/15 min) at start "
+        f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared with other jobs (see the load "
+        f"average); load average (1/5/15 min) at start "
         f"{'/'.join(f'{x:.1f}' for x in load[0])}, at end {'/'.join(f'{x:.1f}' for x in load[1])}",
         f"- rankscope code: {code_version(ROOT)}; ours in .venv; "
         + (f"DeepSpeed {versions['deepspeed']} with torch {versions['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu)"
