@@ -393,7 +393,7 @@ class Client:
     def _spool_unacked(self) -> None:
         envs = [env for env, _, _ in self._unacked.values()]
         try:
-            path = spool.write(self.cfg.spool_dir, self.client_id, envs)
+            path = spool.write(self.cfg.spool_dir, self.client_id, envs, self.cfg.endpoint)
         except OSError as e:
             log.error("rankscope: cannot spool to %s (%s); keeping %d envelope(s) in memory",
                       self.cfg.spool_dir, e, len(envs))
@@ -442,18 +442,12 @@ def _rejected_seq(err) -> int | None:
 
 
 def resend_spooled(directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0,
-                   only_orphans: bool = True, tls_ca: str | None = None) -> tuple[int, int]:
-    """Stream spool files to a collector, one writer (client_id) per stream so
-    acks are unambiguous, deleting each file once all its envelopes are acked.
-    By default only orphans (writers on this host that are gone). Returns
+                   tls_ca: str | None = None) -> tuple[int, int]:
+    """Stream the orphaned spool files meant for ``endpoint`` (writers on this host
+    that are gone) to it, one writer (client_id) per stream so acks are
+    unambiguous, deleting each file once all its envelopes are acked. Returns
     (files delivered, files left). Never raises."""
-    directory = Path(directory)
-    if only_orphans:
-        groups = spool.orphans(directory)
-    else:
-        groups = {}
-        for path in spool.files(directory):
-            groups.setdefault(spool.client_id_of(path), []).append(path)
+    groups = spool.orphans(Path(directory), endpoint)
     delivered = left = 0
     if not groups:
         return 0, 0

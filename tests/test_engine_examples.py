@@ -73,10 +73,11 @@ def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(live_collec
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.1, losses
     a2a = _comm_rows(data, "gpt-moe", "op = 'all_to_all_single'")
     ep_group = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
-    # one MoE block: dispatch + combine per forward, and their reverses in backward, every step
+    # one MoE block: dispatch, the fill counts and combine per forward, the reverses in backward, every step
     assert sorted({(r, g, n, name) for r, g, n, name, _ in a2a}) == sorted(
         (r, ep_group[r], 2, name) for r in range(4)
-        for name in ("moe.dispatch", "moe.combine", "moe.dispatch.backward", "moe.combine.backward"))
+        for name in ("moe.dispatch", "moe.fill_counts", "moe.combine", "moe.dispatch.backward",
+                     "moe.combine.backward"))
     assert all(count >= 10 for *_, count in a2a), a2a
     grads = _comm_rows(data, "gpt-moe", "log_name LIKE 'zero2.%_grads'")
     edp_group = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}

@@ -209,15 +209,32 @@ def test_spool_file_format_round_trip_and_bad_file(tmp_path):
     (tmp_path / "junk.rsspool").write_bytes(b"hello")
     with pytest.raises(spool.SpoolError, match="bad magic"):
         spool.read(tmp_path / "junk.rsspool")
+    (tmp_path / "cut.rsspool").write_bytes(spool.MAGIC + b"\xff\x00\x00\x00host")
+    with pytest.raises(spool.SpoolError, match="endpoint header of 255 bytes"):
+        spool.read(tmp_path / "cut.rsspool")
 
 
-def test_orphaned_spool_of_a_dead_process_is_resent_and_deleted(tmp_path):
+def test_spool_file_records_its_endpoint_and_old_files_still_read(tmp_path):
+    envs = [pb.Envelope(schema_version=1, client_id="c", seq=s, end=pb.RunEnd(run_id="x")) for s in (1, 2)]
+    path = spool.write(tmp_path, "c", envs, "collector.example:50051")
+    assert spool.endpoint_of(path) == "collector.example:50051"
+    assert [e.seq for e in spool.read(path)] == [1, 2]
+    # a file from before the endpoint header (RSSPOOL1): records follow the magic directly
+    old = tmp_path / "old-000000000001-000000000001.rsspool"
+    data = envs[0].SerializeToString()
+    old.write_bytes(b"RSSPOOL1" + len(data).to_bytes(4, "little") + data)
+    assert spool.endpoint_of(old) is None and [e.seq for e in spool.read(old)] == [1]
+
+
+def test_orphaned_spool_of_a_dead_process_is_resent_to_its_collector_and_deleted(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     host = spool.local_host_id()
     orphan_id = f"{host}.{dead.pid}.dead"
     live_id = f"{host}.{os.getpid()}.live"  # a running writer's files are not touched
-    for cid in (orphan_id, live_id):
+    other_id = f"{host}.{dead.pid}.other"  # dead too, but its records were meant for another collector
+    envs_of = {}
+    for cid in (orphan_id, live_id, other_id):
         buf = RecordBuffer()
         add_timers(buf, 0, 5)
         envs = [pb.Envelope(schema_version=1, client_id=cid, seq=1,
@@ -225,16 +242,22 @@ def test_orphaned_spool_of_a_dead_process_is_resent_and_deleted(tmp_path):
         (table, cols, n), = buf.take()
         envs.append(pb.Envelope(schema_version=1, client_id=cid, seq=2,
                                 table=codec.encode_batch(table, "old-run", 0, cols)))
-        spool.write(tmp_path, cid, envs)
-    assert set(spool.orphans(tmp_path)) == {orphan_id}
+        envs_of[cid] = envs
     server, port, col = serve()
+    endpoint = f"127.0.0.1:{port}"
+    paths = {cid: spool.write(tmp_path, cid, envs, "10.9.9.9:50051" if cid == other_id else endpoint)
+             for cid, envs in envs_of.items()}
+    assert set(spool.orphans(tmp_path)) == {orphan_id, other_id}
+    assert set(spool.orphans(tmp_path, endpoint)) == {orphan_id}
     try:
-        client, buf = make_client(f"127.0.0.1:{port}", tmp_path)
+        client, buf = make_client(endpoint, tmp_path)
         assert col.wait_for(lambda: any(e.client_id == orphan_id for e in col.envelopes("table")))
-        assert col.wait_for(lambda: [spool.client_id_of(p) for p in spool.files(tmp_path)] == [live_id])
+        assert col.wait_for(lambda: sorted(spool.client_id_of(p) for p in spool.files(tmp_path))
+                            == sorted([live_id, other_id]))
         assert end(client)
         old = [e for e in col.envelopes("table") if e.client_id == orphan_id]
         assert len(old) == 1 and old[0].table.rows == 5
-        assert not any(e.client_id == live_id for e in col.received)
+        assert not any(e.client_id in (live_id, other_id) for e in col.received)
+        assert paths[other_id].exists(), "a spool meant for another collector waits for that one"
     finally:
         server.stop(0)

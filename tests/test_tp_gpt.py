@@ -184,10 +184,11 @@ def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collecto
     assert q("""SELECT count(*) FROM (SELECT group_name, seq, count(*) n, any_value(group_size) g FROM comm
                 WHERE run_id = ? GROUP BY ALL HAVING n <> g)""", run_id) == [(0,)]
     # MoE under tp 2: all_to_all on the data-parallel ranks [0,2] / [1,3]; experts are not replicated
-    # over data-parallel ranks there (ep 2 = dp 2), so no expert-gradient all_reduce
+    # over data-parallel ranks there (ep 2 = dp 2), so no expert-gradient all_reduce. Tokens move
+    # in 4 all_to_alls (dispatch, combine and their backwards) plus one of the experts' fill counts.
     assert q("""SELECT rank, group_name, group_size, count(*) FROM comm WHERE run_id = ? AND step = ?
                 AND op = 'all_to_all_single' GROUP BY ALL ORDER BY rank""", run_id, MOE_STEP) == \
-        [(r, "g[0,2]" if r % 2 == 0 else "g[1,3]", 2, 4) for r in range(WORLD)]
+        [(r, "g[0,2]" if r % 2 == 0 else "g[1,3]", 2, 5) for r in range(WORLD)]
     assert q("SELECT count(*) FROM comm WHERE run_id = ? AND log_name = 'moe.reduce_expert_gradients'",
              run_id) == [(0,)]
     con.close()
