@@ -1,4 +1,5 @@
-"""Small pieces every benchmark script needs: a free loopback port, and which code ran."""
+"""Small pieces every benchmark script needs: a free loopback port, a process's CPU time,
+and which code ran."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process has used so far."""
+    import psutil
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def code_version(root) -> str:

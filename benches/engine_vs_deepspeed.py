@@ -272,7 +272,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     from benches import _deepspeed_venv
-    from benches._collector_proc import CollectorProcess
+    from collector.launch import CollectorProcess
 
     ds_python = str(_deepspeed_venv.ensure())
     ds_env = _deepspeed_venv.env()

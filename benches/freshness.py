@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from benches._collector_proc import CollectorProcess
+from collector.launch import CollectorProcess
 from benches._sections import replace_section
 from benches.ingest import comm_columns
 

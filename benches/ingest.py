@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benches._collector_proc import CollectorProcess
+from benches._common import cpu_seconds
+from collector.launch import CollectorProcess
 from benches._sections import replace_section
 
 HERE = Path(__file__).resolve().parent
@@ -129,11 +130,11 @@ def run(clients: int, batches: int, rows: int) -> dict:
                 ready.get(timeout=300)
             time.sleep(0.5)  # let the Hellos commit
             load_before = os.getloadavg()[0]
-            cpu0, t0 = collector.cpu_seconds(), time.time()
+            cpu0, t0 = cpu_seconds(collector.proc.pid), time.time()
             go.set()
             done = [results.get(timeout=600) for _ in procs]
             elapsed = max(t for _, t, _ in done) - t0
-            collector_cpu = collector.cpu_seconds() - cpu0
+            collector_cpu = cpu_seconds(collector.proc.pid) - cpu0
             clients_cpu = sum(c for _, _, c in done)
             for p in procs:
                 p.join(60)

@@ -23,46 +23,18 @@ import datetime
 import multiprocessing as mp
 import os
 import platform
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from benches._common import code_version, free_port
+from benches._common import code_version, cpu_seconds
+from collector.launch import CollectorProcess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "RESULTS-collectors.md"
 RANKSCOPE = Path(sys.executable).parent / "rankscope"
-
-
-class _Collector:
-    def __init__(self, data: Path, writer: str):
-        self.port, self.writer = free_port(), writer
-        self.proc = subprocess.Popen([str(RANKSCOPE), "collect", "--data-dir", str(data), "--port", str(self.port),
-                                      "--writer-id", writer], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        line = self.proc.stdout.readline()
-        if not re.search(r"listening on .*:(\d+)", line):
-            self.proc.kill()
-            raise RuntimeError(f"collector {writer} did not start: {line!r}")
-        self.address = f"127.0.0.1:{self.port}"
-
-    def cpu_seconds(self) -> float:
-        import psutil
-        t = psutil.Process(self.proc.pid).cpu_times()
-        return t.user + t.system
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def run(n: int, clients: int, batches: int, rows: int) -> dict:
@@ -73,7 +45,7 @@ def run(n: int, clients: int, batches: int, rows: int) -> dict:
         colls = []
         procs = []
         try:
-            colls = [_Collector(data, f"c{i}") for i in range(n)]
+            colls = [CollectorProcess(data, "--writer-id", f"c{i}") for i in range(n)]
             ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
             procs = [ctx.Process(target=client, args=(colls[r % n].address, r, batches, rows, ready, go, results))
                      for r in range(clients)]
@@ -83,11 +55,11 @@ def run(n: int, clients: int, batches: int, rows: int) -> dict:
                 ready.get(timeout=300)
             time.sleep(0.5)  # let the Hellos commit
             load = os.getloadavg()[0]
-            cpu0, t0 = [c.cpu_seconds() for c in colls], time.time()
+            cpu0, t0 = [cpu_seconds(c.proc.pid) for c in colls], time.time()
             go.set()
             done = [results.get(timeout=600) for _ in procs]
             elapsed = max(t for _, t, _ in done) - t0
-            cpu = [c.cpu_seconds() - c0 for c, c0 in zip(colls, cpu0)]
+            cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(colls, cpu0)]
             clients_cpu = sum(c for _, _, c in done)
             for p in procs:
                 p.join(60)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -23,22 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-_COLLECTOR = """
-import signal, sys, threading
-from collector import security
-from collector.server import create_server
-token = sys.argv[2] or None
-tls = security.ServerTLS(cert=sys.argv[3], key=sys.argv[4]) if sys.argv[3] else None
-server, port, state = create_server("127.0.0.1:0", sys.argv[1], token=token, tls=tls)
-server.start()
-print(f"listening {port}", flush=True)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-stop.wait()
-server.stop(5).wait()
-state.close()
-"""
-
+from collector.launch import CollectorProcess
 
 def _make_pki(d: Path) -> tuple[Path, Path, Path]:
     def ossl(*args):
@@ -105,15 +88,10 @@ def main(argv=None) -> int:
     for r in range(args.repeats):
         for name, (tok, c, k) in configs.items():
             data = work / f"data-{r}-{len(results[name])}-{name[:3]}"
-            proc = subprocess.Popen([sys.executable, "-c", _COLLECTOR, str(data), tok, c, k],
-                                    stdout=subprocess.PIPE, text=True)
-            try:
-                port = int(re.match(r"listening (\d+)", proc.stdout.readline()).group(1))
-                results[name].append(_send(port, tok or None, ca if c else None,
+            options = (["--token", tok] if tok else []) + (["--tls-cert", c, "--tls-key", k] if c else [])
+            with CollectorProcess(data, *options) as collector:
+                results[name].append(_send(collector.port, tok or None, ca if c else None,
                                            args.envelopes, args.rows, args.streams))
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
             print(f"round {r + 1} {name}: {results[name][-1] / 1e6:.3f} M rows/s", flush=True)
 
     base = statistics.median(results["plaintext, no token"])

@@ -37,7 +37,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
         return 2
     # serve() applies the bind policy (collector.security.check_bind) and prints its warnings.
     return serve(args.data_dir, host=args.host, port=args.port, token=token, tls=tls,
-                 insecure=args.insecure, writer=args.writer_id) or 0
+                 insecure=args.insecure, writer=args.writer_id, flush_interval=args.flush_interval,
+                 compaction_interval=args.compaction_interval, compaction_min_files=args.compaction_min_files) or 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -123,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--writer-id", default=None, metavar="W",
                    help="share --data-dir with other collectors, each with its own id ([a-z][a-z0-9_]*); "
                         "route each rank to one of them (see docs/SCALING.md)")
+    p.add_argument("--flush-interval", type=float, default=None, metavar="S",
+                   help="commit buffered records at least this often, in (0, 5] s (default 0.25): "
+                        "lower means fresher dashboards and more small files")
+    p.add_argument("--compaction-interval", type=float, default=None, metavar="S",
+                   help="seconds between scans for small segments to merge (default 5)")
+    p.add_argument("--compaction-min-files", type=int, default=None, metavar="N",
+                   help="merge once this many small segments wait in one partition (default 8)")
 
     p = add("dashboard", cmd_dashboard, "Serve the Streamlit dashboard over a data directory.", """
         rankscope dashboard

@@ -1,10 +1,15 @@
-"""Child-process command lines shared by the CLI and the demo: where the
-dashboard entry file lives and how the collector is started and probed."""
+"""Child processes shared by the CLI, the demo, the tests and the benchmarks:
+where the dashboard entry file lives, and how a collector is started (its
+command line, or a managed ``CollectorProcess``) and probed."""
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +37,51 @@ def dashboard_command(data_dir: str, *, port: int = 8501, host: str = "127.0.0.1
 def collector_command(data_dir: str, *, port: int, host: str = "127.0.0.1") -> list[str]:
     return [sys.executable, "-m", "collector.cli", "collect", "--data-dir", data_dir,
             "--host", host, "--port", str(port)]
+
+
+class CollectorProcess:
+    """``rankscope collect`` in a child process (a GIL of its own), started and waited for.
+
+    ``port`` 0 lets the collector pick one; ``args`` are more ``collect`` options
+    (``--flush-interval 0.02``, ``--writer-id east``, ``--token ...``). Raises
+    RuntimeError with the collector's stderr if it exits before listening."""
+
+    _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
+
+    def __init__(self, data_dir, *args: str, port: int = 0) -> None:
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(collector_command(str(data_dir), port=port) + list(args),
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        line = self.proc.stdout.readline()
+        match = self._LISTENING.match(line)
+        if not match:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"collector did not start (exit {self.proc.returncode}): {line!r} {self.stderr()}")
+        self.port = int(match.group(1))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-4000:]
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM: the collector commits what it buffered, then exits."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing committed on the way out."""
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def __enter__(self) -> "CollectorProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.stop()
+        self._stderr.close()
 
 
 def wait_for_collector(endpoint: str, timeout_s: float = 30.0) -> pb.HealthReply:

@@ -403,11 +403,14 @@ def create_server(address: str, data_dir, token: str | None = None, *,
 
 
 def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None, *,
-          tls: security.ServerTLS | None = None, insecure: bool = False, writer: str | None = None) -> int:
+          tls: security.ServerTLS | None = None, insecure: bool = False, writer: str | None = None,
+          flush_interval: float | None = None, compaction_interval: float | None = None,
+          compaction_min_files: int | None = None) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
     A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
-    the warnings of collector.security.check_bind go to stderr."""
+    the warnings of collector.security.check_bind go to stderr. The flush and compaction
+    settings default to StoreConfig's and CompactionConfig's; a bad one is exit code 2."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         for warning in security.check_bind(host, token=token, tls=tls is not None, insecure=insecure):
@@ -416,7 +419,10 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 2
     try:
-        server, bound, state = create_server(address, data_dir, token, tls=tls, writer=writer)
+        store_config = StoreConfig(**_given(flush_interval=flush_interval))
+        compaction_config = CompactionConfig(**_given(interval=compaction_interval, min_files=compaction_min_files))
+        server, bound, state = create_server(address, data_dir, token, tls=tls, writer=writer,
+                                             store_config=store_config, compaction_config=compaction_config)
     except (security.SecurityConfigError, ValueError) as exc:
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 2
@@ -438,3 +444,8 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     server.stop(grace=5).wait()
     state.close()
     return 0
+
+
+def _given(**settings):
+    """The settings that were given (not None), for a config dataclass to default the rest."""
+    return {k: v for k, v in settings.items() if v is not None}

@@ -4,10 +4,7 @@ catalog sees every record exactly once -- also after one of them is SIGKILLed
 mid-stream and restarted (its recovery leaves the other's files alone)."""
 from __future__ import annotations
 
-import re
 import signal
-import subprocess
-import sys
 import threading
 
 import grpc
@@ -15,35 +12,17 @@ import pytest
 
 from _server_util import RawStream, comm_envelope, hello, run_end
 from collector import catalog, layout
+from collector.launch import CollectorProcess
 from collector.ledger import DataDirBusy, Ledger
 
-COLLECTOR = """
-import signal, sys, threading
-from collector.compaction import CompactionConfig
-from collector.server import create_server
-from collector.store import StoreConfig
-server, port, state = create_server("127.0.0.1:0", sys.argv[1], writer=sys.argv[2],
-                                    store_config=StoreConfig(flush_interval=0.02),
-                                    compaction_config=CompactionConfig(interval=0.1, min_files=3))
-server.start()
-print(f"listening {port}", flush=True)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-stop.wait()
-server.stop(2).wait()
-state.close()
-"""
+FAST = ("--flush-interval", "0.02", "--compaction-interval", "0.1", "--compaction-min-files", "3")
 
 RANKS, ENVELOPES, ROWS = 8, 30, 50
 WRITERS = ("east", "west")
 
 
-def start(data, writer) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", COLLECTOR, str(data), writer], stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    match = re.match(r"listening (\d+)", line)
-    assert match, f"collector {writer} did not start: {line!r}"
-    return proc, int(match.group(1))
+def start(data, writer) -> CollectorProcess:
+    return CollectorProcess(data, *FAST, "--writer-id", writer)
 
 
 def route(rank: int) -> str:
@@ -86,16 +65,15 @@ def test_two_collectors_share_one_data_dir_and_one_catalog_sees_both(tmp_path):
     procs = {w: start(data, w) for w in WRITERS}
     try:
         # west dies mid-stream; east keeps going
-        stream_all({w: port for w, (_, port) in procs.items()}, acked, stop_early=0.3)
-        procs["west"][0].send_signal(signal.SIGKILL)
-        procs["west"][0].wait(10)
+        stream_all({w: c.port for w, c in procs.items()}, acked, stop_early=0.3)
+        procs["west"].kill()
         procs["west"] = start(data, "west")
-        stream_all({w: port for w, (_, port) in procs.items()}, acked)
+        stream_all({w: c.port for w, c in procs.items()}, acked)
     finally:
-        for proc, _ in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in procs.values():
-            assert proc.wait(30) == 0
+        for c in procs.values():
+            c.proc.send_signal(signal.SIGTERM)  # both at once: they shut down side by side
+        for c in procs.values():
+            assert c.proc.wait(30) == 0
 
     assert all(a == set(range(1, ENVELOPES + 3)) for a in acked)
     con = catalog.connect(data)

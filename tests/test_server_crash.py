@@ -3,46 +3,21 @@ was not acked: every record is stored exactly once."""
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
-import sys
 import threading
 import time
 
 import grpc
+import pytest
 
 from _server_util import RawStream, comm_envelope, hello
 from collector import catalog
+from collector.launch import CollectorProcess, collector_command
 
 # A collector committing and compacting often, so kills land inside both.
-COLLECTOR = """
-import signal, sys, threading
-from collector.compaction import CompactionConfig
-from collector.server import create_server
-from collector.store import StoreConfig
-server, port, state = create_server("127.0.0.1:0", sys.argv[1],
-                                    store_config=StoreConfig(flush_interval=0.02),
-                                    compaction_config=CompactionConfig(interval=0.05, min_files=3))
-server.start()
-print(f"listening {port}", flush=True)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-stop.wait()
-server.stop(2).wait()
-state.close()
-"""
+FAST = ("--flush-interval", "0.02", "--compaction-interval", "0.05", "--compaction-min-files", "3")
 
 RANKS, ENVELOPES, ROWS = 4, 60, 200
-
-
-def start_collector(data_dir) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", COLLECTOR, str(data_dir)],
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    match = re.match(r"listening (\d+)", line)
-    assert match, f"collector did not start: {line!r}"
-    return proc, int(match.group(1))
 
 
 def envelope(rank: int, seq: int):
@@ -90,24 +65,22 @@ def test_sigkill_mid_stream_then_resend_stores_every_record_exactly_once(tmp_pat
     acked: list[set[int]] = [set() for _ in range(RANKS)]
     killed_with_unacked = 0
     for kill_after in (0.35, 0.25, 0.4):
-        proc, port = start_collector(data)
+        collector = CollectorProcess(data, *FAST)
         try:
-            send_until_killed(port, acked, kill_after)
+            send_until_killed(collector.port, acked, kill_after)
         finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
+            collector.kill()
         killed_with_unacked += sum(len(a) < ENVELOPES + 1 for a in acked)
 
-    proc, port = start_collector(data)
+    collector = CollectorProcess(data, *FAST)
     partition = data / "parquet" / "comm" / "run=crashy"
     try:
-        send_until_killed(port, acked, None)
+        send_until_killed(collector.port, acked, None)
         deadline = time.monotonic() + 60
         while not list(partition.glob("cmp-*.parquet")) and time.monotonic() < deadline:
             time.sleep(0.05)  # the compactor runs at low priority: give it a moment
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        assert collector.stop() == 0
 
     assert killed_with_unacked > 0, "the kills all came after everything was acked"
     assert all(a == set(range(1, ENVELOPES + 2)) for a in acked)
@@ -122,31 +95,25 @@ def test_sigkill_mid_stream_then_resend_stores_every_record_exactly_once(tmp_pat
     assert len(os.listdir(data / "ledger")) <= 3  # one checkpoint, one log, the lock
 
 
-SERVE = "import sys; from collector.server import serve; sys.exit(serve(sys.argv[1], port=0))"
-
-
-def test_serve_prints_its_address_and_commits_everything_on_sigterm(tmp_path):
+def test_collect_prints_its_address_and_commits_everything_on_sigterm(tmp_path):
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(data)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    match = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-    assert match, line
-    channel = grpc.insecure_channel(f"127.0.0.1:{match.group(1)}")
+    collector = CollectorProcess(data)
+    channel = grpc.insecure_channel(collector.address)
     s = RawStream(channel)
     s.send(*(comm_envelope("c", seq, "r", 0, seq * 100, 100) for seq in range(1, 6)))
     assert s.wait_acked(range(1, 6))
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
-    assert "Traceback" not in proc.stderr.read()
+    assert collector.stop() == 0
+    assert "Traceback" not in collector.stderr()
     channel.close()
     assert catalog.connect(data).execute("SELECT count(*) FROM comm").fetchone() == (500,)
 
     # the data dir is free again, and a busy one is refused with a message, not a traceback
-    first = subprocess.Popen([sys.executable, "-c", SERVE, str(data)], stdout=subprocess.PIPE, text=True)
-    assert "listening" in first.stdout.readline()
-    second = subprocess.run([sys.executable, "-c", SERVE, str(data)], capture_output=True, text=True, timeout=60)
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(60) == 0
+    with CollectorProcess(data):
+        second = subprocess.run(collector_command(str(data), port=0), capture_output=True, text=True, timeout=60)
     assert second.returncode == 1
     assert "in use by another collector" in second.stderr and "Traceback" not in second.stderr
+    # settings out of range are refused by name (exit code 2), before the data dir is touched
+    for option, value, message in (("--flush-interval", "9", r"store.flush_interval must be in \(0, 5\] s, got 9.0"),
+                                   ("--compaction-min-files", "1", r"2 <= compaction.min_files")):
+        with pytest.raises(RuntimeError, match=r"exit 2\)[\s\S]*" + message):
+            CollectorProcess(data, option, value)

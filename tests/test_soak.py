@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -21,24 +20,10 @@ from pathlib import Path
 import pytest
 
 from collector import catalog
+from collector.launch import CollectorProcess
 from conftest import free_port
 
-COLLECTOR = """
-import signal, sys, threading
-from collector.compaction import CompactionConfig
-from collector.server import create_server
-from collector.store import StoreConfig
-server, port, state = create_server(f"127.0.0.1:{sys.argv[2]}", sys.argv[1],
-                                    store_config=StoreConfig(flush_interval=0.1),
-                                    compaction_config=CompactionConfig(interval=1.0))
-server.start()
-print(f"listening {port}", flush=True)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-stop.wait()
-server.stop(5).wait()
-state.close()
-"""
+SETTINGS = ("--flush-interval", "0.1", "--compaction-interval", "1.0")
 
 # One rank: `rate` timers rows per second for `seconds`, step = row number, then RunEnd.
 RANK = """
@@ -86,25 +71,22 @@ class Collector:
     def start(self) -> None:
         deadline = time.monotonic() + 60
         while True:  # the port may take a moment to be free again after a SIGKILL
-            self.proc = subprocess.Popen([sys.executable, "-c", COLLECTOR, str(self.data), str(self.port)],
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            line = self.proc.stdout.readline()
-            if line.startswith("listening"):
+            try:
+                self.process = CollectorProcess(self.data, *SETTINGS, port=self.port)
+                self.proc = self.process.proc
                 return
-            self.proc.wait(30)
-            assert time.monotonic() < deadline, f"collector did not restart: {self.proc.stderr.read()[-2000:]}"
-            time.sleep(0.5)
+            except RuntimeError as exc:
+                assert time.monotonic() < deadline, f"collector did not restart: {exc}"
+                time.sleep(0.5)
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
+        self.process.kill()
 
     def stop(self) -> None:
         self._stop.set()
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
             try:
-                assert self.proc.wait(60) == 0
+                assert self.process.stop() == 0
             finally:
                 if self.proc.poll() is None:
                     self.proc.kill()
