@@ -31,12 +31,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version, free_port
+from benches._rank_group import RankGroup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -174,58 +174,13 @@ def _worker(kind: str, stage: int, rank: int, world: int, port: int, out: Path, 
         dist.destroy_process_group()
 
 
-class _Pair:
-    """One framework's ranks, driven in lock-step."""
-
-    def __init__(self, kind, python, env, stage, world, out_dir: Path, endpoint, warmup, steps, timeout):
-        self.kind, self.timeout, port = kind, timeout, free_port()
-        self.outs = [out_dir / f"{kind}-zero{stage}-rank{r}.json" for r in range(world)]
-        self.errs = [open(out_dir / f"{kind}-zero{stage}-rank{r}.err", "w+") for r in range(world)]
-        self.procs = [subprocess.Popen(
-            [python, "-m", "benches.engine_vs_deepspeed", "--worker", kind, str(stage), str(r), str(world),
-             str(port), str(self.outs[r]), endpoint, str(warmup), str(steps)],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errs[r], text=True)
-            for r in range(world)]
-        self._expect("ready")
-
-    def _expect(self, word: str) -> list[str]:
-        got = []
-        for r, p in enumerate(self.procs):
-            line = p.stdout.readline()
-            while line and not line.startswith(word):  # DeepSpeed's own prints go past
-                line = p.stdout.readline()
-            if not line:
-                self.errs[r].seek(0)
-                raise RuntimeError(f"{self.kind} rank {r} died:\n{self.errs[r].read()[-4000:]}")
-            got.append(line.strip())
-        return got
-
-    def send(self, line: str) -> None:
-        for p in self.procs:
-            p.stdin.write(line + "\n")
-            p.stdin.flush()
-
-    def round(self, i: int) -> float:
-        """Wall seconds of this round on the slowest rank."""
-        self.send(f"round {i}")
-        return max(float(x.split()[1]) for x in self._expect("done"))
-
-    def finish(self) -> list[dict]:
-        self.send("end")
-        for p in self.procs:
-            p.stdin.close()
-            p.wait(self.timeout)
-        return [json.loads(o.read_text()) for o in self.outs]
-
-    def error(self) -> str:
-        self.errs[0].seek(0)
-        return self.errs[0].read()
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+def _ranks(kind, python, env, stage, world, out_dir: Path, endpoint, warmup, steps, timeout) -> RankGroup:
+    """One framework's ranks at one ZeRO stage; each round's payload is its wall seconds."""
+    port = free_port()
+    outs = [out_dir / f"{kind}-zero{stage}-rank{r}.json" for r in range(world)]
+    commands = [[python, "-m", "benches.engine_vs_deepspeed", "--worker", kind, str(stage), str(r), str(world),
+                 str(port), str(outs[r]), endpoint, str(warmup), str(steps)] for r in range(world)]
+    return RankGroup(kind, commands, outs, ROOT, env, timeout)
 
 
 def _comm_volume(data_dir: Path, run: str, first: int, last: int):
@@ -289,7 +244,7 @@ def main(argv: list[str]) -> int:
                 try:
                     for kind, py, env in (("ours", sys.executable, our_env), ("deepspeed", ds_python, ds_env)):
                         try:
-                            pairs[kind] = _Pair(kind, py, env, stage, args.world, tmp, coll.address, args.warmup,
+                            pairs[kind] = _ranks(kind, py, env, stage, args.world, tmp, coll.address, args.warmup,
                                                 args.steps, args.timeout)
                         except RuntimeError as e:
                             failures[(stage, kind)] = str(e)
@@ -297,7 +252,7 @@ def main(argv: list[str]) -> int:
                     for i in range(args.rounds):
                         order = list(pairs) if i % 2 == 0 else list(pairs)[::-1]
                         for kind in order:
-                            secs = pairs[kind].round(i)
+                            secs = max(float(x.split()[0]) for x in pairs[kind].round(i))  # the slowest rank
                             rates[kind].append(args.steps * args.world *
                                                bench_config(stage)["train_micro_batch_size_per_gpu"] / secs)
                         print(f"[zero{stage}] round {i}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()

@@ -28,12 +28,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version, free_port
+from benches._rank_group import RankGroup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -121,53 +121,15 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
     dist.destroy_process_group()
 
 
-class _Group:
-    def __init__(self, kind, world, tmp: Path, warmup, steps, timeout):
-        self.kind, self.timeout, port = kind, timeout, free_port()
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.pop("RANKSCOPE_ENDPOINT", None)
-        self.outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
-        self.errs = [open(tmp / f"{kind}-rank{r}.err", "w+") for r in range(world)]
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "benches.fsdp_vs_zero3", "--worker", kind, str(r), str(world), str(port),
-             str(self.outs[r]), str(warmup), str(steps)],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errs[r], text=True)
-            for r in range(world)]
-        self._expect("ready")
-
-    def _expect(self, word):
-        got = []
-        for r, p in enumerate(self.procs):
-            line = p.stdout.readline()
-            while line and not line.startswith(word):
-                line = p.stdout.readline()
-            if not line:
-                self.errs[r].seek(0)
-                raise RuntimeError(f"{self.kind} rank {r} died:\n{self.errs[r].read()[-4000:]}")
-            got.append(line.strip())
-        return got
-
-    def send(self, line):
-        for p in self.procs:
-            p.stdin.write(line + "\n")
-            p.stdin.flush()
-
-    def round(self, i):
-        self.send(f"round {i}")
-        return max(float(x.split()[1]) for x in self._expect("done"))
-
-    def finish(self):
-        self.send("end")
-        for p in self.procs:
-            p.stdin.close()
-            p.wait(self.timeout)
-        return [json.loads(o.read_text()) for o in self.outs]
-
-    def kill(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+def _ranks(kind, world, tmp: Path, warmup, steps, timeout) -> RankGroup:
+    """One side's ranks; each round's payload is its wall seconds."""
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("RANKSCOPE_ENDPOINT", None)
+    outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
+    commands = [[sys.executable, "-m", "benches.fsdp_vs_zero3", "--worker", kind, str(r), str(world), str(port),
+                 str(outs[r]), str(warmup), str(steps)] for r in range(world)]
+    return RankGroup(kind, commands, outs, ROOT, env, timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -191,11 +153,12 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for kind in rates:
-                groups[kind] = _Group(kind, args.world, Path(tmp), args.warmup, args.steps, args.timeout)
+                groups[kind] = _ranks(kind, args.world, Path(tmp), args.warmup, args.steps, args.timeout)
             for i in range(args.rounds):
                 order = list(groups) if i % 2 == 0 else list(groups)[::-1]
                 for kind in order:
-                    rates[kind].append(args.steps * args.world * micro / groups[kind].round(i))
+                    secs = max(float(x.split()[0]) for x in groups[kind].round(i))  # the slowest rank
+                    rates[kind].append(args.steps * args.world * micro / secs)
                 print(f"round {i}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), flush=True)
             fin = {k: g.finish() for k, g in groups.items()}
         finally:

@@ -37,12 +37,12 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version, free_port
+from benches._rank_group import RankGroup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -135,50 +135,13 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
     out.write_text(json.dumps({"a2a": a2a, "timed_ep2_steps": timed[2], "versions": versions}))
 
 
-class _Group:
-    def __init__(self, kind, python, env, world, tmp: Path, a: dict, timeout):
-        self.kind, self.timeout, port = kind, timeout, free_port()
-        self.outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
-        self.errs = [open(tmp / f"{kind}-rank{r}.err", "w+") for r in range(world)]
-        self.procs = [subprocess.Popen(
-            [python, "-m", "benches.moe_vs_deepspeed", "--worker", kind, str(r), str(world), str(port),
-             str(self.outs[r]), json.dumps(a)],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errs[r], text=True)
-            for r in range(world)]
-        self._expect("ready")
-
-    def _expect(self, word):
-        got = []
-        for r, p in enumerate(self.procs):
-            line = p.stdout.readline()
-            while line and not line.startswith(word):
-                line = p.stdout.readline()
-            if not line:
-                self.errs[r].seek(0)
-                raise RuntimeError(f"{self.kind} rank {r} died:\n{self.errs[r].read()[-4000:]}")
-            got.append(line.strip())
-        return got
-
-    def round(self, i):
-        for p in self.procs:
-            p.stdin.write(f"round {i}\n")
-            p.stdin.flush()
-        per_rank = [json.loads(x.split(" ", 1)[1]) for x in self._expect("done")]
-        return {int(ep): max(r[ep] for r in per_rank) for ep in per_rank[0]}
-
-    def finish(self):
-        for p in self.procs:  # every rank gets "end" before any is waited on: they meet in a barrier
-            p.stdin.write("end\n")
-            p.stdin.close()
-        for p in self.procs:
-            p.wait(self.timeout)
-        return [json.loads(o.read_text()) for o in self.outs]
-
-    def kill(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+def _ranks(kind, python, env, world, tmp: Path, a: dict, timeout) -> RankGroup:
+    """One framework's ranks; each round's payload is JSON seconds per ep_size."""
+    port = free_port()
+    outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
+    commands = [[python, "-m", "benches.moe_vs_deepspeed", "--worker", kind, str(r), str(world), str(port),
+                 str(outs[r]), json.dumps(a)] for r in range(world)]
+    return RankGroup(kind, commands, outs, ROOT, env, timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -224,15 +187,16 @@ def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
         try:
             for kind, (py, env) in envs.items():
                 try:
-                    groups[kind] = _Group(kind, py, env, args.world, Path(tmp), a, args.timeout)
+                    groups[kind] = _ranks(kind, py, env, args.world, Path(tmp), a, args.timeout)
                 except RuntimeError as e:
                     failures[kind] = str(e)
                     print(f"{kind} failed to start:\n{e}", flush=True)
             for i in range(args.rounds):
                 order = list(groups) if i % 2 == 0 else list(groups)[::-1]
                 for kind in order:
-                    for ep, s in groups[kind].round(i).items():
-                        secs[kind][ep].append(s)
+                    per_rank = [json.loads(x) for x in groups[kind].round(i)]
+                    for ep in per_rank[0]:
+                        secs[kind][int(ep)].append(max(r[ep] for r in per_rank))  # the slowest rank
                 print(f"round {i}: " + ", ".join(
                     f"{k} ep{ep} {args.steps * args.tokens / v[ep][-1]:.0f} tok/s" for k, v in secs.items()
                     if k in groups for ep in EPS), flush=True)
