@@ -21,6 +21,11 @@ def _data_dir_arg(p: argparse.ArgumentParser) -> None:
                    help=f"data directory holding parquet/ and catalog.duckdb (default: ./{DEFAULT_DATA_DIR})")
 
 
+def _tls_ca_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", default=None, metavar="PEM",
+                   help="verify a TLS collector against this CA file (default: $RANKSCOPE_TLS_CA; none: plaintext)")
+
+
 def _examples(text: str) -> str:
     return "examples:\n" + textwrap.indent(textwrap.dedent(text).strip(), "  ")
 
@@ -175,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", default=None,
                    help="send through the collector at HOST:PORT instead of writing --data-dir yourself")
     p.add_argument("--token", default=None, help="bearer token for --endpoint (default: $RANKSCOPE_TOKEN)")
+    _tls_ca_arg(p)
     p.add_argument("--watch", metavar="DIR", default=None,
                    help="keep watching DIR and ingest every new file once, also across restarts")
     p.add_argument("--settle", type=float, default=1.0,
@@ -192,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=1.0, help="times real time (default 1; 0 = as fast as possible)")
     p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"collector address (default {DEFAULT_ENDPOINT})")
     p.add_argument("--token", default=None, help="bearer token (default: $RANKSCOPE_TOKEN)")
+    _tls_ca_arg(p)
     p.add_argument("--name", default=None, help="name of the new run (default: the original's + '-replay')")
 
     p = add("export", cmd_export, "Export a run: a Perfetto/Chrome trace, a self-contained archive, or Parquet files.", """

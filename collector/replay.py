@@ -16,7 +16,6 @@ six seconds and ``--speed 0`` sends as fast as the collector takes it.
 """
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -178,7 +177,7 @@ def restore_streams(archive: Path) -> tuple[str, list]:
 
 
 def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | None = None,
-           speed: float = 1.0, name: str | None = None) -> dict:
+           speed: float = 1.0, name: str | None = None, tls_ca: str | None = None) -> dict:
     if speed < 0:
         raise ValueError(f"--speed must be >= 0, got {speed}")
     source = Path(source)
@@ -191,7 +190,7 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
         r.hello.run_name = new_name
     t0 = min((p[0] for r in ranks for p in r.paces.values() if len(p)), default=0)
     total = sum(t.num_rows for r in ranks for t in r.tables.values())
-    with GrpcSink(endpoint, token) as sink, tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row",
+    with GrpcSink(endpoint, token, tls_ca=tls_ca) as sink, tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row",
                                                  disable=None, leave=False) as bar:
         wall0 = time.monotonic()
         streams = [rank_stream(r, new_run, client_id("replay", new_run, str(r.rank)), speed, t0, wall0, bar)
@@ -201,10 +200,9 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
 
 
 def main(args) -> int:
-    token = args.token or os.environ.get("RANKSCOPE_TOKEN") or None
     try:
-        r = replay(Path(args.path), endpoint=args.endpoint, token=token, run=args.run, speed=args.speed,
-                   name=args.name)
+        r = replay(Path(args.path), endpoint=args.endpoint, token=args.token, run=args.run, speed=args.speed,
+                   name=args.name, tls_ca=args.tls_ca)
     except (ExportError, SinkError, ValueError, FileNotFoundError) as exc:
         print(f"rankscope replay: {exc}", file=sys.stderr)
         return 1

@@ -268,12 +268,11 @@ def main(args) -> int:
     if not folder.is_dir():
         print(f"rankscope import --watch: {folder} is not a folder", file=sys.stderr)
         return 1
-    token = args.token or os.environ.get("RANKSCOPE_TOKEN") or None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        with open_sink(args.data_dir, args.endpoint, token) as sink:
+        with open_sink(args.data_dir, args.endpoint, args.token, args.tls_ca) as sink:
             watcher = Watcher(folder, sink, run=args.run, world_size=args.world_size, settle_s=args.settle)
             try:
                 print(f"watching {watcher.folder} (run {watcher.run_id}); Ctrl-C stops", flush=True)

@@ -44,9 +44,10 @@ def only_run(data_dir, source: str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def live_collector(data_dir, port: int):
-    """A real collector on 127.0.0.1:port over data_dir; yields its endpoint."""
-    server, bound, state = create_server(f"127.0.0.1:{port}", data_dir,
+def live_collector(data_dir, port: int, token: str | None = None, tls=None):
+    """A real collector on 127.0.0.1:port over data_dir (with a token / collector.security.ServerTLS
+    when given); yields its endpoint."""
+    server, bound, state = create_server(f"127.0.0.1:{port}", data_dir, token, tls=tls,
                                          store_config=StoreConfig(flush_interval=0.05))
     server.start()
     try:

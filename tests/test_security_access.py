@@ -256,3 +256,24 @@ def test_telemetry_start_takes_tls_ca_and_token_from_the_environment(served, tmp
         telemetry.stop()
     assert stored_rows(tmp_path / "data", "timers") == 50
     assert stored_rows(tmp_path / "data", "rank_ends") == 1
+
+
+def test_import_watch_and_replay_reach_a_tls_collector_with_tls_ca_and_token(tmp_path, pki, port, capsys):
+    from tests._import_util import FIXTURE, live_collector, query, rankscope
+
+    data, incoming = tmp_path / "data", tmp_path / "incoming"
+    incoming.mkdir()
+    (incoming / "comms_summary_rank0.json").write_bytes((FIXTURE / "comms_summary_rank0.json").read_bytes())
+    with live_collector(data, port, token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key)) as endpoint:
+        through = ["--endpoint", endpoint, "--token", TOKEN, "--tls-ca", pki.ca]
+        assert rankscope("import", FIXTURE / "comms_summary_rank1.json", "--run", "imported", *through) == 0
+        assert rankscope("import", "--watch", incoming, "--once", "--settle", "0", "--run", "watched", *through) == 0
+        (imported,) = query(data, "SELECT run_id FROM runs WHERE name = 'imported'")[0]
+        assert rankscope("replay", data, "--run", imported, "--speed", "0", "--name", "replayed", *through) == 0
+        # a CA file that is not there is one clear error, before anything is sent
+        capsys.readouterr()
+        assert rankscope("import", FIXTURE / "comms_summary_rank1.json", "--endpoint", endpoint,
+                         "--tls-ca", tmp_path / "missing.pem") == 1
+        assert "missing.pem" in capsys.readouterr().err
+    runs = dict(query(data, "SELECT name, count(*) FROM runs JOIN comm USING (run_id) GROUP BY name"))
+    assert set(runs) == {"imported", "watched", "replayed"} and runs["replayed"] == runs["imported"] > 0

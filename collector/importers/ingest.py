@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,8 +34,8 @@ def new_run_id(name: str, stable_key: str | None = None) -> str:
     return f"{safe}-{suffix}"
 
 
-def open_sink(data_dir=None, endpoint: str | None = None, token: str | None = None):
-    return GrpcSink(endpoint, token) if endpoint else StoreSink(data_dir)
+def open_sink(data_dir=None, endpoint: str | None = None, token: str | None = None, tls_ca: str | None = None):
+    return GrpcSink(endpoint, token, tls_ca=tls_ca) if endpoint else StoreSink(data_dir)
 
 
 def import_path(path, *, sink, run: str | None = None, run_id: str | None = None,
@@ -72,9 +71,8 @@ def main(args) -> int:
     if not args.path:
         print("rankscope import: give a PATH (or --watch DIR)", file=sys.stderr)
         return 2
-    token = args.token or os.environ.get("RANKSCOPE_TOKEN") or None
     try:
-        with open_sink(args.data_dir, args.endpoint, token) as sink:
+        with open_sink(args.data_dir, args.endpoint, args.token, args.tls_ca) as sink:
             report = import_path(args.path, sink=sink, run=args.run, world_size=args.world_size)
     except DataDirBusy:
         print(f"rankscope import: a collector is running on {args.data_dir}; "

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector import catalog
+from collector import catalog, security
 from collector.codec import encode_batch
 from collector.importers.base import Parsed
 from collector.schema import TABLES
@@ -146,12 +146,16 @@ class StoreSink:
 
 
 class GrpcSink:
-    def __init__(self, endpoint: str, token: str | None = None, timeout_s: float = 120.0):
+    def __init__(self, endpoint: str, token: str | None = None, timeout_s: float = 120.0, tls_ca: str | None = None):
+        """Through the collector at ``endpoint``; ``token`` and ``tls_ca`` default to
+        $RANKSCOPE_TOKEN and $RANKSCOPE_TLS_CA, as for a rank's client."""
         self.endpoint = endpoint
-        self.metadata = [("authorization", f"Bearer {token}")] if token else None
+        self.metadata = security.auth_metadata(security.resolve_token(token))
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(endpoint, options=[
-            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
+        try:
+            self.channel = security.open_channel(endpoint, tls_ca=security.resolve_tls_ca(tls_ca))
+        except security.SecurityConfigError as exc:
+            raise SinkError(str(exc)) from None
         try:
             grpc.channel_ready_future(self.channel).result(timeout=10)
         except grpc.FutureTimeoutError:
