@@ -51,7 +51,8 @@ def quote_literal(text: str) -> str:
 
 def _scan(root: str, table: str, *, hive: bool) -> str:
     """read_parquet over every segment of ``table``; root is '' (relative) or 'D/'."""
-    glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/*/*{layout.SEGMENT_SUFFIX}")
+    # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
+    glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
     if hive:
         return (f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, "
                 "hive_types = {'run': VARCHAR})")

@@ -8,7 +8,7 @@
     D/catalog.duckdb                                   views only (collector/catalog.py)
 
 Segments are written as ``.<name>.tmp`` and renamed into place; the view globs
-(``*/*.parquet``) never match a temporary name, so readers never see a
+(``run=*/*.parquet``) never match a temporary name, so readers never see a
 half-written file.
 
 Every table gets a zero-row placeholder file in the ``run=@schema`` partition:

@@ -77,6 +77,15 @@ def test_segments_written_before_a_column_existed_read_as_null(tmp_path):
         ("old", 3, 9, None, None)]
 
 
+def test_a_folder_dropped_by_hand_beside_the_run_partitions_is_ignored(tmp_path):
+    data = tmp_path / "data"
+    store_comm(data, {0: comm_columns(0, 0, 7)})
+    stray = data / "parquet" / "comm" / "backup"  # not run=<id>: would break DuckDB's hive scan
+    stray.mkdir()
+    (stray / "copy.parquet").write_bytes(next((data / "parquet" / "comm" / "run=r").glob("*.parquet")).read_bytes())
+    assert catalog.connect(data).execute("SELECT count(*) FROM comm").fetchone() == (7,)
+
+
 def test_straggler_views_name_the_rank_that_arrived_late(tmp_path):
     data = tmp_path / "data"
     n = 20
