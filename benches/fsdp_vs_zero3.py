@@ -177,8 +177,8 @@ def main(argv: list[str]) -> int:
         "# Engine ZeRO-3 vs PyTorch FSDP2: samples/s, example GPT, 2 gloo ranks", "",
         f"- command: `timeout 600 {cmd}` ({elapsed:.0f} s, ended "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
-        f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared (the lead's test suite and another "
-        f"engineer's work ran beside it); load average (1/5/15 min) at start "
+        f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared with other jobs (see the load "
+        f"average); load average (1/5/15 min) at start "
         f"{'/'.join(f'{x:.1f}' for x in load[0])}, at end {'/'.join(f'{x:.1f}' for x in load[1])}",
         f"- rankscope code: {code_version(ROOT)}; torch {fin['fsdp2'][0]['torch']} (CPU), both sides in .venv",
         f"- {args.world} gloo ranks, 1 intra-op thread each; model trainer.examples.gpt.GPT defaults (vocab 128, "

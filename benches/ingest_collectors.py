@@ -145,8 +145,8 @@ def main(argv: list[str]) -> int:
     text = f"""# Ingest with 1, 2 and 4 collectors sharing one data dir
 
 - command: `timeout 600 {cmd}` ({elapsed:.0f} s, ended {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)
-- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared (the lead's test suite and another engineer's
-  work ran beside it); load average (1/5/15 min) at start {'/'.join(f'{x:.1f}' for x in load0)}, at end
+- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared with other jobs (see the load
+  average); load average (1/5/15 min) at start {'/'.join(f'{x:.1f}' for x in load0)}, at end
   {'/'.join(f'{x:.1f}' for x in load1)}; 1-min load before each configuration: {', '.join(f"{r['n']}: {r['load']:.1f}" for r in runs)}
 - rankscope code: {code_version(ROOT)}
 - per configuration: a fresh data dir on local disk; n × `rankscope collect --data-dir D --port P_i --writer-id c<i>`;
