@@ -102,15 +102,16 @@ class WatchLedger:
 
 class Watcher:
     def __init__(self, folder, sink, *, run: str | None = None, world_size: int | None = None,
-                 settle_s: float = 1.0, out=sys.stdout, err=sys.stderr):
+                 settle_s: float = 1.0, out=None, err=None):
         self.folder = Path(folder).resolve()
         self.sink = sink
         self.run_name = run or self.folder.name
         self.run_id = new_run_id(self.run_name, stable_key=f"{self.folder}\0{self.run_name}")
         self.world_size = world_size
         self.settle_s = settle_s
+        # looked up now, not bound at import: whoever imported this module may have swapped sys.stdout since
+        self.out, self.err = out or sys.stdout, err or sys.stderr
         self.ledger = WatchLedger(self.folder)
-        self.out, self.err = out, err
         self._pending: dict[str, tuple[Seen, float]] = {}  # path -> (last seen, since when unchanged)
         self._warned_changed: set[str] = set()
         self.wake = threading.Event()
