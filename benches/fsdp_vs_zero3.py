@@ -9,7 +9,7 @@ batches (trainer.examples.gpt.synthetic_batch, micro-batch from the config), sam
 - ours: ``trainer.initialize`` with trainer/examples/configs/zero3.json as is (comms_logger
   on with prof_all, wall_clock_breakdown, flops profiler at step 3 inside the warm-up,
   gradient clipping 1.0, AdamW lr 3e-3 betas (0.9, 0.95) wd 0.01, WarmupLR) plus
-  ``optimizer.params.torch_adam``; no collector (telemetry stays in memory).
+  ``optimizer.params.torch_adam``; no collector (telemetry spools into the bench's temp dir).
 - FSDP2: ``fully_shard`` on every block, then on the root (reshard_after_forward=True,
   i.e. ZeRO-3: parameters gathered for forward and again for backward), fp32,
   ``torch.optim.AdamW`` with the same hyper-parameters, ``clip_grad_norm_(1.0)`` and the
@@ -124,8 +124,10 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
 def _ranks(kind, world, tmp: Path, warmup, steps, timeout) -> RankGroup:
     """One side's ranks; each round's payload is its wall seconds."""
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("RANKSCOPE_ENDPOINT", None)
+    # No collector: the telemetry spools into this run's temp dir (deleted with it), not the
+    # user's spool dir, where a later collector on the default endpoint would receive it.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RANKSCOPE_ENDPOINT="127.0.0.1:9",
+               RANKSCOPE_SPOOL_DIR=str(tmp / "spool"))
     outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
     commands = [[sys.executable, "-m", "benches.fsdp_vs_zero3", "--worker", kind, str(r), str(world), str(port),
                  str(outs[r]), str(warmup), str(steps)] for r in range(world)]
@@ -186,7 +188,7 @@ def main(argv: list[str]) -> int:
         f"micro-batch {micro} per rank ({args.world * micro} samples/step)",
         "- ours: trainer/examples/configs/zero3.json as is (comms_logger prof_all, wall_clock_breakdown, flops "
         "profiler at step 3 in the warm-up, buckets 50k, param persistence threshold 1000, clip 1.0) + "
-        "optimizer.params.torch_adam; telemetry not shipped (no collector)",
+        "optimizer.params.torch_adam; telemetry not shipped (no collector; it spools into the temp dir)",
         "- FSDP2: fully_shard per block + root (reshard_after_forward=True), torch.optim.AdamW same "
         "hyper-parameters, clip_grad_norm_ 1.0, linear warm-up LambdaLR; no comm logging",
         "- ours without logging: the same config with comms_logger, wall_clock_breakdown and flops_profiler off "
