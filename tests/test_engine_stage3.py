@@ -8,17 +8,22 @@ from torch import nn
 
 import trainer
 from trainer import comm
+from trainer.examples._common import Block
 from trainer.examples.gpt import GPT, synthetic_batch
+from trainer.zero import set_z3_leaf_modules
+from trainer.zero.leaf import mark_by_granularity
 
 
-def _run(prefetch: int, steps: int = 3):
+def _run(prefetch: int, steps: int = 3, zero_extra: dict | None = None, leaf_classes=None):
     torch.manual_seed(0)
     model = GPT(dim=32, layers=2)
+    if leaf_classes:
+        set_z3_leaf_modules(model, leaf_classes)
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "telemetry": {"enabled": False},
            "comms_logger": {"enabled": True, "prof_ops": ["all_gather_into_tensor"]},
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
-                                 "stage3_prefetch_bucket_size": prefetch}}
+                                 "stage3_prefetch_bucket_size": prefetch, **(zero_extra or {})}}
     engine, *_ = trainer.initialize(model=model, config=cfg)
     comm.reset_summary()
     losses, sizes_between_steps = [], set()
@@ -44,3 +49,40 @@ def test_engine_stage3_prefetch_is_transparent_and_params_are_released():
     assert sizes == {0}  # qkv weights (3072 elements) are partitioned: empty outside their module
     assert model.wte.weight.numel() == 128 * 32  # tied with lm_head: kept whole on every rank
     assert model.blocks[0].ln1.weight.numel() == 32  # below the persistence threshold
+
+
+def test_leaf_modules_gather_a_whole_block_as_one_unit_with_the_same_numbers():
+    _, base, _, _ = _run(prefetch=1)
+    _, losses, sizes, gathers = _run(prefetch=1, leaf_classes=[Block])
+    assert losses == base
+    # 3 units (2 blocks + wpe) instead of 9, once in forward and once in backward per micro-step
+    assert gathers == 3 * 2 * 3 * 2
+    assert sizes == {0}  # still partitioned: empty outside the block's forward/backward
+    # DeepSpeed's threshold rule: a block's granularity is its parameters // 7 modules with parameters
+    # (ln1, ln2, qkv, proj, fc, out and the block itself); the root's is its 34688 (tied weight counted
+    # under both owners) // 19 = 1825, so thresholds from 1814 to 1824 mark exactly the blocks
+    threshold = sum(p.numel() for p in GPT(dim=32, layers=2).blocks[0].parameters()) // 7
+    assert [type(m) for m in mark_by_granularity(GPT(dim=32, layers=2), threshold)] == [Block, Block]
+    _, losses, _, gathers = _run(prefetch=1, zero_extra={"stage3_module_granularity_threshold": threshold})
+    assert losses == base and gathers == 3 * 2 * 3 * 2
+    _, losses, _, gathers = _run(prefetch=1, zero_extra={"stage3_module_granularity_threshold": 1825})
+    assert losses == base and gathers == 3 * 2 * 1 * 2  # the whole model is one unit
+
+
+def test_granularity_rule_marks_the_first_fine_grained_module_from_the_root():
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(10, 10), nn.Linear(10, 10)  # 110 params each
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small = Pair()                     # 220 // 3 = 73
+            self.big = nn.ModuleList([nn.Linear(100, 100)])  # a container: never a leaf
+            self.head = nn.Linear(100, 1)           # a torch leaf: never marked
+
+    net = Net()
+    assert mark_by_granularity(net, 73) == [net.small]  # Net: 10421 // 6 = 1736 > 73
+    assert [type(m) for m in mark_by_granularity(Net(), 1736)] == [Net]
+    assert mark_by_granularity(Net(), 72) == []

@@ -3,8 +3,10 @@ torch.optim.AdamW on the same global batch, and per-rank memory by partition."""
 from __future__ import annotations
 
 import pytest
+from torch import nn
 
 import trainer
+from trainer.zero import set_z3_leaf_modules
 from _engine_util import engine_config, make_model, num_params, reference_losses, spawn, train
 
 STEPS, BATCH, CLIP = 20, 16, 0.05
@@ -27,7 +29,10 @@ CASES = {
     "zero3_offload_gas2_clip": (3, 2, CLIP, {"offload_optimizer": {"device": "cpu", "pin_memory": True},
                                              "offload_param": {"device": "cpu"},
                                              "stage3_prefetch_bucket_size": 3000}),
+    "zero3_one_unit_gas2_clip": (3, 2, CLIP, {}),
 }
+# ZeRO-3 with the whole model as one leaf unit (trainer.zero.set_z3_leaf_modules): one gather per pass.
+LEAF_ROOT = {"zero3_one_unit_gas2_clip"}
 
 
 # 4 ranks share 2 cores in CI: a subset covering every stage, offload, overlap and persistence.
@@ -47,7 +52,10 @@ def _run_cases(rank, world):
         cfg = engine_config(stage=stage, batch=BATCH, gas=gas, clip=clip, **zero)
         if name in TP2:
             cfg["tensor_parallel"] = {"tp_size": 2}
-        engine, *_ = trainer.initialize(model=make_model(), config=cfg)
+        model = make_model()
+        if name in LEAF_ROOT:
+            set_z3_leaf_modules(model, [nn.Sequential])
+        engine, *_ = trainer.initialize(model=model, config=cfg)
         losses = train(engine, steps=STEPS, batch=BATCH)
         memory = {r["kind"]: r["bytes"] for r in engine.last_records["memory"]}
         out[name] = {"losses": losses, "memory": memory}

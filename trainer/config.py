@@ -208,6 +208,7 @@ class ZeroConfig:
     reduce_scatter: bool = True
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_param_persistence_threshold: int = 100_000
+    stage3_module_granularity_threshold: int = 0  # 0: off; see trainer.zero.leaf
     offload_optimizer: OffloadConfig | dict | None = None
     offload_param: OffloadConfig | dict | None = None
 
@@ -217,9 +218,9 @@ class ZeroConfig:
         for k in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size"):
             _check_number(f"zero_optimization.{k}", getattr(self, k), min_value=1, integer=True)
             setattr(self, k, int(getattr(self, k)))
-        _check_number("zero_optimization.stage3_param_persistence_threshold",
-                      self.stage3_param_persistence_threshold, min_value=0, integer=True)
-        self.stage3_param_persistence_threshold = int(self.stage3_param_persistence_threshold)
+        for k in ("stage3_param_persistence_threshold", "stage3_module_granularity_threshold"):
+            _check_number(f"zero_optimization.{k}", getattr(self, k), min_value=0, integer=True)
+            setattr(self, k, int(getattr(self, k)))
         for k in ("overlap_comm", "contiguous_gradients", "reduce_scatter"):
             _check_bool(f"zero_optimization.{k}", getattr(self, k))
         for k in ("offload_optimizer", "offload_param"):

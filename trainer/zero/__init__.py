@@ -10,6 +10,7 @@ from torch import nn
 from trainer import comm
 from trainer.config import ZeroConfig
 from trainer.zero.optimizer import StepOutcome, ZeroOptimizer
+from trainer.zero.leaf import mark_by_granularity, set_z3_leaf_modules, unit_modules, z3_leaf_module
 from trainer.zero.partition import FlatBucket, build_buckets
 from trainer.zero.stage0 import Stage0Optimizer
 from trainer.zero.stage1 import Stage1Optimizer
@@ -17,7 +18,7 @@ from trainer.zero.stage2 import Stage2Optimizer
 from trainer.zero.stage3 import Stage3Optimizer
 
 __all__ = ["build_zero_optimizer", "ZeroOptimizer", "StepOutcome", "Stage0Optimizer", "Stage1Optimizer",
-           "Stage2Optimizer", "Stage3Optimizer"]
+           "Stage2Optimizer", "Stage3Optimizer", "set_z3_leaf_modules", "z3_leaf_module"]
 
 
 def _by_sync_group(named: list[tuple[str, nn.Parameter]], dp_group) -> list[tuple[object, int, list]]:
@@ -65,6 +66,9 @@ def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, n
         cls = {0: Stage0Optimizer, 1: Stage1Optimizer, 2: Stage2Optimizer}[zero.stage]
         return cls(buckets_of(named_groups), **common)
 
+    if zero.stage3_module_granularity_threshold:
+        mark_by_granularity(module, zero.stage3_module_granularity_threshold)
+    unit_of = unit_modules(module)  # a leaf module's subtree is gathered as one unit (trainer.zero.leaf)
     owners: dict[nn.Parameter, list[nn.Module]] = defaultdict(list)
     for m in module.modules():
         for p in m.parameters(recurse=False):
@@ -77,7 +81,7 @@ def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, n
             if p.numel() < zero.stage3_param_persistence_threshold or len(owners[p]) != 1:
                 persistent_groups[g].append((name, p))
             else:
-                m = owners[p][0]
+                m = unit_of[id(owners[p][0])]
                 unit_module[id(m)] = m
                 per_unit[(id(m), g)].append((name, p))
     units: dict[nn.Module, list[FlatBucket]] = defaultdict(list)

@@ -1,8 +1,9 @@
 """ZeRO stage 3: optimizer state, gradients and parameters partitioned.
 
 Parameters are grouped into units, one per module (and param group) that owns
-them directly; a unit is a padded flat bucket of which each rank keeps only
-its shard ``[S]`` (on the CPU with offload_param). Around every use:
+them directly -- or, for a leaf module (trainer.zero.leaf), one for its whole
+subtree; a unit is a padded flat bucket of which each rank keeps only its shard
+``[S]`` (on the CPU with offload_param). Around every use:
 
     forward pre-hook:   all_gather_into_tensor(full [N * S], shard [S]); params -> views of full
                         (and start async gathers of the next units, up to stage3_prefetch_bucket_size)
