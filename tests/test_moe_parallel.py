@@ -156,7 +156,7 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
         if drop:
             assert numel == E * reference_capacity(S, E, k, CAPACITY_FACTOR, 1) * M
         assert busbw == pytest.approx(algbw * (ep - 1) / ep, rel=1e-9)
-    expected_names = ["moe.dispatch", "moe.fill_counts", "moe.combine", "moe.combine.backward",
+    expected_names = ["moe.fill_counts", "moe.dispatch", "moe.combine", "moe.combine.backward",
                       "moe.dispatch.backward"]
     assert per_step_rank == {(s, r): expected_names for s, (ep, _, _) in cases.items() if ep > 1
                              for r in range(WORLD)}

@@ -5,9 +5,9 @@ per expert, an expert-parallel group of ``ep`` ranks with E_local = E / ep
 experts each (trainer.moe.groups)::
 
     routing  = gate(tokens)                                  # slot and weight per choice [k, S]
+    fill     = all_to_all(kept tokens per expert, ep group)  # [ep * E_local] int64, async (CPU only, see below)
     buffers  = tokens copied into their slots                # [E, C, M] my tokens, by expert
     buffers  = all_to_all(buffers, ep group)                 # [ep, E_local, C, M] everyone's tokens for my experts
-    fill     = all_to_all(kept tokens per expert, ep group)  # [ep * E_local] int64 (CPU only, see below)
     outputs  = experts(buffers, fill)                        # [ep, E_local, C, M]
     outputs  = all_to_all(outputs, ep group)                 # [E, C, M] my tokens' results
     output   = sum_i weight_i * outputs[slot_i]              # [S, M]
@@ -114,24 +114,30 @@ class MoE(nn.Module):
         """GShard's fixed [E, C, M] buffers: every rank's chunk has one size, as all_to_all needs."""
         M = tokens.shape[1]
         E, C, ep = self.num_experts, routing.capacity, self.ep_size
+        # On CPU the experts skip empty slots; the fill counts travel first, asynchronously, so their
+        # latency hides behind the dispatch copy and all_to_all. (On a GPU, reading them would be a sync.)
+        fill = self._send_fill_counts(routing) if ep > 1 and tokens.device.type == "cpu" else None
         buffers = moe_dispatch.dispatch(tokens, slots, E * C).reshape(E, C, M)
-        fill = None
         if ep > 1:
             buffers = _AllToAll.apply(buffers, self.groups.ep_group, "moe.dispatch")
-            if tokens.device.type == "cpu":  # on a GPU reading the counts would be a sync per layer
-                fill = self._filled_slots(routing)
+        if fill is not None:
+            work, fill = fill
+            work.wait()
+            fill = fill.tolist()
         outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M), fill).reshape(E, C, M)
         if ep > 1:
             outputs = _AllToAll.apply(outputs, self.groups.ep_group, "moe.combine")
         return moe_dispatch.combine(outputs.reshape(E * C, M), slots, routing.weights)  # [S, M]
 
-    def _filled_slots(self, routing) -> list[int]:
-        """How many slots of each of my experts every rank of the group filled: [ep * E_local],
-        (rank r, local expert i) at r * E_local + i -- the layout the dispatch all_to_all delivers."""
+    def _send_fill_counts(self, routing):
+        """Start the all_to_all telling every rank how many slots of each of its experts I filled.
+        Returns (work, fill): once waited, fill[r * E_local + i] is rank r's count for my expert i,
+        the layout the dispatch all_to_all delivers."""
         kept = routing.expert_counts - routing.dropped  # [E] this rank's filled slots per expert
         fill = torch.empty_like(kept)
-        comm.all_to_all_single(fill, kept, group=self.groups.ep_group, log_name="moe.fill_counts")
-        return fill.tolist()
+        work = comm.all_to_all_single(fill, kept, group=self.groups.ep_group, async_op=True,
+                                      log_name="moe.fill_counts")
+        return work, fill
 
     def _packed(self, tokens: torch.Tensor, routing, slots: torch.Tensor) -> torch.Tensor:
         """All experts local: pack each expert's kept tokens back to back, skipping the empty
