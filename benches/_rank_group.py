@@ -8,7 +8,30 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+
+def serve_rounds(run_round: Callable[[int], str]) -> None:
+    """The worker's side: say ``ready``, then answer each ``round N`` with ``done <run_round(i)>``
+    until ``end`` (the caller then writes its result file)."""
+    print("ready", flush=True)
+    for i, line in enumerate(sys.stdin):
+        if not line.strip() or line.split()[0] == "end":
+            break
+        print(f"done {run_round(i)}", flush=True)
+
+
+def serve_timed_rounds(step: Callable[[], object], steps: int) -> None:
+    """serve_rounds where a round is ``steps`` calls of ``step``, answered with its wall seconds."""
+    def run_round(_: int) -> str:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return f"{time.perf_counter() - t0:.6f}"
+    serve_rounds(run_round)
 
 
 class RankGroup:

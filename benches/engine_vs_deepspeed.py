@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version, free_port
-from benches._rank_group import RankGroup
+from benches._rank_group import RankGroup, serve_timed_rounds
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -149,14 +149,7 @@ def _worker(kind: str, stage: int, rank: int, world: int, port: int, out: Path, 
         import deepspeed.comm as ds
         ds.comms_logger.comms_dict.clear()  # count only the timed steps
     first_timed = engine.global_steps
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if not line.strip() or line.split()[0] == "end":
-            break
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        print(f"done {time.perf_counter() - t0:.6f}", flush=True)
+    serve_timed_rounds(step, steps)
     timed_steps = engine.global_steps - first_timed
     result = {"first_timed_step": first_timed, "timed_steps": timed_steps, "losses": losses,
               "params": sum(p.numel() for p in model.parameters()) if kind == "ours" else None}

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version, free_port
-from benches._rank_group import RankGroup
+from benches._rank_group import RankGroup, serve_timed_rounds
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -112,14 +112,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
             return loss.item()
 
     losses = [step() for _ in range(warmup)]
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if not line.strip() or line.split()[0] == "end":
-            break
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            losses.append(step())
-        print(f"done {time.perf_counter() - t0:.6f}", flush=True)
+    serve_timed_rounds(lambda: losses.append(step()), steps)
     if kind != "fsdp2":
         engine.close()
     out.write_text(json.dumps({"losses": losses, "params": params, "torch": torch.__version__}))

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version, free_port
-from benches._rank_group import RankGroup
+from benches._rank_group import RankGroup, serve_rounds
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -103,16 +103,15 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
     else:
         ds.comms_logger.comms_dict.clear()
     timed = {ep: 0 for ep in EPS}
-    print("ready", flush=True)
-    for i, line in enumerate(sys.stdin):
-        if not line.strip() or line.split()[0] == "end":
-            break
+
+    def run_round(i: int) -> str:
         secs = {}
-        for ep in (EPS if i % 2 == 0 else EPS[::-1]):
+        for ep in (EPS if i % 2 == 0 else EPS[::-1]):  # placement order alternates per round
             barrier()
             secs[ep] = sum(step(ep) for _ in range(a["steps"]))
             timed[ep] += a["steps"]
-        print("done " + json.dumps(secs), flush=True)
+        return json.dumps(secs)
+    serve_rounds(run_round)
     barrier()
     a2a = {}
     if kind == "ours":
