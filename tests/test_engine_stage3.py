@@ -3,6 +3,7 @@ parameters are empty outside their module's forward/backward, prefetching change
 gathers issued nor the numbers, and tied weights stay resident."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -86,3 +87,60 @@ def test_granularity_rule_marks_the_first_fine_grained_module_from_the_root():
     assert mark_by_granularity(net, 73) == [net.small]  # Net: 10421 // 6 = 1736 > 73
     assert [type(m) for m in mark_by_granularity(Net(), 1736)] == [Net]
     assert mark_by_granularity(Net(), 72) == []
+
+
+class _ReadsChildWeight(nn.Module):
+    """A parent whose forward uses its child's weight directly, as nn.MultiheadAttention does."""
+
+    def __init__(self):
+        super().__init__()
+        self.child = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.child.weight).square().mean()
+
+
+def _train(model, stage: int, steps: int = 3) -> list[float]:
+    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+           "telemetry": {"enabled": False},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 10}}
+    engine, *_ = trainer.initialize(model=model, config=cfg)
+    losses = []
+    try:
+        for step in range(steps):
+            x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(step))
+            loss = engine(x)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+    finally:
+        engine.close()
+    return losses
+
+
+def test_a_parent_reading_its_childs_weight_gets_a_hint_and_works_as_a_leaf():
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError) as info:
+        _train(_ReadsChildWeight(), stage=3)
+    assert any("set_z3_leaf_modules" in note for note in getattr(info.value, "__notes__", []))
+    torch.manual_seed(0)
+    reference = _train(_ReadsChildWeight(), stage=0)
+    torch.manual_seed(0)
+    model = _ReadsChildWeight()
+    set_z3_leaf_modules(model, [_ReadsChildWeight])
+    torch.testing.assert_close(_train(model, stage=3), reference, rtol=1e-6, atol=0)
+
+
+def test_multihead_attention_is_one_unit_under_zero3_without_being_told():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x)[0].square().mean()
+
+    torch.manual_seed(0)
+    reference = _train(Net(), stage=0)
+    torch.manual_seed(0)
+    torch.testing.assert_close(_train(Net(), stage=3), reference, rtol=1e-6, atol=0)

@@ -158,6 +158,14 @@ def _cast_floats(obj, dtype: torch.dtype):
     return obj
 
 
+# ZeRO-3 gathers a module's own parameters around its forward only; this is the usual
+# way to break that, and its fix. Added to errors from the forward, not replacing them.
+ZERO3_OWNERSHIP_HINT = (
+    "ZeRO-3: parameters are empty outside the forward of the module that owns them. If a module's "
+    "forward reads a child's parameter directly (a weight passed to F.linear by its parent), make that "
+    "module one unit before trainer.initialize: trainer.zero.set_z3_leaf_modules(model, [ThatModule]).")
+
+
 class Engine(nn.Module):
     """Wraps the model; forward / backward / step with ZeRO, precision and telemetry."""
 
@@ -271,7 +279,12 @@ class Engine(nn.Module):
         if self.config.fp16.auto_cast:
             args, kwargs = _cast_floats((args, kwargs), torch.float16)
         self.timers.start("fwd")
-        out = self.module(*args, **kwargs)
+        try:
+            out = self.module(*args, **kwargs)
+        except RuntimeError as exc:
+            if self.config.zero_optimization.stage == 3:
+                exc.add_note(ZERO3_OWNERSHIP_HINT)
+            raise
         self.timers.stop("fwd")
         return out
 

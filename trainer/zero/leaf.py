@@ -14,6 +14,8 @@ Two ways to mark leaves, as in DeepSpeed:
   subtree // (modules with parameters in it, itself counted) -- is at most T.
   Torch leaf modules and containers (ModuleList, Sequential, ...) are never
   marked; a subtree over 1e9 parameters is never one unit.
+
+nn.MultiheadAttention is always a leaf: its forward uses out_proj's weight itself.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from torch import nn
 _LEAF_ATTR = "_z3_leaf"  # DeepSpeed's attribute name, so a model marked for either engine works in both
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 _MAX_LEAF_PARAMS = 10 ** 9
+# Modules whose own forward reads their children's parameters (MultiheadAttention passes
+# out_proj.weight to F.multi_head_attention_forward): only correct as one unit.
+ALWAYS_LEAF = (nn.MultiheadAttention,)
 
 
 def set_z3_leaf_modules(model: nn.Module, leaf_classes: list[type]) -> list[nn.Module]:
@@ -38,7 +43,7 @@ def set_z3_leaf_modules(model: nn.Module, leaf_classes: list[type]) -> list[nn.M
 
 
 def z3_leaf_module(module: nn.Module) -> bool:
-    return getattr(module, _LEAF_ATTR, False) is True
+    return getattr(module, _LEAF_ATTR, False) is True or isinstance(module, ALWAYS_LEAF)
 
 
 def mark_by_granularity(model: nn.Module, threshold: int) -> list[nn.Module]:

@@ -16,7 +16,8 @@ subtree; a unit is a padded flat bucket of which each rank keeps only its shard
 Releasing drops the engine's reference; an op that saved a view of the weight
 for backward (F.linear saves weight.t()) keeps that buffer alive until its
 backward runs, as in DeepSpeed without its custom ZeRO-3 linear. Parameters
-must be used inside the forward of the module that owns them.
+must be used inside the forward of the unit that owns them (a module whose
+forward reads its children's weights must be a leaf: trainer.zero.leaf).
 
 Parameters below stage3_param_persistence_threshold elements, and parameters
 used by more than one module (tied weights), stay resident and are handled
