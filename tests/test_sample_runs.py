@@ -81,11 +81,11 @@ def test_every_rank_of_every_run_streamed_its_records(q):
 
 
 def test_the_stragglers_view_names_rank_3_at_the_gradient_reductions(q):
-    """Rank 3 sleeps before each forward, so it launches every gradient all_reduce last."""
+    """Rank 3 sleeps before each forward, so it launches every gradient reduce_scatter last."""
     run = _run_id(q, "zero2-slow-rank3")
     last = q("""
         SELECT s.last_rank, count(*) AS n FROM stragglers s JOIN comm c USING (run_id, group_name, seq)
-        WHERE s.run_id = ? AND c.rank = 0 AND c.log_name = 'zero2.all_reduce_grads'
+        WHERE s.run_id = ? AND c.rank = 0 AND c.log_name = 'zero2.reduce_scatter_grads'
         GROUP BY ALL ORDER BY n DESC""", [run])
     assert last, "no gradient reductions recorded"
     assert last[0][0] == 3, last

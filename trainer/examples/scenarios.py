@@ -6,10 +6,7 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
         torchrun --nproc_per_node 4 -m trainer.examples.scenarios --scenario zero2-slow-rank3 --steps 30
 
 - ``zero2-slow-rank3``: ZeRO-2 on 4 ranks; rank 3 sleeps before every forward, so
-  it is last at every gradient reduction (the ``stragglers`` view names it). The
-  buckets are all_reduced (``reduce_scatter: false``): an async gloo
-  reduce_scatter_tensor cannot be timed on CPU (its Work has no future and never
-  reports completion), so its records would be missing.
+  it is last at every gradient reduce_scatter (the ``stragglers`` view names it).
 - ``zero3-fp16-overflows``: ZeRO-3 + fp16 on 2 ranks starting from a loss scale of
   2^24: the first steps overflow and are skipped while the scale backs off.
 - ``moe-skewed-expert``: the GPT with MoE blocks (``GPT(moe=...)``), 4 experts over
@@ -109,8 +106,7 @@ def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(name="zero2-slow-rank3", nproc=4, base_config="zero2.json", model=GPT, prepare=_slow_down,
              overrides={"comms_logger": {"enabled": True, "prof_all": True}, "wall_clock_breakdown": True,
-                        "flops_profiler": {"enabled": True, "profile_step": 2},
-                        "zero_optimization": {"reduce_scatter": False}}),
+                        "flops_profiler": {"enabled": True, "profile_step": 2}}),
     Scenario(name="zero3-fp16-overflows", nproc=2, base_config="zero3.json", model=GPT,
              overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
                                  "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},

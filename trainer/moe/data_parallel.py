@@ -49,7 +49,7 @@ def broadcast_parameters(module: nn.Module, dp_group=None) -> None:
     for p in module.parameters():
         group, size = sync_group(p, dp_group)
         if size > 1:
-            comm.broadcast(p.data, src=_first_rank(group), group=group, log_name="moe.broadcast_parameters")
+            comm.broadcast(p.data, src=_first_rank(group), group=group, log_name="broadcast_parameters")
 
 
 def reduce_gradients(module: nn.Module, dp_group=None) -> None:
