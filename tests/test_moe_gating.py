@@ -69,11 +69,12 @@ def test_no_drop_mode_sizes_capacity_to_the_busiest_expert():
     assert int(r.dropped.sum()) == 0 and int(r.dispatch_mask().sum()) == 40
 
 
+@pytest.mark.parametrize("drop_tokens", [True, False])
 @pytest.mark.parametrize("k", [1, 2])
-def test_layer_output_and_gradients_match_the_reference(k):
+def test_layer_output_and_gradients_match_the_reference(k, drop_tokens):
     torch.manual_seed(4)
     moe = MoE(M, expert(), num_experts=4, k=k, capacity_factor=1.0, min_capacity=1, use_rts=False,
-              top2_2nd_expert_sampling=False).double()
+              top2_2nd_expert_sampling=False, drop_tokens=drop_tokens).double()
     x = torch.randn(3, 6, M, dtype=torch.float64, requires_grad=True)
     out, aux, counts = moe(x)
     (out.square().sum() + aux).backward()
@@ -81,9 +82,9 @@ def test_layer_output_and_gradients_match_the_reference(k):
     experts = [e for e in moe.experts.local_experts]
     assert not torch.equal(experts[0][0].weight, experts[1][0].weight), "experts start distinct"
     xr = x.detach().clone().requires_grad_(True)
-    C = reference_capacity(18, 4, k, 1.0, 1)
+    C = reference_capacity(18, 4, k, 1.0, 1) if drop_tokens else int(counts.max())  # no-drop: the busiest expert
     ref, ref_aux, routed, dropped = reference_moe(xr.reshape(-1, M), moe.gate.weight, experts, k=k, capacity=C)
-    assert int(dropped.sum()) > 0
+    assert (int(dropped.sum()) > 0) == drop_tokens
     assert torch.equal(counts, routed)
     torch.testing.assert_close(out.reshape(-1, M), ref, rtol=0, atol=1e-10)
     grads = [p.grad.clone() for p in moe.parameters()]
