@@ -190,8 +190,8 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
         r.hello.run_name = new_name
     t0 = min((p[0] for r in ranks for p in r.paces.values() if len(p)), default=0)
     total = sum(t.num_rows for r in ranks for t in r.tables.values())
-    with GrpcSink(endpoint, token, tls_ca=tls_ca) as sink, tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row",
-                                                 disable=None, leave=False) as bar:
+    progress = tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row", disable=None, leave=False)
+    with GrpcSink(endpoint, token, tls_ca=tls_ca) as sink, progress as bar:
         wall0 = time.monotonic()
         streams = [rank_stream(r, new_run, client_id("replay", new_run, str(r.rank)), speed, t0, wall0, bar)
                    for r in ranks]
