@@ -50,9 +50,7 @@ def _catalog_connection(data_dir: str) -> duckdb.DuckDBPyConnection:
 
 def _catalog(data_dir: str) -> duckdb.DuckDBPyConnection:
     # A cursor per query: DuckDB connections are not shared across Streamlit's threads.
-    # Settings are per cursor, so it needs the catalog's relative-path root again.
-    cur = _catalog_connection(data_dir).cursor()
-    cur.execute("SET file_search_path = ?", [str(Path(data_dir).resolve())])
+    cur = catalog.cursor(_catalog_connection(data_dir), data_dir)
     cur.execute("SET enable_progress_bar = false")  # it would print into the server's log
     return cur
 

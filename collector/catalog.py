@@ -183,6 +183,14 @@ def connect(data_dir) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def cursor(con: duckdb.DuckDBPyConnection, data_dir) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``con`` for another thread. Settings are per cursor, so it gets the
+    catalog's relative-path root again."""
+    cur = con.cursor()
+    cur.execute("SET file_search_path = ?", [str(Path(data_dir).resolve())])
+    return cur
+
+
 def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
     """A private in-memory database with the catalog's views, locked so that it can
     read nothing outside D/parquet, load no extension and change no setting."""

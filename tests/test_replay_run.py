@@ -67,3 +67,20 @@ def test_replay_of_a_partition_folder_and_bad_paths(source_run, tmp_path, capsys
     assert "say which run with --run" in capsys.readouterr().err
     assert rankscope("replay", data, "--run", "nope", "--endpoint", endpoint) == 1
     assert "no run with id or name 'nope'" in capsys.readouterr().err
+
+
+def test_replay_reads_each_rank_a_step_range_at_a_time(source_run, monkeypatch):
+    """Memory stays bounded: with small chunks the run is read in many step ranges, and the
+    replayed run is still the original row for row."""
+    from collector import catalog, replay
+    data, endpoint = source_run
+    monkeypatch.setattr(replay, "CHUNK_ROWS", 50)
+    con = catalog.connect(data)
+    try:
+        _, ranks = replay.open_run(con, RUN)
+    finally:
+        con.close()
+    assert all(len(r.step_ranges) > 3 for r in ranks), [r.step_ranges for r in ranks]
+    assert rankscope("replay", data, "--run", RUN, "--speed", "0", "--endpoint", endpoint) == 0
+    (replayed,) = query(data, "SELECT run_id FROM runs WHERE linked_run_id = ?", [RUN])[0]
+    _assert_same_run(data, RUN, replayed)
