@@ -52,6 +52,10 @@ class Routing(NamedTuple):
     dropped: torch.Tensor          # [E] int64 of those, tokens over capacity
     capacity: int
 
+    def kept(self) -> torch.Tensor:
+        """[E] tokens each expert keeps: its filled slots, slots 0 .. kept - 1."""
+        return self.expert_counts - self.dropped
+
     def dispatch_mask(self) -> torch.Tensor:
         """The dense [S, E, C] bool form GShard and DeepSpeed build: token s fills slot c of expert e."""
         return self._dense(torch.ones_like(self.weights)).bool()

@@ -116,14 +116,11 @@ class MoE(nn.Module):
         E, C, ep = self.num_experts, routing.capacity, self.ep_size
         # On CPU the experts skip empty slots; the fill counts travel first, asynchronously, so their
         # latency hides behind the dispatch copy and all_to_all. (On a GPU, reading them would be a sync.)
-        fill = self._send_fill_counts(routing) if ep > 1 and tokens.device.type == "cpu" else None
+        receive_fill = self._send_fill_counts(routing) if ep > 1 and tokens.device.type == "cpu" else None
         buffers = moe_dispatch.dispatch(tokens, slots, E * C).reshape(E, C, M)
         if ep > 1:
             buffers = _AllToAll.apply(buffers, self.groups.ep_group, "moe.dispatch")
-        if fill is not None:
-            work, fill = fill
-            work.wait()
-            fill = fill.tolist()
+        fill = receive_fill() if receive_fill is not None else None
         outputs = self.experts(buffers.reshape(ep, self.num_local_experts, C, M), fill).reshape(E, C, M)
         if ep > 1:
             outputs = _AllToAll.apply(outputs, self.groups.ep_group, "moe.combine")
@@ -131,13 +128,17 @@ class MoE(nn.Module):
 
     def _send_fill_counts(self, routing):
         """Start the all_to_all telling every rank how many slots of each of its experts I filled.
-        Returns (work, fill): once waited, fill[r * E_local + i] is rank r's count for my expert i,
-        the layout the dispatch all_to_all delivers."""
-        kept = routing.expert_counts - routing.dropped  # [E] this rank's filled slots per expert
+        Returns a function that waits for it and gives fill[r * E_local + i], rank r's count for
+        my expert i: the layout the dispatch all_to_all delivers."""
+        kept = routing.kept()
         fill = torch.empty_like(kept)
         work = comm.all_to_all_single(fill, kept, group=self.groups.ep_group, async_op=True,
                                       log_name="moe.fill_counts")
-        return work, fill
+
+        def receive() -> list[int]:
+            work.wait()
+            return fill.tolist()
+        return receive
 
     def _packed(self, tokens: torch.Tensor, routing, slots: torch.Tensor) -> torch.Tensor:
         """All experts local: pack each expert's kept tokens back to back, skipping the empty
@@ -145,7 +146,7 @@ class MoE(nn.Module):
         Slots fill from 0 in each expert, so slot e*C + c becomes row offset[e] + c. Needs the
         per-expert sizes on the host, hence CPU only (on a GPU that would be a sync per layer)."""
         E, C = self.num_experts, routing.capacity
-        kept = routing.expert_counts - routing.dropped  # [E] tokens each expert computes
+        kept = routing.kept()  # [E] tokens each expert computes
         offset = torch.cumsum(kept, dim=0) - kept
         rows = int(kept.sum())
         expert = torch.div(slots, C, rounding_mode="floor").clamp_max(E - 1)
