@@ -66,16 +66,25 @@ def _pace(table: pa.Table, step_times: dict[int, int], default: int) -> np.ndarr
     return pace
 
 
-def _union(column: str) -> str:
-    """``column`` of every table's rows of one (run, rank), as one relation (two parameters per table)."""
-    return " UNION ALL ".join(f"SELECT {column} FROM {catalog.quote_ident(t)} WHERE run_id = ? AND rank = ?"
-                              for t in TABLES)
+def _rows_per_step(con, run_id: str) -> dict[int, list[tuple[int | None, int, int | None]]]:
+    """Per rank, (step, rows, first time) over every table, in step order (no step first): one pass
+    over the run that also tells which ranks have rows and where the run's time starts."""
+    def time_of(spec) -> str:
+        return next((c for c in TIME_COLUMNS if c in dict(spec.columns)), "NULL")
+    union = " UNION ALL ".join(f"SELECT rank, step, {time_of(spec)} AS t FROM {catalog.quote_ident(t)} "
+                               f"WHERE run_id = ?" for t, spec in TABLES.items())
+    out: dict[int, list] = {}
+    for rank, step, n, first in con.execute(
+            f"SELECT rank, step, count(*), min(t) FROM ({union}) GROUP BY rank, step "
+            f"ORDER BY rank, step NULLS FIRST", [run_id] * len(TABLES)).fetchall():
+        out.setdefault(rank, []).append((step, n, first))
+    return out
 
 
-def _step_ranges(per_step: list[tuple[int | None, int]]) -> list[tuple[int | None, int | None]]:
+def _step_ranges(per_step: list[tuple[int | None, int, int | None]]) -> list[tuple[int | None, int | None]]:
     """Consecutive steps grouped into chunks of about CHUNK_ROWS rows (at least one step each)."""
     ranges, first, last, rows = [], None, None, 0
-    for step, n in per_step:
+    for step, n, _ in per_step:
         if step is None:
             ranges.append((None, None))
             continue
@@ -103,16 +112,11 @@ def open_run(con, run: str) -> tuple[dict, list[RankData]]:
     ends = {r[0]: r[1:] for r in con.execute(
         """SELECT rank, status, epoch_ns(ended_at), dropped_records FROM rank_ends WHERE run_id = ?""",
         [run_id]).fetchall()}
-    with_rows = {r[0] for r in con.execute(
-        " UNION ".join(f"SELECT DISTINCT rank FROM {catalog.quote_ident(t)} WHERE run_id = ?" for t in TABLES),
-        [run_id] * len(TABLES)).fetchall()}
-    times = [f"SELECT min({c}) FROM {catalog.quote_ident(t)} WHERE run_id = ?"
-             for t, spec in TABLES.items() for c in TIME_COLUMNS if c in dict(spec.columns)]
-    run_row["first_ns"] = min((v for (v,) in (con.execute(q, [run_id]).fetchone() for q in times) if v is not None),
-                              default=0)
+    per_rank = _rows_per_step(con, run_id)
+    run_row["first_ns"] = min((t for steps in per_rank.values() for _, _, t in steps if t is not None), default=0)
     run_start = run_row["started_ns"] or 0
     out = []
-    for rank in sorted(set(hellos) | with_rows):
+    for rank in sorted(set(hellos) | set(per_rank)):
         host, pid, offset, started = hellos.get(rank, (None, 0, 0, run_start))
         hello = pb.Hello(run_name=run_row["name"] or "", rank=rank, world_size=run_row["world_size"],
                          host=host or "", pid=pid or 0, clock_offset_ns=offset or 0,
@@ -122,9 +126,8 @@ def open_run(con, run: str) -> tuple[dict, list[RankData]]:
         if rank in ends:
             status, ended, dropped = ends[rank]
             end = pb.RunEnd(rank=rank, status=status, ended_at_ns=ended or 0, dropped_records=dropped or 0)
-        per_step = con.execute(f"SELECT step, count(*) FROM ({_union('step')}) GROUP BY step ORDER BY step NULLS FIRST",
-                               [run_id, rank] * len(TABLES)).fetchall()
-        out.append(RankData(rank, hello, end, _step_ranges(per_step), sum(n for _, n in per_step)))
+        per_step = per_rank.get(rank, [])
+        out.append(RankData(rank, hello, end, _step_ranges(per_step), sum(n for _, n, _ in per_step)))
     return run_row, out
 
 
