@@ -32,6 +32,7 @@ from proto import pb
 
 MAGIC = b"RSSPOOL2"
 _MAGIC_V1 = b"RSSPOOL1"  # no endpoint header
+_MAX_ENDPOINT_BYTES = 4096  # a longer endpoint header means a damaged file, not an address
 SUFFIX = ".rsspool"
 _LEN = struct.Struct("<I")
 
@@ -94,7 +95,7 @@ def read(path: Path) -> list[pb.Envelope]:
 def endpoint_of(path: Path) -> str | None:
     """The endpoint the file's envelopes were meant for; None if the file does not say."""
     with open(path, "rb") as f:
-        head = f.read(len(MAGIC) + _LEN.size + 4096)
+        head = f.read(len(MAGIC) + _LEN.size + _MAX_ENDPOINT_BYTES)
     if head.startswith(_MAGIC_V1):
         return None
     at = _records_start(path, head)
@@ -110,7 +111,7 @@ def _records_start(path: Path, data: bytes) -> int:
     if len(data) < len(MAGIC) + _LEN.size:
         raise SpoolError(f"{path}: truncated endpoint header")
     (n,) = _LEN.unpack_from(data, len(MAGIC))
-    if n > 4096 or len(data) < len(MAGIC) + _LEN.size + n:
+    if n > _MAX_ENDPOINT_BYTES or len(data) < len(MAGIC) + _LEN.size + n:
         raise SpoolError(f"{path}: endpoint header of {n} bytes is cut short or implausible")
     return len(MAGIC) + _LEN.size + n
 
