@@ -1,8 +1,9 @@
 """One framework's rank processes for a side-by-side benchmark, driven in lock-step.
 
-The protocol every worker follows: print ``ready`` once set up; answer each
-``round N`` line on stdin with one ``done <payload>`` line; on ``end`` write its
-JSON result file and exit. Other output (a framework's own prints) is skipped.
+A worker is ``python -m <bench> --worker KIND RANK WORLD PORT OUT [EXTRA...]``
+(``worker_args`` reads that back). It prints ``ready`` once set up; answers each
+``round N`` line on stdin with one ``done <payload>`` line; on ``end`` writes its
+JSON result file to OUT and exits. Other output (a framework's own prints) is skipped.
 """
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benches._common import free_port
+
+
+def worker_args(argv: list[str]) -> tuple[str, int, int, int, Path, list[str]]:
+    """(kind, rank, world, port, out, extra) from ``--worker KIND RANK WORLD PORT OUT EXTRA...``."""
+    kind, rank, world, port, out, *extra = argv[1:]
+    return kind, int(rank), int(world), int(port), Path(out), extra
 
 
 def serve_rounds(run_round: Callable[[int], str]) -> None:
@@ -35,13 +44,18 @@ def serve_timed_rounds(step: Callable[[], object], steps: int) -> None:
 
 
 class RankGroup:
-    def __init__(self, kind: str, commands: list[list[str]], outs: list[Path], cwd: Path, env: dict,
-                 timeout: float) -> None:
-        """``commands[r]`` starts rank r, which writes its result to ``outs[r]`` (stderr goes next to it)."""
-        self.kind, self.timeout, self.outs = kind, timeout, outs
-        self.errs = [open(out.with_suffix(".err"), "w+") for out in outs]
-        self.procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=err, text=True) for cmd, err in zip(commands, self.errs)]
+    def __init__(self, kind: str, module: str, python: str, env: dict, world: int, out_dir: Path,
+                 extra: list[str], timeout: float, *, name: str | None = None, cwd: Path | None = None) -> None:
+        """``world`` workers of ``python -m module`` on a fresh port, each writing
+        ``out_dir/<name>-rank<r>.json`` (stderr beside it; name defaults to kind)."""
+        self.kind, self.timeout = kind, timeout
+        port = free_port()
+        self.outs = [out_dir / f"{name or kind}-rank{r}.json" for r in range(world)]
+        self.errs = [open(out.with_suffix(".err"), "w+") for out in self.outs]
+        self.procs = [subprocess.Popen(
+            [python, "-m", module, "--worker", kind, str(r), str(world), str(port), str(out), *extra],
+            cwd=cwd or Path(__file__).resolve().parent.parent, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=err, text=True) for r, (out, err) in enumerate(zip(self.outs, self.errs))]
         self.expect("ready")
 
     def expect(self, word: str) -> list[str]:

@@ -35,8 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benches._common import code_version, free_port
-from benches._rank_group import RankGroup, serve_timed_rounds
+from benches._common import code_version
+from benches._rank_group import RankGroup, serve_timed_rounds, worker_args
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -169,11 +169,8 @@ def _worker(kind: str, stage: int, rank: int, world: int, port: int, out: Path, 
 
 def _ranks(kind, python, env, stage, world, out_dir: Path, endpoint, warmup, steps, timeout) -> RankGroup:
     """One framework's ranks at one ZeRO stage; each round's payload is its wall seconds."""
-    port = free_port()
-    outs = [out_dir / f"{kind}-zero{stage}-rank{r}.json" for r in range(world)]
-    commands = [[python, "-m", "benches.engine_vs_deepspeed", "--worker", kind, str(stage), str(r), str(world),
-                 str(port), str(outs[r]), endpoint, str(warmup), str(steps)] for r in range(world)]
-    return RankGroup(kind, commands, outs, ROOT, env, timeout)
+    return RankGroup(kind, "benches.engine_vs_deepspeed", python, env, world, out_dir,
+                     [str(stage), endpoint, str(warmup), str(steps)], timeout, name=f"{kind}-zero{stage}")
 
 
 def _comm_volume(data_dir: Path, run: str, first: int, last: int):
@@ -205,8 +202,8 @@ def _ring_factor(op: str, n: int) -> float:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
-        k, stage, rank, world, port, out, endpoint, warmup, steps = argv[1:10]
-        _worker(k, int(stage), int(rank), int(world), int(port), Path(out), endpoint, int(warmup), int(steps))
+        k, rank, world, port, out, (stage, endpoint, warmup, steps) = worker_args(argv)
+        _worker(k, int(stage), rank, world, port, out, endpoint, int(warmup), int(steps))
         return 0
     p = argparse.ArgumentParser(prog="python -m benches.engine_vs_deepspeed", description=__doc__.split("\n")[0])
     p.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])

@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benches._common import code_version, free_port
-from benches._rank_group import RankGroup, serve_timed_rounds
+from benches._common import code_version
+from benches._rank_group import RankGroup, serve_timed_rounds, worker_args
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -122,21 +122,18 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
 
 def _ranks(kind, world, tmp: Path, warmup, steps, timeout) -> RankGroup:
     """One side's ranks; each round's payload is its wall seconds."""
-    port = free_port()
     # No collector: the telemetry spools into this run's temp dir (deleted with it), not the
     # user's spool dir, where a later collector on the default endpoint would receive it.
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RANKSCOPE_ENDPOINT="127.0.0.1:9",
                RANKSCOPE_SPOOL_DIR=str(tmp / "spool"))
-    outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
-    commands = [[sys.executable, "-m", "benches.fsdp_vs_zero3", "--worker", kind, str(r), str(world), str(port),
-                 str(outs[r]), str(warmup), str(steps)] for r in range(world)]
-    return RankGroup(kind, commands, outs, ROOT, env, timeout)
+    return RankGroup(kind, "benches.fsdp_vs_zero3", sys.executable, env, world, tmp, [str(warmup), str(steps)],
+                     timeout)
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
-        kind, rank, world, port, out, warmup, steps = argv[1:8]
-        _worker(kind, int(rank), int(world), int(port), Path(out), int(warmup), int(steps))
+        kind, rank, world, port, out, (warmup, steps) = worker_args(argv)
+        _worker(kind, rank, world, port, out, int(warmup), int(steps))
         return 0
     p = argparse.ArgumentParser(prog="python -m benches.fsdp_vs_zero3", description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)

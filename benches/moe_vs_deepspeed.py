@@ -41,8 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benches._common import code_version, free_port
-from benches._rank_group import RankGroup, serve_rounds
+from benches._common import code_version
+from benches._rank_group import RankGroup, serve_rounds, worker_args
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -136,17 +136,13 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
 
 def _ranks(kind, python, env, world, tmp: Path, a: dict, timeout) -> RankGroup:
     """One framework's ranks; each round's payload is JSON seconds per ep_size."""
-    port = free_port()
-    outs = [tmp / f"{kind}-rank{r}.json" for r in range(world)]
-    commands = [[python, "-m", "benches.moe_vs_deepspeed", "--worker", kind, str(r), str(world), str(port),
-                 str(outs[r]), json.dumps(a)] for r in range(world)]
-    return RankGroup(kind, commands, outs, ROOT, env, timeout)
+    return RankGroup(kind, "benches.moe_vs_deepspeed", python, env, world, tmp, [json.dumps(a)], timeout)
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
-        kind, rank, world, port, out, a = argv[1:7]
-        _worker(kind, int(rank), int(world), int(port), Path(out), json.loads(a))
+        kind, rank, world, port, out, (a,) = worker_args(argv)
+        _worker(kind, rank, world, port, out, json.loads(a))
         return 0
     p = argparse.ArgumentParser(prog="python -m benches.moe_vs_deepspeed", description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)
