@@ -116,29 +116,42 @@ def baselines(clients: int, rows: int, reps: int) -> dict[str, float]:
             "wire_bytes_per_record": len(raws[0]) / rows}
 
 
-def run(clients: int, batches: int, rows: int) -> dict:
+def drive_clients(collectors: list[CollectorProcess], clients: int, batches: int, rows: int) -> dict:
+    """Start ``clients`` client processes (client r sends to collectors[r % n]), let their Hellos
+    commit, then time the burst from go to the last durable ack. Returns elapsed s, each
+    collector's CPU s over it, the clients' CPU s and the 1-min load average before."""
     ctx = mp.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=client, args=(collectors[r % len(collectors)].address, r, batches, rows, ready, go,
+                                              results)) for r in range(clients)]
+    try:
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=300)
+        time.sleep(0.5)  # let the Hellos commit
+        load = os.getloadavg()[0]
+        cpu0, t0 = [cpu_seconds(c.proc.pid) for c in collectors], time.time()
+        go.set()
+        done = [results.get(timeout=600) for _ in procs]
+        elapsed = max(t for _, t, _ in done) - t0
+        cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(collectors, cpu0)]
+        for p in procs:
+            p.join(60)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return {"elapsed": elapsed, "collector_cpu": cpu, "clients_cpu": sum(c for _, _, c in done), "load": load}
+
+
+def run(clients: int, batches: int, rows: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         data = Path(tmp) / "data"
         with CollectorProcess(data) as collector:
-            ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-            procs = [ctx.Process(target=client, args=(collector.address, r, batches, rows, ready, go, results))
-                     for r in range(clients)]
-            for p in procs:
-                p.start()
-            for _ in procs:
-                ready.get(timeout=300)
-            time.sleep(0.5)  # let the Hellos commit
-            load_before = os.getloadavg()[0]
-            cpu0, t0 = cpu_seconds(collector.proc.pid), time.time()
-            go.set()
-            done = [results.get(timeout=600) for _ in procs]
-            elapsed = max(t for _, t, _ in done) - t0
-            collector_cpu = cpu_seconds(collector.proc.pid) - cpu0
-            clients_cpu = sum(c for _, _, c in done)
-            for p in procs:
-                p.join(60)
+            burst = drive_clients([collector], clients, batches, rows)
             collector.stop()
+        elapsed, (collector_cpu,) = burst["elapsed"], burst["collector_cpu"]
         from collector import catalog
         con = catalog.connect(data)
         total, distinct = con.execute("SELECT count(*), count(DISTINCT (rank, seq)) FROM comm").fetchone()
@@ -148,7 +161,7 @@ def run(clients: int, batches: int, rows: int) -> dict:
     return {"elapsed": elapsed, "expected": expected, "stored": total, "distinct": distinct,
             "rate": expected / elapsed, "segments": segments, "bytes_per_record": on_disk / max(total, 1),
             "collector_cpu": collector_cpu, "rate_per_cpu": expected / collector_cpu,
-            "clients_cpu": clients_cpu, "load": load_before}
+            "clients_cpu": burst["clients_cpu"], "load": burst["load"]}
 
 
 def main() -> int:

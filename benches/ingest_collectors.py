@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import os
 import platform
 import statistics
@@ -28,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benches._common import code_version, cpu_seconds
+from benches._common import code_version
 from collector.launch import CollectorProcess
 
 HERE = Path(__file__).resolve().parent
@@ -38,35 +37,14 @@ RANKSCOPE = Path(sys.executable).parent / "rankscope"
 
 
 def run(n: int, clients: int, batches: int, rows: int) -> dict:
-    from benches.ingest import client
-    ctx = mp.get_context("spawn")
+    from benches.ingest import drive_clients
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-collectors-") as tmp:
         data = Path(tmp) / "data"
         colls = []
-        procs = []
         try:
             colls = [CollectorProcess(data, "--writer-id", f"c{i}") for i in range(n)]
-            ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-            procs = [ctx.Process(target=client, args=(colls[r % n].address, r, batches, rows, ready, go, results))
-                     for r in range(clients)]
-            for p in procs:
-                p.start()
-            for _ in procs:
-                ready.get(timeout=300)
-            time.sleep(0.5)  # let the Hellos commit
-            load = os.getloadavg()[0]
-            cpu0, t0 = [cpu_seconds(c.proc.pid) for c in colls], time.time()
-            go.set()
-            done = [results.get(timeout=600) for _ in procs]
-            elapsed = max(t for _, t, _ in done) - t0
-            cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(colls, cpu0)]
-            clients_cpu = sum(c for _, _, c in done)
-            for p in procs:
-                p.join(60)
+            burst = drive_clients(colls, clients, batches, rows)
         finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
             for c in colls:
                 c.stop()
         on_disk = sum(f.stat().st_size for f in (data / "parquet" / "comm").rglob("*.parquet"))
@@ -85,8 +63,9 @@ def run(n: int, clients: int, batches: int, rows: int) -> dict:
     expected = clients * batches * rows
     routed_ok = all(sorted(ranks) == [r for r in range(clients) if f"c{r % n}" == w] for w, ranks, _ in per_writer) \
         and len(per_writer) == n
-    return {"n": n, "elapsed": elapsed, "expected": expected, "stored": total, "distinct": distinct,
-            "rate": expected / elapsed, "cpu": cpu, "clients_cpu": clients_cpu, "load": load,
+    return {"n": n, "elapsed": burst["elapsed"], "expected": expected, "stored": total, "distinct": distinct,
+            "rate": expected / burst["elapsed"], "cpu": burst["collector_cpu"], "clients_cpu": burst["clients_cpu"],
+            "load": burst["load"],
             "per_writer": [(w, count) for w, _, count in per_writer], "routed_ok": routed_ok,
             "disk_bytes_per_record": on_disk / max(total, 1), "ledger_lines": commits}
 
