@@ -11,7 +11,7 @@ import numpy as np
 from collector import catalog
 from collector.cli import main as cli_main
 from collector.codec import encode_batch
-from collector.importers.sink import envelope
+from collector.importers.sink import GrpcSink, envelope
 from collector.server import create_server
 from collector.store import StoreConfig
 from proto import pb
@@ -96,3 +96,9 @@ def synthetic_rank(run_id: str, rank: int, world: int) -> list[pb.Envelope]:
     envs.append(envelope(client, len(envs) + 1, end=pb.RunEnd(run_id=run_id, rank=rank, status="finished",
                                                                 ended_at_ns=T0 + 2_000_000_000)))
     return envs
+
+
+def send_synthetic_run(endpoint: str, run_id: str, world: int = 2) -> None:
+    """Stream a synthetic run (synthetic_rank for each of ``world`` ranks) through the collector at ``endpoint``."""
+    with GrpcSink(endpoint) as sink:
+        sink.send([synthetic_rank(run_id, r, world) for r in range(world)])

@@ -43,11 +43,8 @@ def _no_leaked_process_group():
 def live_collector(tmp_path):
     """A real collector (gRPC on a free port, Parquet + catalog under tmp_path/data):
     yields (endpoint, data_dir)."""
-    from collector.server import create_server
+    from tests._import_util import live_collector as collector_at
 
     data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
-    yield f"127.0.0.1:{port}", data
-    server.stop(grace=2).wait()
-    state.close()
+    with collector_at(data, 0) as endpoint:
+        yield endpoint, data

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import trainer
-from trainer.config import ConfigError, EngineConfig
+from trainer.config import EngineConfig
 from _engine_util import make_model
 
 OPT = {"type": "Adam", "params": {"lr": 1e-3}}

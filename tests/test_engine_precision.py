@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 import trainer
 from _engine_util import engine_config, make_model, num_params, spawn, train

@@ -6,7 +6,7 @@ import pytest
 
 import trainer
 from collector import catalog
-from collector.server import create_server
+from tests._import_util import live_collector
 from _engine_util import engine_config, make_model, spawn, train
 
 STEPS, BATCH = 4, 8
@@ -27,13 +27,8 @@ def _train_with_telemetry(rank, world, endpoint, spool_dir):
 def run(tmp_path_factory):
     """One 2-rank training run streamed into a live collector; yields a query function and the run filter."""
     tmp = tmp_path_factory.mktemp("engine_telemetry")
-    server, port, state = create_server("127.0.0.1:0", tmp / "data")
-    server.start()
-    try:
-        spawn(_train_with_telemetry, 2, tmp / "out", f"127.0.0.1:{port}", str(tmp / "spool"))
-    finally:
-        server.stop(grace=2).wait()
-        state.close()
+    with live_collector(tmp / "data", 0) as endpoint:
+        spawn(_train_with_telemetry, 2, tmp / "out", endpoint, str(tmp / "spool"))
     con = catalog.connect(tmp / "data")
     q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
     [(run_id, world, status)] = q("SELECT run_id, world_size, status FROM runs WHERE name = 'engine-e2e'")

@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from collector.importers.sink import GrpcSink
-from tests._import_util import FIXTURE, live_collector, only_run, query, rankscope, synthetic_rank
+from tests._import_util import FIXTURE, live_collector, only_run, query, rankscope, send_synthetic_run
 
 RUN = "traced-run"
 
@@ -17,8 +16,7 @@ RUN = "traced-run"
 def run_dir(tmp_path, port):
     data = tmp_path / "data"
     with live_collector(data, port) as endpoint:
-        with GrpcSink(endpoint) as sink:
-            sink.send([synthetic_rank(RUN, r, 2) for r in range(2)])
+        send_synthetic_run(endpoint, RUN)
     return data
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn

@@ -38,22 +38,15 @@ def _two_rank_worker(rank: int, master_port: int, endpoint: str, out: str) -> No
         json.dump({"printed": engine.profiler.report is not None, "rows": len(engine.profiler.rows)}, f)
 
 
-def test_every_rank_sends_its_tree_and_only_rank0_prints(tmp_path):
+def test_every_rank_sends_its_tree_and_only_rank0_prints(tmp_path, live_collector):
     from collector import catalog
-    from collector.server import create_server
     from tests._rank_util import spawn
 
-    data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
-    try:
-        results = spawn(_two_rank_worker, 2, f"127.0.0.1:{port}", tmp_path)
-        rows = catalog.connect(data).execute(
-            "SELECT rank, count(*), sum(CASE WHEN depth = 0 THEN macs END) FROM flops "
-            "WHERE step = 0 GROUP BY rank ORDER BY rank").fetchall()
-    finally:
-        server.stop(grace=2).wait()
-        state.close()
+    endpoint, data = live_collector
+    results = spawn(_two_rank_worker, 2, endpoint, tmp_path)
+    rows = catalog.connect(data).execute(
+        "SELECT rank, count(*), sum(CASE WHEN depth = 0 THEN macs END) FROM flops "
+        "WHERE step = 0 GROUP BY rank ORDER BY rank").fetchall()
     modules = len(list(make_model().named_modules()))
     assert [r["printed"] for r in results] == [True, False]
     assert [r["rows"] for r in results] == [modules, modules]

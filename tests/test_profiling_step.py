@@ -164,25 +164,22 @@ def test_engine_zero3_counts_partitioned_parameters_in_full(tmp_path):
     assert root["macs"] == 8 * (16 * 64 + 64 * 64 + 64 * 4)
 
 
-def test_engine_streams_the_tree_through_the_collector(tmp_path):
+def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector):
     """The bundled engine with ``flops_profiler`` on: rows land in the real
     collector's Parquet and read back from the DuckDB catalog."""
     import torch.distributed as dist
 
     import trainer
     from collector import catalog, telemetry
-    from collector.server import create_server
 
-    data = tmp_path / "data"
-    server, port, state = create_server("127.0.0.1:0", data)
-    server.start()
+    endpoint, data = live_collector
     report_file = tmp_path / "flops.txt"
     try:
         model = make_model()
         engine, *_ = trainer.initialize(model=model, config={
             "train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
             "steps_per_print": 1000, "wall_clock_breakdown": True,
-            "telemetry": {"enabled": True, "endpoint": f"127.0.0.1:{port}", "run": "flops-e2e"},
+            "telemetry": {"enabled": True, "endpoint": endpoint, "run": "flops-e2e"},
             "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(report_file)},
         })
         for _ in range(3):
@@ -198,8 +195,6 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path):
         telemetry.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
-        server.stop(grace=2).wait()
-        state.close()
 
     assert len(rows) == len(list(model.named_modules()))
     assert {(r[8], r[9]) for r in rows} == {(1, 0)}, "profile_step 1, from rank 0"

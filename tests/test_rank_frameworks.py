@@ -8,6 +8,7 @@ import pytest
 
 from collector import catalog
 from tests import _rank_workers as workers
+from tests._import_util import live_collector
 from tests._rank_util import spawn
 
 F32 = 4
@@ -15,16 +16,9 @@ F32 = 4
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    from collector.server import create_server
-
     tmp = tmp_path_factory.mktemp("two_ranks")
-    server, port, state = create_server("127.0.0.1:0", tmp / "data")
-    server.start()
-    try:
-        results = spawn(workers.two_rank_worker, 2, f"127.0.0.1:{port}", tmp)
-    finally:
-        server.stop(grace=2).wait()
-        state.close()
+    with live_collector(tmp / "data", 0) as endpoint:
+        results = spawn(workers.two_rank_worker, 2, endpoint, tmp)
     return results, tmp / "data"
 
 

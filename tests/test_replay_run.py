@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.importers.sink import GrpcSink
 from collector.schema import TABLES
-from tests._import_util import live_collector, query, rankscope, synthetic_rank
+from tests._import_util import live_collector, query, rankscope, send_synthetic_run
 
 RUN = "source-run"
 
@@ -36,8 +35,7 @@ def _assert_same_run(data, original: str, replayed: str) -> None:
 def source_run(tmp_path, port):
     data = tmp_path / "data"
     with live_collector(data, port) as endpoint:
-        with GrpcSink(endpoint) as sink:
-            sink.send([synthetic_rank(RUN, r, 2) for r in range(2)])
+        send_synthetic_run(endpoint, RUN)
         yield data, endpoint
 
 

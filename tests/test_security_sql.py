@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from collector import catalog, sqlcli
+from collector import catalog
 
 
 @pytest.fixture
