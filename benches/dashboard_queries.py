@@ -115,9 +115,10 @@ def bench_browser(data_dir: str, run_id: str) -> list[tuple]:
     """Seconds from navigation to the first drawn Plotly chart, per page: a fresh
     dashboard process (cold: rollup built on first use), then the same pages again (warm)."""
     from playwright.sync_api import sync_playwright
-    from test_browser_dashboard import _free_port, launch_chromium, start_dashboard
+    from benches._common import free_port
+    from test_browser_dashboard import launch_chromium, start_dashboard, stop
 
-    port = _free_port()
+    port = free_port()
     proc = start_dashboard(Path(data_dir), port)
     results = []
     try:
@@ -132,8 +133,7 @@ def bench_browser(data_dir: str, run_id: str) -> list[tuple]:
                     results.append((attempt, page, time.perf_counter() - t0))
             browser.close()
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc, timeout=10)
     return results
 
 

@@ -4,7 +4,6 @@ to test-artifacts/screenshots/<page>.png (the README's tour uses them)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from _app_fixtures import COLLECTIVES, DELAYED_RANK, FINISHED, make_data_dir
+from conftest import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
@@ -37,12 +37,6 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_dashboard(data_dir: Path, port: int) -> subprocess.Popen:
     """`streamlit run app/main.py -- --data-dir D`, as `rankscope dashboard` does; waits until it answers."""
     proc = subprocess.Popen(
@@ -64,6 +58,15 @@ def start_dashboard(data_dir: Path, port: int) -> subprocess.Popen:
     raise TimeoutError("streamlit did not answer /_stcore/health within 60 s")
 
 
+def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def launch_chromium(playwright):
     return playwright.chromium.launch(
         executable_path=CHROMIUM,
@@ -73,14 +76,10 @@ def launch_chromium(playwright):
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     data_dir = make_data_dir(tmp_path_factory.mktemp("browser-data"))
-    port = _free_port()
+    port = free_port()
     proc = start_dashboard(data_dir, port)
     yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc, timeout=10)
 
 
 @pytest.fixture(scope="module")

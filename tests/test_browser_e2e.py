@@ -14,7 +14,7 @@ import pytest
 from collector.catalog import connect
 from collector.launch import collector_command, wait_for_collector
 from conftest import free_port
-from test_browser_dashboard import CHROMIUM, SCREENSHOTS, launch_chromium, start_dashboard
+from test_browser_dashboard import CHROMIUM, SCREENSHOTS, launch_chromium, start_dashboard, stop
 
 RUN_NAME, SLOW_RANK, WORLD, STEPS = "e2e-slow-rank", 3, 4, 8
 PAGES = {  # url path -> text that is there once the page has rendered
@@ -33,14 +33,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"Debian's chromium is not installed at {CHROMIUM}"),
 ]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +61,8 @@ def live_stack(tmp_path_factory):
         yield f"http://127.0.0.1:{dashboard_port}", run_id, ops
     finally:
         if dashboard is not None:
-            _stop(dashboard)
-        _stop(collector)
+            stop(dashboard)
+        stop(collector)
 
 
 @pytest.fixture(scope="module")

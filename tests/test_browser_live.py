@@ -4,7 +4,6 @@ arrive, names the late rank, and stops refreshing once every rank has ended."""
 from __future__ import annotations
 
 import os
-import subprocess
 
 import grpc
 import pytest
@@ -13,7 +12,8 @@ from _server_util import RawStream, comm_envelope, hello, run_end
 from collector.compaction import CompactionConfig
 from collector.server import create_server
 from collector.store import StoreConfig
-from test_browser_dashboard import CHROMIUM, SCREENSHOTS, _free_port, launch_chromium, start_dashboard
+from conftest import free_port
+from test_browser_dashboard import CHROMIUM, SCREENSHOTS, launch_chromium, start_dashboard, stop
 
 WORLD, LATE_RANK, PER_BATCH = 4, 3, 100  # comm_columns: 10 collectives per step, so 10 steps a batch
 RUN = "live-job"
@@ -54,7 +54,7 @@ def test_live_run_updates_in_place_and_stops_when_ended(collector):
         stream.send(hello(f"c{rank}", 1, RUN, rank, WORLD))
     send_batch(streams, 0)
 
-    port = _free_port()
+    port = free_port()
     proc = start_dashboard(data_dir, port)
     try:
         with sync_playwright() as p:
@@ -80,8 +80,4 @@ def test_live_run_updates_in_place_and_stops_when_ended(collector):
             assert tab.get_by_text(f"rank {LATE_RANK} arrives last in 100%").count() >= 1
             browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout=10)
