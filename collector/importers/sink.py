@@ -109,7 +109,20 @@ class SinkError(RuntimeError):
     """Delivery failed; the message says where and why."""
 
 
-class StoreSink:
+class _Sink:
+    """A sink is used in a ``with`` block: leaving it closes the sink."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class StoreSink(_Sink):
     def __init__(self, data_dir):
         from collector.store import Store  # the server side: no grpc server needed here
 
@@ -138,14 +151,8 @@ class StoreSink:
     def close(self) -> None:
         self.store.close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class GrpcSink:
+class GrpcSink(_Sink):
     def __init__(self, endpoint: str, token: str | None = None, timeout_s: float = 120.0, tls_ca: str | None = None):
         """Through the collector at ``endpoint``; ``token`` and ``tls_ca`` default to
         $RANKSCOPE_TOKEN and $RANKSCOPE_TLS_CA, as for a rank's client."""
@@ -212,9 +219,3 @@ class GrpcSink:
 
     def close(self) -> None:
         self.channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
