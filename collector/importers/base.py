@@ -39,6 +39,11 @@ class Parsed:
     def problem(self, path, where: str, message: str) -> None:
         self.problems.append(Problem(str(path), where, message))
 
+    def unreadable(self, path, exc: OSError) -> "Parsed":
+        """Record that ``path`` could not be read at all; returns self, the (empty) result."""
+        self.problem(path, "", f"cannot read: {exc.strerror}")
+        return self
+
     def merge(self, other: "Parsed") -> None:
         for key, rows in other.rows.items():
             self.rows[key].extend(rows)

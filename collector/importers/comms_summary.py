@@ -55,8 +55,7 @@ def parse(path: Path, world_size: int | None = None) -> Parsed:
     try:
         doc = json.loads(path.read_text())
     except OSError as exc:
-        out.problem(path, "", f"cannot read: {exc.strerror}")
-        return out
+        return out.unreadable(path, exc)
     except ValueError as exc:
         where = f"line {exc.lineno}" if hasattr(exc, "lineno") else ""
         out.problem(path, where, f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}")

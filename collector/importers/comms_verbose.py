@@ -57,8 +57,7 @@ def parse(path: Path, world_size: int | None = None) -> Parsed:
     try:
         f = open(path, errors="replace")
     except OSError as exc:
-        out.problem(path, "", f"cannot read: {exc.strerror}")
-        return out
+        return out.unreadable(path, exc)
     matches = []
     logged_world = None
     with f:

@@ -47,8 +47,7 @@ def parse(path: Path, rank: int = 0) -> Parsed:
     try:
         f = open(path, newline="", errors="replace")
     except OSError as exc:
-        out.problem(path, "", f"cannot read: {exc.strerror}")
-        return out
+        return out.unreadable(path, exc)
     with f:
         reader = csv.reader(f)
         header = next(reader, None)

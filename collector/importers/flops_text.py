@@ -86,8 +86,7 @@ def parse(path: Path, rank: int = 0) -> Parsed:
     try:
         f = open(path, errors="replace")
     except OSError as exc:
-        out.problem(path, "", f"cannot read: {exc.strerror}")
-        return out
+        return out.unreadable(path, exc)
     profiles: list[_Profile] = []
     prof: _Profile | None = None
     in_tree = False

@@ -45,8 +45,7 @@ def parse(path: Path, rank: int = 0) -> Parsed:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        out.problem(path, "", f"cannot read: {exc.strerror}")
-        return out
+        return out.unreadable(path, exc)
     at, record = 0, 0
     while at < len(data):
         record += 1
