@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from collector.importers import comms_summary, comms_verbose, csv_monitor, flops_text
+from collector.importers import comms_summary, comms_verbose, csv_monitor, flops_text, tensorboard
 from collector.importers.base import parse_metric, parse_size
 from collector.importers.dispatch import parse_path
 
@@ -129,3 +129,12 @@ def test_unit_parsing():
 def test_missing_path_is_a_problem(tmp_path):
     result = parse_path(tmp_path / "nope")
     assert [p.message for p in result.parsed.problems] == ["no such file or directory"]
+
+
+@pytest.mark.parametrize("parser", [comms_summary, comms_verbose, csv_monitor, flops_text, tensorboard])
+def test_a_file_that_cannot_be_read_is_one_problem_naming_it(parser, tmp_path):
+    path = tmp_path / "not-a-file"
+    path.mkdir()  # opening a directory fails with an OSError, even for root
+    parsed = parser.parse(path)
+    assert not parsed.rows
+    assert [(p.path, p.where, p.message) for p in parsed.problems] == [(str(path), "", "cannot read: Is a directory")]
