@@ -20,6 +20,7 @@ flushes and sends RunEnd.
 """
 import contextlib
 import functools
+import logging
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,8 @@ import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from collector import comm, telemetry
+
+log = logging.getLogger(__name__)
 
 _originals: dict[tuple[object, str], object] = {}
 
@@ -70,8 +73,9 @@ def _ddp_forward(forward):
             if not getattr(self, "_rankscope_user_hook", False):
                 try:
                     _ORIGINAL_REGISTER(self, self.process_group, ddp_comm_hook)
-                except Exception:  # e.g. a hook registered through a path we do not see: leave DDP as is
-                    pass
+                except Exception as exc:  # e.g. a hook registered through a path we do not see: leave DDP as is
+                    log.warning("rankscope: DDP's bucket all_reduces go unrecorded; registering the comm hook "
+                                "failed: %s", exc)
         return forward(self, *args, **kwargs)
     return wrapper
 
