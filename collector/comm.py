@@ -33,6 +33,7 @@ import logging
 import math
 import sys
 import threading
+import time
 from array import array
 from dataclasses import dataclass, field
 
@@ -392,13 +393,20 @@ def configure(comms_logger: dict | CommsLoggerConfig | None = None) -> CommsLogg
     return cfg
 
 
-def flush() -> int:
-    """Process every finished record now (the drain thread does this every 100 ms)."""
-    return _REC.drain()
+def flush(wait_s: float = 0.0) -> int:
+    """Process every finished record now (the drain thread does this every 100 ms); with
+    ``wait_s``, keep at it up to that long while async ops are still in flight."""
+    deadline = time.monotonic() + wait_s
+    emitted = _REC.drain()
+    while _REC.waiting and time.monotonic() < deadline:
+        time.sleep(_POLL_INTERVAL_S)
+        emitted += _REC.drain()
+    return emitted
 
 
 def dropped_records() -> int:
-    return _REC.dropped
+    """Records lost so far: over the buffer bound, failed to record, or still in flight now."""
+    return _REC.dropped + len(_REC.waiting)
 
 
 # ---------------------------------------------------------------------------

@@ -41,6 +41,8 @@ from collector.schema import TABLES
 log = logging.getLogger("rankscope.telemetry")
 
 DEFAULT_ENDPOINT = "127.0.0.1:50051"
+# stop() waits this long at most for async ops still in flight; those it gives up on count as dropped
+STOP_WAIT_S = 1.0
 
 _step = 0  # read directly by collector.comm's hot path
 _session: "Session | None" = None
@@ -222,7 +224,7 @@ def stop(status: str = "finished") -> None:
             return
         try:
             from collector import comm
-            comm.flush()
+            comm.flush(wait_s=STOP_WAIT_S)  # the run's last async ops may still be in flight
             comm_dropped = comm.dropped_records()
         except Exception:
             comm_dropped = 0

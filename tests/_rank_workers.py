@@ -157,3 +157,28 @@ def _fsdp_part(endpoint: str) -> dict:
     hook.detach()
     counts = {name: sum(v["count"] for v in sizes.values()) for name, sizes in summary.items()}
     return {"fsdp_run_id": session.run_id, "fsdp_counts": counts}
+
+
+def late_peer_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """Rank 1 stops its telemetry while an async all_reduce is still in flight; rank 0 joins it 0.3 s later."""
+    from collector import hook
+
+    _env(rank, 2, port)
+    hook.attach(run="late-peer", endpoint=endpoint)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.barrier()
+    t = torch.full((N,), float(rank + 1))
+    stop_s = None
+    if rank == 0:
+        time.sleep(0.3)
+        dist.all_reduce(t)
+        hook.detach()
+    else:
+        work = dist.all_reduce(t, async_op=True)
+        start = time.monotonic()
+        hook.detach()  # the all_reduce is not done yet: its record must not be lost
+        stop_s = time.monotonic() - start
+        work.wait()
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"stop_s": stop_s, "sum": t.tolist()}))

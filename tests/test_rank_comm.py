@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collector import comm, hook, spool, telemetry
+from collector import catalog, comm, hook, spool, telemetry
 from tests._rank_util import serve
 
 
@@ -239,3 +239,20 @@ def test_python_m_collector_hook_runs_an_unmodified_script(collector, tmp_path):
     assert col.envelopes("hello")[0].hello.run_name == "train"  # the script's name
     rows = col.rows("comm").to_pydict()
     assert rows["op"] == ["all_reduce"] * 3 and rows["bytes"] == [32] * 3
+
+
+def test_an_async_op_in_flight_at_stop_is_still_recorded(live_collector, tmp_path):
+    """Stopping waits (bounded, telemetry.STOP_WAIT_S) for in-flight async ops, so the run's last
+    async all_reduce keeps its row; the peer joins it 0.3 s after the stop began."""
+    from tests import _rank_workers as workers
+    from tests._rank_util import spawn
+
+    endpoint, data = live_collector
+    results = spawn(workers.late_peer_worker, 2, endpoint, tmp_path)
+    assert results[1]["sum"] == [3.0] * workers.N
+    assert 0.2 < results[1]["stop_s"] < telemetry.STOP_WAIT_S + 2.0
+    con = catalog.connect(data)
+    rows = con.execute("SELECT rank, async_op FROM comm WHERE op = 'all_reduce' ORDER BY rank").fetchall()
+    ends = con.execute("SELECT rank, dropped_records FROM rank_ends ORDER BY rank").fetchall()
+    assert rows == [(0, False), (1, True)]
+    assert ends == [(0, 0), (1, 0)]
