@@ -35,7 +35,7 @@ bench: install
 	$(PY) -m benches.run
 
 sample-runs: install
-	$(PY) -m trainer.examples.make_sample_runs --out sample_runs
+	$(PY) -m collector.tools.sample_runs --out sample_runs
 
 soak: install
 	$(PY) -m pytest -q -m slow tests

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import streamlit as st
 
-from collector import catalog, layout
+from collector.data import catalog, layout
 
 # Page queries are keyed by data version, so the TTL only bounds memory.
 CACHE_TTL_S = 600

@@ -175,7 +175,7 @@ def _ranks(kind, python, env, stage, world, out_dir: Path, endpoint, warmup, ste
 
 def _comm_volume(data_dir: Path, run: str, first: int, last: int):
     """Per (op, log_name): calls and bytes (nccl-tests S) per step on rank 0, over steps first..last."""
-    from collector import catalog
+    from collector.data import catalog
     con = catalog.connect(data_dir)
     try:
         rows = con.execute(
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     from benches import _deepspeed_venv
-    from collector.launch import CollectorProcess
+    from collector.tools.launch import CollectorProcess
 
     ds_python = str(_deepspeed_venv.ensure())
     ds_env = _deepspeed_venv.env()

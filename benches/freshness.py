@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from collector.launch import CollectorProcess
+from collector.tools.launch import CollectorProcess
 from benches._sections import replace_section
 from benches.ingest import comm_columns
 
@@ -38,7 +38,7 @@ LOAD_CLIENTS, LOAD_ROWS, LOAD_BATCHES_PER_S = 4, 4096, 10
 
 def background_load(address: str, rank: int, stop) -> None:
     """One rank streaming comm batches at a steady rate until told to stop."""
-    from collector.codec import encode_batch
+    from collector.data.codec import encode_batch
     from proto import SCHEMA_VERSION, pb, pb_grpc
 
     template = encode_batch("comm", "load", rank, comm_columns(LOAD_ROWS, rank))
@@ -59,8 +59,8 @@ def background_load(address: str, rank: int, stop) -> None:
 
 
 def measure(data: Path, address: str, seconds: float, rate: float, run_id: str) -> np.ndarray:
-    from collector import catalog
-    from collector.codec import encode_batch
+    from collector.data import catalog
+    from collector.data.codec import encode_batch
     from proto import SCHEMA_VERSION, pb, pb_grpc
 
     n = int(seconds * rate)

@@ -7,7 +7,7 @@ driven in lock-step rounds by this process (one pair works while the others wait
 pipe, so they never compete for the cores), A/B order alternating every round:
 
   logger     rankscope venv: raw torch.distributed.distributed_c10d.all_reduce vs
-             collector.comm.all_reduce with comms_logger enabled, no telemetry session
+             collector.rank.comm.all_reduce with comms_logger enabled, no telemetry session
              (record + background drain, nothing shipped)
   deferred   as logger, but the background drain is held off during the timed blocks and run
              between them (untimed): separates the training thread's own work from the drain
@@ -114,10 +114,11 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from collector import comm, hook
+    from collector import hook
+    from collector.rank import comm, recorder
 
     if kind == "deferred":
-        comm._DRAIN_INTERVAL_S = 3600.0  # no background drain during a block: flushed between blocks instead
+        recorder.DRAIN_INTERVAL_S = 3600.0  # no background drain during a block: flushed between blocks instead
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -258,15 +259,15 @@ def _background(rank: int, records: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from collector import comm, telemetry
-    from collector.client import Client, ClientConfig
-    from collector.records import RecordBuffer
+    from collector.rank import comm, recorder, session
+    from collector.rank.client import Client, ClientConfig
+    from collector.rank.records import RecordBuffer
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    comm._DRAIN_INTERVAL_S = 3600.0  # keep the drain thread out of the way: we drain by hand
+    recorder.DRAIN_INTERVAL_S = 3600.0  # keep the drain thread out of the way: we drain by hand
     comm.configure({"enabled": True})
     buf = RecordBuffer(max_rows=records + 1)
-    telemetry._session = type("BenchSession", (), {"buffer": buf, "client_config": ClientConfig(), "client": None})()
+    session._session = type("BenchSession", (), {"buffer": buf, "client_config": ClientConfig(), "client": None})()
     client = Client(ClientConfig(endpoint="127.0.0.1:1"), "bench.1.x", buf)
     client.run_id, client.rank = "bench", 0
     t = torch.ones(4)
@@ -282,7 +283,7 @@ def _background(rank: int, records: int, out: str) -> None:
     t1 = time.perf_counter_ns()
     envs = client._encode(buf.take())
     t2 = time.perf_counter_ns()
-    telemetry._session = None
+    session._session = None
     wire = sum(e.ByteSize() for e in envs)
     Path(out, "background.json").write_text(json.dumps({
         "records": drained, "drain_us": (t1 - t0) / 1e3 / drained, "encode_us": (t2 - t1) / 1e3 / drained,
@@ -314,8 +315,8 @@ def main(argv: list[str]) -> int:
     import torch.multiprocessing as mp
 
     from benches import _deepspeed_venv
-    from collector import catalog
-    from collector.server import create_server
+    from collector.data import catalog
+    from collector.server.service import create_server
 
     ds_python = None if args.no_deepspeed else str(_deepspeed_venv.ensure())
     load = [os.getloadavg()]

@@ -9,7 +9,7 @@ what the collector sustains, not what a Python encoder produces. Timed from the
 moment every client is connected to the last ack; every record is then counted
 in DuckDB (zero loss, zero duplicates). In the same run, two baselines on the
 same rows: pyarrow alone writing zstd Parquet (the store's options, one thread),
-and protobuf parse + collector.codec.decode_batch to Arrow.
+and protobuf parse + collector.data.codec.decode_batch to Arrow.
 
 Writes (replaces) the ingest section of benches/RESULTS-ingest.md.
 """
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benches._common import cpu_seconds
-from collector.launch import CollectorProcess
+from collector.tools.launch import CollectorProcess
 from benches._sections import replace_section
 
 HERE = Path(__file__).resolve().parent
@@ -57,7 +57,7 @@ def comm_columns(rows: int, rank: int) -> dict:
 def client(address: str, rank: int, batches: int, rows: int, ready, go, results) -> None:
     import grpc
 
-    from collector.codec import encode_batch
+    from collector.data.codec import encode_batch
     from proto import SCHEMA_VERSION, pb, pb_grpc
 
     template = encode_batch("comm", "bench", rank, comm_columns(rows, rank))
@@ -95,8 +95,8 @@ def client(address: str, rank: int, batches: int, rows: int, ready, go, results)
 
 
 def baselines(clients: int, rows: int, reps: int) -> dict[str, float]:
-    from collector.codec import decode_batch, encode_batch
-    from collector.store import parquet_options
+    from collector.data.codec import decode_batch, encode_batch
+    from collector.server.store import parquet_options
     from proto import pb
 
     # The same rows the clients send: one template per rank.
@@ -152,7 +152,7 @@ def run(clients: int, batches: int, rows: int) -> dict:
             burst = drive_clients([collector], clients, batches, rows)
             collector.stop()
         elapsed, (collector_cpu,) = burst["elapsed"], burst["collector_cpu"]
-        from collector import catalog
+        from collector.data import catalog
         con = catalog.connect(data)
         total, distinct = con.execute("SELECT count(*), count(DISTINCT (rank, seq)) FROM comm").fetchone()
         segments = len(list((data / "parquet" / "comm" / "run=bench").glob("*.parquet")))

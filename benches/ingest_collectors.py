@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 from benches._common import code_version
-from collector.launch import CollectorProcess
+from collector.tools.launch import CollectorProcess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -49,7 +49,7 @@ def run(n: int, clients: int, batches: int, rows: int) -> dict:
                 c.stop()
         on_disk = sum(f.stat().st_size for f in (data / "parquet" / "comm").rglob("*.parquet"))
         commits = sum(1 for f in (data / "ledger").rglob("log-*.jsonl") for line in f.open() if line.strip())
-        from collector import catalog
+        from collector.data import catalog
         con = catalog.connect(data)
         try:
             total, distinct = con.execute("SELECT count(*), count(DISTINCT (rank, seq)) FROM comm").fetchone()

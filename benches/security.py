@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from collector.launch import CollectorProcess
+from collector.tools.launch import CollectorProcess
 
 def _make_pki(d: Path) -> tuple[Path, Path, Path]:
     def ossl(*args):
@@ -38,8 +38,8 @@ def _make_pki(d: Path) -> tuple[Path, Path, Path]:
 
 def _send(port: int, token: str | None, ca: Path | None, envelopes: int, rows: int, streams: int) -> float:
     """Rows per second from first send to last ack, over ``streams`` concurrent streams."""
-    from collector import security
-    from collector.codec import encode_batch
+    from collector.data import security
+    from collector.data.codec import encode_batch
     from proto import SCHEMA_VERSION, pb, pb_grpc
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from _server_util import comm_columns

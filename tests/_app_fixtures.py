@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector import layout
-from collector.bandwidth import bus_factor
-from collector.catalog import ensure_catalog
-from collector.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+from collector.data import layout
+from collector.data.bandwidth import bus_factor
+from collector.data.catalog import ensure_catalog
+from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
 
 DELAYED_RANK = 3
 DELAY_NS = 40_000_000

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from collector import catalog
-from collector.cli import main as cli_main
-from collector.codec import encode_batch
-from collector.importers.sink import GrpcSink, envelope
-from collector.server import create_server
-from collector.store import StoreConfig
+from collector.data import catalog
+from collector.tools.cli import main as cli_main
+from collector.data.codec import encode_batch
+from collector.tools.importers.sink import GrpcSink, envelope
+from collector.server.service import create_server
+from collector.server.store import StoreConfig
 from proto import pb
 
 FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed_run"
@@ -45,7 +45,7 @@ def only_run(data_dir, source: str | None = None) -> str:
 
 @contextlib.contextmanager
 def live_collector(data_dir, port: int, token: str | None = None, tls=None):
-    """A real collector on 127.0.0.1:port over data_dir (with a token / collector.security.ServerTLS
+    """A real collector on 127.0.0.1:port over data_dir (with a token / collector.data.security.ServerTLS
     when given); yields its endpoint."""
     server, bound, state = create_server(f"127.0.0.1:{port}", data_dir, token, tls=tls,
                                          store_config=StoreConfig(flush_interval=0.05))

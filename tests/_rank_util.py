@@ -11,7 +11,7 @@ from concurrent import futures
 
 import grpc
 
-from collector.codec import decode_batch
+from collector.data.codec import decode_batch
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 

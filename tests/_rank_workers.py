@@ -32,15 +32,16 @@ def _env(rank: int, world: int, port: int) -> None:
 
 def collectives_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     """attach() before init_process_group, then a known mix of every collective."""
-    from collector import comm, hook, telemetry
+    from collector.rank import comm, session
+    from collector import hook
 
     _env(rank, WORLD, port)
-    session = hook.attach(run="e2e-job", endpoint=endpoint)
-    assert session is not None and not session.ready  # identity waits for the process group
+    active = hook.attach(run="e2e-job", endpoint=endpoint)
+    assert active is not None and not active.ready  # identity waits for the process group
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    assert session.ready
+    assert active.ready
     comm.configure({"enabled": True})
-    telemetry.set_step(7)
+    session.set_step(7)
     t = torch.full((N,), float(rank + 1))
     for _ in range(3):
         dist.all_reduce(t)
@@ -74,7 +75,7 @@ def collectives_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     else:
         dist.irecv(torch.empty(N), src=2).wait()
     summary = comm.log_summary(show_straggler=True, return_dict=True)
-    result = {"run_id": session.run_id, "summary": {k: {str(s): v for s, v in d.items()} for k, d in summary.items()}}
+    result = {"run_id": active.run_id, "summary": {k: {str(s): v for s, v in d.items()} for k, d in summary.items()}}
     hook.detach()
     assert dist.all_reduce is not comm.all_reduce  # restored
     dist.destroy_process_group()
@@ -97,8 +98,8 @@ def _ddp_part(rank: int, endpoint: str) -> str:
     from collector import hook
 
     world = 2
-    session = hook.attach(run="ddp-job", endpoint=endpoint)
-    assert session.ready
+    active = hook.attach(run="ddp-job", endpoint=endpoint)
+    assert active.ready
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 3)
     reference = torch.nn.Linear(8, 3)
@@ -115,7 +116,7 @@ def _ddp_part(rank: int, endpoint: str) -> str:
     for i, p in enumerate(model.parameters()):
         torch.testing.assert_close(p.grad, (grads[0][i] + grads[1][i]) / world, rtol=1e-5, atol=1e-6)
     hook.detach()
-    return session.run_id
+    return active.run_id
 
 
 SKEW_NS = 5_000_000_000
@@ -125,7 +126,7 @@ def _clock_part(rank: int) -> int:
     """Two "hosts" (hostname faked per rank) whose clocks differ by SKEW_NS on rank 1."""
     import socket
 
-    from collector import clock
+    from collector.rank import clock
 
     real_time_ns, real_hostname = time.time_ns, socket.gethostname
     socket.gethostname = lambda: f"host{rank}"
@@ -142,10 +143,11 @@ def _fsdp_part(endpoint: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from collector import comm, hook
+    from collector.rank import comm
+    from collector import hook
 
     comm.reset_summary()  # the summary spans the process (as DeepSpeed's); count only FSDP's ops
-    session = hook.attach(run="fsdp-job", endpoint=endpoint)
+    active = hook.attach(run="fsdp-job", endpoint=endpoint)
     mesh = init_device_mesh("cpu", (2,))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
@@ -156,7 +158,7 @@ def _fsdp_part(endpoint: str) -> dict:
     summary = comm.log_summary(return_dict=True)
     hook.detach()
     counts = {name: sum(v["count"] for v in sizes.values()) for name, sizes in summary.items()}
-    return {"fsdp_run_id": session.run_id, "fsdp_counts": counts}
+    return {"fsdp_run_id": active.run_id, "fsdp_counts": counts}
 
 
 def late_peer_worker(rank: int, port: int, endpoint: str, out: str) -> None:

@@ -1,5 +1,5 @@
 """Helpers for the collector tests: a raw stub-level client built from the proto
-and collector.codec, and generators of envelopes with known contents."""
+and collector.data.codec, and generators of envelopes with known contents."""
 from __future__ import annotations
 
 import queue
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import grpc
 import numpy as np
 
-from collector.codec import encode_batch
+from collector.data.codec import encode_batch
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 

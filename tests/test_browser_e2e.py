@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from collector.catalog import connect
-from collector.launch import collector_command, wait_for_collector
+from collector.data.catalog import connect
+from collector.tools.launch import collector_command, wait_for_collector
 from conftest import free_port
 from test_browser_dashboard import CHROMIUM, SCREENSHOTS, launch_chromium, start_dashboard, stop
 

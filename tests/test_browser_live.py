@@ -9,9 +9,9 @@ import grpc
 import pytest
 
 from _server_util import RawStream, comm_envelope, hello, run_end
-from collector.compaction import CompactionConfig
-from collector.server import create_server
-from collector.store import StoreConfig
+from collector.server.compaction import CompactionConfig
+from collector.server.service import create_server
+from collector.server.store import StoreConfig
 from conftest import free_port
 from test_browser_dashboard import CHROMIUM, SCREENSHOTS, launch_chromium, start_dashboard, stop
 

@@ -8,7 +8,7 @@ COMMANDS = ["collect", "dashboard", "demo", "sql", "nvme-tune"]
 
 
 def rankscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_top_level_help_lists_commands():

@@ -52,7 +52,7 @@ def test_engine_example_bad_config_path_is_one_line():
 
 def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
     """(rank, group_name, group_size, log_name, count) of the run's comm rows matching ``sql_where``."""
-    from collector import catalog
+    from collector.data import catalog
 
     con = catalog.connect(data)
     try:

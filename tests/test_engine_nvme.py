@@ -31,11 +31,11 @@ def _engine(stage: int, device: str, path: str | None = None, **extra):
 
 
 def _worker(rank, world, root):
-    from collector import telemetry
+    from collector.rank import session
 
     rows = []
-    real_emit = telemetry.emit
-    telemetry.emit = lambda table, **row: rows.append((table, row)) if table == "timers" else real_emit(table, **row)
+    real_emit = session.emit
+    session.emit = lambda table, **row: rows.append((table, row)) if table == "timers" else real_emit(table, **row)
     out = {}
     try:
         for stage in (1, 2, 3):
@@ -82,7 +82,7 @@ def _worker(rank, world, root):
         out["sgd_optimizer"] = type(sgd.optimizer.master.optimizer).__name__
         sgd.close()
     finally:
-        telemetry.emit = real_emit
+        session.emit = real_emit
     out["timers"] = sorted({r["name"] for _, r in rows if r.get("name", "").startswith("nvme.")})
     out["timers_ok"] = all(r["dur_ns"] >= 0 and r["start_ns"] > 0 for _, r in rows)
     return out

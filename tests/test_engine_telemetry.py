@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trainer
-from collector import catalog
+from collector.data import catalog
 from tests._import_util import live_collector
 from _engine_util import engine_config, make_model, spawn, train
 

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from collector.importers import comms_summary, comms_verbose, csv_monitor, flops_text, tensorboard
-from collector.importers.base import parse_metric, parse_size
-from collector.importers.dispatch import parse_path
+from collector.tools.importers import comms_summary, comms_verbose, csv_monitor, flops_text, tensorboard
+from collector.tools.importers.base import parse_metric, parse_size
+from collector.tools.importers.dispatch import parse_path
 
 # DeepSpeed <= 0.14 printed figures on the opening line, separated by commas (as in the tutorial).
 OLD_FLOPS = textwrap.dedent("""\

@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from collector import catalog
+from collector.data import catalog
 from tests._moe_reference import reference_capacity, reference_moe
 from tests.conftest import free_port
 
@@ -42,7 +42,7 @@ def tokens_of(rank: int, step: int) -> torch.Tensor:
 def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -> None:
     """One MoE layer on WORLD ranks; with tp > 1 the ranks of a tensor-parallel group
     (consecutive ranks) see the same tokens and experts span the data-parallel ranks."""
-    from collector import telemetry
+    from collector.rank import session
     from trainer import comm
     from trainer.moe import MoE, broadcast_parameters, reduce_gradients
     from trainer.tensor_parallel import parallel_groups
@@ -50,7 +50,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
     dp_group = parallel_groups(tp).dp_group
     DP, dp_rank = WORLD // tp, rank // tp
 
-    telemetry.set_step(step)
+    session.set_step(step)
     torch.manual_seed(step)  # same on every rank: the gate and the expert seeds agree
     moe = MoE(M, expert(), num_experts=E, ep_size=ep, k=k, capacity_factor=CAPACITY_FACTOR, min_capacity=1,
               drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False, layer_id=10 + step, tp_size=tp)
@@ -108,13 +108,13 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
 
 
 def worker(rank: int, port: int, endpoint: str, out: str) -> None:
-    from collector import telemetry
+    from collector.rank import session
     from trainer import comm
     from trainer.moe import MoE
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    telemetry.start(run="moe-ep", endpoint=endpoint)
+    session.start(run="moe-ep", endpoint=endpoint)
     comm.init_process_group("gloo", rank=rank, world_size=WORLD)
     for case in CASES:
         check_case(rank, *case)
@@ -124,7 +124,7 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
         with pytest.raises(ValueError) as e:
             MoE(M, expert(), **kwargs)
         assert str(e.value) == message
-    telemetry.stop()
+    session.stop()
     comm.destroy_process_group()
 
 
@@ -145,7 +145,7 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
         ep, k, drop = cases[step]
         assert ep > 1, "ep_size 1 sends nothing"
         first = rank - rank % ep
-        # the group's ranks as collector.comm labels them; ep_size == world is the world group
+        # the group's ranks as collector.rank.comm labels them; ep_size == world is the world group
         assert group == ("world" if ep == WORLD else f"g[{first}-{first + ep - 1}]")
         assert size == ep
         per_step_rank.setdefault((step, rank), []).append(log_name)

@@ -165,22 +165,22 @@ def test_malformed_events_are_rejected_clearly(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_every_rank_reports_to_telemetry(tmp_path, monkeypatch, rank):
-    from collector import telemetry
+    from collector.rank import session
     from tests._rank_util import serve
 
     monkeypatch.setenv("RANK", str(rank))
     server, port, col = serve()
     try:
-        telemetry.start(run="monitor-test", endpoint=f"127.0.0.1:{port}")
+        session.start(run="monitor-test", endpoint=f"127.0.0.1:{port}")
         mon = MonitorMaster(_csv_cfg(tmp_path))
         assert mon.enabled
         mon.write_events([("Train/Samples/train_loss", 0.75, 40), ("Train/Samples/lr", torch.tensor(0.5), 40)])
         mon.write_events([("Train/Samples/train_loss", 0.5, 80)])
         mon.close()
-        telemetry.stop()
+        session.stop()
         rows = col.rows("monitor").to_pydict()
     finally:
-        telemetry.stop()
+        session.stop()
         server.stop(0)
     got = sorted(zip(rows["tag"], rows["value"], rows["samples"], rows["step"], rows["rank"]))
     assert got == [("Train/Samples/lr", 0.5, 40, 40, rank),

@@ -20,7 +20,7 @@ def _two_rank_worker(rank: int, master_port: int, endpoint: str, out: str) -> No
     import torch.distributed as dist
 
     import trainer
-    from collector import telemetry
+    from collector.rank import session
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
     torch.set_num_threads(1)
@@ -32,14 +32,14 @@ def _two_rank_worker(rank: int, master_port: int, endpoint: str, out: str) -> No
     for _ in range(2):
         engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
         engine.step()
-    telemetry.stop()
+    session.stop()
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"printed": engine.profiler.report is not None, "rows": len(engine.profiler.rows)}, f)
 
 
 def test_every_rank_sends_its_tree_and_only_rank0_prints(tmp_path, live_collector):
-    from collector import catalog
+    from collector.data import catalog
     from tests._rank_util import spawn
 
     endpoint, data = live_collector

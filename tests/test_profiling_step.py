@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from collector.schema import TABLES
+from collector.data.schema import TABLES
 from trainer.profiling import FlopsProfilerConfig, StepProfiler
 from trainer.profiling.report import fmt_count
 
@@ -170,7 +170,8 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector)
     import torch.distributed as dist
 
     import trainer
-    from collector import catalog, telemetry
+    from collector.data import catalog
+    from collector.rank import session
 
     endpoint, data = live_collector
     report_file = tmp_path / "flops.txt"
@@ -186,13 +187,13 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector)
             loss = engine(torch.randn(8, 16)).pow(2).mean()
             engine.backward(loss)
             engine.step()
-        telemetry.stop()
+        session.stop()
         con = catalog.connect(data)
         rows = con.execute(
             "SELECT module, parent, depth, module_type, flops, macs, latency_ns, bwd_latency_ns, step, rank "
             "FROM flops ORDER BY depth, module").fetchall()
     finally:
-        telemetry.stop()
+        session.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 

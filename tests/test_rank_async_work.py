@@ -21,7 +21,7 @@ S = 1000
 def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from collector import comm
+    from collector.rank import comm
 
     comm.configure({"enabled": True, "prof_all": True})
     flat = torch.full((2 * S,), float(rank + 1))

@@ -1,10 +1,10 @@
-"""collector.bandwidth against nccl-tests' definitions (doc/PERFORMANCE.md and
+"""collector.data.bandwidth against nccl-tests' definitions (doc/PERFORMANCE.md and
 the *GetBw functions of src/*.cu): busbw = algbw x factor for n = 2, 4, 8."""
 from __future__ import annotations
 
 import pytest
 
-from collector import bandwidth
+from collector.data import bandwidth
 
 # factor busbw/algbw per nccl-tests, written out (not computed) for n = 2, 4, 8
 TABLE = {
@@ -38,7 +38,7 @@ def test_bus_factor_matches_nccl_tests(op, i, n):
 
 
 def test_every_instrumented_op_has_a_factor():
-    from collector.comm import INSTRUMENTED_OPS
+    from collector.rank.comm import INSTRUMENTED_OPS
     assert set(INSTRUMENTED_OPS) <= set(TABLE) and set(INSTRUMENTED_OPS) <= set(bandwidth.OP_KINDS)
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from collector import codec, spool
-from collector.client import Client, ClientConfig
-from collector.records import RecordBuffer
+from collector.data import codec
+from collector.rank import spool
+from collector.rank.client import Client, ClientConfig
+from collector.rank.records import RecordBuffer
 from proto import pb
 from tests._rank_util import free_port, serve
 

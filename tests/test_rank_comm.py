@@ -1,4 +1,4 @@
-"""collector.comm, telemetry and hook in one process: config errors, the
+"""collector.rank.comm, telemetry and hook in one process: config errors, the
 comms-logger behaviours (verbose, debug caller, prof_ops, summary), run
 identity, attach/detach, and never raising into training. Multi-rank
 behaviour is in test_rank_e2e.py."""
@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from collector import catalog, comm, hook, spool, telemetry
+from collector.data import catalog
+from collector.rank import comm, recorder, session, spool
+from collector import hook
 from tests._rank_util import serve
 
 
@@ -21,12 +23,12 @@ from tests._rank_util import serve
 def one_rank(tmp_path):
     """A real single-rank gloo process group (the degenerate distributed case)."""
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    comm._REC.forget_groups()
+    comm.forget_groups()
     yield
     comm.configure({})
     comm.reset_summary()
     dist.destroy_process_group()
-    comm._REC.forget_groups()
+    comm.forget_groups()
 
 
 @pytest.fixture
@@ -37,27 +39,30 @@ def collector():
 
 
 def _stop_quickly():
-    s = telemetry.session()
+    s = session.active()
     if s is not None:
         s.client.cfg.close_timeout_s = 0.5
 
 
 def test_comms_logger_config_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"comms_logger\.enabled must be true or false"):
+    with pytest.raises(ValueError, match=r"comms_logger\.enabled: must be true or false"):
         comm.configure({"enabled": "yes"})
-    with pytest.raises(ValueError, match=r"comms_logger\.verbos is not a known key"):
-        comm.configure({"verbos": True})
-    with pytest.raises(ValueError, match=r"comms_logger\.prof_ops must be a list"):
+    with pytest.raises(ValueError, match=r"comms_logger\.prof_ops: must be a list of strings"):
         comm.configure({"prof_ops": "all_reduce"})
-    assert comm._REC.on is False
+    with pytest.warns(UserWarning, match=r"ignoring unknown config keys: comms_logger\.verbos"):
+        comm.configure({"verbos": True})
+    comm.configure({})
+    assert recorder.REC.on is False
 
 
-def test_telemetry_config_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"telemetry\.endpont is not a known key"):
-        telemetry.start(config={"telemetry": {"endpont": "x:1"}})
-    with pytest.raises(ValueError, match=r"telemetry\.run must be a non-empty string"):
-        telemetry.start(config={"telemetry": {"run": 3}})
-    assert telemetry.session() is None
+def test_telemetry_config_errors_name_the_key(monkeypatch):
+    with pytest.raises(ValueError, match=r"telemetry\.run: must be a string or null"):
+        session.start(config={"telemetry": {"run": 3}})
+    with pytest.raises(ValueError, match=r"telemetry\.run: must be a non-empty string"):
+        session.start(config={"telemetry": {"run": " "}})
+    assert session.active() is None
+    with pytest.warns(UserWarning, match=r"ignoring unknown config keys: telemetry\.endpont"):
+        session.start(config={"telemetry": {"endpont": "x:1", "enabled": False}})
 
 
 def my_training_step(t):
@@ -113,14 +118,14 @@ def test_single_process_session_without_process_group(collector, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     ids = []
     for _ in range(2):  # the same name twice: two runs
-        s = telemetry.start(run="same name!", endpoint=endpoint)
+        s = session.start(run="same name!", endpoint=endpoint)
         assert s.ready and s.rank == 0 and s.world_size == 1
-        telemetry.set_step(11)
-        telemetry.emit("monitor", tag="Train/loss", value=0.5, samples=64)
-        telemetry.emit("monitor", tag="Train/lr", value=1e-3, samples=64, step=3)
+        session.set_step(11)
+        session.emit("monitor", tag="Train/loss", value=0.5, samples=64)
+        session.emit("monitor", tag="Train/lr", value=1e-3, samples=64, step=3)
         ids.append(s.run_id)
-        telemetry.stop()
-    telemetry.set_step(0)
+        session.stop()
+    session.set_step(0)
     assert ids[0] != ids[1]
     assert all(re.fullmatch(r"same_name-\d{8}-\d{6}-[0-9a-f]{6}", i) for i in ids)
     hellos = col.envelopes("hello")
@@ -143,24 +148,24 @@ def test_run_name_precedence(monkeypatch, collector):
             monkeypatch.setenv("RANKSCOPE_RUN", env)
         else:
             monkeypatch.delenv("RANKSCOPE_RUN", raising=False)
-        s = telemetry.start(endpoint=endpoint, config=cfg, **kwargs)
+        s = session.start(endpoint=endpoint, config=cfg, **kwargs)
         assert s.run_name == expected
-        telemetry.stop()
-    assert telemetry.start(config={"telemetry": {"enabled": False}}) is None
+        session.stop()
+    assert session.start(config={"telemetry": {"enabled": False}}) is None
 
 
 def test_attach_detach_patches_and_restores_torch_distributed(one_rank, collector):
     endpoint, col = collector
     originals = {op: getattr(dist, op) for op in comm.INSTRUMENTED_OPS}
     ddp_forward = torch.nn.parallel.DistributedDataParallel.forward
-    with hook.attached(run="ctx", endpoint=endpoint) as session:
+    with hook.attached(run="ctx", endpoint=endpoint) as active:
         assert all(getattr(dist, op) is getattr(comm, op) for op in comm.INSTRUMENTED_OPS)
         dist.all_reduce(torch.ones(4))
         dist.barrier()
-        run_id = session.run_id
+        run_id = active.run_id
     assert {op: getattr(dist, op) for op in comm.INSTRUMENTED_OPS} == originals
     assert torch.nn.parallel.DistributedDataParallel.forward is ddp_forward
-    assert telemetry.session() is None and comm._REC.on is False
+    assert session.active() is None and recorder.REC.on is False
     rows = col.rows("comm").to_pydict()
     assert rows["op"] == ["all_reduce", "barrier"] and set(rows["run_id"]) == {run_id}
     assert rows["group_name"] == ["world", "world"] and rows["seq"] == [1, 2] and rows["group_size"] == [1, 1]
@@ -176,15 +181,15 @@ def test_a_failing_block_ends_the_run_failed(one_rank, collector):
 
 def test_unreachable_collector_never_raises_into_training(one_rank, tmp_path, monkeypatch):
     monkeypatch.setenv("RANKSCOPE_SPOOL_DIR", str(tmp_path))
-    session = hook.attach(run="offline", endpoint="no such host:::")
+    active = hook.attach(run="offline", endpoint="no such host:::")
     _stop_quickly()
     for _ in range(5):
         dist.all_reduce(torch.ones(4))
-    telemetry.emit("timers", name="fwd", start_ns=1, dur_ns=2)
-    telemetry.emit("nosuch", x=1)  # bad table: dropped with a warning, no exception
+    session.emit("timers", name="fwd", start_ns=1, dur_ns=2)
+    session.emit("nosuch", x=1)  # bad table: dropped with a warning, no exception
     hook.detach()
     envs = [e for f in spool.files(tmp_path) for e in spool.read(f)]
-    assert {e.client_id for e in envs} == {session.client_id}
+    assert {e.client_id for e in envs} == {active.client_id}
     tables = sorted(e.table.table for e in envs if e.HasField("table"))
     assert tables == ["comm", "timers"]
     assert sum(e.table.rows for e in envs if e.HasField("table") and e.table.table == "comm") == 5
@@ -193,9 +198,9 @@ def test_unreachable_collector_never_raises_into_training(one_rank, tmp_path, mo
 def test_exit_without_detach_flushes_and_an_uncaught_error_ends_the_run_failed(collector, tmp_path):
     endpoint, col = collector
     script = (
-        "from collector import hook, telemetry\n"
+        "from collector import hook\nfrom collector.rank import session\n"
         f"hook.attach(run='crashes', endpoint={endpoint!r})\n"
-        "telemetry.emit('timers', name='fwd', start_ns=1, dur_ns=2)\n"
+        "session.emit('timers', name='fwd', start_ns=1, dur_ns=2)\n"
         "raise RuntimeError('training crashed')\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
@@ -242,7 +247,7 @@ def test_python_m_collector_hook_runs_an_unmodified_script(collector, tmp_path):
 
 
 def test_an_async_op_in_flight_at_stop_is_still_recorded(live_collector, tmp_path):
-    """Stopping waits (bounded, telemetry.STOP_WAIT_S) for in-flight async ops, so the run's last
+    """Stopping waits (bounded, session.STOP_WAIT_S) for in-flight async ops, so the run's last
     async all_reduce keeps its row; the peer joins it 0.3 s after the stop began."""
     from tests import _rank_workers as workers
     from tests._rank_util import spawn
@@ -250,7 +255,7 @@ def test_an_async_op_in_flight_at_stop_is_still_recorded(live_collector, tmp_pat
     endpoint, data = live_collector
     results = spawn(workers.late_peer_worker, 2, endpoint, tmp_path)
     assert results[1]["sum"] == [3.0] * workers.N
-    assert 0.2 < results[1]["stop_s"] < telemetry.STOP_WAIT_S + 2.0
+    assert 0.2 < results[1]["stop_s"] < session.STOP_WAIT_S + 2.0
     con = catalog.connect(data)
     rows = con.execute("SELECT rank, async_op FROM comm WHERE op = 'all_reduce' ORDER BY rank").fetchall()
     ends = con.execute("SELECT rank, dropped_records FROM rank_ends ORDER BY rank").fetchall()

@@ -1,12 +1,12 @@
 """End to end: 4 gloo ranks (torch.multiprocessing spawn) call plain
 torch.distributed with collector.hook attached; records go through the real
-collector (collector.server) into Parquet and are checked with DuckDB
-(collector.catalog). DDP, FSDP2 and clock offsets: test_rank_frameworks.py."""
+collector (collector.server.service) into Parquet and are checked with DuckDB
+(collector.data.catalog). DDP, FSDP2 and clock offsets: test_rank_frameworks.py."""
 from __future__ import annotations
 
 import pytest
 
-from collector import catalog
+from collector.data import catalog
 from tests import _rank_workers as workers
 from tests._rank_util import spawn
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector import catalog
+from collector.data import catalog
 from tests import _rank_workers as workers
 from tests._import_util import live_collector
 from tests._rank_util import spawn

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.schema import TABLES
+from collector.data.schema import TABLES
 from tests._import_util import live_collector, query, rankscope, send_synthetic_run
 
 RUN = "source-run"
@@ -70,7 +70,8 @@ def test_replay_of_a_partition_folder_and_bad_paths(source_run, tmp_path, capsys
 def test_replay_reads_each_rank_a_step_range_at_a_time(source_run, monkeypatch):
     """Memory stays bounded: with small chunks the run is read in many step ranges, and the
     replayed run is still the original row for row."""
-    from collector import catalog, replay
+    from collector.data import catalog
+    from collector.tools import replay
     data, endpoint = source_run
     monkeypatch.setattr(replay, "CHUNK_ROWS", 50)
     con = catalog.connect(data)

@@ -1,5 +1,5 @@
 """The shipped sample_runs/ data dir, as committed (`make sample-runs` regenerates it;
-these tests only read it): it opens through collector.catalog.connect from any cwd
+these tests only read it): it opens through collector.data.catalog.connect from any cwd
 and from a copy elsewhere, holds nothing a reader does not need, and each scenario
 run of trainer.examples.scenarios shows what it was made to show. Assertions are on
 properties of the runs, not exact numbers, so they hold after any regeneration."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from collector import catalog, layout
+from collector.data import catalog, layout
 
 SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "sample_runs"
 RUN_NAMES = ("zero2-slow-rank3", "zero3-fp16-overflows", "moe-skewed-expert")

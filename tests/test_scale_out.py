@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from _server_util import RawStream, comm_envelope, hello, run_end
-from collector import catalog, layout
-from collector.launch import CollectorProcess
-from collector.ledger import DataDirBusy, Ledger
+from collector.data import catalog, layout
+from collector.tools.launch import CollectorProcess
+from collector.server.ledger import DataDirBusy, Ledger
 
 FAST = ("--flush-interval", "0.02", "--compaction-interval", "0.1", "--compaction-min-files", "3")
 

@@ -14,12 +14,12 @@ import pytest
 
 from _server_util import RawStream, comm_envelope, hello, run_end, stored_rows
 from _tls_util import make_pki
-from collector import security
-from collector.client import Client, ClientConfig
-from collector.compaction import CompactionConfig
-from collector.records import RecordBuffer
-from collector.server import create_server
-from collector.store import StoreConfig
+from collector.data import security
+from collector.rank.client import Client, ClientConfig
+from collector.server.compaction import CompactionConfig
+from collector.rank.records import RecordBuffer
+from collector.server.service import create_server
+from collector.server.store import StoreConfig
 from proto import pb, pb_grpc
 
 TOKEN = "t0ken-for-tests"
@@ -189,7 +189,7 @@ def _collect(tmp_path, *args, env_token=None):
     env = {k: v for k, v in os.environ.items() if k != "RANKSCOPE_TOKEN"}
     if env_token:
         env["RANKSCOPE_TOKEN"] = env_token
-    proc = subprocess.Popen([sys.executable, "-m", "collector.cli", "collect", "--data-dir", str(tmp_path / "data"),
+    proc = subprocess.Popen([sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(tmp_path / "data"),
                              "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return proc
 
@@ -240,7 +240,7 @@ def test_cli_collect_with_env_token_and_tls(tmp_path, pki):
 
 
 def test_telemetry_start_takes_tls_ca_and_token_from_the_environment(served, tmp_path, pki, monkeypatch):
-    from collector import telemetry
+    from collector.rank import session
 
     port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
     monkeypatch.setenv("RANKSCOPE_ENDPOINT", f"127.0.0.1:{port}")
@@ -248,12 +248,12 @@ def test_telemetry_start_takes_tls_ca_and_token_from_the_environment(served, tmp
     monkeypatch.setenv("RANKSCOPE_TLS_CA", str(pki.ca))
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     try:
-        session = telemetry.start(run="tls-env")
-        assert session is not None and session.client_config.tls_ca == str(pki.ca)
+        active = session.start(run="tls-env")
+        assert active is not None and active.client_config.tls_ca == str(pki.ca)
         for step in range(50):
-            telemetry.emit("timers", step=step, name="fwd", dur_ns=step)
+            session.emit("timers", step=step, name="fwd", dur_ns=step)
     finally:
-        telemetry.stop()
+        session.stop()
     assert stored_rows(tmp_path / "data", "timers") == 50
     assert stored_rows(tmp_path / "data", "rank_ends") == 1
 

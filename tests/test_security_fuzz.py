@@ -16,12 +16,12 @@ from google.protobuf.message import DecodeError
 
 from _fuzz_util import hostile
 from _server_util import RawStream, comm_envelope, hello, run_end
-from collector import catalog
-from collector.codec import RUN_ID_RE
-from collector.layout import stored_schemas
-from collector.compaction import CompactionConfig
-from collector.server import create_server
-from collector.store import StoreConfig
+from collector.data import catalog
+from collector.data.layout import RUN_ID_RE
+from collector.data.layout import stored_schemas
+from collector.server.compaction import CompactionConfig
+from collector.server.service import create_server
+from collector.server.store import StoreConfig
 from proto import pb, pb_grpc
 
 HOSTILE_FRAMES = 10_000

@@ -1,4 +1,4 @@
-"""The SQL console (``rankscope sql``, collector.catalog.run_readonly_query) reads the
+"""The SQL console (``rankscope sql``, collector.data.catalog.run_readonly_query) reads the
 catalog and nothing else: statements that write, load, attach, configure or export
 are refused by type; table functions that would read files outside D/parquet are
 refused by DuckDB's allowed_directories; a runaway query is stopped by the time
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from collector import catalog
+from collector.data import catalog
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_row_limit_caps_the_result(data):
     ("ATTACH '/tmp/rankscope-attach.duckdb' AS x", "ATTACH statement"),
 ])
 def test_rankscope_sql_cli_refuses_with_a_message(data, sql, says):
-    proc = subprocess.run([sys.executable, "-m", "collector.cli", "sql", "--data-dir", str(data), sql],
+    proc = subprocess.run([sys.executable, "-m", "collector.tools.cli", "sql", "--data-dir", str(data), sql],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.startswith("rankscope sql: ") and says in proc.stderr

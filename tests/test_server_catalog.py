@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from _server_util import comm_columns
-from collector import catalog, sqlcli
-from collector.codec import decode_batch, encode_batch
-from collector.schema import TABLES
-from collector.store import Store, StoreConfig
+from collector.data import catalog
+from collector.tools import sql as sqlcli
+from collector.data.codec import decode_batch, encode_batch
+from collector.data.schema import TABLES
+from collector.server.store import Store, StoreConfig
 
 
 def store_comm(data, per_rank: dict[int, dict]) -> None:

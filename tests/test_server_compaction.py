@@ -6,10 +6,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector import catalog
-from collector.codec import decode_batch, encode_batch
-from collector.compaction import CompactionConfig, Compactor, pick_inputs
-from collector.store import Store, StoreConfig
+from collector.data import catalog
+from collector.data.codec import decode_batch, encode_batch
+from collector.server.compaction import CompactionConfig, Compactor, pick_inputs
+from collector.server.store import Store, StoreConfig
 
 from _server_util import comm_columns
 

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from _server_util import RawStream, comm_envelope, hello
-from collector import catalog
-from collector.launch import CollectorProcess, collector_command
+from collector.data import catalog
+from collector.tools.launch import CollectorProcess, collector_command
 
 # A collector committing and compacting often, so kills land inside both.
 FAST = ("--flush-interval", "0.02", "--compaction-interval", "0.05", "--compaction-min-files", "3")

@@ -5,9 +5,9 @@ import grpc
 import pytest
 
 from _server_util import RawStream, comm_envelope, hello, stored_rows
-from collector.compaction import CompactionConfig
-from collector.server import MAX_MESSAGE_BYTES, REJECTED_SEQ_KEY, create_server
-from collector.store import StoreConfig
+from collector.server.compaction import CompactionConfig
+from collector.server.service import MAX_MESSAGE_BYTES, REJECTED_SEQ_KEY, create_server
+from collector.server.store import StoreConfig
 from proto import pb, pb_grpc
 
 
@@ -150,7 +150,7 @@ def test_a_second_collector_on_the_same_data_dir_is_refused(served, tmp_path):
 
 
 def test_a_failed_commit_is_not_acked_and_the_resend_is_stored_once(served, tmp_path, monkeypatch):
-    import collector.store as store_module
+    import collector.server.store as store_module
 
     real_write = store_module.write_segment
     failures = []

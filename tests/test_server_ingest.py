@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from _server_util import RawStream, comm_envelope, hello, run_end, stored_rows
-from collector import catalog
-from collector.compaction import CompactionConfig
-from collector.server import create_server
-from collector.store import StoreConfig
+from collector.data import catalog
+from collector.server.compaction import CompactionConfig
+from collector.server.service import create_server
+from collector.server.store import StoreConfig
 from proto import pb, pb_grpc
 
 FAST = StoreConfig(flush_interval=0.05)
@@ -214,8 +214,8 @@ def test_back_pressure_holds_streams_without_losing_anything(collector, tmp_path
 
 
 def test_a_big_commit_is_split_over_two_segments(tmp_path):
-    from collector.codec import decode_batch, encode_batch
-    from collector.store import SPLIT_ROWS, Store
+    from collector.data.codec import decode_batch, encode_batch
+    from collector.server.store import SPLIT_ROWS, Store
     from _server_util import comm_columns
 
     store = Store(tmp_path, StoreConfig(flush_interval=5))

@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from collector import layout, ledger as ledger_module
-from collector.ledger import Ledger, SeqSet
-from collector.store import segment_path, write_segment
+from collector.data import layout
+from collector.server import ledger as ledger_module
+from collector.server.ledger import Ledger, SeqSet
+from collector.server.store import segment_path, write_segment
 
 
 SCHEMA = pa.schema([("rank", pa.int64()), ("step", pa.int64())])

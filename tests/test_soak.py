@@ -1,4 +1,4 @@
-"""Soak: many rank processes (each a real collector.client.Client) stream for a
+"""Soak: many rank processes (each a real collector.rank.client.Client) stream for a
 while into one collector that is SIGKILLed and restarted on the same port several
 times. Every record is stored exactly once (clients spool while it is down and
 resend; the collector deduplicates), every rank ends 'finished', and the
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from collector import catalog
-from collector.launch import CollectorProcess
+from collector.data import catalog
+from collector.tools.launch import CollectorProcess
 from conftest import free_port
 
 SETTINGS = ("--flush-interval", "0.1", "--compaction-interval", "1.0")
@@ -28,8 +28,8 @@ SETTINGS = ("--flush-interval", "0.1", "--compaction-interval", "1.0")
 # One rank: `rate` timers rows per second for `seconds`, step = row number, then RunEnd.
 RANK = """
 import sys, time
-from collector.client import Client, ClientConfig
-from collector.records import RecordBuffer
+from collector.rank.client import Client, ClientConfig
+from collector.rank.records import RecordBuffer
 from proto import pb
 endpoint, spool, rank, world, rate, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
     int(sys.argv[5]), float(sys.argv[6])

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from collector import catalog
+from collector.data import catalog
 from tests.conftest import free_port
 from tests.test_moe_parallel import check_case
 from trainer.tensor_parallel import (ParallelTransformerBlock, load_dense_state, parallel_groups, shard,
@@ -93,8 +93,8 @@ def train_and_compare(groups, steps: int) -> list[float]:
     dp_rank = (comm_rank() // groups.tp_size)
     diffs = []
     for step in range(steps):
-        from collector import telemetry
-        telemetry.set_step(step)
+        from collector.rank import session
+        session.set_step(step)
         ref_losses = [dense(*batch(step, d)) for d in range(groups.dp_size)]
         sum(ref_losses).div(groups.dp_size).backward()  # the data-parallel mean
         loss = parallel(*batch(step, dp_rank))
@@ -134,12 +134,12 @@ def test_bad_tp_settings_name_the_key(args, message):
 
 
 def worker(rank: int, port: int, endpoint: str) -> None:
-    from collector import telemetry
+    from collector.rank import session
     from trainer import comm
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    telemetry.start(run="tp-gpt", endpoint=endpoint)
+    session.start(run="tp-gpt", endpoint=endpoint)
     comm.init_process_group("gloo", rank=rank, world_size=WORLD)
     with pytest.raises(ValueError) as e:
         parallel_groups(3)
@@ -152,7 +152,7 @@ def worker(rank: int, port: int, endpoint: str) -> None:
     assert max(diffs) < 1e-5, diffs
     # an MoE layer inside a tensor-parallel model: experts span the data-parallel ranks
     check_case(rank, MOE_STEP, ep=2, k=1, drop=True, tp=TP)
-    telemetry.stop()
+    session.stop()
     comm.destroy_process_group()
 
 

@@ -15,9 +15,9 @@ import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from collector import spool
-from collector.codec import encode_batch
-from collector.importers.sink import envelope
+from collector.rank import spool
+from collector.data.codec import encode_batch
+from collector.tools.importers.sink import envelope
 from proto import pb
 from tests._import_util import FIXTURE, copy_fixture, live_collector, query, rankscope
 
@@ -26,7 +26,7 @@ WAIT_S = 120  # a bound for a hung watcher, not a timing expectation
 
 
 def _watch_args(folder, data, *extra) -> list[str]:
-    return [sys.executable, "-m", "collector.cli", "import", "--watch", str(folder), "--data-dir", str(data),
+    return [sys.executable, "-m", "collector.tools.cli", "import", "--watch", str(folder), "--data-dir", str(data),
             "--settle", "0.3", "--run", "dropped", *extra]
 
 

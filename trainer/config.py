@@ -19,7 +19,7 @@ import warnings
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from collector.telemetry import TelemetryConfig  # the telemetry block belongs to its owner
+from collector.rank.session import TelemetryConfig  # the telemetry block belongs to its owner
 
 
 class ConfigError(ValueError):

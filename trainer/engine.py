@@ -33,7 +33,7 @@ import warnings
 import torch
 from torch import nn
 
-from collector import telemetry
+from collector.rank import session
 from trainer import comm
 from trainer.config import ConfigError, EngineConfig, OptimizerConfig, load_config
 from trainer.loss_scaler import build_loss_scaler
@@ -133,7 +133,7 @@ def _start_telemetry(cfg: EngineConfig) -> None:
     if not cfg.telemetry.enabled:
         return
     try:
-        telemetry.start(run=cfg.telemetry.run, endpoint=cfg.telemetry.endpoint, token=cfg.telemetry.token,
+        session.start(run=cfg.telemetry.run, endpoint=cfg.telemetry.endpoint, token=cfg.telemetry.token,
                         config=cfg.raw, source="engine")
     except Exception as e:  # telemetry must never stop training
         warnings.warn(f"telemetry disabled: {e}", stacklevel=3)
@@ -223,7 +223,7 @@ class Engine(nn.Module):
         self._loss_sum = None
         self._last_step_end = time.perf_counter()
         self.last_records: dict[str, list[dict]] = {}  # this rank's records of the last step, by table
-        telemetry.set_step(self.global_steps)
+        session.set_step(self.global_steps)
 
     # ---------------------------------------------------------------- set-up
 
@@ -319,7 +319,7 @@ class Engine(nn.Module):
             self._report(outcome)
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
-            telemetry.set_step(self.global_steps)
+            session.set_step(self.global_steps)
         self.micro_steps += 1
 
     def _report(self, outcome) -> None:
@@ -336,7 +336,7 @@ class Engine(nn.Module):
                 "bad_params": ",".join(outcome.bad_params), "first_rank": outcome.first_rank,
                 "time_ns": time.time_ns()}]
         for table, rows in records.items():
-            telemetry.emit_rows(table, rows)
+            session.emit_rows(table, rows)
         self.last_records = records
         samples = self.global_samples + self.train_batch_size()
         loss = self._loss_sum / self.gradient_accumulation_steps()
@@ -423,7 +423,7 @@ class Engine(nn.Module):
         return ckpt_dir, client_state
 
     def after_checkpoint_load(self) -> None:
-        telemetry.set_step(self.global_steps)
+        session.set_step(self.global_steps)
         self._loss_sum = None
 
     def close(self) -> None:
@@ -433,7 +433,7 @@ class Engine(nn.Module):
         try:
             from trainer.moe import telemetry as moe_telemetry
             moe_telemetry.flush()
-            telemetry.stop()
+            session.stop()
         except Exception as e:  # telemetry must never fail the run
             warnings.warn(f"telemetry stop failed: {e}", stacklevel=2)
 

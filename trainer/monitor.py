@@ -42,13 +42,8 @@ from typing import Any, ClassVar, Iterable
 
 import torch
 
-try:  # the rank-side telemetry module; the monitor works without it
-    from collector import telemetry as _telemetry
-    from collector.clock import CLOCK
-    _now_ns = CLOCK.now_ns  # unix ns on rank 0's clock, like every other table's time_ns
-except ImportError:  # pragma: no cover - collector is part of this repo
-    _telemetry = None
-    _now_ns = time.time_ns
+from collector.rank import session
+from collector.rank.clock import CLOCK
 
 __all__ = ["MonitorMaster", "CSVMonitorConfig", "TensorBoardConfig"]
 
@@ -171,7 +166,7 @@ def _rank() -> int:
 
 
 def _telemetry_active() -> bool:
-    return _telemetry is not None and _telemetry.session() is not None
+    return session.active() is not None
 
 
 def _close_at_exit(ref: "weakref.ref[MonitorMaster]") -> None:
@@ -222,7 +217,7 @@ class MonitorMaster:
         numbers or 0-d tensors (read on the writer thread, not here)."""
         if not self.enabled:
             return
-        now = _now_ns()
+        now = CLOCK.now_ns()
         batch = [self._checked(event) for event in event_list]
         if not batch:
             return
@@ -299,7 +294,7 @@ class MonitorMaster:
             if isinstance(value, torch.Tensor):
                 value = value.item()
             if telemetry_on:
-                _telemetry.emit("monitor", step=samples, tag=tag, value=float(value), samples=samples,
+                session.emit("monitor", step=samples, tag=tag, value=float(value), samples=samples,
                                 time_ns=time_ns)
             for backend in self._backends:
                 self._guarded(backend, backend.write, tag, value, samples)

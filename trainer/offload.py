@@ -232,8 +232,8 @@ class NVMeStorage(CPUStorage):
 def _emit(name: str, start_ns: int, nbytes: int) -> None:
     """One telemetry ``timers`` row for a swap phase (the bytes moved are in the log, not the row)."""
     try:
-        from collector import telemetry
-        telemetry.emit("timers", name=name, start_ns=start_ns, dur_ns=time.time_ns() - start_ns)
+        from collector.rank import session
+        session.emit("timers", name=name, start_ns=start_ns, dur_ns=time.time_ns() - start_ns)
     except Exception:  # telemetry must never fail the step
         pass
 

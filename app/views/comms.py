@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
-from collector.bandwidth import gbps
+from collector.data.bandwidth import gbps
 
 
 def human_bytes(n: int) -> str:

@@ -1,6 +1,6 @@
 """SQL console: read-only queries over the catalog's views, a quick chart, downloads.
 
-Queries go through collector.catalog.run_readonly_query: one SELECT-like
+Queries go through collector.data.catalog.run_readonly_query: one SELECT-like
 statement in a sandboxed database that can read nothing outside D/parquet."""
 import io
 
@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from app import charts, queries, state
-from collector.catalog import QueryError
+from collector.data.catalog import QueryError
 
 EXAMPLES = {
     "Runs": "SELECT run_id, name, status, world_size, started_at, ended_at FROM runs ORDER BY started_at DESC",

@@ -1,6 +1,6 @@
 """Scenario runs: the example GPT under the bundled engine, each with one thing wrong
 that the dashboard should make obvious. They are what ``sample_runs/`` holds
-(``python -m trainer.examples.make_sample_runs``), and can be run on their own:
+(``python -m collector.tools.sample_runs``), and can be run on their own:
 
     RANKSCOPE_ENDPOINT=127.0.0.1:50051 RANKSCOPE_RUN=zero2-slow-rank3 \\
         torchrun --nproc_per_node 4 -m trainer.examples.scenarios --scenario zero2-slow-rank3 --steps 30
@@ -119,10 +119,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 def main() -> None:
     p = argparse.ArgumentParser(description="Run one scenario of the shipped sample runs under torchrun.")
-    p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    p.add_argument("--scenario", choices=sorted(SCENARIOS))
+    p.add_argument("--list", action="store_true", help="print {scenario: ranks} as JSON and exit")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.list:  # how collector.tools.sample_runs learns the scenarios without importing the engine
+        print(json.dumps({name: s.nproc for name, s in SCENARIOS.items()}))
+        return
+    if args.scenario is None:
+        p.error("--scenario is required")
     scenario = SCENARIOS[args.scenario]
     rank = int(os.environ.get("RANK", 0))
     torch.manual_seed(args.seed)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from collector import telemetry
+from collector.rank import session
 
 _pending: list = []  # (step, layer, counts, dropped, capacity, aux_loss, event) awaiting a CUDA copy
 
 
 def record(layer: int, routing) -> None:
-    if telemetry.session() is None:
+    if session.active() is None:
         return
-    step = telemetry.get_step()
+    step = session.get_step()
     stats = torch.cat([routing.expert_counts.detach(), routing.dropped.detach()])  # [2E]
     aux = routing.aux_loss.detach().double().reshape(1)
     if stats.is_cuda:
@@ -44,6 +44,6 @@ def _emit(step: int, layer: int, stats: torch.Tensor, aux: torch.Tensor, capacit
     values = stats.tolist()
     E = len(values) // 2
     loss = float(aux.item())
-    telemetry.emit_rows("moe", ({"step": step, "layer": layer, "expert": e, "tokens": values[e],
+    session.emit_rows("moe", ({"step": step, "layer": layer, "expert": e, "tokens": values[e],
                                  "dropped": values[E + e], "capacity": capacity, "aux_loss": loss}
                                 for e in range(E)))

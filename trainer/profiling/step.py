@@ -15,10 +15,7 @@ from torch import nn
 from trainer.profiling.profiler import FlopsProfiler, ModuleProfile
 from trainer.profiling.report import Summary
 
-try:  # collector is optional for the profiler: without it the tree is only printed
-    from collector import telemetry
-except ImportError:
-    telemetry = None
+from collector.rank import session
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +72,7 @@ def module_rows(root: ModuleProfile, step: int) -> list[dict]:
 
 
 def _emit_to_collector(table: str, rows: list[dict]) -> None:
-    if telemetry is not None:
-        telemetry.emit_rows(table, rows)
+    session.emit_rows(table, rows)  # a no-op without a telemetry session
 
 
 class StepProfiler:

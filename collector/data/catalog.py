@@ -1,0 +1,281 @@
+"""The DuckDB catalog: views over the Parquet segments, and read-only access.
+
+``D/catalog.duckdb`` holds views only, with paths relative to D, so a data dir
+can be moved or copied (``sample_runs/`` is one). ``connect(D)`` opens it
+read-only with ``file_search_path`` set to D, which is what DuckDB resolves the
+relative ``read_parquet`` paths against, whatever the process's cwd.
+
+The catalog file is never held open by a writer: ``ensure_catalog`` builds a
+fresh file under a temporary name and renames it over the old one, so readers
+in other processes (dashboard, ``rankscope sql``) are never locked out; a
+reader that already had the old file open keeps reading the same Parquet.
+
+``run_readonly_query`` is the guard for user-typed SQL (``rankscope sql``, the
+dashboard console): one query statement, run in a private in-memory database
+whose only readable directory is D/parquet.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import duckdb
+import pyarrow as pa
+
+from collector.data import layout
+from collector.data.schema import TABLES
+
+T = TypeVar("T")
+VERSION_VIEW = "rankscope_catalog_version"
+# Statement types a user query may have; DESCRIBE/SHOW/SUMMARIZE/FROM parse as SELECT.
+_QUERY_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+QUERY_TIMEOUT_S = 30.0  # a user query running longer is interrupted (a runaway recursive CTE, a huge join)
+
+
+class QueryError(Exception):
+    """A user query that was refused or failed; the message is DuckDB's or ours."""
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _scan(root: str, table: str, *, hive: bool) -> str:
+    """read_parquet over every segment of ``table``; root is '' (relative) or 'D/'."""
+    # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
+    glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
+    if hive:
+        return (f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, "
+                "hive_types = {'run': VARCHAR})")
+    return f"read_parquet({glob}, hive_partitioning = false, union_by_name = true)"
+
+
+def _columns(names) -> str:
+    return ", ".join(quote_ident(n) for n in names)
+
+
+def view_definitions(root: str = "") -> dict[str, str]:
+    """View name -> SELECT text. ``root`` prefixes every Parquet path."""
+    views: dict[str, str] = {}
+    for name, table in TABLES.items():
+        cols = table.arrow_schema().names
+        views[name] = f'SELECT "run" AS run_id, {_columns(cols)} FROM {_scan(root, name, hive=True)}'
+
+    for name, schema in layout.COLLECTOR_TABLES.items():
+        views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {_scan(root, name, hive=False)}"
+
+    # A rank that reconnects says Hello again: keep its latest Hello, and its latest RunEnd.
+    views["rank_ends"] = """
+        SELECT * FROM _rank_ends_raw
+        QUALIFY row_number() OVER (PARTITION BY run_id, rank ORDER BY ended_at DESC) = 1"""
+    views["ranks"] = """
+        WITH hello AS (
+            SELECT * FROM _ranks_raw
+            QUALIFY row_number() OVER (PARTITION BY run_id, rank ORDER BY started_at DESC, client_id) = 1)
+        SELECT h.run_id, h.rank, h.host, h.pid, h.clock_offset_ns, h.client_id, h.started_at,
+               e.ended_at, coalesce(e.status, 'running') AS status, e.dropped_records
+        FROM hello h LEFT JOIN rank_ends e USING (run_id, rank)"""
+    # First Hello of a run wins; a run is finished once every rank of world_size sent
+    # RunEnd(finished), failed as soon as one rank failed.
+    views["runs"] = """
+        WITH first_hello AS (
+            SELECT * FROM _runs_raw
+            QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY started_at) = 1),
+        per_run AS (
+            SELECT run_id, count(*) AS n_ranks,
+                   count(*) FILTER (WHERE status = 'failed') AS n_failed,
+                   count(*) FILTER (WHERE status = 'finished') AS n_finished,
+                   max(ended_at) AS last_end
+            FROM ranks GROUP BY run_id),
+        judged AS (
+            SELECT h.*, coalesce(p.n_ranks, 0) AS n_ranks, p.last_end,
+                   CASE WHEN coalesce(p.n_failed, 0) > 0 THEN 'failed'
+                        WHEN coalesce(p.n_finished, 0) >= h.world_size THEN 'finished'
+                        ELSE 'running' END AS status
+            FROM first_hello h LEFT JOIN per_run p USING (run_id))
+        SELECT run_id, name, world_size, started_at,
+               CASE WHEN status <> 'running' THEN last_end END AS ended_at,
+               status, source, linked_run_id, config, n_ranks
+        FROM judged"""
+    # One collective instance = the rows of all ranks sharing (run_id, group_name, seq).
+    views["comm_instances"] = """
+        SELECT run_id, group_name, seq, rank, op, bytes, step, start_ns, end_ns,
+               start_ns - min(start_ns) OVER w AS arrival_delay_ns,
+               max(start_ns) OVER w - start_ns AS wait_ns,
+               row_number() OVER (PARTITION BY run_id, group_name, seq
+                                  ORDER BY start_ns DESC, rank) = 1 AS is_last,
+               count(*) OVER w AS n_ranks
+        FROM comm
+        WHERE group_name IS NOT NULL AND seq IS NOT NULL AND start_ns IS NOT NULL
+        WINDOW w AS (PARTITION BY run_id, group_name, seq)"""
+    views["stragglers"] = """
+        SELECT run_id, group_name, seq, any_value(op) AS op, min(step) AS step,
+               arg_max(rank, is_last::INTEGER) AS last_rank,
+               max(arrival_delay_ns) AS max_delay_ns, count(*) AS n_ranks
+        FROM comm_instances
+        GROUP BY run_id, group_name, seq"""
+    return views
+
+
+def _catalog_version() -> str:
+    text = "\n".join(f"{k}={v}" for k, v in view_definitions().items())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, views: dict[str, str], *, temporary: bool) -> None:
+    kind = "TEMP VIEW" if temporary else "VIEW"
+    for name, select in views.items():  # definitions are ordered so dependencies come first
+        con.execute(f"CREATE OR REPLACE {kind} {quote_ident(name)} AS {select}")
+
+
+def _installed_version(path: Path) -> str | None:
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:
+        return None
+    try:
+        return con.execute(f"SELECT version FROM {quote_ident(VERSION_VIEW)}").fetchone()[0]
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+
+
+def ensure_catalog(data_dir) -> Path:
+    """Create or refresh D/catalog.duckdb (and the schema placeholders); returns its path."""
+    root = Path(data_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    layout.ensure_placeholders(root)
+    path = root / layout.CATALOG_FILE
+    version = _catalog_version()
+    if path.exists() and _installed_version(path) == version:
+        return path
+    tmp = root / f".{layout.CATALOG_FILE}.{os.getpid()}.{time.monotonic_ns()}{layout.TEMP_SUFFIX}"
+    con = duckdb.connect(str(tmp))
+    try:
+        con.execute("SET file_search_path = ?", [str(root)])
+        _create_views(con, view_definitions(), temporary=False)
+        con.execute(f"CREATE VIEW {quote_ident(VERSION_VIEW)} AS SELECT {quote_literal(version)} AS version")
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    os.replace(tmp, path)
+    return path
+
+
+def connect(data_dir) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to D's catalog; every view works from any cwd."""
+    root = Path(data_dir).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"data dir {str(root)!r} does not exist")
+    path = ensure_catalog(root)
+    con = duckdb.connect(str(path), read_only=True)
+    con.execute("SET file_search_path = ?", [str(root)])
+    return con
+
+
+def cursor(con: duckdb.DuckDBPyConnection, data_dir) -> duckdb.DuckDBPyConnection:
+    """A cursor of ``con`` for another thread. Settings are per cursor, so it gets the
+    catalog's relative-path root again."""
+    cur = con.cursor()
+    cur.execute("SET file_search_path = ?", [str(Path(data_dir).resolve())])
+    return cur
+
+
+def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
+    """A private in-memory database with the catalog's views, locked so that it can
+    read nothing outside D/parquet, load no extension and change no setting."""
+    root = Path(data_dir).resolve()
+    if not root.is_dir():
+        raise QueryError(f"data dir {str(root)!r} does not exist")
+    layout.ensure_placeholders(root)
+    con = duckdb.connect(":memory:")
+    # Absolute paths: allowed_directories is checked before file_search_path is applied.
+    _create_views(con, view_definitions(root=f"{root}/"), temporary=False)
+    con.execute("SET allowed_directories = ?", [[f"{root / layout.PARQUET_DIR}/"]])
+    # DuckDB adds its spill directory (<cwd>/.tmp) to the allowed ones: no spilling,
+    # so that nothing under the process's cwd becomes readable.
+    con.execute("SET temp_directory = ''")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000,
+                       timeout_s: float | None = QUERY_TIMEOUT_S) -> pa.Table:
+    """Run one user query read-only and return (at most max_rows rows of) its result,
+    interrupting it after ``timeout_s`` seconds (None: no limit).
+
+    Raises QueryError with a message fit to show the user: DuckDB's own error
+    text for bad SQL, or why the statement was refused or stopped."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from None
+    if len(statements) != 1:
+        raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind not in _QUERY_TYPES:
+        raise QueryError(f"only queries are allowed here (SELECT, WITH, FROM, DESCRIBE, SHOW, "
+                         f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement")
+
+    def attempt() -> pa.Table:
+        # Creating the views lists the segments too, so it is retried with the query.
+        con = readonly_connection(data_dir)
+        # interrupt() is DuckDB's documented way to stop a running query from another thread.
+        timer = threading.Timer(timeout_s, con.interrupt) if timeout_s is not None else None
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            return _fetch(con, sql, max_rows)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            con.close()
+
+    try:
+        return with_segment_retry(attempt)
+    except duckdb.InterruptException:
+        raise QueryError(f"query stopped after the {timeout_s:g} s time limit; "
+                         "narrow it (WHERE run_id = ..., LIMIT) and run it again") from None
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from None
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None) -> pa.Table:
+    reader = con.sql(sql).to_arrow_reader(min(max_rows or 65_536, 65_536))
+    batches, rows = [], 0
+    for batch in reader:
+        if max_rows is not None and rows + batch.num_rows >= max_rows:
+            batches.append(batch.slice(0, max_rows - rows))
+            break
+        batches.append(batch)
+        rows += batch.num_rows
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def with_segment_retry(query: Callable[[], T], attempts: int = 5) -> T:
+    """Run ``query``, again if a segment vanished under it.
+
+    Compaction unlinks merged segments; a query that listed the files just before
+    then fails to open one. Running it again lists the merged file instead."""
+    for attempt in range(attempts):
+        try:
+            return query()
+        except duckdb.IOException as exc:
+            if "No such file" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")

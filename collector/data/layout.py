@@ -1,0 +1,145 @@
+"""Where things live in a data dir D, and the schema of every stored table.
+
+    D/parquet/<table>/run=<run_id>/<segment>.parquet   committed segments
+    D/parquet/<table>/run=@schema/schema.parquet      empty placeholder (see below)
+    D/ledger/                                          the store's commit log (collector/ledger.py)
+    D/ledger/writer=<w>/                               the log of writer <w>, when several collectors
+                                                       share D (docs/SCALING.md)
+    D/catalog.duckdb                                   views only (collector/catalog.py)
+
+Segments are written as ``.<name>.tmp`` and renamed into place; the view globs
+(``run=*/*.parquet``) never match a temporary name, so readers never see a
+half-written file.
+
+Every table gets a zero-row placeholder file in the ``run=@schema`` partition:
+DuckDB refuses to bind a view over a glob that matches nothing, and the
+placeholder also carries the current schema so ``union_by_name`` fills columns
+that older segments lack with nulls. ``@`` is not allowed in a run_id, so the
+placeholder partition can never collide with a real run, and it holds no rows.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+
+# \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
+# directory name breaks every catalog view (found by tests/test_security_fuzz.py).
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
+
+PARQUET_DIR = "parquet"
+LEDGER_DIR = "ledger"
+CATALOG_FILE = "catalog.duckdb"
+PLACEHOLDER_PARTITION = "run=@schema"
+PLACEHOLDER_FILE = "schema.parquet"
+SEGMENT_SUFFIX = ".parquet"
+TEMP_SUFFIX = ".tmp"
+
+# Tables the collector writes from Hello / RunEnd messages; run_id is a column
+# there (and also the partition), unlike the per-rank tables.
+COLLECTOR_TABLES: dict[str, pa.Schema] = {
+    "runs": RUNS_SCHEMA,
+    "ranks": RANKS_SCHEMA,
+    "rank_ends": RANK_ENDS_SCHEMA,
+}
+
+
+def new_run_id(name: str, stable_key: str | None = None) -> str:
+    """A run id for a run called ``name``: its safe part, the UTC time and a random suffix, so a
+    second run of the same name gets a new id; with ``stable_key`` (a watched folder), the same
+    id every time for the same key instead."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:80] or "run"
+    if stable_key is not None:
+        return f"{safe}-{hashlib.sha256(stable_key.encode()).hexdigest()[:8]}"
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+class RunIdError(ValueError):
+    """A run id that cannot name a partition; the message says what is allowed."""
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_RE.match(run_id or "") or run_id in (".", ".."):
+        raise RunIdError(f"run_id {run_id!r} is not allowed: use 1-128 of [A-Za-z0-9_.-]")
+    return run_id
+
+
+# Several collectors may share one data dir, each under its own writer id: its
+# segments are named seg-<w>-<commit>-<part> / cmp-<w>-..., its ledger is
+# D/ledger/writer=<w>/, and it recovers, compacts and deletes only its own files.
+# Without a writer id (one collector per D) names stay seg-<commit>-<part>.
+WRITER_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+
+
+def check_writer(writer: str | None) -> str | None:
+    if writer is not None and not WRITER_RE.match(writer):
+        raise ValueError(f"writer id {writer!r} is not allowed: use 1-32 of [a-z0-9_], starting with a letter")
+    return writer
+
+
+def segment_prefix(kind: str, writer: str | None) -> str:
+    """'seg' / 'cmp', or 'seg-<writer>' / 'cmp-<writer>' for a named writer."""
+    return f"{kind}-{writer}" if writer else kind
+
+
+def segment_name_re(writer: str | None) -> re.Pattern:
+    """Matches the stems of exactly this writer's segments: groups (kind, commit, part)."""
+    middle = f"-{re.escape(writer)}" if writer else ""
+    return re.compile(rf"^(seg|cmp){middle}-(\d+)-(\d+)\Z")
+
+
+def ledger_dir(data_dir: Path, writer: str | None) -> Path:
+    base = data_dir / LEDGER_DIR
+    return base / f"writer={writer}" if writer else base
+
+
+def stored_schemas() -> dict[str, pa.Schema]:
+    """Every table stored under D/parquet with the schema of its files."""
+    schemas = {name: table.arrow_schema() for name, table in TABLES.items()}
+    schemas.update(COLLECTOR_TABLES)
+    return schemas
+
+
+def table_dir(data_dir: Path, table: str) -> Path:
+    return data_dir / PARQUET_DIR / table
+
+
+def partition_dir(data_dir: Path, table: str, run_id: str) -> Path:
+    return table_dir(data_dir, table) / f"run={run_id}"
+
+
+def temp_name(final: Path) -> Path:
+    """The name a segment is written under before it is committed."""
+    return final.with_name(f".{final.name}{TEMP_SUFFIX}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_placeholders(data_dir: Path) -> None:
+    """Write (or refresh, after a schema change) each table's empty placeholder."""
+    for table, schema in stored_schemas().items():
+        path = table_dir(data_dir, table) / PLACEHOLDER_PARTITION / PLACEHOLDER_FILE
+        if path.exists():
+            try:
+                if pq.read_schema(path).equals(schema):
+                    continue
+            except (OSError, pa.ArrowInvalid):
+                pass  # unreadable: rewrite it below
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(path).with_suffix(f".{os.getpid()}")
+        pq.write_table(schema.empty_table(), tmp)
+        os.replace(tmp, path)

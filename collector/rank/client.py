@@ -1,0 +1,495 @@
+"""Ships one rank's records to the collector, off the training thread.
+
+One daemon thread ("rankscope-client") every ``flush_interval_s`` (or as soon
+as ``batch_rows`` are waiting) takes what the RecordBuffer holds, encodes it
+with collector.data.codec into Envelopes numbered 1, 2, 3... and writes them on one
+bidirectional gRPC Stream. An envelope stays in ``unacked`` until the collector
+acks it (it is durable then). When the stream breaks the thread reconnects with
+exponential backoff and resends, on the new stream, the Hello and every
+un-acked envelope with its original seq; the collector drops duplicates.
+
+While the collector is unreachable, envelopes go to spool files (collector.rank.spool)
+instead of piling up in memory; after a reconnect the files are streamed again
+and deleted once all their envelopes are acked. ``close`` sends RunEnd, waits a
+bounded time for acks, and spools whatever is still un-acked.
+
+Errors from the collector: INVALID_ARGUMENT names the rejected envelope in the
+trailing metadata key ``rankscope-rejected-seq``: that envelope is dropped (its
+rows are counted as dropped) and the rest resent. FAILED_PRECONDITION (schema
+version) and UNAUTHENTICATED / PERMISSION_DENIED are logged once and retried
+slowly while spooling, since only an operator can fix them.
+
+Nothing here raises into the caller: ``submit`` and ``close`` are safe from any
+thread, and a failing collector costs the training thread nothing.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from collector.data import codec, security
+from collector.rank import spool
+from collector.rank.records import RecordBuffer
+from proto import SCHEMA_VERSION, pb, pb_grpc
+
+log = logging.getLogger("rankscope.client")
+
+REJECTED_SEQ_KEY = "rankscope-rejected-seq"
+_OPERATOR_ERRORS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+_CLOSE_STREAM = object()
+
+
+@dataclass(kw_only=True)
+class ClientConfig:
+    endpoint: str = "127.0.0.1:50051"
+    token: str | None = None
+    tls_ca: str | None = None  # PEM CA file: TLS to the collector, verified against it; None: plaintext
+    spool_dir: Path | None = None  # None: collector.rank.spool.default_dir()
+    batch_rows: int = 8192
+    flush_interval_s: float = 0.2
+    max_buffer_rows: int = 1_000_000
+    max_unacked_bytes: int = 64 << 20  # beyond this, un-acked envelopes move to the spool
+    spool_after_s: float = 1.0  # disconnected this long -> spool instead of holding in memory
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+    operator_error_retry_s: float = 30.0
+    close_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.endpoint, str) or not self.endpoint.strip():
+            raise ValueError(f"telemetry.endpoint must be host:port, got {self.endpoint!r}")
+        for key in ("batch_rows", "max_buffer_rows", "max_unacked_bytes"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ValueError(f"telemetry.{key} must be a positive integer, got {getattr(self, key)!r}")
+        for key in ("flush_interval_s", "spool_after_s", "backoff_initial_s", "backoff_max_s",
+                    "operator_error_retry_s", "close_timeout_s"):
+            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) < 0:
+                raise ValueError(f"telemetry.{key} must be a non-negative number, got {getattr(self, key)!r}")
+        self.spool_dir = Path(self.spool_dir) if self.spool_dir else spool.default_dir()
+
+
+class _Stream:
+    """One gRPC Stream call: a queue feeding its requests, a thread reading acks."""
+
+    def __init__(self, client: "Client", stub: pb_grpc.CollectorStub, metadata) -> None:
+        self.client = client
+        self.outbox: queue.Queue = queue.Queue()
+        self.error: grpc.RpcError | Exception | None = None
+        self.dead = threading.Event()
+        self.call = stub.Stream(self._requests(), metadata=metadata)
+        self.reader = threading.Thread(target=self._read_acks, name="rankscope-acks", daemon=True)
+        self.reader.start()
+
+    def _requests(self):
+        while True:
+            item = self.outbox.get()
+            if item is _CLOSE_STREAM:
+                return
+            if isinstance(item, Path):  # a spool file: stream the envelopes still un-acked
+                for env in self.client._spooled_envelopes(item):
+                    yield env
+            else:
+                yield item
+
+    def _read_acks(self) -> None:
+        try:
+            for ack in self.call:
+                self.client._on_ack(ack.seqs)
+        except Exception as e:  # grpc.RpcError, or anything the channel throws
+            self.error = e
+        self.dead.set()
+        self.client._wake.set()
+
+    def send(self, item) -> None:
+        self.outbox.put(item)
+
+    def close(self) -> None:
+        self.outbox.put(_CLOSE_STREAM)
+        try:
+            self.call.cancel()
+        except Exception:
+            pass
+
+
+class Client:
+    """Background shipper for one rank process. ``start(hello)`` once the run
+    identity is known; records added to ``buffer`` before that wait in it."""
+
+    def __init__(self, config: ClientConfig, client_id: str, buffer: RecordBuffer) -> None:
+        self.cfg = config
+        self.client_id = client_id
+        self.buffer = buffer
+        self.run_id: str | None = None
+        self.rank = 0
+        self._seq = 0
+        self._hello: pb.Envelope | None = None
+        self._lock = threading.Lock()
+        self._unacked: collections.OrderedDict[int, tuple[pb.Envelope, int, int]] = collections.OrderedDict()
+        self._unacked_bytes = 0
+        self._spooled: dict[Path, set[int]] = {}  # spool file -> seqs in it not yet acked
+        self._spooled_seq: dict[int, Path] = {}
+        self._rows_of: dict[int, int] = {}  # spooled seq -> rows, for drop accounting
+        self.dropped_rejected = 0
+        self._stream: _Stream | None = None
+        self._connected_at: float | None = None
+        self._disconnected_since = time.monotonic()
+        self._backoff = config.backoff_initial_s
+        self._next_connect = 0.0
+        self._operator_error_logged: set = set()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._channel: grpc.Channel | None = None
+        self._orphans_started = False
+        self._end: pb.RunEnd | None = None  # set by close()
+        self.acked = 0  # envelopes acked, for tests and RunEnd diagnostics
+
+    # ---- called from the session (any thread) ----
+    def start(self, hello: pb.Hello) -> None:
+        self.run_id, self.rank = hello.run_id, hello.rank
+        self._hello = self._envelope(hello=hello)
+        self._track(self._hello, 0)
+        self._thread = threading.Thread(target=self._run, name="rankscope-client", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Ask for a flush now (the buffer crossed batch_rows)."""
+        self._wake.set()
+
+    def close(self, end: pb.RunEnd, timeout_s: float | None = None) -> bool:
+        """Flush, send RunEnd, wait up to ``timeout_s`` for every ack, spool the
+        rest. Returns True when everything was acknowledged."""
+        if self._thread is None:
+            return False
+        self._end = end
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join((timeout_s if timeout_s is not None else self.cfg.close_timeout_s) + 2.0)
+        return self._done.is_set() and not self._unacked and not self._spooled
+
+    @property
+    def pending(self) -> int:
+        """Envelopes sent or spooled but not yet acknowledged."""
+        return len(self._unacked) + len(self._spooled_seq)
+
+    # ---- the client thread ----
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._wake.wait(self.cfg.flush_interval_s)
+                self._wake.clear()
+                self._step()
+            self._finish()
+        except Exception:
+            log.exception("rankscope: telemetry client stopped; records from here on are not shipped")
+        finally:
+            self._done.set()
+
+    def _step(self) -> None:
+        try:
+            for env in self._encode(self.buffer.take()):
+                self._enqueue(env)
+        except Exception:
+            log.exception("rankscope: could not encode records")
+        self._maintain_connection()
+
+    def _finish(self) -> None:
+        start = time.monotonic()
+        deadline = start + self.cfg.close_timeout_s
+        for env in self._encode(self.buffer.take()):
+            self._enqueue(env)
+        # RunEnd goes last, once the data is acked (or most of the wait is spent),
+        # so its dropped count includes batches the collector rejected.
+        self._wait_acked(start + 0.8 * self.cfg.close_timeout_s)
+        end = self._end
+        end.dropped_records += self.buffer.dropped + self.dropped_rejected
+        self._enqueue(self._envelope(end=end))
+        self._wait_acked(deadline)
+        if self._stream is not None:
+            self._stream.close()
+        with self._lock:
+            if self._unacked:
+                self._spool_unacked()
+        if self._spooled:
+            log.warning("rankscope: collector at %s did not acknowledge %d envelope(s); they are spooled in %s",
+                        self.cfg.endpoint, len(self._spooled_seq), self.cfg.spool_dir)
+        if self._channel is not None:
+            self._channel.close()
+
+    def _wait_acked(self, deadline: float) -> None:
+        while time.monotonic() < deadline and (self._unacked or self._spooled):
+            self._maintain_connection()
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    def _envelope(self, **body) -> pb.Envelope:
+        self._seq += 1
+        return pb.Envelope(schema_version=SCHEMA_VERSION, client_id=self.client_id, seq=self._seq, **body)
+
+    def _encode(self, chunks) -> list[pb.Envelope]:
+        """Chunks -> envelopes of at most batch_rows rows, same-table chunks merged."""
+        merged: dict[tuple, list] = {}
+        for table, cols, rows in chunks:
+            merged.setdefault((table, tuple(cols)), []).append((cols, rows))
+        out = []
+        for (table, keys), parts in merged.items():
+            cols = {k: [v for c, _ in parts for v in c[k]] for k in keys}
+            total = sum(r for _, r in parts)
+            for lo in range(0, total, self.cfg.batch_rows):
+                piece = {k: v[lo:lo + self.cfg.batch_rows] for k, v in cols.items()}
+                n = min(self.cfg.batch_rows, total - lo)
+                batch = self._encode_batch(table, piece, n)
+                if batch is not None:
+                    env = self._envelope(table=batch)
+                    self._rows_of[env.seq] = batch.rows
+                    out.append(env)
+        return out
+
+    def _encode_batch(self, table: str, cols: dict, n: int):
+        try:
+            return codec.encode_batch(table, self.run_id, self.rank, cols)
+        except Exception as e:
+            # A bad value (e.g. a string in a number column): keep the good rows.
+            good = []
+            for i in range(n):
+                row = {k: [v[i]] for k, v in cols.items()}
+                try:
+                    codec.encode_batch(table, self.run_id, self.rank, row)
+                    good.append(i)
+                except Exception:
+                    pass
+            self.buffer.dropped += n - len(good)
+            log.warning("rankscope: dropped %d %s row(s) that do not fit the schema: %s", n - len(good), table, e)
+            if not good:
+                return None
+            return codec.encode_batch(table, self.run_id, self.rank, {k: [v[i] for i in good] for k, v in cols.items()})
+
+    def _track(self, env: pb.Envelope, rows: int) -> None:
+        size = env.ByteSize()
+        with self._lock:
+            self._unacked[env.seq] = (env, size, rows)
+            self._unacked_bytes += size
+
+    def _enqueue(self, env: pb.Envelope) -> None:
+        self._track(env, self._rows_of.pop(env.seq, 0))
+        if self._stream is not None and not self._stream.dead.is_set():
+            self._stream.send(env)
+
+    def _maintain_connection(self) -> None:
+        stream = self._stream
+        if stream is not None and stream.dead.is_set():
+            self._on_stream_error(stream.error)
+            stream.close()
+            self._stream = stream = None
+            self._disconnected_since = time.monotonic()
+        if stream is None:
+            with self._lock:
+                over_memory = self._unacked_bytes > self.cfg.max_unacked_bytes
+                away = time.monotonic() - self._disconnected_since > self.cfg.spool_after_s
+                if self._unacked and (over_memory or away or self._stopping.is_set()):
+                    self._spool_unacked()
+            if time.monotonic() >= self._next_connect:
+                self._connect()
+        elif self._unacked_bytes > self.cfg.max_unacked_bytes:
+            # Connected but the collector is slow: keep memory bounded.
+            with self._lock:
+                self._spool_unacked()
+
+    def _connect(self) -> None:
+        try:
+            if self._channel is None:
+                self._channel = security.open_channel(self.cfg.endpoint, tls_ca=self.cfg.tls_ca)
+            metadata = security.auth_metadata(self.cfg.token)
+            stream = _Stream(self, pb_grpc.CollectorStub(self._channel), metadata)
+        except Exception as e:
+            self._on_stream_error(e)
+            return
+        self._stream = stream
+        # Hello first on every stream (the collector may key the stream on it),
+        # then spooled files, then what is held in memory, all in seq order.
+        stream.send(self._hello)
+        with self._lock:
+            for path in sorted(self._spooled):
+                stream.send(path)
+            for seq, (env, _, _) in self._unacked.items():
+                if seq != self._hello.seq:
+                    stream.send(env)
+
+    def _on_stream_error(self, err) -> None:
+        code = err.code() if isinstance(err, grpc.RpcError) and hasattr(err, "code") else None
+        now = time.monotonic()
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            seq = _rejected_seq(err)
+            detail = err.details() if hasattr(err, "details") else str(err)
+            if seq is not None:
+                self._drop_rejected(seq, detail)
+            else:
+                log.error("rankscope: collector rejected a batch without naming it: %s", detail)
+            self._next_connect = now  # the rest is fine: resend right away
+            return
+        if code in _OPERATOR_ERRORS:
+            if code not in self._operator_error_logged:
+                self._operator_error_logged.add(code)
+                detail = err.details() if hasattr(err, "details") else str(err)
+                log.error("rankscope: collector at %s refused this client (%s: %s); records are spooled to %s "
+                          "and retried every %.0f s", self.cfg.endpoint, code.name, detail, self.cfg.spool_dir,
+                          self.cfg.operator_error_retry_s)
+            self._next_connect = now + self.cfg.operator_error_retry_s
+            return
+        if self._connected_at is None and self._backoff <= self.cfg.backoff_initial_s:
+            log.info("rankscope: collector at %s unreachable (%s); retrying with backoff, spooling to %s",
+                     self.cfg.endpoint, code.name if code else err, self.cfg.spool_dir)
+        self._connected_at = None
+        self._next_connect = now + self._backoff * random.uniform(0.8, 1.2)
+        self._backoff = min(self._backoff * 2, self.cfg.backoff_max_s)
+
+    def _drop_rejected(self, seq: int, detail: str) -> None:
+        with self._lock:
+            held = self._unacked.pop(seq, None)
+            rows = 0
+            if held is not None:
+                self._unacked_bytes -= held[1]
+                rows = held[2]
+            elif seq in self._spooled_seq:
+                rows = self._rows_of.pop(seq, 0)
+                self._forget_spooled(seq)
+        self.dropped_rejected += rows
+        log.error("rankscope: collector rejected envelope seq=%d (%d rows dropped): %s", seq, rows, detail)
+        if held is not None and held[0].HasField("hello"):
+            log.error("rankscope: the Hello was rejected; nothing from this rank can be stored")
+
+    # ---- acks (reader thread) ----
+    def _on_ack(self, seqs) -> None:
+        with self._lock:
+            for seq in seqs:
+                held = self._unacked.pop(seq, None)
+                if held is not None:
+                    self._unacked_bytes -= held[1]
+                    self.acked += 1
+                elif seq in self._spooled_seq:
+                    self._forget_spooled(seq)
+                    self.acked += 1
+        if self._connected_at is None:
+            self._connected_at = time.monotonic()
+            self._backoff = self.cfg.backoff_initial_s
+            if not self._orphans_started:
+                # The collector is reachable: deliver what dead processes on this host left behind.
+                self._orphans_started = True
+                threading.Thread(target=resend_spooled, args=(self.cfg.spool_dir, self.cfg.endpoint, self.cfg.token),
+                                 kwargs={"tls_ca": self.cfg.tls_ca}, name="rankscope-orphans", daemon=True).start()
+        if self._stopping.is_set():
+            self._wake.set()
+
+    # ---- spool (callers hold self._lock) ----
+    def _spool_unacked(self) -> None:
+        envs = [env for env, _, _ in self._unacked.values()]
+        try:
+            path = spool.write(self.cfg.spool_dir, self.client_id, envs, self.cfg.endpoint)
+        except OSError as e:
+            log.error("rankscope: cannot spool to %s (%s); keeping %d envelope(s) in memory",
+                      self.cfg.spool_dir, e, len(envs))
+            return
+        seqs = set()
+        for seq, (_, _, rows) in self._unacked.items():
+            seqs.add(seq)
+            self._spooled_seq[seq] = path
+            self._rows_of[seq] = rows
+        self._spooled[path] = seqs
+        self._unacked.clear()
+        self._unacked_bytes = 0
+
+    def _forget_spooled(self, seq: int) -> None:
+        path = self._spooled_seq.pop(seq)
+        self._rows_of.pop(seq, None)
+        left = self._spooled[path]
+        left.discard(seq)
+        if not left:
+            del self._spooled[path]
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+    def _spooled_envelopes(self, path: Path):
+        """Called by the request iterator: the file's envelopes not yet acked."""
+        try:
+            envs = spool.read(path)
+        except (OSError, spool.SpoolError) as e:
+            log.error("rankscope: cannot read spool file: %s", e)
+            return []
+        with self._lock:
+            left = set(self._spooled.get(path, ()))
+        return [e for e in envs if e.seq in left]
+
+
+def _rejected_seq(err) -> int | None:
+    try:
+        for key, value in err.trailing_metadata() or ():
+            if key == REJECTED_SEQ_KEY:
+                return int(value)
+    except Exception:
+        pass
+    return None
+
+
+def resend_spooled(directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0,
+                   tls_ca: str | None = None) -> tuple[int, int]:
+    """Stream the orphaned spool files meant for ``endpoint`` (writers on this host
+    that are gone) to it, one writer (client_id) per stream so acks are
+    unambiguous, deleting each file once all its envelopes are acked. Returns
+    (files delivered, files left). Never raises."""
+    groups = spool.orphans(Path(directory), endpoint)
+    delivered = left = 0
+    if not groups:
+        return 0, 0
+    metadata = security.auth_metadata(token)
+    try:
+        channel = security.open_channel(endpoint, tls_ca=tls_ca)
+    except security.SecurityConfigError as e:
+        log.error("rankscope: cannot resend spool files: %s", e)
+        return 0, sum(len(paths) for paths in groups.values())
+    with channel:
+        stub = pb_grpc.CollectorStub(channel)
+        for client_id, paths in groups.items():
+            per_file: dict[Path, set[int]] = {}
+            envs = []
+            for path in paths:
+                try:
+                    got = spool.read(path)
+                except (OSError, spool.SpoolError) as e:
+                    log.error("rankscope: skipping spool file: %s", e)
+                    continue
+                per_file[path] = {e.seq for e in got}
+                envs += got
+            need = set().union(*per_file.values()) if per_file else set()
+            acked: set[int] = set()
+            call = stub.Stream(iter(envs), metadata=metadata, timeout=timeout_s)
+            try:
+                for ack in call:
+                    acked.update(ack.seqs)
+                    if need <= acked:
+                        break
+            except grpc.RpcError as e:
+                log.warning("rankscope: resending spool of %s stopped: %s", client_id,
+                            e.details() if hasattr(e, "details") else e)
+            finally:
+                call.cancel()
+            for path, seqs in per_file.items():
+                if seqs <= acked:
+                    path.unlink(missing_ok=True)
+                    delivered += 1
+                else:
+                    left += 1
+    if delivered:
+        log.info("rankscope: resent %d spool file(s) from %s", delivered, directory)
+    return delivered, left

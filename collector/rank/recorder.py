@@ -1,0 +1,393 @@
+"""The comm recorder: turns each instrumented call into one row of the ``comm`` table.
+
+This is DeepSpeed's comms logger rebuilt for live telemetry. Unlike DeepSpeed,
+calls are never synchronised to be timed:
+
+* training thread (the hot path, ~1 us, in collector.rank.ops): two
+  ``perf_counter_ns`` reads around the real call, a cached per-group lookup, and
+  one tuple appended to a bounded deque (``Recorder.record``). No formatting, no
+  bandwidth math, no I/O.
+* CUDA tensors get a ``torch.cuda.Event`` pair, resolved later; async ops
+  (``async_op=True``, isend/irecv) are stamped when their future completes.
+* a daemon thread drains the deque every 100 ms: resolves timings, computes
+  bytes / algbw / busbw (collector.data.bandwidth), keeps the per-size latency
+  arrays behind ``log_summary`` (collector.rank.summary), prints verbose lines
+  and hands the rows to the telemetry session, if one is active.
+
+Recording is on when ``comms_logger.enabled`` is set or a telemetry session is
+active: the recorder registers with collector.rank.session, which tells it when
+a session starts or ends, asks it to flush at stop and reads its dropped count.
+``seq`` counts collectives per group and is the same on every rank of the group
+for the same collective, so rows join across ranks on (run_id, group_name, seq).
+Point-to-point ops count per direction in a pseudo-group ``p2p[src->dst]`` of
+size 2, so a send joins its matching recv. The recorder owns its group cache:
+``forget_groups`` after a process group is created or destroyed.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import sys
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from collector.data import bandwidth
+from collector.data.config import ConfigBlock
+from collector.data.schema import TABLES
+from collector.rank import session, state
+from collector.rank.clock import CLOCK, perf_ns
+
+log = logging.getLogger("rankscope.comm")
+
+INSTRUMENTED_OPS = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "send", "recv",
+    "isend", "irecv", "barrier", "all_gather_coalesced", "all_reduce_coalesced",
+) + tuple(op for op in ("all_gather_single", "reduce_scatter_single") if hasattr(c10d, op))
+# ^ the *_single names replace *_into_tensor / *_tensor in newer torch (FSDP2 uses them)
+P2P_OPS = frozenset(("send", "recv", "isend", "irecv"))
+GROUP_SIZE = -1  # `scale` meaning "the op's data is n x this tensor"
+DRAIN_INTERVAL_S = 0.1
+POLL_INTERVAL_S = 0.002
+MAX_PENDING = 1 << 18  # records waiting for the drain thread; beyond it they are counted and dropped
+COMM_COLUMNS = tuple(name for name, _ in TABLES["comm"].columns)
+
+
+@dataclass(kw_only=True)
+class CommsLoggerConfig(ConfigBlock):
+    """DeepSpeed's ``comms_logger`` section."""
+
+    SECTION: ClassVar[str] = "comms_logger"
+    enabled: bool = False
+    verbose: bool = False
+    prof_all: bool = True
+    prof_ops: list[str] = field(default_factory=list)
+    debug: bool = False
+
+
+def get_rank(group=None) -> int:
+    """Rank in ``group``; 0 without a process group (the single-rank case)."""
+    return c10d.get_rank(group) if c10d.is_initialized() else 0
+
+
+def get_world_size(group=None) -> int:
+    return c10d.get_world_size(group) if c10d.is_initialized() else 1
+
+
+class _Group:
+    """What a record needs about its group, computed once per group object."""
+    __slots__ = ("name", "size", "seq")
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name, self.size, self.seq = name, size, itertools.count(1)
+
+
+def _ranks_label(ranks: list[int]) -> str:
+    """[0,1,2,3,8] -> '0-3,8': stable, readable, short for big contiguous groups."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(parts)
+
+
+class _AsyncEnd:
+    """Completion time of an async op: set by its future's callback; for gloo p2p
+    works (no future) when the drain thread's polling sees them completed; and for
+    collectives whose Work has neither a future nor a working is_completed() (gloo's
+    reduce_scatter_tensor in torch 2.13) when the caller's wait() returns, through
+    _WaitTimedWork."""
+    __slots__ = ("work", "end", "timed_at_wait")
+
+    def __init__(self, work, p2p: bool) -> None:
+        self.work, self.end, self.timed_at_wait = work, None, False
+        try:
+            work.get_future().then(self._done)
+        except Exception:  # backends / ops without futures (e.g. gloo)
+            self.timed_at_wait = not p2p
+
+    def _done(self, fut) -> None:
+        self.end = perf_ns()
+
+    def resolve(self) -> int | None:
+        if self.end is None and self.work.is_completed():
+            self.end = perf_ns()
+        if self.end is not None:
+            self.work = None  # let the tensors go
+        return self.end
+
+
+class _WaitTimedWork(dist.Work):
+    """Handed back in place of a future-less collective Work: its record ends when
+    the caller's wait() returns (an upper bound of the op's end; the caller decides
+    when that is). Nothing else may wait on the inner Work: gloo's wait() copies the
+    result into the output, so a second wait from another thread can overwrite what
+    the caller has done with the output since (seen as wrong ZeRO-1 gradients)."""
+
+    def __init__(self, work, pending: _AsyncEnd) -> None:
+        super().__init__()
+        self._work, self._pending = work, pending
+
+    def wait(self, *args, **kwargs):
+        ok = self._work.wait(*args, **kwargs)
+        if self._pending.end is None:
+            self._pending.end = perf_ns()
+        return ok
+
+    def is_completed(self) -> bool:
+        return self._pending.end is not None or self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def result(self):
+        return self._work.result()
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
+
+    def get_future(self):
+        return self._work.get_future()
+
+
+class CudaSpan:
+    __slots__ = ("start", "stop")
+
+    def __init__(self, start) -> None:
+        self.start, self.stop = start, None
+
+    def resolve(self, t0: int) -> int | None:
+        if not self.stop.query():
+            return None
+        return t0 + int(self.start.elapsed_time(self.stop) * 1e6)
+
+
+def cuda_start(tensor):
+    if not tensor.is_cuda:
+        return None
+    try:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+    except Exception:  # e.g. inside CUDA graph capture: time on the CPU instead
+        return None
+    return CudaSpan(ev)
+
+
+# record tuple fields
+(_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP) = range(13)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.cfg = CommsLoggerConfig()
+        self.on = False
+        self.ops: frozenset[str] = frozenset(INSTRUMENTED_OPS)
+        self.debug = False
+        self.pending: collections.deque = collections.deque()
+        self.waiting: list = []  # async / CUDA records not yet complete
+        self.dropped = 0
+        self.groups: dict = {}
+        self.p2p: dict = {}
+        # log_name -> bytes -> (latency ms, algbw Gbps, busbw Gbps) per instance, as compact
+        # float arrays (24 bytes a record): the straggler effect needs every instance.
+        self.summary: dict[str, dict[int, tuple[array, array, array]]] = {}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+
+    # ---- configuration (not hot) ----
+    def refresh(self) -> None:
+        cfg = self.cfg
+        self.on = cfg.enabled or session.active() is not None
+        self.ops = frozenset(INSTRUMENTED_OPS) if cfg.prof_all else frozenset(cfg.prof_ops)
+        self.debug = cfg.debug
+        if self.on and self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="rankscope-comm", daemon=True)
+            self.thread.start()
+
+    def forget_groups(self) -> None:
+        self.groups.clear()
+        self.p2p.clear()
+
+    def _group(self, group) -> _Group:
+        g = self.groups.get(group)
+        if g is None:
+            if group is None or group is c10d.GroupMember.WORLD:
+                g = _Group("world", get_world_size())
+            else:
+                ranks = sorted(c10d.get_process_group_ranks(group))
+                name = f"g[{_ranks_label(ranks)}]"
+                if any(o.name == name for o in self.groups.values()):  # a second communicator, same ranks
+                    name += f"#{getattr(group, 'group_name', len(self.groups))}"
+                g = _Group(name, len(ranks))
+            self.groups[group] = g
+        return g
+
+    def _p2p(self, src: int, dst: int) -> _Group:
+        key = (src, dst)
+        g = self.p2p.get(key)
+        if g is None:
+            g = self.p2p[key] = _Group(f"p2p[{'?' if src < 0 else src}->{dst}]", 2)
+        return g
+
+    # ---- hot path ----
+    def record(self, op, log_name, grp, t0, work, span, dtype, numel, scale, peer=-1, peer_is_src=False):
+        """Queue the op's record; returns the Work to hand back to the caller (``work`` itself,
+        or a _WaitTimedWork around it), or None for a synchronous op."""
+        t1 = perf_ns()
+        try:
+            if span is not None:
+                span.stop = torch.cuda.Event(enable_timing=True)
+                span.stop.record()
+            timing = _AsyncEnd(work, op in P2P_OPS) if work is not None else span
+            if work is not None and timing.timed_at_wait:
+                work = _WaitTimedWork(work, timing)
+            if op in P2P_OPS:
+                me = get_rank()
+                g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)
+            else:
+                g = self.groups.get(grp) or self._group(grp)
+                if scale == GROUP_SIZE:
+                    scale = g.size
+            if log_name is None:
+                log_name = op
+            if self.debug:
+                log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+            if len(self.pending) < MAX_PENDING:
+                self.pending.append((op, log_name, g, next(g.seq), dtype, numel * scale, dtype.itemsize, t0, t1,
+                                     timing, work is not None, peer, state.step))
+            else:
+                self.dropped += 1
+        except Exception:  # the collective itself succeeded; losing its record must not fail training
+            self.dropped += 1
+            if self.dropped == 1:
+                log.exception("rankscope: could not record %s; counting it as dropped", op)
+        return work
+
+    # ---- off the training thread ----
+    def _run(self) -> None:
+        while True:
+            # Async work without a future (gloo p2p) is stamped when seen complete: look often then.
+            polling = any(isinstance(r[_TIMING], _AsyncEnd) and r[_TIMING].end is None for r in self.waiting)
+            self.wake.wait(POLL_INTERVAL_S if polling else DRAIN_INTERVAL_S)
+            self.wake.clear()
+            try:
+                self.drain()
+            except Exception:  # telemetry never takes the job down; say why once per burst
+                log.exception("rankscope: comm records could not be processed")
+
+    def drain(self) -> int:
+        """Resolve finished records into rows; returns how many were emitted."""
+        with self.lock:
+            items, self.waiting = self.waiting, []
+            pending = self.pending
+            while pending:
+                items.append(pending.popleft())
+            if not items:
+                return 0
+            cols = {k: [] for k in COMM_COLUMNS}
+            verbose = self.cfg.verbose
+            rank = get_rank()
+            for r in items:
+                timing = r[_TIMING]
+                if timing is None:
+                    end = r[_T1]
+                else:
+                    end = timing.resolve() if isinstance(timing, _AsyncEnd) else timing.resolve(r[_T0])
+                    if end is None:
+                        self.waiting.append(r)
+                        continue
+                g, op, numel = r[_GROUP], r[_OP], r[_NUMEL]
+                nbytes = 0 if op == "barrier" else numel * r[_ITEMSIZE]
+                dur = max(0, end - r[_T0])
+                algbw, busbw = bandwidth.bandwidth(op, nbytes, dur, g.size)
+                cols["step"].append(r[_STEP])
+                cols["group_name"].append(g.name)
+                cols["group_size"].append(g.size)
+                cols["seq"].append(r[_SEQ])
+                cols["op"].append(op)
+                cols["log_name"].append(r[_NAME])
+                cols["dtype"].append(str(r[_DTYPE]).removeprefix("torch."))
+                cols["numel"].append(numel)
+                cols["bytes"].append(nbytes)
+                cols["start_ns"].append(CLOCK.wall_ns(r[_T0]))
+                cols["end_ns"].append(CLOCK.wall_ns(end))
+                cols["async_op"].append(r[_ASYNC])
+                cols["algbw_gbs"].append(algbw)
+                cols["busbw_gbs"].append(busbw)
+                cols["peer"].append(r[_PEER])
+                lat_ms = dur / 1e6
+                stats = self.summary.setdefault(r[_NAME], {}).setdefault(nbytes, (array("d"), array("d"), array("d")))
+                stats[0].append(lat_ms)
+                stats[1].append(bandwidth.gbps(algbw))
+                stats[2].append(bandwidth.gbps(busbw))
+                if verbose:
+                    print(f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r[_NAME]} | time (ms): {lat_ms:.2f} "
+                          f"| msg size: {bandwidth.convert_size(nbytes)} | algbw (Gbps): {bandwidth.gbps(algbw):.2f}  "
+                          f"| busbw (Gbps): {bandwidth.gbps(busbw):.2f}", flush=True)
+            n = len(cols["step"])
+            if n:
+                session.emit_columns("comm", cols, n)
+            return n
+
+
+
+
+REC = Recorder()
+
+
+def configure(comms_logger: dict | CommsLoggerConfig | None = None) -> CommsLoggerConfig:
+    """Apply DeepSpeed's ``comms_logger`` config section; bad values raise ConfigError naming them."""
+    cfg = CommsLoggerConfig.from_dict(comms_logger)
+    REC.cfg = cfg
+    REC.refresh()
+    return cfg
+
+
+def flush(wait_s: float = 0.0) -> int:
+    """Process every finished record now (the drain thread does this every 100 ms); with
+    ``wait_s``, keep at it up to that long while async ops are still in flight."""
+    deadline = time.monotonic() + wait_s
+    emitted = REC.drain()
+    while REC.waiting and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL_S)
+        emitted += REC.drain()
+    return emitted
+
+
+def dropped_records() -> int:
+    """Records lost so far: over the buffer bound, failed to record, or still in flight now."""
+    return REC.dropped + len(REC.waiting)
+
+
+def forget_groups() -> None:
+    """A process group was created or destroyed: look groups up afresh."""
+    REC.forget_groups()
+
+
+def _forget_in_child() -> None:
+    REC.on = False  # a forked child has no drain thread to empty the queue
+
+
+# The session tells the recorder when a session starts or ends (recording follows it), asks it
+# to flush at stop (async ops may still be in flight) and counts what it dropped.
+session.register(session.Producer("comm", flush=flush, dropped=dropped_records,
+                                  on_change=lambda active: REC.refresh(), on_fork=_forget_in_child))

@@ -1,0 +1,164 @@
+"""Envelopes kept on local disk while the collector cannot take them.
+
+File format (``*.rsspool``): the 8-byte magic ``RSSPOOL2``, the endpoint the
+envelopes were meant for (4-byte little-endian length, UTF-8), then records of
+a 4-byte little-endian length followed by that many bytes of a serialised
+``rankscope.v1.Envelope``. (``RSSPOOL1`` files, written before the endpoint was
+recorded, are still read; their endpoint is unknown.) Envelopes keep their
+client_id and seq, so whoever resends a file (this process after a reconnect,
+or a later reader of the spool directory) gets them deduplicated by the
+collector.
+
+Name: ``<client_id>-<first seq>-<last seq>.rsspool``, zero-padded so names sort
+in send order; client_id is ``<host>.<pid>.<random>`` with no '-'. A file whose
+writer (same host, that pid) is gone is an orphan: ``collector.rank.client``
+resends orphans when it next reaches the collector they were meant for
+(``resend_spooled``); a run never lands in another collector's data dir just
+because its spool shares the directory. Files are written under a ``.tmp`` name,
+fsync'd and renamed, so a reader never sees half a file; they are deleted once
+every envelope in them is acknowledged.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import re
+import struct
+import tempfile
+from pathlib import Path
+
+from proto import pb
+
+MAGIC = b"RSSPOOL2"
+_MAGIC_V1 = b"RSSPOOL1"  # no endpoint header
+_MAX_ENDPOINT_BYTES = 4096  # a longer endpoint header means a damaged file, not an address
+SUFFIX = ".rsspool"
+_LEN = struct.Struct("<I")
+
+
+class SpoolError(ValueError):
+    """A spool file that is not one, or is cut short; the message names the file."""
+
+
+def default_dir() -> Path:
+    """RANKSCOPE_SPOOL_DIR, else a per-user directory under the system temp dir."""
+    env = os.environ.get("RANKSCOPE_SPOOL_DIR")
+    if env:
+        return Path(env)
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers): fall back to the uid
+        user = str(os.getuid())
+    return Path(tempfile.gettempdir()) / f"rankscope-spool-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)}"
+
+
+def write(directory: Path, client_id: str, envelopes: list[pb.Envelope], endpoint: str = "") -> Path:
+    """One file holding ``envelopes`` (at least one) meant for ``endpoint``, made visible atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{client_id}-{envelopes[0].seq:012d}-{envelopes[-1].seq:012d}{SUFFIX}"
+    path = directory / name
+    tmp = directory / (name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        target = endpoint.encode()
+        f.write(_LEN.pack(len(target)) + target)
+        for env in envelopes:
+            data = env.SerializeToString()
+            f.write(_LEN.pack(len(data)))
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read(path: Path) -> list[pb.Envelope]:
+    with open(path, "rb") as f:
+        data = f.read()
+    at = _records_start(path, data)
+    out = []
+    while at < len(data):
+        if at + _LEN.size > len(data):
+            raise SpoolError(f"{path}: truncated length prefix at byte {at}")
+        (n,) = _LEN.unpack_from(data, at)
+        at += _LEN.size
+        if at + n > len(data):
+            raise SpoolError(f"{path}: record at byte {at} needs {n} bytes, file ends first")
+        env = pb.Envelope()
+        env.ParseFromString(data[at:at + n])
+        out.append(env)
+        at += n
+    return out
+
+
+def endpoint_of(path: Path) -> str | None:
+    """The endpoint the file's envelopes were meant for; None if the file does not say."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + _LEN.size + _MAX_ENDPOINT_BYTES)
+    if head.startswith(_MAGIC_V1):
+        return None
+    at = _records_start(path, head)
+    return head[len(MAGIC) + _LEN.size:at].decode("utf-8", "replace")
+
+
+def _records_start(path: Path, data: bytes) -> int:
+    """Offset of the first record, after the magic and (v2) the endpoint."""
+    if data.startswith(_MAGIC_V1):
+        return len(_MAGIC_V1)
+    if not data.startswith(MAGIC):
+        raise SpoolError(f"{path}: not a rankscope spool file (bad magic)")
+    if len(data) < len(MAGIC) + _LEN.size:
+        raise SpoolError(f"{path}: truncated endpoint header")
+    (n,) = _LEN.unpack_from(data, len(MAGIC))
+    if n > _MAX_ENDPOINT_BYTES or len(data) < len(MAGIC) + _LEN.size + n:
+        raise SpoolError(f"{path}: endpoint header of {n} bytes is cut short or implausible")
+    return len(MAGIC) + _LEN.size + n
+
+
+def files(directory: Path, client_id: str | None = None) -> list[Path]:
+    """Spool files in send order, all of them or one client's."""
+    if not directory.is_dir():
+        return []
+    prefix = f"{client_id}-" if client_id else ""
+    return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.name.startswith(prefix))
+
+
+def client_id_of(path: Path) -> str:
+    return path.name.rsplit("-", 2)[0]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def local_host_id() -> str:
+    """This host's name as it appears in client ids."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
+
+
+def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path]]:
+    """Spool files of writers on this host that no longer run, by client_id; with
+    ``endpoint``, only those meant for it (or not saying which collector they were for)."""
+    host = local_host_id()
+    out: dict[str, list[Path]] = {}
+    for path in files(directory):
+        cid = client_id_of(path)
+        owner_host, pid, _ = (cid.rsplit(".", 2) + ["", ""])[:3]
+        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        if endpoint is not None:
+            try:
+                target = endpoint_of(path)
+            except (OSError, SpoolError):
+                target = None  # let the resend report what is wrong with it
+            if target not in (None, endpoint):
+                continue
+        out.setdefault(cid, []).append(path)
+    return out

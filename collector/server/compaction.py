@@ -1,0 +1,142 @@
+"""Background merging of small segments, so a long run is not 100k tiny files.
+
+The store writes one segment per (table, run) per flush -- a few per second.
+Every ``interval`` seconds the compactor looks at each partition and merges the
+oldest small segments (smaller than ``target_bytes``) into one ``cmp-*``
+segment, through the same ledger commit as a flush: the output is written under
+a temporary name, the commit record names inputs and output, then the inputs are
+unlinked and the output renamed in. Readers may miss those rows for the instant
+between the two, never see them twice; a crash anywhere is rolled forward or
+back by the ledger at start-up (see collector/ledger.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.data import layout
+from collector.server.ledger import Ledger
+from collector.server.store import segment_order, segment_path, write_segment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class CompactionConfig:
+    interval: float = 5.0           # s between scans
+    min_files: int = 8              # merge once this many small segments are waiting...
+    target_bytes: int = 64 << 20    # ...into segments of about this size; bigger ones are left alone
+    max_files: int = 256            # per merge, to bound memory
+
+    def __post_init__(self):
+        if self.interval <= 0:
+            raise ValueError(f"compaction.interval must be > 0, got {self.interval}")
+        if self.min_files < 2 or self.max_files < self.min_files:
+            raise ValueError("compaction needs 2 <= compaction.min_files <= compaction.max_files")
+
+
+def pick_inputs(sizes: list[tuple[Path, int]], config: CompactionConfig) -> list[Path]:
+    """The oldest run of small segments worth merging, or [] if none is.
+
+    ``sizes`` is (path, bytes) in commit order. Taking the oldest first keeps
+    merged files in roughly time order; stopping at target_bytes makes each
+    merge produce one segment of about the target size, so files grow
+    geometrically and every row is rewritten only a few times."""
+    chosen, total = [], 0
+    for path, size in sizes:
+        if size >= config.target_bytes:
+            continue
+        if chosen and (total + size > config.target_bytes or len(chosen) == config.max_files):
+            break
+        chosen.append(path)
+        total += size
+    if len(chosen) >= config.min_files or (len(chosen) >= 2 and total >= config.target_bytes // 2):
+        return chosen
+    return []
+
+
+class Compactor:
+    def __init__(self, data_dir: Path, ledger: Ledger, config: CompactionConfig | None = None):
+        self.data_dir = Path(data_dir)
+        self.ledger = ledger
+        self.config = config or CompactionConfig()
+        self.merges = 0
+        self._settled: dict[Path, int] = {}  # partition -> dir mtime when it had nothing to merge
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
+
+    def start(self) -> "Compactor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        try:  # Linux threads are tasks: lower this one's priority so ingest wins the CPU
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
+        while not self._stop.wait(self.config.interval):
+            try:
+                self.run_once()
+            except Exception:  # a failed merge leaves its inputs in place; try again next scan
+                log.exception("compaction failed")
+
+    def run_once(self) -> int:
+        """One pass over every partition; returns how many merges were made."""
+        merges = 0
+        parquet = self.data_dir / layout.PARQUET_DIR
+        for partition in sorted(parquet.glob("*/run=*")):
+            if partition.name == layout.PLACEHOLDER_PARTITION or self._stop.is_set():
+                continue
+            while not self._stop.is_set():
+                try:
+                    mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
+                except FileNotFoundError:
+                    break
+                if self._settled.get(partition) == mtime:
+                    break  # no file came or went since it last had nothing to merge
+                # Only segments the store named: files put there by hand or by git are left alone.
+                ours = [(order, p) for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
+                        if (order := segment_order(p, self.ledger.writer)) is not None]
+                segments = [p for _, p in sorted(ours)]
+                sizes = []
+                for path in segments:
+                    try:
+                        sizes.append((path, path.stat().st_size))
+                    except FileNotFoundError:
+                        pass
+                inputs = pick_inputs(sizes, self.config)
+                if not inputs:
+                    self._settled[partition] = mtime
+                    break
+                self._merge(partition, inputs)
+                merges += 1
+        self.merges += merges
+        return merges
+
+    def _merge(self, partition: Path, inputs: list[Path]) -> None:
+        # A segment written before a column was added lacks it: the merged file has it, as nulls.
+        schema = pa.unify_schemas([pq.read_schema(p) for p in inputs])
+        table, run_id = partition.parent.name, partition.name.removeprefix("run=")
+        commit = self.ledger.reserve_commit()
+        output = segment_path(self.data_dir, table, run_id, layout.segment_prefix("cmp", self.ledger.writer), commit)
+        write_segment(output, schema, (_conform(pq.ParquetFile(p).read(), schema) for p in inputs))
+        self.ledger.commit_compaction(commit, inputs, output)
+        log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
+
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in its order, missing ones as nulls."""
+    return pa.table([table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                     for f in schema], schema=schema)

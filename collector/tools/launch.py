@@ -1,0 +1,99 @@
+"""Child processes shared by the CLI, the demo, the tests and the benchmarks:
+where the dashboard entry file lives, and how a collector is started (its
+command line, or a managed ``CollectorProcess``) and probed."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from proto import pb, pb_grpc
+
+
+def dashboard_entry() -> str:
+    spec = importlib.util.find_spec("app")  # a path lookup, not an import of the app
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("rankscope: the dashboard package `app` is not installed")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "main.py")
+
+
+def dashboard_command(data_dir: str, *, port: int = 8501, host: str = "127.0.0.1") -> list[str]:
+    return [
+        sys.executable, "-m", "streamlit", "run", dashboard_entry(),
+        "--server.port", str(port), "--server.address", host, "--server.headless", "true",
+        "--browser.gatherUsageStats", "false",
+        "--", "--data-dir", os.path.abspath(data_dir),
+    ]
+
+
+def collector_command(data_dir: str, *, port: int, host: str = "127.0.0.1") -> list[str]:
+    return [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", data_dir,
+            "--host", host, "--port", str(port)]
+
+
+class CollectorProcess:
+    """``rankscope collect`` in a child process (a GIL of its own), started and waited for.
+
+    ``port`` 0 lets the collector pick one; ``args`` are more ``collect`` options
+    (``--flush-interval 0.02``, ``--writer-id east``, ``--token ...``). Raises
+    RuntimeError with the collector's stderr if it exits before listening."""
+
+    _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
+
+    def __init__(self, data_dir, *args: str, port: int = 0) -> None:
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(collector_command(str(data_dir), port=port) + list(args),
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        line = self.proc.stdout.readline()
+        match = self._LISTENING.match(line)
+        if not match:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"collector did not start (exit {self.proc.returncode}): {line!r} {self.stderr()}")
+        self.port = int(match.group(1))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-4000:]
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM: the collector commits what it buffered, then exits."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing committed on the way out."""
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def __enter__(self) -> "CollectorProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.stop()
+        self._stderr.close()
+
+
+def wait_for_collector(endpoint: str, timeout_s: float = 30.0) -> pb.HealthReply:
+    """Poll the Health RPC until the collector answers; raise TimeoutError naming the endpoint."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = pb_grpc.CollectorStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                return stub.Health(pb.HealthRequest(), timeout=1.0)
+            except grpc.RpcError as exc:
+                last = exc
+                time.sleep(0.2)
+    raise TimeoutError(f"collector at {endpoint} did not answer within {timeout_s:.0f}s ({last})")

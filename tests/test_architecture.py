@@ -1,0 +1,192 @@
+"""The house rules of docs/ARCHITECTURE.md, checked on the source: no import circle
+among the project's modules, dependencies only in the allowed directions, and a
+training rank that loads none of the dashboard's or the collector's heavy parts."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("app", "collector", "trainer", "native", "proto")
+GENERATED = {"proto.rankscope_pb2", "proto.rankscope_pb2_grpc"}
+
+# role -> the roles it may import (its own included). A module's role is the longest prefix listed.
+ALLOWED = {
+    "proto": {"proto"},
+    "collector.data": {"collector.data", "proto"},
+    "collector.rank": {"collector.rank", "collector.data", "proto"},
+    "collector.server": {"collector.server", "collector.data", "proto"},
+    "collector.tools": {"collector.tools", "collector.server", "collector.data", "collector.rank", "proto"},
+    "collector.testing": {"collector.testing", "collector.tools", "collector.server", "collector.data",
+                          "collector.rank", "proto"},
+    "collector.hook": {"collector.rank"},
+    "collector.catalog": {"collector.data"},
+    "collector": set(),  # the package docstring
+    "app": {"app", "collector.data"},
+    "trainer": {"trainer", "collector.rank", "collector.data", "native"},
+    "native": {"native"},
+}
+# Third-party packages a role must never import (the heavy ones, or the wrong side's).
+FORBIDDEN_THIRD_PARTY = {
+    "collector.data": {"torch", "streamlit", "plotly"},
+    "collector.server": {"torch", "streamlit", "plotly"},
+    "collector.rank": {"streamlit", "plotly", "duckdb"},
+    "collector.tools": {"streamlit", "plotly"},
+    "app": {"torch"},
+}
+
+
+def role_of(module: str) -> str:
+    best = ""
+    for role in ALLOWED:
+        if (module == role or module.startswith(role + ".")) and len(role) > len(best):
+            best = role
+    return best
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = ".".join(parts)
+            if name not in GENERATED:
+                found[name] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, module: str, known: set[str]) -> tuple[set[str], set[str]]:
+    """(project modules, third-party top-level packages) that ``path`` imports anywhere,
+    except under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    ours, theirs = set(), set()
+
+    def resolve(name: str) -> None:
+        top = name.split(".")[0]
+        if top not in PACKAGES:
+            theirs.add(top)
+            return
+        while name and name not in known:  # `from collector.rank import ops` -> collector.rank.ops
+            name = name.rpartition(".")[0]
+        if name:
+            ours.add(name)
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    resolve(alias.name)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parent = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                for alias in child.names:
+                    full = f"{base}.{alias.name}"
+                    resolve(full if full in known else base)
+            visit(child)
+
+    visit(tree)
+    ours.discard(module)
+    return ours, theirs
+
+
+def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    mods = modules()
+    known = set(mods) | GENERATED
+    edges, third = {}, {}
+    for name, path in mods.items():
+        edges[name], third[name] = imports_of(path, name, known)
+    return edges, third
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in edges:
+                continue
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in edges:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_cycles():
+    edges, _ = graph()
+    # A package importing its own submodules is not a circle of concepts: drop parent -> child edges.
+    edges = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in edges.items()}
+    assert cycles(edges) == []
+
+
+def test_dependencies_point_one_way():
+    edges, third = graph()
+    wrong = []
+    for module, deps in sorted(edges.items()):
+        role = role_of(module)
+        assert role, f"{module} has no role in ALLOWED: add its folder to docs/ARCHITECTURE.md and this test"
+        for dep in sorted(deps):
+            if role_of(dep) not in ALLOWED[role]:
+                wrong.append(f"{module} ({role}) imports {dep} ({role_of(dep)})")
+        for pkg in sorted(third[module] & FORBIDDEN_THIRD_PARTY.get(role, set())):
+            wrong.append(f"{module} ({role}) imports {pkg}")
+    assert wrong == []
+
+
+def test_the_checker_sees_a_wrong_way_import_and_a_circle():
+    # The rules above must be able to fail: a data module importing the server is caught,
+    # and so is a two-module circle.
+    assert role_of("collector.server.service") not in ALLOWED[role_of("collector.data.schema")]
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    edges, _ = graph()
+    assert "collector.rank.recorder" in edges["collector.rank.ops"]
+
+
+def test_a_training_rank_loads_no_dashboard_or_database():
+    code = ("import sys, collector.hook, collector.rank.comm; "
+            "print(sorted(m for m in ('streamlit', 'plotly', 'duckdb', 'pandas', 'collector.server', 'app') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
