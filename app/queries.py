@@ -25,6 +25,7 @@ import pyarrow as pa
 import streamlit as st
 
 from collector.data import catalog, layout
+from collector.data.instances import instances_sql, join_condition
 
 # Page queries are keyed by data version, so the TTL only bounds memory.
 CACHE_TTL_S = 600
@@ -98,15 +99,15 @@ def data_version(data_dir: str, run_id: str) -> str:
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise ValueError(f"not a run id: {run_id!r}")
     digest = hashlib.sha1()
-    root = Path(data_dir) / layout.PARQUET_DIR
-    for table_dir in sorted(root.iterdir()) if root.is_dir() else ():
-        part = table_dir / f"run={run_id}"
+    root = Path(data_dir)
+    for table in layout.stored_schemas():
+        part = layout.partition_dir(root, table, run_id)
         if not part.is_dir():
             continue
         for entry in sorted(os.scandir(part), key=lambda e: e.name):
             if entry.name.endswith(layout.SEGMENT_SUFFIX) and not entry.name.startswith("."):
                 st_ = entry.stat()
-                digest.update(f"{table_dir.name}/{entry.name}:{st_.st_size}:{st_.st_mtime_ns}\n".encode())
+                digest.update(f"{table}/{entry.name}:{st_.st_size}:{st_.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -129,18 +130,14 @@ def ranks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 # --- the comm rollup -----------------------------------------------------------
 
-# Arrival delay, wait and "last to arrive" as the catalog's comm_instances view defines
-# them, computed with a per-instance GROUP BY joined back to the records: on 10M records
-# that is about twice as fast as the view's window functions. Records without a group or
-# seq (p2p) keep their bandwidth and get no delay (the LEFT JOIN finds no instance).
-COMM_ROLLUP_SQL = """
+# Arrival delay, wait and "last to arrive" per collective instance (collector.data.instances),
+# computed with a per-instance GROUP BY joined back to the records. Records without a group or
+# seq keep their bandwidth and get no delay (the LEFT JOIN finds no instance).
+COMM_ROLLUP_SQL = f"""
     WITH c AS (
         SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs
         FROM comm WHERE run_id = ?),
-    inst AS (
-        SELECT group_name, seq, min(start_ns) AS first_ns, max(start_ns) AS last_ns,
-               arg_max(rank, start_ns) AS last_rank, count(*) AS n_ranks
-        FROM c WHERE group_name IS NOT NULL AND seq IS NOT NULL GROUP BY group_name, seq)
+    inst AS ({instances_sql("c")})
     SELECT c.rank, c.step, c.group_name, c.op, c.bytes,
            count(*) AS n, sum(c.end_ns - c.start_ns)::BIGINT AS dur_ns,
            sum(c.algbw_gbs) AS algbw_sum, sum(c.busbw_gbs) AS busbw_sum,
@@ -149,7 +146,7 @@ COMM_ROLLUP_SQL = """
            count(*) FILTER (WHERE c.rank = i.last_rank AND i.n_ranks > 1) AS n_last,
            coalesce(sum(c.start_ns - i.first_ns) FILTER (WHERE c.rank = i.last_rank AND i.n_ranks > 1), 0)::BIGINT
                AS last_delay_sum_ns
-    FROM c LEFT JOIN inst i ON c.group_name = i.group_name AND c.seq = i.seq
+    FROM c LEFT JOIN inst i ON {join_condition("c", "i")}
     GROUP BY ALL"""
 
 
@@ -273,16 +270,13 @@ def instances_at(data_dir: str, run_id: str, version: str, step: int, rank: int)
     """The collective instances behind one heatmap cell (rank, step), with this rank's
     arrival delay and wait and the instance's last rank. Filters on step before grouping
     into instances: all ranks of an instance share its step."""
-    return _df(data_dir, """
+    return _df(data_dir, f"""
         WITH c AS (
             SELECT group_name, seq, op, bytes, rank, start_ns FROM comm WHERE run_id = ? AND step = ?),
-        inst AS (
-            SELECT group_name, seq, min(start_ns) AS first_ns, max(start_ns) AS last_ns,
-                   arg_max(rank, start_ns) AS last_rank
-            FROM c GROUP BY group_name, seq)
+        inst AS ({instances_sql("c")})
         SELECT c.group_name, c.seq, c.op, c.bytes, (c.start_ns - i.first_ns) / 1e6 AS arrival_delay_ms,
                (i.last_ns - c.start_ns) / 1e6 AS wait_ms, i.last_rank
-        FROM c JOIN inst i ON c.group_name = i.group_name AND c.seq = i.seq
+        FROM c JOIN inst i ON {join_condition("c", "i")}
         WHERE c.rank = ? ORDER BY c.group_name, c.seq""", [run_id, int(step), int(rank)])
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from _server_util import RawStream, comm_envelope, hello, stored_rows
 from collector.server.compaction import CompactionConfig
-from collector.server.service import MAX_MESSAGE_BYTES, REJECTED_SEQ_KEY, create_server
+from collector.data.codec import REJECTED_SEQ_KEY
+from collector.server.service import MAX_MESSAGE_BYTES, create_server
 from collector.server.store import StoreConfig
 from proto import pb, pb_grpc
 

@@ -28,6 +28,7 @@ import duckdb
 import pyarrow as pa
 
 from collector.data import layout
+from collector.data.instances import instances_sql, join_condition
 from collector.data.schema import TABLES
 
 T = TypeVar("T")
@@ -106,23 +107,20 @@ def view_definitions(root: str = "") -> dict[str, str]:
                CASE WHEN status <> 'running' THEN last_end END AS ended_at,
                status, source, linked_run_id, config, n_ranks
         FROM judged"""
-    # One collective instance = the rows of all ranks sharing (run_id, group_name, seq).
-    views["comm_instances"] = """
-        SELECT run_id, group_name, seq, rank, op, bytes, step, start_ns, end_ns,
-               start_ns - min(start_ns) OVER w AS arrival_delay_ns,
-               max(start_ns) OVER w - start_ns AS wait_ns,
-               row_number() OVER (PARTITION BY run_id, group_name, seq
-                                  ORDER BY start_ns DESC, rank) = 1 AS is_last,
-               count(*) OVER w AS n_ranks
-        FROM comm
-        WHERE group_name IS NOT NULL AND seq IS NOT NULL AND start_ns IS NOT NULL
-        WINDOW w AS (PARTITION BY run_id, group_name, seq)"""
-    views["stragglers"] = """
-        SELECT run_id, group_name, seq, any_value(op) AS op, min(step) AS step,
-               arg_max(rank, is_last::INTEGER) AS last_rank,
-               max(arrival_delay_ns) AS max_delay_ns, count(*) AS n_ranks
-        FROM comm_instances
-        GROUP BY run_id, group_name, seq"""
+    # One collective instance, as collector.data.instances defines it, and each rank's part in it.
+    keys = ("run_id", "group_name", "seq")
+    views["comm_instances"] = f"""
+        WITH inst AS ({instances_sql("comm", keys)})
+        SELECT c.run_id, c.group_name, c.seq, c.rank, c.op, c.bytes, c.step, c.start_ns, c.end_ns,
+               c.start_ns - i.first_ns AS arrival_delay_ns, i.last_ns - c.start_ns AS wait_ns,
+               c.rank = i.last_rank AS is_last, i.n_ranks
+        FROM comm c JOIN inst i ON {join_condition("c", "i", keys)}"""
+    views["stragglers"] = f"""
+        WITH inst AS ({instances_sql("comm", keys)})
+        SELECT i.run_id, i.group_name, i.seq, any_value(c.op) AS op, min(c.step) AS step, i.last_rank,
+               i.last_ns - i.first_ns AS max_delay_ns, i.n_ranks
+        FROM inst i JOIN comm c ON {join_condition("c", "i", keys)}
+        GROUP BY i.run_id, i.group_name, i.seq, i.last_rank, i.first_ns, i.last_ns, i.n_ranks"""
     return views
 
 

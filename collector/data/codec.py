@@ -1,28 +1,42 @@
-"""Columnar encoding of record batches for the wire (see proto/rankscope.proto).
+"""The wire's rules, in one place for both ends (see proto/rankscope.proto).
 
 ``encode_batch`` turns columns (numpy arrays or Python sequences) into a
 TableBatch; ``decode_batch`` validates one against ``schema.TABLES`` and
-returns an Arrow table without copying the numeric buffers. Both sides share
-this module so the format is defined in one place.
+returns an Arrow table without copying the numeric buffers. ``check_header``
+and ``envelope_rows`` turn a whole Envelope into the rows the store keeps (the
+collector, and importers writing a data dir directly, both use them), raising
+``CodecError`` naming the envelope's seq. ``REJECTED_SEQ_KEY`` is the trailing
+metadata key in which the collector names an envelope it refused.
 """
 from __future__ import annotations
 
-import re
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from collector.data import layout
-from collector.data.schema import BOOL, F64, I64, STR, TABLES
-from proto import pb
+from collector.data.schema import BOOL, F64, I64, RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, STR, TABLES
+from proto import SCHEMA_VERSION, pb
 
 MAX_BATCH_ROWS = 1_000_000
 _NP_DTYPES = {I64: np.dtype("<i8"), F64: np.dtype("<f8"), BOOL: np.dtype("u1")}
 
 
+REJECTED_SEQ_KEY = "rankscope-rejected-seq"
+MAX_CLIENT_ID_CHARS = 256
+RUN_END_STATUSES = ("finished", "failed")
+
+Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
+
+
 class CodecError(ValueError):
     """A batch that does not match the schema; the message says what and where."""
+
+
+class SchemaVersionError(CodecError):
+    """An envelope of a schema version this side does not speak."""
 
 
 def check_run_id(run_id: str) -> str:
@@ -101,3 +115,62 @@ def decode_batch(batch: pb.TableBatch) -> pa.Table:
         # Columns a client did not send (an older client) are stored as nulls.
         data.append(arrays.get(field.name, pa.nulls(rows, field.type)))
     return pa.Table.from_arrays(data, schema=schema)
+
+
+def _timestamp(ns: int) -> pa.Array:
+    return pa.array([ns or time.time_ns()], pa.timestamp("ns", tz="UTC"))
+
+
+def _one_row(schema: pa.Schema, **values) -> pa.Table:
+    return pa.table({name: pa.array([values[name]], schema.field(name).type)
+                     if not isinstance(values[name], pa.Array) else values[name]
+                     for name in schema.names}, schema=schema)
+
+
+def envelope_rows(env: pb.Envelope) -> list[Rows]:
+    """Validate one envelope's body and turn it into (table, run_id, rows) for the store.
+    Raises CodecError naming the envelope's seq and the problem."""
+    seq, body = env.seq, env.WhichOneof("body")
+    try:
+        if body == "table":
+            batch = env.table
+            rows = decode_batch(batch)
+            return [(batch.table, batch.run_id, rows)] if rows.num_rows else []
+        if body == "hello":
+            h = env.hello
+            check_run_id(h.run_id)
+            if h.world_size < 1 or not 0 <= h.rank < h.world_size:
+                raise CodecError(f"hello: rank {h.rank} is not in [0, world_size={h.world_size})")
+            started = _timestamp(h.started_at_ns)
+            run = _one_row(RUNS_SCHEMA, run_id=h.run_id, name=h.run_name or h.run_id,
+                           world_size=h.world_size, started_at=started, source=h.source or None,
+                           linked_run_id=h.linked_run_id or None, config=h.config_json or None)
+            rank = _one_row(RANKS_SCHEMA, run_id=h.run_id, rank=h.rank, host=h.host or None,
+                            pid=h.pid, clock_offset_ns=h.clock_offset_ns, client_id=env.client_id,
+                            started_at=started)
+            return [("runs", h.run_id, run), ("ranks", h.run_id, rank)]
+        if body == "end":
+            e = env.end
+            check_run_id(e.run_id)
+            if e.rank < 0:
+                raise CodecError(f"run end: rank {e.rank} is negative")
+            if e.status not in RUN_END_STATUSES:
+                raise CodecError(f"run end: status {e.status!r} is not one of {', '.join(RUN_END_STATUSES)}")
+            end = _one_row(RANK_ENDS_SCHEMA, run_id=e.run_id, rank=e.rank, status=e.status,
+                           ended_at=_timestamp(e.ended_at_ns), dropped_records=e.dropped_records)
+            return [("rank_ends", e.run_id, end)]
+    except CodecError as exc:
+        raise CodecError(f"envelope seq {seq}: {exc}") from None
+    raise CodecError(f"envelope seq {seq}: no body (expected hello, table or end)")
+
+
+def check_header(env: pb.Envelope) -> None:
+    """The envelope's schema version, client id and seq; SchemaVersionError / CodecError."""
+    seq = env.seq
+    if env.schema_version != SCHEMA_VERSION:
+        raise SchemaVersionError(f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
+                                 f"this collector speaks schema_version {SCHEMA_VERSION}")
+    if not env.client_id or len(env.client_id) > MAX_CLIENT_ID_CHARS:
+        raise CodecError(f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters")
+    if seq == 0:
+        raise CodecError("envelope seq 0: seq starts at 1")

@@ -112,8 +112,26 @@ def table_dir(data_dir: Path, table: str) -> Path:
     return data_dir / PARQUET_DIR / table
 
 
+PARTITION_PREFIX = "run="
+
+
 def partition_dir(data_dir: Path, table: str, run_id: str) -> Path:
-    return table_dir(data_dir, table) / f"run={run_id}"
+    return table_dir(data_dir, table) / f"{PARTITION_PREFIX}{run_id}"
+
+
+def run_of(partition: Path) -> str | None:
+    """The run id a ``run=<id>`` partition folder holds; None for the placeholder or another folder."""
+    name = partition.name
+    if name == PLACEHOLDER_PARTITION or not name.startswith(PARTITION_PREFIX):
+        return None
+    return name.removeprefix(PARTITION_PREFIX)
+
+
+def partitions(data_dir: Path, table: str | None = None) -> list[Path]:
+    """Every run partition (not the placeholder) of ``table``, or of every table, sorted."""
+    base = data_dir / PARQUET_DIR
+    pattern = f"{table if table else '*'}/{PARTITION_PREFIX}*"
+    return sorted(p for p in base.glob(pattern) if p.is_dir() and run_of(p) is not None)
 
 
 def temp_name(final: Path) -> Path:

@@ -36,13 +36,13 @@ from pathlib import Path
 import grpc
 
 from collector.data import codec, security
+from collector.data.codec import REJECTED_SEQ_KEY
 from collector.rank import spool
 from collector.rank.records import RecordBuffer
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 log = logging.getLogger("rankscope.client")
 
-REJECTED_SEQ_KEY = "rankscope-rejected-seq"
 _OPERATOR_ERRORS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
 _CLOSE_STREAM = object()
@@ -78,10 +78,14 @@ class ClientConfig:
 
 
 class _Stream:
-    """One gRPC Stream call: a queue feeding its requests, a thread reading acks."""
+    """One gRPC Stream call: a queue feeding its requests, a thread reading acks.
 
-    def __init__(self, client: "Client", stub: pb_grpc.CollectorStub, metadata) -> None:
-        self.client = client
+    It knows nothing of the client beyond three callbacks: ``on_ack(seqs)`` for each Ack,
+    ``envelopes_of(path)`` for the still-unacked envelopes of a spool file queued on it,
+    and ``on_dead()`` once the call has ended."""
+
+    def __init__(self, stub: pb_grpc.CollectorStub, metadata, *, on_ack, envelopes_of, on_dead) -> None:
+        self._on_ack, self._envelopes_of, self._on_dead = on_ack, envelopes_of, on_dead
         self.outbox: queue.Queue = queue.Queue()
         self.error: grpc.RpcError | Exception | None = None
         self.dead = threading.Event()
@@ -95,19 +99,18 @@ class _Stream:
             if item is _CLOSE_STREAM:
                 return
             if isinstance(item, Path):  # a spool file: stream the envelopes still un-acked
-                for env in self.client._spooled_envelopes(item):
-                    yield env
+                yield from self._envelopes_of(item)
             else:
                 yield item
 
     def _read_acks(self) -> None:
         try:
             for ack in self.call:
-                self.client._on_ack(ack.seqs)
+                self._on_ack(ack.seqs)
         except Exception as e:  # grpc.RpcError, or anything the channel throws
             self.error = e
         self.dead.set()
-        self.client._wake.set()
+        self._on_dead()
 
     def send(self, item) -> None:
         self.outbox.put(item)
@@ -310,7 +313,8 @@ class Client:
             if self._channel is None:
                 self._channel = security.open_channel(self.cfg.endpoint, tls_ca=self.cfg.tls_ca)
             metadata = security.auth_metadata(self.cfg.token)
-            stream = _Stream(self, pb_grpc.CollectorStub(self._channel), metadata)
+            stream = _Stream(pb_grpc.CollectorStub(self._channel), metadata, on_ack=self._on_ack,
+                             envelopes_of=self._spooled_envelopes, on_dead=self._wake.set)
         except Exception as e:
             self._on_stream_error(e)
             return

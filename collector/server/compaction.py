@@ -94,10 +94,9 @@ class Compactor:
     def run_once(self) -> int:
         """One pass over every partition; returns how many merges were made."""
         merges = 0
-        parquet = self.data_dir / layout.PARQUET_DIR
-        for partition in sorted(parquet.glob("*/run=*")):
-            if partition.name == layout.PLACEHOLDER_PARTITION or self._stop.is_set():
-                continue
+        for partition in layout.partitions(self.data_dir):
+            if self._stop.is_set():
+                break
             while not self._stop.is_set():
                 try:
                     mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
@@ -127,7 +126,7 @@ class Compactor:
     def _merge(self, partition: Path, inputs: list[Path]) -> None:
         # A segment written before a column was added lacks it: the merged file has it, as nulls.
         schema = pa.unify_schemas([pq.read_schema(p) for p in inputs])
-        table, run_id = partition.parent.name, partition.name.removeprefix("run=")
+        table, run_id = partition.parent.name, layout.run_of(partition)
         commit = self.ledger.reserve_commit()
         output = segment_path(self.data_dir, table, run_id, layout.segment_prefix("cmp", self.ledger.writer), commit)
         write_segment(output, schema, (_conform(pq.ParquetFile(p).read(), schema) for p in inputs))

@@ -41,11 +41,10 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from collector.data import catalog, security
-from collector.data.codec import CodecError, check_run_id, decode_batch
+from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.ledger import DataDirBusy
-from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA
-from collector.server.store import Rows, Store, StoreClosed, StoreConfig
+from collector.server.store import Store, StoreClosed, StoreConfig
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 log = logging.getLogger(__name__)
@@ -54,10 +53,7 @@ log = logging.getLogger(__name__)
 # ~600k records per batch; clients batch far smaller. Larger messages are refused
 # by gRPC with RESOURCE_EXHAUSTED before they reach the servicer.
 MAX_MESSAGE_BYTES = 64 << 20
-MAX_CLIENT_ID_CHARS = 256
-REJECTED_SEQ_KEY = "rankscope-rejected-seq"
 REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
-RUN_END_STATUSES = ("finished", "failed")
 
 try:
     SERVER_VERSION = importlib.metadata.version("rankscope")
@@ -72,71 +68,6 @@ class StreamError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str, seq: int):
         super().__init__(message)
         self.code, self.message, self.seq = code, message, seq
-
-
-# -- envelope -> rows --------------------------------------------------------------
-
-def _timestamp(ns: int) -> pa.Array:
-    return pa.array([ns or time.time_ns()], pa.timestamp("ns", tz="UTC"))
-
-
-def _one_row(schema: pa.Schema, **values) -> pa.Table:
-    return pa.table({name: pa.array([values[name]], schema.field(name).type)
-                     if not isinstance(values[name], pa.Array) else values[name]
-                     for name in schema.names}, schema=schema)
-
-
-def envelope_rows(env: pb.Envelope) -> list[Rows]:
-    """Validate one envelope's body and turn it into rows for the store."""
-    seq, body = env.seq, env.WhichOneof("body")
-
-    def bad(problem: str) -> StreamError:
-        return StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"envelope seq {seq}: {problem}", seq)
-
-    try:
-        if body == "table":
-            batch = env.table
-            rows = decode_batch(batch)
-            return [(batch.table, batch.run_id, rows)] if rows.num_rows else []
-        if body == "hello":
-            h = env.hello
-            check_run_id(h.run_id)
-            if h.world_size < 1 or not 0 <= h.rank < h.world_size:
-                raise CodecError(f"hello: rank {h.rank} is not in [0, world_size={h.world_size})")
-            started = _timestamp(h.started_at_ns)
-            run = _one_row(RUNS_SCHEMA, run_id=h.run_id, name=h.run_name or h.run_id,
-                           world_size=h.world_size, started_at=started, source=h.source or None,
-                           linked_run_id=h.linked_run_id or None, config=h.config_json or None)
-            rank = _one_row(RANKS_SCHEMA, run_id=h.run_id, rank=h.rank, host=h.host or None,
-                            pid=h.pid, clock_offset_ns=h.clock_offset_ns, client_id=env.client_id,
-                            started_at=started)
-            return [("runs", h.run_id, run), ("ranks", h.run_id, rank)]
-        if body == "end":
-            e = env.end
-            check_run_id(e.run_id)
-            if e.rank < 0:
-                raise CodecError(f"run end: rank {e.rank} is negative")
-            if e.status not in RUN_END_STATUSES:
-                raise CodecError(f"run end: status {e.status!r} is not one of {', '.join(RUN_END_STATUSES)}")
-            end = _one_row(RANK_ENDS_SCHEMA, run_id=e.run_id, rank=e.rank, status=e.status,
-                           ended_at=_timestamp(e.ended_at_ns), dropped_records=e.dropped_records)
-            return [("rank_ends", e.run_id, end)]
-    except CodecError as exc:
-        raise bad(str(exc)) from None
-    raise bad("no body (expected hello, table or end)")
-
-
-def check_header(env: pb.Envelope) -> None:
-    seq = env.seq
-    if env.schema_version != SCHEMA_VERSION:
-        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
-                          f"this collector speaks schema_version {SCHEMA_VERSION}", seq)
-    if not env.client_id or len(env.client_id) > MAX_CLIENT_ID_CHARS:
-        raise StreamError(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters", seq)
-    if seq == 0:
-        raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "envelope seq 0: seq starts at 1", seq)
 
 
 class Undecodable:
@@ -299,10 +230,15 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         acks.stop_reading()
 
     def _accept(self, env: pb.Envelope, acks: _StreamAcks) -> None:
-        check_header(env)
         store = self.state.store
-        # A resend of something durable is acked without decoding it again.
-        rows = [] if store.ledger.is_durable(env.client_id, env.seq) else envelope_rows(env)
+        try:
+            check_header(env)
+            # A resend of something durable is acked without decoding it again.
+            rows = [] if store.is_durable(env.client_id, env.seq) else envelope_rows(env)
+        except SchemaVersionError as exc:
+            raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc), env.seq) from None
+        except CodecError as exc:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), env.seq) from None
         acks.submitted()
         try:
             store.submit(env.client_id, env.seq, rows, partial(acks.durable, env.seq))

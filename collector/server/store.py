@@ -30,12 +30,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import layout
+from collector.data.codec import Rows
 from collector.server.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
 Callback = Callable[[BaseException | None], None]
-Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
 
 ROW_GROUP_ROWS = 1 << 20
 SPLIT_ROWS = 200_000  # a (table, run) buffer this big is written as two segments in parallel
@@ -162,6 +162,10 @@ class Store:
 
     # -- intake ------------------------------------------------------------
 
+    def is_durable(self, client_id: str, seq: int) -> bool:
+        """Whether envelope ``seq`` of ``client_id`` is committed (a resend of it needs no decoding)."""
+        return self.ledger.is_durable(client_id, seq)
+
     def submit(self, client_id: str, seq: int, rows: list[Rows], on_durable: Callback) -> bool:
         """Queue one envelope. Returns False (and acks at once) if it is a duplicate."""
         key = (client_id, seq)
@@ -271,6 +275,5 @@ class Store:
                 callback(error)
 
     def _load_known_runs(self) -> set[str]:
-        runs_dir = layout.table_dir(self.data_dir, "runs")
-        return {p.name.removeprefix("run=") for p in runs_dir.glob("run=*")
-                if p.name != layout.PLACEHOLDER_PARTITION and any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))}
+        return {layout.run_of(p) for p in layout.partitions(self.data_dir, "runs")
+                if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))}

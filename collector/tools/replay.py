@@ -216,8 +216,8 @@ def open_source(source: Path, run: str | None, tmp: Path) -> tuple[Path, str]:
     if is_archive(source):
         manifest = unpack_archive(source, tmp)
         return tmp, run or manifest["run_id"]
-    if source.name.startswith("run=") and source.parent.parent.name == layout.PARQUET_DIR:
-        return source.parent.parent.parent, run or source.name.removeprefix("run=")
+    if layout.run_of(source) is not None and source.parent.parent.name == layout.PARQUET_DIR:
+        return source.parent.parent.parent, run or layout.run_of(source)
     if (source / layout.PARQUET_DIR).is_dir():
         if not run:
             raise ExportError(f"{source} is a data dir: say which run with --run")

@@ -108,18 +108,13 @@ def _wait_until_listening(collector: subprocess.Popen, endpoint: str, timeout_s:
 def compact(raw: Path, dest: Path) -> None:
     """One Parquet file per (table, run), rows in commit order, into a fresh data dir ``dest``."""
     for table, schema in layout.stored_schemas().items():
-        table_dir = layout.table_dir(raw, table)
-        if not table_dir.is_dir():
-            continue
-        for part in sorted(table_dir.glob("run=*")):
-            if part.name == layout.PLACEHOLDER_PARTITION:
-                continue
+        for part in layout.partitions(raw, table):
             segments = sorted((p for p in part.glob(f"*{layout.SEGMENT_SUFFIX}") if segment_order(p)),
                               key=segment_order)
             if not segments:
                 continue
             rows = pa.concat_tables([pq.read_table(p, schema=schema) for p in segments])
-            out = segment_path(dest, table, part.name.removeprefix("run="), "cmp", 0)
+            out = segment_path(dest, table, layout.run_of(part), "cmp", 0)
             out.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(rows, out, **dict(parquet_options(schema), compression_level=ARCHIVE_COMPRESSION_LEVEL))
     catalog.ensure_catalog(dest)  # writes the placeholders and the views

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -33,53 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from trainer.profiling import counting, report
-
-
-@dataclass(eq=False)
-class _BackwardCall:
-    """One forward call's backward: from its first autograd node starting to its last one finishing."""
-    begin_ns: int | None = None
-    end_ns: int | None = None
-
-
-@dataclass(eq=False)
-class ModuleProfile:
-    """What one module (and its subtree) cost during the profiled forward calls."""
-    name: str            # dotted path from the root, '' for the root
-    module_type: str
-    depth: int
-    parent: str          # the parent's dotted path; '' for depth-1 modules and for the root itself
-    own_params: int = 0  # elements of the parameters this module holds directly (each tensor counted once)
-    own_flops: int = 0   # operators run directly in this module's forward, not in a child's
-    own_macs: int = 0
-    calls: int = 0
-    fwd_ns: int = 0      # summed over calls
-    children: list["ModuleProfile"] = field(default_factory=list)
-    backward_calls: list[_BackwardCall] = field(default_factory=list)
-
-    @property
-    def params(self) -> int:
-        return self.own_params + sum(c.params for c in self.children)
-
-    @property
-    def flops(self) -> int:
-        return self.own_flops + sum(c.flops for c in self.children)
-
-    @property
-    def macs(self) -> int:
-        return self.own_macs + sum(c.macs for c in self.children)
-
-    @property
-    def bwd_ns(self) -> int | None:
-        """Summed backward latency; None when no backward went through this module."""
-        spans = [(c.end_ns if c.end_ns is not None else c.begin_ns) - c.begin_ns
-                 for c in self.backward_calls if c.begin_ns is not None]
-        return sum(spans) if spans else None
-
-    def walk(self):
-        yield self
-        for child in self.children:
-            yield from child.walk()
+from trainer.profiling.tree import BackwardCall, ModuleProfile
 
 
 def _now_ns() -> int:
@@ -303,9 +256,9 @@ class FlopsProfiler:
             return
         stop = {t.grad_fn for t in _tensors(inputs) if t.grad_fn is not None}
         if heads <= stop:  # e.g. Dropout(p=0) returns its input: no backward work of its own
-            profile.backward_calls.append(_BackwardCall(begin_ns=0, end_ns=0))
+            profile.backward_calls.append(BackwardCall(begin_ns=0, end_ns=0))
             return
-        call = _BackwardCall()
+        call = BackwardCall()
         profile.backward_calls.append(call)
         hooked = self._handles  # identity check: the profiler was not ended meanwhile
 

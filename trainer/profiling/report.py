@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from trainer.profiling.profiler import ModuleProfile
+from trainer.profiling.tree import ModuleProfile
 
 _PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
 
@@ -62,7 +60,7 @@ class Summary:
     tp_size: int = 1
 
 
-def render(root: "ModuleProfile", summary: Summary, *, module_depth: int = -1, top_modules: int = 1,
+def render(root: ModuleProfile, summary: Summary, *, module_depth: int = -1, top_modules: int = 1,
            detailed: bool = True) -> str:
     lines = _summary(root, summary) + _aggregated(root, module_depth, top_modules)
     if detailed:
@@ -71,7 +69,7 @@ def render(root: "ModuleProfile", summary: Summary, *, module_depth: int = -1, t
     return "\n".join(lines)
 
 
-def _summary(root: "ModuleProfile", s: Summary) -> list[str]:
+def _summary(root: ModuleProfile, s: Summary) -> list[str]:
     world = _world_size()
     flops, fwd, bwd, opt = root.flops, _seconds(s.fwd_ns), _seconds(s.bwd_ns), _seconds(s.step_ns)
     timed = [t for t in (fwd, bwd, opt) if t is not None]
@@ -112,14 +110,14 @@ def _summary(root: "ModuleProfile", s: Summary) -> list[str]:
     ] + [f"{k + ':':<{width}}{v}" for k, v in rows]
 
 
-def _by_depth(root: "ModuleProfile") -> dict[int, list["ModuleProfile"]]:
+def _by_depth(root: ModuleProfile) -> dict[int, list[ModuleProfile]]:
     depths: dict[int, list] = defaultdict(list)
     for p in root.walk():
         depths[p.depth].append(p)
     return depths
 
 
-def _aggregated(root: "ModuleProfile", module_depth: int, top_modules: int) -> list[str]:
+def _aggregated(root: ModuleProfile, module_depth: int, top_modules: int) -> list[str]:
     lines = [
         "",
         "----------------------------- Aggregated Profile per Module -----------------------------",
@@ -150,7 +148,7 @@ def _aggregated(root: "ModuleProfile", module_depth: int, top_modules: int) -> l
     return lines
 
 
-def _detailed(root: "ModuleProfile", module_depth: int) -> list[str]:
+def _detailed(root: ModuleProfile, module_depth: int) -> list[str]:
     lines = [
         "",
         "------------------------------ Detailed Profile per Module ------------------------------",
@@ -165,7 +163,7 @@ def _detailed(root: "ModuleProfile", module_depth: int) -> list[str]:
         "",
     ]
 
-    def stats(p: "ModuleProfile") -> str:
+    def stats(p: ModuleProfile) -> str:
         return ", ".join([
             fmt_count(p.params), f"{_share(p.params, root.params)} Params",
             fmt_count(p.macs, "MACs"), f"{_share(p.macs, root.macs)} MACs",
@@ -175,7 +173,7 @@ def _detailed(root: "ModuleProfile", module_depth: int) -> list[str]:
             _rate(p.flops, p.fwd_ns / 1e9),
         ])
 
-    def visit(p: "ModuleProfile", indent: str) -> None:
+    def visit(p: ModuleProfile, indent: str) -> None:
         label = f"({p.name.rpartition('.')[2]}): {p.module_type}" if p.name else p.module_type
         shown = [c for c in p.children if module_depth < 0 or c.depth <= module_depth]
         if not shown:

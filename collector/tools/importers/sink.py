@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.data import catalog, security
-from collector.data.codec import encode_batch
+from collector.data.codec import CodecError, encode_batch, envelope_rows
 from collector.tools.importers.base import Parsed
 from collector.data.schema import TABLES
 from proto import SCHEMA_VERSION, pb, pb_grpc
@@ -131,16 +131,14 @@ class StoreSink(_Sink):
         self.store = Store(data_dir)
 
     def send(self, streams: Iterable[Iterable[pb.Envelope]]) -> int:
-        from collector.server.service import envelope_rows
-
         errors: list[BaseException] = []
         sent = 0
         for stream in streams:
             for env in stream:
                 try:
                     rows = envelope_rows(env)
-                except Exception as exc:  # the collector's refusal of a bad envelope; its message says why
-                    raise SinkError(getattr(exc, "message", str(exc))) from None
+                except CodecError as exc:  # what the collector would refuse; the message says why
+                    raise SinkError(str(exc)) from None
                 self.store.submit(env.client_id, env.seq, rows, lambda e: e and errors.append(e))
                 sent += 1
         self.store.flush()

@@ -1,0 +1,42 @@
+"""What one collective instance is, defined once for every query that needs it.
+
+An instance is the set of ``comm`` rows, one per participating rank, that share
+``(run_id, group_name, seq)``: ``seq`` counts collectives per group and is the
+same on every rank of the group for the same call. For an instance:
+
+- ``first_ns`` / ``last_ns``: the earliest and latest ``start_ns`` (entry time) of its ranks;
+- ``last_rank``: the rank that entered last (the latest ``start_ns``; a tie goes to the
+  lowest rank, so every query names the same rank);
+- a rank's ``arrival_delay_ns`` = its ``start_ns - first_ns`` (how late it came) and its
+  ``wait_ns`` = ``last_ns - start_ns`` (how long it waited for the last one);
+- ``n_ranks``: how many ranks reported it.
+
+Rows without a group or seq (none today, but imported data may lack them) belong to no
+instance. The catalog's views (``comm_instances``, ``stragglers``), the dashboard's
+rollups and the health rules all build on ``instances_sql``.
+"""
+
+from __future__ import annotations
+
+# start_ns is < 2^62; times 2^32 leaves room for any rank in a HUGEINT, and the key orders by
+# start_ns first, then by lower rank: arg_max over it is "latest arrival, lowest rank on a tie"
+# at the cost of a plain arg_max (a STRUCT key is ~5x slower on 10M rows).
+LAST_RANK = "arg_max(rank, start_ns::HUGEINT * 4294967296 - rank)"
+
+
+def instances_sql(source: str, keys: tuple[str, ...] = ("group_name", "seq")) -> str:
+    """One row per instance of the comm rows in relation ``source`` (which must have
+    ``rank``, ``start_ns`` and the ``keys`` columns): keys, first_ns, last_ns, last_rank, n_ranks."""
+    cols = ", ".join(keys)
+    not_null = " AND ".join(f"{k} IS NOT NULL" for k in keys)
+    return f"""
+        SELECT {cols}, min(start_ns) AS first_ns, max(start_ns) AS last_ns,
+               {LAST_RANK} AS last_rank, count(*) AS n_ranks
+        FROM {source}
+        WHERE {not_null} AND start_ns IS NOT NULL
+        GROUP BY {cols}"""
+
+
+def join_condition(left: str, right: str, keys: tuple[str, ...] = ("group_name", "seq")) -> str:
+    """``left`` rows joined to their instance row in ``right``."""
+    return " AND ".join(f"{left}.{k} = {right}.{k}" for k in keys)
