@@ -1,24 +1,29 @@
 # Everything starts from a fresh clone: `make demo` and `make test` each set up
-# the venv (pinned by constraints.txt), generate the gRPC stubs, then run.
+# the venv (pinned by constraints.txt; the editable install generates the gRPC
+# stubs, setup.py), then run.
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 DATA    ?= rankscope-data
 
-.PHONY: all install stubs native test demo bench sample-runs soak clean
+.PHONY: all install stubs native test lint format demo bench sample-runs soak clean
 
 all: install
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py
 	python3 -m venv .venv
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[test]'
+	# the build's own requirements, pinned, then the package built with them (no isolated build env)
+	$(PIP) install --quiet -c constraints.txt setuptools grpcio-tools
+	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
 install: $(STAMP) stubs
 
-stubs: $(STAMP)
-	$(PY) -c "from proto.generate import generate; generate()"
+# The install generated them; regenerate after an edit of the .proto.
+stubs: proto/rankscope_pb2.py
+proto/rankscope_pb2.py: proto/rankscope.proto $(STAMP)
+	$(PY) -m proto.generate
 
 # Native extensions build once per machine (cached); without a compiler the
 # pure-torch fallback is used and the tests still pass, so a failed build warns only.
@@ -27,6 +32,15 @@ native: install
 
 test: install native
 	$(PY) -m pytest -q -m "not slow" tests
+
+# ruff lint + format check (pyproject.toml [tool.ruff]); `make format` rewrites.
+lint: install
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format: install
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
 
 demo: install
 	.venv/bin/rankscope demo --data-dir $(DATA)

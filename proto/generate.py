@@ -1,8 +1,7 @@
 """Generate the Python stubs from ``rankscope.proto`` with grpc_tools' protoc.
 
-Run as ``python -m proto.generate``. Writes to temporary names and renames, so
-several processes importing ``proto`` at once in a fresh checkout never see a
-half-written stub.
+Run by the package build (setup.py) and by hand as ``python -m proto.generate``.
+Writes to temporary names and renames, so a reader never sees a half-written stub.
 """
 from __future__ import annotations
 
@@ -17,16 +16,12 @@ PROTO = HERE / "rankscope.proto"
 OUTPUTS = (HERE / "rankscope_pb2.py", HERE / "rankscope_pb2_grpc.py", HERE / "rankscope_pb2.pyi")
 
 
-def stubs_current() -> bool:
-    src = PROTO.stat().st_mtime
-    return all(p.exists() and p.stat().st_mtime >= src for p in OUTPUTS)
-
-
 def generate() -> None:
     try:
         from grpc_tools import protoc
     except ImportError as exc:  # pragma: no cover - install problem
-        raise SystemExit("grpcio-tools is not installed; run `make` to set up the venv") from exc
+        raise SystemExit("grpcio-tools is not installed: it generates the gRPC stubs (pip install grpcio-tools, "
+                         "or run `make`)") from exc
     import grpc_tools
 
     include = str(Path(grpc_tools.__file__).parent / "_proto")
@@ -42,11 +37,6 @@ def generate() -> None:
             raise SystemExit(f"protoc failed on {PROTO} (exit {rc})")
         for out in OUTPUTS:
             os.replace(Path(tmp) / "proto" / out.name, out)
-
-
-def ensure_stubs() -> None:
-    if not stubs_current():
-        generate()
 
 
 if __name__ == "__main__":

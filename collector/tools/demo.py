@@ -12,22 +12,13 @@ from pathlib import Path
 
 from collector.tools.launch import collector_command, dashboard_command, wait_for_collector
 
-REPO_EXAMPLE_CONFIG = "zero2.json"
+EXAMPLE_CONFIG = "zero2.json"
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _example_config() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("trainer")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("rankscope demo: the `trainer` package is not installed")
-    return str(Path(list(spec.submodule_search_locations)[0]) / "examples" / "configs" / REPO_EXAMPLE_CONFIG)
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -55,7 +46,8 @@ def run_demo(args: argparse.Namespace) -> int:
         train = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-            "-m", "trainer.examples.gpt", "--config", args.config or _example_config(),
+            # a bundled config's name: the example resolves it (the demo never looks inside the engine)
+            "-m", "trainer.examples.gpt", "--config", args.config or EXAMPLE_CONFIG,
             "--steps", str(args.steps),
         ]
         # The run name travels by env: torchrun would take `--run` for its own --run-path.

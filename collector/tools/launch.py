@@ -18,20 +18,12 @@ import grpc
 from proto import pb, pb_grpc
 
 
-def dashboard_entry() -> str:
-    spec = importlib.util.find_spec("app")  # a path lookup, not an import of the app
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("rankscope: the dashboard package `app` is not installed")
-    return str(Path(list(spec.submodule_search_locations)[0]) / "main.py")
-
-
 def dashboard_command(data_dir: str, *, port: int = 8501, host: str = "127.0.0.1") -> list[str]:
-    return [
-        sys.executable, "-m", "streamlit", "run", dashboard_entry(),
-        "--server.port", str(port), "--server.address", host, "--server.headless", "true",
-        "--browser.gatherUsageStats", "false",
-        "--", "--data-dir", os.path.abspath(data_dir),
-    ]
+    """The dashboard as a process (``python -m app``, which starts Streamlit on its own entry file)."""
+    if importlib.util.find_spec("app") is None:
+        raise SystemExit("rankscope: the dashboard is not installed; pip install 'rankscope[dashboard]'")
+    return [sys.executable, "-m", "app", "--data-dir", os.path.abspath(data_dir), "--port", str(port),
+            "--host", host]
 
 
 def collector_command(data_dir: str, *, port: int, host: str = "127.0.0.1") -> list[str]:

@@ -46,7 +46,9 @@ def init_weights(module: nn.Module) -> None:
 def parse_args(description: str, default_config: str, add_arguments=None) -> argparse.Namespace:
     """The examples' shared flags; ``add_arguments(parser)`` adds an example's own."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--config", default=str(CONFIG_DIR / default_config), help="ds_config.json path")
+    p.add_argument("--config", default=default_config,
+                   help=f"ds_config.json path, or the name of a bundled example config "
+                        f"({', '.join(sorted(p.name for p in CONFIG_DIR.glob('*.json')))})")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps")
     # --run-name: under torchrun, "--run" is taken as an abbreviation of torchrun's own --run-path.
     p.add_argument("--run", "--run-name", dest="run", default=None, help="telemetry run name (sets telemetry.run)")
@@ -58,9 +60,17 @@ def parse_args(description: str, default_config: str, add_arguments=None) -> arg
     return p.parse_args()
 
 
+def config_path(name: str) -> Path:
+    """A config file path as given, else the bundled example config of that name."""
+    path = Path(name)
+    if not path.exists() and (CONFIG_DIR / path.name).exists() and path.name == name:
+        return CONFIG_DIR / path.name
+    return path
+
+
 def load_config(args: argparse.Namespace) -> dict:
     try:
-        with open(args.config) as f:
+        with open(config_path(args.config)) as f:
             config = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         sys.exit(f"error: cannot read --config {args.config}: {e}")
