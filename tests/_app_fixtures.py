@@ -1,5 +1,5 @@
 """Synthetic runs for the dashboard's tests and benchmark, written to exactly the
-storage layout the collector produces (docs/CONTRACTS.md "Storage layout"):
+storage layout the collector produces (docs/ARCHITECTURE.md "Storage layout"):
 ``D/parquet/<table>/run=<run_id>/<segment>.parquet`` with the schemas of
 collector/schema.py, then the catalog of views over them.
 
