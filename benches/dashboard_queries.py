@@ -3,7 +3,7 @@
     python -m benches.dashboard_queries [--records 10000000] [--reps 20] [--browser] [--out benches/RESULTS-dashboard.md]
 
 Generates the run once into a temp dir (tests/_app_fixtures.py's generator: 8 ranks,
-rank 3 late to every all_reduce), then times every page query of app/queries.py
+rank 3 late to every all_reduce), then times every page query of collector/data/queries.py
 with Streamlit's page cache bypassed (the per-run rollup stays built, as it does
 in the app), next to the same aggregations over the raw Parquet views (the
 baseline: what the pages would cost without rollups). With --browser it also
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the synthetic-run generator lives wit
 
 from _app_fixtures import SyntheticRun, make_data_dir  # noqa: E402
 
-from app import queries  # noqa: E402
+from collector.data import queries as q  # noqa: E402
 from collector import catalog  # noqa: E402
 
 WORLD = 8
@@ -71,33 +71,33 @@ RAW_BASELINES = {
 
 
 def bench_queries(data_dir: str, run_id: str, reps: int) -> tuple[list[tuple], dict]:
-    version = queries.data_version(data_dir, run_id)
+    cat = q.Catalog(data_dir)
     t0 = time.perf_counter()
-    rollup = queries.comm_rollup(data_dir, run_id, version)
+    rollup = q.comm_rollup(cat, run_id)
     build_ms = (time.perf_counter() - t0) * 1e3
-    everything = queries.CommFilter()
-    narrowed = queries.CommFilter(ops=["all_reduce"], ranks=[0, 3], steps=(100, 600))
-    w = lambda f: f.__wrapped__  # bypass st.cache_data: time the query, not the cache hit  # noqa: E731
+    everything = q.CommFilter()
+    narrowed = q.CommFilter(ops=["all_reduce"], ranks=[0, 3], steps=(100, 600))
+    # The query layer itself, uncached: the dashboard's cache only adds hits on top.
     page_queries = [
-        ("all", "list_runs", lambda: w(queries.list_runs)(data_dir)),
-        ("all", "data_version", lambda: queries.data_version(data_dir, run_id)),
-        ("comms", "comm_dimensions", lambda: w(queries.comm_dimensions)(data_dir, run_id, version)),
-        ("comms", "log_summary", lambda: w(queries.log_summary)(data_dir, run_id, version, everything)),
-        ("comms", "log_summary (op+rank+step filter)", lambda: w(queries.log_summary)(data_dir, run_id, version, narrowed)),
-        ("comms", "bandwidth_by_step", lambda: w(queries.bandwidth_by_step)(data_dir, run_id, version, everything)),
-        ("comms", "bandwidth_by_size", lambda: w(queries.bandwidth_by_size)(data_dir, run_id, version, everything)),
-        ("comms", "comm_by_rank", lambda: w(queries.comm_by_rank)(data_dir, run_id, version, everything)),
-        ("stragglers", "delay_heatmap", lambda: w(queries.delay_heatmap)(data_dir, run_id, version, everything)),
-        ("stragglers", "last_arrivals", lambda: w(queries.last_arrivals)(data_dir, run_id, version, everything)),
-        ("stragglers", "instances_at (drill-down)", lambda: w(queries.instances_at)(data_dir, run_id, version, 500, 0)),
-        ("stragglers", "ranks", lambda: w(queries.ranks)(data_dir, run_id, version)),
-        ("overview", "monitor_series", lambda: w(queries.monitor_series)(data_dir, run_id, version)),
-        ("overview", "loss_scale", lambda: w(queries.loss_scale)(data_dir, run_id, version)),
-        ("overview", "step_times", lambda: w(queries.step_times)(data_dir, run_id, version)),
-        ("overview", "step_wall_ms", lambda: w(queries.step_wall_ms)(data_dir, run_id, version)),
-        ("flops", "flops_profile", lambda: w(queries.flops_profile)(data_dir, run_id, version)),
-        ("memory", "memory_by_step", lambda: w(queries.memory_by_step)(data_dir, run_id, version)),
-        ("moe", "moe_load", lambda: w(queries.moe_load)(data_dir, run_id, version)),
+        ("all", "list_runs", lambda: q.list_runs(cat)),
+        ("all", "data_version", lambda: q.data_version(data_dir, run_id)),
+        ("comms", "comm_dimensions", lambda: q.comm_dimensions(rollup)),
+        ("comms", "log_summary", lambda: q.log_summary(rollup, everything)),
+        ("comms", "log_summary (op+rank+step filter)", lambda: q.log_summary(rollup, narrowed)),
+        ("comms", "bandwidth_by_step", lambda: q.bandwidth_by_step(rollup, everything)),
+        ("comms", "bandwidth_by_size", lambda: q.bandwidth_by_size(rollup, everything)),
+        ("comms", "comm_by_rank", lambda: q.comm_by_rank(rollup, everything)),
+        ("stragglers", "delay_heatmap", lambda: q.delay_heatmap(rollup, everything)),
+        ("stragglers", "last_arrivals", lambda: q.last_arrivals(rollup, everything)),
+        ("stragglers", "instances_at (drill-down)", lambda: q.instances_at(cat, run_id, 500, 0)),
+        ("stragglers", "ranks", lambda: q.ranks(cat, run_id)),
+        ("overview", "monitor_series", lambda: q.monitor_series(cat, run_id)),
+        ("overview", "loss_scale", lambda: q.loss_scale(cat, run_id)),
+        ("overview", "step_times", lambda: q.step_times(cat, run_id)),
+        ("overview", "step_wall_ms", lambda: q.step_wall_ms(cat, run_id)),
+        ("flops", "flops_profile", lambda: q.flops_profile(cat, run_id)),
+        ("memory", "memory_by_step", lambda: q.memory_by_step(cat, run_id)),
+        ("moe", "moe_load", lambda: q.moe_load(cat, run_id)),
     ]
     rows = []
     for page, name, fn in page_queries:
@@ -177,7 +177,7 @@ def report(records: int, reps: int, rows, extra, browser_rows, gen_s: float) -> 
         f"built once per data version in {extra['rollup_build_ms'] / 1e3:.1f} s (cached; rebuilt only when a "
         "new segment lands).",
         "",
-        f"Page queries: app/queries.py with Streamlit's page cache bypassed, {reps} reps each. "
+        f"Page queries: collector/data/queries.py, uncached, {reps} reps each. "
         "Baseline: the same aggregation over the raw Parquet views (no rollup), same run, same process.",
         "",
         "| page | query | p50 ms | p95 ms | raw Parquet p50 ms | raw Parquet p95 ms |",

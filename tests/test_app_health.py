@@ -1,10 +1,11 @@
-"""The health summary's rules (app/health.py) on query-shaped frames, including
+"""The health summary's rules (collector/data/findings) on query-shaped frames, including
 the cases where they must stay silent."""
 from __future__ import annotations
 
 import pandas as pd
 
-from app import health
+from collector.data import findings as health
+from collector.data.findings import communication, loss_scale, messages, stragglers
 
 
 def last_arrivals(counts: dict[int, int], lead_ms: float = 41.0, op: str = "all_reduce") -> pd.DataFrame:
@@ -14,16 +15,16 @@ def last_arrivals(counts: dict[int, int], lead_ms: float = 41.0, op: str = "all_
 
 
 def test_straggler_named_with_share_and_lead():
-    found = health.stragglers(last_arrivals({0: 5, 1: 5, 2: 6, 3: 84}), world_size=4)
+    found = stragglers.late_ranks(last_arrivals({0: 5, 1: 5, 2: 6, 3: 84}), world_size=4)
     assert [f.text for f in found] == ["rank 3 arrives last in 84% of all_reduces (+41 ms on average after the first rank)"]
 
 
 def test_no_straggler_when_last_arrivals_are_spread_evenly():
-    assert health.stragglers(last_arrivals({0: 24, 1: 26, 2: 25, 3: 25}), world_size=4) == []
+    assert stragglers.late_ranks(last_arrivals({0: 24, 1: 26, 2: 25, 3: 25}), world_size=4) == []
 
 
 def test_no_straggler_from_too_few_collectives():
-    assert health.stragglers(last_arrivals({3: health.MIN_INSTANCES - 1}), world_size=4) == []
+    assert stragglers.late_ranks(last_arrivals({3: stragglers.MIN_INSTANCES - 1}), world_size=4) == []
 
 
 def summary(rows: list[tuple[str, int, float]]) -> pd.DataFrame:
@@ -31,7 +32,7 @@ def summary(rows: list[tuple[str, int, float]]) -> pd.DataFrame:
 
 
 def test_small_messages_suggest_the_bucket_knob():
-    found = health.small_messages(summary([("all_reduce", 256 << 10, 62.0), ("all_reduce", 50 << 20, 38.0),
+    found = messages.small_messages(summary([("all_reduce", 256 << 10, 62.0), ("all_reduce", 50 << 20, 38.0),
                                            ("all_gather", 64 << 10, 9.0), ("all_gather", 32 << 20, 1.0)]))
     assert [f.text for f in found] == [
         "90% of all_gather time is in messages < 1 MB: raise allgather_bucket_size",
@@ -40,31 +41,31 @@ def test_small_messages_suggest_the_bucket_knob():
 
 
 def test_large_messages_are_fine():
-    assert health.small_messages(summary([("all_reduce", 256 << 10, 10.0), ("all_reduce", 50 << 20, 90.0)])) == []
+    assert messages.small_messages(summary([("all_reduce", 256 << 10, 10.0), ("all_reduce", 50 << 20, 90.0)])) == []
 
 
 def test_loss_scale_falls_counted():
     scales = pd.DataFrame({"step": range(100), "scale": [2.0 ** 16] * 100,
                            "overflow": [s in (3, 9, 27, 40, 41, 77) for s in range(100)]})
-    (finding,) = health.loss_scale(scales)
-    assert finding.level == "warning"
+    (finding,) = loss_scale.loss_scale_falls(scales)
+    assert finding.severity == "warning"
     assert finding.text.startswith("loss scale fell 6 times in 100 steps")
 
 
 def test_loss_scale_without_overflow_is_ok_and_absent_without_fp16():
     scales = pd.DataFrame({"step": [0, 1], "scale": [1024.0, 1024.0], "overflow": [False, False]})
-    assert health.loss_scale(scales)[0].level == "ok"
-    assert health.loss_scale(scales.iloc[0:0]) == []
+    assert loss_scale.loss_scale_falls(scales)[0].severity == "ok"
+    assert loss_scale.loss_scale_falls(scales.iloc[0:0]) == []
 
 
 def test_comm_share_names_the_worst_rank_and_its_waiting():
     comm = pd.DataFrame({"rank": [0, 0, 1], "op": ["all_reduce", "all_gather", "all_reduce"],
                          "total_latency_ms": [300.0, 100.0, 100.0], "wait_ms": [200.0, 0.0, 0.0]})
     wall = pd.DataFrame({"rank": [0, 1], "wall_ms": [1000.0, 1000.0], "steps": [10, 10]})
-    (finding,) = health.comm_share(comm, wall)
+    (finding,) = communication.comm_share(comm, wall)
     assert finding.text == ("communication takes 25% of step time on average "
                             "(rank 0: 40%, of which 20% waiting for other ranks)")
-    assert finding.level == "warning"
+    assert finding.severity == "warning"
 
 
 def test_summary_puts_warnings_first():
@@ -72,7 +73,7 @@ def test_summary_puts_warnings_first():
     found = health.summarize(last_arrivals=last_arrivals({0: 1, 3: 99}), log_summary=summary([]), scales=scales,
                              comm_by_rank=pd.DataFrame(columns=["rank", "total_latency_ms", "wait_ms"]),
                              step_wall=pd.DataFrame(columns=["rank", "wall_ms", "steps"]), world_size=4)
-    assert [f.level for f in found] == ["warning", "ok"]
+    assert [f.severity for f in found] == ["warning", "ok"]
 
 
 def test_durations_read_naturally():

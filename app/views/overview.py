@@ -3,7 +3,8 @@ health summary in words for the selected run (loss overlaid when two are picked)
 import pandas as pd
 import streamlit as st
 
-from app import charts, health, queries, state
+from app import charts, queries, state
+from collector.data import findings as diagnosis
 
 
 def _is_loss(tag: str) -> bool:
@@ -28,7 +29,7 @@ def samples_per_second(series: pd.DataFrame) -> pd.DataFrame:
 def health_summary(sel: state.Selection, version: str) -> None:
     d, run_id = sel.data_dir, sel.run_id
     everything = queries.CommFilter()
-    findings = health.summarize(
+    findings = diagnosis.summarize(
         last_arrivals=queries.last_arrivals(d, run_id, version, everything),
         log_summary=queries.log_summary(d, run_id, version, everything),
         scales=queries.loss_scale(d, run_id, version),
@@ -38,8 +39,9 @@ def health_summary(sel: state.Selection, version: str) -> None:
     st.subheader("Health")
     if not findings:
         st.info("Nothing to report yet: no comm, timer or loss-scale records for this run.")
+    show = {"critical": st.error, "warning": st.warning, "info": st.info, "ok": st.success}
     for finding in findings:
-        (st.warning if finding.level == "warning" else st.success)(finding.text)
+        show[finding.severity](finding.text)
 
 
 def training_charts(sel: state.Selection, version: str) -> None:

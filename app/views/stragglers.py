@@ -6,7 +6,8 @@ Click a heatmap cell to list the collective instances behind it."""
 import pandas as pd
 import streamlit as st
 
-from app import charts, health, queries, state
+from app import charts, queries, state
+from collector.data.findings import duration
 
 HEATMAP_KEY = "delay_heatmap"
 
@@ -75,7 +76,7 @@ def stragglers_page() -> None:
         for op, rows in last.groupby("op"):
             worst = rows.loc[rows.share.idxmax()]
             st.markdown(f"**{op}**: rank {int(worst['rank'])} arrives last in {100 * worst.share:.0f}% "
-                        f"of instances (+{health.duration(worst.mean_lead_ms)} on average)")
+                        f"of instances (+{duration(worst.mean_lead_ms)} on average)")
         st.plotly_chart(charts.last_rank_bars(last))
 
         grid = queries.delay_heatmap(d, run_id, version, flt)

@@ -87,6 +87,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return export_main(args)
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    from collector.tools.health import main as health_main
+
+    return health_main(args)
+
+
 def cmd_nvme_tune(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "native.nvme_tune", "--dir", args.dir, *args.rest]
     os.execv(cmd[0], cmd)
@@ -211,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     kind.add_argument("--perfetto", nargs=2, metavar=("RUN", "OUT.json"), help="Chrome trace-event JSON")
     kind.add_argument("--archive", nargs=2, metavar=("RUN", "OUT"), help="one file: the run's Parquet and catalog rows")
     kind.add_argument("--parquet", nargs=2, metavar=("RUN", "OUTDIR"), help="one Parquet file per table")
+
+    p = add("health", cmd_health, "Print a run's current findings (exit 0 none, 1 warnings, 2 a hang, desync or "
+            "silent rank).", """
+        rankscope health demo                          # the newest run named demo
+        rankscope health demo-20261123-101500-a1b2c3 --json
+        rankscope health bert-large --data-dir /scratch/rs || notify-oncall
+    """)
+    _data_dir_arg(p)
+    p.add_argument("run", metavar="RUN", help="run id, or run name (the newest run of that name)")
+    p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
 
     p = add("nvme-tune", cmd_nvme_tune, "Sweep async I/O handle settings on a directory and print the best `aio` config block.", """
         rankscope nvme-tune --dir /local_nvme

@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from collector.data import catalog, layout
+from collector.data import catalog, layout, queries
 from collector.tools.importers.parquet_table import TABLE_KEY
 from collector.data.schema import TABLES
 
@@ -42,11 +42,10 @@ class ExportError(Exception):
 
 
 def resolve_run(con, run: str) -> str:
-    rows = con.execute("SELECT run_id, name FROM runs WHERE run_id = ? OR name = ? "
-                       "ORDER BY (run_id = ?) DESC, started_at DESC", [run, run, run]).fetchall()
-    if not rows:
-        raise ExportError(f"no run with id or name {run!r}")
-    return rows[0][0]
+    try:
+        return queries.resolve_run(con, run)
+    except queries.UnknownRun as exc:
+        raise ExportError(str(exc)) from None
 
 
 # -- perfetto ----------------------------------------------------------------------

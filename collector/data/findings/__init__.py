@@ -1,0 +1,47 @@
+"""Diagnoses of a run, each a pure function of query results (one module per analysis),
+and the front that runs them all for the Overview and ``rankscope health``.
+
+    from collector.data import findings, queries
+    cat = queries.Catalog(data_dir)
+    for f in findings.for_run(cat, run_id):
+        print(f.severity, f.text)
+
+Each analysis module takes the frames collector.data.queries returns and gives
+a list of ``Finding`` (collector.data.findings.model), so it can be tested on
+hand-made frames, both where it must fire and where it must stay silent.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from collector.data import queries
+from collector.data.findings.communication import comm_share
+from collector.data.findings.loss_scale import loss_scale_falls
+from collector.data.findings.messages import small_messages
+from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
+from collector.data.findings.stragglers import late_ranks
+
+__all__ = ["Finding", "duration", "exit_code", "for_run", "pct", "ranked", "summarize"]
+
+
+def summarize(*, last_arrivals: pd.DataFrame, log_summary: pd.DataFrame, scales: pd.DataFrame,
+              comm_by_rank: pd.DataFrame, step_wall: pd.DataFrame, world_size: int) -> list[Finding]:
+    """Every rule over one run's query results, most urgent first."""
+    return ranked(late_ranks(last_arrivals, world_size) + small_messages(log_summary)
+                  + loss_scale_falls(scales) + comm_share(comm_by_rank, step_wall))
+
+
+def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None) -> list[Finding]:
+    """Run the queries and every rule for one run."""
+    if world_size is None:
+        runs = queries.list_runs(cat)
+        match = runs[runs.run_id == run_id]
+        world_size = int(match.world_size.iloc[0]) if len(match) else 1
+    rollup = queries.comm_rollup(cat, run_id)
+    everything = queries.CommFilter()
+    return summarize(last_arrivals=queries.last_arrivals(rollup, everything),
+                     log_summary=queries.log_summary(rollup, everything),
+                     scales=queries.loss_scale(cat, run_id),
+                     comm_by_rank=queries.comm_by_rank(rollup, everything),
+                     step_wall=queries.step_wall_ms(cat, run_id), world_size=world_size)

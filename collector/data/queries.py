@@ -1,0 +1,341 @@
+"""The query layer: every SQL statement the dashboard and ``rankscope health`` run.
+
+Values from the user or from run names always travel as DuckDB ``?``
+parameters. Results come back as pandas frames (Arrow for the rollup). Nothing
+here caches: the dashboard (app/queries.py) caches these per run *data version*,
+the health command calls them once.
+
+Speed on big runs comes from per-step rollups: one pass over a run's comm
+records (grouped per collective instance to find arrival delays) aggregated
+to (rank, step, group, op, message size). Page queries then read that rollup,
+tens of thousands of rows, instead of millions of raw records. A rollup is
+keyed by the run's *data version* (the names, sizes and mtimes of its Parquet
+segments), so it is rebuilt exactly when new segments land: segments are
+immutable once renamed into place, which makes the version a complete cache
+key and lets finished runs stay cached while live ones refresh.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from collector.data import catalog, layout
+from collector.data.instances import instances_sql, join_condition
+
+
+class DataDirError(Exception):
+    """The data dir is missing or its catalog cannot be opened."""
+
+
+# --- connections -------------------------------------------------------------
+
+class Catalog:
+    """One data dir's catalog, shared by threads: each query runs on its own cursor
+    (DuckDB connections are not shared across threads), retried if compaction
+    unlinked a segment under it."""
+
+    def __init__(self, data_dir) -> None:
+        self.data_dir = str(data_dir)
+        try:
+            self.con = catalog.connect(self.data_dir)
+            # Segments never change once renamed into place, so their footers can be cached.
+            self.con.execute("SET parquet_metadata_cache = true")
+        except (OSError, duckdb.Error) as exc:
+            raise DataDirError(f"cannot open the catalog in {self.data_dir!r}: {exc}") from None
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = catalog.cursor(self.con, self.data_dir)
+        cur.execute("SET enable_progress_bar = false")  # it would print into a server's log
+        return cur
+
+    def df(self, sql: str, params: list) -> pd.DataFrame:
+        cur = self.cursor()
+        try:
+            return catalog.with_segment_retry(lambda: cur.execute(sql, params).df())
+        finally:
+            cur.close()
+
+    def arrow(self, sql: str, params: list) -> pa.Table:
+        cur = self.cursor()
+        try:
+            return catalog.with_segment_retry(lambda: cur.sql(sql, params=params).to_arrow_table())
+        finally:
+            cur.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+# Rollups are small: one thread per query answers faster on a busy machine than many.
+_rollup_engine = duckdb.connect(":memory:", config={"threads": 1})
+_rollup_lock = threading.Lock()
+
+
+def _on_rollup(rollup: pa.Table, sql: str, params: list) -> pd.DataFrame:
+    """Run SQL that reads the Arrow rollup as the relation ``r``."""
+    with _rollup_lock:
+        cur = _rollup_engine.cursor()
+    try:
+        cur.register("r", rollup)
+        return cur.execute(sql, params).df()
+    finally:
+        cur.close()
+
+
+# --- runs --------------------------------------------------------------------
+
+def list_runs(cat: Catalog) -> pd.DataFrame:
+    """Every run, newest first, with its duration so far."""
+    return cat.df("""
+        SELECT run_id, name, status, world_size, n_ranks, started_at, ended_at,
+               epoch(coalesce(ended_at::TIMESTAMPTZ, now()) - started_at::TIMESTAMPTZ) AS duration_s,
+               source, linked_run_id, config
+        FROM runs ORDER BY started_at DESC, run_id""", [])
+
+
+class UnknownRun(LookupError):
+    """No run has that id or name."""
+
+
+def resolve_run(con, run: str) -> str:
+    """The run id of ``run``: a run id, or a run name (the newest run of that name).
+    ``con`` is a catalog connection or cursor."""
+    rows = con.execute("SELECT run_id FROM runs WHERE run_id = ? OR name = ? "
+                       "ORDER BY (run_id = ?) DESC, started_at DESC", [run, run, run]).fetchall()
+    if not rows:
+        raise UnknownRun(f"no run with id or name {run!r}")
+    return rows[0][0]
+
+
+def data_version(data_dir: str, run_id: str) -> str:
+    """Fingerprint of every committed segment of ``run_id`` (any table)."""
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        raise ValueError(f"not a run id: {run_id!r}")
+    digest = hashlib.sha1()
+    root = Path(data_dir)
+    for table in layout.stored_schemas():
+        part = layout.partition_dir(root, table, run_id)
+        if not part.is_dir():
+            continue
+        for entry in sorted(os.scandir(part), key=lambda e: e.name):
+            if entry.name.endswith(layout.SEGMENT_SUFFIX) and not entry.name.startswith("."):
+                st_ = entry.stat()
+                digest.update(f"{table}/{entry.name}:{st_.st_size}:{st_.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def latest_step(cat: Catalog, run_id: str) -> int | None:
+    """The highest step any rank has reported in comm or timers (Parquet min/max stats make it cheap)."""
+    value = cat.df("""
+        SELECT max(step) AS step FROM (
+            SELECT max(step) AS step FROM comm WHERE run_id = ?
+            UNION ALL SELECT max(step) FROM timers WHERE run_id = ?)""", [run_id, run_id]).step.iloc[0]
+    return None if pd.isna(value) else int(value)
+
+
+def ranks(cat: Catalog, run_id: str) -> pd.DataFrame:
+    return cat.df("""
+        SELECT rank, host, pid, status, ended_at, dropped_records
+        FROM ranks WHERE run_id = ? ORDER BY rank""", [run_id])
+
+
+# --- the comm rollup -----------------------------------------------------------
+
+# Arrival delay, wait and "last to arrive" per collective instance (collector.data.instances),
+# computed with a per-instance GROUP BY joined back to the records. Records without a group or
+# seq keep their bandwidth and get no delay (the LEFT JOIN finds no instance).
+COMM_ROLLUP_SQL = f"""
+    WITH c AS (
+        SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs
+        FROM comm WHERE run_id = ?),
+    inst AS ({instances_sql("c")})
+    SELECT c.rank, c.step, c.group_name, c.op, c.bytes,
+           count(*) AS n, sum(c.end_ns - c.start_ns)::BIGINT AS dur_ns,
+           sum(c.algbw_gbs) AS algbw_sum, sum(c.busbw_gbs) AS busbw_sum,
+           sum(c.start_ns - i.first_ns)::BIGINT AS delay_sum_ns, max(c.start_ns - i.first_ns) AS delay_max_ns,
+           sum(i.last_ns - c.start_ns)::BIGINT AS wait_sum_ns,
+           count(*) FILTER (WHERE c.rank = i.last_rank AND i.n_ranks > 1) AS n_last,
+           coalesce(sum(c.start_ns - i.first_ns) FILTER (WHERE c.rank = i.last_rank AND i.n_ranks > 1), 0)::BIGINT
+               AS last_delay_sum_ns
+    FROM c LEFT JOIN inst i ON {join_condition("c", "i")}
+    GROUP BY ALL"""
+
+
+def comm_rollup(cat: Catalog, run_id: str) -> pa.Table:
+    """Per (rank, step, group, op, bytes) sums of a run's comm records (immutable Arrow)."""
+    return cat.arrow(COMM_ROLLUP_SQL, [run_id])
+
+
+class CommFilter:
+    """The Comms/Stragglers filters as a WHERE clause over the rollup ``r``."""
+
+    def __init__(self, ops=(), groups=(), ranks=(), steps: tuple[int, int] | None = None):
+        self.ops, self.groups, self.ranks = tuple(ops), tuple(groups), tuple(int(x) for x in ranks)
+        self.steps = steps
+
+    def where(self) -> tuple[str, list]:
+        clauses, params = ["TRUE"], []
+        for column, values in (("op", self.ops), ("group_name", self.groups), ("rank", self.ranks)):
+            if values:
+                clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
+                params += list(values)
+        if self.steps is not None:
+            clauses.append("step BETWEEN ? AND ?")
+            params += [int(self.steps[0]), int(self.steps[1])]
+        return " AND ".join(clauses), params
+
+    def key(self) -> tuple:
+        return (self.ops, self.groups, self.ranks, self.steps)
+
+
+def _rollup_query(rollup: pa.Table, flt: CommFilter, select: str) -> pd.DataFrame:
+    where, params = flt.where()
+    return _on_rollup(rollup, select.format(where=where), params)
+
+
+def comm_dimensions(rollup: pa.Table) -> dict:
+    """Ops, groups, ranks and step range present in a run's comm records."""
+    df = _on_rollup(rollup, """
+        SELECT list(DISTINCT op ORDER BY op) AS ops, list(DISTINCT group_name ORDER BY group_name) AS groups,
+               list(DISTINCT rank ORDER BY rank) AS ranks, min(step) AS first_step, max(step) AS last_step
+        FROM r""", [])
+    row = df.iloc[0]
+    return {"ops": list(row.ops if row.ops is not None else []), "groups": list(row.groups if row.groups is not None else []),
+            "ranks": [int(x) for x in (row.ranks if row.ranks is not None else [])],
+            "first_step": None if pd.isna(row.first_step) else int(row.first_step),
+            "last_step": None if pd.isna(row.last_step) else int(row.last_step)}
+
+
+def log_summary(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
+    """DeepSpeed's comms log_summary table: op x message size. ``transfer_ms`` is the
+    latency less the time spent waiting for the last rank to arrive."""
+    return _rollup_query(rollup, flt, """
+        SELECT op, bytes, sum(n)::BIGINT AS count, sum(dur_ns) / 1e6 AS total_latency_ms,
+               sum(dur_ns) / 1e6 / sum(n) AS avg_latency_ms,
+               (sum(dur_ns) - sum(wait_sum_ns)) / 1e6 AS transfer_ms,
+               sum(algbw_sum) / sum(n) AS algbw_gbs, sum(busbw_sum) / sum(n) AS busbw_gbs
+        FROM r WHERE {where} GROUP BY op, bytes ORDER BY op, bytes""")
+
+
+def bandwidth_by_step(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
+    return _rollup_query(rollup, flt, """
+        SELECT step, op, group_name, sum(algbw_sum) / sum(n) AS algbw_gbs, sum(busbw_sum) / sum(n) AS busbw_gbs
+        FROM r WHERE {where} GROUP BY ALL ORDER BY step, op, group_name""")
+
+
+def bandwidth_by_size(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
+    return _rollup_query(rollup, flt, """
+        SELECT op, bytes, sum(n)::BIGINT AS count, sum(busbw_sum) / sum(n) AS busbw_gbs
+        FROM r WHERE {where} GROUP BY ALL ORDER BY op, bytes""")
+
+
+def comm_by_rank(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
+    """Per rank and op: communication time, bandwidth and time spent waiting for peers."""
+    return _rollup_query(rollup, flt, """
+        SELECT rank, op, sum(n)::BIGINT AS count, sum(dur_ns) / 1e6 AS total_latency_ms,
+               sum(wait_sum_ns) / 1e6 AS wait_ms, sum(busbw_sum) / sum(n) AS busbw_gbs
+        FROM r WHERE {where} GROUP BY ALL ORDER BY rank, op""")
+
+
+def delay_heatmap(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
+    """Per rank and step: mean arrival delay and mean wait per collective (ms)."""
+    return _rollup_query(rollup, flt, """
+        SELECT rank, step, sum(n)::BIGINT AS count, sum(delay_sum_ns) / sum(n) / 1e6 AS arrival_delay_ms,
+               sum(wait_sum_ns) / sum(n) / 1e6 AS wait_ms, sum(n_last)::BIGINT AS n_last
+        FROM r WHERE {where} GROUP BY ALL ORDER BY rank, step""")
+
+
+def last_arrivals(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
+    """Per op and rank: how often the rank arrived last, and by how much (mean, ms).
+
+    ``share`` is over the op's collective instances (each has exactly one last rank)."""
+    return _rollup_query(rollup, flt, """
+        WITH per AS (
+            SELECT op, rank, sum(n_last)::BIGINT AS n_last, sum(last_delay_sum_ns) AS last_delay_ns
+            FROM r WHERE {where} GROUP BY op, rank)
+        SELECT op, rank, n_last, n_last / sum(n_last) OVER (PARTITION BY op) AS share,
+               CASE WHEN n_last > 0 THEN last_delay_ns / n_last / 1e6 END AS mean_lead_ms
+        FROM per ORDER BY op, rank""")
+
+
+def instances_at(cat: Catalog, run_id: str, step: int, rank: int) -> pd.DataFrame:
+    """The collective instances behind one heatmap cell (rank, step), with this rank's
+    arrival delay and wait and the instance's last rank. Filters on step before grouping
+    into instances: all ranks of an instance share its step."""
+    return cat.df(f"""
+        WITH c AS (
+            SELECT group_name, seq, op, bytes, rank, start_ns FROM comm WHERE run_id = ? AND step = ?),
+        inst AS ({instances_sql("c")})
+        SELECT c.group_name, c.seq, c.op, c.bytes, (c.start_ns - i.first_ns) / 1e6 AS arrival_delay_ms,
+               (i.last_ns - c.start_ns) / 1e6 AS wait_ms, i.last_rank
+        FROM c JOIN inst i ON {join_condition("c", "i")}
+        WHERE c.rank = ? ORDER BY c.group_name, c.seq""", [run_id, int(step), int(rank)])
+
+
+# --- per-step tables -----------------------------------------------------------
+
+def step_times(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank, step and timer: duration (ms). Timer names are whatever the engine sent."""
+    return cat.df("""
+        SELECT rank, step, name, sum(dur_ns) / 1e6 AS dur_ms
+        FROM timers WHERE run_id = ? GROUP BY ALL ORDER BY rank, step, name""", [run_id])
+
+
+def step_wall_ms(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank: total wall time of the timed steps (first timer start to last timer end)."""
+    return cat.df("""
+        WITH per_step AS (
+            SELECT rank, step, max(start_ns + dur_ns) - min(start_ns) AS wall_ns
+            FROM timers WHERE run_id = ? GROUP BY rank, step)
+        SELECT rank, sum(wall_ns) / 1e6 AS wall_ms, count(*) AS steps FROM per_step GROUP BY rank ORDER BY rank""",
+               [run_id])
+
+
+def monitor_series(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Every monitor tag per step (mean over ranks), with samples and time for throughput."""
+    return cat.df("""
+        SELECT tag, step, avg(value) AS value, max(samples) AS samples, max(time_ns) AS time_ns
+        FROM monitor WHERE run_id = ? GROUP BY tag, step ORDER BY tag, step""", [run_id])
+
+
+def loss_scale(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Loss scale per step; a step overflowed if any rank said so."""
+    return cat.df("""
+        SELECT step, min(scale) AS scale, bool_or(overflow) AS overflow,
+               any_value(bad_params) FILTER (WHERE overflow) AS bad_params
+        FROM loss_scale WHERE run_id = ? GROUP BY step ORDER BY step""", [run_id])
+
+
+def flops_profile(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Every rank's module tree from the latest profiled step."""
+    return cat.df("""
+        SELECT rank, step, module, parent, depth, module_type, params, macs, flops, latency_ns, bwd_latency_ns
+        FROM flops WHERE run_id = ?
+        QUALIFY step = max(step) OVER ()
+        ORDER BY rank, depth, module""", [run_id])
+
+
+def memory_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
+    return cat.df("""
+        SELECT rank, step, kind, max(bytes) AS bytes
+        FROM memory WHERE run_id = ? GROUP BY ALL ORDER BY rank, kind, step""", [run_id])
+
+
+def moe_load(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Tokens routed to and dropped by each expert per step, summed over ranks."""
+    return cat.df("""
+        SELECT layer, expert, step, sum(tokens) AS tokens, sum(dropped) AS dropped, max(capacity) AS capacity
+        FROM moe WHERE run_id = ? GROUP BY ALL ORDER BY layer, expert, step""", [run_id])
+
+
+# --- SQL console ---------------------------------------------------------------
+
+def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
+    """User SQL through the read-only guard; raises catalog.QueryError."""
+    return catalog.run_readonly_query(data_dir, sql, max_rows=max_rows).to_pandas()

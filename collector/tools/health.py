@@ -1,0 +1,47 @@
+"""``rankscope health RUN``: the current findings of a run, for people and for scripts.
+
+One line per finding, most urgent first; a run with nothing to report says so in
+one line. ``--json`` prints the findings as a JSON list (kind, severity, ranks,
+steps, text, cost_ms_per_step, evidence, page, filters). The exit code is for job
+scripts and schedulers: 0 nothing to report, 1 warnings, 2 something critical
+(a hang, a collective mismatch, a silent rank), 3 the run or data dir could not
+be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from collector.data import findings, queries
+
+UNREADABLE = 3
+
+
+def report(findings_: list[findings.Finding], run_id: str) -> str:
+    shown = [f for f in findings_ if f.severity != "ok"]
+    if not shown:
+        return f"{run_id}: healthy, nothing to report"
+    return "\n".join(f"{run_id}: {f.severity}: {f.text}" for f in shown)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cat = queries.Catalog(args.data_dir)
+    except queries.DataDirError as exc:
+        print(f"rankscope health: {exc}", file=sys.stderr)
+        return UNREADABLE
+    try:
+        run_id = queries.resolve_run(cat.con, args.run)
+        found = findings.for_run(cat, run_id)
+    except queries.UnknownRun as exc:
+        print(f"rankscope health: {exc} in {args.data_dir}", file=sys.stderr)
+        return UNREADABLE
+    finally:
+        cat.close()
+    if args.json:
+        print(json.dumps([f.to_json() for f in found], indent=2))
+    else:
+        print(report(found, run_id))
+    return findings.exit_code(found)
