@@ -450,10 +450,14 @@ def resend_spooled(directory: Path, endpoint: str, token: str | None = None, tim
                    tls_ca: str | None = None) -> tuple[int, int]:
     """Stream the orphaned spool files meant for ``endpoint`` (writers on this host
     that are gone) to it, one writer (client_id) per stream so acks are
-    unambiguous, deleting each file once all its envelopes are acked. Returns
+    unambiguous, deleting each file once all its envelopes are acked. Each file is
+    claimed first (spool.claim), so processes racing for the same orphans never
+    send one twice, and a file another process took is skipped without a word.
+    Says in one line what it resent, for which runs, to where. Returns
     (files delivered, files left). Never raises."""
     groups = spool.orphans(Path(directory), endpoint)
-    delivered = left = 0
+    delivered = left = records = 0
+    runs: set[str] = set()
     if not groups:
         return 0, 0
     metadata = security.auth_metadata(token)
@@ -468,13 +472,19 @@ def resend_spooled(directory: Path, endpoint: str, token: str | None = None, tim
             per_file: dict[Path, set[int]] = {}
             envs = []
             for path in paths:
+                claimed = spool.claim(path)
+                if claimed is None:
+                    continue  # another process on this host is delivering it
                 try:
-                    got = spool.read(path)
+                    got = spool.read(claimed)
                 except (OSError, spool.SpoolError) as e:
                     log.error("rankscope: skipping spool file: %s", e)
+                    spool.release(claimed)
                     continue
-                per_file[path] = {e.seq for e in got}
+                per_file[claimed] = {e.seq for e in got}
                 envs += got
+            if not envs:
+                continue
             need = set().union(*per_file.values()) if per_file else set()
             acked: set[int] = set()
             call = stub.Stream(iter(envs), metadata=metadata, timeout=timeout_s)
@@ -493,7 +503,17 @@ def resend_spooled(directory: Path, endpoint: str, token: str | None = None, tim
                     path.unlink(missing_ok=True)
                     delivered += 1
                 else:
+                    spool.release(path)
                     left += 1
+            for env in envs:
+                if env.seq in acked:
+                    body = env.WhichOneof("body")
+                    if body == "table":
+                        records += env.table.rows
+                        runs.add(env.table.run_id)
+                    elif body in ("hello", "end"):
+                        runs.add(getattr(env, body).run_id)
     if delivered:
-        log.info("rankscope: resent %d spool file(s) from %s", delivered, directory)
+        log.warning("rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
+                    "to the collector at %s", records, ", ".join(sorted(runs)) or "?", directory, endpoint)
     return delivered, left

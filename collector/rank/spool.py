@@ -17,6 +17,12 @@ resends orphans when it next reaches the collector they were meant for
 because its spool shares the directory. Files are written under a ``.tmp`` name,
 fsync'd and renamed, so a reader never sees half a file; they are deleted once
 every envelope in them is acknowledged.
+
+Several processes may find the same orphan at once (every rank of a new job on
+the host reaches the collector at about the same moment), so an orphan is
+*claimed* before it is read: renamed to ``<name>.claimed-<host>.<pid>``, which
+exactly one process can do. The claimer deletes it once delivered, or renames it
+back if delivery failed; a claim whose claimer died is an orphan again.
 """
 from __future__ import annotations
 
@@ -124,8 +130,40 @@ def files(directory: Path, client_id: str | None = None) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.name.startswith(prefix))
 
 
+CLAIM_MARK = ".claimed-"
+
+
 def client_id_of(path: Path) -> str:
-    return path.name.rsplit("-", 2)[0]
+    return unclaimed_name(path).rsplit("-", 2)[0]
+
+
+def unclaimed_name(path: Path) -> str:
+    """The spool file's own name, without a claim suffix."""
+    return path.name.split(CLAIM_MARK, 1)[0]
+
+
+def claim(path: Path) -> Path | None:
+    """Take ``path`` (an orphan, or an abandoned claim) for this process; None if another took it first."""
+    claimed = path.with_name(f"{unclaimed_name(path)}{CLAIM_MARK}{local_host_id()}.{os.getpid()}")
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    return claimed
+
+
+def release(claimed: Path) -> None:
+    """Give a claimed file back (delivery failed): it is an ordinary orphan again."""
+    try:
+        os.rename(claimed, claimed.with_name(unclaimed_name(claimed)))
+    except FileNotFoundError:
+        pass
+
+
+def _claimer_gone(path: Path, host: str) -> bool:
+    claimer = path.name.split(CLAIM_MARK, 1)[1]
+    claim_host, _, pid = claimer.rpartition(".")
+    return claim_host == host and pid.isdigit() and not _pid_alive(int(pid))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -148,7 +186,9 @@ def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path
     ``endpoint``, only those meant for it (or not saying which collector they were for)."""
     host = local_host_id()
     out: dict[str, list[Path]] = {}
-    for path in files(directory):
+    abandoned = [p for p in directory.glob(f"*{SUFFIX}{CLAIM_MARK}*") if _claimer_gone(p, host)] \
+        if directory.is_dir() else []
+    for path in sorted(files(directory) + abandoned, key=unclaimed_name):
         cid = client_id_of(path)
         owner_host, pid, _ = (cid.rsplit(".", 2) + ["", ""])[:3]
         if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
