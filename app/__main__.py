@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     cmd = [sys.executable, "-m", "streamlit", "run", str(ENTRY), "--server.port", str(args.port),
            "--server.address", args.host, "--server.headless", "true", "--browser.gatherUsageStats", "false",
+           # a viewer of this app needs no "Deploy" button or developer menu
+           "--client.toolbarMode", "viewer",
            "--", "--data-dir", os.path.abspath(args.data_dir)]
     os.execv(cmd[0], cmd)
 

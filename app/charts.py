@@ -15,11 +15,13 @@ def _tidy(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
 
 
 def lines(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, *, y_title: str | None = None,
-          log_y: bool = False) -> go.Figure:
+          x_title: str | None = None, log_y: bool = False, hover: dict | None = None) -> go.Figure:
     # SVG, not plotly's WebGL (its pick above 1,000 points): a browser without a GPU (headless,
     # remote desktops) renders WebGL in software at ~1 s per chart; SVG draws 10k-point lines at once.
-    fig = px.line(df, x=x, y=y, color=color, log_y=log_y, markers=len(df) < 60, render_mode="svg")
+    fig = px.line(df, x=x, y=y, color=color, log_y=log_y, markers=len(df) < 60, render_mode="svg",
+                  hover_data=hover)
     fig.update_yaxes(title=y_title or y)
+    fig.update_xaxes(title=x_title or x)
     return _tidy(fig, title)
 
 

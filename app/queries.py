@@ -134,6 +134,11 @@ def moe_load(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.moe_load(catalog(data_dir), run_id)
 
 
+@st.cache_data(ttl=5, show_spinner=False)
+def runs_with(data_dir: str, table: str) -> set[str]:
+    return q.runs_with(data_dir, table)
+
+
 def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
     """User SQL through the read-only guard; raises catalog.QueryError."""
     return q.console_query(data_dir, sql, max_rows)

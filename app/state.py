@@ -110,6 +110,22 @@ def selection() -> Selection:
     return Selection(directory, runs, chosen)
 
 
+def missing_data(sel: Selection, table: str, message: str) -> None:
+    """Say that the selected run has no ``table`` rows, and offer the runs that do (one click
+    switches the shared selection to that run)."""
+    st.info(message)
+    have = queries.runs_with(sel.data_dir, table)
+    others = sel.runs[sel.runs.run_id.isin(have)]
+    if others.empty:
+        return
+    st.caption("Runs that have it:")
+    label = _label(sel.runs)
+    for run_id in others.run_id:
+        if st.button(label(run_id), key=f"switch-{table}-{run_id}"):
+            select_runs([run_id])
+            st.rerun()
+
+
 def _guarded(body: Callable[[str], None], version: str) -> None:
     # A damaged or vanished segment is a message on the page, not a traceback.
     try:

@@ -174,18 +174,21 @@ def test_every_rank_reports_to_telemetry(tmp_path, monkeypatch, rank):
         session.start(run="monitor-test", endpoint=f"127.0.0.1:{port}")
         mon = MonitorMaster(_csv_cfg(tmp_path))
         assert mon.enabled
+        session.set_step(5)  # a row's step is the training step it was written at; samples DeepSpeed's x
         mon.write_events([("Train/Samples/train_loss", 0.75, 40), ("Train/Samples/lr", torch.tensor(0.5), 40)])
+        session.set_step(10)
         mon.write_events([("Train/Samples/train_loss", 0.5, 80)])
         mon.close()
         session.stop()
         rows = col.rows("monitor").to_pydict()
     finally:
         session.stop()
+        session.set_step(0)
         server.stop(0)
     got = sorted(zip(rows["tag"], rows["value"], rows["samples"], rows["step"], rows["rank"]))
-    assert got == [("Train/Samples/lr", 0.5, 40, 40, rank),
-                   ("Train/Samples/train_loss", 0.5, 80, 80, rank),
-                   ("Train/Samples/train_loss", 0.75, 40, 40, rank)]
+    assert got == [("Train/Samples/lr", 0.5, 40, 5, rank),
+                   ("Train/Samples/train_loss", 0.5, 80, 10, rank),
+                   ("Train/Samples/train_loss", 0.75, 40, 5, rank)]
     assert all(t > 0 for t in rows["time_ns"])
     # files stay rank 0's, in DeepSpeed's layout
     assert (tmp_path / "ds_logs").exists() == (rank == 0)

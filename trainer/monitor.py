@@ -231,7 +231,9 @@ class MonitorMaster:
                 # drains before a telemetry session started earlier is stopped.
                 self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
                 atexit.register(self._exit_hook)
-            self._queue.put((now, batch))
+            # The training step now, not when the writer thread gets to it: a row's step is the
+            # step it belongs to, its samples DeepSpeed's x value (the engine's global_samples).
+            self._queue.put((now, session.get_step(), batch))
 
     def flush(self) -> None:
         """Wait until every queued event is written and flushed."""
@@ -288,14 +290,13 @@ class MonitorMaster:
             finally:
                 self._queue.task_done()
 
-    def _write_batch(self, time_ns: int, batch: list[tuple[str, Any, int]]) -> None:
+    def _write_batch(self, time_ns: int, step: int, batch: list[tuple[str, Any, int]]) -> None:
         telemetry_on = _telemetry_active()
         for tag, value, samples in batch:
             if isinstance(value, torch.Tensor):
                 value = value.item()
             if telemetry_on:
-                session.emit("monitor", step=samples, tag=tag, value=float(value), samples=samples,
-                                time_ns=time_ns)
+                session.emit("monitor", step=step, tag=tag, value=float(value), samples=samples, time_ns=time_ns)
             for backend in self._backends:
                 self._guarded(backend, backend.write, tag, value, samples)
         for backend in self._backends:

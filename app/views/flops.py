@@ -47,8 +47,8 @@ def flops_page() -> None:
     def body(version: str) -> None:
         profile = queries.flops_profile(sel.data_dir, sel.run_id, version)
         if profile.empty:
-            st.info("No flops profile in this run. Enable it with the DeepSpeed config's "
-                    '`"flops_profiler": {"enabled": true, "profile_step": N}`.')
+            state.missing_data(sel, "flops", "No flops profile in this run. Enable it with the DeepSpeed config's "
+                                              '`"flops_profiler": {"enabled": true, "profile_step": N}`.')
             return
         ranks = sorted(profile["rank"].unique())
         st.caption(f"Profiled at step {int(profile.step.iloc[0])} on ranks {', '.join(map(str, ranks))}.")

@@ -10,8 +10,8 @@ def memory_page() -> None:
     def body(version: str) -> None:
         memory = queries.memory_by_step(sel.data_dir, sel.run_id, version)
         if memory.empty:
-            st.info("No memory records in this run (the engine reports them each step; "
-                    "scripts using only the hook do not).")
+            state.missing_data(sel, "memory", "No memory records in this run (the engine reports them each step; "
+                                              "scripts using only the hook do not).")
             return
         kinds = sorted(memory.kind.unique())
         shown = st.multiselect("Kind", kinds, default=kinds)

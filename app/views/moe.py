@@ -11,7 +11,7 @@ def moe_page() -> None:
     def body(version: str) -> None:
         load = queries.moe_load(sel.data_dir, sel.run_id, version)
         if load.empty:
-            st.info("No MoE records in this run: the model has no `trainer.moe.MoE` layers.")
+            state.missing_data(sel, "moe", "No MoE records in this run: the model has no `trainer.moe.MoE` layers.")
             return
         layers = sorted(load.layer.unique())
         layer = st.selectbox("Layer", layers, format_func=lambda n: f"layer {n}")

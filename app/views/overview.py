@@ -44,6 +44,21 @@ def health_summary(sel: state.Selection, version: str) -> None:
         show[finding.severity](finding.text)
 
 
+def monitor_axis(series: pd.DataFrame) -> str:
+    """What the monitor charts' x axis is: the training step, or DeepSpeed's sample count where
+    that is all the events carry (an imported csv_monitor/tensorboard file: step == samples)."""
+    known = series.dropna(subset=["samples"])
+    if not known.empty and (known.step == known.samples).all() and known.samples.max() > 0:
+        return "samples"
+    return "step"
+
+
+def monitor_chart(series: pd.DataFrame, title: str):
+    axis = monitor_axis(series)
+    return charts.lines(series, "step", "value", "tag", title, x_title=axis,
+                        hover={"samples": True} if axis == "step" else None)
+
+
 def training_charts(sel: state.Selection, version: str) -> None:
     d, run_id = sel.data_dir, sel.run_id
     series = queries.monitor_series(d, run_id, version)
@@ -52,12 +67,12 @@ def training_charts(sel: state.Selection, version: str) -> None:
     lr_tags = [t for t in series.tag.unique() if _is_lr(t)]
     with left:
         if loss_tags:
-            st.plotly_chart(charts.lines(series[series.tag.isin(loss_tags)], "step", "value", "tag", "Loss"))
+            st.plotly_chart(monitor_chart(series[series.tag.isin(loss_tags)], "Loss"))
         else:
             st.info("No loss in the monitor events yet.")
     with right:
         if lr_tags:
-            st.plotly_chart(charts.lines(series[series.tag.isin(lr_tags)], "step", "value", "tag", "Learning rate"))
+            st.plotly_chart(monitor_chart(series[series.tag.isin(lr_tags)], "Learning rate"))
         else:
             st.info("No learning rate in the monitor events yet.")
 
@@ -73,7 +88,8 @@ def training_charts(sel: state.Selection, version: str) -> None:
         if throughput.empty:
             st.info("No throughput yet: needs monitor events from two steps.")
         else:
-            st.plotly_chart(charts.lines(throughput, "step", "samples_per_s", None, "Samples per second"))
+            st.plotly_chart(charts.lines(throughput, "step", "samples_per_s", None, "Samples per second",
+                                         x_title=monitor_axis(series)))
 
     timers = queries.step_times(d, run_id, version)
     if timers.empty:

@@ -99,6 +99,13 @@ def list_runs(cat: Catalog) -> pd.DataFrame:
         FROM runs ORDER BY started_at DESC, run_id""", [])
 
 
+def runs_with(data_dir, table: str) -> set[str]:
+    """The runs that have at least one committed segment of ``table`` (a directory listing,
+    not a scan: cheap on any data dir)."""
+    return {layout.run_of(p) for p in layout.partitions(Path(data_dir), table)
+            if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))}
+
+
 class UnknownRun(LookupError):
     """No run has that id or name."""
 

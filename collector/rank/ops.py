@@ -49,6 +49,11 @@ class OpSpec:
     skip_if: str = ""  # pass straight through when true (an empty tensor list)
     kind: str = "collective"  # or "send" / "recv" (sync p2p), "isend" / "irecv" (async p2p)
     peer: str = ""  # p2p: the global rank of the other side
+    record_as: str = ""  # the op name in the comm table, when it is not the function's own
+
+    @property
+    def op(self) -> str:
+        return self.record_as or self.name
 
 
 _SUM_INPUTS = "sum(t.numel() for t in {})"
@@ -57,12 +62,14 @@ SPECS = {s.name: s for s in (
     OpSpec("all_reduce_coalesced", "tensors[0]", _SUM_INPUTS.format("tensors"), skip_if="not tensors"),
     OpSpec("all_gather", "tensor", scale="len(tensor_list)"),
     OpSpec("all_gather_into_tensor", "input_tensor", "output_tensor.numel()"),
-    OpSpec("all_gather_single", "input_tensor", "output_tensor.numel()"),
+    # torch 2.13's *_single spellings are the same ops as the long-standing names: rows keep
+    # the long names, so queries and dashboards read the same across torch versions
+    OpSpec("all_gather_single", "input_tensor", "output_tensor.numel()", record_as="all_gather_into_tensor"),
     OpSpec("all_gather_coalesced", "input_tensor_list[0]",
            "sum(t.numel() for out in output_tensor_lists for t in out)", skip_if="not input_tensor_list"),
     OpSpec("reduce_scatter", "output", _SUM_INPUTS.format("input_list")),
     OpSpec("reduce_scatter_tensor", "input"),
-    OpSpec("reduce_scatter_single", "input"),
+    OpSpec("reduce_scatter_single", "input", record_as="reduce_scatter_tensor"),
     OpSpec("all_to_all", "input_tensor_list[0]", _SUM_INPUTS.format("input_tensor_list"),
            skip_if="not input_tensor_list"),
     OpSpec("all_to_all_single", "input"),
@@ -108,24 +115,24 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
     span = f"cuda_start({tensor})" if tensor else "None"
     skip = f" or {spec.skip_if}" if spec.skip_if else ""
     head = (f"def {spec.name}({', '.join(params)}, log_name=None):\n"
-            f"    if not REC.on or ({spec.name!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
+            f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
             f"        return _real({args})\n")
     facts = f"{dtype}, {numel}, {spec.scale}"
     if spec.kind == "collective":
         body = (f"    span = {span}\n    t0 = perf_ns()\n    work = _real({args})\n"
-                f"    return REC.record({spec.name!r}, log_name, group, t0, work if async_op else None, span, "
+                f"    return REC.record({spec.op!r}, log_name, group, t0, work if async_op else None, span, "
                 f"{facts})\n")
     elif spec.kind == "send":
         body = (f"    span = {span}\n    t0 = perf_ns()\n    _real({args})\n"
-                f"    REC.record({spec.name!r}, log_name, group, t0, None, span, {facts}, {spec.peer})\n")
+                f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, {spec.peer})\n")
     elif spec.kind == "recv":
         body = (f"    span = {span}\n    t0 = perf_ns()\n    sender = _real({args})\n"
-                f"    REC.record({spec.name!r}, log_name, group, t0, None, span, {facts}, sender, True)\n"
+                f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, sender, True)\n"
                 f"    return sender\n")
     else:  # isend / irecv: always async, no CUDA events (the future stamps the end)
         from_src = spec.kind == "irecv"
         body = (f"    t0 = perf_ns()\n    work = _real({args})\n    if work is not None:\n"
-                f"        work = REC.record({spec.name!r}, log_name, group, t0, work, None, {facts}, {spec.peer}, "
+                f"        work = REC.record({spec.op!r}, log_name, group, t0, work, None, {facts}, {spec.peer}, "
                 f"{from_src})\n    return work\n")
     return head + body, defaults
 

@@ -48,6 +48,9 @@ from collector.rank.clock import CLOCK, perf_ns
 
 log = logging.getLogger("rankscope.comm")
 
+# Function names (what the hook patches); the comm table's op is the same name, except that
+# all_gather_single / reduce_scatter_single are recorded as all_gather_into_tensor /
+# reduce_scatter_tensor (collector.rank.ops).
 INSTRUMENTED_OPS = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
     "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "send", "recv",

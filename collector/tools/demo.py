@@ -1,5 +1,13 @@
 """`rankscope demo`: a collector, a live multi-rank CPU training run of the
-example GPT streaming into it, and the dashboard, all on this machine."""
+example GPT streaming into it, and the dashboard, all on this machine.
+
+The console is for a person trying the tool for the first time: where the
+collector and the dashboard are, the training's progress, and each warning
+once. Every rank of the run prints the same library warnings, so the training's
+output goes through ``OnceFilter``, which drops a line identical to one already
+shown (progress lines differ from step to step and always pass).
+"""
+
 from __future__ import annotations
 
 import argparse
@@ -8,11 +16,11 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
+import threading
 
-from collector.tools.launch import collector_command, dashboard_command, wait_for_collector
+from collector.tools.launch import CollectorProcess, dashboard_command
 
-EXAMPLE_CONFIG = "zero2.json"
+EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 
 
 def _free_port() -> int:
@@ -30,15 +38,39 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.kill()
 
 
+class OnceFilter:
+    """Copies lines to ``out``, each distinct non-blank line once."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.seen: set[str] = set()
+
+    def write_line(self, line: str) -> None:
+        key = line.rstrip()
+        if key and key in self.seen:
+            return
+        self.seen.add(key)
+        self.out.write(line)
+        self.out.flush()
+
+    def pump(self, stream) -> None:
+        for line in iter(stream.readline, ""):
+            self.write_line(line)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     data_dir = os.path.abspath(args.data_dir)
     os.makedirs(data_dir, exist_ok=True)
-    endpoint = f"127.0.0.1:{args.port}"
     collector = dashboard = None
     try:
-        print(f"[demo] collector on {endpoint}, data in {data_dir}", flush=True)
-        collector = subprocess.Popen(collector_command(data_dir, port=args.port))
-        wait_for_collector(endpoint)
+        try:
+            collector = CollectorProcess(data_dir, port=args.port)
+        except RuntimeError as exc:
+            print(f"[demo] the collector did not start on port {args.port}: {exc}\n"
+                  f"[demo] is another collector running? pick another port with --port", file=sys.stderr)
+            return 1
+        endpoint = collector.address
+        print(f"[demo] collector: {endpoint} (data in {data_dir})", flush=True)
         if not args.no_dashboard:
             dashboard = subprocess.Popen(dashboard_command(data_dir, port=args.dashboard_port),
                                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -46,15 +78,21 @@ def run_demo(args: argparse.Namespace) -> int:
         train = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
             "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-            # a bundled config's name: the example resolves it (the demo never looks inside the engine)
-            "-m", "trainer.examples.gpt", "--config", args.config or EXAMPLE_CONFIG,
-            "--steps", str(args.steps),
+            "-m", "trainer.examples.gpt", "--config", args.config or EXAMPLE_CONFIG, "--steps", str(args.steps),
         ]
         # The run name travels by env: torchrun would take `--run` for its own --run-path.
         env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN="demo", OMP_NUM_THREADS="1")
-        print(f"[demo] training: {' '.join(train[2:])}", flush=True)
-        rc = subprocess.call(train, env=env)
+        print(f"[demo] training: {args.nproc} ranks x {args.steps} steps of the example GPT (ZeRO-2), "
+              "streaming into the collector", flush=True)
+        proc = subprocess.Popen(train, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1)
+        once = OnceFilter(sys.stdout)
+        pump = threading.Thread(target=once.pump, args=(proc.stdout,), daemon=True)
+        pump.start()
+        rc = proc.wait()
+        pump.join(timeout=5)
         print(f"[demo] training finished (exit {rc}); try:\n"
+              f"  .venv/bin/rankscope health demo --data-dir {args.data_dir}\n"
               f"  .venv/bin/rankscope sql --data-dir {args.data_dir} "
               f"\"select op, count(*) n, round(avg(busbw_gbs), 3) busbw from comm group by op\"", flush=True)
         if args.exit or dashboard is None:
@@ -66,4 +104,5 @@ def run_demo(args: argparse.Namespace) -> int:
         return 130
     finally:
         _stop(dashboard)
-        _stop(collector)
+        if collector is not None:
+            collector.stop()

@@ -234,7 +234,7 @@ class ZeroOptimizer:
 
     def gather_params(self, buckets, log_name: str) -> None:
         """all_gather each bucket's updated shard into its full flat parameter (all async, then wait)."""
-        works = [comm.all_gather_into_tensor(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
+        works = [comm.gather_flat(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
                                              log_name=log_name)
                  for b in buckets if not b.solo]
         for w in works:

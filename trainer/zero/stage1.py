@@ -68,7 +68,7 @@ class Stage1Optimizer(ZeroOptimizer):
             return None
         if not self.reduce_scatter:
             return comm.all_reduce(b.flat_grad, group=b.group, async_op=True, log_name="zero1.all_reduce_grads")
-        return comm.reduce_scatter_tensor(b.shard_of(b.flat_grad), b.flat_grad, group=b.group, async_op=True,
+        return comm.scatter_flat(b.shard_of(b.flat_grad), b.flat_grad, group=b.group, async_op=True,
                                           log_name="zero1.reduce_scatter_grads")
 
     def finish_reduction(self, pending) -> None:

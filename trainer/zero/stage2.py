@@ -66,7 +66,7 @@ class Stage2Optimizer(ZeroOptimizer):
                                    log_name=f"zero{self.stage}.all_reduce_grads")
             return b, b.shard_of(staging), staging, work
         out = torch.empty(b.shard_numel, dtype=b.dtype, device=self.device)
-        work = comm.reduce_scatter_tensor(out, staging, group=b.group, async_op=True,
+        work = comm.scatter_flat(out, staging, group=b.group, async_op=True,
                                           log_name=f"zero{self.stage}.reduce_scatter_grads")
         return b, out, staging, work
 

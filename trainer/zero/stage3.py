@@ -120,7 +120,7 @@ class Stage3Optimizer(Stage2Optimizer):
                 u.inflight = None
                 u.bind_params(u.flat_param)
                 return
-            u.inflight = comm.all_gather_into_tensor(u.flat_param, src, group=u.group, async_op=True,
+            u.inflight = comm.gather_flat(u.flat_param, src, group=u.group, async_op=True,
                                                      log_name="zero3.all_gather_params")
         if wait and u.inflight is not None:
             u.inflight.wait()

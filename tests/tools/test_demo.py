@@ -1,0 +1,32 @@
+"""What a newcomer sees: `rankscope demo`'s console for a short run (no dashboard), read
+as a person would: where the collector is, the training's progress, no traceback, no
+library deprecation warnings, nothing printed once per rank; and the run is in the data."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+
+from collector.data import catalog
+
+
+def test_the_demo_console_is_short_and_clean(tmp_path):
+    data = tmp_path / "data"
+    out = subprocess.run([sys.executable, "-m", "collector.tools.cli", "demo", "--data-dir", str(data),
+                          "--nproc", "4", "--steps", "12", "--no-dashboard", "--exit", "--port", "0"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    console = out.stdout + out.stderr
+    assert out.returncode == 0, console
+    assert "[demo] collector: 127.0.0.1:" in console
+    assert "Traceback" not in console and "FutureWarning" not in console and "DeprecationWarning" not in console
+    repeated = [line for line, n in collections.Counter(console.splitlines()).items() if line.strip() and n >= 2]
+    assert repeated == [], repeated
+    assert "step 12 loss" in console
+    con = catalog.connect(data)
+    try:
+        name, status, world = con.execute("SELECT name, status, world_size FROM runs").fetchone()
+        comm = con.execute("SELECT count(*) FROM comm").fetchone()[0]
+    finally:
+        con.close()
+    assert (name, status, world) == ("demo", "finished", 4) and comm > 0
