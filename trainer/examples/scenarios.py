@@ -110,10 +110,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(name="zero3-fp16-overflows", nproc=2, base_config="zero3.json", model=GPT,
              overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
                                  "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
-                        "flops_profiler": {"enabled": False}}),
+                        "flops_profiler": {"enabled": True, "profile_step": 5}}),
     Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=lambda: GPT(layers=4, moe=MOE),
              prepare=_skew_router,
-             loss=_moe_loss, overrides={"flops_profiler": {"enabled": False}}),
+             loss=_moe_loss, overrides={"flops_profiler": {"enabled": True, "profile_step": 2}}),
 )}
 
 
