@@ -28,12 +28,12 @@ def _cfg(**kw) -> dict:
      (24, 3, 2)),
 ])
 def test_engine_config_batch_triple_inferred(given, world, expected):
-    cfg = EngineConfig.from_dict(dict(given, optimizer=OPT), dp_world_size=world)
+    cfg = EngineConfig.from_dict(dict(given, optimizer=OPT), world_size=world)
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == expected
 
 
 def test_engine_config_defaults_follow_deepspeed():
-    cfg = EngineConfig.from_dict(_cfg(), dp_world_size=1)
+    cfg = EngineConfig.from_dict(_cfg(), world_size=1)
     z = cfg.zero_optimization
     assert (z.stage, z.reduce_bucket_size, z.overlap_comm, z.contiguous_gradients) == (0, 500_000_000, False, True)
     assert (cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window, cfg.fp16.hysteresis) == (16, 1000, 2)
