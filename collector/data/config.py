@@ -247,7 +247,7 @@ class ConfigBlock:
                 self.fail(f.name, f"must be {_describe(hints[f.name])}", value)
             if coerced is not value:
                 object.__setattr__(self, f.name, coerced)
-            self._check_range(f, coerced)
+            self._check_range(f, coerced, value)
 
     def validate(self) -> None:
         """Cross-field rules of a block; raise through ``self.fail``."""
@@ -261,20 +261,20 @@ class ConfigBlock:
         got = "" if value is dataclasses.MISSING else f" (got {value!r})"
         raise ConfigError(f"{self.key(name)}: {message}{got}")
 
-    def _check_range(self, f: dataclasses.Field, value: Any) -> None:
+    def _check_range(self, f: dataclasses.Field, value: Any, given: Any) -> None:
         meta = f.metadata
         if not meta or value is None:
             return
         for item in value if isinstance(value, list) else (value,):
             if "choices" in meta and item not in meta["choices"]:
                 self.fail(f.name, "must be one of " + ", ".join(str(c) if isinstance(c, (int, float)) else repr(c)
-                                                                for c in meta["choices"]), value)
+                                                                for c in meta["choices"]), given)
             if not isinstance(item, (int, float)) or isinstance(item, bool):
                 continue
             for op, words in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
                 bound = meta.get(op)
                 if bound is not None and not _BOUND_CHECKS[op](item, bound):
-                    self.fail(f.name, f"must be {words} {bound}", value)
+                    self.fail(f.name, f"must be {words} {bound}", given)
 
     @classmethod
     def _hints(cls) -> dict[str, Any]:
