@@ -30,6 +30,7 @@ from trainer.loss_scaler import PRECISION_CONFLICT, FP16Config
 from trainer.lr_schedules import SchedulerConfig
 from trainer.monitor import CSVMonitorConfig, TensorBoardConfig
 from trainer.profiling.step import FlopsProfilerConfig
+from trainer.tensor_parallel.groups import TensorParallelConfig
 
 __all__ = [
     "ConfigError", "load_config", "EngineConfig", "FP16Config", "BF16Config", "OptimizerConfig", "OffloadConfig",
@@ -151,21 +152,6 @@ class ZeroConfig(ConfigBlock):
             self.fail("offload_param", "parameter offload needs zero_optimization.stage 3", self.stage)
 
 
-@dataclass(kw_only=True)
-class TensorParallelConfig(ConfigBlock):
-    """``tensor_parallel``: the tensor-parallel degree (DeepSpeed's AutoTP spells it ``autotp_size``).
-    ``enabled: false`` turns it off whatever ``tp_size`` says."""
-
-    SECTION: ClassVar[str] = "tensor_parallel"
-    ALIASES: ClassVar[dict[str, str]] = {"autotp_size": "tp_size"}
-    enabled: bool = True
-    tp_size: int = setting(1, ge=1)
-
-    def validate(self) -> None:
-        if not self.enabled:
-            self.tp_size = 1
-
-
 # DeepSpeed sections and keys this engine accepts without acting on them (no warning: they
 # are common in real configs and harmless to ignore). wandb and comet: trainer.monitor
 # says so itself when one is enabled.
@@ -207,9 +193,7 @@ class EngineConfig(ConfigBlock):
     raw: dict = derived(default_factory=dict, repr=False)  # the config as given: telemetry and checkpoints keep it
 
     def validate(self) -> None:
-        tp = self.tensor_parallel
-        if self.world_size % tp.tp_size:
-            tp.fail("tp_size", f"must divide the world size {self.world_size}", tp.tp_size)
+        self.tensor_parallel.check_layout(self.world_size)
         self._complete_batch()
         if self.fp16.enabled and self.bf16.enabled:
             raise ConfigError(PRECISION_CONFLICT)

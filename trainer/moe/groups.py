@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from collector.data.config import ConfigBlock, ConfigError, derived, setting
+from collector.data.config import ConfigBlock, derived, setting
 from trainer import comm
+from trainer.tensor_parallel import groups as tp_groups
 from trainer.tensor_parallel.groups import process_group
 
 
@@ -57,8 +58,7 @@ class ExpertParallelConfig(ConfigBlock):
 
     def validate(self) -> None:
         world, tp, ep = self.world_size, self.tp_size, self.ep_size
-        if world % tp:
-            raise ConfigError(f"tensor_parallel.tp_size: must divide the world size {world} (got {tp})")
+        tp_groups.validate(tp, world)
         ranks = world // tp
         where = f"the world size {world}" if tp == 1 else \
             f"the data-parallel size {ranks} (world {world} / tensor_parallel.tp_size {tp})"
