@@ -70,6 +70,7 @@ def test_defaults_and_types_as_declared():
     ({"count": "3"}, "outer.count: must be an integer (got '3')"),
     ({"rate": float("nan")}, "outer.rate: must be a finite number (got nan)"),
     ({"rate": "fast"}, "outer.rate: must be a finite number (got 'fast')"),
+    ({"rate": 10 ** 400}, f"outer.rate: must be a finite number (got {10 ** 400})"),
     ({"mode": "medium"}, "outer.mode: must be one of 'fast', 'slow' (got 'medium')"),
     ({"names": ["a", 3]}, "outer.names: must be a list of strings (got ['a', 3])"),
     ({"names": "a"}, "outer.names: must be a list of strings (got 'a')"),

@@ -10,6 +10,7 @@ import pytest
 
 import trainer
 from collector.data.config import ConfigWarning
+from collector.rank import session
 from trainer.config import ConfigError, EngineConfig, load_config
 from _engine_util import make_model
 
@@ -215,16 +216,23 @@ def test_every_block_is_checked_at_initialize(config, message):
     assert message in str(err.value)
 
 
-def test_initialize_reports_each_unknown_key_once():
-    """The blocks owned by the recorder, the profiler, the monitor and the scheduler are built
-    once, with the engine's config; their owners do not report the same key again."""
+def test_initialize_reports_each_unknown_key_once(tmp_path):
+    """The blocks owned by the recorder, the profiler, the monitor, the scheduler and the
+    telemetry session are built once, with the engine's config; their owners do not report
+    the same key again."""
+    telemetry = {"run": "unknown-keys", "endpoint": "127.0.0.1:9", "spool_dir": str(tmp_path), "endpont": "h:1"}
     config = _cfg(comms_logger={"enabled": False, "verbos": True}, flops_profiler={"enabled": False, "depth": 2},
                   csv_monitor={"enabled": False, "job": "x"}, tensorboard={"enabled": False, "path": "x"},
                   scheduler={"type": "WarmupLR", "params": {"warmup_steps": 3}, "kind": "x"},
-                  fp16={"enabled": True, "scale": 2}, telemetry={"enabled": False, "endpont": "h:1"}, moe={})
+                  fp16={"enabled": True, "scale": 2}, telemetry=telemetry, moe={})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.initialize(model=make_model(), config=config)
+        engine, *_ = trainer.initialize(model=make_model(), config=config)
+    try:
+        assert session.active() is not None and session.active().run_name == "unknown-keys"
+    finally:
+        engine.close()
+        session.stop()
     assert sorted(_warned_keys(caught)) == sorted([
         "comms_logger.verbos", "flops_profiler.depth", "csv_monitor.job", "tensorboard.path",
         "scheduler.params.warmup_steps", "scheduler.kind", "fp16.scale", "telemetry.endpont", "moe"])

@@ -4,13 +4,14 @@
     cfg = EngineConfig.from_dict(json.load(open("ds_config.json")), world_size=4)
 
 The engine's own sections are declared here (the batch triple, ``optimizer``,
-``bf16``, ``zero_optimization`` with its offload blocks, ``aio``,
-``tensor_parallel``); the others live beside the code that reads them and are
-nested here so that one ``from_dict`` checks the whole file: ``fp16``
-(trainer.loss_scaler), ``scheduler`` (trainer.lr_schedules), ``comms_logger``
-(collector.rank.recorder), ``flops_profiler`` (trainer.profiling.step),
-``csv_monitor`` / ``tensorboard`` (trainer.monitor), ``telemetry``
-(collector.rank.session). Unknown keys warn by dotted path; the ``ACCEPTED`` sets
+``bf16``, ``zero_optimization`` with its offload blocks, ``aio``); the others live
+beside the code that reads them and are nested here so that one ``from_dict``
+checks the whole file and reports each unknown key once: ``fp16``
+(trainer.loss_scaler), ``scheduler`` (trainer.lr_schedules), ``tensor_parallel``
+(trainer.tensor_parallel.groups), ``comms_logger`` (collector.rank.recorder),
+``flops_profiler`` (trainer.profiling.step), ``csv_monitor`` / ``tensorboard``
+(trainer.monitor), ``telemetry`` (collector.rank.session). The engine hands those
+built blocks to their owners. Unknown keys warn by dotted path; the ``ACCEPTED`` sets
 are DeepSpeed keys this engine takes without acting on them, silently, because
 real configs are full of them and ignoring them changes nothing that matters
 (``prescale_gradients``, ``zero_optimization.sub_group_size``, ...).

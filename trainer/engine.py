@@ -133,8 +133,10 @@ def _start_telemetry(cfg: EngineConfig) -> None:
     if not cfg.telemetry.enabled:
         return
     try:
-        session.start(run=cfg.telemetry.run, endpoint=cfg.telemetry.endpoint, token=cfg.telemetry.token,
-                        config=cfg.raw, source="engine")
+        # The config's values come first here, the RANKSCOPE_* environment fills what it leaves out.
+        t = cfg.telemetry
+        session.start(run=t.run, endpoint=t.endpoint, token=t.token, tls_ca=t.tls_ca, config=cfg.raw,
+                      source="engine", telemetry=t)
     except Exception as e:  # telemetry must never stop training
         warnings.warn(f"telemetry disabled: {e}", stacklevel=3)
 

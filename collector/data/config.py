@@ -24,8 +24,10 @@ world size, the raw dict), never read from the config. Checks run in
 ``__post_init__``, so a block built directly is checked too; cross-field rules go
 in ``validate()``.
 
-``from_dict(d, key=...)`` builds nested blocks (a missing or null block gets its
-defaults) and applies the one rule for keys a block does not know: a warning
+``from_dict(d, key=...)`` builds nested blocks under ``key.field`` (a missing or
+null block gets its defaults, unless the field defaults to None: no block; a block
+already built is taken as it is, so an owner handed one does not report its
+unknown keys again) and applies the one rule for keys a block does not know: a warning
 naming each by its dotted path (``ConfigWarning``, "ignoring unknown config keys:
 ..."), so a ds_config.json written for DeepSpeed keeps working; keys in
 ``ACCEPTED`` are known to be harmless and pass silently; ``ALIASES`` maps an
@@ -119,7 +121,13 @@ def _coerce(tp: Any, value: Any) -> Any:
             return value
         return int(value) if isinstance(value, float) and value.is_integer() else _INVALID
     if tp is float:
-        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else _INVALID
+        if not isinstance(value, (int, float)):
+            return _INVALID
+        try:
+            value = float(value)
+        except OverflowError:  # an int too big for a float
+            return _INVALID
+        return value if math.isfinite(value) else _INVALID
     return _coerce_other(tp, origin, value)
 
 
