@@ -141,8 +141,6 @@ def _start_telemetry(cfg: EngineConfig) -> None:
         warnings.warn(f"telemetry disabled: {e}", stacklevel=3)
 
 
-
-
 def _cast_floats(obj, dtype: torch.dtype):
     """fp16.auto_cast: floating-point tensors in (nested) inputs cast to ``dtype``."""
     if torch.is_tensor(obj):

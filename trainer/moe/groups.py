@@ -70,9 +70,9 @@ class ExpertParallelConfig(ConfigBlock):
             self.fail("num_experts", f"must be divisible by moe.ep_size ({ep})", self.num_experts)
 
 
-def validate(num_experts: int, ep_size: int, world_size: int, tp_size: int = 1) -> None:
-    """One clear message per bad setting, naming it."""
-    ExpertParallelConfig(num_experts=num_experts, ep_size=ep_size, world_size=world_size, tp_size=tp_size)
+def validate(num_experts: int, ep_size: int, world_size: int, tp_size: int = 1) -> ExpertParallelConfig:
+    """One clear message per bad setting, naming it; the settings as checked."""
+    return ExpertParallelConfig(num_experts=num_experts, ep_size=ep_size, world_size=world_size, tp_size=tp_size)
 
 
 def expert_groups(ep_size: int, tp_size: int = 1) -> ExpertGroups:

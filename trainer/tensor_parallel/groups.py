@@ -51,9 +51,11 @@ class ParallelGroups:
 _GROUPS: dict[int, ParallelGroups] = {}
 
 
-def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> None:
-    """One clear message per bad setting, naming it."""
-    TensorParallelConfig(tp_size=tp_size).check_layout(world_size, num_heads)
+def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> TensorParallelConfig:
+    """One clear message per bad setting, naming it; the settings as checked."""
+    cfg = TensorParallelConfig(tp_size=tp_size)
+    cfg.check_layout(world_size, num_heads)
+    return cfg
 
 
 _BY_RANKS: dict[tuple[int, ...], object] = {}
@@ -81,7 +83,7 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
     if groups is not None:
         return groups
     world, rank = comm.get_world_size(), comm.get_rank()
-    validate(tp_size, world)
+    tp_size = validate(tp_size, world).tp_size
     tp_group = dp_group = None
     if comm.is_initialized() and world > 1:
         for start in range(0, world, tp_size):
