@@ -29,3 +29,16 @@ def test_unknown_command_is_a_clear_error():
     out = rankscope("frobnicate")
     assert out.returncode == 2
     assert "invalid choice: 'frobnicate'" in out.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--flush-interval", "10"], "store.flush_interval: must be <= 5 (got 10.0)"),
+    (["--flush-interval", "0"], "store.flush_interval: must be > 0 (got 0.0)"),
+    (["--compaction-interval", "-1"], "compaction.interval: must be > 0 (got -1.0)"),
+    (["--compaction-min-files", "1"], "compaction.min_files: must be >= 2 (got 1)"),
+])
+def test_collect_rejects_a_bad_setting_naming_its_key(tmp_path, flags, message):
+    out = rankscope("collect", "--data-dir", str(tmp_path / "data"), "--port", "0", *flags)
+    assert out.returncode == 2
+    assert f"rankscope collect: {message}" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything was created

@@ -112,18 +112,20 @@ def test_pyramid_gives_each_layer_its_expert_count_and_id():
     assert [m.num_experts for m in layers] == [2, 2, 4]
     assert [m.layer_id for m in layers] == [1, 2, 3]
     assert [len(m.experts.local_experts) for m in layers] == [2, 2, 4]
-    with pytest.raises(ValueError, match=r"^MoE layer 1: moe.ep_size=2 is larger than the world size 1$"):
+    with pytest.raises(ValueError, match=r"^MoE layer 1: moe\.ep_size: must not exceed the world size 1 \(got 2\)$"):
         pyramid_moe(M, expert(), [2, 4], ep_size=[1, 2])
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(num_experts=3, ep_size=2, world=4), r"^moe.num_experts=3 must be divisible by moe.ep_size=2$"),
-    (dict(num_experts=8, ep_size=8, world=4), r"^moe.ep_size=8 is larger than the world size 4$"),
-    (dict(num_experts=6, ep_size=3, world=4), r"^moe.ep_size=3 must divide the world size 4$"),
-    (dict(num_experts=0, ep_size=1, world=4), r"^moe.num_experts must be a positive integer, got 0$"),
+    (dict(num_experts=3, ep_size=2, world=4), r"^moe\.num_experts: must be divisible by moe\.ep_size \(2\) \(got 3\)$"),
+    (dict(num_experts=8, ep_size=8, world=4), r"^moe\.ep_size: must not exceed the world size 4 \(got 8\)$"),
+    (dict(num_experts=6, ep_size=3, world=4), r"^moe\.ep_size: must divide the world size 4 \(got 3\)$"),
+    (dict(num_experts=0, ep_size=1, world=4), r"^moe\.num_experts: must be >= 1 \(got 0\)$"),
+    (dict(num_experts=2.5, ep_size=1, world=4), r"^moe\.num_experts: must be an integer \(got 2\.5\)$"),
     (dict(num_experts=4, ep_size=4, world=4, tp=2),
-     r"^moe.ep_size=4 is larger than the data-parallel size 2 \(world 4 / tensor_parallel.tp_size 2\)$"),
-    (dict(num_experts=4, ep_size=1, world=4, tp=3), r"^tensor_parallel.tp_size=3 must divide the world size 4$"),
+     r"^moe\.ep_size: must not exceed the data-parallel size 2 \(world 4 / tensor_parallel\.tp_size 2\) \(got 4\)$"),
+    (dict(num_experts=4, ep_size=1, world=4, tp=3),
+     r"^tensor_parallel\.tp_size: must divide the world size 4 \(got 3\)$"),
 ])
 def test_bad_expert_parallel_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -131,12 +133,13 @@ def test_bad_expert_parallel_settings_name_the_key(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(k=3), r"^moe.k must be 1 or 2"),
-    (dict(capacity_factor=0), r"^moe.capacity_factor must be a positive number"),
-    (dict(eval_capacity_factor=-1.0), r"^moe.eval_capacity_factor must be a positive number"),
-    (dict(min_capacity=-1), r"^moe.min_capacity must be a non-negative integer"),
-    (dict(noisy_gate_policy="Gaussian"), r"^moe.noisy_gate_policy must be one of"),
-    (dict(ep_size=2), r"^moe.ep_size=2 is larger than the world size 1$"),
+    (dict(k=3), r"^moe\.k: must be one of 1, 2 \(got 3\)$"),
+    (dict(capacity_factor=0), r"^moe\.capacity_factor: must be > 0 \(got 0\)$"),
+    (dict(capacity_factor="big"), r"^moe\.capacity_factor: must be a finite number \(got 'big'\)$"),
+    (dict(eval_capacity_factor=-1.0), r"^moe\.eval_capacity_factor: must be > 0 \(got -1\.0\)$"),
+    (dict(min_capacity=-1), r"^moe\.min_capacity: must be >= 0 \(got -1\)$"),
+    (dict(noisy_gate_policy="Gaussian"), r"^moe\.noisy_gate_policy: must be one of None, 'Jitter', 'RSample'"),
+    (dict(ep_size=2), r"^moe\.ep_size: must not exceed the world size 1 \(got 2\)$"),
 ])
 def test_bad_layer_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):

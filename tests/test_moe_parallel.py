@@ -118,9 +118,10 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
     comm.init_process_group("gloo", rank=rank, world_size=WORLD)
     for case in CASES:
         check_case(rank, *case)
-    for kwargs, message in ((dict(num_experts=6, ep_size=4), "moe.num_experts=6 must be divisible by moe.ep_size=4"),
-                            (dict(num_experts=8, ep_size=8), "moe.ep_size=8 is larger than the world size 4"),
-                            (dict(num_experts=6, ep_size=3), "moe.ep_size=3 must divide the world size 4")):
+    for kwargs, message in ((dict(num_experts=6, ep_size=4), "moe.num_experts: must be divisible by moe.ep_size (4) "
+                                                             "(got 6)"),
+                            (dict(num_experts=8, ep_size=8), "moe.ep_size: must not exceed the world size 4 (got 8)"),
+                            (dict(num_experts=6, ep_size=3), "moe.ep_size: must divide the world size 4 (got 3)")):
         with pytest.raises(ValueError) as e:
             MoE(M, expert(), **kwargs)
         assert str(e.value) == message

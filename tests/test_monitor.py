@@ -138,7 +138,7 @@ def test_disabled_config_is_not_enabled(tmp_path):
 def test_output_path_that_is_a_file_is_rejected_naming_the_key(tmp_path, section):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("x")
-    with pytest.raises(ValueError, match=rf"{section}\.output_path=.*not_a_dir"):
+    with pytest.raises(ValueError, match=rf"{section}\.output_path: .*not_a_dir"):
         MonitorMaster({section: {"enabled": True, "output_path": str(blocker), "job_name": "j"}})
 
 

@@ -55,7 +55,7 @@ def test_config_defaults_validation_and_unknown_keys():
             FlopsProfilerConfig.from_dict({key: bad})
     with pytest.warns(UserWarning, match=r"flops_profiler\.recompute_fwd_factor"):
         FlopsProfilerConfig.from_dict({"enabled": True, "recompute_fwd_factor": 0.0})
-    with pytest.raises(ValueError, match="flops_profiler must be an object"):
+    with pytest.raises(ValueError, match="flops_profiler: must be an object"):
         FlopsProfilerConfig.from_dict([1])
     with pytest.raises(ValueError, match="tp_size"):
         StepProfiler({}, make_model(), tp_size=0)

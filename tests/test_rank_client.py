@@ -262,3 +262,22 @@ def test_orphaned_spool_of_a_dead_process_is_resent_to_its_collector_and_deleted
         assert paths[other_id].exists(), "a spool meant for another collector waits for that one"
     finally:
         server.stop(0)
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(endpoint=""), "telemetry.endpoint: must be host:port (got '')"),
+    (dict(endpoint=None), "telemetry.endpoint: must be a string (got None)"),
+    (dict(batch_rows=0), "telemetry.batch_rows: must be >= 1 (got 0)"),
+    (dict(max_unacked_bytes=1.5), "telemetry.max_unacked_bytes: must be an integer (got 1.5)"),
+    (dict(flush_interval_s=-0.1), "telemetry.flush_interval_s: must be >= 0 (got -0.1)"),
+    (dict(close_timeout_s="5"), "telemetry.close_timeout_s: must be a finite number (got '5')"),
+])
+def test_client_config_errors_name_the_telemetry_key(given, message):
+    with pytest.raises(ValueError) as err:
+        ClientConfig(**given)
+    assert str(err.value) == message
+
+
+def test_client_config_spool_dir_defaults_per_user(tmp_path):
+    assert ClientConfig(spool_dir=str(tmp_path)).spool_dir == tmp_path
+    assert ClientConfig().spool_dir == spool.default_dir()

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from collector.data import catalog
 from collector.data.codec import decode_batch, encode_batch
@@ -72,3 +73,14 @@ def test_merging_segments_from_before_a_new_column_fills_it_with_nulls(tmp_path)
     con = catalog.connect(tmp_path)
     assert con.execute("SELECT count(*) FROM comm WHERE op IS NULL AND rank = 7").fetchone() == (1,)
     assert con.execute("SELECT count(*) FROM comm").fetchone() == (31,)
+
+
+def test_settings_that_cannot_work_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"^compaction\.max_files: must be >= compaction\.min_files \(8\) \(got 4\)$"):
+        CompactionConfig(max_files=4)
+    with pytest.raises(ValueError, match=r"^compaction\.target_bytes: must be >= 1 \(got 0\)$"):
+        CompactionConfig(target_bytes=0)
+    with pytest.raises(ValueError, match=r"^store\.max_buffered_bytes: must be >= store\.flush_bytes \(1024\) "
+                                         r"\(got 512\)$"):
+        StoreConfig(flush_bytes=1024, max_buffered_bytes=512)
+    assert StoreConfig(flush_interval=1).flush_interval == 1.0

@@ -124,9 +124,10 @@ def test_shard_takes_each_ranks_heads_of_q_k_and_v():
 
 
 @pytest.mark.parametrize("args,message", [
-    ((3, 4), r"^tensor_parallel.tp_size=3 must divide the world size 4$"),
-    ((2, 4, 3), r"^tensor_parallel.tp_size=2 must divide the number of attention heads 3$"),
-    ((0, 4), r"^tensor_parallel.tp_size must be a positive integer, got 0$"),
+    ((3, 4), r"^tensor_parallel\.tp_size: must divide the world size 4 \(got 3\)$"),
+    ((2, 4, 3), r"^tensor_parallel\.tp_size: must divide the number of attention heads 3 \(got 2\)$"),
+    ((0, 4), r"^tensor_parallel\.tp_size: must be >= 1 \(got 0\)$"),
+    ((True, 4), r"^tensor_parallel\.tp_size: must be an integer \(got True\)$"),
 ])
 def test_bad_tp_settings_name_the_key(args, message):
     with pytest.raises(ValueError, match=message):
@@ -143,11 +144,11 @@ def worker(rank: int, port: int, endpoint: str) -> None:
     comm.init_process_group("gloo", rank=rank, world_size=WORLD)
     with pytest.raises(ValueError) as e:
         parallel_groups(3)
-    assert str(e.value) == "tensor_parallel.tp_size=3 must divide the world size 4"
+    assert str(e.value) == "tensor_parallel.tp_size: must divide the world size 4 (got 3)"
     groups = parallel_groups(TP)
     with pytest.raises(ValueError) as e:
         ParallelTransformerBlock(12, 3, groups=groups)
-    assert str(e.value) == "tensor_parallel.tp_size=2 must divide the number of attention heads 3"
+    assert str(e.value) == "tensor_parallel.tp_size: must divide the number of attention heads 3 (got 2)"
     diffs = train_and_compare(groups, STEPS)
     assert max(diffs) < 1e-5, diffs
     # an MoE layer inside a tensor-parallel model: experts span the data-parallel ranks

@@ -24,7 +24,6 @@ example's ``--moe-loss-coeff``); the engine backpropagates whatever loss it is g
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import time
@@ -41,6 +40,7 @@ from trainer.lr_schedules import build_scheduler
 from trainer.memory import MemoryTracker
 from trainer.monitor import MonitorMaster
 from trainer.offload import CPUStorage, DeviceStorage, NVMeParamSwap, NVMeStorage
+from trainer.profiling import StepProfiler
 from trainer.timers import Timers
 from trainer.zero import ZeroOptimizer, build_zero_optimizer
 
@@ -133,18 +133,12 @@ def _start_telemetry(cfg: EngineConfig) -> None:
     if not cfg.telemetry.enabled:
         return
     try:
-        session.start(run=cfg.telemetry.run, endpoint=cfg.telemetry.endpoint, token=cfg.telemetry.token,
-                        config=cfg.raw, source="engine")
+        # The config's values come first here, the RANKSCOPE_* environment fills what it leaves out.
+        t = cfg.telemetry
+        session.start(run=t.run, endpoint=t.endpoint, token=t.token, tls_ca=t.tls_ca, config=cfg.raw,
+                      source="engine", telemetry=t)
     except Exception as e:  # telemetry must never stop training
         warnings.warn(f"telemetry disabled: {e}", stacklevel=3)
-
-
-def _step_profiler(cfg: EngineConfig, model: nn.Module):
-    try:
-        from trainer.profiling import StepProfiler
-    except ImportError:  # the flops profiler is optional
-        return None
-    return StepProfiler(cfg.flops_profiler or {}, model, tp_size=cfg.tensor_parallel.tp_size)
 
 
 def _cast_floats(obj, dtype: torch.dtype):
@@ -174,7 +168,7 @@ class Engine(nn.Module):
         raw = load_config(config)
         self.device = init_distributed()
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
-        self.config = cfg = EngineConfig.from_dict(raw, dp_world_size=self.world_size)
+        self.config = cfg = EngineConfig.from_dict(raw, world_size=self.world_size)
         _start_telemetry(cfg)
         comm.configure(cfg.comms_logger)
         # ZeRO partitions over the data-parallel group; with tensor parallelism that is one rank per TP group.
@@ -192,7 +186,7 @@ class Engine(nn.Module):
         zero = cfg.zero_optimization
         self.loss_scaler = None
         if cfg.fp16.enabled:
-            self.loss_scaler = build_loss_scaler(dataclasses.asdict(cfg.fp16))
+            self.loss_scaler = build_loss_scaler(cfg.fp16)
         self.optimizer: ZeroOptimizer = build_zero_optimizer(
             self.module, named, zero=zero, rank=self.dp_rank, world_size=self.dp_world_size, device=self.device,
             group=self.dp_group, loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping,
@@ -218,8 +212,9 @@ class Engine(nn.Module):
         self.skipped_steps = 0
         self.timers = Timers(cfg.wall_clock_breakdown or cfg.telemetry.enabled)
         self.memory = MemoryTracker(self.module, self.optimizer, self.device)
-        self.monitor = MonitorMaster(cfg.raw)
-        self.profiler = _step_profiler(cfg, self.module)
+        # The monitor blocks are already built (and their unknown keys reported) here.
+        self.monitor = MonitorMaster(dict(cfg.raw, csv_monitor=cfg.csv_monitor, tensorboard=cfg.tensorboard))
+        self.profiler = StepProfiler(cfg.flops_profiler, self.module, tp_size=cfg.tensor_parallel.tp_size)
         self._loss_sum = None
         self._last_step_end = time.perf_counter()
         self.last_records: dict[str, list[dict]] = {}  # this rank's records of the last step, by table
@@ -272,7 +267,7 @@ class Engine(nn.Module):
     # ---------------------------------------------------------------- training
 
     def forward(self, *args, **kwargs):
-        if self.micro_steps % self.gradient_accumulation_steps() == 0 and self.profiler is not None:
+        if self.micro_steps % self.gradient_accumulation_steps() == 0:
             self.profiler.begin(self.global_steps)
         if hasattr(self.optimizer, "begin_forward") and self.module.training:
             self.optimizer.begin_forward()
@@ -346,7 +341,7 @@ class Engine(nn.Module):
         if self.loss_scaler is not None:
             events.append(("Train/Samples/loss_scale", outcome.scale_after, samples))
         self.monitor.write_events(events)
-        if self.profiler is not None:
+        if cfg.flops_profiler.enabled:
             ns = {r["name"]: r["dur_ns"] for r in records["timers"]}
             self.profiler.end(step, fwd_ns=ns.get("fwd"), bwd_ns=ns.get("bwd"), step_ns=ns.get("step"),
                               samples=self.train_batch_size())

@@ -20,15 +20,16 @@ which is what the ``loss_scale`` telemetry table records.
 """
 from __future__ import annotations
 
-import math
-import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import ClassVar, Iterable
 
 import torch
 
+from collector.data.config import ConfigBlock, ConfigError, setting
+
 __all__ = [
-    "build_loss_scaler", "has_inf_or_nan", "ScaleDecision", "LossScalerConfig",
+    "build_loss_scaler", "has_inf_or_nan", "ScaleDecision", "FP16Config", "LossScalerConfig",
     "DynamicLossScaler", "StaticLossScaler", "NoOpLossScaler", "LossScaleAtMinimumError",
 ]
 
@@ -62,48 +63,35 @@ class LossScaleAtMinimumError(RuntimeError):
         self.decision = decision
 
 
-@dataclass(kw_only=True, frozen=True)
-class LossScalerConfig:
-    """The ``fp16`` block. Keys the engine owns (``auto_cast``,
-    ``fp16_master_weights_and_grads``) are accepted and not read here."""
+# The one precision rule the fp16 and bf16 blocks share.
+PRECISION_CONFLICT = "fp16.enabled and bf16.enabled: choose one precision, not both"
 
+
+@dataclass(kw_only=True)
+class FP16Config(ConfigBlock):
+    """The ``fp16`` block: loss-scaled half precision. ``auto_cast`` is the engine's (inputs cast
+    to fp16); the rest configure the scaler. ``fp16_master_weights_and_grads`` is accepted and
+    ignored: master weights stay fp32, which only makes the update more exact."""
+
+    SECTION: ClassVar[str] = "fp16"
+    ACCEPTED: ClassVar[frozenset[str]] = frozenset({"fp16_master_weights_and_grads"})
     enabled: bool = False
-    loss_scale: float = 0.0  # 0: dynamic
-    initial_scale_power: int = 16
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
-    consecutive_hysteresis: bool = False
-    min_loss_scale: float = 1.0
     auto_cast: bool = False
-    fp16_master_weights_and_grads: bool = False
+    loss_scale: float = setting(0.0, ge=0)  # 0: dynamic
+    initial_scale_power: int = setting(16, ge=0)
+    loss_scale_window: int = setting(1000, ge=1)
+    # DeepSpeed only backs off when the counter is exactly 1, so 0 would never back off.
+    hysteresis: int = setting(2, ge=1)
+    consecutive_hysteresis: bool = False
+    min_loss_scale: float = setting(1.0, gt=0)
 
-    def __post_init__(self):
-        for key in ("enabled", "consecutive_hysteresis", "auto_cast", "fp16_master_weights_and_grads"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"fp16.{key} must be true or false, got {getattr(self, key)!r}")
-        _check_number("loss_scale", self.loss_scale, lowest=0.0, inclusive=True)
-        _check_int("initial_scale_power", self.initial_scale_power, lowest=0)
-        _check_int("loss_scale_window", self.loss_scale_window, lowest=1)
-        # DeepSpeed only backs off when the counter is exactly 1, so 0 would never back off.
-        _check_int("hysteresis", self.hysteresis, lowest=1)
-        _check_number("min_loss_scale", self.min_loss_scale, lowest=0.0, inclusive=False)
+    def validate(self) -> None:
         if self.loss_scale == 0 and self.min_loss_scale > 2 ** self.initial_scale_power:
-            raise ValueError(f"fp16.min_loss_scale ({self.min_loss_scale:g}) is above the initial scale "
-                             f"2**fp16.initial_scale_power ({2 ** self.initial_scale_power})")
+            self.fail("min_loss_scale", f"is above the initial scale 2**fp16.initial_scale_power "
+                      f"({2 ** self.initial_scale_power})", self.min_loss_scale)
 
 
-def _check_number(key: str, v: Any, *, lowest: float, inclusive: bool) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"fp16.{key} must be a finite number, got {v!r}")
-    if v < lowest or (v == lowest and not inclusive):
-        raise ValueError(f"fp16.{key} must be {'>=' if inclusive else '>'} {lowest:g}, got {v!r}")
-
-
-def _check_int(key: str, v: Any, *, lowest: int) -> None:
-    if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
-        raise ValueError(f"fp16.{key} must be an integer, got {v!r}")
-    if v < lowest:
-        raise ValueError(f"fp16.{key} must be >= {lowest}, got {v!r}")
+LossScalerConfig = FP16Config  # the name this module exported before the block moved here
 
 
 class NoOpLossScaler:
@@ -224,26 +212,18 @@ class DynamicLossScaler:
 LossScaler = NoOpLossScaler | StaticLossScaler | DynamicLossScaler
 
 
-def build_loss_scaler(fp16_cfg: dict | None, bf16_enabled: bool = False) -> LossScaler:
+def build_loss_scaler(fp16_cfg: FP16Config | Mapping | None, bf16_enabled: bool = False) -> LossScaler:
     """The scaler the ``fp16`` block asks for (a no-op one when fp16 is off)."""
-    if fp16_cfg is None:
-        return NoOpLossScaler()
-    if not isinstance(fp16_cfg, dict):
-        raise ValueError(f"fp16 must be an object, got {fp16_cfg!r}")
-    known = set(LossScalerConfig.__dataclass_fields__)
-    unknown = sorted(set(fp16_cfg) - known)
-    if unknown:
-        warnings.warn(f"fp16: ignoring unknown keys {', '.join('fp16.' + k for k in unknown)}", stacklevel=2)
-    cfg = LossScalerConfig(**{k: v for k, v in fp16_cfg.items() if k in known})
+    cfg = FP16Config.from_dict(fp16_cfg)
     if not cfg.enabled:
         return NoOpLossScaler()
     if bf16_enabled:
-        raise ValueError("fp16.enabled and bf16.enabled cannot both be true")
+        raise ConfigError(PRECISION_CONFLICT)
     if cfg.loss_scale > 0:
         return StaticLossScaler(cfg.loss_scale)
     return DynamicLossScaler(init_scale=2.0 ** cfg.initial_scale_power, scale_factor=2.0,
-                             scale_window=int(cfg.loss_scale_window), min_scale=float(cfg.min_loss_scale),
-                             delayed_shift=int(cfg.hysteresis), consecutive_hysteresis=cfg.consecutive_hysteresis)
+                             scale_window=cfg.loss_scale_window, min_scale=cfg.min_loss_scale,
+                             delayed_shift=cfg.hysteresis, consecutive_hysteresis=cfg.consecutive_hysteresis)
 
 
 def has_inf_or_nan(tensors: Iterable[torch.Tensor | None], *, device: torch.device | str | None = None

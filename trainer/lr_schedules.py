@@ -23,165 +23,104 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import MISSING, dataclass, fields
-from typing import Any, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from torch.optim import Optimizer
 
+from collector.data.config import ConfigBlock, setting
+
 __all__ = [
-    "build_scheduler", "SCHEDULER_TYPES",
+    "build_scheduler", "SCHEDULER_TYPES", "SchedulerConfig",
     "LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
     "LRRangeTestConfig", "OneCycleConfig", "WarmupLRConfig", "WarmupDecayLRConfig", "WarmupCosineLRConfig",
 ]
 
-_PREFIX = "scheduler.params."
 WARMUP_TYPES = ("log", "linear")
 
 
-# ----------------------------------------------------------------------------- validation helpers
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _check_number(key: str, v: Any, *, min_value: float | None = None) -> None:
-    if not _is_number(v):
-        raise ValueError(f"{_PREFIX}{key} must be a finite number, got {v!r}")
-    if min_value is not None and v < min_value:
-        raise ValueError(f"{_PREFIX}{key} must be >= {min_value}, got {v!r}")
-
-
-def _check_number_or_list(key: str, v: Any) -> None:
-    """A non-negative lr, or one per param group (checked against the optimizer later)."""
-    for item in (v if isinstance(v, (list, tuple)) else [v]):
-        _check_number(key, item, min_value=0.0)
-
-
-def _check_int(key: str, v: Any, *, min_value: int) -> None:
-    # JSON writers sometimes produce 1000.0 for 1000; accept integral floats.
-    ok = (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
-    if not ok:
-        raise ValueError(f"{_PREFIX}{key} must be an integer, got {v!r}")
-    if v < min_value:
-        raise ValueError(f"{_PREFIX}{key} must be >= {min_value}, got {v!r}")
-
-
-def _check_bool(key: str, v: Any) -> None:
-    if not isinstance(v, bool):
-        raise ValueError(f"{_PREFIX}{key} must be true or false, got {v!r}")
-
-
-def _check_warmup_type(v: Any) -> None:
-    if v not in WARMUP_TYPES:
-        raise ValueError(f"{_PREFIX}warmup_type must be one of {list(WARMUP_TYPES)}, got {v!r}")
-
-
-def _per_group(key: str, value: float | Sequence[float], optimizer: Optimizer) -> list[float]:
-    n = len(optimizer.param_groups)
-    if isinstance(value, (list, tuple)):
+def _per_group(cfg: ScheduleParams, name: str, optimizer: Optimizer) -> list[float]:
+    """``cfg.<name>``, one lr or one per param group, as one per param group."""
+    value, n = getattr(cfg, name), len(optimizer.param_groups)
+    if isinstance(value, list):
         if len(value) != n:
-            raise ValueError(f"{_PREFIX}{key} has {len(value)} values but the optimizer has {n} param groups")
-        return [float(v) for v in value]
-    return [float(value)] * n
+            cfg.fail(name, f"has {len(value)} values but the optimizer has {n} param groups", value)
+        return list(value)
+    return [value] * n
 
 
 # ----------------------------------------------------------------------------- configs
 
-@dataclass(kw_only=True, frozen=True)
-class LRRangeTestConfig:
-    lr_range_test_min_lr: float | list[float] = 1e-3
-    lr_range_test_step_size: int = 2000
-    lr_range_test_step_rate: float = 1.0
+@dataclass(kw_only=True)
+class ScheduleParams(ConfigBlock):
+    """The ``scheduler.params`` block; one subclass per schedule type."""
+
+    SECTION: ClassVar[str] = "scheduler.params"
+
+
+@dataclass(kw_only=True)
+class LRRangeTestConfig(ScheduleParams):
+    lr_range_test_min_lr: float | list[float] = setting(1e-3, ge=0)  # one, or one per param group
+    lr_range_test_step_size: int = setting(2000, ge=1)
+    lr_range_test_step_rate: float = setting(1.0, ge=0)
     lr_range_test_staircase: bool = False
 
-    def __post_init__(self):
-        _check_number_or_list("lr_range_test_min_lr", self.lr_range_test_min_lr)
-        _check_int("lr_range_test_step_size", self.lr_range_test_step_size, min_value=1)
-        _check_number("lr_range_test_step_rate", self.lr_range_test_step_rate, min_value=0.0)
-        _check_bool("lr_range_test_staircase", self.lr_range_test_staircase)
 
-
-@dataclass(kw_only=True, frozen=True)
-class OneCycleConfig:
-    cycle_min_lr: float  # required, as in DeepSpeed
-    cycle_max_lr: float  # required
-    decay_lr_rate: float = 0.0
-    cycle_first_step_size: int = 2000
-    cycle_second_step_size: int | None = None  # None: same as the first
-    cycle_first_stair_count: int = 0
-    cycle_second_stair_count: int | None = None
-    decay_step_size: int = 0  # 0: no post-cycle decay
+@dataclass(kw_only=True)
+class OneCycleConfig(ScheduleParams):
+    cycle_min_lr: float = setting(ge=0)  # required, as in DeepSpeed
+    cycle_max_lr: float = setting(ge=0)  # required
+    decay_lr_rate: float = setting(0.0, ge=0)
+    cycle_first_step_size: int = setting(2000, ge=1)
+    cycle_second_step_size: int | None = setting(None, ge=1)  # None: same as the first
+    cycle_first_stair_count: int = setting(0, ge=0)
+    cycle_second_stair_count: int | None = setting(None, ge=0)
+    decay_step_size: int = setting(0, ge=0)  # 0: no post-cycle decay
     cycle_momentum: bool = True
-    cycle_min_mom: float = 0.8
-    cycle_max_mom: float = 0.9
+    cycle_min_mom: float = setting(0.8, ge=0)
+    cycle_max_mom: float = setting(0.9, ge=0)
     decay_mom_rate: float = 0.0
 
-    def __post_init__(self):
-        _check_number("cycle_min_lr", self.cycle_min_lr, min_value=0.0)
-        _check_number("cycle_max_lr", self.cycle_max_lr, min_value=0.0)
-        _check_number("decay_lr_rate", self.decay_lr_rate, min_value=0.0)
-        _check_int("cycle_first_step_size", self.cycle_first_step_size, min_value=1)
-        if self.cycle_second_step_size is not None:
-            _check_int("cycle_second_step_size", self.cycle_second_step_size, min_value=1)
-        _check_int("cycle_first_stair_count", self.cycle_first_stair_count, min_value=0)
-        if self.cycle_second_stair_count is not None:
-            _check_int("cycle_second_stair_count", self.cycle_second_stair_count, min_value=0)
-        _check_int("decay_step_size", self.decay_step_size, min_value=0)
-        _check_bool("cycle_momentum", self.cycle_momentum)
-        _check_number("cycle_min_mom", self.cycle_min_mom, min_value=0.0)
-        _check_number("cycle_max_mom", self.cycle_max_mom, min_value=0.0)
-        _check_number("decay_mom_rate", self.decay_mom_rate)
+    def validate(self) -> None:
         if self.cycle_first_stair_count or self.cycle_second_stair_count:
             # DeepSpeed stores the stair counts but its formula never reads them;
             # we keep its lr curve so a ported config trains identically.
-            warnings.warn(f"{_PREFIX}cycle_first_stair_count/cycle_second_stair_count are accepted for "
-                          "compatibility but, as in DeepSpeed, do not change the schedule", stacklevel=3)
+            warnings.warn(f"{self.key('cycle_first_stair_count')}/cycle_second_stair_count are accepted for "
+                          "compatibility but, as in DeepSpeed, do not change the schedule", stacklevel=5)
 
 
-@dataclass(kw_only=True, frozen=True)
-class WarmupLRConfig:
-    warmup_min_lr: float | list[float] = 0.0
-    warmup_max_lr: float | list[float] = 0.001
-    warmup_num_steps: int = 1000
-    warmup_type: str = "log"
-
-    def __post_init__(self):
-        _check_number_or_list("warmup_min_lr", self.warmup_min_lr)
-        _check_number_or_list("warmup_max_lr", self.warmup_max_lr)
-        _check_int("warmup_num_steps", self.warmup_num_steps, min_value=0)
-        _check_warmup_type(self.warmup_type)
+@dataclass(kw_only=True)
+class WarmupLRConfig(ScheduleParams):
+    warmup_min_lr: float | list[float] = setting(0.0, ge=0)  # one, or one per param group
+    warmup_max_lr: float | list[float] = setting(0.001, ge=0)
+    warmup_num_steps: int = setting(1000, ge=0)
+    warmup_type: str = setting("log", choices=WARMUP_TYPES)
 
 
-@dataclass(kw_only=True, frozen=True)
+@dataclass(kw_only=True)
 class WarmupDecayLRConfig(WarmupLRConfig):
-    total_num_steps: int  # required, as in DeepSpeed
+    total_num_steps: int = setting(ge=1)  # required, as in DeepSpeed
 
-    def __post_init__(self):
-        super().__post_init__()
-        _check_int("total_num_steps", self.total_num_steps, min_value=1)
+    def validate(self) -> None:
         if self.total_num_steps < self.warmup_num_steps:
-            warnings.warn(f"{_PREFIX}total_num_steps ({self.total_num_steps}) is less than "
-                          f"warmup_num_steps ({self.warmup_num_steps})", stacklevel=3)
+            warnings.warn(f"{self.key('total_num_steps')} ({self.total_num_steps}) is less than "
+                          f"warmup_num_steps ({self.warmup_num_steps})", stacklevel=5)
 
 
-@dataclass(kw_only=True, frozen=True)
-class WarmupCosineLRConfig:
-    total_num_steps: int  # required, as in DeepSpeed
-    warmup_min_ratio: float = 0.0
-    warmup_num_steps: int = 1000
-    cos_min_ratio: float = 0.0001
-    warmup_type: str = "log"
+@dataclass(kw_only=True)
+class WarmupCosineLRConfig(ScheduleParams):
+    total_num_steps: int = setting(ge=1)  # required, as in DeepSpeed
+    warmup_min_ratio: float = setting(0.0, ge=0)
+    warmup_num_steps: int = setting(1000, ge=0)
+    cos_min_ratio: float = setting(0.0001, ge=0)
+    warmup_type: str = setting("log", choices=WARMUP_TYPES)
 
-    def __post_init__(self):
-        _check_int("total_num_steps", self.total_num_steps, min_value=1)
-        _check_number("warmup_min_ratio", self.warmup_min_ratio, min_value=0.0)
-        _check_int("warmup_num_steps", self.warmup_num_steps, min_value=0)
-        _check_number("cos_min_ratio", self.cos_min_ratio, min_value=0.0)
-        _check_warmup_type(self.warmup_type)
+    def validate(self) -> None:
         # The cosine phase divides by (total - warmup); DeepSpeed crashes with ZeroDivisionError there.
-        if self.total_num_steps <= max(2, self.warmup_num_steps):
-            raise ValueError(f"{_PREFIX}total_num_steps ({self.total_num_steps}) must be greater than "
-                             f"warmup_num_steps ({max(2, self.warmup_num_steps)})")
+        warmup = max(2, self.warmup_num_steps)
+        if self.total_num_steps <= warmup:
+            self.fail("total_num_steps", f"must be greater than warmup_num_steps ({warmup})", self.total_num_steps)
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -244,7 +183,7 @@ class LRRangeTest(_Schedule):
 
     def __init__(self, optimizer: Optimizer, cfg: LRRangeTestConfig):
         self.cfg = cfg
-        self.min_lrs = _per_group("lr_range_test_min_lr", cfg.lr_range_test_min_lr, _torch_optimizer(optimizer))
+        self.min_lrs = _per_group(cfg, "lr_range_test_min_lr", _torch_optimizer(optimizer))
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
@@ -261,10 +200,10 @@ class WarmupLR(_Schedule):
     def __init__(self, optimizer: Optimizer, cfg: WarmupLRConfig):
         self.cfg = cfg
         torch_opt = _torch_optimizer(optimizer)
-        self.min_lrs = _per_group("warmup_min_lr", cfg.warmup_min_lr, torch_opt)
-        self.max_lrs = _per_group("warmup_max_lr", cfg.warmup_max_lr, torch_opt)
+        self.min_lrs = _per_group(cfg, "warmup_min_lr", torch_opt)
+        self.max_lrs = _per_group(cfg, "warmup_max_lr", torch_opt)
         # log(1) would divide by zero; DeepSpeed clamps to 2 the same way.
-        self.warmup_num_steps = max(2, int(cfg.warmup_num_steps))
+        self.warmup_num_steps = max(2, cfg.warmup_num_steps)
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
@@ -298,7 +237,7 @@ class WarmupCosineLR(_Schedule):
 
     def __init__(self, optimizer: Optimizer, cfg: WarmupCosineLRConfig):
         self.cfg = cfg
-        self.warmup_num_steps = max(2, int(cfg.warmup_num_steps))
+        self.warmup_num_steps = max(2, cfg.warmup_num_steps)
         self.org_lrs = [group["lr"] for group in _torch_optimizer(optimizer).param_groups]
         super().__init__(optimizer)
 
@@ -335,13 +274,12 @@ class OneCycle(_Schedule):
         self.momentum_key = self._momentum_key(torch_opt) if cfg.cycle_momentum else None
         super().__init__(optimizer)
 
-    @staticmethod
-    def _momentum_key(optimizer: Optimizer) -> str | None:
+    def _momentum_key(self, optimizer: Optimizer) -> str | None:
         if "betas" in optimizer.defaults:
             return "betas"
         if "momentum" in optimizer.defaults:
             return "momentum"
-        warnings.warn(f"{_PREFIX}cycle_momentum is ignored: {type(optimizer).__name__} has neither "
+        warnings.warn(f"{self.cfg.key('cycle_momentum')} is ignored: {type(optimizer).__name__} has neither "
                       "'betas' nor 'momentum'", stacklevel=4)
         return None
 
@@ -394,7 +332,7 @@ class OneCycle(_Schedule):
 
 # ----------------------------------------------------------------------------- factory
 
-SCHEDULER_TYPES: dict[str, tuple[type[_Schedule], type]] = {
+SCHEDULER_TYPES: dict[str, tuple[type[_Schedule], type[ScheduleParams]]] = {
     "LRRangeTest": (LRRangeTest, LRRangeTestConfig),
     "OneCycle": (OneCycle, OneCycleConfig),
     "WarmupLR": (WarmupLR, WarmupLRConfig),
@@ -403,32 +341,25 @@ SCHEDULER_TYPES: dict[str, tuple[type[_Schedule], type]] = {
 }
 
 
-def build_scheduler(optimizer: Optimizer, scheduler_cfg: dict | None):
+@dataclass(kw_only=True)
+class SchedulerConfig(ConfigBlock):
+    """The ``scheduler`` block: ``type`` picks the schedule, whose own block checks ``params``."""
+
+    SECTION: ClassVar[str] = "scheduler"
+    type: str = setting(choices=tuple(SCHEDULER_TYPES))  # required
+    params: ScheduleParams | dict | None = field(default_factory=dict)
+
+    def validate(self) -> None:
+        params_type = SCHEDULER_TYPES[self.type][1]
+        if not isinstance(self.params, params_type):
+            self.params = params_type.from_dict(self.params if isinstance(self.params, Mapping) else None,
+                                                key=self.key("params"))
+
+
+def build_scheduler(optimizer: Optimizer, scheduler_cfg: SchedulerConfig | Mapping | None):
     """The schedule the config's ``scheduler`` block asks for, or None when there is none."""
     if scheduler_cfg is None:
         return None
-    if not isinstance(scheduler_cfg, dict):
-        raise ValueError(f"scheduler must be an object with 'type' and 'params', got {scheduler_cfg!r}")
-    extra = sorted(set(scheduler_cfg) - {"type", "params"})
-    if extra:
-        warnings.warn(f"scheduler: ignoring unknown keys {extra}", stacklevel=2)
-    kind = scheduler_cfg.get("type")
-    if kind not in SCHEDULER_TYPES:
-        raise ValueError(f"scheduler.type must be one of {sorted(SCHEDULER_TYPES)}, got {kind!r}")
-    params = scheduler_cfg.get("params", {})
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise ValueError(f"scheduler.params must be an object, got {params!r}")
-    schedule_cls, config_cls = SCHEDULER_TYPES[kind]
-    known = {f.name for f in fields(config_cls)}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        warnings.warn(f"scheduler.params: ignoring keys unknown to {kind}: "
-                      f"{', '.join(_PREFIX + k for k in unknown)}", stacklevel=2)
-    # Name missing required params instead of surfacing a TypeError about __init__.
-    required = [f.name for f in fields(config_cls) if f.default is MISSING and f.name not in params]
-    if required:
-        raise ValueError(f"{kind} needs {', '.join(_PREFIX + k for k in required)}")
-    cfg = config_cls(**{k: v for k, v in params.items() if k in known})
-    return schedule_cls(optimizer, cfg)
+    cfg = SchedulerConfig.from_dict(scheduler_cfg)
+    schedule_cls, _ = SCHEDULER_TYPES[cfg.type]
+    return schedule_cls(optimizer, cfg.params)

@@ -33,15 +33,16 @@ import logging
 import os
 import queue
 import threading
-import time
 import warnings
 import weakref
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, ClassVar, Iterable
 
 import torch
 
+from collector.data.config import ConfigBlock, ConfigError
 from collector.rank import session
 from collector.rank.clock import CLOCK
 
@@ -54,44 +55,29 @@ Event = tuple[str, Any, int]  # (tag, value, samples)
 
 # ----------------------------------------------------------------------------- config
 
-@dataclass(kw_only=True, frozen=True)
-class _FileMonitorConfig:
-    SECTION: ClassVar[str]
+@dataclass(kw_only=True)
+class _FileMonitorConfig(ConfigBlock):
+    """A file backend's block (``csv_monitor``, ``tensorboard``), with DeepSpeed's keys and defaults."""
+
     enabled: bool = False
     output_path: str | None = ""  # "" or None: the working directory
     job_name: str = "DeepSpeedJobName"
 
-    def __post_init__(self):
-        if not isinstance(self.enabled, bool):
-            raise ValueError(f"{self.SECTION}.enabled must be true or false, got {self.enabled!r}")
-        if self.output_path is not None and not isinstance(self.output_path, str):
-            raise ValueError(f"{self.SECTION}.output_path must be a string, got {self.output_path!r}")
-        if not isinstance(self.job_name, str) or not self.job_name:
-            raise ValueError(f"{self.SECTION}.job_name must be a non-empty string, got {self.job_name!r}")
+    def validate(self) -> None:
+        if not self.job_name:
+            self.fail("job_name", "must be a non-empty string", self.job_name)
 
     @property
     def log_dir(self) -> str:
         return os.path.abspath(os.path.join(self.output_path or "", self.job_name))
 
-    @classmethod
-    def from_config(cls, config: dict) -> "_FileMonitorConfig":
-        block = config.get(cls.SECTION) or {}
-        if not isinstance(block, dict):
-            raise ValueError(f"{cls.SECTION} must be an object, got {block!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(block) - known)
-        if unknown:
-            warnings.warn(f"{cls.SECTION}: ignoring unknown keys "
-                          f"{', '.join(cls.SECTION + '.' + k for k in unknown)}", stacklevel=3)
-        return cls(**{k: v for k, v in block.items() if k in known})
 
-
-@dataclass(kw_only=True, frozen=True)
+@dataclass(kw_only=True)
 class CSVMonitorConfig(_FileMonitorConfig):
     SECTION: ClassVar[str] = "csv_monitor"
 
 
-@dataclass(kw_only=True, frozen=True)
+@dataclass(kw_only=True)
 class TensorBoardConfig(_FileMonitorConfig):
     SECTION: ClassVar[str] = "tensorboard"
 
@@ -106,10 +92,9 @@ def _prepare_log_dir(cfg: _FileMonitorConfig) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"{cfg.SECTION}.output_path={cfg.output_path!r}: cannot create {path!r}: "
-                         f"{e.strerror or e}") from None
+        cfg.fail("output_path", f"cannot create {path!r}: {e.strerror or e}", cfg.output_path)
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"{cfg.SECTION}.output_path={cfg.output_path!r}: {path!r} is not writable")
+        cfg.fail("output_path", f"{path!r} is not writable", cfg.output_path)
     return path
 
 
@@ -179,15 +164,16 @@ _STOP = object()
 
 
 class MonitorMaster:
-    """All monitor backends of one engine config (the whole config dict)."""
+    """All monitor backends of one engine config: the whole config dict, whose ``csv_monitor``
+    and ``tensorboard`` entries may also be their blocks already built."""
 
-    def __init__(self, config: dict | None):
+    def __init__(self, config: Mapping | None):
         config = config or {}
-        if not isinstance(config, dict):
-            raise ValueError(f"monitor config must be the engine config dict, got {type(config).__name__}")
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"monitor config must be the engine config dict, got {type(config).__name__}")
         self.rank = _rank()
-        self.csv_config = CSVMonitorConfig.from_config(config)
-        self.tensorboard_config = TensorBoardConfig.from_config(config)
+        self.csv_config = CSVMonitorConfig.from_dict(config.get(CSVMonitorConfig.SECTION))
+        self.tensorboard_config = TensorBoardConfig.from_dict(config.get(TensorBoardConfig.SECTION))
         for section in _UNBUNDLED:
             block = config.get(section)
             if isinstance(block, dict) and block.get("enabled"):

@@ -2,7 +2,8 @@
 
 Every block of configuration (the engine's DeepSpeed JSON sections, the comms
 logger, telemetry, the client, the profiler, the schedulers, the loss scaler,
-the collector's store) is a kw-only dataclass deriving from ``ConfigBlock``:
+the monitors, MoE layers, the collector's store and compaction) is a kw-only
+dataclass deriving from ``ConfigBlock``, declared beside the code that reads it:
 
     @dataclass(kw_only=True)
     class CommsLoggerConfig(ConfigBlock):
@@ -14,14 +15,26 @@ the collector's store) is a kw-only dataclass deriving from ``ConfigBlock``:
     cfg = CommsLoggerConfig.from_dict({"enabled": True})
 
 The field's annotation is its type and is checked (bool, int, float, str,
-``list[str]``, ``dict``, ``X | None``, ``Literal[...]``, a nested block);
-``setting(default, ge=, gt=, le=, lt=, choices=)`` adds a range. Checks run in
-``__post_init__``, so a block built directly is checked too; cross-field rules
-go in ``validate()``. One rule for keys a block does not know: a warning naming
-each by its dotted path (``ConfigWarning``, "ignoring unknown config keys: ..."),
-so a ds_config.json written for DeepSpeed keeps working; keys in ``ACCEPTED``
-are known to be harmless and pass silently. A bad value raises ``ConfigError``
-naming the dotted key, what is allowed and what was given.
+``list[X]``, ``dict``, ``X | None``, ``Literal[...]``, a nested block). JSON has
+one number type, so an int field takes an integral float (``5e8``) and a float
+field an int; both are stored as the declared type. ``setting(default, ge=, gt=,
+le=, lt=, choices=)`` adds a range (for a list, to each item). A field without a
+default is required. ``derived(...)`` declares a value the caller supplies (the
+world size, the raw dict), never read from the config. Checks run in
+``__post_init__``, so a block built directly is checked too; cross-field rules go
+in ``validate()``.
+
+``from_dict(d, key=...)`` builds nested blocks under ``key.field`` (a missing or
+null block gets its defaults, unless the field defaults to None: no block; a block
+already built is taken as it is, so an owner handed one does not report its
+unknown keys again) and applies the one rule for keys a block does not know: a warning
+naming each by its dotted path (``ConfigWarning``, "ignoring unknown config keys:
+..."), so a ds_config.json written for DeepSpeed keeps working; keys in
+``ACCEPTED`` are known to be harmless and pass silently; ``ALIASES`` maps an
+older spelling to its field. A bad value raises ``ConfigError`` naming the dotted
+key, what is allowed and what was given. A block remembers its dotted path, so
+its owner can still ``fail()`` with the right key after building it (a learning
+rate list checked against the optimizer's param groups).
 
 Pure Python: the training ranks, the collector and the engine all build on it.
 """
@@ -49,6 +62,7 @@ class ConfigWarning(UserWarning):
 # The dotted path of the block being built by from_dict (a nested block is built
 # under "parent.key"); a block built directly uses its class's SECTION.
 _building_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("rankscope_config_key", default=None)
+_INVALID = object()  # what _coerce returns for a value that does not fit the type
 
 
 def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, ge=None, gt=None,
@@ -56,6 +70,13 @@ def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = datacl
     """A dataclass field with a range: ``ge``/``gt``/``le``/``lt`` for numbers, ``choices`` for any value."""
     meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("choices", choices)) if v is not None}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def derived(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            repr: bool = True) -> Any:
+    """A field the caller supplies (``from_dict(d, name=value)``), never read from the config dict."""
+    return dataclasses.field(default=default, default_factory=default_factory, repr=repr,
+                             metadata={"derived": True})
 
 
 def _describe(tp: Any) -> str:
@@ -68,7 +89,7 @@ def _describe(tp: Any) -> str:
         return "a finite number"
     if tp is str:
         return "a string"
-    if tp is dict or origin is dict:
+    if tp is dict or origin is dict or tp is Mapping:
         return "an object"
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
@@ -76,45 +97,70 @@ def _describe(tp: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) if a is not type(None) else "null" for a in typing.get_args(tp))
+        words = (_describe(a) if a is not type(None) else "null" for a in typing.get_args(tp))
+        return " or ".join(dict.fromkeys(words))
     if isinstance(tp, type) and issubclass(tp, ConfigBlock):
         return "an object"
     return getattr(tp, "__name__", str(tp))
 
 
-def _conforms(tp: Any, value: Any) -> bool:
+def _coerce(tp: Any, value: Any) -> Any:
+    """``value`` as type ``tp`` (an integral float as int, an int as float, a tuple as
+    list), or _INVALID when it is not one."""
     if tp is Any:
-        return True
+        return value
     origin = typing.get_origin(tp)
     if tp is type(None):
-        return value is None
+        return value if value is None else _INVALID
     if tp is bool:
-        return isinstance(value, bool)
+        return value if isinstance(value, bool) else _INVALID
+    if isinstance(value, bool):  # True is an int to Python, not to a config
+        return _INVALID if tp in (int, float) else _coerce_other(tp, origin, value)
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, int):
+            return value
+        return int(value) if isinstance(value, float) and value.is_integer() else _INVALID
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not isinstance(value, (int, float)):
+            return _INVALID
+        try:
+            value = float(value)
+        except OverflowError:  # an int too big for a float
+            return _INVALID
+        return value if math.isfinite(value) else _INVALID
+    return _coerce_other(tp, origin, value)
+
+
+def _coerce_other(tp: Any, origin: Any, value: Any) -> Any:
     if tp is str:
-        return isinstance(value, str)
-    if tp is dict or origin is dict:
-        return isinstance(value, Mapping)
+        return value if isinstance(value, str) else _INVALID
+    if tp is dict or origin is dict or tp is Mapping:
+        return value if isinstance(value, Mapping) else _INVALID
     if origin is list:
+        if not isinstance(value, (list, tuple)):
+            return _INVALID
         (item,) = typing.get_args(tp) or (Any,)
-        return isinstance(value, (list, tuple)) and all(_conforms(item, v) for v in value)
+        items = [_coerce(item, v) for v in value]
+        return _INVALID if any(v is _INVALID for v in items) else items
     if origin is Literal:
-        return value in typing.get_args(tp)
+        return value if any(value == a and type(value) is type(a) for a in typing.get_args(tp)) else _INVALID
     if origin in (Union, types.UnionType):
-        return any(_conforms(a, value) for a in typing.get_args(tp))
+        for member in typing.get_args(tp):
+            coerced = _coerce(member, value)
+            if coerced is not _INVALID:
+                return coerced
+        return _INVALID
     if isinstance(tp, type):
-        return isinstance(value, tp)
-    return True
+        return value if isinstance(value, tp) else _INVALID
+    return value
 
 
 def _nested_block(tp: Any) -> type[ConfigBlock] | None:
-    """The ConfigBlock class in ``tp`` (``Block`` or ``Block | None``), if any."""
-    for cand in (tp, *typing.get_args(tp)):
-        if isinstance(cand, type) and issubclass(cand, ConfigBlock):
-            return cand
+    """The ConfigBlock class when ``tp`` is ``Block`` or ``Block | None``, else None."""
+    members = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+        Union, types.UnionType) else [tp]
+    if len(members) == 1 and isinstance(members[0], type) and issubclass(members[0], ConfigBlock):
+        return members[0]
     return None
 
 
@@ -124,12 +170,13 @@ class ConfigBlock:
 
     SECTION: ClassVar[str] = ""  # dotted path of the block in its config file
     ACCEPTED: ClassVar[frozenset[str]] = frozenset()  # keys accepted and ignored without a warning
+    ALIASES: ClassVar[Mapping[str, str]] = {}  # older spelling -> field
 
     # ---- building ----
     @classmethod
     def from_dict(cls, d: Mapping | ConfigBlock | None = None, *, key: str | None = None, **extra):
         """Build the block from a JSON-style dict (None: all defaults). ``extra`` are
-        values the caller supplies (init-only fields, derived settings)."""
+        the ``derived`` values the caller supplies."""
         if isinstance(d, cls):
             return d
         key = key if key is not None else cls.SECTION
@@ -137,69 +184,105 @@ class ConfigBlock:
             d = {}
         if not isinstance(d, Mapping):
             raise ConfigError(f"{key or 'config'}: must be an object (got {d!r})")
+        d = cls._renamed(d, key)
         hints = cls._hints()
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        fields = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("derived")]
+        names = {f.name for f in fields}
         unknown = sorted(k for k in d if k not in names and k not in cls.ACCEPTED)
         if unknown:
             warn_unknown(key, unknown)
+        missing = [f.name for f in fields if f.name not in d and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ConfigError(", ".join(_join(key, name) for name in missing) + ": required, not given")
         values = {}
-        for name, value in d.items():
-            if name not in names:
-                continue
-            nested = _nested_block(hints.get(name))
-            if nested is not None and (value is None or isinstance(value, Mapping)):
-                value = None if value is None else nested.from_dict(value, key=_join(key, name))
-            values[name] = value
+        for f in fields:
+            value = d.get(f.name, dataclasses.MISSING)
+            nested = _nested_block(hints.get(f.name))
+            # A nested block is built here, under its dotted key; a missing or null one gets its
+            # defaults, unless the field's default is no block at all (None).
+            if nested is not None and (isinstance(value, Mapping) or (
+                    (value is None or value is dataclasses.MISSING) and f.default is not None)):
+                value = nested.from_dict(value if isinstance(value, Mapping) else None, key=_join(key, f.name))
+            if value is not dataclasses.MISSING:
+                values[f.name] = value
         token = _building_key.set(key)
         try:
             return cls(**values, **extra)
         finally:
             _building_key.reset(token)
 
+    @classmethod
+    def _renamed(cls, d: Mapping, key: str) -> Mapping:
+        """``d`` with older spellings (ALIASES) under their field's name."""
+        if not any(old in d for old in cls.ALIASES):
+            return d
+        d = dict(d)
+        for old, new in cls.ALIASES.items():
+            if old not in d:
+                continue
+            value = d.pop(old)
+            if new in d and d[new] != value:
+                raise ConfigError(f"{_join(key, old)} and {_join(key, new)}: the same setting given twice with "
+                                  f"different values ({value!r} and {d[new]!r}); keep one")
+            d[new] = value
+        return d
+
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.init}
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.init and not f.metadata.get("derived")}
 
     # ---- checking ----
     def __post_init__(self) -> None:
+        building = _building_key.get()
+        object.__setattr__(self, "_dotted_key", building if building is not None else self.SECTION)
+        # Blocks built directly inside these checks use their own SECTION, not this block's key.
+        token = _building_key.set(None)
+        try:
+            self._check_fields()
+            self.validate()
+        finally:
+            _building_key.reset(token)
+
+    def _check_fields(self) -> None:
         hints = self._hints()
         for f in dataclasses.fields(self):
             if not f.init or f.name not in hints:
                 continue
             value = getattr(self, f.name)
-            tp = hints[f.name]
-            if not _conforms(tp, value):
-                self.fail(f.name, f"must be {_describe(tp)}", value)
-            if typing.get_origin(tp) is list and isinstance(value, tuple):
-                setattr(self, f.name, list(value))
-            self._check_range(f, value)
-        self.validate()
+            coerced = _coerce(hints[f.name], value)
+            if coerced is _INVALID:
+                self.fail(f.name, f"must be {_describe(hints[f.name])}", value)
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)
+            self._check_range(f, coerced, value)
 
     def validate(self) -> None:
         """Cross-field rules of a block; raise through ``self.fail``."""
 
     def key(self, name: str = "") -> str:
         """The dotted path of this block, or of one of its fields."""
-        base = _building_key.get()
-        return _join(base if base is not None else self.SECTION, name)
+        return _join(getattr(self, "_dotted_key", self.SECTION), name)
 
     def fail(self, name: str, message: str, value: Any = dataclasses.MISSING) -> typing.NoReturn:
+        """Raise ConfigError "<dotted key of name>: <message> (got <value>)"."""
         got = "" if value is dataclasses.MISSING else f" (got {value!r})"
         raise ConfigError(f"{self.key(name)}: {message}{got}")
 
-    def _check_range(self, f: dataclasses.Field, value: Any) -> None:
+    def _check_range(self, f: dataclasses.Field, value: Any, given: Any) -> None:
         meta = f.metadata
         if not meta or value is None:
             return
-        if "choices" in meta and value not in meta["choices"]:
-            self.fail(f.name, "must be one of " + ", ".join(repr(c) for c in meta["choices"]), value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            for op, bound, words in (("ge", meta.get("ge"), ">="), ("gt", meta.get("gt"), ">"),
-                                     ("le", meta.get("le"), "<="), ("lt", meta.get("lt"), "<")):
-                if bound is None:
-                    continue
-                ok = {"ge": value >= bound, "gt": value > bound, "le": value <= bound, "lt": value < bound}[op]
-                if not ok:
-                    self.fail(f.name, f"must be {words} {bound}", value)
+        for item in value if isinstance(value, list) else (value,):
+            if "choices" in meta and item not in meta["choices"]:
+                self.fail(f.name, "must be one of " + ", ".join(str(c) if isinstance(c, (int, float)) else repr(c)
+                                                                for c in meta["choices"]), given)
+            if not isinstance(item, (int, float)) or isinstance(item, bool):
+                continue
+            for op, words in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+                bound = meta.get(op)
+                if bound is not None and not _BOUND_CHECKS[op](item, bound):
+                    self.fail(f.name, f"must be {words} {bound}", given)
 
     @classmethod
     def _hints(cls) -> dict[str, Any]:
@@ -208,6 +291,10 @@ class ConfigBlock:
             cached = typing.get_type_hints(cls)
             cls._rankscope_hints = cached
         return cached
+
+
+_BOUND_CHECKS = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b,
+                 "lt": lambda v, b: v < b}
 
 
 def warn_unknown(key: str, names: list[str]) -> None:

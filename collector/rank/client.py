@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import random
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 
 from collector.data import codec, security
 from collector.data.codec import REJECTED_SEQ_KEY
+from collector.data.config import ConfigBlock, setting
 from collector.rank import spool
 from collector.rank.records import RecordBuffer
 from proto import SCHEMA_VERSION, pb, pb_grpc
@@ -49,31 +52,27 @@ _CLOSE_STREAM = object()
 
 
 @dataclass(kw_only=True)
-class ClientConfig:
+class ClientConfig(ConfigBlock):
+    """How a rank ships its records; the keys are ``telemetry.*``."""
+
+    SECTION: ClassVar[str] = "telemetry"
     endpoint: str = "127.0.0.1:50051"
     token: str | None = None
     tls_ca: str | None = None  # PEM CA file: TLS to the collector, verified against it; None: plaintext
-    spool_dir: Path | None = None  # None: collector.rank.spool.default_dir()
-    batch_rows: int = 8192
-    flush_interval_s: float = 0.2
-    max_buffer_rows: int = 1_000_000
-    max_unacked_bytes: int = 64 << 20  # beyond this, un-acked envelopes move to the spool
-    spool_after_s: float = 1.0  # disconnected this long -> spool instead of holding in memory
-    backoff_initial_s: float = 0.1
-    backoff_max_s: float = 5.0
-    operator_error_retry_s: float = 30.0
-    close_timeout_s: float = 5.0
+    spool_dir: str | os.PathLike | None = None  # None: collector.rank.spool.default_dir(); a Path once built
+    batch_rows: int = setting(8192, ge=1)
+    flush_interval_s: float = setting(0.2, ge=0)
+    max_buffer_rows: int = setting(1_000_000, ge=1)
+    max_unacked_bytes: int = setting(64 << 20, ge=1)  # beyond this, un-acked envelopes move to the spool
+    spool_after_s: float = setting(1.0, ge=0)  # disconnected this long -> spool instead of holding in memory
+    backoff_initial_s: float = setting(0.1, ge=0)
+    backoff_max_s: float = setting(5.0, ge=0)
+    operator_error_retry_s: float = setting(30.0, ge=0)
+    close_timeout_s: float = setting(5.0, ge=0)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.endpoint, str) or not self.endpoint.strip():
-            raise ValueError(f"telemetry.endpoint must be host:port, got {self.endpoint!r}")
-        for key in ("batch_rows", "max_buffer_rows", "max_unacked_bytes"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ValueError(f"telemetry.{key} must be a positive integer, got {getattr(self, key)!r}")
-        for key in ("flush_interval_s", "spool_after_s", "backoff_initial_s", "backoff_max_s",
-                    "operator_error_retry_s", "close_timeout_s"):
-            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) < 0:
-                raise ValueError(f"telemetry.{key} must be a non-negative number, got {getattr(self, key)!r}")
+    def validate(self) -> None:
+        if not self.endpoint.strip():
+            self.fail("endpoint", "must be host:port", self.endpoint)
         self.spool_dir = Path(self.spool_dir) if self.spool_dir else spool.default_dir()
 
 

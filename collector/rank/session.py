@@ -177,15 +177,18 @@ class Session:
         ))
 
 
-def start(run=None, endpoint=None, token=None, config=None, source="hook", tls_ca=None) -> Session | None:
+def start(run=None, endpoint=None, token=None, config=None, source="hook", tls_ca=None,
+          telemetry: TelemetryConfig | None = None) -> Session | None:
     """Start (or return) this process's session. Idempotent. Raises ValueError
-    only for a bad config; returns None when the config disables telemetry."""
+    only for a bad config; returns None when the config disables telemetry.
+    ``telemetry``: the config's telemetry block when the caller has built it already
+    (the engine has; reading it again would report its unknown keys twice)."""
     global _session
     with _lock:
         if _session is not None:
             return _session
         train_cfg = _training_config(config)
-        cfg = TelemetryConfig.from_dict(train_cfg.get("telemetry"))
+        cfg = TelemetryConfig.from_dict(telemetry if telemetry is not None else train_cfg.get("telemetry"))
         if not cfg.enabled:
             return None
         name = run or os.environ.get("RANKSCOPE_RUN") or cfg.run or _script_name()

@@ -16,11 +16,13 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import layout
+from collector.data.config import ConfigBlock, setting
 from collector.server.ledger import Ledger
 from collector.server.store import segment_order, segment_path, write_segment
 
@@ -28,17 +30,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class CompactionConfig:
-    interval: float = 5.0           # s between scans
-    min_files: int = 8              # merge once this many small segments are waiting...
-    target_bytes: int = 64 << 20    # ...into segments of about this size; bigger ones are left alone
-    max_files: int = 256            # per merge, to bound memory
+class CompactionConfig(ConfigBlock):
+    SECTION: ClassVar[str] = "compaction"
+    interval: float = setting(5.0, gt=0)  # s between scans
+    min_files: int = setting(8, ge=2)  # merge once this many small segments are waiting...
+    target_bytes: int = setting(64 << 20, ge=1)  # ...into segments of about this size; bigger ones are left alone
+    max_files: int = setting(256, ge=2)  # per merge, to bound memory
 
-    def __post_init__(self):
-        if self.interval <= 0:
-            raise ValueError(f"compaction.interval must be > 0, got {self.interval}")
-        if self.min_files < 2 or self.max_files < self.min_files:
-            raise ValueError("compaction needs 2 <= compaction.min_files <= compaction.max_files")
+    def validate(self) -> None:
+        if self.max_files < self.min_files:
+            self.fail("max_files", f"must be >= {self.key('min_files')} ({self.min_files})", self.max_files)
 
 
 def pick_inputs(sizes: list[tuple[Path, int]], config: CompactionConfig) -> list[Path]:

@@ -25,12 +25,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import layout
 from collector.data.codec import Rows
+from collector.data.config import ConfigBlock, setting
 from collector.server.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -60,16 +62,17 @@ class StoreClosed(RuntimeError):
 
 
 @dataclass(kw_only=True)
-class StoreConfig:
-    flush_interval: float = 0.25     # s; a record is durable (and visible) at most this long + one write later
-    flush_bytes: int = 64 << 20      # buffered Arrow bytes that trigger a flush before the interval
-    max_buffered_bytes: int = 512 << 20  # beyond this, submit blocks: back-pressure on the streams
+class StoreConfig(ConfigBlock):
+    SECTION: ClassVar[str] = "store"
+    # s; a record is durable (and visible) at most this long + one write later
+    flush_interval: float = setting(0.25, gt=0, le=5)
+    flush_bytes: int = setting(64 << 20, ge=1)  # buffered Arrow bytes that trigger a flush before the interval
+    max_buffered_bytes: int = setting(512 << 20, ge=1)  # beyond this, submit blocks: back-pressure on the streams
 
-    def __post_init__(self):
-        if not 0 < self.flush_interval <= 5:
-            raise ValueError(f"store.flush_interval must be in (0, 5] s, got {self.flush_interval}")
-        if self.flush_bytes <= 0 or self.max_buffered_bytes < self.flush_bytes:
-            raise ValueError("store.max_buffered_bytes must be >= store.flush_bytes > 0")
+    def validate(self) -> None:
+        if self.max_buffered_bytes < self.flush_bytes:
+            self.fail("max_buffered_bytes", f"must be >= {self.key('flush_bytes')} ({self.flush_bytes})",
+                      self.max_buffered_bytes)
 
 
 def mkdir_durable(path: Path) -> None:

@@ -23,15 +23,32 @@ noise before picking the second expert (training only).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from collector.data.config import ConfigBlock, setting
 from trainer import comm
 
 NOISY_GATE_POLICIES = (None, "Jitter", "RSample")
+
+
+@dataclass(kw_only=True)
+class GateConfig(ConfigBlock):
+    """The gate's settings: DeepSpeed's MoE arguments, named ``moe.<argument>`` in errors."""
+
+    SECTION: ClassVar[str] = "moe"
+    k: int = setting(1, choices=(1, 2))  # top-1 or top-2 gating
+    capacity_factor: float = setting(1.0, gt=0)
+    eval_capacity_factor: float = setting(1.0, gt=0)
+    min_capacity: int = setting(4, ge=0)
+    noisy_gate_policy: str | None = setting(None, choices=NOISY_GATE_POLICIES)
+    drop_tokens: bool = True
+    use_rts: bool = True
+    top2_2nd_expert_sampling: bool = True
 
 
 def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: float, min_capacity: int) -> int:
@@ -82,25 +99,19 @@ class TopKGate(nn.Module):
                  drop_tokens: bool = True, use_rts: bool = True, top2_2nd_expert_sampling: bool = True,
                  ep_group=None) -> None:
         super().__init__()
-        if k not in (1, 2):
-            raise ValueError(f"moe.k must be 1 or 2 (top-1 or top-2 gating), got {k!r}")
-        for key, value in (("capacity_factor", capacity_factor), ("eval_capacity_factor", eval_capacity_factor)):
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"moe.{key} must be a positive number, got {value!r}")
-        if not isinstance(min_capacity, int) or min_capacity < 0:
-            raise ValueError(f"moe.min_capacity must be a non-negative integer, got {min_capacity!r}")
-        if noisy_gate_policy not in NOISY_GATE_POLICIES:
-            raise ValueError(f"moe.noisy_gate_policy must be one of {NOISY_GATE_POLICIES}, got {noisy_gate_policy!r}")
+        cfg = GateConfig(k=k, capacity_factor=capacity_factor, eval_capacity_factor=eval_capacity_factor,
+                         min_capacity=min_capacity, noisy_gate_policy=noisy_gate_policy, drop_tokens=drop_tokens,
+                         use_rts=use_rts, top2_2nd_expert_sampling=top2_2nd_expert_sampling)
         # A parameter of the gate itself (not a child Linear), so it is used in the forward of the
         # module that owns it -- what ZeRO-3's per-module gather relies on. Init as nn.Linear's.
         self.weight = nn.Parameter(torch.empty(num_experts, model_dim))  # [E, M]
         nn.init.uniform_(self.weight, -1 / math.sqrt(model_dim), 1 / math.sqrt(model_dim))
-        self.num_experts, self.k = num_experts, k
-        self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
-        self.min_capacity = min_capacity
-        self.noisy_gate_policy = noisy_gate_policy
-        self.drop_tokens, self.use_rts = drop_tokens, use_rts
-        self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
+        self.num_experts, self.k = num_experts, cfg.k
+        self.capacity_factor, self.eval_capacity_factor = cfg.capacity_factor, cfg.eval_capacity_factor
+        self.min_capacity = cfg.min_capacity
+        self.noisy_gate_policy = cfg.noisy_gate_policy
+        self.drop_tokens, self.use_rts = cfg.drop_tokens, cfg.use_rts
+        self.top2_2nd_expert_sampling = cfg.top2_2nd_expert_sampling
         self.ep_group = ep_group
 
     def forward(self, tokens: torch.Tensor) -> Routing:  # tokens: [S, M]

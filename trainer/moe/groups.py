@@ -21,8 +21,11 @@ layers in the same order, since ``new_group`` is collective.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from collector.data.config import ConfigBlock, derived, setting
 from trainer import comm
+from trainer.tensor_parallel import groups as tp_groups
 from trainer.tensor_parallel.groups import process_group
 
 
@@ -43,23 +46,33 @@ class ExpertGroups:
 _GROUPS: dict[str, ExpertGroups] = {}  # by name
 
 
-def validate(num_experts: int, ep_size: int, world_size: int, tp_size: int = 1) -> None:
-    """One clear message per bad setting, naming it."""
-    if not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"moe.num_experts must be a positive integer, got {num_experts!r}")
-    if not isinstance(ep_size, int) or ep_size < 1:
-        raise ValueError(f"moe.ep_size must be a positive integer, got {ep_size!r}")
-    if world_size % tp_size:
-        raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the world size {world_size}")
-    ranks = world_size // tp_size
-    where = f"the world size {world_size}" if tp_size == 1 else \
-        f"the data-parallel size {ranks} (world {world_size} / tensor_parallel.tp_size {tp_size})"
-    if ep_size > ranks:
-        raise ValueError(f"moe.ep_size={ep_size} is larger than {where}")
-    if ranks % ep_size:
-        raise ValueError(f"moe.ep_size={ep_size} must divide {where}")
-    if num_experts % ep_size:
-        raise ValueError(f"moe.num_experts={num_experts} must be divisible by moe.ep_size={ep_size}")
+@dataclass(kw_only=True)
+class ExpertParallelConfig(ConfigBlock):
+    """A MoE layer's expert count and expert-parallel size, checked against the job's ranks."""
+
+    SECTION: ClassVar[str] = "moe"
+    num_experts: int = setting(1, ge=1)
+    ep_size: int = setting(1, ge=1)
+    world_size: int = derived(1)
+    tp_size: int = derived(1)
+
+    def validate(self) -> None:
+        world, tp, ep = self.world_size, self.tp_size, self.ep_size
+        tp_groups.validate(tp, world)
+        ranks = world // tp
+        where = f"the world size {world}" if tp == 1 else \
+            f"the data-parallel size {ranks} (world {world} / tensor_parallel.tp_size {tp})"
+        if ep > ranks:
+            self.fail("ep_size", f"must not exceed {where}", ep)
+        if ranks % ep:
+            self.fail("ep_size", f"must divide {where}", ep)
+        if self.num_experts % ep:
+            self.fail("num_experts", f"must be divisible by moe.ep_size ({ep})", self.num_experts)
+
+
+def validate(num_experts: int, ep_size: int, world_size: int, tp_size: int = 1) -> ExpertParallelConfig:
+    """One clear message per bad setting, naming it; the settings as checked."""
+    return ExpertParallelConfig(num_experts=num_experts, ep_size=ep_size, world_size=world_size, tp_size=tp_size)
 
 
 def expert_groups(ep_size: int, tp_size: int = 1) -> ExpertGroups:

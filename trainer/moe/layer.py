@@ -75,7 +75,8 @@ class MoE(nn.Module):
                  use_rts: bool = True, top2_2nd_expert_sampling: bool = True, layer_id: int | None = None,
                  tp_size: int = 1) -> None:
         super().__init__()
-        moe_groups.validate(num_experts, ep_size, comm.get_world_size(), tp_size)
+        checked = moe_groups.validate(num_experts, ep_size, comm.get_world_size(), tp_size)
+        num_experts, ep_size = checked.num_experts, checked.ep_size
         self.groups = moe_groups.expert_groups(ep_size, tp_size)
         self.num_experts, self.ep_size = num_experts, ep_size
         self.num_local_experts = num_experts // ep_size

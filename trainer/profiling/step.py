@@ -7,7 +7,8 @@ after every ``engine.step()``; both are no-ops except at ``profile_step``.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch.distributed as dist
 from torch import nn
@@ -15,39 +16,25 @@ from torch import nn
 from trainer.profiling.profiler import FlopsProfiler, ModuleProfile
 from trainer.profiling.report import Summary
 
+from collector.data.config import ConfigBlock, setting
 from collector.rank import session
 
 
-@dataclass(frozen=True, kw_only=True)
-class FlopsProfilerConfig:
+@dataclass(kw_only=True)
+class FlopsProfilerConfig(ConfigBlock):
+    """The ``flops_profiler`` block, with DeepSpeed's keys and defaults."""
+
+    SECTION: ClassVar[str] = "flops_profiler"
     enabled: bool = False
-    profile_step: int = 1
-    module_depth: int = -1
-    top_modules: int = 1
+    profile_step: int = setting(1, ge=0)
+    module_depth: int = setting(-1, ge=-1)  # -1: every depth
+    top_modules: int = setting(1, ge=1)
     detailed: bool = True
-    output_file: str | None = None
+    output_file: str | None = None  # None: print to stdout
 
-    def __post_init__(self) -> None:
-        for name in ("enabled", "detailed"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"flops_profiler.{name} must be true or false, got {getattr(self, name)!r}")
-        for name, low in (("profile_step", 0), ("module_depth", -1), ("top_modules", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"flops_profiler.{name} must be an int >= {low}, got {value!r}")
-        if self.output_file is not None and (not isinstance(self.output_file, str) or not self.output_file):
-            raise ValueError(f"flops_profiler.output_file must be a path or null, got {self.output_file!r}")
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "FlopsProfilerConfig":
-        if d is None:
-            return cls()
-        if not isinstance(d, dict):
-            raise ValueError(f"flops_profiler must be an object, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        for key in d.keys() - known:
-            warnings.warn(f"unknown config key flops_profiler.{key} is ignored")
-        return cls(**{k: v for k, v in d.items() if k in known})
+    def validate(self) -> None:
+        if self.output_file == "":
+            self.fail("output_file", "must be a path or null", self.output_file)
 
 
 def _rank() -> int:
@@ -83,7 +70,8 @@ class StepProfiler:
     the module tree (default: the collector's telemetry, a no-op without a session).
     """
 
-    def __init__(self, flops_profiler_cfg: dict | None, model: nn.Module, tp_size: int = 1, sink=None):
+    def __init__(self, flops_profiler_cfg: FlopsProfilerConfig | dict | None, model: nn.Module, tp_size: int = 1,
+                 sink=None):
         self.config = FlopsProfilerConfig.from_dict(flops_profiler_cfg)
         if not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"tp_size must be an int >= 1, got {tp_size!r}")

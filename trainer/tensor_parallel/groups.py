@@ -11,8 +11,32 @@ stride T (same shard, different data). World 4, T 2::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from collector.data.config import ConfigBlock, setting
 from trainer import comm
+
+
+@dataclass(kw_only=True)
+class TensorParallelConfig(ConfigBlock):
+    """``tensor_parallel``: the tensor-parallel degree (DeepSpeed's AutoTP spells it ``autotp_size``).
+    ``enabled: false`` turns it off whatever ``tp_size`` says."""
+
+    SECTION: ClassVar[str] = "tensor_parallel"
+    ALIASES: ClassVar[dict[str, str]] = {"autotp_size": "tp_size"}
+    enabled: bool = True
+    tp_size: int = setting(1, ge=1)
+
+    def validate(self) -> None:
+        if not self.enabled:
+            self.tp_size = 1
+
+    def check_layout(self, world_size: int, num_heads: int | None = None) -> None:
+        """What the degree must divide: the job's ranks, and a model's attention heads."""
+        if world_size % self.tp_size:
+            self.fail("tp_size", f"must divide the world size {world_size}", self.tp_size)
+        if num_heads is not None and num_heads % self.tp_size:
+            self.fail("tp_size", f"must divide the number of attention heads {num_heads}", self.tp_size)
 
 
 @dataclass(frozen=True)
@@ -27,14 +51,11 @@ class ParallelGroups:
 _GROUPS: dict[int, ParallelGroups] = {}
 
 
-def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> None:
-    """One clear message per bad setting, naming it."""
-    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
-        raise ValueError(f"tensor_parallel.tp_size must be a positive integer, got {tp_size!r}")
-    if world_size % tp_size:
-        raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the world size {world_size}")
-    if num_heads is not None and num_heads % tp_size:
-        raise ValueError(f"tensor_parallel.tp_size={tp_size} must divide the number of attention heads {num_heads}")
+def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> TensorParallelConfig:
+    """One clear message per bad setting, naming it; the settings as checked."""
+    cfg = TensorParallelConfig(tp_size=tp_size)
+    cfg.check_layout(world_size, num_heads)
+    return cfg
 
 
 _BY_RANKS: dict[tuple[int, ...], object] = {}
@@ -62,7 +83,7 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
     if groups is not None:
         return groups
     world, rank = comm.get_world_size(), comm.get_rank()
-    validate(tp_size, world)
+    tp_size = validate(tp_size, world).tp_size
     tp_group = dp_group = None
     if comm.is_initialized() and world > 1:
         for start in range(0, world, tp_size):

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer import comm
-from trainer.tensor_parallel.groups import ParallelGroups, parallel_groups
+from trainer.tensor_parallel.groups import ParallelGroups, parallel_groups, validate
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -136,9 +136,7 @@ class ParallelSelfAttention(nn.Module):
         self.groups = groups or parallel_groups()
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
-        if num_heads % self.groups.tp_size:
-            raise ValueError(f"tensor_parallel.tp_size={self.groups.tp_size} must divide the number of "
-                             f"attention heads {num_heads}")
+        validate(self.groups.tp_size, self.groups.tp_size * self.groups.dp_size, num_heads)
         self.local_heads = num_heads // self.groups.tp_size
         self.head_dim = hidden_size // num_heads
         self.qkv = ColumnParallelLinear(hidden_size, 3 * hidden_size, groups=self.groups, partition_stride=3)
