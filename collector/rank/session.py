@@ -122,6 +122,20 @@ def _training_config(config) -> dict:
     return config
 
 
+SECRET_KEYS = ("token", "password", "secret", "api_key")
+
+
+def redacted(config):
+    """The config as the collector stores it (``runs.config``): secrets replaced, so a bearer
+    token in ``telemetry.token`` (or a wandb key) is not readable by everyone who can query."""
+    if isinstance(config, dict):
+        return {k: "<redacted>" if isinstance(k, str) and any(s in k.lower() for s in SECRET_KEYS) and v
+                else redacted(v) for k, v in config.items()}
+    if isinstance(config, list):
+        return [redacted(v) for v in config]
+    return config
+
+
 def _script_name() -> str:
     arg0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
     return Path(arg0).stem or "python"
@@ -134,7 +148,7 @@ class Session:
 
         self.run_name = run_name
         self.source = source
-        self.config_json = json.dumps(config, default=str) if config else ""
+        self.config_json = json.dumps(redacted(config), default=str) if config else ""
         self.run_id: str | None = None
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
