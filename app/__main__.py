@@ -17,11 +17,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--host", default="127.0.0.1")
     args = p.parse_args(argv)
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ENTRY), "--server.port", str(args.port),
-           "--server.address", args.host, "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           # a viewer of this app needs no "Deploy" button or developer menu
-           "--client.toolbarMode", "viewer",
-           "--", "--data-dir", os.path.abspath(args.data_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ENTRY),
+        "--server.port",
+        str(args.port),
+        "--server.address",
+        args.host,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        # a viewer of this app needs no "Deploy" button or developer menu
+        "--client.toolbarMode",
+        "viewer",
+        "--",
+        "--data-dir",
+        os.path.abspath(args.data_dir),
+    ]
     os.execv(cmd[0], cmd)
 
 

@@ -1,5 +1,6 @@
 """Plotly figure builders shared by the pages. Each takes a query result and
 returns a figure; none runs a query."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -14,12 +15,21 @@ def _tidy(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
     return fig
 
 
-def lines(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, *, y_title: str | None = None,
-          x_title: str | None = None, log_y: bool = False, hover: dict | None = None) -> go.Figure:
+def lines(
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    color: str | None,
+    title: str,
+    *,
+    y_title: str | None = None,
+    x_title: str | None = None,
+    log_y: bool = False,
+    hover: dict | None = None,
+) -> go.Figure:
     # SVG, not plotly's WebGL (its pick above 1,000 points): a browser without a GPU (headless,
     # remote desktops) renders WebGL in software at ~1 s per chart; SVG draws 10k-point lines at once.
-    fig = px.line(df, x=x, y=y, color=color, log_y=log_y, markers=len(df) < 60, render_mode="svg",
-                  hover_data=hover)
+    fig = px.line(df, x=x, y=y, color=color, log_y=log_y, markers=len(df) < 60, render_mode="svg", hover_data=hover)
     fig.update_yaxes(title=y_title or y)
     fig.update_xaxes(title=x_title or x)
     return _tidy(fig, title)
@@ -29,9 +39,17 @@ def loss_scale(df: pd.DataFrame) -> go.Figure:
     """The scale as a step line (log2 axis) with a red marker at every overflow."""
     fig = go.Figure(go.Scatter(x=df.step, y=df.scale, mode="lines", line_shape="hv", name="loss scale"))
     over = df[df.overflow]
-    fig.add_trace(go.Scatter(
-        x=over.step, y=over.scale, mode="markers", name="overflow", marker=dict(color="red", symbol="x", size=10),
-        customdata=over.bad_params, hovertemplate="step %{x}: overflow, scale → %{y}<br>%{customdata}<extra></extra>"))
+    fig.add_trace(
+        go.Scatter(
+            x=over.step,
+            y=over.scale,
+            mode="markers",
+            name="overflow",
+            marker=dict(color="red", symbol="x", size=10),
+            customdata=over.bad_params,
+            hovertemplate="step %{x}: overflow, scale → %{y}<br>%{customdata}<extra></extra>",
+        )
+    )
     fig.update_yaxes(type="log", dtick=0.30103, tickformat=",.0f", title="scale")  # a tick per power of two
     return _tidy(fig, "Loss scale (× = overflow, step skipped)")
 
@@ -46,15 +64,21 @@ def step_breakdown(df: pd.DataFrame) -> go.Figure:
 
 
 def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
-    fig = px.line(df, x="bytes", y="busbw_gbs", color="op", markers=True, log_x=True,
-                  hover_data={"count": True})
+    fig = px.line(df, x="bytes", y="busbw_gbs", color="op", markers=True, log_x=True, hover_data={"count": True})
     fig.update_xaxes(title="message size (bytes, log)")
     fig.update_yaxes(title="busbw (GB/s)")
     return _tidy(fig, "Bus bandwidth vs message size")
 
 
-def heatmap(df: pd.DataFrame, z: str, title: str, *, y_labels: dict[int, str] | None = None,
-            colorbar: str = "ms", clickable: bool = False) -> go.Figure:
+def heatmap(
+    df: pd.DataFrame,
+    z: str,
+    title: str,
+    *,
+    y_labels: dict[int, str] | None = None,
+    colorbar: str = "ms",
+    clickable: bool = False,
+) -> go.Figure:
     """Rank x step grid of ``z``; rows follow ``y_labels``' order (e.g. grouped by host).
 
     Plotly reports no selection on heatmap cells, so a clickable heatmap carries an
@@ -63,15 +87,28 @@ def heatmap(df: pd.DataFrame, z: str, title: str, *, y_labels: dict[int, str] | 
     if y_labels:
         grid = grid.reindex([r for r in y_labels if r in grid.index] + [r for r in grid.index if r not in y_labels])
     labels = [(y_labels or {}).get(r, f"rank {r}") for r in grid.index]
-    fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=labels, colorscale="Viridis",
-                               colorbar=dict(title=colorbar),
-                               hovertemplate="%{y}, step %{x}: %{z:.2f} " + colorbar + "<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.values,
+            x=list(grid.columns),
+            y=labels,
+            colorscale="Viridis",
+            colorbar=dict(title=colorbar),
+            hovertemplate="%{y}, step %{x}: %{z:.2f} " + colorbar + "<extra></extra>",
+        )
+    )
     if clickable:
         cells = grid.stack().reset_index()
-        fig.add_trace(go.Scatter(
-            x=cells.step, y=[labels[grid.index.get_loc(r)] for r in cells["rank"]], mode="markers",
-            marker=dict(symbol="square", size=12, opacity=0), showlegend=False,
-            hovertemplate="%{y}, step %{x}: click to list its collectives<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=cells.step,
+                y=[labels[grid.index.get_loc(r)] for r in cells["rank"]],
+                mode="markers",
+                marker=dict(symbol="square", size=12, opacity=0),
+                showlegend=False,
+                hovertemplate="%{y}, step %{x}: click to list its collectives<extra></extra>",
+            )
+        )
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(title="step")
     return _tidy(fig, title, height=max(HEIGHT, 40 * len(labels) + 120))
@@ -79,8 +116,9 @@ def heatmap(df: pd.DataFrame, z: str, title: str, *, y_labels: dict[int, str] | 
 
 def last_rank_bars(df: pd.DataFrame) -> go.Figure:
     shown = df.assign(rank=df["rank"].astype(str), percent=100 * df.share)
-    fig = px.bar(shown, x="op", y="percent", color="rank", barmode="group",
-                 hover_data={"n_last": True, "mean_lead_ms": ":.1f"})
+    fig = px.bar(
+        shown, x="op", y="percent", color="rank", barmode="group", hover_data={"n_last": True, "mean_lead_ms": ":.1f"}
+    )
     fig.update_yaxes(title="% of collectives arriving last")
     return _tidy(fig, "Last-arriving rank per collective")
 
@@ -95,26 +133,42 @@ def _branch_values(tree: pd.DataFrame, column: str) -> str:
 
 def module_tree(df: pd.DataFrame, kind: str, size_by: str) -> go.Figure:
     """The profiler's module tree as an icicle / treemap / sunburst, coloured by achieved TFLOPS."""
-    tree = df.assign(id=df.module.replace("", "(model)"),
-                     parent_id=df.parent.fillna("").replace("", "(model)").where(df.module != "", ""),
-                     latency_ms=df.latency_ns / 1e6,
-                     tflops=df.flops / df.latency_ns.where(df.latency_ns > 0) / 1e3)  # flops/ns = GFLOPS
+    tree = df.assign(
+        id=df.module.replace("", "(model)"),
+        parent_id=df.parent.fillna("").replace("", "(model)").where(df.module != "", ""),
+        latency_ms=df.latency_ns / 1e6,
+        tflops=df.flops / df.latency_ns.where(df.latency_ns > 0) / 1e3,
+    )  # flops/ns = GFLOPS
     builder = {"icicle": go.Icicle, "treemap": go.Treemap, "sunburst": go.Sunburst}[kind]
-    fig = go.Figure(builder(
-        ids=tree.id, labels=tree.id.str.rsplit(".", n=1).str[-1] + " (" + tree.module_type.fillna("") + ")",
-        parents=tree.parent_id, values=tree[size_by], branchvalues=_branch_values(tree, size_by),
-        marker=dict(colors=tree.tflops.fillna(0), colorscale="Viridis", showscale=True,
-                    colorbar=dict(title="TFLOPS")),
-        customdata=tree[["flops", "latency_ms", "tflops"]].values,
-        hovertemplate="%{id}<br>flops %{customdata[0]:.3s}<br>fwd latency %{customdata[1]:.2f} ms"
-                      "<br>achieved %{customdata[2]:.3f} TFLOPS<extra></extra>"))
+    fig = go.Figure(
+        builder(
+            ids=tree.id,
+            labels=tree.id.str.rsplit(".", n=1).str[-1] + " (" + tree.module_type.fillna("") + ")",
+            parents=tree.parent_id,
+            values=tree[size_by],
+            branchvalues=_branch_values(tree, size_by),
+            marker=dict(
+                colors=tree.tflops.fillna(0), colorscale="Viridis", showscale=True, colorbar=dict(title="TFLOPS")
+            ),
+            customdata=tree[["flops", "latency_ms", "tflops"]].values,
+            hovertemplate="%{id}<br>flops %{customdata[0]:.3s}<br>fwd latency %{customdata[1]:.2f} ms"
+            "<br>achieved %{customdata[2]:.3f} TFLOPS<extra></extra>",
+        )
+    )
     return _tidy(fig, f"Module tree sized by {size_by}, coloured by achieved FLOPS", height=480)
 
 
 def moe_heatmap(df: pd.DataFrame, title: str) -> go.Figure:
     grid = df.pivot(index="expert", columns="step", values="tokens").sort_index()
-    fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"expert {e}" for e in grid.index],
-                               colorscale="Viridis", colorbar=dict(title="tokens")))
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.values,
+            x=list(grid.columns),
+            y=[f"expert {e}" for e in grid.index],
+            colorscale="Viridis",
+            colorbar=dict(title="tokens"),
+        )
+    )
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(title="step")
     return _tidy(fig, title)

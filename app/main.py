@@ -1,7 +1,8 @@
 """rankscope dashboard entry: declares the pages and the run picker they share.
 
-    streamlit run app/main.py -- --data-dir D      (or: rankscope dashboard --data-dir D)
+streamlit run app/main.py -- --data-dir D      (or: rankscope dashboard --data-dir D)
 """
+
 from pathlib import Path
 
 import duckdb
@@ -13,22 +14,24 @@ from app import state
 PAGES = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="rankscope", page_icon=":material/monitoring:", layout="wide")
-page = st.navigation({
-    "Runs": [
-        st.Page(PAGES / "runs.py", title="Runs", icon=":material/list:", default=True),
-        st.Page(PAGES / "overview.py", title="Overview", icon=":material/dashboard:"),
-    ],
-    "Distributed": [
-        st.Page(PAGES / "comms.py", title="Comms", icon=":material/swap_horiz:"),
-        st.Page(PAGES / "stragglers.py", title="Stragglers", icon=":material/hourglass_bottom:"),
-    ],
-    "Model": [
-        st.Page(PAGES / "flops.py", title="FLOPS", icon=":material/account_tree:"),
-        st.Page(PAGES / "memory.py", title="Memory", icon=":material/memory:"),
-        st.Page(PAGES / "moe.py", title="MoE", icon=":material/hub:"),
-    ],
-    "Query": [st.Page(PAGES / "sql.py", title="SQL console", icon=":material/terminal:")],
-})
+page = st.navigation(
+    {
+        "Runs": [
+            st.Page(PAGES / "runs.py", title="Runs", icon=":material/list:", default=True),
+            st.Page(PAGES / "overview.py", title="Overview", icon=":material/dashboard:"),
+        ],
+        "Distributed": [
+            st.Page(PAGES / "comms.py", title="Comms", icon=":material/swap_horiz:"),
+            st.Page(PAGES / "stragglers.py", title="Stragglers", icon=":material/hourglass_bottom:"),
+        ],
+        "Model": [
+            st.Page(PAGES / "flops.py", title="FLOPS", icon=":material/account_tree:"),
+            st.Page(PAGES / "memory.py", title="Memory", icon=":material/memory:"),
+            st.Page(PAGES / "moe.py", title="MoE", icon=":material/hub:"),
+        ],
+        "Query": [st.Page(PAGES / "sql.py", title="SQL console", icon=":material/terminal:")],
+    }
+)
 state.sidebar_picker()
 try:
     page.run()

@@ -34,6 +34,7 @@ def _cached(**kw):
 
 # --- runs --------------------------------------------------------------------
 
+
 @st.cache_data(ttl=1, show_spinner=False)
 def list_runs(data_dir: str) -> pd.DataFrame:
     """Cached for a second only: it tells the pages whether a run is still live."""
@@ -51,6 +52,7 @@ def ranks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 
 # --- the comm rollup and what reads it ------------------------------------------
+
 
 @st.cache_resource(ttl=CACHE_TTL_S, max_entries=16, show_spinner="Building per-step rollups…")
 def comm_rollup(data_dir: str, run_id: str, version: str) -> pa.Table:
@@ -98,6 +100,7 @@ def instances_at(data_dir: str, run_id: str, version: str, step: int, rank: int)
 
 
 # --- per-step tables -----------------------------------------------------------
+
 
 @_cached()
 def step_times(data_dir: str, run_id: str, version: str) -> pd.DataFrame:

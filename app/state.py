@@ -4,13 +4,14 @@ The run selection lives in ``st.session_state`` (the sidebar picker declared by
 main.py, which runs before every page) and is mirrored into the ``?run=`` query
 parameter so a URL reopens the same runs.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import duckdb
 import pandas as pd
@@ -35,8 +36,8 @@ def data_dir() -> str:
 @dataclass(frozen=True)
 class Selection:
     data_dir: str
-    runs: pd.DataFrame          # every run, newest first
-    run_ids: tuple[str, ...]    # the selected ones, primary first
+    runs: pd.DataFrame  # every run, newest first
+    run_ids: tuple[str, ...]  # the selected ones, primary first
 
     @property
     def run_id(self) -> str:
@@ -52,8 +53,10 @@ class Selection:
 def load_runs(directory: str) -> pd.DataFrame | None:
     """The runs table, or None after showing why it cannot be read."""
     if not os.path.isdir(directory):
-        st.error(f"Data dir `{directory}` does not exist. Start a collector with "
-                 f"`rankscope collect --data-dir {directory}` or pass `--data-dir` to the dashboard.")
+        st.error(
+            f"Data dir `{directory}` does not exist. Start a collector with "
+            f"`rankscope collect --data-dir {directory}` or pass `--data-dir` to the dashboard."
+        )
         return None
     try:
         return queries.list_runs(directory)
@@ -63,8 +66,8 @@ def load_runs(directory: str) -> pd.DataFrame | None:
 
 
 def _label(runs: pd.DataFrame) -> Callable[[str], str]:
-    names = dict(zip(runs.run_id, runs.name))
-    status = dict(zip(runs.run_id, runs.status))
+    names = dict(zip(runs.run_id, runs.name, strict=True))
+    status = dict(zip(runs.run_id, runs.status, strict=True))
     return lambda run_id: f"{names.get(run_id) or run_id} ({run_id}, {status.get(run_id, '?')})"
 
 
@@ -83,8 +86,9 @@ def sidebar_picker() -> None:
         st.session_state[SELECTION_KEY] = wanted[:MAX_COMPARED] or known[:1]
     # Runs can disappear (a data dir swapped under us): keep only known ones.
     st.session_state[SELECTION_KEY] = [r for r in st.session_state[SELECTION_KEY] if r in known] or known[:1]
-    chosen = st.sidebar.multiselect("Runs (pick two to compare)", known, key=SELECTION_KEY,
-                                    format_func=_label(runs), max_selections=MAX_COMPARED)
+    chosen = st.sidebar.multiselect(
+        "Runs (pick two to compare)", known, key=SELECTION_KEY, format_func=_label(runs), max_selections=MAX_COMPARED
+    )
     st.query_params["run"] = chosen
 
 
@@ -100,8 +104,10 @@ def selection() -> Selection:
     if runs is None:
         st.stop()  # the sidebar already said why
     if runs.empty:
-        st.info(f"No runs in `{directory}` yet. Stream one with `rankscope demo --data-dir {directory}`, "
-                "attach `collector.hook` to a training script, or `rankscope import` DeepSpeed outputs.")
+        st.info(
+            f"No runs in `{directory}` yet. Stream one with `rankscope demo --data-dir {directory}`, "
+            "attach `collector.hook` to a training script, or `rankscope import` DeepSpeed outputs."
+        )
         st.stop()
     chosen = tuple(st.session_state.get(SELECTION_KEY) or ())
     if not chosen:

@@ -10,9 +10,11 @@ try:
     from proto import rankscope_pb2 as pb
     from proto import rankscope_pb2_grpc as pb_grpc
 except ImportError as exc:  # a checkout that was never built
-    raise ImportError("rankscope's gRPC stubs are missing: install the package (pip install -e .) or run "
-                      "`python -m proto.generate` (needs grpcio-tools)") from exc
+    raise ImportError(
+        "rankscope's gRPC stubs are missing: install the package (pip install -e .) or run "
+        "`python -m proto.generate` (needs grpcio-tools)"
+    ) from exc
 
 SCHEMA_VERSION = pb.SCHEMA_VERSION
 
-__all__ = ["pb", "pb_grpc", "SCHEMA_VERSION"]
+__all__ = ["SCHEMA_VERSION", "pb", "pb_grpc"]

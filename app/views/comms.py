@@ -1,5 +1,6 @@
 """Comms: per-op bandwidth over time and by message size, DeepSpeed's log_summary
 table, the share of step time spent communicating, and the per-rank breakdown."""
+
 import pandas as pd
 import streamlit as st
 
@@ -19,12 +20,17 @@ def human_bytes(n: int) -> str:
 
 def log_summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Columns and units of deepspeed.comm.log_summary(), one row per op x message size."""
-    return pd.DataFrame({
-        "Comm. Op": summary.op, "Message Size": summary.bytes.map(human_bytes),
-        "Count": summary["count"], "Total Latency(ms)": summary.total_latency_ms,
-        "Avg Latency(ms)": summary.avg_latency_ms,
-        "tput_avg (Gbps)": gbps(summary.algbw_gbs), "busbw_avg (Gbps)": gbps(summary.busbw_gbs),
-    })
+    return pd.DataFrame(
+        {
+            "Comm. Op": summary.op,
+            "Message Size": summary.bytes.map(human_bytes),
+            "Count": summary["count"],
+            "Total Latency(ms)": summary.total_latency_ms,
+            "Avg Latency(ms)": summary.avg_latency_ms,
+            "tput_avg (Gbps)": gbps(summary.algbw_gbs),
+            "busbw_avg (Gbps)": gbps(summary.busbw_gbs),
+        }
+    )
 
 
 def filters(dims: dict) -> queries.CommFilter:
@@ -46,9 +52,16 @@ def compared(sel: state.Selection, flt: queries.CommFilter) -> None:
     frames = []
     for run_id in sel.run_ids:
         summary = queries.log_summary(sel.data_dir, run_id, queries.data_version(sel.data_dir, run_id), flt)
-        per_op = summary.groupby("op").apply(lambda g: pd.Series({
-            "count": g["count"].sum(), "avg latency (ms)": g.total_latency_ms.sum() / g["count"].sum(),
-            "busbw (GB/s)": (g.busbw_gbs * g["count"]).sum() / g["count"].sum()}), include_groups=False)
+        per_op = summary.groupby("op").apply(
+            lambda g: pd.Series(
+                {
+                    "count": g["count"].sum(),
+                    "avg latency (ms)": g.total_latency_ms.sum() / g["count"].sum(),
+                    "busbw (GB/s)": (g.busbw_gbs * g["count"]).sum() / g["count"].sum(),
+                }
+            ),
+            include_groups=False,
+        )
         frames.append(per_op.assign(run=f"{sel.run(run_id)['name']} ({run_id})").reset_index())
     st.subheader("Runs compared")
     both = pd.concat(frames)
@@ -63,12 +76,17 @@ def comms_page() -> None:
     d, run_id = sel.data_dir, sel.run_id
     dims = queries.comm_dimensions(d, run_id, queries.data_version(d, run_id))
     if not dims["ops"] and not sel.is_live():
-        st.info("This run has no communication records (a single rank without collectives, "
-                "or the comms logger was off).")
+        st.info(
+            "This run has no communication records (a single rank without collectives, or the comms logger was off)."
+        )
         return
     flt = filters(dims)
-    metric = st.radio("Bandwidth", ["busbw_gbs", "algbw_gbs"], horizontal=True,
-                      format_func=lambda m: "bus bandwidth" if m.startswith("bus") else "algorithm bandwidth")
+    metric = st.radio(
+        "Bandwidth",
+        ["busbw_gbs", "algbw_gbs"],
+        horizontal=True,
+        format_func=lambda m: "bus bandwidth" if m.startswith("bus") else "algorithm bandwidth",
+    )
 
     def body(version: str) -> None:
         summary = queries.log_summary(d, run_id, version, flt)
@@ -78,8 +96,11 @@ def comms_page() -> None:
         over_time = queries.bandwidth_by_step(d, run_id, version, flt)
         over_time["series"] = over_time.op + " · " + over_time.group_name
         left, right = st.columns(2)
-        left.plotly_chart(charts.lines(over_time, "step", metric, "series", "Bandwidth per step",
-                                       y_title=f"{metric.split('_')[0]} (GB/s)"))
+        left.plotly_chart(
+            charts.lines(
+                over_time, "step", metric, "series", "Bandwidth per step", y_title=f"{metric.split('_')[0]} (GB/s)"
+            )
+        )
         right.plotly_chart(charts.busbw_vs_size(queries.bandwidth_by_size(d, run_id, version, flt)))
 
         st.subheader("Summary (deepspeed.comm.log_summary)")
@@ -93,12 +114,21 @@ def comms_page() -> None:
         if not wall.empty:
             totals = totals.merge(wall, on="rank", how="left")
             totals["comm share of step time"] = totals.total_latency_ms / totals.wall_ms
-            st.metric("Share of step time in communication (mean over ranks)",
-                      f"{100 * totals['comm share of step time'].mean():.0f}%")
-        st.dataframe(totals, hide_index=True, column_config={
-            "comm share of step time": st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1)})
-        st.dataframe(per_rank.pivot_table(index="rank", columns="op", values="total_latency_ms").round(1),
-                     column_config={"_index": st.column_config.NumberColumn("rank")})
+            st.metric(
+                "Share of step time in communication (mean over ranks)",
+                f"{100 * totals['comm share of step time'].mean():.0f}%",
+            )
+        st.dataframe(
+            totals,
+            hide_index=True,
+            column_config={
+                "comm share of step time": st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1)
+            },
+        )
+        st.dataframe(
+            per_rank.pivot_table(index="rank", columns="op", values="total_latency_ms").round(1),
+            column_config={"_index": st.column_config.NumberColumn("rank")},
+        )
 
     state.live(sel, body)
     if len(sel.run_ids) > 1:

@@ -1,5 +1,6 @@
 """FLOPS: the flops profiler's module tree (latest profiled step), the top modules
 per depth, per-rank comparison, and the detailed per-module table."""
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
@@ -18,13 +19,21 @@ def detailed_table(tree: pd.DataFrame) -> pd.DataFrame:
         return (tree[column] / root[column] * 100).round(2) if root[column] else pd.Series(0.0, index=tree.index)
 
     latency_s = tree.latency_ns.where(tree.latency_ns > 0) / 1e9
-    return pd.DataFrame({
-        "module": tree.module.replace("", "(model)"), "type": tree.module_type, "depth": tree.depth,
-        "params": tree.params, "% params": share("params"), "MACs": tree.macs, "% MACs": share("macs"),
-        "fwd latency (ms)": (tree.latency_ns / 1e6).round(3), "% fwd latency": share("latency_ns"),
-        "fwd FLOPS (TFLOPS)": (tree.flops / latency_s / 1e12).round(4),
-        "bwd latency (ms)": (tree.bwd_latency_ns / 1e6).round(3),
-    })
+    return pd.DataFrame(
+        {
+            "module": tree.module.replace("", "(model)"),
+            "type": tree.module_type,
+            "depth": tree.depth,
+            "params": tree.params,
+            "% params": share("params"),
+            "MACs": tree.macs,
+            "% MACs": share("macs"),
+            "fwd latency (ms)": (tree.latency_ns / 1e6).round(3),
+            "% fwd latency": share("latency_ns"),
+            "fwd FLOPS (TFLOPS)": (tree.flops / latency_s / 1e12).round(4),
+            "bwd latency (ms)": (tree.bwd_latency_ns / 1e6).round(3),
+        }
+    )
 
 
 def top_modules(tree: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -36,7 +45,7 @@ def top_modules(tree: pd.DataFrame, k: int) -> pd.DataFrame:
         for metric, label in (("params", "params"), ("macs", "MACs"), ("latency_ns", "fwd latency")):
             best = at_depth.nlargest(k, metric)
             fmt = (lambda v: f"{v / 1e6:.2f} ms") if metric == "latency_ns" else (lambda v: f"{v:.3g}")
-            row[label] = ", ".join(f"{t}: {fmt(v)}" for t, v in zip(best.module_type, best[metric]))
+            row[label] = ", ".join(f"{t}: {fmt(v)}" for t, v in zip(best.module_type, best[metric], strict=True))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -47,8 +56,12 @@ def flops_page() -> None:
     def body(version: str) -> None:
         profile = queries.flops_profile(sel.data_dir, sel.run_id, version)
         if profile.empty:
-            state.missing_data(sel, "flops", "No flops profile in this run. Enable it with the DeepSpeed config's "
-                                              '`"flops_profiler": {"enabled": true, "profile_step": N}`.')
+            state.missing_data(
+                sel,
+                "flops",
+                "No flops profile in this run. Enable it with the DeepSpeed config's "
+                '`"flops_profiler": {"enabled": true, "profile_step": N}`.',
+            )
             return
         ranks = sorted(profile["rank"].unique())
         st.caption(f"Profiled at step {int(profile.step.iloc[0])} on ranks {', '.join(map(str, ranks))}.")
@@ -64,8 +77,9 @@ def flops_page() -> None:
         st.dataframe(top_modules(tree, int(k)), hide_index=True)
 
         st.subheader("Per-rank comparison")
-        shallow = profile[profile.depth == 1].assign(latency_ms=lambda f: f.latency_ns / 1e6,
-                                                     rank=lambda f: f["rank"].astype(str))
+        shallow = profile[profile.depth == 1].assign(
+            latency_ms=lambda f: f.latency_ns / 1e6, rank=lambda f: f["rank"].astype(str)
+        )
         fig = px.bar(shallow, x="module", y="latency_ms", color="rank", barmode="group")
         fig.update_yaxes(title="fwd latency (ms)")
         st.plotly_chart(fig.update_layout(title="Top-level modules' fwd latency per rank", height=charts.HEIGHT))

@@ -1,5 +1,6 @@
 """MoE: tokens routed to each expert per step (summed over ranks) and tokens dropped
 for exceeding the expert's capacity."""
+
 import streamlit as st
 
 from app import charts, queries, state
@@ -18,8 +19,9 @@ def moe_page() -> None:
         rows = load[load.layer == layer]
         st.plotly_chart(charts.moe_heatmap(rows, f"Expert load, layer {layer} (tokens per step)"))
         dropped = rows.groupby("step", as_index=False).dropped.sum()
-        st.plotly_chart(charts.lines(dropped, "step", "dropped", None, "Dropped tokens per step",
-                                     y_title="tokens dropped"))
+        st.plotly_chart(
+            charts.lines(dropped, "step", "dropped", None, "Dropped tokens per step", y_title="tokens dropped")
+        )
         totals = rows.groupby("expert", as_index=False)[["tokens", "dropped"]].sum()
         totals["share of tokens"] = totals.tokens / totals.tokens.sum()
         st.dataframe(totals, hide_index=True)

@@ -1,5 +1,6 @@
 """Overview: loss, learning rate, loss scale, throughput, step-time breakdown and a
 health summary in words for the selected run (loss overlaid when two are picked)."""
+
 import pandas as pd
 import streamlit as st
 
@@ -35,7 +36,8 @@ def health_summary(sel: state.Selection, version: str) -> None:
         scales=queries.loss_scale(d, run_id, version),
         comm_by_rank=queries.comm_by_rank(d, run_id, version, everything),
         step_wall=queries.step_wall_ms(d, run_id, version),
-        world_size=int(sel.run().world_size))
+        world_size=int(sel.run().world_size),
+    )
     st.subheader("Health")
     if not findings:
         st.info("Nothing to report yet: no comm, timer or loss-scale records for this run.")
@@ -55,8 +57,9 @@ def monitor_axis(series: pd.DataFrame) -> str:
 
 def monitor_chart(series: pd.DataFrame, title: str):
     axis = monitor_axis(series)
-    return charts.lines(series, "step", "value", "tag", title, x_title=axis,
-                        hover={"samples": True} if axis == "step" else None)
+    return charts.lines(
+        series, "step", "value", "tag", title, x_title=axis, hover={"samples": True} if axis == "step" else None
+    )
 
 
 def training_charts(sel: state.Selection, version: str) -> None:
@@ -88,8 +91,11 @@ def training_charts(sel: state.Selection, version: str) -> None:
         if throughput.empty:
             st.info("No throughput yet: needs monitor events from two steps.")
         else:
-            st.plotly_chart(charts.lines(throughput, "step", "samples_per_s", None, "Samples per second",
-                                         x_title=monitor_axis(series)))
+            st.plotly_chart(
+                charts.lines(
+                    throughput, "step", "samples_per_s", None, "Samples per second", x_title=monitor_axis(series)
+                )
+            )
 
     timers = queries.step_times(d, run_id, version)
     if timers.empty:

@@ -1,4 +1,5 @@
 """Runs: every run in the data dir, live or archived; pick one, or two to compare."""
+
 import json
 from functools import partial
 
@@ -6,7 +7,6 @@ import pandas as pd
 import streamlit as st
 
 from app import queries, state
-
 
 TABLE_KEY = "runs_table"
 
@@ -28,7 +28,8 @@ def _comparison(sel: state.Selection) -> pd.DataFrame:
         scales = queries.loss_scale(sel.data_dir, run_id, version)
         summary = queries.log_summary(sel.data_dir, run_id, version, queries.CommFilter())
         row = {
-            "status": run.status, "world size": int(run.world_size),
+            "status": run.status,
+            "world size": int(run.world_size),
             "steps timed": int(wall.steps.max()) if not wall.empty else 0,
             "mean step (ms)": round(wall.wall_ms.sum() / wall.steps.sum(), 1) if not wall.empty else None,
             "loss-scale overflows": int(scales.overflow.sum()) if not scales.empty else 0,
@@ -43,13 +44,21 @@ def runs_page() -> None:
     sel = state.selection()
     runs = sel.runs
     st.caption("Select rows to pick runs for every page (two at most: the first is the primary one).")
-    shown = runs[["name", "run_id", "status", "world_size", "n_ranks", "started_at", "ended_at", "duration_s", "source"]]
+    shown = runs[
+        ["name", "run_id", "status", "world_size", "n_ranks", "started_at", "ended_at", "duration_s", "source"]
+    ]
     st.dataframe(
-        shown, hide_index=True, on_select=partial(_pick, runs.run_id.tolist()), selection_mode="multi-row",
+        shown,
+        hide_index=True,
+        on_select=partial(_pick, runs.run_id.tolist()),
+        selection_mode="multi-row",
         key=TABLE_KEY,
-        column_config={"duration_s": st.column_config.NumberColumn("duration (s)", format="%.0f"),
-                       "started_at": st.column_config.DatetimeColumn("started"),
-                       "ended_at": st.column_config.DatetimeColumn("ended")})
+        column_config={
+            "duration_s": st.column_config.NumberColumn("duration (s)", format="%.0f"),
+            "started_at": st.column_config.DatetimeColumn("started"),
+            "ended_at": st.column_config.DatetimeColumn("ended"),
+        },
+    )
 
     st.subheader("Selected")
     if len(sel.run_ids) > 1:

@@ -2,6 +2,7 @@
 
 Queries go through collector.data.catalog.run_readonly_query: one SELECT-like
 statement in a sandboxed database that can read nothing outside D/parquet."""
+
 import io
 
 import pandas as pd
@@ -16,18 +17,24 @@ EXAMPLES = {
     "Runs": "SELECT run_id, name, status, world_size, started_at, ended_at FROM runs ORDER BY started_at DESC",
     "Bus bandwidth per op and rank": (
         "SELECT run_id, op, rank, count(*) AS n, round(avg(busbw_gbs), 3) AS busbw_gbs\n"
-        "FROM comm GROUP BY ALL ORDER BY run_id, op, rank"),
+        "FROM comm GROUP BY ALL ORDER BY run_id, op, rank"
+    ),
     "Who arrives last": (
-        "SELECT run_id, op, last_rank, count(*) AS times_last, round(median(max_delay_ns) / 1e6, 2) AS median_delay_ms\n"
-        "FROM stragglers GROUP BY ALL ORDER BY times_last DESC"),
+        "SELECT run_id, op, last_rank, count(*) AS times_last,\n"
+        "       round(median(max_delay_ns) / 1e6, 2) AS median_delay_ms\n"
+        "FROM stragglers GROUP BY ALL ORDER BY times_last DESC"
+    ),
     "Loss-scale overflows": (
         "SELECT run_id, step, scale_before, scale, bad_params FROM loss_scale\n"
-        "WHERE overflow AND rank = 0 ORDER BY run_id, step"),
+        "WHERE overflow AND rank = 0 ORDER BY run_id, step"
+    ),
     "Slowest modules": (
         "SELECT run_id, module, module_type, latency_ns / 1e6 AS fwd_ms, flops / latency_ns / 1e3 AS tflops\n"
-        "FROM flops WHERE rank = 0 ORDER BY latency_ns DESC LIMIT 20"),
+        "FROM flops WHERE rank = 0 ORDER BY latency_ns DESC LIMIT 20"
+    ),
     "Step time per rank": (
-        "SELECT rank, name, round(avg(dur_ns) / 1e6, 2) AS mean_ms FROM timers GROUP BY ALL ORDER BY rank, name"),
+        "SELECT rank, name, round(avg(dur_ns) / 1e6, 2) AS mean_ms FROM timers GROUP BY ALL ORDER BY rank, name"
+    ),
 }
 SQL_KEY, RESULT_KEY = "sql.text", "sql.result"
 
@@ -57,16 +64,25 @@ def chart_builder(result: pd.DataFrame) -> None:
 
 def sql_page() -> None:
     directory = st.session_state.get("rankscope.data_dir") or state.data_dir()
-    st.selectbox("Examples", list(EXAMPLES), key="sql.example", on_change=_use_example, index=None,
-                 placeholder="Pick an example query…")
+    st.selectbox(
+        "Examples",
+        list(EXAMPLES),
+        key="sql.example",
+        on_change=_use_example,
+        index=None,
+        placeholder="Pick an example query…",
+    )
     st.session_state.setdefault(SQL_KEY, EXAMPLES["Bus bandwidth per op and rank"])
     with st.form("sql"):
-        sql = st.text_area("SQL (read-only: one SELECT / WITH / FROM / DESCRIBE / SHOW statement)",
-                           key=SQL_KEY, height=140)
+        sql = st.text_area(
+            "SQL (read-only: one SELECT / WITH / FROM / DESCRIBE / SHOW statement)", key=SQL_KEY, height=140
+        )
         max_rows = st.number_input("Max rows", min_value=1, max_value=1_000_000, value=10_000)
         submitted = st.form_submit_button("Run", type="primary")
-    st.caption("Views: runs, ranks, comm, timers, monitor, loss_scale, flops, memory, moe, "
-               "comm_instances, stragglers (columns: `DESCRIBE comm`).")
+    st.caption(
+        "Views: runs, ranks, comm, timers, monitor, loss_scale, flops, memory, moe, "
+        "comm_instances, stragglers (columns: `DESCRIBE comm`)."
+    )
     if submitted:
         try:
             st.session_state[RESULT_KEY] = queries.console_query(directory, sql, int(max_rows))

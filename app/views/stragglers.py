@@ -3,6 +3,7 @@
 Arrival delay = a rank's start minus the first rank's start of the same collective
 instance (run, group, seq); wait = the last rank's start minus this rank's start.
 Click a heatmap cell to list the collective instances behind it."""
+
 import pandas as pd
 import streamlit as st
 
@@ -43,8 +44,12 @@ def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims:
     cell = clicked_cell(labels)
     c1, c2 = st.columns(2)
     ranks = dims["ranks"]
-    rank = c1.selectbox("Rank", ranks, index=ranks.index(cell[0]) if cell and cell[0] in ranks else len(ranks) - 1,
-                        format_func=lambda r: labels.get(r, f"rank {r}"))
+    rank = c1.selectbox(
+        "Rank",
+        ranks,
+        index=ranks.index(cell[0]) if cell and cell[0] in ranks else len(ranks) - 1,
+        format_func=lambda r: labels.get(r, f"rank {r}"),
+    )
     first, last = dims["first_step"], dims["last_step"]
     step = c2.number_input("Step", min_value=first, max_value=last, value=cell[1] if cell else first, step=1)
     instances = queries.instances_at(sel.data_dir, sel.run_id, version, int(step), int(rank))
@@ -75,20 +80,35 @@ def stragglers_page() -> None:
             return
         for op, rows in last.groupby("op"):
             worst = rows.loc[rows.share.idxmax()]
-            st.markdown(f"**{op}**: rank {int(worst['rank'])} arrives last in {100 * worst.share:.0f}% "
-                        f"of instances (+{duration(worst.mean_lead_ms)} on average)")
+            st.markdown(
+                f"**{op}**: rank {int(worst['rank'])} arrives last in {100 * worst.share:.0f}% "
+                f"of instances (+{duration(worst.mean_lead_ms)} on average)"
+            )
         st.plotly_chart(charts.last_rank_bars(last))
 
         grid = queries.delay_heatmap(d, run_id, version, flt)
-        st.plotly_chart(charts.heatmap(grid, "arrival_delay_ms", "Arrival delay per collective (mean ms)",
-                                       y_labels=labels, clickable=True),
-                        key=HEATMAP_KEY, on_select="rerun", selection_mode="points")
-        st.plotly_chart(charts.heatmap(grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)",
-                                       y_labels=labels))
+        st.plotly_chart(
+            charts.heatmap(
+                grid, "arrival_delay_ms", "Arrival delay per collective (mean ms)", y_labels=labels, clickable=True
+            ),
+            key=HEATMAP_KEY,
+            on_select="rerun",
+            selection_mode="points",
+        )
+        st.plotly_chart(
+            charts.heatmap(grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)", y_labels=labels)
+        )
         if ranks.host.nunique() > 1:
-            per_host = grid.merge(ranks[["rank", "host"]], on="rank").groupby("host", as_index=False).agg(
-                ranks=("rank", "nunique"), arrival_delay_ms=("arrival_delay_ms", "mean"), wait_ms=("wait_ms", "mean"),
-                times_last=("n_last", "sum"))
+            per_host = (
+                grid.merge(ranks[["rank", "host"]], on="rank")
+                .groupby("host", as_index=False)
+                .agg(
+                    ranks=("rank", "nunique"),
+                    arrival_delay_ms=("arrival_delay_ms", "mean"),
+                    wait_ms=("wait_ms", "mean"),
+                    times_last=("n_last", "sum"),
+                )
+            )
             st.subheader("By host")
             st.dataframe(per_host, hide_index=True)
         drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version))

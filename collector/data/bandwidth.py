@@ -27,15 +27,26 @@ Where DeepSpeed's ``calc_bw_log`` (deepspeed/utils/comms_logging.py) differs:
 
 Pure Python, no torch: the collector, the dashboard and importers share it.
 """
+
 from __future__ import annotations
 
 import math
 
 _ALL_REDUCE = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce")
 _GATHER_LIKE = (
-    "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced", "_all_gather_base",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base",
-    "all_to_all", "all_to_all_single", "gather", "scatter",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather_coalesced",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
 )
 _ONE = ("broadcast", "reduce", "send", "recv", "isend", "irecv")
 
@@ -44,7 +55,8 @@ OP_KINDS: dict[str, str] = {
     **{op: "all_reduce" for op in _ALL_REDUCE},
     **{op: "gather_like" for op in _GATHER_LIKE},
     **{op: "one" for op in _ONE},
-    "barrier": "none", "monitored_barrier": "none",
+    "barrier": "none",
+    "monitored_barrier": "none",
 }
 
 
@@ -80,5 +92,5 @@ def convert_size(size_bytes: int) -> str:
     if size_bytes == 0:
         return "0B"
     names = ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
-    i = int(math.floor(math.log(size_bytes, 1024)))
+    i = math.floor(math.log(size_bytes, 1024))
     return f"{round(size_bytes / math.pow(1024, i), 2)} {names[i]}"

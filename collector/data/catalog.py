@@ -14,6 +14,7 @@ reader that already had the old file open keeps reading the same Parquet.
 dashboard console): one query statement, run in a private in-memory database
 whose only readable directory is D/parquet.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,7 @@ def _scan(root: str, table: str, *, hive: bool) -> str:
     # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
     glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
     if hive:
-        return (f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, "
-                "hive_types = {'run': VARCHAR})")
+        return f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, hive_types = {{'run': VARCHAR}})"
     return f"read_parquet({glob}, hive_partitioning = false, union_by_name = true)"
 
 
@@ -210,8 +210,9 @@ def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000,
-                       timeout_s: float | None = QUERY_TIMEOUT_S) -> pa.Table:
+def run_readonly_query(
+    data_dir, sql: str, max_rows: int | None = 10_000, timeout_s: float | None = QUERY_TIMEOUT_S
+) -> pa.Table:
     """Run one user query read-only and return (at most max_rows rows of) its result,
     interrupting it after ``timeout_s`` seconds (None: no limit).
 
@@ -225,8 +226,10 @@ def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000,
         raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
     kind = statements[0].type
     if kind not in _QUERY_TYPES:
-        raise QueryError(f"only queries are allowed here (SELECT, WITH, FROM, DESCRIBE, SHOW, "
-                         f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement")
+        raise QueryError(
+            f"only queries are allowed here (SELECT, WITH, FROM, DESCRIBE, SHOW, "
+            f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement"
+        )
 
     def attempt() -> pa.Table:
         # Creating the views lists the segments too, so it is retried with the query.
@@ -246,8 +249,10 @@ def run_readonly_query(data_dir, sql: str, max_rows: int | None = 10_000,
     try:
         return with_segment_retry(attempt)
     except duckdb.InterruptException:
-        raise QueryError(f"query stopped after the {timeout_s:g} s time limit; "
-                         "narrow it (WHERE run_id = ..., LIMIT) and run it again") from None
+        raise QueryError(
+            f"query stopped after the {timeout_s:g} s time limit; "
+            "narrow it (WHERE run_id = ..., LIMIT) and run it again"
+        ) from None
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from None
 

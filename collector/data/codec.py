@@ -8,6 +8,7 @@ collector, and importers writing a data dir directly, both use them), raising
 ``CodecError`` naming the envelope's seq. ``REJECTED_SEQ_KEY`` is the trailing
 metadata key in which the collector names an envelope it refused.
 """
+
 from __future__ import annotations
 
 import time
@@ -122,9 +123,15 @@ def _timestamp(ns: int) -> pa.Array:
 
 
 def _one_row(schema: pa.Schema, **values) -> pa.Table:
-    return pa.table({name: pa.array([values[name]], schema.field(name).type)
-                     if not isinstance(values[name], pa.Array) else values[name]
-                     for name in schema.names}, schema=schema)
+    return pa.table(
+        {
+            name: pa.array([values[name]], schema.field(name).type)
+            if not isinstance(values[name], pa.Array)
+            else values[name]
+            for name in schema.names
+        },
+        schema=schema,
+    )
 
 
 def envelope_rows(env: pb.Envelope) -> list[Rows]:
@@ -142,12 +149,26 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
             if h.world_size < 1 or not 0 <= h.rank < h.world_size:
                 raise CodecError(f"hello: rank {h.rank} is not in [0, world_size={h.world_size})")
             started = _timestamp(h.started_at_ns)
-            run = _one_row(RUNS_SCHEMA, run_id=h.run_id, name=h.run_name or h.run_id,
-                           world_size=h.world_size, started_at=started, source=h.source or None,
-                           linked_run_id=h.linked_run_id or None, config=h.config_json or None)
-            rank = _one_row(RANKS_SCHEMA, run_id=h.run_id, rank=h.rank, host=h.host or None,
-                            pid=h.pid, clock_offset_ns=h.clock_offset_ns, client_id=env.client_id,
-                            started_at=started)
+            run = _one_row(
+                RUNS_SCHEMA,
+                run_id=h.run_id,
+                name=h.run_name or h.run_id,
+                world_size=h.world_size,
+                started_at=started,
+                source=h.source or None,
+                linked_run_id=h.linked_run_id or None,
+                config=h.config_json or None,
+            )
+            rank = _one_row(
+                RANKS_SCHEMA,
+                run_id=h.run_id,
+                rank=h.rank,
+                host=h.host or None,
+                pid=h.pid,
+                clock_offset_ns=h.clock_offset_ns,
+                client_id=env.client_id,
+                started_at=started,
+            )
             return [("runs", h.run_id, run), ("ranks", h.run_id, rank)]
         if body == "end":
             e = env.end
@@ -156,8 +177,14 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
                 raise CodecError(f"run end: rank {e.rank} is negative")
             if e.status not in RUN_END_STATUSES:
                 raise CodecError(f"run end: status {e.status!r} is not one of {', '.join(RUN_END_STATUSES)}")
-            end = _one_row(RANK_ENDS_SCHEMA, run_id=e.run_id, rank=e.rank, status=e.status,
-                           ended_at=_timestamp(e.ended_at_ns), dropped_records=e.dropped_records)
+            end = _one_row(
+                RANK_ENDS_SCHEMA,
+                run_id=e.run_id,
+                rank=e.rank,
+                status=e.status,
+                ended_at=_timestamp(e.ended_at_ns),
+                dropped_records=e.dropped_records,
+            )
             return [("rank_ends", e.run_id, end)]
     except CodecError as exc:
         raise CodecError(f"envelope seq {seq}: {exc}") from None
@@ -168,8 +195,10 @@ def check_header(env: pb.Envelope) -> None:
     """The envelope's schema version, client id and seq; SchemaVersionError / CodecError."""
     seq = env.seq
     if env.schema_version != SCHEMA_VERSION:
-        raise SchemaVersionError(f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
-                                 f"this collector speaks schema_version {SCHEMA_VERSION}")
+        raise SchemaVersionError(
+            f"envelope seq {seq}: schema_version {env.schema_version} is not supported; "
+            f"this collector speaks schema_version {SCHEMA_VERSION}"
+        )
     if not env.client_id or len(env.client_id) > MAX_CLIENT_ID_CHARS:
         raise CodecError(f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters")
     if seq == 0:

@@ -65,18 +65,26 @@ _building_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("rank
 _INVALID = object()  # what _coerce returns for a value that does not fit the type
 
 
-def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, ge=None, gt=None,
-            le=None, lt=None, choices=None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    choices=None,
+) -> Any:
     """A dataclass field with a range: ``ge``/``gt``/``le``/``lt`` for numbers, ``choices`` for any value."""
     meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("choices", choices)) if v is not None}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
-def derived(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-            repr: bool = True) -> Any:
+def derived(
+    default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, repr: bool = True
+) -> Any:
     """A field the caller supplies (``from_dict(d, name=value)``), never read from the config dict."""
-    return dataclasses.field(default=default, default_factory=default_factory, repr=repr,
-                             metadata={"derived": True})
+    return dataclasses.field(default=default, default_factory=default_factory, repr=repr, metadata={"derived": True})
 
 
 def _describe(tp: Any) -> str:
@@ -157,8 +165,11 @@ def _coerce_other(tp: Any, origin: Any, value: Any) -> Any:
 
 def _nested_block(tp: Any) -> type[ConfigBlock] | None:
     """The ConfigBlock class when ``tp`` is ``Block`` or ``Block | None``, else None."""
-    members = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
-        Union, types.UnionType) else [tp]
+    members = (
+        [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (Union, types.UnionType)
+        else [tp]
+    )
     if len(members) == 1 and isinstance(members[0], type) and issubclass(members[0], ConfigBlock):
         return members[0]
     return None
@@ -191,8 +202,11 @@ class ConfigBlock:
         unknown = sorted(k for k in d if k not in names and k not in cls.ACCEPTED)
         if unknown:
             warn_unknown(key, unknown)
-        missing = [f.name for f in fields if f.name not in d and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in fields
+            if f.name not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise ConfigError(", ".join(_join(key, name) for name in missing) + ": required, not given")
         values = {}
@@ -201,8 +215,10 @@ class ConfigBlock:
             nested = _nested_block(hints.get(f.name))
             # A nested block is built here, under its dotted key; a missing or null one gets its
             # defaults, unless the field's default is no block at all (None).
-            if nested is not None and (isinstance(value, Mapping) or (
-                    (value is None or value is dataclasses.MISSING) and f.default is not None)):
+            if nested is not None and (
+                isinstance(value, Mapping)
+                or ((value is None or value is dataclasses.MISSING) and f.default is not None)
+            ):
                 value = nested.from_dict(value if isinstance(value, Mapping) else None, key=_join(key, f.name))
             if value is not dataclasses.MISSING:
                 values[f.name] = value
@@ -223,14 +239,19 @@ class ConfigBlock:
                 continue
             value = d.pop(old)
             if new in d and d[new] != value:
-                raise ConfigError(f"{_join(key, old)} and {_join(key, new)}: the same setting given twice with "
-                                  f"different values ({value!r} and {d[new]!r}); keep one")
+                raise ConfigError(
+                    f"{_join(key, old)} and {_join(key, new)}: the same setting given twice with "
+                    f"different values ({value!r} and {d[new]!r}); keep one"
+                )
             d[new] = value
         return d
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.init and not f.metadata.get("derived")}
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.init and not f.metadata.get("derived")
+        }
 
     # ---- checking ----
     def __post_init__(self) -> None:
@@ -275,8 +296,12 @@ class ConfigBlock:
             return
         for item in value if isinstance(value, list) else (value,):
             if "choices" in meta and item not in meta["choices"]:
-                self.fail(f.name, "must be one of " + ", ".join(str(c) if isinstance(c, (int, float)) else repr(c)
-                                                                for c in meta["choices"]), given)
+                self.fail(
+                    f.name,
+                    "must be one of "
+                    + ", ".join(str(c) if isinstance(c, (int, float)) else repr(c) for c in meta["choices"]),
+                    given,
+                )
             if not isinstance(item, (int, float)) or isinstance(item, bool):
                 continue
             for op, words in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
@@ -293,14 +318,19 @@ class ConfigBlock:
         return cached
 
 
-_BOUND_CHECKS = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b,
-                 "lt": lambda v, b: v < b}
+_BOUND_CHECKS = {
+    "ge": lambda v, b: v >= b,
+    "gt": lambda v, b: v > b,
+    "le": lambda v, b: v <= b,
+    "lt": lambda v, b: v < b,
+}
 
 
 def warn_unknown(key: str, names: list[str]) -> None:
     """The one unknown-key rule: one warning naming each key by its dotted path."""
-    warnings.warn("ignoring unknown config keys: " + ", ".join(_join(key, n) for n in names), ConfigWarning,
-                  stacklevel=4)
+    warnings.warn(
+        "ignoring unknown config keys: " + ", ".join(_join(key, n) for n in names), ConfigWarning, stacklevel=4
+    )
 
 
 def _join(prefix: str | None, name: str) -> str:

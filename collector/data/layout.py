@@ -17,6 +17,7 @@ placeholder also carries the current schema so ``union_by_name`` fills columns
 that older segments lack with nulls. ``@`` is not allowed in a run_id, so the
 placeholder partition can never collide with a real run, and it holds no rows.
 """
+
 from __future__ import annotations
 
 import hashlib

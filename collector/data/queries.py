@@ -14,6 +14,7 @@ segments), so it is rebuilt exactly when new segments land: segments are
 immutable once renamed into place, which makes the version a complete cache
 key and lets finished runs stay cached while live ones refresh.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,6 +35,7 @@ class DataDirError(Exception):
 
 
 # --- connections -------------------------------------------------------------
+
 
 class Catalog:
     """One data dir's catalog, shared by threads: each query runs on its own cursor
@@ -90,20 +92,25 @@ def _on_rollup(rollup: pa.Table, sql: str, params: list) -> pd.DataFrame:
 
 # --- runs --------------------------------------------------------------------
 
+
 def list_runs(cat: Catalog) -> pd.DataFrame:
     """Every run, newest first, with its duration so far."""
-    return cat.df("""
+    return cat.df(
+        """
         SELECT run_id, name, status, world_size, n_ranks, started_at, ended_at,
                epoch(coalesce(ended_at::TIMESTAMPTZ, now()) - started_at::TIMESTAMPTZ) AS duration_s,
                source, linked_run_id, config
-        FROM runs ORDER BY started_at DESC, run_id""", [])
+        FROM runs ORDER BY started_at DESC, run_id""",
+        [],
+    )
 
 
 def runs_with(data_dir, table: str) -> set[str]:
     """The runs that have at least one committed segment of ``table`` (a directory listing,
     not a scan: cheap on any data dir)."""
-    return {layout.run_of(p) for p in layout.partitions(Path(data_dir), table)
-            if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))}
+    return {
+        layout.run_of(p) for p in layout.partitions(Path(data_dir), table) if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))
+    }
 
 
 class UnknownRun(LookupError):
@@ -113,8 +120,10 @@ class UnknownRun(LookupError):
 def resolve_run(con, run: str) -> str:
     """The run id of ``run``: a run id, or a run name (the newest run of that name).
     ``con`` is a catalog connection or cursor."""
-    rows = con.execute("SELECT run_id FROM runs WHERE run_id = ? OR name = ? "
-                       "ORDER BY (run_id = ?) DESC, started_at DESC", [run, run, run]).fetchall()
+    rows = con.execute(
+        "SELECT run_id FROM runs WHERE run_id = ? OR name = ? ORDER BY (run_id = ?) DESC, started_at DESC",
+        [run, run, run],
+    ).fetchall()
     if not rows:
         raise UnknownRun(f"no run with id or name {run!r}")
     return rows[0][0]
@@ -139,17 +148,23 @@ def data_version(data_dir: str, run_id: str) -> str:
 
 def latest_step(cat: Catalog, run_id: str) -> int | None:
     """The highest step any rank has reported in comm or timers (Parquet min/max stats make it cheap)."""
-    value = cat.df("""
+    value = cat.df(
+        """
         SELECT max(step) AS step FROM (
             SELECT max(step) AS step FROM comm WHERE run_id = ?
-            UNION ALL SELECT max(step) FROM timers WHERE run_id = ?)""", [run_id, run_id]).step.iloc[0]
+            UNION ALL SELECT max(step) FROM timers WHERE run_id = ?)""",
+        [run_id, run_id],
+    ).step.iloc[0]
     return None if pd.isna(value) else int(value)
 
 
 def ranks(cat: Catalog, run_id: str) -> pd.DataFrame:
-    return cat.df("""
+    return cat.df(
+        """
         SELECT rank, host, pid, status, ended_at, dropped_records
-        FROM ranks WHERE run_id = ? ORDER BY rank""", [run_id])
+        FROM ranks WHERE run_id = ? ORDER BY rank""",
+        [run_id],
+    )
 
 
 # --- the comm rollup -----------------------------------------------------------
@@ -208,140 +223,196 @@ def _rollup_query(rollup: pa.Table, flt: CommFilter, select: str) -> pd.DataFram
 
 def comm_dimensions(rollup: pa.Table) -> dict:
     """Ops, groups, ranks and step range present in a run's comm records."""
-    df = _on_rollup(rollup, """
+    df = _on_rollup(
+        rollup,
+        """
         SELECT list(DISTINCT op ORDER BY op) AS ops, list(DISTINCT group_name ORDER BY group_name) AS groups,
                list(DISTINCT rank ORDER BY rank) AS ranks, min(step) AS first_step, max(step) AS last_step
-        FROM r""", [])
+        FROM r""",
+        [],
+    )
     row = df.iloc[0]
-    return {"ops": list(row.ops if row.ops is not None else []), "groups": list(row.groups if row.groups is not None else []),
-            "ranks": [int(x) for x in (row.ranks if row.ranks is not None else [])],
-            "first_step": None if pd.isna(row.first_step) else int(row.first_step),
-            "last_step": None if pd.isna(row.last_step) else int(row.last_step)}
+    return {
+        "ops": list(row.ops if row.ops is not None else []),
+        "groups": list(row.groups if row.groups is not None else []),
+        "ranks": [int(x) for x in (row.ranks if row.ranks is not None else [])],
+        "first_step": None if pd.isna(row.first_step) else int(row.first_step),
+        "last_step": None if pd.isna(row.last_step) else int(row.last_step),
+    }
 
 
 def log_summary(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
     """DeepSpeed's comms log_summary table: op x message size. ``transfer_ms`` is the
     latency less the time spent waiting for the last rank to arrive."""
-    return _rollup_query(rollup, flt, """
+    return _rollup_query(
+        rollup,
+        flt,
+        """
         SELECT op, bytes, sum(n)::BIGINT AS count, sum(dur_ns) / 1e6 AS total_latency_ms,
                sum(dur_ns) / 1e6 / sum(n) AS avg_latency_ms,
                (sum(dur_ns) - sum(wait_sum_ns)) / 1e6 AS transfer_ms,
                sum(algbw_sum) / sum(n) AS algbw_gbs, sum(busbw_sum) / sum(n) AS busbw_gbs
-        FROM r WHERE {where} GROUP BY op, bytes ORDER BY op, bytes""")
+        FROM r WHERE {where} GROUP BY op, bytes ORDER BY op, bytes""",
+    )
 
 
 def bandwidth_by_step(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
-    return _rollup_query(rollup, flt, """
+    return _rollup_query(
+        rollup,
+        flt,
+        """
         SELECT step, op, group_name, sum(algbw_sum) / sum(n) AS algbw_gbs, sum(busbw_sum) / sum(n) AS busbw_gbs
-        FROM r WHERE {where} GROUP BY ALL ORDER BY step, op, group_name""")
+        FROM r WHERE {where} GROUP BY ALL ORDER BY step, op, group_name""",
+    )
 
 
 def bandwidth_by_size(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
-    return _rollup_query(rollup, flt, """
+    return _rollup_query(
+        rollup,
+        flt,
+        """
         SELECT op, bytes, sum(n)::BIGINT AS count, sum(busbw_sum) / sum(n) AS busbw_gbs
-        FROM r WHERE {where} GROUP BY ALL ORDER BY op, bytes""")
+        FROM r WHERE {where} GROUP BY ALL ORDER BY op, bytes""",
+    )
 
 
 def comm_by_rank(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
     """Per rank and op: communication time, bandwidth and time spent waiting for peers."""
-    return _rollup_query(rollup, flt, """
+    return _rollup_query(
+        rollup,
+        flt,
+        """
         SELECT rank, op, sum(n)::BIGINT AS count, sum(dur_ns) / 1e6 AS total_latency_ms,
                sum(wait_sum_ns) / 1e6 AS wait_ms, sum(busbw_sum) / sum(n) AS busbw_gbs
-        FROM r WHERE {where} GROUP BY ALL ORDER BY rank, op""")
+        FROM r WHERE {where} GROUP BY ALL ORDER BY rank, op""",
+    )
 
 
 def delay_heatmap(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
     """Per rank and step: mean arrival delay and mean wait per collective (ms)."""
-    return _rollup_query(rollup, flt, """
+    return _rollup_query(
+        rollup,
+        flt,
+        """
         SELECT rank, step, sum(n)::BIGINT AS count, sum(delay_sum_ns) / sum(n) / 1e6 AS arrival_delay_ms,
                sum(wait_sum_ns) / sum(n) / 1e6 AS wait_ms, sum(n_last)::BIGINT AS n_last
-        FROM r WHERE {where} GROUP BY ALL ORDER BY rank, step""")
+        FROM r WHERE {where} GROUP BY ALL ORDER BY rank, step""",
+    )
 
 
 def last_arrivals(rollup: pa.Table, flt: CommFilter) -> pd.DataFrame:
     """Per op and rank: how often the rank arrived last, and by how much (mean, ms).
 
     ``share`` is over the op's collective instances (each has exactly one last rank)."""
-    return _rollup_query(rollup, flt, """
+    return _rollup_query(
+        rollup,
+        flt,
+        """
         WITH per AS (
             SELECT op, rank, sum(n_last)::BIGINT AS n_last, sum(last_delay_sum_ns) AS last_delay_ns
             FROM r WHERE {where} GROUP BY op, rank)
         SELECT op, rank, n_last, n_last / sum(n_last) OVER (PARTITION BY op) AS share,
                CASE WHEN n_last > 0 THEN last_delay_ns / n_last / 1e6 END AS mean_lead_ms
-        FROM per ORDER BY op, rank""")
+        FROM per ORDER BY op, rank""",
+    )
 
 
 def instances_at(cat: Catalog, run_id: str, step: int, rank: int) -> pd.DataFrame:
     """The collective instances behind one heatmap cell (rank, step), with this rank's
     arrival delay and wait and the instance's last rank. Filters on step before grouping
     into instances: all ranks of an instance share its step."""
-    return cat.df(f"""
+    return cat.df(
+        f"""
         WITH c AS (
             SELECT group_name, seq, op, bytes, rank, start_ns FROM comm WHERE run_id = ? AND step = ?),
         inst AS ({instances_sql("c")})
         SELECT c.group_name, c.seq, c.op, c.bytes, (c.start_ns - i.first_ns) / 1e6 AS arrival_delay_ms,
                (i.last_ns - c.start_ns) / 1e6 AS wait_ms, i.last_rank
         FROM c JOIN inst i ON {join_condition("c", "i")}
-        WHERE c.rank = ? ORDER BY c.group_name, c.seq""", [run_id, int(step), int(rank)])
+        WHERE c.rank = ? ORDER BY c.group_name, c.seq""",
+        [run_id, int(step), int(rank)],
+    )
 
 
 # --- per-step tables -----------------------------------------------------------
 
+
 def step_times(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank, step and timer: duration (ms). Timer names are whatever the engine sent."""
-    return cat.df("""
+    return cat.df(
+        """
         SELECT rank, step, name, sum(dur_ns) / 1e6 AS dur_ms
-        FROM timers WHERE run_id = ? GROUP BY ALL ORDER BY rank, step, name""", [run_id])
+        FROM timers WHERE run_id = ? GROUP BY ALL ORDER BY rank, step, name""",
+        [run_id],
+    )
 
 
 def step_wall_ms(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank: total wall time of the timed steps (first timer start to last timer end)."""
-    return cat.df("""
+    return cat.df(
+        """
         WITH per_step AS (
             SELECT rank, step, max(start_ns + dur_ns) - min(start_ns) AS wall_ns
             FROM timers WHERE run_id = ? GROUP BY rank, step)
         SELECT rank, sum(wall_ns) / 1e6 AS wall_ms, count(*) AS steps FROM per_step GROUP BY rank ORDER BY rank""",
-               [run_id])
+        [run_id],
+    )
 
 
 def monitor_series(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Every monitor tag per step (mean over ranks), with samples and time for throughput."""
-    return cat.df("""
+    return cat.df(
+        """
         SELECT tag, step, avg(value) AS value, max(samples) AS samples, max(time_ns) AS time_ns
-        FROM monitor WHERE run_id = ? GROUP BY tag, step ORDER BY tag, step""", [run_id])
+        FROM monitor WHERE run_id = ? GROUP BY tag, step ORDER BY tag, step""",
+        [run_id],
+    )
 
 
 def loss_scale(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Loss scale per step; a step overflowed if any rank said so."""
-    return cat.df("""
+    return cat.df(
+        """
         SELECT step, min(scale) AS scale, bool_or(overflow) AS overflow,
                any_value(bad_params) FILTER (WHERE overflow) AS bad_params
-        FROM loss_scale WHERE run_id = ? GROUP BY step ORDER BY step""", [run_id])
+        FROM loss_scale WHERE run_id = ? GROUP BY step ORDER BY step""",
+        [run_id],
+    )
 
 
 def flops_profile(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Every rank's module tree from the latest profiled step."""
-    return cat.df("""
+    return cat.df(
+        """
         SELECT rank, step, module, parent, depth, module_type, params, macs, flops, latency_ns, bwd_latency_ns
         FROM flops WHERE run_id = ?
         QUALIFY step = max(step) OVER ()
-        ORDER BY rank, depth, module""", [run_id])
+        ORDER BY rank, depth, module""",
+        [run_id],
+    )
 
 
 def memory_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
-    return cat.df("""
+    return cat.df(
+        """
         SELECT rank, step, kind, max(bytes) AS bytes
-        FROM memory WHERE run_id = ? GROUP BY ALL ORDER BY rank, kind, step""", [run_id])
+        FROM memory WHERE run_id = ? GROUP BY ALL ORDER BY rank, kind, step""",
+        [run_id],
+    )
 
 
 def moe_load(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Tokens routed to and dropped by each expert per step, summed over ranks."""
-    return cat.df("""
+    return cat.df(
+        """
         SELECT layer, expert, step, sum(tokens) AS tokens, sum(dropped) AS dropped, max(capacity) AS capacity
-        FROM moe WHERE run_id = ? GROUP BY ALL ORDER BY layer, expert, step""", [run_id])
+        FROM moe WHERE run_id = ? GROUP BY ALL ORDER BY layer, expert, step""",
+        [run_id],
+    )
 
 
 # --- SQL console ---------------------------------------------------------------
+
 
 def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
     """User SQL through the read-only guard; raises catalog.QueryError."""

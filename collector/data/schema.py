@@ -7,6 +7,7 @@ Every per-rank table also has ``run_id`` (the Hive partition ``run=``) and
 Add columns freely (at the end, nullable); never rename one: dashboards, user
 SQL and archived runs depend on the names.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,48 +36,95 @@ class Table:
 
 
 def _table(name: str, *cols: tuple[str, str]) -> Table:
-    return Table(name, (("step", I64),) + cols)
+    return Table(name, (("step", I64), *cols))
 
 
-TABLES: dict[str, Table] = {t.name: t for t in (
-    _table(
-        "comm",
-        ("group_name", STR), ("group_size", I64), ("seq", I64), ("op", STR), ("log_name", STR),
-        ("dtype", STR), ("numel", I64), ("bytes", I64), ("start_ns", I64), ("end_ns", I64),
-        ("async_op", BOOL), ("algbw_gbs", F64), ("busbw_gbs", F64), ("peer", I64),
-    ),
-    _table("timers", ("name", STR), ("start_ns", I64), ("dur_ns", I64)),
-    _table("monitor", ("tag", STR), ("value", F64), ("samples", I64), ("time_ns", I64)),
-    _table(
-        "loss_scale",
-        ("scale_before", F64), ("scale", F64), ("overflow", BOOL), ("hysteresis_left", I64),
-        ("bad_params", STR), ("first_rank", I64), ("time_ns", I64),
-    ),
-    _table(
-        "flops",
-        ("module", STR), ("parent", STR), ("depth", I64), ("module_type", STR), ("params", I64),
-        ("macs", I64), ("flops", I64), ("latency_ns", I64), ("bwd_latency_ns", I64),
-    ),
-    _table("memory", ("kind", STR), ("bytes", I64), ("time_ns", I64)),
-    _table(
-        "moe",
-        ("layer", I64), ("expert", I64), ("tokens", I64), ("dropped", I64), ("capacity", I64),
-        ("aux_loss", F64),
-    ),
-)}
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        _table(
+            "comm",
+            ("group_name", STR),
+            ("group_size", I64),
+            ("seq", I64),
+            ("op", STR),
+            ("log_name", STR),
+            ("dtype", STR),
+            ("numel", I64),
+            ("bytes", I64),
+            ("start_ns", I64),
+            ("end_ns", I64),
+            ("async_op", BOOL),
+            ("algbw_gbs", F64),
+            ("busbw_gbs", F64),
+            ("peer", I64),
+        ),
+        _table("timers", ("name", STR), ("start_ns", I64), ("dur_ns", I64)),
+        _table("monitor", ("tag", STR), ("value", F64), ("samples", I64), ("time_ns", I64)),
+        _table(
+            "loss_scale",
+            ("scale_before", F64),
+            ("scale", F64),
+            ("overflow", BOOL),
+            ("hysteresis_left", I64),
+            ("bad_params", STR),
+            ("first_rank", I64),
+            ("time_ns", I64),
+        ),
+        _table(
+            "flops",
+            ("module", STR),
+            ("parent", STR),
+            ("depth", I64),
+            ("module_type", STR),
+            ("params", I64),
+            ("macs", I64),
+            ("flops", I64),
+            ("latency_ns", I64),
+            ("bwd_latency_ns", I64),
+        ),
+        _table("memory", ("kind", STR), ("bytes", I64), ("time_ns", I64)),
+        _table(
+            "moe",
+            ("layer", I64),
+            ("expert", I64),
+            ("tokens", I64),
+            ("dropped", I64),
+            ("capacity", I64),
+            ("aux_loss", F64),
+        ),
+    )
+}
 
 # Tables the collector writes itself from Hello / RunEnd messages.
-RUNS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("name", pa.string()), ("world_size", pa.int64()),
-    ("started_at", pa.timestamp("ns", tz="UTC")), ("source", pa.string()),
-    ("linked_run_id", pa.string()), ("config", pa.string()),
-])
-RANKS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("rank", pa.int64()), ("host", pa.string()), ("pid", pa.int64()),
-    ("clock_offset_ns", pa.int64()), ("client_id", pa.string()),
-    ("started_at", pa.timestamp("ns", tz="UTC")),
-])
-RANK_ENDS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("rank", pa.int64()), ("status", pa.string()),
-    ("ended_at", pa.timestamp("ns", tz="UTC")), ("dropped_records", pa.int64()),
-])
+RUNS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("name", pa.string()),
+        ("world_size", pa.int64()),
+        ("started_at", pa.timestamp("ns", tz="UTC")),
+        ("source", pa.string()),
+        ("linked_run_id", pa.string()),
+        ("config", pa.string()),
+    ]
+)
+RANKS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int64()),
+        ("host", pa.string()),
+        ("pid", pa.int64()),
+        ("clock_offset_ns", pa.int64()),
+        ("client_id", pa.string()),
+        ("started_at", pa.timestamp("ns", tz="UTC")),
+    ]
+)
+RANK_ENDS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int64()),
+        ("status", pa.string()),
+        ("ended_at", pa.timestamp("ns", tz="UTC")),
+        ("dropped_records", pa.int64()),
+    ]
+)

@@ -19,6 +19,7 @@ a plaintext client gets nothing but a failed handshake (UNAVAILABLE).
 Everything that opens a channel to a collector goes through ``open_channel``,
 so token and TLS handling live in one place.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -40,6 +41,7 @@ class SecurityConfigError(ValueError):
 
 # -- tokens ------------------------------------------------------------------------
 
+
 def resolve_token(token: str | None = None) -> str | None:
     """The argument, else ``$RANKSCOPE_TOKEN``, else None (empty strings count as unset)."""
     return token or os.environ.get(TOKEN_ENV) or None
@@ -50,8 +52,10 @@ def check_token(token: str | None) -> str | None:
     if token is None:
         return None
     if not token.isascii() or not token.isprintable() or " " in token:
-        raise SecurityConfigError("token must be printable ASCII without spaces "
-                                  "(e.g. python -c 'import secrets; print(secrets.token_urlsafe())')")
+        raise SecurityConfigError(
+            "token must be printable ASCII without spaces "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
     return token
 
 
@@ -61,6 +65,7 @@ def auth_metadata(token: str | None) -> list[tuple[str, str]] | None:
 
 
 # -- bind policy ------------------------------------------------------------------
+
 
 def is_loopback(host: str) -> bool:
     host = host.strip().strip("[]")
@@ -81,19 +86,25 @@ def check_bind(host: str, *, token: str | None, tls: bool, insecure: bool = Fals
         raise SecurityConfigError(
             f"refusing to listen on {host} without a token: anyone who can reach it could write into "
             f"the data dir. Pass --token (or set {TOKEN_ENV}), ideally with --tls-cert/--tls-key, "
-            "or --insecure to run open on purpose")
+            "or --insecure to run open on purpose"
+        )
     warnings = []
     if token is None:
-        warnings.append(f"WARNING: listening on {host} with no token (--insecure): anyone who can reach "
-                        "this port can send telemetry into the data dir")
+        warnings.append(
+            f"WARNING: listening on {host} with no token (--insecure): anyone who can reach "
+            "this port can send telemetry into the data dir"
+        )
     if not tls:
-        warnings.append(f"WARNING: listening on {host} without TLS: "
-                        + ("the bearer token and " if token else "")
-                        + "all telemetry cross the network in clear text (add --tls-cert/--tls-key)")
+        warnings.append(
+            f"WARNING: listening on {host} without TLS: "
+            + ("the bearer token and " if token else "")
+            + "all telemetry cross the network in clear text (add --tls-cert/--tls-key)"
+        )
     return warnings
 
 
 # -- TLS --------------------------------------------------------------------------
+
 
 def _read_pem(path, what: str) -> bytes:
     try:
@@ -108,11 +119,12 @@ def _read_pem(path, what: str) -> bytes:
 @dataclass(frozen=True, kw_only=True)
 class ServerTLS:
     """The collector's certificate chain and private key (PEM files)."""
+
     cert: Path
     key: Path
 
     @classmethod
-    def from_args(cls, cert, key) -> "ServerTLS | None":
+    def from_args(cls, cert, key) -> ServerTLS | None:
         if not cert and not key:
             return None
         if not (cert and key):
@@ -134,12 +146,12 @@ def resolve_tls_ca(tls_ca=None) -> str | None:
 
 
 def channel_options(extra: Sequence[tuple[str, object]] = ()) -> list[tuple[str, object]]:
-    return [("grpc.max_send_message_length", 64 << 20),
-            ("grpc.max_receive_message_length", 64 << 20), *extra]
+    return [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20), *extra]
 
 
-def open_channel(endpoint: str, *, tls_ca=None, options: Sequence[tuple[str, object]] | None = None,
-                 server_name: str | None = None) -> grpc.Channel:
+def open_channel(
+    endpoint: str, *, tls_ca=None, options: Sequence[tuple[str, object]] | None = None, server_name: str | None = None
+) -> grpc.Channel:
     """A channel to ``endpoint``: TLS verified against the CA file ``tls_ca`` when
     given (``server_name`` overrides the name checked in the certificate), else
     plaintext. Raises SecurityConfigError for an unreadable CA file."""

@@ -22,6 +22,7 @@ slowly while spooling, since only an operator can fix them.
 Nothing here raises into the caller: ``submit`` and ``close`` are safe from any
 thread, and a failing collector costs the training thread nothing.
 """
+
 from __future__ import annotations
 
 import collections
@@ -46,8 +47,12 @@ from proto import SCHEMA_VERSION, pb, pb_grpc
 
 log = logging.getLogger("rankscope.client")
 
-_OPERATOR_ERRORS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
-                    grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+_OPERATOR_ERRORS = (
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
 _CLOSE_STREAM = object()
 
 
@@ -223,8 +228,12 @@ class Client:
             if self._unacked:
                 self._spool_unacked()
         if self._spooled:
-            log.warning("rankscope: collector at %s did not acknowledge %d envelope(s); they are spooled in %s",
-                        self.cfg.endpoint, len(self._spooled_seq), self.cfg.spool_dir)
+            log.warning(
+                "rankscope: collector at %s did not acknowledge %d envelope(s); they are spooled in %s",
+                self.cfg.endpoint,
+                len(self._spooled_seq),
+                self.cfg.spool_dir,
+            )
         if self._channel is not None:
             self._channel.close()
 
@@ -248,7 +257,7 @@ class Client:
             cols = {k: [v for c, _ in parts for v in c[k]] for k in keys}
             total = sum(r for _, r in parts)
             for lo in range(0, total, self.cfg.batch_rows):
-                piece = {k: v[lo:lo + self.cfg.batch_rows] for k, v in cols.items()}
+                piece = {k: v[lo : lo + self.cfg.batch_rows] for k, v in cols.items()}
                 n = min(self.cfg.batch_rows, total - lo)
                 batch = self._encode_batch(table, piece, n)
                 if batch is not None:
@@ -312,8 +321,13 @@ class Client:
             if self._channel is None:
                 self._channel = security.open_channel(self.cfg.endpoint, tls_ca=self.cfg.tls_ca)
             metadata = security.auth_metadata(self.cfg.token)
-            stream = _Stream(pb_grpc.CollectorStub(self._channel), metadata, on_ack=self._on_ack,
-                             envelopes_of=self._spooled_envelopes, on_dead=self._wake.set)
+            stream = _Stream(
+                pb_grpc.CollectorStub(self._channel),
+                metadata,
+                on_ack=self._on_ack,
+                envelopes_of=self._spooled_envelopes,
+                on_dead=self._wake.set,
+            )
         except Exception as e:
             self._on_stream_error(e)
             return
@@ -344,14 +358,24 @@ class Client:
             if code not in self._operator_error_logged:
                 self._operator_error_logged.add(code)
                 detail = err.details() if hasattr(err, "details") else str(err)
-                log.error("rankscope: collector at %s refused this client (%s: %s); records are spooled to %s "
-                          "and retried every %.0f s", self.cfg.endpoint, code.name, detail, self.cfg.spool_dir,
-                          self.cfg.operator_error_retry_s)
+                log.error(
+                    "rankscope: collector at %s refused this client (%s: %s); records are spooled to %s "
+                    "and retried every %.0f s",
+                    self.cfg.endpoint,
+                    code.name,
+                    detail,
+                    self.cfg.spool_dir,
+                    self.cfg.operator_error_retry_s,
+                )
             self._next_connect = now + self.cfg.operator_error_retry_s
             return
         if self._connected_at is None and self._backoff <= self.cfg.backoff_initial_s:
-            log.info("rankscope: collector at %s unreachable (%s); retrying with backoff, spooling to %s",
-                     self.cfg.endpoint, code.name if code else err, self.cfg.spool_dir)
+            log.info(
+                "rankscope: collector at %s unreachable (%s); retrying with backoff, spooling to %s",
+                self.cfg.endpoint,
+                code.name if code else err,
+                self.cfg.spool_dir,
+            )
         self._connected_at = None
         self._next_connect = now + self._backoff * random.uniform(0.8, 1.2)
         self._backoff = min(self._backoff * 2, self.cfg.backoff_max_s)
@@ -388,8 +412,13 @@ class Client:
             if not self._orphans_started:
                 # The collector is reachable: deliver what dead processes on this host left behind.
                 self._orphans_started = True
-                threading.Thread(target=resend_spooled, args=(self.cfg.spool_dir, self.cfg.endpoint, self.cfg.token),
-                                 kwargs={"tls_ca": self.cfg.tls_ca}, name="rankscope-orphans", daemon=True).start()
+                threading.Thread(
+                    target=resend_spooled,
+                    args=(self.cfg.spool_dir, self.cfg.endpoint, self.cfg.token),
+                    kwargs={"tls_ca": self.cfg.tls_ca},
+                    name="rankscope-orphans",
+                    daemon=True,
+                ).start()
         if self._stopping.is_set():
             self._wake.set()
 
@@ -399,8 +428,9 @@ class Client:
         try:
             path = spool.write(self.cfg.spool_dir, self.client_id, envs, self.cfg.endpoint)
         except OSError as e:
-            log.error("rankscope: cannot spool to %s (%s); keeping %d envelope(s) in memory",
-                      self.cfg.spool_dir, e, len(envs))
+            log.error(
+                "rankscope: cannot spool to %s (%s); keeping %d envelope(s) in memory", self.cfg.spool_dir, e, len(envs)
+            )
             return
         seqs = set()
         for seq, (_, _, rows) in self._unacked.items():
@@ -445,8 +475,9 @@ def _rejected_seq(err) -> int | None:
     return None
 
 
-def resend_spooled(directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0,
-                   tls_ca: str | None = None) -> tuple[int, int]:
+def resend_spooled(
+    directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0, tls_ca: str | None = None
+) -> tuple[int, int]:
     """Stream the orphaned spool files meant for ``endpoint`` (writers on this host
     that are gone) to it, one writer (client_id) per stream so acks are
     unambiguous, deleting each file once all its envelopes are acked. Each file is
@@ -493,8 +524,11 @@ def resend_spooled(directory: Path, endpoint: str, token: str | None = None, tim
                     if need <= acked:
                         break
             except grpc.RpcError as e:
-                log.warning("rankscope: resending spool of %s stopped: %s", client_id,
-                            e.details() if hasattr(e, "details") else e)
+                log.warning(
+                    "rankscope: resending spool of %s stopped: %s",
+                    client_id,
+                    e.details() if hasattr(e, "details") else e,
+                )
             finally:
                 call.cancel()
             for path, seqs in per_file.items():
@@ -513,6 +547,12 @@ def resend_spooled(directory: Path, endpoint: str, token: str | None = None, tim
                     elif body in ("hello", "end"):
                         runs.add(getattr(env, body).run_id)
     if delivered:
-        log.warning("rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
-                    "to the collector at %s", records, ", ".join(sorted(runs)) or "?", directory, endpoint)
+        log.warning(
+            "rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
+            "to the collector at %s",
+            records,
+            ", ".join(sorted(runs)) or "?",
+            directory,
+            endpoint,
+        )
     return delivered, left

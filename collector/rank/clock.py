@@ -10,6 +10,7 @@ hosts, ``estimate_offsets`` runs a few rounds of barrier + all_gather(time_ns)
 and takes the per-rank median of (my time - rank 0's time); after a barrier
 all ranks leave within roughly one network latency, which bounds the error.
 """
+
 from __future__ import annotations
 
 import socket

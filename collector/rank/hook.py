@@ -65,9 +65,11 @@ def _ddp_forward(forward):
                 try:
                     _ORIGINAL_REGISTER(self, self.process_group, ddp_comm_hook)
                 except Exception as exc:  # e.g. a hook registered through a path we do not see: leave DDP as is
-                    log.warning("rankscope: DDP's bucket all_reduces go unrecorded; registering the comm hook "
-                                "failed: %s", exc)
+                    log.warning(
+                        "rankscope: DDP's bucket all_reduces go unrecorded; registering the comm hook failed: %s", exc
+                    )
         return forward(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -79,11 +81,17 @@ def _ddp_register_comm_hook(register):
     def wrapper(self, *args, **kwargs):
         self._rankscope_user_hook = True
         return register(self, *args, **kwargs)
+
     return wrapper
 
 
-def attach(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None,
-           tls_ca: str | None = None):
+def attach(
+    run: str | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
+    config=None,
+    tls_ca: str | None = None,
+):
     """Patch torch.distributed and start the telemetry session (idempotent).
     Returns the session (None if the config disables telemetry)."""
     if not _originals:
@@ -92,8 +100,11 @@ def attach(run: str | None = None, endpoint: str | None = None, token: str | Non
         _patch(dist, "init_process_group", ops.init_process_group)
         _patch(dist, "destroy_process_group", ops.destroy_process_group)
         _patch(DistributedDataParallel, "forward", _ddp_forward(DistributedDataParallel.forward))
-        _patch(DistributedDataParallel, "register_comm_hook",
-               _ddp_register_comm_hook(DistributedDataParallel.register_comm_hook))
+        _patch(
+            DistributedDataParallel,
+            "register_comm_hook",
+            _ddp_register_comm_hook(DistributedDataParallel.register_comm_hook),
+        )
         for name in ("_register_builtin_comm_hook", "_register_fused_optim"):
             if hasattr(DistributedDataParallel, name):
                 _patch(DistributedDataParallel, name, _ddp_register_comm_hook(getattr(DistributedDataParallel, name)))
@@ -113,8 +124,13 @@ def is_attached() -> bool:
 
 
 @contextlib.contextmanager
-def attached(run: str | None = None, endpoint: str | None = None, token: str | None = None, config=None,
-             tls_ca: str | None = None):
+def attached(
+    run: str | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
+    config=None,
+    tls_ca: str | None = None,
+):
     active = attach(run=run, endpoint=endpoint, token=token, config=config, tls_ca=tls_ca)
     try:
         yield active
@@ -138,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help="run name (default: RANKSCOPE_RUN, else the script's name)")
     parser.add_argument("--endpoint", help="collector host:port (default: RANKSCOPE_ENDPOINT or 127.0.0.1:50051)")
     parser.add_argument("--token", help="bearer token (default: RANKSCOPE_TOKEN)")
-    parser.add_argument("--tls-ca", help="CA file to verify the collector's TLS certificate (default: RANKSCOPE_TLS_CA)")
+    parser.add_argument(
+        "--tls-ca", help="CA file to verify the collector's TLS certificate (default: RANKSCOPE_TLS_CA)"
+    )
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     opts = parser.parse_args(argv)

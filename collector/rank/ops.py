@@ -57,32 +57,43 @@ class OpSpec:
 
 
 _SUM_INPUTS = "sum(t.numel() for t in {})"
-SPECS = {s.name: s for s in (
-    OpSpec("all_reduce", "tensor"),
-    OpSpec("all_reduce_coalesced", "tensors[0]", _SUM_INPUTS.format("tensors"), skip_if="not tensors"),
-    OpSpec("all_gather", "tensor", scale="len(tensor_list)"),
-    OpSpec("all_gather_into_tensor", "input_tensor", "output_tensor.numel()"),
-    # torch 2.13's *_single spellings are the same ops as the long-standing names: rows keep
-    # the long names, so queries and dashboards read the same across torch versions
-    OpSpec("all_gather_single", "input_tensor", "output_tensor.numel()", record_as="all_gather_into_tensor"),
-    OpSpec("all_gather_coalesced", "input_tensor_list[0]",
-           "sum(t.numel() for out in output_tensor_lists for t in out)", skip_if="not input_tensor_list"),
-    OpSpec("reduce_scatter", "output", _SUM_INPUTS.format("input_list")),
-    OpSpec("reduce_scatter_tensor", "input"),
-    OpSpec("reduce_scatter_single", "input", record_as="reduce_scatter_tensor"),
-    OpSpec("all_to_all", "input_tensor_list[0]", _SUM_INPUTS.format("input_tensor_list"),
-           skip_if="not input_tensor_list"),
-    OpSpec("all_to_all_single", "input"),
-    OpSpec("broadcast", "tensor"),
-    OpSpec("reduce", "tensor"),
-    OpSpec("gather", "tensor", scale="GROUP_SIZE"),
-    OpSpec("scatter", "tensor", scale="GROUP_SIZE"),
-    OpSpec("barrier", None, "0"),
-    OpSpec("send", "tensor", kind="send", peer="global_peer(group, dst, group_dst)"),
-    OpSpec("recv", "tensor", kind="recv"),
-    OpSpec("isend", "tensor", kind="isend", peer="global_peer(group, dst, group_dst)"),
-    OpSpec("irecv", "tensor", kind="irecv", peer="global_peer(group, src, group_src)"),
-)}
+SPECS = {
+    s.name: s
+    for s in (
+        OpSpec("all_reduce", "tensor"),
+        OpSpec("all_reduce_coalesced", "tensors[0]", _SUM_INPUTS.format("tensors"), skip_if="not tensors"),
+        OpSpec("all_gather", "tensor", scale="len(tensor_list)"),
+        OpSpec("all_gather_into_tensor", "input_tensor", "output_tensor.numel()"),
+        # torch 2.13's *_single spellings are the same ops as the long-standing names: rows keep
+        # the long names, so queries and dashboards read the same across torch versions
+        OpSpec("all_gather_single", "input_tensor", "output_tensor.numel()", record_as="all_gather_into_tensor"),
+        OpSpec(
+            "all_gather_coalesced",
+            "input_tensor_list[0]",
+            "sum(t.numel() for out in output_tensor_lists for t in out)",
+            skip_if="not input_tensor_list",
+        ),
+        OpSpec("reduce_scatter", "output", _SUM_INPUTS.format("input_list")),
+        OpSpec("reduce_scatter_tensor", "input"),
+        OpSpec("reduce_scatter_single", "input", record_as="reduce_scatter_tensor"),
+        OpSpec(
+            "all_to_all",
+            "input_tensor_list[0]",
+            _SUM_INPUTS.format("input_tensor_list"),
+            skip_if="not input_tensor_list",
+        ),
+        OpSpec("all_to_all_single", "input"),
+        OpSpec("broadcast", "tensor"),
+        OpSpec("reduce", "tensor"),
+        OpSpec("gather", "tensor", scale="GROUP_SIZE"),
+        OpSpec("scatter", "tensor", scale="GROUP_SIZE"),
+        OpSpec("barrier", None, "0"),
+        OpSpec("send", "tensor", kind="send", peer="global_peer(group, dst, group_dst)"),
+        OpSpec("recv", "tensor", kind="recv"),
+        OpSpec("isend", "tensor", kind="isend", peer="global_peer(group, dst, group_dst)"),
+        OpSpec("irecv", "tensor", kind="irecv", peer="global_peer(group, src, group_src)"),
+    )
+}
 
 
 def global_peer(group, peer, group_peer) -> int:
@@ -105,8 +116,9 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
             params.append(f"{p.name}=_default_{p.name}")
         call.append(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name)
     if any(p.kind is p.KEYWORD_ONLY for p in inspect.signature(real).parameters.values()):
-        first_kw = next(i for i, p in enumerate(inspect.signature(real).parameters.values())
-                        if p.kind is p.KEYWORD_ONLY)
+        first_kw = next(
+            i for i, p in enumerate(inspect.signature(real).parameters.values()) if p.kind is p.KEYWORD_ONLY
+        )
         params.insert(first_kw, "*")
     args = ", ".join(call)
     tensor = spec.tensor
@@ -114,26 +126,36 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
     dtype = f"{tensor}.dtype" if tensor else "torch.uint8"
     span = f"cuda_start({tensor})" if tensor else "None"
     skip = f" or {spec.skip_if}" if spec.skip_if else ""
-    head = (f"def {spec.name}({', '.join(params)}, log_name=None):\n"
-            f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
-            f"        return _real({args})\n")
+    head = (
+        f"def {spec.name}({', '.join(params)}, log_name=None):\n"
+        f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
+        f"        return _real({args})\n"
+    )
     facts = f"{dtype}, {numel}, {spec.scale}"
     if spec.kind == "collective":
-        body = (f"    span = {span}\n    t0 = perf_ns()\n    work = _real({args})\n"
-                f"    return REC.record({spec.op!r}, log_name, group, t0, work if async_op else None, span, "
-                f"{facts})\n")
+        body = (
+            f"    span = {span}\n    t0 = perf_ns()\n    work = _real({args})\n"
+            f"    return REC.record({spec.op!r}, log_name, group, t0, work if async_op else None, span, "
+            f"{facts})\n"
+        )
     elif spec.kind == "send":
-        body = (f"    span = {span}\n    t0 = perf_ns()\n    _real({args})\n"
-                f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, {spec.peer})\n")
+        body = (
+            f"    span = {span}\n    t0 = perf_ns()\n    _real({args})\n"
+            f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, {spec.peer})\n"
+        )
     elif spec.kind == "recv":
-        body = (f"    span = {span}\n    t0 = perf_ns()\n    sender = _real({args})\n"
-                f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, sender, True)\n"
-                f"    return sender\n")
+        body = (
+            f"    span = {span}\n    t0 = perf_ns()\n    sender = _real({args})\n"
+            f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, sender, True)\n"
+            f"    return sender\n"
+        )
     else:  # isend / irecv: always async, no CUDA events (the future stamps the end)
         from_src = spec.kind == "irecv"
-        body = (f"    t0 = perf_ns()\n    work = _real({args})\n    if work is not None:\n"
-                f"        work = REC.record({spec.op!r}, log_name, group, t0, work, None, {facts}, {spec.peer}, "
-                f"{from_src})\n    return work\n")
+        body = (
+            f"    t0 = perf_ns()\n    work = _real({args})\n    if work is not None:\n"
+            f"        work = REC.record({spec.op!r}, log_name, group, t0, work, None, {facts}, {spec.peer}, "
+            f"{from_src})\n    return work\n"
+        )
     return head + body, defaults
 
 
@@ -141,8 +163,16 @@ def instrument(spec: OpSpec):
     """The instrumented wrapper of ``torch.distributed.<spec.name>``."""
     real = getattr(c10d, spec.name)
     text, defaults = _source(spec, real)
-    namespace = {"REC": REC, "perf_ns": perf_ns, "cuda_start": cuda_start, "torch": torch, "GROUP_SIZE": GROUP_SIZE,
-                 "global_peer": global_peer, "_real": real, **defaults}
+    namespace = {
+        "REC": REC,
+        "perf_ns": perf_ns,
+        "cuda_start": cuda_start,
+        "torch": torch,
+        "GROUP_SIZE": GROUP_SIZE,
+        "global_peer": global_peer,
+        "_real": real,
+        **defaults,
+    }
     exec(compile(text, f"<rankscope wrapper of {spec.name}>", "exec"), namespace)
     wrapper = namespace[spec.name]
     wrapper.__doc__ = f"``torch.distributed.{spec.name}``, recorded as a ``comm`` row (``log_name`` names it)."

@@ -52,10 +52,26 @@ log = logging.getLogger("rankscope.comm")
 # all_gather_single / reduce_scatter_single are recorded as all_gather_into_tensor /
 # reduce_scatter_tensor (collector.rank.ops).
 INSTRUMENTED_OPS = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "send", "recv",
-    "isend", "irecv", "barrier", "all_gather_coalesced", "all_reduce_coalesced",
-) + tuple(op for op in ("all_gather_single", "reduce_scatter_single") if hasattr(c10d, op))
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "barrier",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    *tuple(op for op in ("all_gather_single", "reduce_scatter_single") if hasattr(c10d, op)),
+)
 # ^ the *_single names replace *_into_tensor / *_tensor in newer torch (FSDP2 uses them)
 P2P_OPS = frozenset(("send", "recv", "isend", "irecv"))
 GROUP_SIZE = -1  # `scale` meaning "the op's data is n x this tensor"
@@ -88,7 +104,8 @@ def get_world_size(group=None) -> int:
 
 class _Group:
     """What a record needs about its group, computed once per group object."""
-    __slots__ = ("name", "size", "seq")
+
+    __slots__ = ("name", "seq", "size")
 
     def __init__(self, name: str, size: int) -> None:
         self.name, self.size, self.seq = name, size, itertools.count(1)
@@ -112,7 +129,8 @@ class _AsyncEnd:
     collectives whose Work has neither a future nor a working is_completed() (gloo's
     reduce_scatter_tensor in torch 2.13) when the caller's wait() returns, through
     _WaitTimedWork."""
-    __slots__ = ("work", "end", "timed_at_wait")
+
+    __slots__ = ("end", "timed_at_wait", "work")
 
     def __init__(self, work, p2p: bool) -> None:
         self.work, self.end, self.timed_at_wait = work, None, False
@@ -275,8 +293,23 @@ class Recorder:
             if self.debug:
                 log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
             if len(self.pending) < MAX_PENDING:
-                self.pending.append((op, log_name, g, next(g.seq), dtype, numel * scale, dtype.itemsize, t0, t1,
-                                     timing, work is not None, peer, state.step))
+                self.pending.append(
+                    (
+                        op,
+                        log_name,
+                        g,
+                        next(g.seq),
+                        dtype,
+                        numel * scale,
+                        dtype.itemsize,
+                        t0,
+                        t1,
+                        timing,
+                        work is not None,
+                        peer,
+                        state.step,
+                    )
+                )
             else:
                 self.dropped += 1
         except Exception:  # the collective itself succeeded; losing its record must not fail training
@@ -343,15 +376,16 @@ class Recorder:
                 stats[1].append(bandwidth.gbps(algbw))
                 stats[2].append(bandwidth.gbps(busbw))
                 if verbose:
-                    print(f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r[_NAME]} | time (ms): {lat_ms:.2f} "
-                          f"| msg size: {bandwidth.convert_size(nbytes)} | algbw (Gbps): {bandwidth.gbps(algbw):.2f}  "
-                          f"| busbw (Gbps): {bandwidth.gbps(busbw):.2f}", flush=True)
+                    print(
+                        f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r[_NAME]} | time (ms): {lat_ms:.2f} "
+                        f"| msg size: {bandwidth.convert_size(nbytes)} | algbw (Gbps): {bandwidth.gbps(algbw):.2f}  "
+                        f"| busbw (Gbps): {bandwidth.gbps(busbw):.2f}",
+                        flush=True,
+                    )
             n = len(cols["step"])
             if n:
                 session.emit_columns("comm", cols, n)
             return n
-
-
 
 
 REC = Recorder()
@@ -392,5 +426,8 @@ def _forget_in_child() -> None:
 
 # The session tells the recorder when a session starts or ends (recording follows it), asks it
 # to flush at stop (async ops may still be in flight) and counts what it dropped.
-session.register(session.Producer("comm", flush=flush, dropped=dropped_records,
-                                  on_change=lambda active: REC.refresh(), on_fork=_forget_in_child))
+session.register(
+    session.Producer(
+        "comm", flush=flush, dropped=dropped_records, on_change=lambda active: REC.refresh(), on_fork=_forget_in_child
+    )
+)

@@ -6,6 +6,7 @@ flush. Adding is a dict check and a deque append under a lock, never I/O. When
 ``max_rows`` are waiting the new records are counted as dropped instead: the
 count is logged and reported in RunEnd.dropped_records.
 """
+
 from __future__ import annotations
 
 import collections
@@ -32,8 +33,10 @@ class RecordBuffer:
     def _admit(self, n: int) -> bool:
         if self._rows + n > self.max_rows:
             if not self.dropped:
-                log.warning("rankscope: record buffer full (%d rows); dropping records until the "
-                            "collector catches up", self.max_rows)
+                log.warning(
+                    "rankscope: record buffer full (%d rows); dropping records until the collector catches up",
+                    self.max_rows,
+                )
             self.dropped += n
             return False
         self._rows += n

@@ -24,6 +24,7 @@ TLS CA resolve the same way (argument, ``RANKSCOPE_ENDPOINT`` / ``RANKSCOPE_TOKE
 ``RANKSCOPE_TLS_CA``, ``telemetry.endpoint`` / ``telemetry.token`` / ``telemetry.tls_ca``,
 default 127.0.0.1:50051 in plaintext).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,10 +37,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from collections.abc import Callable
 from typing import ClassVar
 
 from collector.data.config import ConfigBlock
@@ -129,8 +129,10 @@ def redacted(config):
     """The config as the collector stores it (``runs.config``): secrets replaced, so a bearer
     token in ``telemetry.token`` (or a wandb key) is not readable by everyone who can query."""
     if isinstance(config, dict):
-        return {k: "<redacted>" if isinstance(k, str) and any(s in k.lower() for s in SECRET_KEYS) and v
-                else redacted(v) for k, v in config.items()}
+        return {
+            k: "<redacted>" if isinstance(k, str) and any(s in k.lower() for s in SECRET_KEYS) and v else redacted(v)
+            for k, v in config.items()
+        }
     if isinstance(config, list):
         return [redacted(v) for v in config]
     return config
@@ -142,8 +144,17 @@ def _script_name() -> str:
 
 
 class Session:
-    def __init__(self, *, run_name: str, endpoint: str, token: str | None, spool_dir: str | None,
-                 config: dict, source: str, tls_ca: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        run_name: str,
+        endpoint: str,
+        token: str | None,
+        spool_dir: str | None,
+        config: dict,
+        source: str,
+        tls_ca: str | None = None,
+    ) -> None:
         from collector.rank.client import Client, ClientConfig
 
         self.run_name = run_name
@@ -157,8 +168,7 @@ class Session:
         self.host = host
         self.client_id = re.sub(r"[^A-Za-z0-9_.]", "_", f"{host}.{os.getpid()}.{secrets.token_hex(4)}")
         self.buffer = RecordBuffer()
-        self.client_config = ClientConfig(endpoint=endpoint, token=token, tls_ca=tls_ca,
-                                          spool_dir=spool_dir)
+        self.client_config = ClientConfig(endpoint=endpoint, token=token, tls_ca=tls_ca, spool_dir=spool_dir)
         self.client = Client(self.client_config, self.client_id, self.buffer)
 
     @property
@@ -184,15 +194,31 @@ class Session:
         else:
             self.run_id = new_run_id(self.run_name)
         CLOCK.offset_ns = offset
-        self.client.start(pb.Hello(
-            run_id=self.run_id, run_name=self.run_name, rank=self.rank, world_size=self.world_size,
-            host=self.host, pid=os.getpid(), config_json=self.config_json, started_at_ns=self.started_at_ns,
-            clock_offset_ns=offset, source=self.source,
-        ))
+        self.client.start(
+            pb.Hello(
+                run_id=self.run_id,
+                run_name=self.run_name,
+                rank=self.rank,
+                world_size=self.world_size,
+                host=self.host,
+                pid=os.getpid(),
+                config_json=self.config_json,
+                started_at_ns=self.started_at_ns,
+                clock_offset_ns=offset,
+                source=self.source,
+            )
+        )
 
 
-def start(run=None, endpoint=None, token=None, config=None, source="hook", tls_ca=None,
-          telemetry: TelemetryConfig | None = None) -> Session | None:
+def start(
+    run=None,
+    endpoint=None,
+    token=None,
+    config=None,
+    source="hook",
+    tls_ca=None,
+    telemetry: TelemetryConfig | None = None,
+) -> Session | None:
     """Start (or return) this process's session. Idempotent. Raises ValueError
     only for a bad config; returns None when the config disables telemetry.
     ``telemetry``: the config's telemetry block when the caller has built it already
@@ -212,7 +238,8 @@ def start(run=None, endpoint=None, token=None, config=None, source="hook", tls_c
             token=token or os.environ.get("RANKSCOPE_TOKEN") or cfg.token,
             tls_ca=tls_ca or os.environ.get("RANKSCOPE_TLS_CA") or cfg.tls_ca,
             spool_dir=cfg.spool_dir,
-            config=train_cfg, source=source,
+            config=train_cfg,
+            source=source,
         )
         _session = session
         _install_exit_hooks()
@@ -274,12 +301,20 @@ def stop(status: str = "finished") -> None:
         try:
             if not s.ready:
                 s.resolve_identity(collective=False)  # never got a process group
-            s.client.close(pb.RunEnd(run_id=s.run_id, rank=s.rank, status=status, ended_at_ns=CLOCK.now_ns(),
-                                     dropped_records=produced_dropped))
+            s.client.close(
+                pb.RunEnd(
+                    run_id=s.run_id,
+                    rank=s.rank,
+                    status=status,
+                    ended_at_ns=CLOCK.now_ns(),
+                    dropped_records=produced_dropped,
+                )
+            )
             dropped = s.buffer.dropped + s.client.dropped_rejected + produced_dropped
             if dropped:
-                log.warning("rankscope: %d record(s) were dropped on rank %d (buffer full or rejected)", dropped,
-                            s.rank)
+                log.warning(
+                    "rankscope: %d record(s) were dropped on rank %d (buffer full or rejected)", dropped, s.rank
+                )
         except Exception:
             log.exception("rankscope: error while stopping telemetry")
 

@@ -24,12 +24,13 @@ the host reaches the collector at about the same moment), so an orphan is
 exactly one process can do. The claimer deletes it once delivered, or renames it
 back if delivery failed; a claim whose claimer died is an orphan again.
 """
+
 from __future__ import annotations
 
 import getpass
 import os
-import socket
 import re
+import socket
 import struct
 import tempfile
 from pathlib import Path
@@ -92,7 +93,7 @@ def read(path: Path) -> list[pb.Envelope]:
         if at + n > len(data):
             raise SpoolError(f"{path}: record at byte {at} needs {n} bytes, file ends first")
         env = pb.Envelope()
-        env.ParseFromString(data[at:at + n])
+        env.ParseFromString(data[at : at + n])
         out.append(env)
         at += n
     return out
@@ -105,7 +106,7 @@ def endpoint_of(path: Path) -> str | None:
     if head.startswith(_MAGIC_V1):
         return None
     at = _records_start(path, head)
-    return head[len(MAGIC) + _LEN.size:at].decode("utf-8", "replace")
+    return head[len(MAGIC) + _LEN.size : at].decode("utf-8", "replace")
 
 
 def _records_start(path: Path, data: bytes) -> int:
@@ -186,11 +187,12 @@ def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path
     ``endpoint``, only those meant for it (or not saying which collector they were for)."""
     host = local_host_id()
     out: dict[str, list[Path]] = {}
-    abandoned = [p for p in directory.glob(f"*{SUFFIX}{CLAIM_MARK}*") if _claimer_gone(p, host)] \
-        if directory.is_dir() else []
+    abandoned = (
+        [p for p in directory.glob(f"*{SUFFIX}{CLAIM_MARK}*") if _claimer_gone(p, host)] if directory.is_dir() else []
+    )
     for path in sorted(files(directory) + abandoned, key=unclaimed_name):
         cid = client_id_of(path)
-        owner_host, pid, _ = (cid.rsplit(".", 2) + ["", ""])[:3]
+        owner_host, pid, _ = ([*cid.rsplit(".", 2), "", ""])[:3]
         if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
             continue
         if endpoint is not None:

@@ -27,7 +27,7 @@ def trim_mean(values: list[float], proportion: float = 0.1) -> float:
     if not values:
         return 0.0
     cut = int(len(values) * proportion)
-    kept = sorted(values)[cut:len(values) - cut] or sorted(values)
+    kept = sorted(values)[cut : len(values) - cut] or sorted(values)
     return sum(kept) / len(kept)
 
 
@@ -44,20 +44,23 @@ def _straggler_min_latencies(keys: list[tuple[str, int]]) -> dict[tuple[str, int
     gathered: list = [None] * world
     c10d.all_gather_object(gathered, keys)
     union = sorted(set(k for ks in gathered for k in ks))
-    counts = torch.tensor([len(REC.summary.get(k[0], {}).get(k[1], [[]])[0]) for k in union], dtype=torch.int64,
-                          device=device)
+    counts = torch.tensor(
+        [len(REC.summary.get(k[0], {}).get(k[1], [[]])[0]) for k in union], dtype=torch.int64, device=device
+    )
     c10d.all_reduce(counts, op=ReduceOp.MAX)
     counts_l = counts.tolist()
     flat = torch.full((sum(counts_l),), math.inf, dtype=torch.float64, device=device)
     offsets, at = [], 0
-    for k, c in zip(union, counts_l):
+    for k, c in zip(union, counts_l, strict=True):
         own = REC.summary.get(k[0], {}).get(k[1], [[]])[0]
-        flat[at:at + len(own)] = torch.tensor(list(own), dtype=torch.float64)
+        flat[at : at + len(own)] = torch.tensor(list(own), dtype=torch.float64)
         offsets.append(at)
         at += c
     c10d.all_reduce(flat, op=ReduceOp.MIN)
     mins = flat.tolist()
-    return {k: mins[o:o + len(REC.summary.get(k[0], {}).get(k[1], [[]])[0])] for k, o in zip(union, offsets)}
+    return {
+        k: mins[o : o + len(REC.summary.get(k[0], {}).get(k[1], [[]])[0])] for k, o in zip(union, offsets, strict=True)
+    }
 
 
 def log_summary(show_straggler: bool = False, return_dict: bool = False):
@@ -73,21 +76,38 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False):
     mins = _straggler_min_latencies(keys) if show_straggler else {}
     out: dict[str, dict[int, dict]] = {}
     if show_straggler:
-        header = ("Comm. Op", "Message Size", "Count", "Total comm lat(ms)", "Total straggler(ms)",
-                  "Avg comm lat(ms)", "Avg straggler(ms)")
+        header = (
+            "Comm. Op",
+            "Message Size",
+            "Count",
+            "Total comm lat(ms)",
+            "Total straggler(ms)",
+            "Avg comm lat(ms)",
+            "Avg straggler(ms)",
+        )
     else:
-        header = ("Comm. Op", "Message Size", "Count", "Total Latency(ms)", "Avg Latency(ms)", "tput_avg (Gbps)",
-                  "busbw_avg (Gbps)")
+        header = (
+            "Comm. Op",
+            "Message Size",
+            "Count",
+            "Total Latency(ms)",
+            "Avg Latency(ms)",
+            "tput_avg (Gbps)",
+            "busbw_avg (Gbps)",
+        )
     lines = ["".join(f"{h:<20}" for h in header)]
     last = None
     for name, size in keys:
         lats, algbws, busbws = REC.summary[name][size]
         stats = {
-            "count": len(lats), "total_latency_ms": sum(lats), "avg_latency_ms": trim_mean(lats),
-            "tput_avg_gbps": trim_mean(algbws), "busbw_avg_gbps": trim_mean(busbws),
+            "count": len(lats),
+            "total_latency_ms": sum(lats),
+            "avg_latency_ms": trim_mean(lats),
+            "tput_avg_gbps": trim_mean(algbws),
+            "busbw_avg_gbps": trim_mean(busbws),
         }
         if show_straggler:
-            strag = [max(0.0, own - m) for own, m in zip(lats, mins.get((name, size), lats))]
+            strag = [max(0.0, own - m) for own, m in zip(lats, mins.get((name, size), lats), strict=True)]
             stats["total_straggler_ms"] = sum(strag)
             stats["avg_straggler_ms"] = trim_mean(strag)
         out.setdefault(name, {})[size] = stats
@@ -95,13 +115,26 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False):
             lines.append(name)
             last = name
         if show_straggler:
-            row = ("", convert_size(size), stats["count"], f"{stats['total_latency_ms']:.2f}",
-                   f"{stats['total_straggler_ms']:.2f}", f"{stats['avg_latency_ms']:.2f}",
-                   f"{stats['avg_straggler_ms']:.2f}")
+            row = (
+                "",
+                convert_size(size),
+                stats["count"],
+                f"{stats['total_latency_ms']:.2f}",
+                f"{stats['total_straggler_ms']:.2f}",
+                f"{stats['avg_latency_ms']:.2f}",
+                f"{stats['avg_straggler_ms']:.2f}",
+            )
         else:
-            row = ("", convert_size(size), stats["count"], f"{stats['total_latency_ms']:.2f}",
-                   f"{stats['avg_latency_ms']:.2f}", f"{stats['tput_avg_gbps']:.2f}", f"{stats['busbw_avg_gbps']:.2f}")
-        lines.append("".join(f"{str(c):<20}" for c in row))
+            row = (
+                "",
+                convert_size(size),
+                stats["count"],
+                f"{stats['total_latency_ms']:.2f}",
+                f"{stats['avg_latency_ms']:.2f}",
+                f"{stats['tput_avg_gbps']:.2f}",
+                f"{stats['busbw_avg_gbps']:.2f}",
+            )
+        lines.append("".join(f"{c!s:<20}" for c in row))
     if get_rank() == 0:  # as DeepSpeed: every rank computes, rank 0 prints
         print("\n".join(lines), flush=True)
     return out if return_dict else None

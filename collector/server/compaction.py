@@ -9,6 +9,7 @@ unlinked and the output renamed in. Readers may miss those rows for the instant
 between the two, never see them twice; a crash anywhere is rolled forward or
 back by the ledger at start-up (see collector/ledger.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -72,7 +73,7 @@ class Compactor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
 
-    def start(self) -> "Compactor":
+    def start(self) -> Compactor:
         self._thread.start()
         return self
 
@@ -106,8 +107,11 @@ class Compactor:
                 if self._settled.get(partition) == mtime:
                     break  # no file came or went since it last had nothing to merge
                 # Only segments the store named: files put there by hand or by git are left alone.
-                ours = [(order, p) for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
-                        if (order := segment_order(p, self.ledger.writer)) is not None]
+                ours = [
+                    (order, p)
+                    for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
+                    if (order := segment_order(p, self.ledger.writer)) is not None
+                ]
                 segments = [p for _, p in sorted(ours)]
                 sizes = []
                 for path in segments:
@@ -135,8 +139,9 @@ class Compactor:
         log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
 
 
-
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with ``schema``'s columns in its order, missing ones as nulls."""
-    return pa.table([table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                     for f in schema], schema=schema)
+    return pa.table(
+        [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema],
+        schema=schema,
+    )

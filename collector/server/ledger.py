@@ -22,6 +22,7 @@ the commit counter) at start-up and every ``CHECKPOINT_EVERY`` records. Each log
 line is ``<crc32 hex> <json>``; a torn last line (crash mid-append) fails its
 checksum and is cut off, as that commit never happened.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -147,8 +148,11 @@ class Ledger:
 
     def commit_segments(self, commit: int, finals: list[Path], acked: dict[str, list[int]]) -> None:
         """Commit segments already written (fsync'd) at ``layout.temp_name(final)``."""
-        record = {"commit": commit, "add": [self._rel(p) for p in finals],
-                  "acked": {c: _ranges(s) for c, s in acked.items()}}
+        record = {
+            "commit": commit,
+            "add": [self._rel(p) for p in finals],
+            "acked": {c: _ranges(s) for c, s in acked.items()},
+        }
         with self._lock:
             self._append(record)
             self._apply(record)
@@ -160,8 +164,7 @@ class Ledger:
 
     def commit_compaction(self, commit: int, inputs: list[Path], output: Path) -> None:
         """Replace ``inputs`` by ``output`` (written at its temporary name)."""
-        record = {"commit": commit, "compact": {"inputs": [self._rel(p) for p in inputs],
-                                                "output": self._rel(output)}}
+        record = {"commit": commit, "compact": {"inputs": [self._rel(p) for p in inputs], "output": self._rel(output)}}
         with self._lock:
             self._append(record)
             self._apply(record)
@@ -278,7 +281,7 @@ class Ledger:
         parquet = self.data_dir / layout.PARQUET_DIR
         for tmp in parquet.glob(f"*/*/.*{layout.SEGMENT_SUFFIX}{layout.TEMP_SUFFIX}"):
             # only this writer's: another collector sharing D may be writing its own right now
-            stem = tmp.name[1:-len(layout.SEGMENT_SUFFIX + layout.TEMP_SUFFIX)]
+            stem = tmp.name[1 : -len(layout.SEGMENT_SUFFIX + layout.TEMP_SUFFIX)]
             if not self._own_name.match(stem):
                 continue
             tmp.unlink(missing_ok=True)
@@ -286,8 +289,7 @@ class Ledger:
     def _checkpoint(self) -> None:
         """Fold the log into a new checkpoint; every record in it is fully applied."""
         new_gen = self._gen + 1
-        state = {"next_commit": self._next_commit,
-                 "clients": {c: s.ranges for c, s in self._clients.items()}}
+        state = {"next_commit": self._next_commit, "clients": {c: s.ranges for c, s in self._clients.items()}}
         path = self._checkpoint_path(new_gen)
         tmp = path.with_name(path.name + layout.TEMP_SUFFIX)
         with open(tmp, "w") as f:

@@ -23,6 +23,7 @@ Each stream holds two threads (the handler from the pool and its reader), so
 the pool allows ``max_workers // 2`` concurrent streams; more are refused with
 RESOURCE_EXHAUSTED by gRPC.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -37,7 +38,6 @@ from functools import partial
 from pathlib import Path
 
 import grpc
-import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from collector.data import catalog, security
@@ -81,21 +81,29 @@ class Undecodable:
 
 def _lenient(message_type):
     """A deserializer that never raises: undecodable bytes become ``Undecodable``."""
+
     def parse(raw: bytes):
         try:
             return message_type.FromString(raw)
         except DecodeError as exc:
             return Undecodable(f"{len(raw)} bytes cannot be decoded as a {message_type.__name__} ({exc})")
+
     return parse
 
 
 # -- collector state -------------------------------------------------------------
 
+
 class CollectorState:
     """The store, the compactor and the counters Health reports."""
 
-    def __init__(self, data_dir, store_config: StoreConfig | None = None,
-                 compaction_config: CompactionConfig | None = None, writer: str | None = None):
+    def __init__(
+        self,
+        data_dir,
+        store_config: StoreConfig | None = None,
+        compaction_config: CompactionConfig | None = None,
+        writer: str | None = None,
+    ):
         self.data_dir = Path(data_dir).resolve()
         self.store = Store(self.data_dir, store_config, writer)  # recovers the data dir first
         catalog.ensure_catalog(self.data_dir)
@@ -121,7 +129,7 @@ class _StreamAcks:
     def __init__(self):
         self.cond = threading.Condition()
         self.acked: list[int] = []
-        self.outstanding = 0            # submitted, not yet durable
+        self.outstanding = 0  # submitted, not yet durable
         self.reading = True
         self.cancelled = False
         self.error: StreamError | None = None
@@ -142,8 +150,9 @@ class _StreamAcks:
             if error is None:
                 self.acked.append(seq)
             elif self.error is None:
-                self.error = StreamError(grpc.StatusCode.UNAVAILABLE,
-                                         f"envelope seq {seq} could not be stored ({error}); resend it", seq)
+                self.error = StreamError(
+                    grpc.StatusCode.UNAVAILABLE, f"envelope seq {seq} could not be stored ({error}); resend it", seq
+                )
             self.cond.notify_all()
 
     def stop_reading(self, error: StreamError | None = None) -> None:
@@ -181,15 +190,18 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         acks = _StreamAcks()
         context.add_callback(acks.cancel)
         self.state.count(streams=1)
-        reader = threading.Thread(target=self._read, args=(request_iterator, acks),
-                                  name="rankscope-stream-reader", daemon=True)
+        reader = threading.Thread(
+            target=self._read, args=(request_iterator, acks), name="rankscope-stream-reader", daemon=True
+        )
         reader.start()
         try:
-            while (seqs := acks.next_acks()):
+            while seqs := acks.next_acks():
                 yield pb.Ack(seqs=seqs)
             if seqs is not None and acks.error is not None:
                 err = acks.error
-                if err.code in REFUSAL_CODES and err.seq:  # seq 0 names no real envelope  # the client must not resend this one as is
+                if (
+                    err.code in REFUSAL_CODES and err.seq
+                ):  # seq 0 names no real envelope  # the client must not resend this one as is
                     context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(err.seq)),))
                 context.abort(err.code, err.message)
         finally:
@@ -209,8 +221,11 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             received += 1
             if isinstance(env, Undecodable):
                 self.state.count(rejected=1)
-                acks.stop_reading(StreamError(grpc.StatusCode.INVALID_ARGUMENT,
-                                              f"message {received} on this stream: {env.problem}", 0))
+                acks.stop_reading(
+                    StreamError(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"message {received} on this stream: {env.problem}", 0
+                    )
+                )
                 return
             try:
                 self._accept(env, acks)
@@ -224,8 +239,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 return
             except Exception as exc:  # a collector bug, not bad input: say so, keep serving others
                 log.exception("envelope seq %d", env.seq)
-                acks.stop_reading(StreamError(grpc.StatusCode.INTERNAL,
-                                              f"envelope seq {env.seq}: collector error {exc!r}", env.seq))
+                acks.stop_reading(
+                    StreamError(grpc.StatusCode.INTERNAL, f"envelope seq {env.seq}: collector error {exc!r}", env.seq)
+                )
                 return
         acks.stop_reading()
 
@@ -251,12 +267,17 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"health request: {request.problem}")
         s = self.state
         return pb.HealthReply(
-            schema_version=SCHEMA_VERSION, server_version=SERVER_VERSION,
-            uptime_s=time.monotonic() - s.started, open_streams=s.open_streams,
-            records_durable=s.store.records_durable, batches_rejected=s.batches_rejected)
+            schema_version=SCHEMA_VERSION,
+            server_version=SERVER_VERSION,
+            uptime_s=time.monotonic() - s.started,
+            open_streams=s.open_streams,
+            records_durable=s.store.records_durable,
+            batches_rejected=s.batches_rejected,
+        )
 
 
 # -- auth ----------------------------------------------------------------------
+
 
 class BearerTokenInterceptor(grpc.ServerInterceptor):
     """Refuses every call whose ``authorization`` metadata is not ``Bearer <token>``."""
@@ -275,17 +296,20 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
 
 
 def _refuse(request_or_iterator, context):
-    context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                  "missing or wrong bearer token: send metadata 'authorization: Bearer <token>' "
-                  "(RANKSCOPE_TOKEN)")
+    context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "missing or wrong bearer token: send metadata 'authorization: Bearer <token>' (RANKSCOPE_TOKEN)",
+    )
 
 
 def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same shape as ``handler`` that aborts before reading anything."""
-    kind = {(False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler}
+    kind = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
     make = kind[(handler.request_streaming, handler.response_streaming)]
     # No request deserializer: an unauthenticated request is never decoded.
     return make(_refuse, request_deserializer=None, response_serializer=handler.response_serializer)
@@ -295,11 +319,13 @@ def _add_servicer(servicer: CollectorServicer, server: grpc.Server) -> None:
     """Like pb_grpc.add_CollectorServicer_to_server, with lenient request decoding."""
     handlers = {
         "Stream": grpc.stream_stream_rpc_method_handler(
-            servicer.Stream, request_deserializer=_lenient(pb.Envelope),
-            response_serializer=pb.Ack.SerializeToString),
+            servicer.Stream, request_deserializer=_lenient(pb.Envelope), response_serializer=pb.Ack.SerializeToString
+        ),
         "Health": grpc.unary_unary_rpc_method_handler(
-            servicer.Health, request_deserializer=_lenient(pb.HealthRequest),
-            response_serializer=pb.HealthReply.SerializeToString),
+            servicer.Health,
+            request_deserializer=_lenient(pb.HealthRequest),
+            response_serializer=pb.HealthReply.SerializeToString,
+        ),
     }
     service = pb.DESCRIPTOR.services_by_name["Collector"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
@@ -307,11 +333,18 @@ def _add_servicer(servicer: CollectorServicer, server: grpc.Server) -> None:
 
 # -- entry points ----------------------------------------------------------------
 
-def create_server(address: str, data_dir, token: str | None = None, *,
-                  store_config: StoreConfig | None = None,
-                  compaction_config: CompactionConfig | None = None,
-                  tls: security.ServerTLS | None = None, writer: str | None = None,
-                  max_workers: int = 512) -> tuple[grpc.Server, int, CollectorState]:
+
+def create_server(
+    address: str,
+    data_dir,
+    token: str | None = None,
+    *,
+    store_config: StoreConfig | None = None,
+    compaction_config: CompactionConfig | None = None,
+    tls: security.ServerTLS | None = None,
+    writer: str | None = None,
+    max_workers: int = 512,
+) -> tuple[grpc.Server, int, CollectorState]:
     """A collector bound to ``address`` (port 0 picks one), not yet started; with
     ``tls`` it speaks TLS only. The bind policy is serve()'s (security.check_bind).
     ``writer``: this collector's id when several share ``data_dir`` (docs/SCALING.md)."""
@@ -320,8 +353,10 @@ def create_server(address: str, data_dir, token: str | None = None, *,
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rankscope-rpc"),
         interceptors=[BearerTokenInterceptor(token)] if token else [],
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
         maximum_concurrent_rpcs=max_workers // 2,
     )
     _add_servicer(CollectorServicer(state), server)
@@ -338,10 +373,19 @@ def create_server(address: str, data_dir, token: str | None = None, *,
     return server, port, state
 
 
-def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | None = None, *,
-          tls: security.ServerTLS | None = None, insecure: bool = False, writer: str | None = None,
-          flush_interval: float | None = None, compaction_interval: float | None = None,
-          compaction_min_files: int | None = None) -> int:
+def serve(
+    data_dir,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    token: str | None = None,
+    *,
+    tls: security.ServerTLS | None = None,
+    insecure: bool = False,
+    writer: str | None = None,
+    flush_interval: float | None = None,
+    compaction_interval: float | None = None,
+    compaction_min_files: int | None = None,
+) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
     A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
@@ -357,8 +401,15 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     try:
         store_config = StoreConfig(**_given(flush_interval=flush_interval))
         compaction_config = CompactionConfig(**_given(interval=compaction_interval, min_files=compaction_min_files))
-        server, bound, state = create_server(address, data_dir, token, tls=tls, writer=writer,
-                                             store_config=store_config, compaction_config=compaction_config)
+        server, bound, state = create_server(
+            address,
+            data_dir,
+            token,
+            tls=tls,
+            writer=writer,
+            store_config=store_config,
+            compaction_config=compaction_config,
+        )
     except (security.SecurityConfigError, ValueError) as exc:
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 2
@@ -372,8 +423,10 @@ def serve(data_dir, host: str = "127.0.0.1", port: int = 50051, token: str | Non
     shown_host = address.rsplit(":", 1)[0]
     scheme = "TLS" if tls is not None else "plaintext"
     auth = "token required" if token else "no token"
-    print(f"rankscope collector listening on {shown_host}:{bound} ({scheme}, {auth}; data dir {state.data_dir})",
-          flush=True)
+    print(
+        f"rankscope collector listening on {shown_host}:{bound} ({scheme}, {auth}; data dir {state.data_dir})",
+        flush=True,
+    )
     while not stop.wait(1.0):
         pass
     print("rankscope collector: stopping, committing buffered records", flush=True)

@@ -14,6 +14,7 @@ envelope resent on a second stream) just waits for that commit.
 Segment names are ``seg-<commit>-<part>.parquet`` (``cmp-`` for compaction
 output): unique, in commit order, and recognisably the store's own.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,8 +72,11 @@ class StoreConfig(ConfigBlock):
 
     def validate(self) -> None:
         if self.max_buffered_bytes < self.flush_bytes:
-            self.fail("max_buffered_bytes", f"must be >= {self.key('flush_bytes')} ({self.flush_bytes})",
-                      self.max_buffered_bytes)
+            self.fail(
+                "max_buffered_bytes",
+                f"must be >= {self.key('flush_bytes')} ({self.flush_bytes})",
+                self.max_buffered_bytes,
+            )
 
 
 def mkdir_durable(path: Path) -> None:
@@ -103,8 +107,9 @@ def write_segment(final: Path, schema: pa.Schema, tables: Iterable[pa.Table]) ->
                 writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
                 rows, pending, pending_rows = rows + pending_rows, [], 0
         if pending or rows == 0:
-            writer.write_table(pa.concat_tables(pending) if pending else schema.empty_table(),
-                               row_group_size=ROW_GROUP_ROWS)
+            writer.write_table(
+                pa.concat_tables(pending) if pending else schema.empty_table(), row_group_size=ROW_GROUP_ROWS
+            )
             rows += pending_rows
     fd = os.open(tmp, os.O_RDONLY)
     try:
@@ -154,7 +159,7 @@ class Store:
         self._buffers: dict[tuple[str, str], list[pa.Table]] = {}
         self._buffered_since: float | None = None
         self._flush_now = False
-        self._bytes = 0                                  # buffered + being committed
+        self._bytes = 0  # buffered + being committed
         self._pending: dict[tuple[str, int], list[Callback]] = {}
         self._committing: dict[tuple[str, int], list[Callback]] = {}
         self._closing = False
@@ -226,8 +231,12 @@ class Store:
                 while True:
                     if self._pending:
                         due = self._buffered_since + self.config.flush_interval
-                        if (self._closing or self._flush_now or time.monotonic() >= due
-                                or self._bytes >= self.config.flush_bytes):
+                        if (
+                            self._closing
+                            or self._flush_now
+                            or time.monotonic() >= due
+                            or self._bytes >= self.config.flush_bytes
+                        ):
                             break
                         self._cond.wait(max(0.0, due - time.monotonic()))
                     elif self._closing:
@@ -241,8 +250,9 @@ class Store:
 
     def _commit(self, buffers: dict[tuple[str, str], list[pa.Table]]) -> None:
         nbytes = sum(t.nbytes for ts in buffers.values() for t in ts)
-        nrows = sum(t.num_rows for (table, _), ts in buffers.items()
-                    if table not in layout.COLLECTOR_TABLES for t in ts)
+        nrows = sum(
+            t.num_rows for (table, _), ts in buffers.items() if table not in layout.COLLECTOR_TABLES for t in ts
+        )
         commit = self.ledger.reserve_commit()
         # Segments are independent files: write them in parallel (pyarrow releases the GIL),
         # splitting a big buffer in two so that one busy run still uses two cores.
@@ -250,8 +260,14 @@ class Store:
         for (table, run_id), chunks in buffers.items():
             parts = 2 if sum(c.num_rows for c in chunks) >= SPLIT_ROWS and len(chunks) > 1 else 1
             for part, group in enumerate(_split(chunks, parts)):
-                jobs.append((group, segment_path(self.data_dir, table, run_id,
-                                                  layout.segment_prefix("seg", self.writer), commit, part)))
+                jobs.append(
+                    (
+                        group,
+                        segment_path(
+                            self.data_dir, table, run_id, layout.segment_prefix("seg", self.writer), commit, part
+                        ),
+                    )
+                )
         finals = [final for _, final in jobs]
         error: BaseException | None = None
         try:
@@ -278,5 +294,8 @@ class Store:
                 callback(error)
 
     def _load_known_runs(self) -> set[str]:
-        return {layout.run_of(p) for p in layout.partitions(self.data_dir, "runs")
-                if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))}
+        return {
+            layout.run_of(p)
+            for p in layout.partitions(self.data_dir, "runs")
+            if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))
+        }

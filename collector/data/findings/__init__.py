@@ -25,11 +25,22 @@ from collector.data.findings.stragglers import late_ranks
 __all__ = ["Finding", "duration", "exit_code", "for_run", "pct", "ranked", "summarize"]
 
 
-def summarize(*, last_arrivals: pd.DataFrame, log_summary: pd.DataFrame, scales: pd.DataFrame,
-              comm_by_rank: pd.DataFrame, step_wall: pd.DataFrame, world_size: int) -> list[Finding]:
+def summarize(
+    *,
+    last_arrivals: pd.DataFrame,
+    log_summary: pd.DataFrame,
+    scales: pd.DataFrame,
+    comm_by_rank: pd.DataFrame,
+    step_wall: pd.DataFrame,
+    world_size: int,
+) -> list[Finding]:
     """Every rule over one run's query results, most urgent first."""
-    return ranked(late_ranks(last_arrivals, world_size) + small_messages(log_summary)
-                  + loss_scale_falls(scales) + comm_share(comm_by_rank, step_wall))
+    return ranked(
+        late_ranks(last_arrivals, world_size)
+        + small_messages(log_summary)
+        + loss_scale_falls(scales)
+        + comm_share(comm_by_rank, step_wall)
+    )
 
 
 def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None) -> list[Finding]:
@@ -40,8 +51,11 @@ def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None) ->
         world_size = int(match.world_size.iloc[0]) if len(match) else 1
     rollup = queries.comm_rollup(cat, run_id)
     everything = queries.CommFilter()
-    return summarize(last_arrivals=queries.last_arrivals(rollup, everything),
-                     log_summary=queries.log_summary(rollup, everything),
-                     scales=queries.loss_scale(cat, run_id),
-                     comm_by_rank=queries.comm_by_rank(rollup, everything),
-                     step_wall=queries.step_wall_ms(cat, run_id), world_size=world_size)
+    return summarize(
+        last_arrivals=queries.last_arrivals(rollup, everything),
+        log_summary=queries.log_summary(rollup, everything),
+        scales=queries.loss_scale(cat, run_id),
+        comm_by_rank=queries.comm_by_rank(rollup, everything),
+        step_wall=queries.step_wall_ms(cat, run_id),
+        world_size=world_size,
+    )

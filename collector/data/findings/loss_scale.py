@@ -15,7 +15,13 @@ def loss_scale_falls(scales: pd.DataFrame) -> list[Finding]:
     n_steps = scales.step.nunique()
     last = scales.iloc[-1]
     text = f"loss scale fell {falls} times in {n_steps} steps (now {last.scale:g} at step {int(last.step)})"
-    return [Finding(kind="loss_scale", severity="warning" if falls else "ok", text=text,
-                    steps=(int(scales.step.min()), int(scales.step.max())),
-                    evidence={"overflows": falls, "steps": int(n_steps), "scale": float(last.scale)},
-                    page="overview")]
+    return [
+        Finding(
+            kind="loss_scale",
+            severity="warning" if falls else "ok",
+            text=text,
+            steps=(int(scales.step.min()), int(scales.step.max())),
+            evidence={"overflows": falls, "steps": int(n_steps), "scale": float(last.scale)},
+            page="overview",
+        )
+    ]

@@ -10,9 +10,11 @@ SMALL_MESSAGE_BYTES = 1 << 20
 SMALL_MESSAGE_SHARE = 0.5
 # Which DeepSpeed knob makes an op's messages bigger.
 BUCKET_KNOB = {
-    "all_reduce": "reduce_bucket_size", "reduce_scatter": "reduce_bucket_size",
+    "all_reduce": "reduce_bucket_size",
+    "reduce_scatter": "reduce_bucket_size",
     "reduce_scatter_tensor": "reduce_bucket_size",
-    "all_gather": "allgather_bucket_size", "all_gather_into_tensor": "allgather_bucket_size",
+    "all_gather": "allgather_bucket_size",
+    "all_gather_into_tensor": "allgather_bucket_size",
 }
 
 
@@ -27,7 +29,14 @@ def small_messages(log_summary: pd.DataFrame) -> list[Finding]:
         if share >= SMALL_MESSAGE_SHARE:
             knob = BUCKET_KNOB.get(op)
             advice = f": raise {knob}" if knob else ": batch them into larger messages"
-            found.append(Finding(kind="small_messages", severity="warning",
-                                 text=f"{pct(share)} of {op} time is in messages < 1 MB{advice}",
-                                 evidence={"op": op, "share": float(share)}, page="comms", filters={"op": op}))
+            found.append(
+                Finding(
+                    kind="small_messages",
+                    severity="warning",
+                    text=f"{pct(share)} of {op} time is in messages < 1 MB{advice}",
+                    evidence={"op": op, "share": float(share)},
+                    page="comms",
+                    filters={"op": op},
+                )
+            )
     return found

@@ -41,10 +41,17 @@ class Finding:
         return SEVERITIES.index(self.severity), -(self.cost_ms_per_step or 0.0)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "severity": self.severity, "ranks": list(self.ranks),
-                "steps": list(self.steps) if self.steps else None, "text": self.text,
-                "cost_ms_per_step": self.cost_ms_per_step, "evidence": self.evidence,
-                "page": self.page, "filters": self.filters}
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "ranks": list(self.ranks),
+            "steps": list(self.steps) if self.steps else None,
+            "text": self.text,
+            "cost_ms_per_step": self.cost_ms_per_step,
+            "evidence": self.evidence,
+            "page": self.page,
+            "filters": self.filters,
+        }
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:

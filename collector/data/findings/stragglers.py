@@ -21,11 +21,21 @@ def late_ranks(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
         worst = rows.loc[rows.share.idxmax()]
         if worst.share * world_size >= FAIR_SHARE_FACTOR:
             rank = int(worst["rank"])
-            found.append(Finding(
-                kind="straggler", severity="warning", ranks=(rank,),
-                text=f"rank {rank} arrives last in {pct(worst.share)} of {op}s "
-                     f"(+{duration(worst.mean_lead_ms)} on average after the first rank)",
-                evidence={"op": op, "share": float(worst.share), "instances": int(total),
-                          "mean_lead_ms": float(worst.mean_lead_ms)},
-                page="stragglers", filters={"op": op}))
+            found.append(
+                Finding(
+                    kind="straggler",
+                    severity="warning",
+                    ranks=(rank,),
+                    text=f"rank {rank} arrives last in {pct(worst.share)} of {op}s "
+                    f"(+{duration(worst.mean_lead_ms)} on average after the first rank)",
+                    evidence={
+                        "op": op,
+                        "share": float(worst.share),
+                        "instances": int(total),
+                        "mean_lead_ms": float(worst.mean_lead_ms),
+                    },
+                    page="stragglers",
+                    filters={"op": op},
+                )
+            )
     return found
