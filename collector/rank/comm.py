@@ -34,14 +34,15 @@ new_group = c10d.new_group
 get_global_rank = c10d.get_global_rank
 get_process_group_ranks = c10d.get_process_group_ranks
 all_gather_object = c10d.all_gather_object
+gather_object = c10d.gather_object
 broadcast_object_list = c10d.broadcast_object_list
 monitored_barrier = c10d.monitored_barrier
 
 __all__ = [
     *INSTRUMENTED_OPS, "batch_isend_irecv",
     "ReduceOp", "group", "P2POp", "is_available", "is_initialized", "get_backend", "new_group", "get_global_rank",
-    "get_process_group_ranks", "all_gather_object", "broadcast_object_list", "monitored_barrier", "get_rank",
-    "get_world_size", "init_process_group", "destroy_process_group",
+    "get_process_group_ranks", "all_gather_object", "gather_object", "broadcast_object_list", "monitored_barrier",
+    "get_rank", "get_world_size", "init_process_group", "destroy_process_group",
     "CommsLoggerConfig", "INSTRUMENTED_OPS", "configure", "flush", "forget_groups", "dropped_records",
     "log_summary", "reset_summary", "convert_size", "trim_mean",
 ]

@@ -25,15 +25,16 @@ exactly like stage 2 (full copy, gradient reduce_scatter, all_gather after step)
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
 
 import torch
 from torch import nn
 
 from trainer import comm
+from trainer.zero.optimizer import ZeroOptimizer
 from trainer.zero.partition import FlatBucket
 from trainer.zero.stage2 import Stage2Optimizer
-from trainer.zero.optimizer import ZeroOptimizer
 
 
 def _tensors(obj):
@@ -97,11 +98,22 @@ class Stage3Optimizer(Stage2Optimizer):
                 self.param_swap.write([u.param_shard for u in self.units])
         return out
 
-    def load_state_dict(self, sd: dict) -> None:
+    @contextmanager
+    def materialized(self, *, modified: bool):
+        """As ZeroOptimizer's, with NVMe parameter partitions read in for the block and written
+        back (or, unchanged, dropped again) after it."""
         self._swap_in_units(self.units)
-        super().load_state_dict(sd)
-        if self.param_swap is not None:
-            self.param_swap.write([u.param_shard for u in self.units])
+        try:
+            with super().materialized(modified=modified) as pairs:
+                yield pairs
+        finally:
+            if self.param_swap is not None:
+                shards = [u.param_shard for u in self.units]
+                if modified:
+                    self.param_swap.write(shards)
+                else:
+                    for t in shards:
+                        self.param_swap.evict(t)
 
     def close(self) -> None:
         super().close()
