@@ -172,3 +172,50 @@ def test_a_shard_lost_on_one_rank_fails_every_rank_with_the_same_cause(tmp_path)
     errors = spawn(_lost_shard, 2, tmp_path / "out", str(tmp_path / "ck"))
     assert errors[1] is not None and "rank_00001.pt is missing" in errors[1]
     assert errors[0] == f"loading the checkpoint failed on rank 1: {errors[1]}"
+
+
+N_SAMPLES = 96
+
+
+def _dataset():
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.randn(N_SAMPLES, 16, generator=g), torch.randn(N_SAMPLES, 4, generator=g)
+    return torch.utils.data.TensorDataset(x, y, torch.arange(N_SAMPLES))
+
+
+def _global_indices(engine, steps: int) -> list[list[int]]:
+    """Train ``steps`` steps from the engine's own dataloader; the sample indices of each global batch."""
+    import torch.distributed as dist
+
+    out, batches = [], iter(engine.training_dataloader)
+    for _ in range(steps):
+        mine = []
+        for _ in range(engine.gradient_accumulation_steps()):
+            x, y, idx = next(batches)
+            engine.backward(nn.functional.mse_loss(engine(x), y))
+            engine.step()
+            mine += idx.tolist()
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        out.append(sorted(i for part in everyone for i in part))
+    return out
+
+
+def _sampler_save(rank, world, root):
+    engine, *_ = trainer.initialize(model=make_model(), config=_config(1), training_data=_dataset())
+    seen = _global_indices(engine, 3)
+    engine.save_checkpoint(root)
+    return seen
+
+
+def test_the_dataloader_resumes_at_its_position_on_another_world_size(tmp_path):
+    """Saved on 2 ranks after 3 steps, resumed on 1: the next global batches are the ones an
+    uninterrupted run would draw (global batch k = samples [16k, 16k + 16) of the epoch's permutation)."""
+    perm = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(0)).tolist()
+    want = [sorted(perm[k * BATCH:(k + 1) * BATCH]) for k in range(N_SAMPLES // BATCH)]
+    seen = spawn(_sampler_save, 2, tmp_path / "out", str(tmp_path / "ck"))
+    assert seen[0] == want[:3]
+    engine, *_ = trainer.initialize(model=make_model(seed=3), config=_config(2), training_data=_dataset())
+    engine.load_checkpoint(tmp_path / "ck")
+    assert len(engine.training_dataloader) == (N_SAMPLES - 3 * BATCH) // (BATCH // 2)
+    assert _global_indices(engine, 3) == want[3:]

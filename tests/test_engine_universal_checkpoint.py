@@ -5,6 +5,8 @@ rank with ZeRO-0 and on 4 ranks with ZeRO-1 + CPU offload (native CPUAdam), each
 steps with losses within 1e-5 (absolute; losses are ~4) of one uninterrupted single-process
 torch run (torch.optim.AdamW, clip_grad_norm_) over the same global batches. Every resumed
 model starts from other random weights, so the weights can only come from the checkpoint.
+Beyond the list: a resume on 1 rank with ZeRO-3 and both parameters and optimizer state
+swapped to files (NVMe offload).
 
 zero_to_fp32 on each checkpoint gives a state dict that loads into the plain GPT with
 strict=True and equals, exactly, the fp32 weights the saving engine held (gathered from its
@@ -147,11 +149,15 @@ RESUMES = {  # name -> (world, stage, gas, zero_optimization extras)
     "zero3-w4": (4, 3, 1, {}),
     "zero0-w1": (1, 0, 2, {}),
     "zero1-offload-w4": (4, 1, 2, {"offload_optimizer": {"device": "cpu"}}),
+    # beyond the acceptance list: parameters and optimizer state swapped to files
+    "zero3-nvme-w1": (1, 3, 2, {"offload_optimizer": {"device": "nvme", "nvme_path": "{root}/swap"},
+                                "offload_param": {"device": "nvme", "nvme_path": "{root}/swap"}}),
 }
 
 
 def _resume_spec(root: str, name: str) -> dict:
     _, stage, gas, zero = RESUMES[name]
+    zero = {k: dict(v, nvme_path=v["nvme_path"].format(root=root)) if "nvme_path" in v else v for k, v in zero.items()}
     return {"stage": stage, "gas": gas, "zero": zero, "load": os.path.join(root, SAVED), "start": STEPS,
             "save": os.path.join(root, name), "seed": 123}
 
@@ -187,8 +193,9 @@ def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("universal"))
     first = spawn(_segment, 2, os.path.join(root, "out-w2"), {"stage": 2, "gas": 2, "save": os.path.join(root, SAVED)})
     four = spawn(_four_ranks, 4, os.path.join(root, "out-w4"), root)
-    single = _segment(0, 1, _resume_spec(root, "zero0-w1"))  # a world of one, in this process
-    results = {SAVED: first, "zero0-w1": [single]}
+    results = {SAVED: first}
+    for name in ("zero0-w1", "zero3-nvme-w1"):  # worlds of one, in this process
+        results[name] = [_segment(0, 1, _resume_spec(root, name))]
     for name in four[0]:
         results[name] = [r[name] for r in four]
     return root, results

@@ -118,17 +118,23 @@ def _write_shard(engine, tag_dir: str, names: ModelNames) -> dict:
 
 
 def merge_orders(lists: list[list[str]]) -> list[str]:
-    """One list holding every name, each list's relative order kept (names new to the result go
-    right after their predecessor in the list that has them)."""
+    """One list holding every name, each list's relative order kept: names new to the result go
+    just before the next name of their list that the result already has (another rank's experts
+    land after this rank's, before the layer that follows them)."""
     out: list[str] = []
     seen: set[str] = set()
     for names in lists:
-        prev = None
+        pending: list[str] = []
         for name in names:
             if name not in seen:
-                out.insert(out.index(prev) + 1 if prev is not None else 0, name)
-                seen.add(name)
-            prev = name
+                pending.append(name)
+            elif pending:
+                at = out.index(name)
+                out[at:at] = pending
+                seen.update(pending)
+                pending = []
+        out += pending
+        seen.update(pending)
     return out
 
 
