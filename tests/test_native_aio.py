@@ -223,3 +223,24 @@ def test_locked_tensor_is_page_aligned_with_example_dtype():
     t.fill_(1.5)
     assert handle.free_cpu_locked_tensor(t) is True
     assert float(t.sum()) == 1500.0  # still valid while referenced
+
+
+def test_tickets_wait_for_one_op_and_leave_the_others_running(tmp_path):
+    handle = AsyncIOHandle(intra_op_parallelism=2)
+    data = [_random_bytes(200_000 + i) for i in range(3)]
+    paths = [tmp_path / f"t{i}.bin" for i in range(3)]
+    writes = [handle.submit(d, p, is_read=False) for d, p in zip(data, paths)]
+    handle.wait_ops(writes)
+    assert all(handle.is_done(t) for t in writes) and handle.wait() == 0  # collected by wait_ops
+    back = [torch.empty_like(d) for d in data]
+    reads = [handle.submit(b, p, is_read=True, validate=True) for b, p in zip(back, paths)]
+    handle.wait_ops([reads[1]])
+    assert torch.equal(back[1], data[1]) and handle.is_done(reads[1])
+    assert handle.wait() == 2  # the other two, still collected by wait()
+    assert all(torch.equal(b, d) for b, d in zip(back, data))
+    bad = handle.submit(torch.empty(10, dtype=torch.uint8), tmp_path / "missing.bin", is_read=True)
+    good = handle.submit(torch.empty(10, dtype=torch.uint8), paths[0], is_read=True)
+    handle.wait_ops([good])  # the failed op is not among these: no error here
+    with pytest.raises(FileNotFoundError, match="No such file"):
+        handle.wait_ops([bad])
+    assert handle.wait() == 0

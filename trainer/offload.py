@@ -114,7 +114,9 @@ class NVMeParamSwap:
     A partition is written after each optimizer step (:meth:`write`); otherwise it is read
     back only while needed (:meth:`load` before its all-gather, :meth:`evict` after), so host
     memory holds just the partitions in use. ``prefetch`` starts reads of partitions about to
-    be gathered. Telemetry: ``timers`` rows ``nvme.param_swap_in`` / ``nvme.param_swap_out``."""
+    be gathered and returns; ``ready`` says whether one's read is done; ``load`` waits for its
+    partitions' own reads only. Telemetry: ``timers`` rows ``nvme.param_swap_in`` (the time
+    ``load`` waited) / ``nvme.param_swap_out``."""
 
     def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None,
                  key: str = "zero_optimization.offload_param.nvme_path") -> None:
@@ -150,6 +152,10 @@ class NVMeParamSwap:
         for t in shards:
             if not self.resident(t):
                 self.swapper.prefetch(self._key(t))
+
+    def ready(self, t: torch.Tensor) -> bool:
+        """In memory, or its read finished: load() would not wait."""
+        return self.resident(t) or self.swapper.ready(self._key(t))
 
     def load(self, shards: list[torch.Tensor]) -> None:
         """Bring the partitions back into memory (reads already prefetched are not repeated)."""

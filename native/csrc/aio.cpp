@@ -14,6 +14,10 @@
 // (tmpfs), go through the page cache. Errors never throw on worker threads:
 // they are recorded on the op and handed to Python at wait(), which turns them
 // into OSError/EOFError naming the file.
+//
+// Every submitted op gets a ticket: wait_ops(tickets) waits for those ops only
+// and is_done(ticket) polls one, so a reader can take the first of several
+// reads in flight without waiting for the rest (wait() still collects all).
 
 #include <torch/extension.h>
 
@@ -29,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -136,11 +141,36 @@ class AioHandle {
   bool overlap_events() const { return overlap_events_; }
   int64_t intra_op_parallelism() const { return num_threads_; }
 
-  // Queues one op; its outcome is collected by wait().
-  void submit(const at::Tensor& tensor, const std::string& path, bool is_read, int64_t file_offset) {
+  // Queues one op; returns its ticket. Its outcome is collected by wait_ops or wait().
+  int64_t submit(const at::Tensor& tensor, const std::string& path, bool is_read, int64_t file_offset) {
     auto op = start(tensor, path, is_read, file_offset);
     std::lock_guard<std::mutex> guard(mutex_);
-    pending_.push_back(std::move(op));
+    const int64_t ticket = next_ticket_++;
+    pending_.emplace(ticket, std::move(op));
+    return ticket;
+  }
+
+  // Waits for the ops of `tickets` only; returns their errors. Tickets already
+  // collected (by an earlier wait) are skipped.
+  std::vector<IoError> wait_ops(const std::vector<int64_t>& tickets) {
+    std::vector<std::shared_ptr<IoOp>> ops;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      for (const int64_t ticket : tickets) {
+        auto it = pending_.find(ticket);
+        if (it == pending_.end()) continue;
+        ops.push_back(std::move(it->second));
+        pending_.erase(it);
+      }
+    }
+    return collect(ops);
+  }
+
+  // Whether the op of `ticket` has finished (true for a ticket already collected).
+  bool is_done(int64_t ticket) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto it = pending_.find(ticket);
+    return it == pending_.end() || it->second->done;
   }
 
   // Runs one op to completion; returns the errors (empty or one).
@@ -158,14 +188,10 @@ class AioHandle {
     std::vector<std::shared_ptr<IoOp>> ops;
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      ops.swap(pending_);
+      for (auto& entry : pending_) ops.push_back(std::move(entry.second));
+      pending_.clear();
     }
-    std::vector<IoError> errors;
-    for (auto& op : ops) {
-      wait_for(*op);
-      if (op->failed) errors.push_back(op->error);
-    }
-    return {static_cast<int64_t>(ops.size()), errors};
+    return {static_cast<int64_t>(ops.size()), collect(ops)};
   }
 
   int64_t pending() {
@@ -334,6 +360,15 @@ class AioHandle {
     }
   }
 
+  std::vector<IoError> collect(const std::vector<std::shared_ptr<IoOp>>& ops) {
+    std::vector<IoError> errors;
+    for (const auto& op : ops) {
+      wait_for(*op);
+      if (op->failed) errors.push_back(op->error);
+    }
+    return errors;
+  }
+
   void wait_for(const IoOp& op) {
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&op] { return op.done; });
@@ -351,7 +386,8 @@ class AioHandle {
   std::deque<Task> queue_;
   int running_ = 0;
   bool stopping_ = false;
-  std::vector<std::shared_ptr<IoOp>> pending_;
+  std::map<int64_t, std::shared_ptr<IoOp>> pending_;  // by ticket, in submission order
+  int64_t next_ticket_ = 1;
   std::unordered_set<void*> locked_;
   std::vector<std::thread> workers_;
 };
@@ -369,6 +405,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("is_read"), py::arg("file_offset"))
       .def("run", &AioHandle::run, release_gil(), py::arg("tensor"), py::arg("path"),
            py::arg("is_read"), py::arg("file_offset"))
+      .def("wait_ops", &AioHandle::wait_ops, release_gil(), py::arg("tickets"))
+      .def("is_done", &AioHandle::is_done, py::arg("ticket"))
       .def("wait", &AioHandle::wait, release_gil())
       .def("pending", &AioHandle::pending)
       .def("new_cpu_locked_tensor", &AioHandle::new_cpu_locked_tensor, py::arg("num_elem"),

@@ -151,22 +151,22 @@ class Stage3Optimizer(Stage2Optimizer):
             self.param_swap.evict(u.param_shard)  # unchanged since its last write: no write needed
 
     def _prefetch(self, order: list[FlatBucket], start: int) -> None:
-        if self.param_swap is not None:  # start every file read in the window before the first gather
-            budget, window = self.prefetch_numel, []
-            for u in order[start:]:
-                if budget <= 0:
-                    break
-                if u.flat_param is None:
-                    window.append(u.param_shard)
-                budget -= u.padded_numel
-            self.param_swap.prefetch(window)
-        budget = self.prefetch_numel
+        """Start the gathers of the units after ``start`` in ``order``, up to prefetch_numel
+        elements. With NVMe partitions, first start the file reads of that window (at least the
+        next unit: reads run one unit ahead of use), then gather only the units whose reads are
+        done; a unit still being read is gathered at its own turn, its read having overlapped
+        the compute of the unit before it."""
+        window, budget = [], self.prefetch_numel
         for u in order[start:]:
             if budget <= 0:
                 break
-            if u.flat_param is None:
-                self._fetch(u, wait=False)
+            window.append(u)
             budget -= u.padded_numel
+        if self.param_swap is not None:
+            self.param_swap.prefetch([u.param_shard for u in window if u.flat_param is None])
+        for u in window:
+            if u.flat_param is None and (self.param_swap is None or self.param_swap.ready(u.param_shard)):
+                self._fetch(u, wait=False)
 
     # ---------------------------------------------------------------- module hooks
 
