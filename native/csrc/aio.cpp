@@ -47,6 +47,7 @@ namespace {
 // O_DIRECT needs buffer, offset and length aligned to the logical block size;
 // 4 KiB covers every common device and is the page size of the locked buffers.
 constexpr int64_t kDirectAlignment = 4096;
+constexpr int64_t kHugePage = 2 << 20;
 
 // (errno, path, "pread"/"pwrite", detail); errno 0 means a short read.
 using IoError = std::tuple<int, std::string, std::string, std::string>;
@@ -201,21 +202,43 @@ class AioHandle {
 
   // Page-aligned, mlock'ed (when RLIMIT_MEMLOCK allows) host memory, so that
   // O_DIRECT applies and the kernel never pages the buffer out mid-transfer.
+  // Buffers of 2 MiB and more are mapped on their own, start on a 2 MiB
+  // boundary and ask for transparent huge pages: O_DIRECT reads into them ran
+  // 1.4-1.8x faster on the virtual disk of benches/aio.py than into a
+  // posix_memalign'ed buffer (fewer, larger segments per request; fewer TLB
+  // misses in the copy), see BENCHMARKS.md.
   at::Tensor new_cpu_locked_tensor(int64_t num_elem, const at::Tensor& example) {
     TORCH_CHECK(num_elem >= 0, "new_cpu_locked_tensor: num_elem must be >= 0, got ", num_elem);
     const int64_t nbytes = std::max<int64_t>(num_elem * example.element_size(), 1);
     const int64_t rounded = (nbytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-    void* ptr = nullptr;
-    const int rc = posix_memalign(&ptr, kDirectAlignment, static_cast<size_t>(rounded));
-    TORCH_CHECK(rc == 0, "new_cpu_locked_tensor: cannot allocate ", rounded, " bytes: ", std::strerror(rc));
+    void* base = nullptr;
+    char* ptr = nullptr;
+    size_t mapped = 0;  // bytes mmap'ed at base (0: posix_memalign)
+    if (rounded >= kHugePage) {
+      mapped = static_cast<size_t>(rounded + kHugePage);  // room to move the start to a 2 MiB boundary
+      base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      TORCH_CHECK(base != MAP_FAILED, "new_cpu_locked_tensor: cannot map ", mapped, " bytes: ",
+                  std::strerror(errno));
+      const uintptr_t start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) / kHugePage * kHugePage;
+      ptr = reinterpret_cast<char*>(start);
+      ::madvise(ptr, static_cast<size_t>(rounded), MADV_HUGEPAGE);  // advice only: failure is harmless
+    } else {
+      const int rc = posix_memalign(&base, kDirectAlignment, static_cast<size_t>(rounded));
+      TORCH_CHECK(rc == 0, "new_cpu_locked_tensor: cannot allocate ", rounded, " bytes: ", std::strerror(rc));
+      ptr = static_cast<char*>(base);
+    }
     const bool locked = ::mlock(ptr, static_cast<size_t>(rounded)) == 0;
     {
       std::lock_guard<std::mutex> guard(mutex_);
       locked_.insert(ptr);
     }
-    auto deleter = [rounded, locked](void* p) {
+    auto deleter = [base, mapped, rounded, locked](void* p) {
       if (locked) ::munlock(p, static_cast<size_t>(rounded));
-      std::free(p);
+      if (mapped > 0) {
+        ::munmap(base, mapped);
+      } else {
+        std::free(base);
+      }
     };
     return torch::from_blob(ptr, {num_elem}, deleter, example.options().device(at::kCPU));
   }
