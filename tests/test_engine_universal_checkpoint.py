@@ -6,7 +6,8 @@ steps with losses within 1e-5 (absolute; losses are ~4) of one uninterrupted sin
 torch run (torch.optim.AdamW, clip_grad_norm_) over the same global batches. Every resumed
 model starts from other random weights, so the weights can only come from the checkpoint.
 Beyond the list: a resume on 1 rank with ZeRO-3 and both parameters and optimizer state
-swapped to files (NVMe offload).
+swapped to files (NVMe offload); tensor_parallel.tp_size 2 and fp16 runs resumed on another
+ZeRO stage.
 
 zero_to_fp32 on each checkpoint gives a state dict that loads into the plain GPT with
 strict=True and equals, exactly, the fp32 weights the saving engine held (gathered from its
@@ -69,8 +70,8 @@ def train_gpt(engine, start: int, steps: int) -> list[float]:
             engine.backward(loss)
             engine.step()
             total += loss.detach()
-        dist.all_reduce(total)
-        out.append(total.item() / (world * gas))
+        dist.all_reduce(total)  # tensor-parallel peers hold the same loss
+        out.append(total.item() / (dist.get_world_size() * gas))
     return out
 
 
@@ -185,7 +186,29 @@ def _four_ranks(rank, world, root: str) -> dict:
                                             "save": os.path.join(root, "moe-ep4"), "seed": 123})
     for name in ("zero3-w4", "zero1-offload-w4"):
         out[name] = _segment(rank, world, _resume_spec(root, name))
+    for name, extra, stages in (("tp2", {"tensor_parallel": {"tp_size": 2}}, (2, 1)),
+                                ("fp16", {"fp16": {"enabled": True, "initial_scale_power": 8}}, (2, 3))):
+        out[name] = _stop_and_resume(os.path.join(root, name), extra, *stages)
     return out
+
+
+def _stop_and_resume(save: str, extra: dict, stage: int, resume_stage: int) -> dict:
+    """6 steps uninterrupted (saving after 3), then steps 4-6 again on a fresh engine at
+    ``resume_stage`` from that checkpoint; ``extra`` config keys for both."""
+    def engine(stage: int, seed: int):
+        torch.manual_seed(seed)
+        cfg = dict(config(stage, 1), **extra)
+        return trainer.initialize(model=GPT(tp_size=cfg.get("tensor_parallel", {}).get("tp_size", 1)),
+                                  config=cfg)[0]
+
+    whole = engine(stage, 0)
+    losses = train_gpt(whole, 0, 3)
+    whole.save_checkpoint(save)
+    losses += train_gpt(whole, 3, 3)
+    whole.close()
+    resumed = engine(resume_stage, 5)
+    resumed.load_checkpoint(save)
+    return {"whole": losses[3:], "resumed": train_gpt(resumed, 3, 3)}
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +245,11 @@ def test_moe_gpt_saved_with_ep_size_2_resumes_with_ep_size_4(runs):
     ep1 = dict(MOE, ep_size=1)
     _assert_consolidated(os.path.join(root, "moe-ep2"), _merged(whole), None, "zero_to_fp32, ep_size 2", moe=ep1)
     _assert_consolidated(os.path.join(root, "moe-ep4"), _merged(resumed), None, "zero_to_fp32, ep_size 4", moe=ep1)
+
+
+def test_tensor_parallel_and_fp16_runs_resume_on_another_stage(runs):
+    """tensor_parallel.tp_size 2 on 4 ranks, ZeRO-2 saved, ZeRO-1 resumed (each tensor-parallel rank
+    finds its own slices); fp16 with its loss scaler, ZeRO-2 saved, ZeRO-3 resumed."""
+    _, results = runs
+    for name in ("tp2", "fp16"):
+        _assert_losses(results[name][0]["resumed"], results[name][0]["whole"], f"{name} resumed")
