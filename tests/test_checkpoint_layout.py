@@ -150,6 +150,11 @@ def test_zero_to_fp32_as_a_command(tmp_path):
     model = make_model(seed=4)
     model.load_state_dict(torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=True), strict=True)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), engine.module.state_dict().values()))
+    from trainer.checkpoint.zero_to_fp32 import load_state_dict_from_zero_checkpoint
+    loaded = load_state_dict_from_zero_checkpoint(make_model(seed=8), tmp_path / "ck")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    with pytest.raises(CheckpointError, match="the checkpoint holds 2.weight, which the model does not have"):
+        load_state_dict_from_zero_checkpoint(nn.Sequential(nn.Linear(16, 64)), tmp_path / "ck")
     proc = subprocess.run([*run, str(tmp_path / "ck"), str(tmp_path / "w.pt"), "-t", "global_step2"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and (tmp_path / "w.pt").is_file()

@@ -107,6 +107,24 @@ def test_another_optimizer_type_cannot_resume_but_can_take_the_weights(tmp_path)
     assert sgd.global_steps == 2 and not sgd.optimizer.master.optimizer.state  # no AdamW moments taken
 
 
+def test_sgd_momentum_resumes_on_another_stage(tmp_path):
+    """Optimizer state without a step count (SGD's momentum_buffer) is kept per element too."""
+    def engine(stage):
+        cfg = _config(stage)
+        cfg["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
+        cfg.pop("scheduler")
+        return trainer.initialize(model=make_model(), config=cfg)[0]
+
+    whole = engine(1)
+    train(whole, steps=2, batch=BATCH)
+    whole.save_checkpoint(tmp_path / "ck")
+    rest = train(whole, steps=2, batch=BATCH, start=2)
+    resumed = engine(3)
+    resumed.load_checkpoint(tmp_path / "ck")
+    assert all(len(s) == 1 for s in resumed.optimizer.master.optimizer.state.values())  # momentum_buffer
+    torch.testing.assert_close(train(resumed, steps=2, batch=BATCH, start=2), rest, rtol=1e-6, atol=0)
+
+
 def test_tags_latest_client_state_and_module_only(tmp_path):
     engine, *_ = trainer.initialize(model=make_model(), config=_config(1))
     train(engine, steps=1, batch=BATCH)

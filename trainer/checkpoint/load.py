@@ -127,7 +127,7 @@ def _stage(engine, tag_dir: str, load_optimizer_states: bool) -> _Staged:
             step = next(iter(seen)) if seen else None
             masters.append(values)
             steps.append(step)
-            states.append(state if load_optimizer_states and step is not None else None)
+            states.append(state if load_optimizer_states and (state or step is not None) else None)
         resident = {}
         for name, tensor in {**names.buffers, **names.frozen}.items():
             resident[name] = (tensor, _resident_value(source, entry, name, tensor, tag_dir))
@@ -182,9 +182,10 @@ def _apply(engine, staged: _Staged, load_optimizer_states: bool, load_lr_schedul
                 continue
             if state is None:
                 inner.state.pop(master, None)
-            else:
-                inner.state[master] = {"step": step_value(inner, step),
-                                       **{k: v.to(master.device) for k, v in state.items()}}
+                continue
+            inner.state[master] = {k: v.to(master.device) for k, v in state.items()}
+            if step is not None:
+                inner.state[master]["step"] = step_value(inner, step)
         if load_optimizer_states:
             restore_group_options(inner, staged.engine_states["param_groups"])
     for tensor, value in staged.resident.values():
