@@ -3,16 +3,17 @@
     python -m benches.checkpoint_vs_deepspeed [--world 2] [--stages 2 3] [--dim 512] [--layers 8] [--rounds 5]
 
 Target (issue 19): a checkpoint any world size / ZeRO stage can resume from, at no more cost than
-DeepSpeed's per-rank checkpoint (save + fsync and load <= 1.0x). Method: the example GPT (benches/engine_vs_deepspeed.py's copy, at
---dim / --layers), fp32, AdamW (torch's in both), ZeRO stage N, ``--world`` gloo ranks per framework;
-each framework trains 2 steps (so the Adam moments exist), then every round: barrier, save to a fresh
-tag (timed: until every rank returned), fsync every file of the tag (timed apart: the frameworks leave
-the data in the page cache, this is what making it durable costs), barrier, load that tag back into the
-same engine (timed; a fresh engine's cost would add the same model build to both). Rounds alternate
-which framework goes first. A round's time is the slowest rank's; the table gives the best and the
-median round. Bytes are the tag folder's on disk: DeepSpeed's mp_rank_00_model_states.pt (module
-weights) + zero_pp_rank_*_optim_states.pt (fp32 partitions + moments); ours the fragments (fp32 master
-+ moments, by parameter name) + index. Writes benches/RESULTS-checkpoint.md.
+DeepSpeed's per-rank checkpoint (save + fsync and load <= 1.0x). Method: the example GPT
+(benches/engine_vs_deepspeed.py's copy, at --dim / --layers), fp32, AdamW (torch's in both), ZeRO
+stage N, ``--world`` gloo ranks per framework; each framework trains 2 steps (so the Adam moments
+exist), then every round: barrier, save to a fresh tag (timed: until every rank returned), fsync
+every file of the tag (timed apart: the frameworks leave the data in the page cache, this is what
+making it durable costs), barrier, load that tag back into the same engine (timed; a fresh engine's
+cost would add the same model build to both). Rounds alternate which framework goes first. A
+round's time is the slowest rank's; the table gives the best and the median round. Bytes are the
+tag folder's on disk: DeepSpeed's mp_rank_00_model_states.pt (module weights) +
+zero_pp_rank_*_optim_states.pt (fp32 partitions + moments); ours the fragments (fp32 master +
+moments, by parameter name) + index. Writes benches/RESULTS-checkpoint.md.
 """
 from __future__ import annotations
 
