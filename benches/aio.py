@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "the handle issues 128 MiB requests (block_size x queue_depth) into the tensor's own buffer, which",
         "new_cpu_locked_tensor maps on a 2 MiB boundary with transparent huge pages. The row 'into an ordinary",
         "page-aligned tensor' is the same read into 4 KiB pages: the gap between the two is the destination",
-        "buffer, not the I/O engine (the virtual disk moves each request into fewer, larger segments, and the",
-        "copy takes fewer TLB misses). Buffer and offsets are page-aligned, so every byte goes through O_DIRECT.",
+        "buffer, not the I/O engine (likely: fewer, larger segments per request for the virtual disk, and fewer",
+        "TLB misses in the copy). Buffer and offsets are page-aligned, so every byte goes through O_DIRECT.",
         "`python -m native.nvme_tune --dir D` sweeps the handle's settings for a given device.",
     ])
     print(text)

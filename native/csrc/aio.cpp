@@ -205,8 +205,8 @@ class AioHandle {
   // Buffers of 2 MiB and more are mapped on their own, start on a 2 MiB
   // boundary and ask for transparent huge pages: O_DIRECT reads into them ran
   // 1.4-1.8x faster on the virtual disk of benches/aio.py than into a
-  // posix_memalign'ed buffer (fewer, larger segments per request; fewer TLB
-  // misses in the copy), see BENCHMARKS.md.
+  // posix_memalign'ed buffer (likely fewer, larger segments per request and
+  // fewer TLB misses in the copy), see BENCHMARKS.md.
   at::Tensor new_cpu_locked_tensor(int64_t num_elem, const at::Tensor& example) {
     TORCH_CHECK(num_elem >= 0, "new_cpu_locked_tensor: num_elem must be >= 0, got ", num_elem);
     const int64_t nbytes = std::max<int64_t>(num_elem * example.element_size(), 1);
