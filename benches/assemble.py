@@ -10,7 +10,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parent / "BENCHMARKS.md"
-ORDER = ["hook", "ingest", "engine", "engine-ds", "flops", "dashboard", "native", "moe", "security"]
+ORDER = ["hook", "ingest", "engine", "engine-ds", "checkpoint", "flops", "dashboard", "native", "moe", "security"]
 
 
 def results_files() -> list[Path]:

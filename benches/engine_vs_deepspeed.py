@@ -64,7 +64,8 @@ def _common():
     return mod
 
 
-def build_model():
+def build_model(**sizes):
+    """The example GPT (its defaults, or other ``dim`` / ``layers`` / ``heads``), seeded alike."""
     import torch
     from torch import nn
     common = _common()
@@ -88,7 +89,7 @@ def build_model():
             return self.lm_head(self.ln_f(x))
 
     torch.manual_seed(0)
-    return GPT()
+    return GPT(**sizes)
 
 
 def synthetic_batch(step: int, micro: int, rank: int, batch: int):  # copy of trainer.examples.gpt.synthetic_batch

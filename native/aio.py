@@ -16,6 +16,11 @@ How the knobs map onto the engine (native/csrc/aio.cpp, a thread pool of
 Writes create the file and never truncate it, so writes at offsets compose.
 Failures surface as OSError (errno, strerror, the file name) or EOFError for
 a short read: immediately for sync ops, at wait() for async ones.
+
+Beyond DeepSpeed's API, ``submit`` starts one op and returns a ticket;
+``wait_ops(tickets)`` waits for those ops only and ``is_done(ticket)`` polls one,
+so a caller can use the first of several reads in flight while the others run
+(native.swap does, to pipeline ZeRO-3 parameter reads).
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ class AsyncIOHandle:
         engine_class = _kernel.AioHandle if _kernel is not None else _PythonEngine
         self._engine = engine_class(block_size, queue_depth, bool(single_submit), bool(overlap_events),
                                     intra_op_parallelism)
-        self._async_validations: list[tuple[bool, torch.Tensor, str, int]] = []
+        self._async_validations: dict[int, tuple[bool, torch.Tensor, str, int]] = {}  # by ticket
 
     # -- I/O ------------------------------------------------------------------
     def pread(self, buffer: torch.Tensor, filename: PathLike, validate: bool = False,
@@ -85,11 +90,35 @@ class AsyncIOHandle:
         ops are finished, so no buffer is still in use when the error arrives.
         """
         completed, errors = self._engine.wait()
-        validations, self._async_validations = self._async_validations, []
+        validations, self._async_validations = self._async_validations, {}
+        _raise_errors(errors)
+        for args in validations.values():
+            _validate(*args)
+        return completed
+
+    # -- single ops (rankscope's addition) ------------------------------------------
+    def submit(self, buffer: torch.Tensor, filename: PathLike, is_read: bool, file_offset: int = 0,
+               validate: bool = False) -> int:
+        """Start one async read (``is_read``) or write; returns its ticket for wait_ops / is_done
+        (wait() collects it too)."""
+        return self._start(is_read, buffer, filename, validate, file_offset)
+
+    def wait_ops(self, tickets: list[int]) -> None:
+        """Block until the ops of ``tickets`` have finished (others keep running); raises the
+        first failure among them, as wait() does."""
+        errors = self._engine.wait_ops(list(tickets))
+        validations = [self._async_validations.pop(t) for t in tickets if t in self._async_validations]
         _raise_errors(errors)
         for args in validations:
             _validate(*args)
-        return completed
+
+    def is_done(self, ticket: int) -> bool:
+        """Whether the op of ``ticket`` has finished (without waiting)."""
+        return self._engine.is_done(ticket)
+
+    def pending(self) -> int:
+        """Async ops submitted and not yet collected by wait() / wait_ops()."""
+        return self._engine.pending()
 
     # -- pinned buffers -----------------------------------------------------------
     def new_cpu_locked_tensor(self, num_elem: int, example_tensor: torch.Tensor) -> torch.Tensor:
@@ -118,6 +147,25 @@ class AsyncIOHandle:
 
     def _io(self, is_read: bool, buffer: torch.Tensor, filename: PathLike, validate: bool,
             async_op: bool, file_offset: int) -> int:
+        if async_op:
+            self._start(is_read, buffer, filename, validate, file_offset)
+            return 0
+        path = self._check(is_read, buffer, filename, file_offset)
+        _raise_errors(self._engine.run(buffer, path, is_read, file_offset))
+        if validate:
+            _validate(is_read, buffer, path, file_offset)
+        return 1
+
+    def _start(self, is_read: bool, buffer: torch.Tensor, filename: PathLike, validate: bool,
+               file_offset: int) -> int:
+        path = self._check(is_read, buffer, filename, file_offset)
+        ticket = self._engine.submit(buffer, path, is_read, file_offset)
+        if validate:
+            self._async_validations[ticket] = (is_read, buffer, path, file_offset)
+        return ticket
+
+    @staticmethod
+    def _check(is_read: bool, buffer: torch.Tensor, filename: PathLike, file_offset: int) -> str:
         path = os.fspath(filename)
         what = "pread into" if is_read else "pwrite from"
         if not isinstance(buffer, torch.Tensor):
@@ -127,15 +175,7 @@ class AsyncIOHandle:
                              f"got device={buffer.device}, contiguous={buffer.is_contiguous()}")
         if not isinstance(file_offset, int) or file_offset < 0:
             raise ValueError(f"AsyncIOHandle: {path}: file_offset must be an int >= 0, got {file_offset!r}")
-        if async_op:
-            self._engine.submit(buffer, path, is_read, file_offset)
-            if validate:
-                self._async_validations.append((is_read, buffer, path, file_offset))
-            return 0
-        _raise_errors(self._engine.run(buffer, path, is_read, file_offset))
-        if validate:
-            _validate(is_read, buffer, path, file_offset)
-        return 1
+        return path
 
 
 def _raise_errors(errors: list[tuple[int, str, str, str]]) -> None:
@@ -175,7 +215,8 @@ class _PythonEngine:
         self._settings = (block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
         self._pool = ThreadPoolExecutor(intra_op_parallelism, thread_name_prefix="rankscope-aio")
         self._lock = threading.Lock()
-        self._pending: list = []
+        self._pending: dict[int, object] = {}  # ticket -> future, in submission order
+        self._next_ticket = 1
 
     def get_block_size(self): return self._settings[0]
     def get_queue_depth(self): return self._settings[1]
@@ -185,14 +226,27 @@ class _PythonEngine:
 
     def submit(self, tensor, path, is_read, file_offset):
         with self._lock:
-            self._pending.append(self._pool.submit(self._run_op, tensor, path, is_read, file_offset))
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._pending[ticket] = self._pool.submit(self._run_op, tensor, path, is_read, file_offset)
+        return ticket
 
     def run(self, tensor, path, is_read, file_offset):
         return self._run_op(tensor, path, is_read, file_offset)
 
+    def wait_ops(self, tickets):
+        with self._lock:
+            futures = [self._pending.pop(t) for t in tickets if t in self._pending]
+        return [e for future in futures for e in future.result()]
+
+    def is_done(self, ticket):
+        with self._lock:
+            future = self._pending.get(ticket)
+        return future is None or future.done()
+
     def wait(self):
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending, self._pending = list(self._pending.values()), {}
         errors = [e for future in pending for e in future.result()]
         return len(pending), errors
 

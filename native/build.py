@@ -4,8 +4,9 @@
 torch.utils.cpp_extension (ninja) and returns the module; later processes load
 the cached .so. The cache lives in $RANKSCOPE_NATIVE_BUILD_DIR or
 ~/.cache/rankscope/native, in a sub-directory keyed by torch version, CPU
-features and build mode: the release build uses -march=native, so a cache
-copied to another CPU must not be reused.
+features and build mode (the release build uses -march=native, so a cache
+copied to another CPU must not be reused), and under it one folder per
+extension and source hash.
 
 Switches (environment):
   RANKSCOPE_NATIVE=off  skip the build, callers use their pure-torch fallback.
@@ -112,13 +113,16 @@ def _build(name: str, verbose: bool) -> ModuleType | None:
     try:
         from torch.utils import cpp_extension
 
-        directory = build_dir() / name
+        # One folder per source version: worktrees (or installs) with different sources each keep
+        # their build instead of rebuilding over each other's.
+        source = CSRC / f"{name}.cpp"
+        directory = build_dir() / f"{name}-{hashlib.sha1(source.read_bytes()).hexdigest()[:12]}"
         directory.mkdir(parents=True, exist_ok=True)
         cflags, ldflags = _flags()
         module_name = f"rankscope_{name}" + ("_debug" if debug_build() else "")
         return cpp_extension.load(
             name=module_name,
-            sources=[str(CSRC / f"{name}.cpp")],
+            sources=[str(source)],
             extra_cflags=cflags,
             extra_ldflags=ldflags,
             build_directory=str(directory),

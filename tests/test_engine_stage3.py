@@ -15,7 +15,7 @@ from trainer.zero import set_z3_leaf_modules
 from trainer.zero.leaf import mark_by_granularity
 
 
-def _run(prefetch: int, steps: int = 3, zero_extra: dict | None = None, leaf_classes=None):
+def _run(prefetch: int, steps: int = 3, zero_extra: dict | None = None, leaf_classes=None, setup=None):
     torch.manual_seed(0)
     model = GPT(dim=32, layers=2)
     if leaf_classes:
@@ -26,6 +26,8 @@ def _run(prefetch: int, steps: int = 3, zero_extra: dict | None = None, leaf_cla
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
                                  "stage3_prefetch_bucket_size": prefetch, **(zero_extra or {})}}
     engine, *_ = trainer.initialize(model=model, config=cfg)
+    if setup is not None:
+        setup(engine)
     comm.reset_summary()
     losses, sizes_between_steps = [], set()
     for step in range(steps):
@@ -144,3 +146,34 @@ def test_multihead_attention_is_one_unit_under_zero3_without_being_told():
     reference = _train(Net(), stage=0)
     torch.manual_seed(0)
     torch.testing.assert_close(_train(Net(), stage=3), reference, rtol=1e-6, atol=0)
+
+
+def test_nvme_parameter_reads_run_ahead_and_each_unit_waits_for_its_own_read(tmp_path):
+    """With offload_param nvme, every partition read after the first forward was started before its
+    unit needed it, and taking it waited for that read only: reads of later units were still in
+    flight (uncollected) after some loads. Same numbers as without offload."""
+    _, base, _, _ = _run(prefetch=1)
+    events = []
+
+    def spy(engine):
+        swap = engine.optimizer.param_swap
+        prefetch, load = swap.prefetch, swap.load
+
+        def record_prefetch(shards):
+            events.extend(("prefetch", id(t)) for t in shards if not swap.resident(t))
+            prefetch(shards)
+
+        def record_load(shards):
+            missing = [id(t) for t in shards if not swap.resident(t)]
+            load(shards)
+            events.extend(("load", key, swap.swapper.handle.pending()) for key in missing)
+        swap.prefetch, swap.load = record_prefetch, record_load
+
+    nvme = {"device": "nvme", "nvme_path": str(tmp_path)}
+    _, losses, _, _ = _run(prefetch=10 ** 8, zero_extra={"offload_param": nvme}, setup=spy)
+    torch.testing.assert_close(losses, base, rtol=1e-6, atol=0)
+    first_pass = 9  # the first forward has no trace to prefetch along
+    loads = [(i, e[1], e[2]) for i, e in enumerate(events) if e[0] == "load"][first_pass:]
+    late = [key for i, key, _ in loads if ("prefetch", key) not in events[:i]]
+    assert loads and not late, f"{len(late)} of {len(loads)} reads were not started ahead"
+    assert max(pending for *_, pending in loads) > 0, "every load waited for all reads in flight"

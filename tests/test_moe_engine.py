@@ -14,9 +14,9 @@ within 1e-5 (absolute; losses are ~0.5) of the reference's at every step.
 
 Checkpoints: every case saves after SAVE_AT steps; a fresh engine on a
 differently initialised model loads it and repeats the remaining steps with the
-same losses (within 1e-6). Each expert is written once, to
-layer_<L>_expert_<e>_mp_rank_00_model_states.pt by the first rank of its
-expert-data-parallel group, holding that expert's weights at the save."""
+same losses (within 1e-6). The checkpoint names experts by global id
+(``moe.experts.local_experts.<e>``) whatever ep_size saved them, each once,
+holding that expert's weights at the save."""
 from __future__ import annotations
 
 import os
@@ -102,7 +102,7 @@ def worker(rank: int, port: int, tmp: str) -> None:
         for step in range(STEPS):
             if step == SAVE_AT:
                 engine.save_checkpoint(ckpt)
-                check_expert_files(engine, os.path.join(ckpt, f"global_step{SAVE_AT}"), ep)
+                check_experts_in_checkpoint(engine, ckpt, ep)
             x, y = batch(step, rank)
             loss = loss_of(engine(x), y)
             engine.backward(loss)
@@ -126,10 +126,12 @@ def worker(rank: int, port: int, tmp: str) -> None:
         engine.close()
 
 
-def check_expert_files(engine, ckpt_dir: str, ep: int) -> None:
-    """Every global expert has exactly one file, equal to the weights its holders have now."""
+def check_experts_in_checkpoint(engine, ckpt: str, ep: int) -> None:
+    """Every global expert is in the checkpoint once, under its global id, equal to the weights its
+    holders have now."""
     import torch.distributed as dist
 
+    from trainer.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from trainer.moe import MoE
 
     moe = next(m for m in engine.module.modules() if isinstance(m, MoE))
@@ -141,18 +143,16 @@ def check_expert_files(engine, ckpt_dir: str, ep: int) -> None:
                                              for k, v in expert.state_dict().items()}
     everyone = [None] * WORLD
     dist.all_gather_object(everyone, mine)
-    names = sorted(f for f in os.listdir(ckpt_dir) if f.startswith("layer_"))
-    assert names == sorted(f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(EXPERTS)), names
+    saved = get_fp32_state_dict_from_zero_checkpoint(ckpt)
+    prefix = "moe.experts.local_experts."
+    assert sorted({k[len(prefix):].split(".")[0] for k in saved if k.startswith(prefix)}) == \
+        [str(e) for e in range(EXPERTS)]
     for e in range(EXPERTS):
-        saved = torch.load(os.path.join(ckpt_dir, f"layer_0_expert_{e}_mp_rank_00_model_states.pt"),
-                           weights_only=False)
-        assert (saved["layer"], saved["expert"]) == (0, e)
         holders = [d[e] for d in everyone if e in d]
         assert len(holders) == WORLD // ep
         for held in holders:
-            assert held.keys() == saved["state"].keys()
-            for k in held:
-                assert torch.equal(held[k], saved["state"][k]), (e, k)
+            for k, v in held.items():
+                assert torch.equal(v, saved[f"{prefix}{e}.{k}"]), (e, k)
 
 
 def test_moe_model_trains_under_the_engine_like_the_reference(tmp_path):

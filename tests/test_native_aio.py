@@ -223,3 +223,43 @@ def test_locked_tensor_is_page_aligned_with_example_dtype():
     t.fill_(1.5)
     assert handle.free_cpu_locked_tensor(t) is True
     assert float(t.sum()) == 1500.0  # still valid while referenced
+
+
+def test_large_locked_tensors_start_on_a_huge_page_boundary_and_round_trip(tmp_path):
+    """From 2 MiB up, buffers are mapped on their own on a 2 MiB boundary (transparent huge pages:
+    much faster O_DIRECT reads on a virtual disk); views keep the mapping alive."""
+    handle = AsyncIOHandle()
+    for n in (2 * MiB, 3 * MiB + 5):
+        t = handle.new_cpu_locked_tensor(n, torch.empty(0, dtype=torch.uint8))
+        if aio.BACKEND == "native":
+            assert t.data_ptr() % (2 * MiB) == 0
+        t.copy_(_random_bytes(n))
+        handle.sync_pwrite(t, tmp_path / "h.bin")
+        back = handle.new_cpu_locked_tensor(n, t)
+        handle.sync_pread(back, tmp_path / "h.bin")
+        assert torch.equal(back, t)
+        view = back[7:]
+        assert handle.free_cpu_locked_tensor(back)
+        del back
+        assert view.numel() == n - 7 and int(view[-1]) == int(t[-1])
+
+
+def test_tickets_wait_for_one_op_and_leave_the_others_running(tmp_path):
+    handle = AsyncIOHandle(intra_op_parallelism=2)
+    data = [_random_bytes(200_000 + i) for i in range(3)]
+    paths = [tmp_path / f"t{i}.bin" for i in range(3)]
+    writes = [handle.submit(d, p, is_read=False) for d, p in zip(data, paths)]
+    handle.wait_ops(writes)
+    assert all(handle.is_done(t) for t in writes) and handle.wait() == 0  # collected by wait_ops
+    back = [torch.empty_like(d) for d in data]
+    reads = [handle.submit(b, p, is_read=True, validate=True) for b, p in zip(back, paths)]
+    handle.wait_ops([reads[1]])
+    assert torch.equal(back[1], data[1]) and handle.is_done(reads[1])
+    assert handle.wait() == 2  # the other two, still collected by wait()
+    assert all(torch.equal(b, d) for b, d in zip(back, data))
+    bad = handle.submit(torch.empty(10, dtype=torch.uint8), tmp_path / "missing.bin", is_read=True)
+    good = handle.submit(torch.empty(10, dtype=torch.uint8), paths[0], is_read=True)
+    handle.wait_ops([good])  # the failed op is not among these: no error here
+    with pytest.raises(FileNotFoundError, match="No such file"):
+        handle.wait_ops([bad])
+    assert handle.wait() == 0

@@ -59,3 +59,23 @@ def test_errors_name_the_problem(tmp_path):
         with pytest.raises(FileNotFoundError) as info:
             swapper.swap_in("x")
         assert info.value.filename == os.path.join(swapper.directory, swap_file)
+
+
+def test_swap_in_waits_for_its_own_read_only(tmp_path):
+    """A prefetched key is handed out once its own read is done; ready() says so without waiting,
+    and keys whose reads are still queued are not waited for."""
+    handle = AsyncIOHandle(intra_op_parallelism=1)
+    with TensorSwapper(str(tmp_path), handle) as swapper:
+        tensors = {f"k{i}": torch.randn(300_000 + i) for i in range(4)}
+        for k, t in tensors.items():
+            swapper.swap_out(k, t)
+        swapper.synchronize()
+        for k in tensors:
+            swapper.prefetch(k)
+        first = swapper.swap_in("k0")
+        assert torch.equal(first, tensors["k0"])
+        assert handle.pending() == 3  # the other reads were not waited for (done or not)
+        swapper.synchronize()
+        assert handle.pending() == 0
+        assert all(swapper.ready(k) for k in ("k1", "k2", "k3"))
+        assert all(torch.equal(swapper.swap_in(k), tensors[k]) for k in ("k1", "k2", "k3"))

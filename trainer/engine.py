@@ -204,6 +204,7 @@ class Engine(nn.Module):
             self.optimizer.attach_param_swap(NVMeParamSwap(zero.offload_param.nvme_path, rank=self.rank,
                                                            aio=cfg.aio.handle_kwargs()))
         self.lr_scheduler = build_scheduler(self.optimizer.master.optimizer, cfg.scheduler)
+        self.data_sampler = None
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
 
         self.global_steps = 0
@@ -235,9 +236,12 @@ class Engine(nn.Module):
             comm.broadcast(t.data, src=src, group=self.dp_group, log_name="engine.broadcast_model")
 
     def _dataloader(self, dataset, collate_fn):
-        from torch.utils.data import DataLoader, DistributedSampler
-        sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size, rank=self.dp_rank)
-        return DataLoader(dataset, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
+        """DeepSpeed's training dataloader; its sampler's position is part of a checkpoint."""
+        from torch.utils.data import DataLoader
+
+        from trainer.data_sampler import ResumableDistributedSampler
+        self.data_sampler = ResumableDistributedSampler(dataset, num_replicas=self.dp_world_size, rank=self.dp_rank)
+        return DataLoader(dataset, batch_size=self.train_micro_batch_size_per_gpu(), sampler=self.data_sampler,
                           collate_fn=collate_fn, drop_last=True)
 
     # ---------------------------------------------------------------- DeepSpeed accessors
@@ -314,6 +318,8 @@ class Engine(nn.Module):
             self._report(outcome)
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
+            if self.data_sampler is not None:
+                self.data_sampler.advance(self.train_batch_size())
             session.set_step(self.global_steps)
         self.micro_steps += 1
 
@@ -356,66 +362,21 @@ class Engine(nn.Module):
 
     # ---------------------------------------------------------------- checkpoints
 
-    def _moe_layers(self) -> list:
-        """(index, dotted name, MoE) for every MoE layer, in module order (the same on every rank)."""
-        from trainer.moe import MoE
-        return [(i, name, m) for i, (name, m) in
-                enumerate((n, m) for n, m in self.module.named_modules() if isinstance(m, MoE))]
-
-    @staticmethod
-    def _expert_file(ckpt_dir: str, layer: int, expert: int, tp_rank: int) -> str:
-        return os.path.join(ckpt_dir, f"layer_{layer}_expert_{expert}_mp_rank_{tp_rank:02d}_model_states.pt")
-
-    def _save_experts(self, ckpt_dir: str) -> None:
-        """DeepSpeed's expert files, ``layer_<L>_expert_<e>_mp_rank_<t>_model_states.pt`` (L: the
-        MoE layer's index in module order, e: the global expert index), each written by the first
-        rank of its expert-data-parallel group. Collective under ZeRO-3 (experts are gathered)."""
-        layers = self._moe_layers()
-        if not layers:
-            return
-        full = self.optimizer.full_state_dict(self.module) if self.zero_optimization_stage() == 3 else None
-        for index, name, moe in layers:
-            groups = moe.groups
-            if groups.edp_size > 1 and comm.get_rank(groups.edp_group) != 0:
-                continue
-            for i, expert in enumerate(moe.experts.local_experts):
-                prefix = f"{name}.experts.local_experts.{i}." if name else f"experts.local_experts.{i}."
-                state = {k: (full[prefix + k] if full is not None else v.detach().clone()).cpu()
-                         for k, v in expert.state_dict().items()}
-                e = moe.experts.first_expert + i
-                torch.save({"layer": index, "expert": e, "module": name, "state": state},
-                           self._expert_file(ckpt_dir, index, e, self.tp_rank))
-
-    @torch.no_grad()
-    def _load_experts(self, ckpt_dir: str) -> None:
-        """Check this rank's expert files exist and (ZeRO 0-2) load them; the fp32 masters the
-        optimizer file restored hold the same values for trainable expert parameters."""
-        for index, name, moe in self._moe_layers():
-            for i, expert in enumerate(moe.experts.local_experts):
-                path = self._expert_file(ckpt_dir, index, moe.experts.first_expert + i, self.tp_rank)
-                if not os.path.isfile(path):
-                    raise FileNotFoundError(f"checkpoint expert file {path} is missing (was it written with "
-                                            f"moe ep_size {moe.ep_size} and {moe.num_experts} experts?)")
-                if self.zero_optimization_stage() < 3:
-                    state = torch.load(path, map_location="cpu", weights_only=False)["state"]
-                    for k, t in expert.state_dict().items():
-                        t.copy_(state[k])
-
-    def save_checkpoint(self, save_dir, tag=None, client_state=None) -> str:
-        """DeepSpeed's layout (trainer/checkpoint.py) plus one file per MoE expert."""
+    def save_checkpoint(self, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True) -> str:
+        """DeepSpeed's call (collective): a checkpoint any world size, ZeRO stage and ep_size can
+        resume from (trainer.checkpoint), under ``save_dir/tag`` (default ``global_step<N>``);
+        ``latest`` names it unless ``save_latest`` is False. Returns the tag folder."""
         from trainer.checkpoint import save_checkpoint
-        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
-        ckpt_dir = os.path.join(os.fspath(save_dir), tag)
-        os.makedirs(ckpt_dir, exist_ok=True)
-        self._save_experts(ckpt_dir)  # before save_checkpoint's barriers, so "latest" comes last
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {})
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state, save_latest=save_latest)
 
-    def load_checkpoint(self, load_dir, tag=None):
+    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False):
+        """DeepSpeed's call (collective): resume from ``load_dir/tag`` (default: the tag in
+        ``load_dir/latest``). Returns ``(tag folder, client_state)``, or ``(None, None)`` when
+        there is no checkpoint; raises trainer.checkpoint.CheckpointError naming what does not fit."""
         from trainer.checkpoint import load_checkpoint
-        ckpt_dir, client_state = load_checkpoint(self, load_dir, tag=tag)
-        if ckpt_dir is not None:
-            self._load_experts(ckpt_dir)
-        return ckpt_dir, client_state
+        return load_checkpoint(self, load_dir, tag=tag, load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
 
     def after_checkpoint_load(self) -> None:
         session.set_step(self.global_steps)

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 import weakref
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -113,7 +114,9 @@ class NVMeParamSwap:
     A partition is written after each optimizer step (:meth:`write`); otherwise it is read
     back only while needed (:meth:`load` before its all-gather, :meth:`evict` after), so host
     memory holds just the partitions in use. ``prefetch`` starts reads of partitions about to
-    be gathered. Telemetry: ``timers`` rows ``nvme.param_swap_in`` / ``nvme.param_swap_out``."""
+    be gathered and returns; ``ready`` says whether one's read is done; ``load`` waits for its
+    partitions' own reads only. Telemetry: ``timers`` rows ``nvme.param_swap_in`` (the time
+    ``load`` waited) / ``nvme.param_swap_out``."""
 
     def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None,
                  key: str = "zero_optimization.offload_param.nvme_path") -> None:
@@ -149,6 +152,10 @@ class NVMeParamSwap:
         for t in shards:
             if not self.resident(t):
                 self.swapper.prefetch(self._key(t))
+
+    def ready(self, t: torch.Tensor) -> bool:
+        """In memory, or its read finished: load() would not wait."""
+        return self.resident(t) or self.swapper.ready(self._key(t))
 
     def load(self, shards: list[torch.Tensor]) -> None:
         """Bring the partitions back into memory (reads already prefetched are not repeated)."""
@@ -303,26 +310,18 @@ class OffloadedOptimizer:
             out += [v for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
         return out
 
-    def state_dict(self) -> dict:
-        self.storage.before_step(self.optimizer)  # swapped state back in memory for the checkpoint
+    @contextmanager
+    def resident_state(self):
+        """Every optimizer state tensor in memory inside the block (swapped-out state is read back
+        first and written out again after), for a checkpoint to read or replace it."""
+        self.storage.before_step(self.optimizer)
         try:
-            sd = self.optimizer.state_dict()
-            sd["state"] = {k: dict(v) for k, v in sd["state"].items()}  # survive the swap-out below
+            yield
         finally:
             self.storage.after_step(self.optimizer)
-        return {"optimizer": sd, "masters": [m.detach().cpu() for m in self.masters]}
 
-    def load_state_dict(self, sd: dict) -> None:
-        if len(sd["masters"]) != len(self.masters):
-            raise ValueError(f"checkpoint holds {len(sd['masters'])} master partitions, this engine has "
-                             f"{len(self.masters)} (different model or ZeRO layout)")
-        for master, saved, shard in zip(self.masters, sd["masters"], self.param_shards):
-            if master.shape != saved.shape:
-                raise ValueError(f"checkpoint master partition has shape {tuple(saved.shape)}, expected "
-                                 f"{tuple(master.shape)} (different world size or bucket sizes)")
-            master.data.copy_(saved)
+    def refresh_shards(self) -> None:
+        """Copy the masters into the parameter shards (after the masters were replaced)."""
+        for master, shard in zip(self.masters, self.param_shards):
             if master is not shard:
                 shard.copy_(master)
-        self.storage.before_step(self.optimizer)  # drop placeholders' bookkeeping: state comes from sd
-        self.optimizer.load_state_dict(sd["optimizer"])
-        self.storage.after_step(self.optimizer)

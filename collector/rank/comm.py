@@ -34,6 +34,7 @@ new_group = c10d.new_group
 get_global_rank = c10d.get_global_rank
 get_process_group_ranks = c10d.get_process_group_ranks
 all_gather_object = c10d.all_gather_object
+gather_object = c10d.gather_object
 broadcast_object_list = c10d.broadcast_object_list
 monitored_barrier = c10d.monitored_barrier
 
@@ -50,6 +51,7 @@ __all__ = [
     "get_global_rank",
     "get_process_group_ranks",
     "all_gather_object",
+    "gather_object",
     "broadcast_object_list",
     "monitored_barrier",
     "get_rank",

@@ -26,6 +26,7 @@ shards and how parameters are laid out; see their docstrings.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -259,17 +260,14 @@ class ZeroOptimizer:
     def grad_tensors(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def state_dict(self) -> dict:
-        sd = {"stage": self.stage, "world_size": self.world_size, "master": self.master.state_dict()}
-        if self.loss_scaler is not None:
-            sd["loss_scaler"] = self.loss_scaler.state_dict()
-        return sd
-
-    def load_state_dict(self, sd: dict) -> None:
-        if sd["stage"] != self.stage or sd["world_size"] != self.world_size:
-            raise ValueError(f"checkpoint was written by ZeRO stage {sd['stage']} on {sd['world_size']} ranks; "
-                             f"this engine runs stage {self.stage} on {self.world_size} ranks")
-        self.master.load_state_dict(sd["master"])
-        if self.loss_scaler is not None and "loss_scaler" in sd:
-            self.loss_scaler.load_state_dict(sd["loss_scaler"])
-        self.after_step()
+    @contextmanager
+    def materialized(self, *, modified: bool):
+        """``[(bucket, fp32 master)]`` with every master and its optimizer state in memory inside
+        the block, for a checkpoint to read (``modified=False``) or replace (``modified=True``:
+        on the way out the parameters are rebuilt from the masters, a collective)."""
+        with self.master.resident_state():
+            yield list(zip(self.buckets, self.master.masters))
+            if modified:
+                self.master.refresh_shards()
+        if modified:
+            self.after_step()

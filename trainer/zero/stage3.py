@@ -25,15 +25,16 @@ exactly like stage 2 (full copy, gradient reduce_scatter, all_gather after step)
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
 
 import torch
 from torch import nn
 
 from trainer import comm
+from trainer.zero.optimizer import ZeroOptimizer
 from trainer.zero.partition import FlatBucket
 from trainer.zero.stage2 import Stage2Optimizer
-from trainer.zero.optimizer import ZeroOptimizer
 
 
 def _tensors(obj):
@@ -75,6 +76,9 @@ class Stage3Optimizer(Stage2Optimizer):
         self._recording: list[FlatBucket] = []
         self._cursor = 0
         self._backward_seen: set[int] = set()
+        # NVMe partitions released in the boundary backward stay in memory for the step, which
+        # needs them all (instead of being dropped and read back right away).
+        self._keep_for_step = False
 
     def attach_param_swap(self, swap) -> None:
         """Park the partitioned units' parameter shards in files (after attach_master, which
@@ -88,6 +92,7 @@ class Stage3Optimizer(Stage2Optimizer):
 
     def step(self):
         self._swap_in_units(self.units)  # the step writes every updated partition
+        self._keep_for_step = False
         out = super().step()
         if self.param_swap is not None:
             if out.skipped:
@@ -97,11 +102,22 @@ class Stage3Optimizer(Stage2Optimizer):
                 self.param_swap.write([u.param_shard for u in self.units])
         return out
 
-    def load_state_dict(self, sd: dict) -> None:
+    @contextmanager
+    def materialized(self, *, modified: bool):
+        """As ZeroOptimizer's, with NVMe parameter partitions read in for the block and written
+        back (or, unchanged, dropped again) after it."""
         self._swap_in_units(self.units)
-        super().load_state_dict(sd)
-        if self.param_swap is not None:
-            self.param_swap.write([u.param_shard for u in self.units])
+        try:
+            with super().materialized(modified=modified) as pairs:
+                yield pairs
+        finally:
+            if self.param_swap is not None:
+                shards = [u.param_shard for u in self.units]
+                if modified:
+                    self.param_swap.write(shards)
+                else:
+                    for t in shards:
+                        self.param_swap.evict(t)
 
     def close(self) -> None:
         super().close()
@@ -135,31 +151,42 @@ class Stage3Optimizer(Stage2Optimizer):
         for s in u.slots:
             s.param.data = empty
         u.flat_param = None
-        if self.param_swap is not None:
+        if self.param_swap is not None and not self._keep_for_step:
             self.param_swap.evict(u.param_shard)  # unchanged since its last write: no write needed
 
     def _prefetch(self, order: list[FlatBucket], start: int) -> None:
-        if self.param_swap is not None:  # start every file read in the window before the first gather
-            budget, window = self.prefetch_numel, []
-            for u in order[start:]:
-                if budget <= 0:
-                    break
-                if u.flat_param is None:
-                    window.append(u.param_shard)
-                budget -= u.padded_numel
-            self.param_swap.prefetch(window)
-        budget = self.prefetch_numel
+        """Start the gathers of the units after ``start`` in ``order``, up to prefetch_numel
+        elements. With NVMe partitions, first start the file reads of that window (at least the
+        next unit: reads run one unit ahead of use), then gather only the units whose reads are
+        done; a unit still being read is gathered at its own turn, its read having overlapped
+        the compute of the unit before it."""
+        window = self._window(order, start)
+        self._read_ahead(window)
+        for u in window:
+            if u.flat_param is None and (self.param_swap is None or self.param_swap.ready(u.param_shard)):
+                self._fetch(u, wait=False)
+
+    def _window(self, order: list[FlatBucket], start: int) -> list[FlatBucket]:
+        """The units of ``order`` from ``start`` on, up to prefetch_numel elements (at least one)."""
+        window, budget = [], self.prefetch_numel
         for u in order[start:]:
             if budget <= 0:
                 break
-            if u.flat_param is None:
-                self._fetch(u, wait=False)
+            window.append(u)
             budget -= u.padded_numel
+        return window
+
+    def _read_ahead(self, units: list[FlatBucket]) -> None:
+        """Start the file reads of NVMe partitions that are neither in memory nor being read."""
+        if self.param_swap is not None:
+            self.param_swap.prefetch([u.param_shard for u in units if u.flat_param is None])
 
     # ---------------------------------------------------------------- module hooks
 
     def begin_forward(self) -> None:
         self._recording, self._cursor = [], 0
+        self._keep_for_step = False
+        self._read_ahead(self._window(self._trace, 0))  # the forward's first units, along the last trace
 
     def _pre_forward(self, units: list[FlatBucket], module, args) -> None:
         for u in units:
@@ -201,6 +228,8 @@ class Stage3Optimizer(Stage2Optimizer):
         super().begin_backward(boundary)
         self._trace, self._cursor = self._recording, 0
         self._backward_seen.clear()
+        self._keep_for_step = boundary and self.param_swap is not None
+        self._read_ahead(self._window(self._trace[::-1], 0))  # the backward's first units
 
     def on_bucket_ready(self, b: FlatBucket) -> None:
         super().on_bucket_ready(b)
