@@ -5,20 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from collector.tools.launch import collector_command, dashboard_command, wait_for_collector
+from collector.tools.launch import collector_command, dashboard_command, free_port, wait_for_collector
 
 REPO_EXAMPLE_CONFIG = "zero2.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _example_config() -> str:
@@ -54,7 +47,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"[demo] dashboard: http://127.0.0.1:{args.dashboard_port}", flush=True)
         train = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
             "-m", "trainer.examples.gpt", "--config", args.config or _example_config(),
             "--steps", str(args.steps),
         ]

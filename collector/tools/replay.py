@@ -139,8 +139,10 @@ def _chunks(con, run_id: str, data: RankData):
         params = [run_id, data.rank] + ([] if first is None else [first, last])
         tables = {}
         for t in TABLES:
-            rows = con.sql(f"SELECT * EXCLUDE (run_id) FROM {catalog.quote_ident(t)} "
-                           f"WHERE run_id = ? AND rank = ? AND {where}", params=params).to_arrow_table()
+            sql = f"SELECT * EXCLUDE (run_id) FROM {catalog.quote_ident(t)} WHERE run_id = ? AND rank = ? AND {where}"
+            # Replaying into a collector that writes the same data dir: its compaction may
+            # unlink a segment (of the new run) between listing the files and reading them.
+            rows = catalog.with_segment_retry(lambda: con.sql(sql, params=params).to_arrow_table())
             if rows.num_rows:
                 tables[t] = rows
         step_times: dict[int, int] = {}
