@@ -131,9 +131,11 @@ class FakeRun:
         for name in ("delay_ns", "jitter_ns", "latency_ns", "sparse_comm_rows", "collectives_per_step"):
             if getattr(self, name) < 0:
                 raise FakeRunError(f"FakeRun.{name} must be >= 0, got {getattr(self, name)}")
-        if self.step_period_ns // 2 // self.per_step < 1 or self.bytes_per_ns <= 0:
-            raise FakeRunError("FakeRun.step_period_ns leaves no room for the collectives of a step "
-                               "(or bytes_per_ns is not positive)")
+        if self.step_period_ns // 2 // self.per_step < 1:
+            raise FakeRunError(f"FakeRun.step_period_ns: {self.step_period_ns} ns leaves no room for "
+                               f"{self.per_step} collectives a step")
+        if self.bytes_per_ns <= 0:
+            raise FakeRunError(f"FakeRun.bytes_per_ns must be > 0, got {self.bytes_per_ns}")
 
     # ---- shape --------------------------------------------------------------------------
     @property
@@ -151,7 +153,7 @@ class FakeRun:
 
     @property
     def t0_ns(self) -> int:
-        return int(self.start.timestamp()) * 1_000_000_000 + self.start.microsecond * 1000
+        return _unix_ns(self.start)
 
     @property
     def end(self) -> datetime:
@@ -171,6 +173,9 @@ class FakeRun:
         """Comm records of ``rank`` for collective instances [first, first + n) (default: to the
         end of the run), numbered across steps; columns as encode_batch takes them."""
         n = self.instances - first if n is None else n
+        if first < 0 or n < 0:
+            raise FakeRunError(f"FakeRun.comm_columns: no instances [{first}, {first + n}) "
+                               f"in a run of {self.instances}")
         ops, groups, sizes = (np.array([c[i] for c in self.collectives]) for i in range(3))
         slot = np.arange(self.per_step) % len(self.collectives)  # pattern entry of each place in a step
         ops, groups, sizes = ops[slot], groups[slot], sizes[slot].astype(np.int64)
@@ -328,6 +333,10 @@ def uniform_run(run_id: str = "r", *, group: str = "world", group_size: int = 4,
                    late_rank=late_rank if delay_ns else None, delay_ns=delay_ns, overflow_steps=(), with_moe=False)
 
 
+def _unix_ns(moment: datetime) -> int:
+    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+
+
 def _uniform(seed: int, rank: int, index: np.ndarray) -> np.ndarray:
     """Floats in [0, 1), a hash of (seed, rank, index): the same for an instance however the run is cut."""
     with np.errstate(over="ignore"):
@@ -408,9 +417,8 @@ def rank_envelopes(run: FakeRun, rank: int, steps_per_batch: int = 50) -> list[p
         for batch in table_batches(table, run.run_id, rank, rows):  # a NULL column is a column left out
             out.append(envelope(client, len(out) + 1, table=batch))
     if run.status != "running":
-        end_ns = int(run.end.timestamp()) * 1_000_000_000 + run.end.microsecond * 1000
-        out.append(envelope(client, len(out) + 1,
-                            end=pb.RunEnd(run_id=run.run_id, rank=rank, status=run.status, ended_at_ns=end_ns)))
+        end = pb.RunEnd(run_id=run.run_id, rank=rank, status=run.status, ended_at_ns=_unix_ns(run.end))
+        out.append(envelope(client, len(out) + 1, end=end))
     return out
 
 

@@ -154,10 +154,18 @@ def test_1024_ranks(tmp_path):
     (dict(run_id="r", collectives=()), "FakeRun.collectives"),
     (dict(run_id="r", jitter_ns=-1), "FakeRun.jitter_ns"),
     (dict(run_id="r", collectives_per_step=10**9), "FakeRun.step_period_ns"),
+    (dict(run_id="r", bytes_per_ns=0), "FakeRun.bytes_per_ns"),
 ])
 def test_bad_settings_name_the_field(settings, field):
     with pytest.raises(FakeRunError, match=field.replace(".", r"\.")):
         FakeRun(**settings)
+
+
+def test_an_instance_range_outside_the_run_is_an_error():
+    run = FakeRun(run_id="r", steps=10, collectives_per_step=50)
+    assert len(run.comm_columns(0, 500)["seq"]) == 0  # the end of the run: nothing left
+    with pytest.raises(FakeRunError, match=r"FakeRun\.comm_columns: no instances \[600, 500\) in a run of 500"):
+        run.comm_columns(0, 600)
 
 
 def test_default_late_rank_is_the_last_and_none_means_nobody():

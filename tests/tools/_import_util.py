@@ -22,9 +22,10 @@ def rankscope(*args) -> int:
 
 
 def query(data_dir, sql: str, params=()) -> list[tuple]:
+    """Rows of ``sql``; again if a live collector's compaction unlinked a segment under it."""
     con = catalog.connect(data_dir)
     try:
-        return con.execute(sql, list(params)).fetchall()
+        return catalog.with_segment_retry(lambda: con.execute(sql, list(params)).fetchall())
     finally:
         con.close()
 
