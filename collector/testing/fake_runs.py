@@ -294,18 +294,19 @@ class FakeRun:
             "bwd_latency_ns": [int(120e6 * row[5] * slow) for row in FLOPS_TREE],
         }
 
-    def arrow(self, table: str, rank: int, first: int = 0, n: int | None = None) -> pa.Table:
-        """``rank``'s rows of ``table`` in the stored schema (comm: instances [first, first + n)
-        followed by the sparse barriers when first is 0)."""
-        if table == "comm":
-            parts = [_stored("comm", rank, self.comm_columns(rank, first, n))]
-            if first == 0 and self.sparse_comm_rows:
-                parts.append(_stored("comm", rank, self.sparse_comm_columns(rank)))
-            return pa.concat_tables(parts)
-        if table == "flops":
-            return _stored("flops", rank, self.flops_columns(rank))
-        columns = self.step_columns(rank).get(table)
-        return _stored(table, rank, columns) if columns else TABLES[table].arrow_schema().empty_table()
+    def comm_arrow(self, rank: int, first: int = 0, n: int | None = None) -> pa.Table:
+        """``rank``'s comm rows in the stored schema: instances [first, first + n), then the
+        sparse barriers when first is 0."""
+        parts = [_stored("comm", rank, self.comm_columns(rank, first, n))]
+        if first == 0 and self.sparse_comm_rows:
+            parts.append(_stored("comm", rank, self.sparse_comm_columns(rank)))
+        return pa.concat_tables(parts)
+
+    def other_tables(self, rank: int) -> dict[str, pa.Table]:
+        """``rank``'s rows of every table but comm, in the stored schema (moe only with_moe)."""
+        out = {table: _stored(table, rank, columns) for table, columns in self.step_columns(rank).items()}
+        out["flops"] = _stored("flops", rank, self.flops_columns(rank))
+        return out
 
     def comm_chunks(self, steps_per_chunk: int) -> list[tuple[int, int]]:
         """(first instance, count) of each chunk of ``steps_per_chunk`` steps."""
@@ -374,15 +375,13 @@ def write_run(data_dir, run: FakeRun, steps_per_segment: int = 50) -> None:
     """One run's Parquet files (not the catalog): comm per rank in segments of
     ``steps_per_segment`` steps, every other table in one segment."""
     data_dir = Path(data_dir)
+    per_rank = []
     for r in range(run.world_size):
         for first, n in run.comm_chunks(steps_per_segment):
-            _write(data_dir, "comm", run.run_id, f"rank{r}-{first:09d}", run.arrow("comm", r, first, n))
-    for table in TABLES:
-        if table == "comm":
-            continue
-        rows = pa.concat_tables([run.arrow(table, r) for r in range(run.world_size)])
-        if rows.num_rows:
-            _write(data_dir, table, run.run_id, "all-ranks", rows)
+            _write(data_dir, "comm", run.run_id, f"rank{r}-{first:09d}", run.comm_arrow(r, first, n))
+        per_rank.append(run.other_tables(r))
+    for table in per_rank[0]:
+        _write(data_dir, table, run.run_id, "all-ranks", pa.concat_tables([tables[table] for tables in per_rank]))
     hellos = [run.hello(r) for r in range(run.world_size)]
     started = run.start
     _write(data_dir, "runs", run.run_id, "hello", pa.Table.from_pylist([dict(
@@ -411,8 +410,8 @@ def rank_envelopes(run: FakeRun, rank: int, steps_per_batch: int = 50) -> list[p
     """What ``rank`` sends: Hello, its rows of every table, RunEnd unless the run is still running."""
     client = run.client_id(rank)
     out = [envelope(client, 1, hello=run.hello(rank))]
-    tables = [("comm", run.arrow("comm", rank, first, n)) for first, n in run.comm_chunks(steps_per_batch)]
-    tables += [(table, run.arrow(table, rank)) for table in TABLES if table != "comm"]
+    tables = [("comm", run.comm_arrow(rank, first, n)) for first, n in run.comm_chunks(steps_per_batch)]
+    tables += list(run.other_tables(rank).items())
     for table, rows in tables:
         for batch in table_batches(table, run.run_id, rank, rows):  # a NULL column is a column left out
             out.append(envelope(client, len(out) + 1, table=batch))
