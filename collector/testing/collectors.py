@@ -7,9 +7,12 @@ picks, the real store writing Parquet segments and the catalog under ``data_dir`
         ...                                       # collector.state: the store, ledger, compaction
 
 The store flushes every 50 ms (``FAST_STORE``) so what a test sends is durable and
-visible almost at once; pass ``compaction_config=NO_COMPACTION`` where a test counts
-segment files. Leaving the block stops the server (waiting ``grace_s`` for streams
-still open) and closes the store, which commits what it buffered.
+visible almost at once. Compaction is off unless a test passes a ``compaction_config``:
+a merge unlinks the segments it merged, and a test reading the catalog while the
+collector runs would then fail now and then to open one it had just listed (the
+dashboard and the tools retry such reads, ``catalog.with_segment_retry``; a test's
+ad-hoc query does not). Leaving the block stops the server (waiting ``grace_s`` for
+streams still open) and closes the store, which commits what it buffered.
 
 A collector in its own process (its own GIL, killable with SIGKILL) is
 ``collector.tools.launch.CollectorProcess``.
@@ -53,7 +56,7 @@ class LiveCollector:
 
 @contextlib.contextmanager
 def live_collector(data_dir, *, port: int = 0, token: str | None = None, tls: security.ServerTLS | None = None,
-                   store_config: StoreConfig = FAST_STORE, compaction_config: CompactionConfig | None = None,
+                   store_config: StoreConfig = FAST_STORE, compaction_config: CompactionConfig = NO_COMPACTION,
                    writer: str | None = None, grace_s: float = 2.0) -> Iterator[LiveCollector]:
     """A started collector on 127.0.0.1 over ``data_dir`` (created if missing); with ``token``
     it requires that bearer token, with ``tls`` it speaks TLS only."""

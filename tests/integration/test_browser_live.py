@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.collectors import NO_COMPACTION, live_collector
+from collector.testing.collectors import live_collector
 from collector.testing.dashboard import DashboardProcess, launch_chromium
 from collector.testing.fake_runs import comm_envelope, hello, run_end
 from collector.testing.streams import RawStream
@@ -19,7 +19,7 @@ pytestmark = NEEDS_CHROMIUM
 
 @pytest.fixture
 def collector(tmp_path):
-    with live_collector(tmp_path / "data", compaction_config=NO_COMPACTION, grace_s=0) as live:
+    with live_collector(tmp_path / "data", grace_s=0) as live:
         yield live.channel(), live.data_dir
 
 

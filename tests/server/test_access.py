@@ -16,7 +16,7 @@ import pytest
 from collector.data import security
 from collector.rank.client import Client, ClientConfig
 from collector.rank.records import RecordBuffer
-from collector.testing.collectors import NO_COMPACTION, live_collector, stored_rows
+from collector.testing.collectors import live_collector, stored_rows
 from collector.testing.fake_runs import comm_envelope, hello, run_end
 from collector.testing.pki import OpenSSLMissing, make_pki
 from collector.testing.streams import RawStream
@@ -40,8 +40,7 @@ def served(tmp_path):
     """start(token=None, tls=None) -> (port, state) of a collector over tmp_path/data."""
     with contextlib.ExitStack() as running:
         def start(token=None, tls=None):
-            live = running.enter_context(live_collector(tmp_path / "data", token=token, tls=tls,
-                                                        compaction_config=NO_COMPACTION, grace_s=0))
+            live = running.enter_context(live_collector(tmp_path / "data", token=token, tls=tls, grace_s=0))
             return live.port, live.state
 
         yield start

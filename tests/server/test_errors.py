@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from collector.server.service import MAX_MESSAGE_BYTES, REJECTED_SEQ_KEY, create_server
-from collector.testing.collectors import NO_COMPACTION, live_collector, stored_rows
+from collector.testing.collectors import live_collector, stored_rows
 from collector.testing.fake_runs import comm_envelope, hello
 from collector.testing.streams import RawStream
 from proto import pb, pb_grpc
@@ -19,8 +19,7 @@ def served(tmp_path):
     messages twice the size the collector accepts."""
     with contextlib.ExitStack() as running:
         def start(token=None):
-            live = running.enter_context(live_collector(tmp_path / "data", token=token,
-                                                        compaction_config=NO_COMPACTION, grace_s=0))
+            live = running.enter_context(live_collector(tmp_path / "data", token=token, grace_s=0))
             return live.channel(options=[("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)]), live.state
 
         yield start

@@ -10,7 +10,7 @@ import pytest
 from collector.data import catalog
 from collector.server.compaction import CompactionConfig
 from collector.server.store import StoreConfig
-from collector.testing.collectors import NO_COMPACTION, live_collector, stored_rows
+from collector.testing.collectors import live_collector, stored_rows
 from collector.testing.fake_runs import comm_columns, comm_envelope, hello, run_end
 from collector.testing.streams import RawStream
 from proto import pb, pb_grpc
@@ -21,7 +21,6 @@ def collector(tmp_path):
     """start(data_dir=tmp_path / "data", **live_collector options) -> (channel, state); all stopped at the end."""
     with contextlib.ExitStack() as running:
         def start(data_dir=tmp_path / "data", **kw):
-            kw.setdefault("compaction_config", NO_COMPACTION)
             live = running.enter_context(live_collector(data_dir, grace_s=0, **kw))
             return live.channel(), live.state
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from collector.data import catalog
-from collector.testing.collectors import NO_COMPACTION, live_collector, stored_rows
+from collector.testing.collectors import live_collector, stored_rows
 from collector.testing.fake_runs import comm_envelope, hello, run_end
 from collector.testing.ports import free_port
 from collector.testing.streams import RawStream
@@ -17,7 +17,7 @@ from proto import pb, pb_grpc
 
 
 def test_a_live_collector_acks_stores_and_stops(tmp_path):
-    with live_collector(tmp_path / "data", compaction_config=NO_COMPACTION) as collector:
+    with live_collector(tmp_path / "data") as collector:
         endpoint, data_dir = collector
         assert endpoint == f"127.0.0.1:{collector.port}" and data_dir == tmp_path / "data"
         channel = collector.channel()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from collector.data.schema import TABLES
+from collector.server.compaction import CompactionConfig
 from collector.testing.collectors import live_collector
 from collector.testing.fake_runs import FakeRun, stream
 from tests.tools._import_util import query, rankscope
@@ -38,7 +39,9 @@ def _assert_same_run(data, original: str, replayed: str) -> None:
 @pytest.fixture
 def source_run(tmp_path):
     data = tmp_path / "data"
-    with live_collector(data) as collector:
+    # Replays go into the collector that holds the source: it compacts the new run's segments
+    # while replay is still reading the data dir, as a user's `rankscope replay D --endpoint E` would.
+    with live_collector(data, compaction_config=CompactionConfig(interval=0.05, min_files=2)) as collector:
         stream(collector.endpoint, SOURCE)
         yield data, collector.endpoint
 
@@ -80,7 +83,7 @@ def test_replay_reads_each_rank_a_step_range_at_a_time(source_run, monkeypatch):
     monkeypatch.setattr(replay, "CHUNK_ROWS", 50)
     con = catalog.connect(data)
     try:
-        _, ranks = replay.open_run(con, RUN)
+        _, ranks = catalog.with_segment_retry(lambda: replay.open_run(con, RUN))  # the collector compacts
     finally:
         con.close()
     assert all(len(r.step_ranges) > 3 for r in ranks), [r.step_ranges for r in ranks]
