@@ -1,16 +1,9 @@
-"""Small pieces every benchmark script needs: a free loopback port, a process's CPU time,
-and which code ran."""
+"""Small pieces every benchmark script needs: a process's CPU time and which code ran.
+(Free ports, collectors, fake runs and the dashboard come from collector.testing.)"""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benches._common import free_port
-
 
 def worker_args(argv: list[str]) -> tuple[str, int, int, int, Path, list[str]]:
     """(kind, rank, world, port, out, extra) from ``--worker KIND RANK WORLD PORT OUT EXTRA...``."""
@@ -48,6 +46,10 @@ class RankGroup:
                  extra: list[str], timeout: float, *, name: str | None = None, cwd: Path | None = None) -> None:
         """``world`` workers of ``python -m module`` on a fresh port, each writing
         ``out_dir/<name>-rank<r>.json`` (stderr beside it; name defaults to kind)."""
+        # Imported here, on the driver: workers import this module in DeepSpeed's venv,
+        # which has no grpc for collector.testing to load.
+        from collector.testing.ports import free_port
+
         self.kind, self.timeout = kind, timeout
         port = free_port()
         self.outs = [out_dir / f"{name or kind}-rank{r}.json" for r in range(world)]

@@ -2,9 +2,9 @@
 
     python -m benches.dashboard_queries [--records 10000000] [--reps 20] [--browser] [--out benches/RESULTS-dashboard.md]
 
-Generates the run once into a temp dir (tests/_app_fixtures.py's generator: 8 ranks,
-rank 3 late to every all_reduce), then times every page query of collector/data/queries.py
-with Streamlit's page cache bypassed (the per-run rollup stays built, as it does
+Generates the run once into a temp dir (collector.testing.fake_runs: 8 ranks, rank 3
+late to every all_reduce), then times every page query of collector/data/queries.py
+uncached (the per-run rollup is built once, as the dashboard caches it
 in the app), next to the same aggregations over the raw Parquet views (the
 baseline: what the pages would cost without rollups). With --browser it also
 times first chart in Chromium per page, cold (rollup not built yet) and warm.
@@ -16,19 +16,17 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from collector import catalog
+from collector.data import queries as q
+from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.fake_runs import FakeRun, write_data_dir
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the synthetic-run generator lives with the tests
-
-from _app_fixtures import SyntheticRun, make_data_dir  # noqa: E402
-
-from collector.data import queries as q  # noqa: E402
-from collector import catalog  # noqa: E402
 
 WORLD = 8
 PER_STEP = 1000
@@ -115,11 +113,8 @@ def bench_browser(data_dir: str, run_id: str) -> list[tuple]:
     """Seconds from navigation to the first drawn Plotly chart, per page: a fresh
     dashboard process (cold: rollup built on first use), then the same pages again (warm)."""
     from playwright.sync_api import sync_playwright
-    from benches._common import free_port
-    from test_browser_dashboard import launch_chromium, start_dashboard, stop
 
-    port = free_port()
-    proc = start_dashboard(Path(data_dir), port)
+    dashboard = DashboardProcess(data_dir)
     results = []
     try:
         with sync_playwright() as p:
@@ -128,12 +123,12 @@ def bench_browser(data_dir: str, run_id: str) -> list[tuple]:
             for attempt in ("cold", "warm"):
                 for page in ("overview", "comms", "stragglers", "flops", "memory", "moe"):
                     t0 = time.perf_counter()
-                    tab.goto(f"http://127.0.0.1:{port}/{page}?run={run_id}")
+                    tab.goto(f"{dashboard.url}/{page}?run={run_id}")
                     tab.locator(".js-plotly-plot").first.wait_for(timeout=300_000)
                     results.append((attempt, page, time.perf_counter() - t0))
             browser.close()
     finally:
-        stop(proc, timeout=10)
+        dashboard.stop(timeout=10)
     return results
 
 
@@ -206,10 +201,11 @@ def main() -> None:
     logging.getLogger("streamlit").setLevel(logging.ERROR)
 
     steps = max(1, args.records // (WORLD * PER_STEP))
-    run = SyntheticRun(run_id="bench-10m", name="bench", world_size=WORLD, steps=steps, collectives_per_step=PER_STEP)
+    run = FakeRun(run_id="bench-10m", name="bench", world_size=WORLD, steps=steps, collectives_per_step=PER_STEP,
+                  late_rank=3)
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         t0 = time.perf_counter()
-        data_dir = str(make_data_dir(Path(tmp), (run,)))
+        data_dir = str(write_data_dir(Path(tmp), run))
         gen_s = time.perf_counter() - t0
         print(f"generated {steps * WORLD * PER_STEP:,} comm records in {gen_s:.0f} s", flush=True)
         load_before = os.getloadavg()[0]

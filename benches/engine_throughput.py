@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from benches._common import free_port
+
+from collector.testing.ports import free_port
 
 WORLD, MICRO, WARMUP = 2, 8, 3
 OUT = Path(__file__).resolve().parent / "RESULTS-engine.md"
@@ -149,7 +150,7 @@ def main() -> int:
         "Reading: the min-max spread across repeats is the noise of the machine at the time; a difference",
         "between rows smaller than that spread means nothing. On a CPU with a model this small, compute",
         "dominates and gloo collectives are cheap, so every stage is expected in DDP's band; ZeRO's memory",
-        "savings (checked exactly in tests/test_engine_zero.py) are what the stages buy, not speed here.", "",
+        "savings (checked exactly in tests/trainer/test_engine_zero.py) are what the stages buy, not speed here.", "",
     ])
     OUT.write_text(text)
     print(text)

@@ -15,7 +15,8 @@ Medians over the rounds of wall time and of this thread's CPU time (with one
 torch thread the step runs on it, so CPU time is far less disturbed by other
 jobs on the shared cores); all paths interleaved, so drift hits all of them.
 
-Totals: the models of tests/test_profiling_flops.py, one forward each.
+Totals: the models of collector.testing.flops_models (the ones the flops tests
+check per module), one forward each.
 
     python -m benches.flops_profiler [--rounds 20]
 Writes benches/RESULTS-flops.md.
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from collector.testing.flops_models import MODELS, sdpa_flops
 from trainer.profiling import FlopsProfiler, StepProfiler
 from trainer.profiling.report import fmt_count
 
@@ -145,9 +147,6 @@ def overhead(size: str, rounds: int) -> dict:
 
 
 def totals() -> list[dict]:
-    sys.path.insert(0, str(HERE.parent))
-    from tests.test_profiling_flops import MODELS, _sdpa_flops
-
     out = []
     for name, (make, inputs) in MODELS.items():
         torch.manual_seed(0)
@@ -162,7 +161,7 @@ def totals() -> list[dict]:
         out.append({
             "model": name, "flops": prof.get_total_flops(), "matmul_flops": 2 * prof.get_total_macs(),
             "flop_counter": counter.get_total_flops(),
-            "sdpa_analytic": _sdpa_flops() * sum(type(m).__name__ == "SelfAttention" for m in model.modules())
+            "sdpa_analytic": sdpa_flops() * sum(type(m).__name__ == "SelfAttention" for m in model.modules())
             if name == "gpt_sdpa" else 0,
             "deepspeed": _deepspeed_flops(name),
         })
@@ -174,9 +173,9 @@ def _deepspeed_flops(name: str) -> dict | None:
     if not DS_PYTHON.exists():
         return None
     code = (
-        "import json, sys, torch; sys.path.insert(0, '.'); "
+        "import json, torch; "  # `python -c` in the repo root: the kit imports from the working tree
         "from deepspeed.profiling.flops_profiler import get_model_profile; "
-        "from tests.test_profiling_flops import MODELS; "
+        "from collector.testing.flops_models import MODELS; "
         f"make, inputs = MODELS[{name!r}]; torch.manual_seed(0); m, a = make(), inputs(); "
         "f, mac, p = get_model_profile(m, args=list(a), print_profile=False, as_string=False, warm_up=0); "
         "print(json.dumps({'flops': f, 'macs': mac, 'version': __import__('deepspeed').__version__}))"
@@ -253,7 +252,7 @@ def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
         "code path as baseline; any gap is noise on the shared cores). The profiled step's extra time is the",
         "per-operator Python dispatch (one `__torch_dispatch__` per ATen op in forward), module hooks, a",
         "timestamp per module and per autograd node in backward, and rendering the report.",
-        "", "## Totals vs FlopCounterMode (one forward, models of tests/test_profiling_flops.py)", "",
+        "", "## Totals vs FlopCounterMode (one forward, models of collector/testing/flops_models.py)", "",
         "| model | ours: flops | ours: 2 x MACs (matmul-class) | FlopCounterMode | ours - FlopCounterMode | "
         "DeepSpeed flops | DeepSpeed 2 x MACs | ours - DeepSpeed (2 x MACs) | why they differ |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -40,7 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from benches._common import code_version, free_port
+
+from benches._common import code_version
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -212,6 +213,10 @@ class _Pair:
     """Two worker processes of one kind, driven in lock-step."""
 
     def __init__(self, kind: str, python: str, env: dict, out_dir: Path, calls: int, endpoint: str) -> None:
+        # Imported here, on the driver: DeepSpeed's venv, where some workers import this
+        # module, has no grpc for collector.testing to load.
+        from collector.testing.ports import free_port
+
         self.kind, port = kind, free_port()
         self.outs = [out_dir / f"{kind}-rank{r}.json" for r in range(2)]
         self.errs = [open(out_dir / f"{kind}-rank{r}.err", "w+") for r in range(2)]
@@ -262,6 +267,7 @@ def _background(rank: int, records: int, out: str) -> None:
     from collector.rank import comm, recorder, session
     from collector.rank.client import Client, ClientConfig
     from collector.rank.records import RecordBuffer
+    from collector.testing.ports import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     recorder.DRAIN_INTERVAL_S = 3600.0  # keep the drain thread out of the way: we drain by hand

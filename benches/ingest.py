@@ -3,8 +3,10 @@
     python -m benches.ingest [--clients 16] [--batches 24] [--rows 16384]
 
 Each client is a separate process (its own GIL) holding one Stream, like a rank.
-Clients send pre-encoded TableBatches (only the seq column and envelope seq are
-rewritten per envelope) with a window of 8 unacked envelopes, so the figure is
+The records are a rank's share of a 16-rank fake run (collector.testing.fake_runs:
+a step's eight collectives of several sizes on two groups, jittered arrivals, one
+late rank). Clients send pre-encoded TableBatches (only the seq column and envelope
+seq are rewritten per envelope) with a window of 8 unacked envelopes, so the figure is
 what the collector sustains, not what a Python encoder produces. Timed from the
 moment every client is connected to the last ack; every record is then counted
 in DuckDB (zero loss, zero duplicates). In the same run, two baselines on the
@@ -31,8 +33,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benches._common import cpu_seconds
-from collector.tools.launch import CollectorProcess
 from benches._sections import replace_section
+from collector.testing.fake_runs import FakeRun
+from collector.tools.launch import CollectorProcess
 
 HERE = Path(__file__).resolve().parent
 WINDOW = 8
@@ -40,18 +43,8 @@ TARGET = 2_000_000
 
 
 def comm_columns(rows: int, rank: int) -> dict:
-    rng = np.random.default_rng(rank)
-    start = 1_700_000_000_000_000_000 + np.arange(rows, dtype=np.int64) * 1_000
-    return {
-        "step": np.arange(rows, dtype=np.int64) // 64, "group_name": ["dp"] * rows,
-        "group_size": np.full(rows, 16), "seq": np.arange(rows, dtype=np.int64),
-        "op": rng.choice(["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"], rows).tolist(),
-        "log_name": ["grads"] * rows, "dtype": ["bfloat16"] * rows,
-        "numel": rng.integers(1, 1 << 24, rows), "bytes": rng.integers(2, 1 << 25, rows),
-        "start_ns": start, "end_ns": start + rng.integers(1_000, 1_000_000, rows),
-        "async_op": np.zeros(rows, dtype=bool), "algbw_gbs": rng.random(rows) * 100,
-        "busbw_gbs": rng.random(rows) * 100, "peer": np.full(rows, -1),
-    }
+    """``rows`` comm records of ``rank`` of a 16-rank fake run."""
+    return FakeRun(run_id="bench", world_size=16).comm_columns(rank, 0, rows)
 
 
 def client(address: str, rank: int, batches: int, rows: int, ready, go, results) -> None:

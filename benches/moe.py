@@ -27,7 +27,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from benches._common import free_port
+
+from collector.testing.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2

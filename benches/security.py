@@ -14,26 +14,15 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from collector.testing.fake_runs import comm_columns
+from collector.testing.pki import make_pki
 from collector.tools.launch import CollectorProcess
-
-def _make_pki(d: Path) -> tuple[Path, Path, Path]:
-    def ossl(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-    ossl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "ca.key",
-         "-out", "ca.pem", "-days", "1", "-subj", "/CN=bench-ca", "-addext", "basicConstraints=critical,CA:TRUE")
-    ossl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "server.key",
-         "-out", "server.csr", "-subj", "/CN=localhost")
-    (d / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-         "-out", "server.pem", "-days", "1", "-extfile", "ext")
-    return d / "ca.pem", d / "server.pem", d / "server.key"
 
 
 def _send(port: int, token: str | None, ca: Path | None, envelopes: int, rows: int, streams: int) -> float:
@@ -41,8 +30,6 @@ def _send(port: int, token: str | None, ca: Path | None, envelopes: int, rows: i
     from collector.data import security
     from collector.data.codec import encode_batch
     from proto import SCHEMA_VERSION, pb, pb_grpc
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from _server_util import comm_columns
 
     batch = encode_batch("comm", "bench", 0, comm_columns(0, 0, rows))
     channel = security.open_channel(f"127.0.0.1:{port}", tls_ca=ca)
@@ -80,7 +67,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="rankscope-bench-security-"))
-    ca, cert, key = _make_pki(work)
+    pki = make_pki(work)
+    ca, cert, key = pki.ca, pki.cert, pki.key
     token = "bench-token-0123456789"
     configs = {"plaintext, no token": ("", "", ""), "plaintext + token": (token, "", ""),
                "TLS + token": (token, str(cert), str(key))}

@@ -1,17 +1,14 @@
-"""Fixtures shared by every area's tests: free ports and isolated data/spool dirs."""
+"""Fixtures shared by the tests of every role (tests/<role>/): a free port, a live
+collector, and the isolation every test gets (its own spool dir, no developer's
+collector, no process group left over). Helpers are in collector.testing."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from collector.testing.ports import free_port
 
 
 @pytest.fixture
@@ -41,10 +38,9 @@ def _no_leaked_process_group():
 
 @pytest.fixture
 def live_collector(tmp_path):
-    """A real collector (gRPC on a free port, Parquet + catalog under tmp_path/data):
-    yields (endpoint, data_dir)."""
-    from tests._import_util import live_collector as collector_at
+    """A real collector over tmp_path/data (collector.testing.collectors.live_collector);
+    unpacks as (endpoint, data_dir)."""
+    from collector.testing.collectors import live_collector as collector_at
 
-    data = tmp_path / "data"
-    with collector_at(data, 0) as endpoint:
-        yield endpoint, data
+    with collector_at(tmp_path / "data") as collector:
+        yield collector

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
 
 # \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
-# directory name breaks every catalog view (found by tests/test_security_fuzz.py).
+# directory name breaks every catalog view (found by tests/server/test_fuzz.py).
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 
 PARQUET_DIR = "parquet"

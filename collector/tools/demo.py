@@ -13,20 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 
-from collector.tools.launch import CollectorProcess, dashboard_command
+from collector.tools.launch import CollectorProcess, dashboard_command, free_port
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -77,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"[demo] dashboard: http://127.0.0.1:{args.dashboard_port}", flush=True)
         train = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
             "-m", "trainer.examples.gpt", "--config", args.config or EXAMPLE_CONFIG, "--steps", str(args.steps),
         ]
         # The run name travels by env: torchrun would take `--run` for its own --run-path.

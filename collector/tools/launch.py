@@ -1,12 +1,14 @@
 """Child processes shared by the CLI, the demo, the tests and the benchmarks:
-where the dashboard entry file lives, and how a collector is started (its
-command line, or a managed ``CollectorProcess``) and probed."""
+where the dashboard entry file lives, how a collector is started (its command
+line, or a managed ``CollectorProcess``) and probed, and a free port for a
+child that must be told its port up front (torchrun's master, the dashboard)."""
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,14 @@ from pathlib import Path
 import grpc
 
 from proto import pb, pb_grpc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at this moment. Another process may take it before
+    the child binds it, so servers we start ourselves bind port 0 and report theirs."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def dashboard_command(data_dir: str, *, port: int = 8501, host: str = "127.0.0.1") -> list[str]:

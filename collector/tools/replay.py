@@ -139,8 +139,10 @@ def _chunks(con, run_id: str, data: RankData):
         params = [run_id, data.rank] + ([] if first is None else [first, last])
         tables = {}
         for t in TABLES:
-            rows = con.sql(f"SELECT * EXCLUDE (run_id) FROM {catalog.quote_ident(t)} "
-                           f"WHERE run_id = ? AND rank = ? AND {where}", params=params).to_arrow_table()
+            sql = f"SELECT * EXCLUDE (run_id) FROM {catalog.quote_ident(t)} WHERE run_id = ? AND rank = ? AND {where}"
+            # Replaying into the collector that writes this data dir: its compaction may unlink a
+            # segment (of the new run, too) between DuckDB listing the files and reading them.
+            rows = catalog.with_segment_retry(lambda: con.sql(sql, params=params).to_arrow_table())
             if rows.num_rows:
                 tables[t] = rows
         step_times: dict[int, int] = {}
@@ -255,7 +257,8 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
         data_dir, run = open_source(Path(source), run, Path(tmp))
         con = catalog.connect(data_dir)
         try:
-            run_row, ranks = open_run(con, run)
+            # A live collector may be compacting this data dir while it is read (here and in _chunks).
+            run_row, ranks = catalog.with_segment_retry(lambda: open_run(con, run))
             new_name = name or run_row["name"] or run_row["run_id"]
             new_run = new_run_id(new_name)
             for r in ranks:

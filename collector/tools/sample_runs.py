@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import catalog, layout
-from collector.tools.launch import collector_command, wait_for_collector
+from collector.tools.launch import collector_command, free_port, wait_for_collector
 from collector.data.schema import TABLES
 from collector.server.store import parquet_options, segment_order, segment_path
 
@@ -41,12 +40,6 @@ ARCHIVE_COMPRESSION_LEVEL = 9
 
 class GenerationError(RuntimeError):
     """A step of the generation failed; --out is left untouched."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scenarios() -> dict[str, int]:

@@ -15,8 +15,8 @@ import sys
 import textwrap
 
 from collector.data import catalog
+from collector.testing.ports import free_port
 from collector.tools.launch import CollectorProcess
-from tests.conftest import free_port
 
 ROWS = 40
 

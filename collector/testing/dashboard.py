@@ -1,0 +1,89 @@
+"""The dashboard as users run it (``rankscope dashboard``: Streamlit in a child process)
+and the headless Chromium that browser tests and the dashboard benchmark drive it with.
+
+    with DashboardProcess(data_dir) as dashboard:     # returns once /_stcore/health answers
+        with sync_playwright() as p:
+            tab = launch_chromium(p).new_page()
+            tab.goto(f"{dashboard.url}/stragglers?run={run_id}")
+
+Streamlit's output goes to a temporary file rather than a pipe nobody reads (a full
+pipe would stall the dashboard mid-test); when it exits before answering, the error
+carries the end of that output. Playwright is the caller's import: ``launch_chromium``
+needs only the object ``sync_playwright()`` yields.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+from collector.tools.launch import dashboard_command, free_port
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's build; Playwright's bundled browsers are not installed
+
+
+def chromium_installed() -> bool:
+    return os.path.exists(CHROMIUM)
+
+
+class DashboardProcess:
+    """`rankscope dashboard --data-dir D --port P` in a session of its own, started and waited for.
+
+    ``port`` None picks a free one. Raises RuntimeError (with Streamlit's output) if the
+    dashboard exits before answering, TimeoutError if it never answers."""
+
+    def __init__(self, data_dir, port: int | None = None, timeout_s: float = 60.0) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.TemporaryFile(mode="w+b")
+        self.proc = subprocess.Popen(dashboard_command(str(data_dir), port=self.port), stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self.proc.poll() is not None:
+                output = self.output()
+                self._log.close()
+                raise RuntimeError(f"the dashboard exited with {self.proc.returncode} before answering on port "
+                                   f"{self.port}: {output}")
+            if time.monotonic() > deadline:
+                self.stop(timeout=5)
+                raise TimeoutError(f"the dashboard did not answer {self.url}/_stcore/health within {timeout_s:.0f} s")
+            time.sleep(0.3)
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=1) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def output(self, chars: int = 2000) -> str:
+        """The end of what Streamlit printed so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-chars:]
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM, and SIGKILL if it has not exited within ``timeout`` seconds."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def __enter__(self) -> "DashboardProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch_chromium(playwright):
+    """Headless Chromium from a ``sync_playwright()`` context."""
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])

@@ -1,0 +1,457 @@
+"""Fake runs: a synthetic multi-rank run whose story is known in advance, so a test can
+check that the collector, the catalog, the dashboard or a tool finds it.
+
+The story (``FakeRun``'s defaults): 4 ranks on two hosts train 50 steps; every step
+issues the ``COLLECTIVES`` pattern (all_reduces of five sizes on "world", a
+reduce_scatter and two all_gathers on "zero"); rank ``late_rank`` (the last, 3) enters every
+all_reduce ``delay_ns`` (40 ms) late, so it is the last to arrive at all of them and the
+others wait for it; the fp16 loss scale halves at ``overflow_steps``; the experts of
+both MoE layers are unevenly loaded (expert 0 the busiest, some tokens dropped); every
+rank has the flops tree ``FLOPS_TREE``, the late rank's 1.3x slower. Each table the
+collector stores gets rows: comm, timers, monitor, loss_scale, memory, moe, flops.
+
+Two ways out, the same rows either way:
+
+- ``write_data_dir(data_dir, *runs)``: Parquet files in the collector's layout
+  (``D/parquet/<table>/run=<id>/``, the stored schemas, one runs/ranks row per Hello,
+  rank_ends once a rank has ended) and the catalog over them -- what the dashboard's
+  tests and benchmark read. File names are ``fake-...``: a collector later opened on
+  the dir treats them as someone else's segments and leaves them alone.
+- ``rank_envelopes(run, rank)`` / ``stream(endpoint, *runs)``: what each rank would
+  send (Hello, TableBatches, RunEnd), through a real collector.
+
+Every value is a function of (seed, rank, instance or step), never of how the run is
+cut into chunks: ``run.comm_columns(rank, 0, 100)`` is ``comm_columns(rank, 0, 50)``
+followed by ``comm_columns(rank, 50, 50)``, and a rank's rows do not depend on which
+other ranks are generated. Collectives of one instance finish together on every rank,
+after the story's last arrival (the late rank's delay plus the largest jitter).
+
+For tests of the wire protocol, ``comm_columns`` / ``comm_envelope`` give one rank's
+share of ``uniform_run``: 1 KiB all_reduces, ten to a step, with no jitter, so
+``delay_ns`` is exactly the late rank's arrival delay; ``hello`` and ``run_end`` make
+the other two envelope kinds.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.data import layout
+from collector.data.bandwidth import bus_factor
+from collector.data.catalog import ensure_catalog
+from collector.data.codec import encode_batch
+from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+from collector.tools.importers.sink import GrpcSink, envelope, table_batches
+from proto import pb
+
+START = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
+HOSTS = ("node-a", "node-a", "node-b", "node-b")  # rank r runs on HOSTS[r % 4]
+
+# (op, group, bytes S as nccl-tests defines it); one step issues this pattern.
+COLLECTIVES = (
+    ("all_reduce", "world", 256 << 10), ("all_reduce", "world", 512 << 10),
+    ("all_reduce", "world", 768 << 10), ("all_reduce", "world", 25 << 20),
+    ("all_reduce", "world", 50 << 20),
+    ("reduce_scatter", "zero", 32 << 20), ("all_gather", "zero", 32 << 20),
+    ("all_gather", "zero", 2 << 20),
+)
+
+FLOPS_TREE = (  # module, parent, type, params, macs per sample, share of fwd latency
+    ("", None, "GPT", 0, 0, 1.0),
+    ("embed", "", "Embedding", 3_200_000, 0, 0.02),
+    ("layers", "", "ModuleList", 0, 0, 0.9),
+    ("layers.0", "layers", "Block", 0, 0, 0.45), ("layers.1", "layers", "Block", 0, 0, 0.45),
+    ("layers.0.attn", "layers.0", "Attention", 1_050_000, 1_000_000_000, 0.25),
+    ("layers.0.mlp", "layers.0", "MLP", 2_100_000, 2_000_000_000, 0.2),
+    ("layers.1.attn", "layers.1", "Attention", 1_050_000, 1_000_000_000, 0.25),
+    ("layers.1.mlp", "layers.1", "MLP", 2_100_000, 2_000_000_000, 0.2),
+    ("head", "", "Linear", 3_200_000, 1_600_000_000, 0.08),
+)
+PROFILE_STEP = 10  # the step the flops tree is reported at (the last step of shorter runs)
+
+TIMERS = (("fwd", 100e6), ("bwd", 160e6), ("allreduce", 60e6), ("step", 30e6))  # name, mean ns
+MEMORY = (("params", 500e6), ("grads", 500e6), ("optimizer", 2e9), ("rss", 3e9), ("device", 0.0))  # kind, bytes
+MOE_LAYERS, MOE_EXPERTS, MOE_CAPACITY, MOE_TOKENS = 2, 8, 96, 512
+BAD_PARAM = "layers.1.mlp.fc1.weight"  # what an overflow step blames
+OVERFLOW_FIRST_RANK = 1
+SAMPLES_PER_RANK_STEP = 32
+
+
+class FakeRunError(ValueError):
+    """A FakeRun that cannot be generated; the message names the field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeRun:
+    run_id: str
+    name: str = ""                     # what attach(run=...) would have said; '' = the run_id
+    world_size: int = 4
+    steps: int = 50
+    status: str = "finished"           # or "failed"; "running": no RunEnd, so no rank_ends rows
+    start: datetime = START
+    # the story
+    late_rank: int | None = -1         # enters every all_reduce delay_ns late; -1: the last rank; None: nobody
+    delay_ns: int = 40_000_000
+    overflow_steps: tuple[int, ...] = (5, 12, 20, 21, 33, 40)
+    with_moe: bool = True
+    # what the comm records look like
+    collectives: tuple[tuple[str, str, int], ...] = COLLECTIVES
+    collectives_per_step: int = 0      # 0: the pattern once; more repeats it (to scale a run up)
+    step_period_ns: int = 400_000_000  # room for the late rank's delay inside a step
+    jitter_ns: int = 400_000           # each arrival is up to this much later than planned
+    latency_ns: int = 600_000          # per-collective fixed cost: small messages are latency bound
+    bytes_per_ns: float = 2.0          # the link: 2 GB/s
+    sparse_comm_rows: int = 0          # per rank, barriers with most columns left out (stored as NULLs)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            layout.check_run_id(self.run_id)
+        except layout.RunIdError as exc:
+            raise FakeRunError(f"FakeRun.run_id: {exc}") from None
+        if self.world_size < 1 or self.steps < 1:
+            raise FakeRunError(f"FakeRun.world_size and .steps must be >= 1, got {self.world_size}, {self.steps}")
+        if self.late_rank == -1:
+            object.__setattr__(self, "late_rank", self.world_size - 1)
+        if self.late_rank is not None and not 0 <= self.late_rank < self.world_size:
+            raise FakeRunError(f"FakeRun.late_rank: {self.late_rank} is not a rank of a world of {self.world_size}")
+        if self.status not in ("finished", "failed", "running"):
+            raise FakeRunError(f"FakeRun.status: {self.status!r} is not 'finished', 'failed' or 'running'")
+        if not self.collectives:
+            raise FakeRunError("FakeRun.collectives: at least one (op, group, bytes) is needed")
+        for op, _, size in self.collectives:
+            if size < 0:
+                raise FakeRunError(f"FakeRun.collectives: {op} has a negative size {size}")
+        for name in ("delay_ns", "jitter_ns", "latency_ns", "sparse_comm_rows", "collectives_per_step"):
+            if getattr(self, name) < 0:
+                raise FakeRunError(f"FakeRun.{name} must be >= 0, got {getattr(self, name)}")
+        if self.step_period_ns // 2 // self.per_step < 1:
+            raise FakeRunError(f"FakeRun.step_period_ns: {self.step_period_ns} ns leaves no room for "
+                               f"{self.per_step} collectives a step")
+        if self.bytes_per_ns <= 0:
+            raise FakeRunError(f"FakeRun.bytes_per_ns must be > 0, got {self.bytes_per_ns}")
+
+    # ---- shape --------------------------------------------------------------------------
+    @property
+    def display_name(self) -> str:
+        return self.name or self.run_id
+
+    @property
+    def per_step(self) -> int:
+        return self.collectives_per_step or len(self.collectives)
+
+    @property
+    def instances(self) -> int:
+        """Collectives the sinks write per rank: every step's pattern."""
+        return self.steps * self.per_step
+
+    @property
+    def t0_ns(self) -> int:
+        return _unix_ns(self.start)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(microseconds=self.steps * self.step_period_ns // 1000)
+
+    def client_id(self, rank: int) -> str:
+        return f"fake-{self.run_id}-{rank}"
+
+    def config(self) -> dict:
+        """The DeepSpeed config the run claims to have trained with."""
+        return {"train_batch_size": SAMPLES_PER_RANK_STEP * self.world_size, "fp16": {"enabled": True},
+                "zero_optimization": {"stage": 2, "reduce_bucket_size": 500_000_000},
+                "comms_logger": {"enabled": True}}
+
+    # ---- rows -----------------------------------------------------------------------------
+    def comm_columns(self, rank: int, first: int = 0, n: int | None = None) -> dict:
+        """Comm records of ``rank`` for collective instances [first, first + n) (default: to the
+        end of the run), numbered across steps; columns as encode_batch takes them."""
+        n = self.instances - first if n is None else n
+        if first < 0 or n < 0:
+            raise FakeRunError(f"FakeRun.comm_columns: no instances [{first}, {first + n}) "
+                               f"in a run of {self.instances}")
+        ops, groups, sizes = (np.array([c[i] for c in self.collectives]) for i in range(3))
+        slot = np.arange(self.per_step) % len(self.collectives)  # pattern entry of each place in a step
+        ops, groups, sizes = ops[slot], groups[slot], sizes[slot].astype(np.int64)
+        # seq counts instances per group: a group's k-th collective of a step, after its earlier steps'
+        seq_in_step = np.zeros(self.per_step, dtype=np.int64)
+        per_group: dict[str, int] = {}
+        for j, g in enumerate(groups):
+            seq_in_step[j] = per_group.get(g, 0)
+            per_group[g] = seq_in_step[j] + 1
+        group_count = np.array([per_group[g] for g in groups], dtype=np.int64)
+        is_allreduce = ops == "all_reduce"
+
+        i = np.arange(first, first + n, dtype=np.int64)
+        step, j = i // self.per_step, i % self.per_step
+        period = self.step_period_ns
+        planned = self.t0_ns + step * period + period // 4 + j * (period // 2 // self.per_step)
+        story_delay = np.where(is_allreduce[j] & (self.late_rank is not None), self.delay_ns, 0)
+        late = story_delay if rank == self.late_rank else 0
+        jitter = (_uniform(self.seed, rank, i) * self.jitter_ns).astype(np.int64)
+        start = planned + late + jitter
+        # every rank finishes together, once the last arrival is in and the data has moved
+        transfer = (self.latency_ns + sizes / self.bytes_per_ns).astype(np.int64)
+        end = planned + story_delay + self.jitter_ns + transfer[j]
+        nbytes = sizes[j]
+        algbw = nbytes / (end - start)  # bytes/ns == GB/s
+        factors = np.array([bus_factor(op, self.world_size) for op in ops])
+        return {
+            "step": step, "group_name": groups[j].tolist(), "group_size": np.full(n, self.world_size),
+            "seq": step * group_count[j] + seq_in_step[j], "op": ops[j].tolist(), "log_name": ops[j].tolist(),
+            "dtype": ["float32"] * n, "numel": nbytes // 4, "bytes": nbytes, "start_ns": start, "end_ns": end,
+            "async_op": np.zeros(n, dtype=bool), "algbw_gbs": algbw, "busbw_gbs": algbw * factors[j],
+            "peer": np.full(n, -1),
+        }
+
+    def sparse_comm_columns(self, rank: int) -> dict:
+        """``sparse_comm_rows`` barriers with only step, op, times and bytes: a producer that
+        leaves columns out, which the collector stores as NULLs."""
+        k = np.arange(self.sparse_comm_rows, dtype=np.int64)
+        start = self.t0_ns + (k % self.steps) * self.step_period_ns + rank * 1000
+        return {"step": k % self.steps, "op": ["barrier"] * len(k), "start_ns": start, "end_ns": start + 8_000,
+                "bytes": np.zeros(len(k), dtype=np.int64)}
+
+    def step_columns(self, rank: int) -> dict[str, dict]:
+        """timers, monitor, loss_scale, memory and moe columns of ``rank`` for every step."""
+        steps = np.arange(self.steps, dtype=np.int64)
+        t = self.t0_ns + steps * self.step_period_ns
+        rng = np.random.default_rng([self.seed, rank, 1])
+        out = {}
+
+        dur = np.array([d for _, d in TIMERS])[None, :] * rng.uniform(0.95, 1.05, (self.steps, len(TIMERS)))
+        if rank == self.late_rank:
+            dur[:, [name for name, _ in TIMERS].index("allreduce")] += self.delay_ns
+        dur = dur.astype(np.int64)
+        begin = t[:, None] + np.cumsum(dur, axis=1) - dur
+        out["timers"] = {"step": np.repeat(steps, len(TIMERS)), "name": [n for n, _ in TIMERS] * self.steps,
+                         "start_ns": begin.ravel(), "dur_ns": dur.ravel()}
+
+        # The loss and the learning rate are the run's, the same on every rank.
+        loss = 4.0 * np.exp(-steps / 30) + 0.05 * np.random.default_rng([self.seed, 0, 0]).standard_normal(self.steps)
+        lr = 1e-3 * np.minimum(1, (steps + 1) / 10)
+        samples = (steps + 1) * SAMPLES_PER_RANK_STEP * self.world_size
+        tags = ["Train/Samples/train_loss", "Train/Samples/lr"]
+        out["monitor"] = {"step": np.repeat(steps, 2), "tag": tags * self.steps,
+                          "value": np.stack([loss, lr], axis=1).ravel(), "samples": np.repeat(samples, 2),
+                          "time_ns": np.repeat(t + self.step_period_ns, 2)}
+
+        before, after = self._loss_scales()
+        overflow = np.isin(steps, self.overflow_steps)
+        out["loss_scale"] = {"step": steps, "scale_before": before, "scale": after, "overflow": overflow,
+                             "hysteresis_left": np.full(self.steps, 2),
+                             "bad_params": [BAD_PARAM if o else None for o in overflow],
+                             "first_rank": [OVERFLOW_FIRST_RANK if o else None for o in overflow], "time_ns": t}
+
+        size = np.array([[b for _, b in MEMORY]] * self.steps)
+        size[:, [k for k, _ in MEMORY].index("rss")] += steps * 1e6 * (rank + 1)  # this rank's leak
+        out["memory"] = {"step": np.repeat(steps, len(MEMORY)), "kind": [k for k, _ in MEMORY] * self.steps,
+                         "bytes": size.astype(np.int64).ravel(), "time_ns": np.repeat(t, len(MEMORY))}
+
+        if self.with_moe:
+            # Dirichlet weights falling from expert 0 to the last: a popular expert that drops tokens.
+            load = rng.dirichlet(np.linspace(4, 1, MOE_EXPERTS), size=(self.steps, MOE_LAYERS)) * MOE_TOKENS
+            tokens = load.astype(np.int64).ravel()
+            cells = self.steps * MOE_LAYERS * MOE_EXPERTS
+            out["moe"] = {"step": np.repeat(steps, MOE_LAYERS * MOE_EXPERTS),
+                          "layer": np.tile(np.repeat(np.arange(MOE_LAYERS), MOE_EXPERTS), self.steps),
+                          "expert": np.tile(np.arange(MOE_EXPERTS), self.steps * MOE_LAYERS), "tokens": tokens,
+                          "dropped": np.maximum(0, tokens - MOE_CAPACITY), "capacity": np.full(cells, MOE_CAPACITY),
+                          "aux_loss": np.full(cells, 0.01)}
+        return out
+
+    def _loss_scales(self) -> tuple[np.ndarray, np.ndarray]:
+        """fp16 dynamic loss scale before and after each step: halves on an overflow, doubles
+        every tenth step otherwise."""
+        before, after, scale = [], [], 2.0 ** 16
+        for step in range(self.steps):
+            before.append(scale)
+            scale = scale / 2 if step in self.overflow_steps else scale * (2 if step % 10 == 9 else 1)
+            after.append(scale)
+        return np.array(before), np.array(after)
+
+    def flops_columns(self, rank: int) -> dict:
+        """The module tree at PROFILE_STEP; parents sum their children, as the profiler's do."""
+        params = {m: p for m, _, _, p, _, _ in FLOPS_TREE}
+        macs = {m: c for m, _, _, _, c, _ in FLOPS_TREE}
+        for m, parent, *_ in sorted(FLOPS_TREE, key=lambda row: -row[0].count(".") - bool(row[0])):
+            if parent is not None:
+                params[parent] += params[m]
+                macs[parent] += macs[m]
+        slow = 1.3 if rank == self.late_rank else 1.0
+        return {
+            "step": [min(PROFILE_STEP, self.steps - 1)] * len(FLOPS_TREE), "module": [m for m, *_ in FLOPS_TREE],
+            "parent": [row[1] for row in FLOPS_TREE], "depth": [m.count(".") + 1 if m else 0 for m, *_ in FLOPS_TREE],
+            "module_type": [row[2] for row in FLOPS_TREE], "params": [params[m] for m, *_ in FLOPS_TREE],
+            "macs": [macs[m] for m, *_ in FLOPS_TREE], "flops": [2 * macs[m] for m, *_ in FLOPS_TREE],
+            "latency_ns": [int(60e6 * row[5] * slow) for row in FLOPS_TREE],
+            "bwd_latency_ns": [int(120e6 * row[5] * slow) for row in FLOPS_TREE],
+        }
+
+    def comm_arrow(self, rank: int, first: int = 0, n: int | None = None) -> pa.Table:
+        """``rank``'s comm rows in the stored schema: instances [first, first + n), then the
+        sparse barriers when first is 0."""
+        parts = [_stored("comm", rank, self.comm_columns(rank, first, n))]
+        if first == 0 and self.sparse_comm_rows:
+            parts.append(_stored("comm", rank, self.sparse_comm_columns(rank)))
+        return pa.concat_tables(parts)
+
+    def other_tables(self, rank: int) -> dict[str, pa.Table]:
+        """``rank``'s rows of every table but comm, in the stored schema (moe only with_moe)."""
+        out = {table: _stored(table, rank, columns) for table, columns in self.step_columns(rank).items()}
+        out["flops"] = _stored("flops", rank, self.flops_columns(rank))
+        return out
+
+    def comm_chunks(self, steps_per_chunk: int) -> list[tuple[int, int]]:
+        """(first instance, count) of each chunk of ``steps_per_chunk`` steps."""
+        size = steps_per_chunk * self.per_step
+        return [(first, min(size, self.instances - first)) for first in range(0, self.instances, size)]
+
+    def hello(self, rank: int) -> pb.Hello:
+        return pb.Hello(run_id=self.run_id, run_name=self.display_name, rank=rank, world_size=self.world_size,
+                        host=HOSTS[rank % len(HOSTS)], pid=1000 + rank, clock_offset_ns=7 * rank,
+                        started_at_ns=self.t0_ns, source="engine", config_json=json.dumps(self.config()))
+
+
+# The two runs the dashboard's tests open: one finished, one still streaming (and without MoE).
+FINISHED = FakeRun(run_id="run-a1", name="gpt-small-4r")
+LIVE = FakeRun(run_id="run-b2", name="gpt-small-live", steps=20, status="running", with_moe=False,
+               start=datetime(2026, 11, 21, 9, 0, tzinfo=timezone.utc))
+
+
+def uniform_run(run_id: str = "r", *, group: str = "world", group_size: int = 4, late_rank: int | None = None,
+                delay_ns: int = 0) -> FakeRun:
+    """The wire-protocol tests' run: 1 KiB all_reduces on one group, ten to a step and 1 µs
+    apart, no jitter, so ``late_rank`` arrives exactly ``delay_ns`` after the others."""
+    return FakeRun(run_id=run_id, world_size=group_size, collectives=(("all_reduce", group, 1024),),
+                   collectives_per_step=10, step_period_ns=20_000, jitter_ns=0, latency_ns=500,
+                   late_rank=late_rank if delay_ns else None, delay_ns=delay_ns, overflow_steps=(), with_moe=False)
+
+
+def _unix_ns(moment: datetime) -> int:
+    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+
+
+def _uniform(seed: int, rank: int, index: np.ndarray) -> np.ndarray:
+    """Floats in [0, 1), a hash of (seed, rank, index): the same for an instance however the run is cut."""
+    with np.errstate(over="ignore"):
+        x = index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= np.uint64((seed * 0x100000001B3 + rank * 0xBF58476D1CE4E5B9 + 1) % (1 << 64))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _stored(table: str, rank: int, columns: dict) -> pa.Table:
+    """Columns (any subset) as rows of ``table``'s stored schema; the rest NULL."""
+    schema = TABLES[table].arrow_schema()
+    n = len(columns["step"])
+    arrays = [pa.array(np.full(n, rank), pa.int64())]
+    for f in list(schema)[1:]:
+        values = columns.get(f.name)
+        arrays.append(pa.nulls(n, f.type) if values is None else pa.array(values, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# ---- into a data dir ------------------------------------------------------------------
+def _write(data_dir: Path, table: str, run_id: str, segment: str, rows: pa.Table) -> None:
+    path = layout.partition_dir(data_dir, table, run_id) / f"fake-{segment}{layout.SEGMENT_SUFFIX}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = layout.temp_name(path)  # renamed into place, as the collector does: readers never see half a file
+    pq.write_table(rows, tmp)
+    tmp.rename(path)
+
+
+def write_run(data_dir, run: FakeRun, steps_per_segment: int = 50) -> None:
+    """One run's Parquet files (not the catalog): comm per rank in segments of
+    ``steps_per_segment`` steps, every other table in one segment."""
+    data_dir = Path(data_dir)
+    per_rank = []
+    for r in range(run.world_size):
+        for first, n in run.comm_chunks(steps_per_segment):
+            _write(data_dir, "comm", run.run_id, f"rank{r}-{first:09d}", run.comm_arrow(r, first, n))
+        per_rank.append(run.other_tables(r))
+    for table in per_rank[0]:
+        _write(data_dir, table, run.run_id, "all-ranks", pa.concat_tables([tables[table] for tables in per_rank]))
+    hellos = [run.hello(r) for r in range(run.world_size)]
+    started = run.start
+    _write(data_dir, "runs", run.run_id, "hello", pa.Table.from_pylist([dict(
+        run_id=run.run_id, name=h.run_name, world_size=h.world_size, started_at=started, source=h.source,
+        linked_run_id=None, config=h.config_json) for h in hellos], schema=RUNS_SCHEMA))
+    _write(data_dir, "ranks", run.run_id, "hello", pa.Table.from_pylist([dict(
+        run_id=run.run_id, rank=h.rank, host=h.host, pid=h.pid, clock_offset_ns=h.clock_offset_ns,
+        client_id=run.client_id(h.rank), started_at=started) for h in hellos], schema=RANKS_SCHEMA))
+    if run.status != "running":
+        _write(data_dir, "rank_ends", run.run_id, "end", pa.Table.from_pylist([dict(
+            run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0)
+            for r in range(run.world_size)], schema=RANK_ENDS_SCHEMA))
+
+
+def write_data_dir(data_dir, *runs: FakeRun, steps_per_segment: int = 50) -> Path:
+    """A data dir holding ``runs`` and the catalog over them; returns its path."""
+    data_dir = Path(data_dir)
+    for run in runs:
+        write_run(data_dir, run, steps_per_segment)
+    ensure_catalog(data_dir)
+    return data_dir
+
+
+# ---- through a collector --------------------------------------------------------------
+def rank_envelopes(run: FakeRun, rank: int, steps_per_batch: int = 50) -> list[pb.Envelope]:
+    """What ``rank`` sends: Hello, its rows of every table, RunEnd unless the run is still running."""
+    client = run.client_id(rank)
+    out = [envelope(client, 1, hello=run.hello(rank))]
+    tables = [("comm", run.comm_arrow(rank, first, n)) for first, n in run.comm_chunks(steps_per_batch)]
+    tables += list(run.other_tables(rank).items())
+    for table, rows in tables:
+        for batch in table_batches(table, run.run_id, rank, rows):  # a NULL column is a column left out
+            out.append(envelope(client, len(out) + 1, table=batch))
+    if run.status != "running":
+        end = pb.RunEnd(run_id=run.run_id, rank=rank, status=run.status, ended_at_ns=_unix_ns(run.end))
+        out.append(envelope(client, len(out) + 1, end=end))
+    return out
+
+
+def envelopes_of(*runs: FakeRun) -> list[list[pb.Envelope]]:
+    """Every rank's envelopes of every run, one list (one client) per rank."""
+    return [rank_envelopes(run, r) for run in runs for r in range(run.world_size)]
+
+
+def stream(endpoint: str, *runs: FakeRun, token: str | None = None) -> None:
+    """Send every rank of ``runs`` through the collector at ``endpoint``, one stream per rank;
+    returns once all of it is acknowledged (durable)."""
+    with GrpcSink(endpoint, token=token) as sink:
+        sink.send(envelopes_of(*runs))
+
+
+# ---- wire-protocol building blocks ------------------------------------------------------
+def hello(client_id: str, seq: int, run_id: str, rank: int, world_size: int, **extra) -> pb.Envelope:
+    return envelope(client_id, seq, hello=pb.Hello(run_id=run_id, rank=rank, world_size=world_size,
+                                                    run_name=extra.pop("run_name", run_id), **extra))
+
+
+def run_end(client_id: str, seq: int, run_id: str, rank: int, status: str = "finished") -> pb.Envelope:
+    return envelope(client_id, seq, end=pb.RunEnd(run_id=run_id, rank=rank, status=status, ended_at_ns=1))
+
+
+def comm_columns(rank: int, first_seq: int, n: int, *, delay_ns: int = 0, group: str = "world",
+                 group_size: int = 4) -> dict:
+    """``rank``'s all_reduces seq first_seq .. first_seq + n - 1 of ``uniform_run``, arriving
+    ``delay_ns`` after the other ranks of the group."""
+    return uniform_run(group=group, group_size=group_size, late_rank=rank, delay_ns=delay_ns).comm_columns(
+        rank, first_seq, n)
+
+
+def comm_envelope(client_id: str, seq: int, run_id: str, rank: int, first_seq: int, n: int, **kw) -> pb.Envelope:
+    """One TableBatch envelope of ``comm_columns(rank, first_seq, n, **kw)``."""
+    return envelope(client_id, seq, table=encode_batch("comm", run_id, rank, comm_columns(rank, first_seq, n, **kw)))
+

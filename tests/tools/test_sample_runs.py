@@ -1,0 +1,137 @@
+"""The shipped sample_runs/ data dir, as committed (`make sample-runs` regenerates it;
+these tests only read it): it opens through collector.data.catalog.connect from any cwd
+and from a copy elsewhere, holds nothing a reader does not need, and each scenario
+run of trainer.examples.scenarios shows what it was made to show. Assertions are on
+properties of the runs, not exact numbers, so they hold after any regeneration."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from collector.data import catalog, layout
+
+SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
+RUN_NAMES = ("zero2-slow-rank3", "zero3-fp16-overflows", "moe-skewed-expert")
+MAX_BYTES = 5_000_000
+
+pytestmark = pytest.mark.skipif(not (SAMPLE_RUNS / layout.CATALOG_FILE).exists(),
+                                reason="sample_runs/ not generated (make sample-runs)")
+
+
+@pytest.fixture(scope="module")
+def copied(tmp_path_factory) -> Path:
+    """A copy somewhere else: the catalog's relative paths must follow the data."""
+    dest = tmp_path_factory.mktemp("elsewhere") / "copied_runs"
+    shutil.copytree(SAMPLE_RUNS, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def q(copied):
+    con = catalog.connect(copied)
+    yield lambda sql, params=(): con.execute(sql, params).fetchall()
+    con.close()
+
+
+def _run_id(q, name: str) -> str:
+    rows = q("SELECT run_id FROM runs WHERE name = ?", [name])
+    assert len(rows) == 1, f"expected one run named {name!r} in sample_runs, got {len(rows)}"
+    return rows[0][0]
+
+
+@pytest.mark.parametrize("where", ["in place", "copy"])
+def test_opens_from_another_cwd_with_every_run_finished(where, copied, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data_dir = SAMPLE_RUNS if where == "in place" else copied
+    con = catalog.connect(data_dir)
+    try:
+        runs = dict(con.execute("SELECT name, status FROM runs").fetchall())
+        per_rank = con.execute("SELECT count(*) FROM comm").fetchone()[0]
+    finally:
+        con.close()
+    assert runs == {name: "finished" for name in RUN_NAMES}
+    assert per_rank > 0
+
+
+def test_views_read_parquet_by_relative_paths():
+    con = catalog.connect(SAMPLE_RUNS)
+    try:
+        sqls = [s for (s,) in con.execute("SELECT sql FROM duckdb_views() WHERE NOT internal").fetchall()]
+    finally:
+        con.close()
+    scans = [s for s in sqls if "read_parquet" in s]
+    assert scans and all(f"read_parquet('{layout.PARQUET_DIR}/" in s for s in scans)
+
+
+def test_holds_only_what_readers_need_and_is_small():
+    files = [p for p in SAMPLE_RUNS.rglob("*") if p.is_file()]
+    assert not (SAMPLE_RUNS / layout.LEDGER_DIR).exists()
+    assert not [p for p in files if p.name.startswith(".") or p.suffix in (layout.TEMP_SUFFIX, ".wal", ".lock")]
+    assert sum(p.stat().st_size for p in files) < MAX_BYTES
+
+
+def test_every_rank_of_every_run_streamed_its_records(q):
+    for name in RUN_NAMES:
+        run = _run_id(q, name)
+        world = q("SELECT world_size FROM runs WHERE run_id = ?", [run])[0][0]
+        ranks = {r for (r,) in q("SELECT DISTINCT rank FROM comm WHERE run_id = ?", [run])}
+        assert ranks == set(range(world)), name
+
+
+def test_the_stragglers_view_names_rank_3_at_the_gradient_reductions(q):
+    """Rank 3 sleeps before each forward, so it launches every gradient reduce_scatter last."""
+    run = _run_id(q, "zero2-slow-rank3")
+    last = q("""
+        SELECT s.last_rank, count(*) AS n FROM stragglers s JOIN comm c USING (run_id, group_name, seq)
+        WHERE s.run_id = ? AND c.rank = 0 AND c.log_name = 'zero2.reduce_scatter_grads'
+        GROUP BY ALL ORDER BY n DESC""", [run])
+    assert last, "no gradient reductions recorded"
+    assert last[0][0] == 3, last
+    assert last[0][1] > 0.5 * sum(n for _, n in last), last  # most of them, not just the plurality
+
+
+def test_fp16_run_overflows_and_the_scale_backs_off(q):
+    run = _run_id(q, "zero3-fp16-overflows")
+    rows = q("""SELECT step, scale_before, scale, overflow FROM loss_scale
+                WHERE run_id = ? AND rank = 0 ORDER BY step""", [run])
+    overflows = [r for r in rows if r[3]]
+    assert overflows, "no overflow recorded"
+    assert all(after <= before for _, before, after, _ in overflows)
+    assert any(after < before for _, before, after, _ in overflows), "the scale never backed off"
+    assert rows[-1][2] < rows[0][1], "the scale did not end below where it started"
+    # every rank agrees on every step's decision (the overflow vote is an all_reduce)
+    disagree = q("""SELECT step FROM loss_scale WHERE run_id = ?
+                    GROUP BY step HAVING count(DISTINCT overflow) > 1 OR count(DISTINCT scale) > 1""", [run])
+    assert disagree == []
+
+
+def test_moe_run_favours_one_expert_and_drops_tokens(q):
+    run = _run_id(q, "moe-skewed-expert")
+    per_expert = q("""SELECT layer, expert, sum(tokens) AS tokens, sum(dropped) AS dropped FROM moe
+                      WHERE run_id = ? GROUP BY ALL ORDER BY layer, expert""", [run])
+    assert per_expert, "no moe rows"
+    for layer in {r[0] for r in per_expert}:
+        tokens = {e: t for lay, e, t, _ in per_expert if lay == layer}
+        top = max(tokens, key=tokens.get)
+        assert tokens[top] > 1.5 * max(t for e, t in tokens.items() if e != top), (layer, tokens)
+    assert sum(d for *_, d in per_expert) > 0
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "app"
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (DASHBOARD / "views").glob("*.py")))
+def test_every_dashboard_page_renders_every_sample_run(page, copied, q, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(copied))
+    for name, run in q("SELECT name, run_id FROM runs ORDER BY name"):
+        at = AppTest.from_file(str(DASHBOARD / "main.py"), default_timeout=60)
+        at.session_state["selected_runs"] = [run]
+        at.run()
+        at.switch_page(f"views/{page}").run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        if page == "stragglers.py" and name == "zero2-slow-rank3":
+            assert "rank 3 arrives last" in "\n".join(str(m.value) for m in at.markdown)
