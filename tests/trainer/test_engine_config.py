@@ -108,7 +108,7 @@ def test_engine_deepspeed_adam_means_adamw_without_decay():
 
 # --------------------------------------------------------------------------- whole DeepSpeed configs
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 EXAMPLE_CONFIGS = sorted((Path(__file__).parent.parent / "trainer" / "examples" / "configs").glob("*.json"))
 
 
