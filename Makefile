@@ -30,7 +30,7 @@ proto/rankscope_pb2.py: proto/rankscope.proto $(STAMP)
 native: install
 	-MAX_JOBS=2 $(PY) -m native.build --quiet
 
-test: install native
+test: install native lint
 	$(PY) -m pytest -q -m "not slow" tests
 
 # ruff lint + format check (pyproject.toml [tool.ruff]); `make format` rewrites.

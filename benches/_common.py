@@ -1,5 +1,6 @@
 """Small pieces every benchmark script needs: a process's CPU time and which code ran.
 (Free ports, collectors, fake runs and the dashboard come from collector.testing.)"""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ import subprocess
 def cpu_seconds(pid: int) -> float:
     """User + system CPU the process has used so far."""
     import psutil
+
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
 
@@ -19,10 +21,15 @@ def code_version(root) -> str:
     if os.environ.get("RANKSCOPE_BENCH_COMMIT"):
         return f"commit {os.environ['RANKSCOPE_BENCH_COMMIT']} (clean snapshot: git archive)"
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer",
-                                "collector"], capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "trainer", "collector"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")

@@ -10,6 +10,7 @@ tests/fixtures/deepspeed_run/generate.py.
 
     python -m benches._deepspeed_venv      # create it if missing, print its versions
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = (ROOT / ".bench-venv-ds").resolve()  # a symlinked venv keeps its real path: DeepSpeed's JIT ops rebuild when it changes
+VENV = (
+    ROOT / ".bench-venv-ds"
+).resolve()  # a symlinked venv keeps its real path: DeepSpeed's JIT ops rebuild when it changes
 PYTHON = VENV / "bin" / "python"
 TORCH, DEEPSPEED = "2.13.0", "0.19.8"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU wheels: no CUDA download
@@ -36,7 +39,10 @@ def versions() -> dict[str, str] | None:
     """{'torch': ..., 'deepspeed': ...} from the venv, or None if it cannot import them."""
     if not PYTHON.exists():
         return None
-    code = "import json, torch, deepspeed; print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__}))"
+    code = (
+        "import json, torch, deepspeed; "
+        "print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__}))"
+    )
     try:
         out = subprocess.run([str(PYTHON), "-c", code], env=env(), capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
@@ -44,6 +50,7 @@ def versions() -> dict[str, str] | None:
     if out.returncode != 0:
         return None
     import json
+
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -56,8 +63,11 @@ def ensure() -> Path:
         print(f"[deepspeed venv] {VENV} has {have}; installing torch=={TORCH} deepspeed=={DEEPSPEED}", flush=True)
     elif not PYTHON.exists():
         print(f"[deepspeed venv] creating {VENV} (python3 -m venv)", flush=True)
-        subprocess.run([sys.executable if sys.version_info >= (3, 9) else "python3", "-m", "venv", str(VENV)],
-                       check=True, timeout=600)
+        subprocess.run(
+            [sys.executable if sys.version_info >= (3, 9) else "python3", "-m", "venv", str(VENV)],
+            check=True,
+            timeout=600,
+        )
     steps = [
         ["-m", "pip", "install", "--upgrade", "pip"],
         ["-m", "pip", "install", f"torch=={TORCH}", "--index-url", TORCH_INDEX],

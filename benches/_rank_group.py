@@ -5,6 +5,7 @@ A worker is ``python -m <bench> --worker KIND RANK WORLD PORT OUT [EXTRA...]``
 ``round N`` line on stdin with one ``done <payload>`` line; on ``end`` writes its
 JSON result file to OUT and exits. Other output (a framework's own prints) is skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,31 @@ def serve_rounds(run_round: Callable[[int], str]) -> None:
 
 def serve_timed_rounds(step: Callable[[], object], steps: int) -> None:
     """serve_rounds where a round is ``steps`` calls of ``step``, answered with its wall seconds."""
+
     def run_round(_: int) -> str:
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
         return f"{time.perf_counter() - t0:.6f}"
+
     serve_rounds(run_round)
 
 
 class RankGroup:
-    def __init__(self, kind: str, module: str, python: str, env: dict, world: int, out_dir: Path,
-                 extra: list[str], timeout: float, *, name: str | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        module: str,
+        python: str,
+        env: dict,
+        world: int,
+        out_dir: Path,
+        extra: list[str],
+        timeout: float,
+        *,
+        name: str | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         """``world`` workers of ``python -m module`` on a fresh port, each writing
         ``out_dir/<name>-rank<r>.json`` (stderr beside it; name defaults to kind)."""
         # Imported here, on the driver: workers import this module in DeepSpeed's venv,
@@ -54,10 +69,18 @@ class RankGroup:
         port = free_port()
         self.outs = [out_dir / f"{name or kind}-rank{r}.json" for r in range(world)]
         self.errs = [open(out.with_suffix(".err"), "w+") for out in self.outs]
-        self.procs = [subprocess.Popen(
-            [python, "-m", module, "--worker", kind, str(r), str(world), str(port), str(out), *extra],
-            cwd=cwd or Path(__file__).resolve().parent.parent, env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=err, text=True) for r, (out, err) in enumerate(zip(self.outs, self.errs))]
+        self.procs = [
+            subprocess.Popen(
+                [python, "-m", module, "--worker", kind, str(r), str(world), str(port), str(out), *extra],
+                cwd=cwd or Path(__file__).resolve().parent.parent,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+            for r, (out, err) in enumerate(zip(self.outs, self.errs, strict=True))
+        ]
         self.expect("ready")
 
     def expect(self, word: str) -> list[str]:
@@ -69,7 +92,7 @@ class RankGroup:
                 line = p.stdout.readline()
             if not line:
                 raise RuntimeError(f"{self.kind} rank {r} died:\n{self.error(r)[-4000:]}")
-            got.append(line[len(word):].strip())
+            got.append(line[len(word) :].strip())
         return got
 
     def send(self, line: str) -> None:

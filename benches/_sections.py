@@ -1,4 +1,5 @@
 """RESULTS-<area>.md holds one `# ` section per benchmark; each run replaces only its own."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -18,6 +18,7 @@ buffer (dd's pattern). The 0.77-0.89x of dd the issue reported were reads into 4
 2 MiB boundary with transparent huge pages (native/csrc/aio.cpp), which the default rows use.
 Prints the table and writes its section of benches/RESULTS-native.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "RESULTS-native.md"
 SETTINGS = {
     "defaults (1 MiB blocks, qd 128, 1 thread)": {},
-    "1 MiB blocks, qd 8, 2 threads, overlap_events": dict(queue_depth=8, intra_op_parallelism=2,
-                                                          overlap_events=True),
+    "1 MiB blocks, qd 8, 2 threads, overlap_events": dict(queue_depth=8, intra_op_parallelism=2, overlap_events=True),
 }
 BASELINE = "dd (O_DIRECT, bs=1M)"
 MiB = 1 << 20
@@ -91,29 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str], list[float]] = {}
 
     def dd(bs: str, count: int, path: str):
-        return (lambda: dd_seconds(["if=/dev/zero", f"of={path}", f"bs={bs}", f"count={count}", "oflag=direct",
-                                    "conv=notrunc"]),
-                lambda: dd_seconds([f"if={path}", "of=/dev/null", f"bs={bs}", "iflag=direct"]))
+        return (
+            lambda: dd_seconds(
+                ["if=/dev/zero", f"of={path}", f"bs={bs}", f"count={count}", "oflag=direct", "conv=notrunc"]
+            ),
+            lambda: dd_seconds([f"if={path}", "of=/dev/null", f"bs={bs}", "iflag=direct"]),
+        )
 
     methods = {BASELINE: dd("1M", mib, files["dd"]), "dd (O_DIRECT, bs=128M)": dd("128M", mib // 128, files["dd128"])}
     for label, handle in handles.items():
         methods[f"rankscope AsyncIOHandle ({aio.BACKEND}): {label}"] = (
             lambda h=handle: handle_seconds(h, buffer, files["ours"], read=False),
-            lambda h=handle: handle_seconds(h, buffer, files["ours"], read=True))
+            lambda h=handle: handle_seconds(h, buffer, files["ours"], read=True),
+        )
     storage = torch.empty(args.size + 4096, dtype=torch.uint8)
-    plain = storage[(-storage.data_ptr()) % 4096:][:args.size]  # page-aligned, ordinary 4 KiB pages
+    plain = storage[(-storage.data_ptr()) % 4096 :][: args.size]  # page-aligned, ordinary 4 KiB pages
     plain.fill_(0x5A)
     methods[f"rankscope AsyncIOHandle ({aio.BACKEND}): defaults, into an ordinary page-aligned tensor"] = (
         lambda: handle_seconds(first, plain, files["plain"], read=False),
-        lambda: handle_seconds(first, plain, files["plain"], read=True))
+        lambda: handle_seconds(first, plain, files["plain"], read=True),
+    )
     methods[f"rankscope AsyncIOHandle ({aio.BACKEND}): defaults, read 1 MiB at a time into one reused buffer"] = (
         lambda: handle_seconds(first, buffer, files["chunked"], read=False),
-        lambda: handle_chunked_read_seconds(first, chunk, files["chunked"], args.size))
+        lambda: handle_chunked_read_seconds(first, chunk, files["chunked"], args.size),
+    )
 
     load_before = os.getloadavg()[0]
     try:
         for round_ in range(args.repeats):
-            for label in (list(methods) if round_ % 2 == 0 else list(methods)[::-1]):
+            for label in list(methods) if round_ % 2 == 0 else list(methods)[::-1]:
                 write, read = methods[label]
                 runs.setdefault((label, "write"), []).append(write())
                 runs.setdefault((label, "read"), []).append(read())
@@ -125,40 +131,46 @@ def main(argv: list[str] | None = None) -> int:
 
     gbs = {key: args.size / min(seconds) / 1e9 for key, seconds in runs.items()}
     spread = {key: [args.size / s / 1e9 for s in seconds] for key, seconds in runs.items()}
-    table = ["| method | write GB/s | read GB/s | write vs dd | read vs dd | reads, every round (GB/s) |",
-             "|---|---:|---:|---:|---:|---|"]
+    table = [
+        "| method | write GB/s | read GB/s | write vs dd | read vs dd | reads, every round (GB/s) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for label in methods:
-        table.append(f"| {label} | {gbs[label, 'write']:.2f} | {gbs[label, 'read']:.2f} | "
-                     f"{100 * gbs[label, 'write'] / gbs[BASELINE, 'write']:.0f}% | "
-                     f"{100 * gbs[label, 'read'] / gbs[BASELINE, 'read']:.0f}% | "
-                     f"{', '.join(f'{x:.2f}' for x in spread[label, 'read'])} |")
+        table.append(
+            f"| {label} | {gbs[label, 'write']:.2f} | {gbs[label, 'read']:.2f} | "
+            f"{100 * gbs[label, 'write'] / gbs[BASELINE, 'write']:.0f}% | "
+            f"{100 * gbs[label, 'read'] / gbs[BASELINE, 'read']:.0f}% | "
+            f"{', '.join(f'{x:.2f}' for x in spread[label, 'read'])} |"
+        )
     ours = f"rankscope AsyncIOHandle ({aio.BACKEND}): {next(iter(SETTINGS))}"
-    ratio = [o / d for o, d in zip(spread[ours, "read"], spread[BASELINE, "read"])]
+    ratio = [o / d for o, d in zip(spread[ours, "read"], spread[BASELINE, "read"], strict=True)]
     fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout.splitlines()[-1].split()
-    text = "\n".join([
-        "# Async I/O (native.AsyncIOHandle vs dd O_DIRECT)",
-        "",
-        f"- command: `python -m benches.aio --dir {args.dir} --size {args.size} --repeats {args.repeats}`",
-        f"- machine: {os.cpu_count()}-core CPU VM ({platform.machine()}), directory on {fs[0]} ({fs[1]}); "
-        f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other jobs shared the "
-        f"machine and its disk); date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- rankscope code: {code_version(ROOT)}",
-        f"- {args.size} bytes per transfer, {args.repeats} rounds (every method once per round, order reversed "
-        "every other round), best round in the GB/s columns; dd timing is dd's own",
-        "",
-        *table,
-        "",
-        f"Reads, defaults vs dd bs=1M, round by round: {', '.join(f'{100 * r:.0f}%' for r in ratio)} "
-        f"(median {100 * statistics.median(ratio):.0f}%).",
-        "",
-        "Reading the rows: dd bs=1M has one synchronous 1 MiB request in flight and reuses one 1 MiB buffer;",
-        "the handle issues 128 MiB requests (block_size x queue_depth) into the tensor's own buffer, which",
-        "new_cpu_locked_tensor maps on a 2 MiB boundary with transparent huge pages. The row 'into an ordinary",
-        "page-aligned tensor' is the same read into 4 KiB pages: the gap between the two is the destination",
-        "buffer, not the I/O engine (likely: fewer, larger segments per request for the virtual disk, and fewer",
-        "TLB misses in the copy). Buffer and offsets are page-aligned, so every byte goes through O_DIRECT.",
-        "`python -m native.nvme_tune --dir D` sweeps the handle's settings for a given device.",
-    ])
+    text = "\n".join(
+        [
+            "# Async I/O (native.AsyncIOHandle vs dd O_DIRECT)",
+            "",
+            f"- command: `python -m benches.aio --dir {args.dir} --size {args.size} --repeats {args.repeats}`",
+            f"- machine: {os.cpu_count()}-core CPU VM ({platform.machine()}), directory on {fs[0]} ({fs[1]}); "
+            f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after (other jobs shared the "
+            f"machine and its disk); date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            f"- rankscope code: {code_version(ROOT)}",
+            f"- {args.size} bytes per transfer, {args.repeats} rounds (every method once per round, order reversed "
+            "every other round), best round in the GB/s columns; dd timing is dd's own",
+            "",
+            *table,
+            "",
+            f"Reads, defaults vs dd bs=1M, round by round: {', '.join(f'{100 * r:.0f}%' for r in ratio)} "
+            f"(median {100 * statistics.median(ratio):.0f}%).",
+            "",
+            "Reading the rows: dd bs=1M has one synchronous 1 MiB request in flight and reuses one 1 MiB buffer;",
+            "the handle issues 128 MiB requests (block_size x queue_depth) into the tensor's own buffer, which",
+            "new_cpu_locked_tensor maps on a 2 MiB boundary with transparent huge pages. The row 'into an ordinary",
+            "page-aligned tensor' is the same read into 4 KiB pages: the gap between the two is the destination",
+            "buffer, not the I/O engine (likely: fewer, larger segments per request for the virtual disk, and fewer",
+            "TLB misses in the copy). Buffer and offsets are page-aligned, so every byte goes through O_DIRECT.",
+            "`python -m native.nvme_tune --dir D` sweeps the handle's settings for a given device.",
+        ]
+    )
     print(text)
     replace_section(RESULTS, text)
     print(f"\nwrote {RESULTS}")

@@ -4,6 +4,7 @@ Each benchmark script writes its own RESULTS file (command, machine, figures,
 baseline from the same run); this stitches them into the one page the README
 links to. `make bench` runs it last; `python -m benches.assemble` alone works too.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -15,6 +15,7 @@ tag folder's on disk: DeepSpeed's mp_rank_00_model_states.pt (module weights) +
 zero_pp_rank_*_optim_states.pt (fp32 partitions + moments); ours the fragments (fp32 master +
 moments, by parameter name) + index. Writes benches/RESULTS-checkpoint.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,16 @@ def _tree_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def _worker(kind: str, rank: int, world: int, port: int, out: Path, stage: int, dim: int, layers: int,
-            root: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _worker(
+    kind: str, rank: int, world: int, port: int, out: Path, stage: int, dim: int, layers: int, root: str
+) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+
     torch.set_num_threads(1)
     cfg = bench_config(stage)
     cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
@@ -67,6 +71,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, stage: int, 
     params = sum(p.numel() for p in model.parameters())
     if kind == "ours":
         import trainer
+
         dist.init_process_group("gloo", rank=rank, world_size=world)
         cfg["telemetry"] = {"enabled": False}
         engine, *_ = trainer.initialize(model=model, config=cfg)
@@ -74,6 +79,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, stage: int, 
         import logging
 
         import deepspeed
+
         deepspeed.utils.logger.setLevel(logging.WARNING)
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -130,9 +136,12 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     from benches import _deepspeed_venv
+
     ds_python = str(_deepspeed_venv.ensure())
-    envs = {"ours": (sys.executable, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")),
-            "deepspeed": (ds_python, _deepspeed_venv.env())}
+    envs = {
+        "ours": (sys.executable, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")),
+        "deepspeed": (ds_python, _deepspeed_venv.env()),
+    }
     load = [os.getloadavg()[0]]
     started = time.monotonic()
     results, finished = {}, {}
@@ -143,14 +152,23 @@ def main(argv: list[str]) -> int:
             try:
                 for kind, (python, env) in envs.items():
                     root = os.path.join(tmp, f"zero{stage}")
-                    groups[kind] = RankGroup(kind, "benches.checkpoint_vs_deepspeed", python, env, args.world,
-                                             Path(tmp), [str(stage), str(args.dim), str(args.layers), root],
-                                             args.timeout, name=f"{kind}-zero{stage}")
+                    groups[kind] = RankGroup(
+                        kind,
+                        "benches.checkpoint_vs_deepspeed",
+                        python,
+                        env,
+                        args.world,
+                        Path(tmp),
+                        [str(stage), str(args.dim), str(args.layers), root],
+                        args.timeout,
+                        name=f"{kind}-zero{stage}",
+                    )
                 for i in range(args.rounds):
-                    for kind in (list(groups) if i % 2 == 0 else list(groups)[::-1]):
+                    for kind in list(groups) if i % 2 == 0 else list(groups)[::-1]:
                         per_rank = [json.loads(x) for x in groups[kind].round(i)]
-                        rounds[kind].append({k: max(r[k] for r in per_rank)
-                                             for k in ("save", "fsync", "load", "bytes")})
+                        rounds[kind].append(
+                            {k: max(r[k] for r in per_rank) for k in ("save", "fsync", "load", "bytes")}
+                        )
                         print(f"[zero{stage}] round {i} {kind}: {rounds[kind][-1]}", flush=True)
                 finished[stage] = {kind: g.finish() for kind, g in groups.items()}
             finally:
@@ -170,7 +188,8 @@ def _report(args, argv, results, finished, load, elapsed) -> str:
     versions = any_stage["deepspeed"][0]["versions"]
     cmd = ("python -m benches.checkpoint_vs_deepspeed " + " ".join(argv)).strip()
     lines = [
-        "# Checkpoint save / load vs DeepSpeed", "",
+        "# Checkpoint save / load vs DeepSpeed",
+        "",
         f"- command: `{cmd}` ({elapsed:.0f} s, ended "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
         f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, ext4 on a virtual disk, shared with other "
@@ -181,7 +200,8 @@ def _report(args, argv, results, finished, load, elapsed) -> str:
         f"- model: example GPT at dim {args.dim}, {args.layers} layers: {params:,} parameters, fp32, AdamW "
         "(torch's in both); trainer/examples/configs/zero{N}.json with logging and profiling off",
         f"- {args.rounds} rounds per stage, frameworks alternating; per round the slowest rank's seconds; "
-        "best / median over rounds", "",
+        "best / median over rounds",
+        "",
         "| ZeRO stage | framework | save s (best / median) | save + fsync s (median) | load s (best / median) | "
         "bytes / param | ours / DS: save | save + fsync | load |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -192,15 +212,20 @@ def _report(args, argv, results, finished, load, elapsed) -> str:
             med[k]["durable"] = statistics.median(r["save"] + r["fsync"] for r in v)
         for kind in ("ours", "deepspeed"):
             v = rounds[kind]
-            ratios = [f"{med['ours'][m] / med['deepspeed'][m]:.2f}x" if kind == "ours" else ""
-                      for m in ("save", "durable", "load")]
+            ratios = [
+                f"{med['ours'][m] / med['deepspeed'][m]:.2f}x" if kind == "ours" else ""
+                for m in ("save", "durable", "load")
+            ]
             lines.append(
                 f"| {stage} | {'rankscope' if kind == 'ours' else 'DeepSpeed'} | "
                 f"{min(r['save'] for r in v):.3f} / {med[kind]['save']:.3f} | {med[kind]['durable']:.3f} | "
                 f"{min(r['load'] for r in v):.3f} / {med[kind]['load']:.3f} | {v[-1]['bytes'] / params:.2f} | "
-                + " | ".join(ratios) + " |")
+                + " | ".join(ratios)
+                + " |"
+            )
     lines += [
-        "", "Ratios are of medians (below 1: rankscope faster). Neither framework syncs: a save returns once the",
+        "",
+        "Ratios are of medians (below 1: rankscope faster). Neither framework syncs: a save returns once the",
         "data is in the page cache, and how long that takes depends on how much dirty data the kernel already",
         "holds (it throttles writers), so 'save + fsync' (durable on disk) is the steadier comparison. Loads",
         "read back what was just written, mostly from the page cache, for both. Bytes per parameter: Adam in",

@@ -11,6 +11,7 @@ must move (read p, g, m, v; write p, m, v: 28 B/element, +2 B for a bf16
 copy), against the memory bandwidth of a large in-place torch add measured in
 the same run. Prints the table and writes its section of benches/RESULTS-native.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,10 @@ def bench_size(numel: int, steps: int) -> list[tuple[str, float, float]]:
     for _ in range(steps):
         for label, step, _ in methods:
             times[label].append(_timed(step))
-    return [(label, statistics.median(times[label]), nbytes * numel / statistics.median(times[label]) / 1e9)
-            for label, _, nbytes in methods]
+    return [
+        (label, statistics.median(times[label]), nbytes * numel / statistics.median(times[label]) / 1e9)
+        for label, _, nbytes in methods
+    ]
 
 
 def _with_share(row: str, bandwidth: float) -> str:
@@ -91,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     bandwidth_before = memory_bandwidth_gbs()
-    table = ["| params | optimizer | ms/step (median) | vs torch fused | GB/s | % of bandwidth |",
-             "|---:|---|---:|---:|---:|---:|"]
+    table = [
+        "| params | optimizer | ms/step (median) | vs torch fused | GB/s | % of bandwidth |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     for numel in args.sizes:
         rows = bench_size(numel, args.steps)
         baseline = {label: s for label, s, _ in rows}
@@ -103,26 +108,29 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
     bandwidth = max(bandwidth_before, memory_bandwidth_gbs())
     table = [row if not row.startswith("| 1") else _with_share(row, bandwidth) for row in table]
-    text = "\n".join([
-        "# CPU Adam (native.CPUAdam vs torch.optim.AdamW)",
-        "",
-        f"- command: `python -m benches.cpu_adam --sizes {' '.join(map(str, args.sizes))} --steps {args.steps}`",
-        f"- machine: {os.cpu_count()}-core CPU VM ({platform.machine()}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} intra-op threads; load average {load_before:.1f} before / "
-        f"{os.getloadavg()[0]:.1f} after (other jobs shared the cores); date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- memory bandwidth baseline: in-place `a.add_(b)` on 512 MiB fp32 buffers (12 B/element: read a, b; "
-        f"write a), best of 7, measured before and after the runs, higher kept: {bandwidth:.1f} GB/s",
-        "- GB/s counts 28 B/element moved per step (read p, g, m, v; write p, m, v), 30 B with the bf16 copy;",
-        "  \"vs torch fused\" is torch's time / ours (bf16 rows against torch fused step + separate copy_)",
-        "",
-        *table,
-        "",
-        "Reading: an Adam step is memory-bound (28 B moved per ~15 flops), so the ceiling for every",
-        "fp32 row is the bandwidth line, and ours and torch's fused kernel should land on it together;",
-        "the fused bf16 copy-out saves the separate pass of `copy_` (read 4 B + write 2 B per element).",
-        "On this shared 2-core VM both libraries' 2-thread OpenMP regions stall whenever another job",
-        "takes a core, so ratios between rows move by 2x from run to run; compare rows of one run only.",
-    ])
+    text = "\n".join(
+        [
+            "# CPU Adam (native.CPUAdam vs torch.optim.AdamW)",
+            "",
+            f"- command: `python -m benches.cpu_adam --sizes {' '.join(map(str, args.sizes))} --steps {args.steps}`",
+            f"- machine: {os.cpu_count()}-core CPU VM ({platform.machine()}), torch {torch.__version__}, "
+            f"{torch.get_num_threads()} intra-op threads; load average {load_before:.1f} before / "
+            f"{os.getloadavg()[0]:.1f} after (other jobs shared the cores); "
+            f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            f"- memory bandwidth baseline: in-place `a.add_(b)` on 512 MiB fp32 buffers (12 B/element: read a, b; "
+            f"write a), best of 7, measured before and after the runs, higher kept: {bandwidth:.1f} GB/s",
+            "- GB/s counts 28 B/element moved per step (read p, g, m, v; write p, m, v), 30 B with the bf16 copy;",
+            '  "vs torch fused" is torch\'s time / ours (bf16 rows against torch fused step + separate copy_)',
+            "",
+            *table,
+            "",
+            "Reading: an Adam step is memory-bound (28 B moved per ~15 flops), so the ceiling for every",
+            "fp32 row is the bandwidth line, and ours and torch's fused kernel should land on it together;",
+            "the fused bf16 copy-out saves the separate pass of `copy_` (read 4 B + write 2 B per element).",
+            "On this shared 2-core VM both libraries' 2-thread OpenMP regions stall whenever another job",
+            "takes a core, so ratios between rows move by 2x from run to run; compare rows of one run only.",
+        ]
+    )
     replace_section(RESULTS, text)
     print(f"\nwrote {RESULTS}")
     return 0

@@ -1,6 +1,7 @@
 """Dashboard query latency on a synthetic 10M-comm-record run.
 
-    python -m benches.dashboard_queries [--records 10000000] [--reps 20] [--browser] [--out benches/RESULTS-dashboard.md]
+    python -m benches.dashboard_queries [--records 10000000] [--reps 20] [--browser]
+                                        [--out benches/RESULTS-dashboard.md]
 
 Generates the run once into a temp dir (collector.testing.fake_runs: 8 ranks, rank 3
 late to every all_reduce), then times every page query of collector/data/queries.py
@@ -9,6 +10,7 @@ in the app), next to the same aggregations over the raw Parquet views (the
 baseline: what the pages would cost without rollups). With --browser it also
 times first chart in Chromium per page, cold (rollup not built yet) and warm.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +42,7 @@ def _timed(fn, reps: int) -> tuple[float, float]:
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
     samples.sort()
-    return statistics.median(samples), samples[min(len(samples) - 1, int(round(0.95 * (len(samples) - 1))))]
+    return statistics.median(samples), samples[min(len(samples) - 1, round(0.95 * (len(samples) - 1)))]
 
 
 def raw(data_dir: str, sql: str, params: list):
@@ -104,7 +106,7 @@ def bench_queries(data_dir: str, run_id: str, reps: int) -> tuple[list[tuple], d
         baseline = RAW_BASELINES.get(name)
         b50 = b95 = None
         if baseline:
-            b50, b95 = _timed(lambda: raw(data_dir, baseline, [run_id]), max(3, reps // 4))
+            b50, b95 = _timed(lambda sql=baseline: raw(data_dir, sql, [run_id]), max(3, reps // 4))
         rows.append((page, name, p50, p95, b50, b95))
     return rows, {"rollup_build_ms": build_ms, "rollup_rows": rollup.num_rows}
 
@@ -134,8 +136,10 @@ def bench_browser(data_dir: str, run_id: str) -> list[tuple]:
 
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    return f"{os.cpu_count()}-core VM ({cpu}), {platform.python_implementation()} {platform.python_version()}, " \
-           f"duckdb {__import__('duckdb').__version__}, streamlit {__import__('streamlit').__version__}"
+    return (
+        f"{os.cpu_count()}-core VM ({cpu}), {platform.python_implementation()} {platform.python_version()}, "
+        f"duckdb {__import__('duckdb').__version__}, streamlit {__import__('streamlit').__version__}"
+    )
 
 
 NOTES = """
@@ -184,9 +188,15 @@ def report(records: int, reps: int, rows, extra, browser_rows, gen_s: float) -> 
     worst = max(rows, key=lambda r: r[3])
     lines += ["", f"Slowest page query p95: {worst[1]} at {worst[3]:.1f} ms (target 100 ms)."]
     if browser_rows:
-        lines += ["", "## Time to first chart in Chromium", "",
-                  "Headless /usr/bin/chromium via Playwright, navigation to first `.js-plotly-plot` drawn.", "",
-                  "| load | page | seconds |", "|---|---|---:|"]
+        lines += [
+            "",
+            "## Time to first chart in Chromium",
+            "",
+            "Headless /usr/bin/chromium via Playwright, navigation to first `.js-plotly-plot` drawn.",
+            "",
+            "| load | page | seconds |",
+            "|---|---|---:|",
+        ]
         lines += [f"| {a} | {p} | {s:.2f} |" for a, p, s in browser_rows]
     return "\n".join(lines) + "\n" + NOTES
 
@@ -201,8 +211,9 @@ def main() -> None:
     logging.getLogger("streamlit").setLevel(logging.ERROR)
 
     steps = max(1, args.records // (WORLD * PER_STEP))
-    run = FakeRun(run_id="bench-10m", name="bench", world_size=WORLD, steps=steps, collectives_per_step=PER_STEP,
-                  late_rank=3)
+    run = FakeRun(
+        run_id="bench-10m", name="bench", world_size=WORLD, steps=steps, collectives_per_step=PER_STEP, late_rank=3
+    )
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         t0 = time.perf_counter()
         data_dir = str(write_data_dir(Path(tmp), run))

@@ -21,6 +21,7 @@ check per module), one forward each.
     python -m benches.flops_profiler [--rounds 20]
 Writes benches/RESULTS-flops.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -122,8 +123,11 @@ def overhead(size: str, rounds: int) -> dict:
     opt_a = torch.optim.SGD(base.parameters(), lr=1e-3)
     opt_b = torch.optim.SGD(other.parameters(), lr=1e-3)
     rows: list = []
-    profiled = StepProfiler({"enabled": True, "profile_step": 0, "output_file": os.devnull}, other,
-                            sink=lambda table, r: rows.append(len(r)))
+    profiled = StepProfiler(
+        {"enabled": True, "profile_step": 0, "output_file": os.devnull},
+        other,
+        sink=lambda table, r: rows.append(len(r)),
+    )
     for _ in range(2):  # warm up every path (the first dispatch-mode use compiles a lot)
         _timed_step(base, opt_a, idx)
         _timed_step(other, opt_b, idx, profiled)
@@ -139,10 +143,14 @@ def overhead(size: str, rounds: int) -> dict:
     other(idx)
     prof.end_profile()
     return {
-        "size": size, "dims": SIZES[size], "rounds": rounds,
+        "size": size,
+        "dims": SIZES[size],
+        "rounds": rounds,
         "wall_ms": {k: statistics.median(w for w, _ in v) / 1e6 for k, v in times.items()},
         "cpu_ms": {k: statistics.median(c for _, c in v) / 1e6 for k, v in times.items()},
-        "modules": rows[-1], "flops": prof.get_total_flops(), "params": prof.get_total_params(),
+        "modules": rows[-1],
+        "flops": prof.get_total_flops(),
+        "params": prof.get_total_params(),
     }
 
 
@@ -158,13 +166,18 @@ def totals() -> list[dict]:
         prof.end_profile()
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model(*args)
-        out.append({
-            "model": name, "flops": prof.get_total_flops(), "matmul_flops": 2 * prof.get_total_macs(),
-            "flop_counter": counter.get_total_flops(),
-            "sdpa_analytic": sdpa_flops() * sum(type(m).__name__ == "SelfAttention" for m in model.modules())
-            if name == "gpt_sdpa" else 0,
-            "deepspeed": _deepspeed_flops(name),
-        })
+        out.append(
+            {
+                "model": name,
+                "flops": prof.get_total_flops(),
+                "matmul_flops": 2 * prof.get_total_macs(),
+                "flop_counter": counter.get_total_flops(),
+                "sdpa_analytic": sdpa_flops() * sum(type(m).__name__ == "SelfAttention" for m in model.modules())
+                if name == "gpt_sdpa"
+                else 0,
+                "deepspeed": _deepspeed_flops(name),
+            }
+        )
     return out
 
 
@@ -181,8 +194,14 @@ def _deepspeed_flops(name: str) -> dict | None:
         "print(json.dumps({'flops': f, 'macs': mac, 'version': __import__('deepspeed').__version__}))"
     )
     try:
-        res = subprocess.run([str(DS_PYTHON), "-c", code], cwd=HERE.parent, capture_output=True, text=True,
-                             timeout=300, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+        res = subprocess.run(
+            [str(DS_PYTHON), "-c", code],
+            cwd=HERE.parent,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, DS_ACCELERATOR="cpu"),
+        )
         return json.loads(res.stdout.strip().splitlines()[-1])
     except Exception as e:  # report what went wrong instead of a number
         return {"error": str(e)[:120]}
@@ -190,52 +209,62 @@ def _deepspeed_flops(name: str) -> dict | None:
 
 WHY = {
     "gpt_explicit_attention": "FlopCounterMode counts only mm/bmm; we add bias adds, LayerNorm (5/elt), GELU, "
-                              "residual adds, scale, masked_fill, softmax (1/elt).",
+    "residual adds, scale, masked_fill, softmax (1/elt).",
     "gpt_sdpa": "FlopCounterMode has no formula for CPU SDPA (_scaled_dot_product_flash_attention_for_cpu) and "
-                "counts 0; we count 4*B*H*Lq*Lk*D per call (its CUDA formula), plus the non-matmul ops above.",
+    "counts 0; we count 4*B*H*Lq*Lk*D per call (its CUDA formula), plus the non-matmul ops above.",
     "bert": "einsum and baddbmm arrive as bmm: identical matmul flops. We add the baddbmm mask add, bias adds, "
-            "LayerNorm, GELU, tanh, softmax, residual adds.",
+    "LayerNorm, GELU, tanh, softmax, residual adds.",
     "cnn": "Convolution MACs identical; we add conv bias adds, BatchNorm (eval 2/elt, train 5/elt), GroupNorm, "
-           "ReLU/SiLU, pooling (1 per input element).",
+    "ReLU/SiLU, pooling (1 per input element).",
 }
 
 # What DeepSpeed (0.19.8: monkeypatched torch functions) does differently on the same models.
 WHY_DS = {
     "gpt_explicit_attention": "DeepSpeed: same MACs; its flops leave Linear bias adds out and count some "
-                              "elementwise ops differently.",
+    "elementwise ops differently.",
     "gpt_sdpa": "DeepSpeed: same MACs (it patches F.scaled_dot_product_attention too).",
     "bert": "DeepSpeed: torch.einsum gets flops from numpy's einsum_path but 0 MACs, so the "
-            "attention-times-values MACs of every layer are missing from its MACs.",
+    "attention-times-values MACs of every layer are missing from its MACs.",
     "cnn": "DeepSpeed: same MACs; small differences in norm/pool/activation conventions.",
 }
 
 
 def _platform() -> str:
-    return (f"{platform.machine()} {os.cpu_count()}-core CPU VM (shared with other jobs), "
-            f"Python {platform.python_version()}, torch {torch.__version__}, torch.set_num_threads(1)")
+    return (
+        f"{platform.machine()} {os.cpu_count()}-core CPU VM (shared with other jobs), "
+        f"Python {platform.python_version()}, torch {torch.__version__}, torch.set_num_threads(1)"
+    )
 
 
 def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
     lines = [
-        "# Flops profiler (trainer.profiling)", "",
+        "# Flops profiler (trainer.profiling)",
+        "",
         f"Command: `python -m benches.flops_profiler --rounds {rounds}`  ",
-        f"Machine: {_platform()}.", "",
-        "## Step cost (forward + backward + SGD step)", "",
+        f"Machine: {_platform()}.",
+        "",
+        "## Step cost (forward + backward + SGD step)",
+        "",
         "GPT with SDPA attention, vocab 512; medians over interleaved rounds. CPU = this thread's CPU time",
         "(`time.thread_time_ns`; with one torch thread the whole step runs on it), less disturbed by the",
-        "other jobs sharing the 2 cores than wall time.", "",
+        "other jobs sharing the 2 cores than wall time.",
+        "",
         "| model | path | wall median (ms) | wall vs baseline | CPU median (ms) | CPU vs baseline |",
         "|---|---|---|---|---|---|",
     ]
     for ov in overheads:
         dim, seq, batch, layers = ov["dims"]
-        model = (f"{ov['size']}: dim {dim}, seq {seq}, batch {batch}, {layers} layers, "
-                 f"{fmt_count(ov['params'])} params, {ov['modules']} modules, "
-                 f"{fmt_count(ov['flops'])} fwd flops, {ov['rounds']} rounds")
+        model = (
+            f"{ov['size']}: dim {dim}, seq {seq}, batch {batch}, {layers} layers, "
+            f"{fmt_count(ov['params'])} params, {ov['modules']} modules, "
+            f"{fmt_count(ov['flops'])} fwd flops, {ov['rounds']} rounds"
+        )
         wall, cpu = ov["wall_ms"], ov["cpu_ms"]
         for key, label in PATHS.items():
-            lines.append(f"| {model} | {label} | {wall[key]:.2f} | {wall[key] / wall['baseline']:.2f}x | "
-                         f"{cpu[key]:.2f} | {cpu[key] / cpu['baseline']:.2f}x |")
+            lines.append(
+                f"| {model} | {label} | {wall[key]:.2f} | {wall[key] / wall['baseline']:.2f}x | "
+                f"{cpu[key]:.2f} | {cpu[key] / cpu['baseline']:.2f}x |"
+            )
             model = ""
     lines.append("")
     for ov in overheads:
@@ -244,7 +273,8 @@ def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
             f"- {ov['size']}: the profiled step costs {cpu['profiled'] - cpu['baseline']:+.2f} ms CPU "
             f"({cpu['profiled'] / cpu['baseline']:.2f}x) against FlopCounterMode's "
             f"{cpu['flop_counter'] - cpu['baseline']:+.2f} ms ({cpu['flop_counter'] / cpu['baseline']:.2f}x); "
-            f"the step after end_profile() {cpu['after_end'] - cpu['baseline']:+.2f} ms.")
+            f"the step after end_profile() {cpu['after_end'] - cpu['baseline']:+.2f} ms."
+        )
     lines += [
         "",
         "Only the profile step pays: `end_profile()` removes every hook and the dispatch mode is active only",
@@ -252,7 +282,9 @@ def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
         "code path as baseline; any gap is noise on the shared cores). The profiled step's extra time is the",
         "per-operator Python dispatch (one `__torch_dispatch__` per ATen op in forward), module hooks, a",
         "timestamp per module and per autograd node in backward, and rendering the report.",
-        "", "## Totals vs FlopCounterMode (one forward, models of collector/testing/flops_models.py)", "",
+        "",
+        "## Totals vs FlopCounterMode (one forward, models of collector/testing/flops_models.py)",
+        "",
         "| model | ours: flops | ours: 2 x MACs (matmul-class) | FlopCounterMode | ours - FlopCounterMode | "
         "DeepSpeed flops | DeepSpeed 2 x MACs | ours - DeepSpeed (2 x MACs) | why they differ |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -267,12 +299,18 @@ def write(rounds: int, overheads: list[dict], tot: list[dict]) -> str:
         else:
             ds_cells = [f"{ds['flops']:,}", f"{2 * ds['macs']:,}", f"{t['matmul_flops'] - 2 * ds['macs']:+,}"]
         why = WHY[t["model"]] + (" " + WHY_DS[t["model"]] if ds and "error" not in ds else "")
-        lines.append(f"| {t['model']} | {t['flops']:,} | {t['matmul_flops']:,} | {t['flop_counter']:,} | {note} | "
-                     + " | ".join(ds_cells) + f" | {why} |")
+        lines.append(
+            f"| {t['model']} | {t['flops']:,} | {t['matmul_flops']:,} | {t['flop_counter']:,} | {note} | "
+            + " | ".join(ds_cells)
+            + f" | {why} |"
+        )
     versions = {t["deepspeed"].get("version") for t in tot if t["deepspeed"] and "version" in t["deepspeed"]}
     if versions:
-        lines += ["", f"DeepSpeed {', '.join(sorted(versions))} from .bench-venv-ds: "
-                      "`get_model_profile(model, args=..., warm_up=0, as_string=False)` on the same models."]
+        lines += [
+            "",
+            f"DeepSpeed {', '.join(sorted(versions))} from .bench-venv-ds: "
+            "`get_model_profile(model, args=..., warm_up=0, as_string=False)` on the same models.",
+        ]
     lines += [
         "",
         "Matmul-class flops (2 x MACs) equal FlopCounterMode exactly on every model except SDPA on CPU,",

@@ -13,6 +13,7 @@ collector otherwise idle, and while 4 more client processes stream comm batches
 
 Writes (replaces) the freshness section of benches/RESULTS-ingest.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from collector.tools.launch import CollectorProcess
 from benches._sections import replace_section
 from benches.ingest import comm_columns
+from collector.tools.launch import CollectorProcess
 
 HERE = Path(__file__).resolve().parent
 LOAD_CLIENTS, LOAD_ROWS, LOAD_BATCHES_PER_S = 4, 4096, 10
@@ -70,10 +71,13 @@ def measure(data: Path, address: str, seconds: float, rate: float, run_id: str) 
     def sender():
         for i in range(n):
             created[i] = time.time_ns()
-            batch = encode_batch("monitor", run_id, 0, {"step": [i], "tag": ["fresh"], "value": [float(i)],
-                                                         "samples": [i], "time_ns": [created[i]]})
-            outbox.put(pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"fresh-{run_id}", seq=i + 1,
-                                   table=batch))
+            batch = encode_batch(
+                "monitor",
+                run_id,
+                0,
+                {"step": [i], "tag": ["fresh"], "value": [float(i)], "samples": [i], "time_ns": [created[i]]},
+            )
+            outbox.put(pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"fresh-{run_id}", seq=i + 1, table=batch))
             time.sleep(1 / rate)
         outbox.put(None)
 
@@ -87,11 +91,12 @@ def measure(data: Path, address: str, seconds: float, rate: float, run_id: str) 
     con = catalog.connect(data)
     deadline = time.monotonic() + seconds + 30
     while seen < n and time.monotonic() < deadline:
-        newest = catalog.with_segment_retry(lambda: con.execute(
-            "SELECT max(step) FROM monitor WHERE run_id = ?", [run_id]).fetchone()[0])
+        newest = catalog.with_segment_retry(
+            lambda: con.execute("SELECT max(step) FROM monitor WHERE run_id = ?", [run_id]).fetchone()[0]
+        )
         now = time.time_ns()
         if newest is not None and newest + 1 > seen:
-            visible[seen:newest + 1] = now  # one stream commits in order: all up to newest are visible
+            visible[seen : newest + 1] = now  # one stream commits in order: all up to newest are visible
             seen = newest + 1
     channel.close()
     if seen < n:
@@ -100,8 +105,12 @@ def measure(data: Path, address: str, seconds: float, rate: float, run_id: str) 
 
 
 def summary(lat_ms: np.ndarray) -> dict:
-    return {"n": len(lat_ms), "p50": float(np.percentile(lat_ms, 50)),
-            "p95": float(np.percentile(lat_ms, 95)), "max": float(lat_ms.max())}
+    return {
+        "n": len(lat_ms),
+        "p50": float(np.percentile(lat_ms, 50)),
+        "p95": float(np.percentile(lat_ms, 95)),
+        "max": float(lat_ms.max()),
+    }
 
 
 def main() -> int:
@@ -118,21 +127,24 @@ def main() -> int:
         with CollectorProcess(data) as collector:
             results["idle collector"] = summary(measure(data, collector.address, args.seconds, args.rate, "idle"))
             stop = ctx.Event()
-            loaders = [ctx.Process(target=background_load, args=(collector.address, r, stop))
-                       for r in range(LOAD_CLIENTS)]
+            loaders = [
+                ctx.Process(target=background_load, args=(collector.address, r, stop)) for r in range(LOAD_CLIENTS)
+            ]
             for p in loaders:
                 p.start()
             time.sleep(3)  # loaders importing and connecting
             load = os.getloadavg()[0]
-            results[f"{LOAD_CLIENTS} streams adding ~{LOAD_CLIENTS * LOAD_ROWS * LOAD_BATCHES_PER_S // 1000}k rec/s"] = \
-                summary(measure(data, collector.address, args.seconds, args.rate, "loaded"))
+            results[
+                f"{LOAD_CLIENTS} streams adding ~{LOAD_CLIENTS * LOAD_ROWS * LOAD_BATCHES_PER_S // 1000}k rec/s"
+            ] = summary(measure(data, collector.address, args.seconds, args.rate, "loaded"))
             stop.set()
             for p in loaders:
                 p.join(30)
 
     ok = all(r["p95"] <= 1000 for r in results.values())
-    rows = "\n".join(f"| {name} | {r['n']} | {r['p50']:.0f} | **{r['p95']:.0f}** | {r['max']:.0f} |"
-                     for name, r in results.items())
+    rows = "\n".join(
+        f"| {name} | {r['n']} | {r['p50']:.0f} | **{r['p95']:.0f}** | {r['max']:.0f} |" for name, r in results.items()
+    )
     for name, r in results.items():
         print(f"{name}: p50 {r['p50']:.0f} ms, p95 {r['p95']:.0f} ms, max {r['max']:.0f} ms over {r['n']} records")
     machine = f"{platform.machine()} VM, {os.cpu_count()} CPU cores"
@@ -146,7 +158,7 @@ shared with other jobs (1-minute load average {load:.1f} during the loaded part)
 |---|---:|---:|---:|---:|
 {rows}
 
-Target p95 <= 1000 ms: {'met' if ok else '**not met**'}. Baseline for comparison: the store's flush interval
+Target p95 <= 1000 ms: {"met" if ok else "**not met**"}. Baseline for comparison: the store's flush interval
 (250 ms) is the floor a record waits for its commit; the rest is the Parquet write + fsync and the
 reader's query (which lists and opens the segment files).
 """

@@ -22,6 +22,7 @@ lock-step rounds of ``--steps`` steps, alternating which goes first (A/B/B/A), s
 see the same machine load. Samples/s per round = steps x world x micro / slowest rank's
 wall time. Writes benches/RESULTS-fsdp.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from benches._common import code_version
 from benches._rank_group import RankGroup, serve_timed_rounds, worker_args
 
@@ -51,13 +53,15 @@ def bench_config() -> dict:
 
 
 def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int, steps: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from trainer.examples.gpt import GPT, synthetic_batch
+
     torch.set_num_threads(1)
     cfg = bench_config()
     micro = cfg["train_micro_batch_size_per_gpu"]
@@ -67,9 +71,11 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
     params = sum(p.numel() for p in model.parameters())
     if kind in ("ours", "ours-blocks", "ours-nolog"):
         import trainer
+
         if kind == "ours-blocks":  # FSDP2's unit: each block gathered whole (trainer.zero.leaf)
             from trainer.examples._common import Block
             from trainer.zero import set_z3_leaf_modules
+
             set_z3_leaf_modules(model, [Block])
         if kind == "ours-nolog":  # the engine alone: no comm logging, no timers, no flops profile
             cfg["comms_logger"]["enabled"] = False
@@ -88,13 +94,15 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, warmup: int,
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+
         mesh = init_device_mesh("cpu", (world,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         p = cfg["optimizer"]["params"]
-        opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
-                                weight_decay=p["weight_decay"])
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"], weight_decay=p["weight_decay"]
+        )
         warm = cfg["scheduler"]["params"]["warmup_num_steps"]
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warm))
         clip = cfg["gradient_clipping"]
@@ -124,10 +132,14 @@ def _ranks(kind, world, tmp: Path, warmup, steps, timeout) -> RankGroup:
     """One side's ranks; each round's payload is its wall seconds."""
     # No collector: the telemetry spools into this run's temp dir (deleted with it), not the
     # user's spool dir, where a later collector on the default endpoint would receive it.
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RANKSCOPE_ENDPOINT="127.0.0.1:9",
-               RANKSCOPE_SPOOL_DIR=str(tmp / "spool"))
-    return RankGroup(kind, "benches.fsdp_vs_zero3", sys.executable, env, world, tmp, [str(warmup), str(steps)],
-                     timeout)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        RANKSCOPE_ENDPOINT="127.0.0.1:9",
+        RANKSCOPE_SPOOL_DIR=str(tmp / "spool"),
+    )
+    return RankGroup(kind, "benches.fsdp_vs_zero3", sys.executable, env, world, tmp, [str(warmup), str(steps)], timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -167,15 +179,19 @@ def main(argv: list[str]) -> int:
     o, f, q, k = rates["ours"], rates["fsdp2"], rates["ours-nolog"], rates["ours-blocks"]
 
     def row(label, v):
-        per = [a / b for a, b in zip(v, f)]
-        return (f"| {label} | {cell(v)} | {cell(f)} | {statistics.median(v) / statistics.median(f):.2f}x | "
-                f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}] |")
+        per = [a / b for a, b in zip(v, f, strict=True)]
+        return (
+            f"| {label} | {cell(v)} | {cell(f)} | {statistics.median(v) / statistics.median(f):.2f}x | "
+            f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}] |"
+        )
+
     lo, lf = fin["ours"][0]["losses"], fin["fsdp2"][0]["losses"]
-    maxdiff = max(abs(a - b) for a, b in zip(lo, lf))
-    cell = lambda v: f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]"  # noqa: E731
+    maxdiff = max(abs(a - b) for a, b in zip(lo, lf, strict=True))
+    cell = lambda v: f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]"
     cmd = ("python -m benches.fsdp_vs_zero3 " + " ".join(argv)).strip()
     lines = [
-        "# Engine ZeRO-3 vs PyTorch FSDP2: samples/s, example GPT, 2 gloo ranks", "",
+        "# Engine ZeRO-3 vs PyTorch FSDP2: samples/s, example GPT, 2 gloo ranks",
+        "",
         f"- command: `timeout 600 {cmd}` ({elapsed:.0f} s, ended "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)",
         f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared with other jobs (see the load "
@@ -195,18 +211,25 @@ def main(argv: list[str]) -> int:
         "- ours, blocks as units: the config as is, plus `trainer.zero.set_z3_leaf_modules(model, [Block])`, so "
         "each block is gathered whole, FSDP2's unit (the default unit is every module that owns parameters)",
         f"- {args.warmup} warm-up steps, then {args.rounds} rounds x {args.steps} steps each, the four variants' "
-        "order reversed every other round (A/B/C/D, D/C/B/A, ...)", "",
+        "order reversed every other round (A/B/C/D, D/C/B/A, ...)",
+        "",
         "| | ours ZeRO-3 | FSDP2 | ours / FSDP2 (ratio of medians) | per-round ratios median [min, max] |",
         "|---|---:|---:|---:|---:|",
         row("samples/s, median [min-max]", o),
         row("samples/s, ours without comm logging / timers / flops profiler", q),
-        row("samples/s, ours with blocks as ZeRO-3 units (as logged as the first row)", k), "",
-        "Per round (samples/s, ours / FSDP2 / ours without logging / ours with block units): " + "; ".join(
-            f"{i}: {a:.1f} / {b:.1f} / {c:.1f} / {d:.1f}" for i, (a, b, c, d) in enumerate(zip(o, f, q, k))), "",
+        row("samples/s, ours with blocks as ZeRO-3 units (as logged as the first row)", k),
+        "",
+        "Per round (samples/s, ours / FSDP2 / ours without logging / ours with block units): "
+        + "; ".join(
+            f"{i}: {a:.1f} / {b:.1f} / {c:.1f} / {d:.1f}" for i, (a, b, c, d) in enumerate(zip(o, f, q, k, strict=True))
+        ),
+        "",
         f"Rank-0 loss: ours {lo[0]:.3f} -> {lo[-1]:.3f}, FSDP2 {lf[0]:.3f} -> {lf[-1]:.3f} over {len(lo)} steps "
         f"(max |diff| {maxdiff:.4f}; same init and data; the warm-up curves differ: WarmupLR's default is "
-        "logarithmic, the FSDP2 side's LambdaLR linear, so the losses are close, not equal).", "",
-        "## Reading", "",
+        "logarithmic, the FSDP2 side's LambdaLR linear, so the losses are close, not equal).",
+        "",
+        "## Reading",
+        "",
         "- The unit decides the collective count. By default ours gathers per module that owns parameters: here 9",
         "  units (4 linears per block + wpe), so 18 all_gathers and ~10 reduce_scatters a step; FSDP2 wrapped per",
         "  block gathers 3 units. Each gloo collective pays a fixed latency on these 2 shared cores, so the",
@@ -218,6 +241,7 @@ def main(argv: list[str]) -> int:
     ]
     text = "\n".join(lines) + "\n"
     from benches._sections import replace_section
+
     replace_section(Path(args.out), text)
     print(text)
     return 0

@@ -27,6 +27,7 @@ the work added on the training thread.
     python -m benches.hook_overhead [--calls 300 --rounds 24]
 Writes benches/RESULTS-hook.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,12 @@ def _pct(xs: list, q: float) -> float:
 # workers: `python -m benches.hook_overhead --worker KIND RANK PORT OUT [ENDPOINT]`
 # stdin: "round I" -> one block of --calls calls per variant, "end" -> isolated + results
 
+
 def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=None, after_block=None) -> None:
     """Lock-step loop shared by every worker kind. ``variants``: name -> fn(tensor)."""
     import torch
     import torch.distributed.distributed_c10d as c10d
+
     t = torch.ones(4)
     perf = time.perf_counter_ns
     for _ in range(200):  # warm up every path
@@ -74,7 +77,7 @@ def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=No
         if not cmd or cmd[0] == "end":
             break
         i = int(cmd[1])
-        order = names[i % len(names):] + names[:i % len(names)]  # rotate which path goes first
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotate which path goes first
         for name in order:
             fn, sink = variants[name], []
             c10d.barrier()
@@ -91,11 +94,18 @@ def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=No
     iso = isolated(t)
     c10d.barrier()
     extra = finish() if finish else {}
-    out.write_text(json.dumps({
-        "median_us": {n: statistics.median(v) / 1e3 for n, v in samples.items()},
-        "p90_us": {n: _pct(v, 0.9) / 1e3 for n, v in samples.items()},
-        "per_round_us": per_round, "calls": {n: len(v) for n, v in samples.items()},
-        "isolated_us": iso, **extra}))
+    out.write_text(
+        json.dumps(
+            {
+                "median_us": {n: statistics.median(v) / 1e3 for n, v in samples.items()},
+                "p90_us": {n: _pct(v, 0.9) / 1e3 for n, v in samples.items()},
+                "per_round_us": per_round,
+                "calls": {n: len(v) for n, v in samples.items()},
+                "isolated_us": iso,
+                **extra,
+            }
+        )
+    )
 
 
 def _time_isolated(fns: dict, t, blocks: int = 50, n: int = 1000) -> dict:
@@ -135,6 +145,7 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
     def isolated(t):
         def noop(tensor, op=None, group=None, async_op=False):
             return None
+
         c10d.all_reduce = noop
         try:
             return _time_isolated({"no-op": noop, "wrapper": comm.all_reduce}, t)
@@ -147,8 +158,15 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
             hook.detach()
         return {"recorded_left": left, "dropped": comm.dropped_records()}
 
-    _serve(rank, {"raw": raw, kind: hooked}, calls, isolated, out, finish,
-           after_block=comm.flush if kind == "deferred" else None)
+    _serve(
+        rank,
+        {"raw": raw, kind: hooked},
+        calls,
+        isolated,
+        out,
+        finish,
+        after_block=comm.flush if kind == "deferred" else None,
+    )
     dist.destroy_process_group()
 
 
@@ -160,8 +178,9 @@ def _deepspeed(rank: int, port: int, out: Path, calls: int) -> None:
     import torch
     import torch.distributed.distributed_c10d as c10d
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     deepspeed.utils.logger.setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
@@ -183,6 +202,7 @@ def _deepspeed(rank: int, port: int, out: Path, calls: int) -> None:
     def isolated(t):
         def noop(tensor=None, op=None, group=None, async_op=False):
             return None
+
         logged_before = len(ds.timers("all_reduce").event_timers)
         ds.timers("all_reduce").reset()  # start from an empty timer: its cost grows with what it holds
         saved = torch_mod.all_reduce
@@ -198,8 +218,15 @@ def _deepspeed(rank: int, port: int, out: Path, calls: int) -> None:
                 blocks.append((perf() - t0) / 500 / 1e3)
         finally:
             torch_mod.all_reduce = saved
-        return dict(res, **{"logger on": statistics.median(blocks), "on first 500": blocks[0],
-                            "on last 500": blocks[-1], "timer entries before reset": logged_before})
+        return dict(
+            res,
+            **{
+                "logger on": statistics.median(blocks),
+                "on first 500": blocks[0],
+                "on last 500": blocks[-1],
+                "timer entries before reset": logged_before,
+            },
+        )
 
     def finish():
         logged = sum(v[0] for sizes in logger.comms_dict.values() for v in sizes.values())
@@ -220,10 +247,29 @@ class _Pair:
         self.kind, port = kind, free_port()
         self.outs = [out_dir / f"{kind}-rank{r}.json" for r in range(2)]
         self.errs = [open(out_dir / f"{kind}-rank{r}.err", "w+") for r in range(2)]
-        self.procs = [subprocess.Popen(
-            [python, "-m", "benches.hook_overhead", "--worker", kind, str(r), str(port), str(self.outs[r]),
-             str(calls), endpoint], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.errs[r], text=True) for r in range(2)]
+        self.procs = [
+            subprocess.Popen(
+                [
+                    python,
+                    "-m",
+                    "benches.hook_overhead",
+                    "--worker",
+                    kind,
+                    str(r),
+                    str(port),
+                    str(self.outs[r]),
+                    str(calls),
+                    endpoint,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.errs[r],
+                text=True,
+            )
+            for r in range(2)
+        ]
         self._expect("ready")
 
     def _expect(self, word: str) -> None:
@@ -291,20 +337,35 @@ def _background(rank: int, records: int, out: str) -> None:
     t2 = time.perf_counter_ns()
     session._session = None
     wire = sum(e.ByteSize() for e in envs)
-    Path(out, "background.json").write_text(json.dumps({
-        "records": drained, "drain_us": (t1 - t0) / 1e3 / drained, "encode_us": (t2 - t1) / 1e3 / drained,
-        "wire_bytes": wire / drained, "envelopes": len(envs)}))
+    Path(out, "background.json").write_text(
+        json.dumps(
+            {
+                "records": drained,
+                "drain_us": (t1 - t0) / 1e3 / drained,
+                "encode_us": (t2 - t1) / 1e3 / drained,
+                "wire_bytes": wire / drained,
+                "envelopes": len(envs),
+            }
+        )
+    )
     dist.destroy_process_group()
 
 
 def _spread(a: list, b: list) -> str:
-    d = [y - x for x, y in zip(a, b)]
+    d = [y - x for x, y in zip(a, b, strict=True)]
     return f"{statistics.median(d):+.1f} [{_pct(d, 0.25):+.1f}, {_pct(d, 0.75):+.1f}]"
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
-        kind, rank, port, out, calls, endpoint = argv[1], int(argv[2]), int(argv[3]), Path(argv[4]), int(argv[5]), argv[6]
+        kind, rank, port, out, calls, endpoint = (
+            argv[1],
+            int(argv[2]),
+            int(argv[3]),
+            Path(argv[4]),
+            int(argv[5]),
+            argv[6],
+        )
         if kind == "deepspeed":
             _deepspeed(rank, port, out, calls)
         else:
@@ -342,7 +403,7 @@ def main(argv: list[str]) -> int:
             if ds_python:
                 pairs.append(_Pair("deepspeed", ds_python, _deepspeed_venv.env(), tmp, args.calls, "-"))
             for i in range(args.rounds):
-                for pair in (pairs if i % 2 == 0 else pairs[::-1]):
+                for pair in pairs if i % 2 == 0 else pairs[::-1]:
                     pair.round(i)
                 if i == args.rounds // 2:
                     load.append(os.getloadavg())
@@ -361,7 +422,7 @@ def main(argv: list[str]) -> int:
     elapsed = time.monotonic() - t_start
 
     cmd = ("python -m benches.hook_overhead " + " ".join(argv)).strip()
-    fmt_load = " -> ".join(f"{l[0]:.1f}" for l in load)
+    fmt_load = " -> ".join(f"{one_minute:.1f}" for one_minute, *_ in load)
     lines = [
         "# Hook overhead vs DeepSpeed's comms logger",
         "",
@@ -374,8 +435,10 @@ def main(argv: list[str]) -> int:
     ]
     if "deepspeed" in res:
         v = res["deepspeed"][0]["versions"]
-        lines.append(f"- DeepSpeed {v['deepspeed']} with torch {v['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu); "
-                     f"rankscope with the torch in .venv")
+        lines.append(
+            f"- DeepSpeed {v['deepspeed']} with torch {v['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu); "
+            f"rankscope with the torch in .venv"
+        )
     lines += [
         "",
         "## End to end: median wall time per call (us)",
@@ -388,51 +451,75 @@ def main(argv: list[str]) -> int:
         "added, first / last round | baseline p90 | instrumented p90 |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    pairs_def = {"logger": ("raw", "logger"), "deferred": ("raw", "deferred"), "attached": ("raw", "attached"),
-                 "deepspeed": ("ds logger off", "ds logger on")}
+    pairs_def = {
+        "logger": ("raw", "logger"),
+        "deferred": ("raw", "deferred"),
+        "attached": ("raw", "attached"),
+        "deepspeed": ("ds logger off", "ds logger on"),
+    }
     added = {}
     for kind, per_rank in res.items():
         base, inst = pairs_def[kind]
         for r, x in enumerate(per_rank):
             m, p90, pr = x["median_us"], x["p90_us"], x["per_round_us"]
             added.setdefault(kind, []).append(m[inst] - m[base])
-            label = {"logger": "rankscope comms logger (record only)",
-                     "deferred": "rankscope comms logger, drain between blocks",
-                     "attached": "rankscope hook.attach (shipped to collector)",
-                     "deepspeed": "DeepSpeed comms_logger (off -> on)"}[kind]
-            lines.append(f"| {label} | {r} | {m['raw']:.1f} | {m[base]:.1f} | {m[inst]:.1f} | "
-                         f"{m[inst] - m[base]:+.1f} | {_spread(pr[base], pr[inst])} | {pr[inst][0] - pr[base][0]:+.1f} / "
-                         f"{pr[inst][-1] - pr[base][-1]:+.1f} | {p90[base]:.1f} | {p90[inst]:.1f} |")
-    lines += ["", "## Isolated: the wrapper around a no-op collective (us per call, median of 1000-call loops)", "",
-              "| pair | rank | no-op | wrapper | added |", "|---|---|---:|---:|---:|"]
+            label = {
+                "logger": "rankscope comms logger (record only)",
+                "deferred": "rankscope comms logger, drain between blocks",
+                "attached": "rankscope hook.attach (shipped to collector)",
+                "deepspeed": "DeepSpeed comms_logger (off -> on)",
+            }[kind]
+            lines.append(
+                f"| {label} | {r} | {m['raw']:.1f} | {m[base]:.1f} | {m[inst]:.1f} | "
+                f"{m[inst] - m[base]:+.1f} | {_spread(pr[base], pr[inst])} | {pr[inst][0] - pr[base][0]:+.1f} / "
+                f"{pr[inst][-1] - pr[base][-1]:+.1f} | {p90[base]:.1f} | {p90[inst]:.1f} |"
+            )
+    lines += [
+        "",
+        "## Isolated: the wrapper around a no-op collective (us per call, median of 1000-call loops)",
+        "",
+        "| pair | rank | no-op | wrapper | added |",
+        "|---|---|---:|---:|---:|",
+    ]
     iso_added = {}
     for kind, per_rank in res.items():
         for r, x in enumerate(per_rank):
             iso = x["isolated_us"]
             if kind == "deepspeed":
                 a = iso["logger on"] - iso["logger off"]
-                lines.append(f"| DeepSpeed logger off -> on | {r} | {iso['no-op']:.3f} | off {iso['logger off']:.3f}, "
-                             f"on {iso['logger on']:.3f} (first 500 calls {iso['on first 500']:.3f}, calls "
-                             f"9,501-10,000 {iso['on last 500']:.3f}) | {a:.3f} |")
+                lines.append(
+                    f"| DeepSpeed logger off -> on | {r} | {iso['no-op']:.3f} | off {iso['logger off']:.3f}, "
+                    f"on {iso['logger on']:.3f} (first 500 calls {iso['on first 500']:.3f}, calls "
+                    f"9,501-10,000 {iso['on last 500']:.3f}) | {a:.3f} |"
+                )
             else:
                 a = iso["wrapper"] - iso["no-op"]
                 lines.append(f"| rankscope {kind} | {r} | {iso['no-op']:.3f} | {iso['wrapper']:.3f} | {a:.3f} |")
             iso_added.setdefault(kind, []).append(a)
     if "deepspeed" in res:
         ds_e2e, ds_iso = statistics.mean(added["deepspeed"]), statistics.mean(iso_added["deepspeed"])
-        lines += ["", "## Ratio ours / DeepSpeed's (added cost per call, mean of the two ranks)", "",
-                  "| ours | ours added (us) | DeepSpeed added (us) | ratio end to end | ours isolated (us) | "
-                  "DeepSpeed isolated (us) | ratio isolated |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Ratio ours / DeepSpeed's (added cost per call, mean of the two ranks)",
+            "",
+            "| ours | ours added (us) | DeepSpeed added (us) | ratio end to end | ours isolated (us) | "
+            "DeepSpeed isolated (us) | ratio isolated |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for kind in ("logger", "deferred", "attached"):
             e, i = statistics.mean(added[kind]), statistics.mean(iso_added[kind])
             ratio_e = f"{e / ds_e2e:.3f}" if ds_e2e > 0 else "n/a (DeepSpeed added <= 0)"
-            lines.append(f"| {kind} | {e:+.1f} | {ds_e2e:+.1f} | {ratio_e} | {i:.3f} | {ds_iso:.3f} | "
-                         f"{i / ds_iso:.3f} |")
+            lines.append(
+                f"| {kind} | {e:+.1f} | {ds_e2e:+.1f} | {ratio_e} | {i:.3f} | {ds_iso:.3f} | {i / ds_iso:.3f} |"
+            )
     lines += [
         "",
         f"Comm rows stored by the collector for the attached pair (warm-up and isolated loops included): {stored}. "
-        f"Records dropped: " + ", ".join(f"{k} {x[0].get('dropped', 0)}/{x[1].get('dropped', 0)}"
-                                         for k, x in res.items() if k != "deepspeed") + ".",
+        f"Records dropped: "
+        + ", ".join(
+            f"{k} {x[0].get('dropped', 0)}/{x[1].get('dropped', 0)}" for k, x in res.items() if k != "deepspeed"
+        )
+        + ".",
         "",
         f"Off the training thread, per record ({bg['records']} all_reduce records, one process): drain "
         f"(timings -> rows, bandwidth, summary) {bg['drain_us']:.2f} us, encode to TableBatch "

@@ -15,6 +15,7 @@ and protobuf parse + collector.data.codec.decode_batch to Arrow.
 
 Writes (replaces) the ingest section of benches/RESULTS-ingest.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,15 +63,18 @@ def client(address: str, rank: int, batches: int, rows: int, ready, go, results)
     cpu_at_go: list[float] = []
 
     def envelopes():
-        yield pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"bench-{rank}", seq=1,
-                          hello=pb.Hello(run_id="bench", rank=rank, world_size=16, run_name="bench"))
+        yield pb.Envelope(
+            schema_version=SCHEMA_VERSION,
+            client_id=f"bench-{rank}",
+            seq=1,
+            hello=pb.Hello(run_id="bench", rank=rank, world_size=16, run_name="bench"),
+        )
         go.wait()
         cpu_at_go.append(time.process_time())
         for b in range(batches):
             window.acquire()
             seq_col.i64 = (base + b * rows).tobytes()  # distinct records per envelope
-            yield pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"bench-{rank}", seq=b + 2,
-                              table=template)
+            yield pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"bench-{rank}", seq=b + 2, table=template)
         outbox.get()  # keep the stream open until every ack is in
 
     channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
@@ -93,9 +97,12 @@ def baselines(clients: int, rows: int, reps: int) -> dict[str, float]:
     from proto import pb
 
     # The same rows the clients send: one template per rank.
-    raws = [pb.Envelope(schema_version=1, client_id="x", seq=1,
-                        table=encode_batch("comm", "bench", r, comm_columns(rows, r))).SerializeToString()
-            for r in range(clients)]
+    raws = [
+        pb.Envelope(
+            schema_version=1, client_id="x", seq=1, table=encode_batch("comm", "bench", r, comm_columns(rows, r))
+        ).SerializeToString()
+        for r in range(clients)
+    ]
     t, cpu = time.perf_counter(), time.thread_time()
     tables = [decode_batch(pb.Envelope.FromString(raws[i % clients]).table) for i in range(reps)]
     decode = rows * reps / (time.perf_counter() - t)
@@ -105,8 +112,13 @@ def baselines(clients: int, rows: int, reps: int) -> dict[str, float]:
     pq.write_table(big, io.BytesIO(), **parquet_options(big.schema))
     write = big.num_rows / (time.perf_counter() - t)
     write_cpu = big.num_rows / (time.thread_time() - cpu)
-    return {"decode": decode, "decode_cpu": decode_cpu, "parquet": write, "parquet_cpu": write_cpu,
-            "wire_bytes_per_record": len(raws[0]) / rows}
+    return {
+        "decode": decode,
+        "decode_cpu": decode_cpu,
+        "parquet": write,
+        "parquet_cpu": write_cpu,
+        "wire_bytes_per_record": len(raws[0]) / rows,
+    }
 
 
 def drive_clients(collectors: list[CollectorProcess], clients: int, batches: int, rows: int) -> dict:
@@ -115,8 +127,10 @@ def drive_clients(collectors: list[CollectorProcess], clients: int, batches: int
     collector's CPU s over it, the clients' CPU s and the 1-min load average before."""
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=client, args=(collectors[r % len(collectors)].address, r, batches, rows, ready, go,
-                                              results)) for r in range(clients)]
+    procs = [
+        ctx.Process(target=client, args=(collectors[r % len(collectors)].address, r, batches, rows, ready, go, results))
+        for r in range(clients)
+    ]
     try:
         for p in procs:
             p.start()
@@ -128,7 +142,7 @@ def drive_clients(collectors: list[CollectorProcess], clients: int, batches: int
         go.set()
         done = [results.get(timeout=600) for _ in procs]
         elapsed = max(t for _, t, _ in done) - t0
-        cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(collectors, cpu0)]
+        cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(collectors, cpu0, strict=True)]
         for p in procs:
             p.join(60)
     finally:
@@ -146,15 +160,25 @@ def run(clients: int, batches: int, rows: int) -> dict:
             collector.stop()
         elapsed, (collector_cpu,) = burst["elapsed"], burst["collector_cpu"]
         from collector.data import catalog
+
         con = catalog.connect(data)
         total, distinct = con.execute("SELECT count(*), count(DISTINCT (rank, seq)) FROM comm").fetchone()
         segments = len(list((data / "parquet" / "comm" / "run=bench").glob("*.parquet")))
         on_disk = sum(p.stat().st_size for p in (data / "parquet" / "comm").rglob("*.parquet"))
     expected = clients * batches * rows
-    return {"elapsed": elapsed, "expected": expected, "stored": total, "distinct": distinct,
-            "rate": expected / elapsed, "segments": segments, "bytes_per_record": on_disk / max(total, 1),
-            "collector_cpu": collector_cpu, "rate_per_cpu": expected / collector_cpu,
-            "clients_cpu": burst["clients_cpu"], "load": burst["load"]}
+    return {
+        "elapsed": elapsed,
+        "expected": expected,
+        "stored": total,
+        "distinct": distinct,
+        "rate": expected / elapsed,
+        "segments": segments,
+        "bytes_per_record": on_disk / max(total, 1),
+        "collector_cpu": collector_cpu,
+        "rate_per_cpu": expected / collector_cpu,
+        "clients_cpu": burst["clients_cpu"],
+        "load": burst["load"],
+    }
 
 
 def main() -> int:
@@ -168,32 +192,44 @@ def main() -> int:
     base = baselines(args.clients, args.rows, 32)
     res = run(args.clients, args.batches, args.rows)
     ok = res["stored"] == res["distinct"] == res["expected"]
-    print(f"collector: {res['rate']:,.0f} records/s durable ({res['expected']:,} records in "
-          f"{res['elapsed']:.2f}s), stored {res['stored']:,}, distinct {res['distinct']:,}: "
-          f"{'zero loss, zero duplicates' if ok else 'MISMATCH'}")
-    print(f"collector CPU: {res['collector_cpu']:.2f} s = {res['rate_per_cpu']:,.0f} records per CPU-second; "
-          f"clients used {res['clients_cpu']:.2f} CPU-s; 1-min load average before: {res['load']:.1f}")
-    print(f"baseline pyarrow zstd Parquet write alone: {base['parquet']:,.0f} records/s "
-          f"({base['parquet_cpu']:,.0f} per CPU-s)")
-    print(f"baseline protobuf parse + decode_batch to Arrow: {base['decode']:,.0f} records/s "
-          f"({base['decode_cpu']:,.0f} per CPU-s)")
+    print(
+        f"collector: {res['rate']:,.0f} records/s durable ({res['expected']:,} records in "
+        f"{res['elapsed']:.2f}s), stored {res['stored']:,}, distinct {res['distinct']:,}: "
+        f"{'zero loss, zero duplicates' if ok else 'MISMATCH'}"
+    )
+    print(
+        f"collector CPU: {res['collector_cpu']:.2f} s = {res['rate_per_cpu']:,.0f} records per CPU-second; "
+        f"clients used {res['clients_cpu']:.2f} CPU-s; 1-min load average before: {res['load']:.1f}"
+    )
+    print(
+        f"baseline pyarrow zstd Parquet write alone: {base['parquet']:,.0f} records/s "
+        f"({base['parquet_cpu']:,.0f} per CPU-s)"
+    )
+    print(
+        f"baseline protobuf parse + decode_batch to Arrow: {base['decode']:,.0f} records/s "
+        f"({base['decode_cpu']:,.0f} per CPU-s)"
+    )
 
     cores_needed = TARGET / res["rate_per_cpu"]
     if res["rate"] >= TARGET:
         verdict = f"**met** ({res['rate']:,.0f} records/s)."
     else:
-        verdict = (f"**not met in this run** ({res['rate']:,.0f} records/s). At the collector's measured cost of "
-                   f"{1e6 / res['rate_per_cpu']:.2f} CPU-µs per record, {TARGET:,} records/s needs "
-                   f"{cores_needed:.2f} of the {os.cpu_count()} cores, which the other jobs (load average "
-                   f"{res['load']:.1f}) did not leave it; not measured on an idle machine.")
+        verdict = (
+            f"**not met in this run** ({res['rate']:,.0f} records/s). At the collector's measured cost of "
+            f"{1e6 / res['rate_per_cpu']:.2f} CPU-µs per record, {TARGET:,} records/s needs "
+            f"{cores_needed:.2f} of the {os.cpu_count()} cores, which the other jobs (load average "
+            f"{res['load']:.1f}) did not leave it; not measured on an idle machine."
+        )
     print(f"target {TARGET:,} records/s: {'met' if res['rate'] >= TARGET else 'not met'}")
 
     cmd = f"python -m benches.ingest --clients {args.clients} --batches {args.batches} --rows {args.rows}"
     machine = f"{platform.machine()} VM, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}"
-    replace_section(args.out, f"""# Ingest throughput (collector)
+    replace_section(
+        args.out,
+        f"""# Ingest throughput (collector)
 
 Command: `{cmd}` &nbsp; Machine: {machine}, shared with other jobs while measured
-(1-minute load average {res['load']:.1f} when the timed part started).
+(1-minute load average {res["load"]:.1f} when the timed part started).
 
 {args.clients} client processes, one Stream each, {args.batches} envelopes x {args.rows:,} comm records
 per client, at most {WINDOW} unacked envelopes per stream. Records count once acked, and the collector acks
@@ -202,17 +238,18 @@ much of the 2 cores the other jobs left; records per CPU-second of the measured 
 
 | what (same run, same rows) | records/s (wall) | records per CPU-second |
 |---|---:|---:|
-| **collector, end to end, durable** ({res['expected']:,} records, {res['elapsed']:.2f} s) | **{res['rate']:,.0f}** | {res['rate_per_cpu']:,.0f} (collector process) |
-| baseline: pyarrow writing zstd Parquet alone (1 thread, store's options) | {base['parquet']:,.0f} | {base['parquet_cpu']:,.0f} |
-| baseline: protobuf parse + `decode_batch` to Arrow (1 thread) | {base['decode']:,.0f} | {base['decode_cpu']:,.0f} |
+| **collector, end to end, durable** ({res["expected"]:,} records, {res["elapsed"]:.2f} s) | **{res["rate"]:,.0f}** | {res["rate_per_cpu"]:,.0f} (collector process) |
+| baseline: pyarrow writing zstd Parquet alone (1 thread, store's options) | {base["parquet"]:,.0f} | {base["parquet_cpu"]:,.0f} |
+| baseline: protobuf parse + `decode_batch` to Arrow (1 thread) | {base["decode"]:,.0f} | {base["decode_cpu"]:,.0f} |
 
-- Count check: {res['stored']:,} rows stored, {res['distinct']:,} distinct (rank, seq), {res['expected']:,} sent:
-  {'zero loss, zero duplicates' if ok else '**MISMATCH**'}.
-- The 16 client processes used {res['clients_cpu']:.1f} CPU-seconds on the same 2 cores during the run.
-- Wire size {base['wire_bytes_per_record']:.0f} B/record; on disk {res['bytes_per_record']:.1f} B/record (zstd);
-  {res['segments']} comm segment files after compaction.
+- Count check: {res["stored"]:,} rows stored, {res["distinct"]:,} distinct (rank, seq), {res["expected"]:,} sent:
+  {"zero loss, zero duplicates" if ok else "**MISMATCH**"}.
+- The 16 client processes used {res["clients_cpu"]:.1f} CPU-seconds on the same 2 cores during the run.
+- Wire size {base["wire_bytes_per_record"]:.0f} B/record; on disk {res["bytes_per_record"]:.1f} B/record (zstd);
+  {res["segments"]} comm segment files after compaction.
 - Target >= {TARGET:,} records/s on this machine: {verdict}
-""")
+""",
+    )
     print(f"wrote {args.out}")
     return 0 if ok else 1
 

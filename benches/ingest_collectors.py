@@ -16,6 +16,7 @@ processes over the timed part (psutil).
 Configurations run in the order 1, 2, 4, 4, 2, 1 (``--repeats`` 2), so a load change
 from the other jobs on the machine hits all of them. Writes benches/RESULTS-collectors.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from benches._common import code_version
 from collector.tools.launch import CollectorProcess
 
@@ -38,6 +40,7 @@ RANKSCOPE = Path(sys.executable).parent / "rankscope"
 
 def run(n: int, clients: int, batches: int, rows: int) -> dict:
     from benches.ingest import drive_clients
+
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-collectors-") as tmp:
         data = Path(tmp) / "data"
         colls = []
@@ -50,6 +53,7 @@ def run(n: int, clients: int, batches: int, rows: int) -> dict:
         on_disk = sum(f.stat().st_size for f in (data / "parquet" / "comm").rglob("*.parquet"))
         commits = sum(1 for f in (data / "ledger").rglob("log-*.jsonl") for line in f.open() if line.strip())
         from collector.data import catalog
+
         con = catalog.connect(data)
         try:
             total, distinct = con.execute("SELECT count(*), count(DISTINCT (rank, seq)) FROM comm").fetchone()
@@ -57,17 +61,31 @@ def run(n: int, clients: int, batches: int, rows: int) -> dict:
             per_writer = con.execute(
                 "SELECT regexp_extract(filename, '(seg|cmp)-([a-z][a-z0-9_]*)-', 2) AS w, "
                 "list(DISTINCT rank ORDER BY rank) AS ranks, count(*) FROM read_parquet(?, filename=true) "
-                "GROUP BY w ORDER BY w", [glob]).fetchall()
+                "GROUP BY w ORDER BY w",
+                [glob],
+            ).fetchall()
         finally:
             con.close()
     expected = clients * batches * rows
-    routed_ok = all(sorted(ranks) == [r for r in range(clients) if f"c{r % n}" == w] for w, ranks, _ in per_writer) \
+    routed_ok = (
+        all(sorted(ranks) == [r for r in range(clients) if f"c{r % n}" == w] for w, ranks, _ in per_writer)
         and len(per_writer) == n
-    return {"n": n, "elapsed": burst["elapsed"], "expected": expected, "stored": total, "distinct": distinct,
-            "rate": expected / burst["elapsed"], "cpu": burst["collector_cpu"], "clients_cpu": burst["clients_cpu"],
-            "load": burst["load"],
-            "per_writer": [(w, count) for w, _, count in per_writer], "routed_ok": routed_ok,
-            "disk_bytes_per_record": on_disk / max(total, 1), "ledger_lines": commits}
+    )
+    return {
+        "n": n,
+        "elapsed": burst["elapsed"],
+        "expected": expected,
+        "stored": total,
+        "distinct": distinct,
+        "rate": expected / burst["elapsed"],
+        "cpu": burst["collector_cpu"],
+        "clients_cpu": burst["clients_cpu"],
+        "load": burst["load"],
+        "per_writer": [(w, count) for w, _, count in per_writer],
+        "routed_ok": routed_ok,
+        "disk_bytes_per_record": on_disk / max(total, 1),
+        "ledger_lines": commits,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -80,6 +98,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     from benches.ingest import baselines
+
     load0 = os.getloadavg()
     t_start = time.monotonic()
     base = baselines(args.clients, args.rows, 16)
@@ -90,14 +109,18 @@ def main(argv: list[str]) -> int:
         ok = r["stored"] == r["distinct"] == r["expected"] and r["routed_ok"]
         r["ok"] = ok
         runs.append(r)
-        print(f"{n} collector(s): {r['rate']:,.0f} records/s, {r['elapsed']:.2f} s, collector CPU "
-              f"{sum(r['cpu']):.2f} s ({', '.join(f'{c:.2f}' for c in r['cpu'])}), stored {r['stored']:,} / "
-              f"{r['expected']:,} {'ok' if ok else 'MISMATCH'}; load {r['load']:.1f}", flush=True)
+        print(
+            f"{n} collector(s): {r['rate']:,.0f} records/s, {r['elapsed']:.2f} s, collector CPU "
+            f"{sum(r['cpu']):.2f} s ({', '.join(f'{c:.2f}' for c in r['cpu'])}), stored {r['stored']:,} / "
+            f"{r['expected']:,} {'ok' if ok else 'MISMATCH'}; load {r['load']:.1f}",
+            flush=True,
+        )
     load1 = os.getloadavg()
     elapsed = time.monotonic() - t_start
 
     def med(xs):
         return statistics.median(xs)
+
     rows_tbl, per_rec = [], {}
     rate1 = med([r["rate"] for r in runs if r["n"] == args.collectors[0]])
     for n in args.collectors:
@@ -110,7 +133,8 @@ def main(argv: list[str]) -> int:
             f"| {n} | {med(rates):,.0f} [{min(rates):,.0f}-{max(rates):,.0f}] | {med(rates) / rate1:.2f}x | "
             f"{med(us):.2f} [{min(us):.2f}-{max(us):.2f}] | {med(cl_us):.2f} | "
             f"{'; '.join(', '.join(f'{w}: {c:,}' for w, c in r['per_writer']) for r in rs[:1])} | "
-            f"{'all ok' if all(r['ok'] for r in rs) else '**MISMATCH**'} |")
+            f"{'all ok' if all(r['ok'] for r in rs) else '**MISMATCH**'} |"
+        )
     wire = base["wire_bytes_per_record"]
     one = [r for r in runs if r["n"] == args.collectors[0]]
     cost1 = per_rec[args.collectors[0]]
@@ -125,13 +149,13 @@ def main(argv: list[str]) -> int:
 
 - command: `timeout 600 {cmd}` ({elapsed:.0f} s, ended {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)
 - machine: {platform.machine()} {os.cpu_count()}-core CPU VM, shared with other jobs (see the load
-  average); load average (1/5/15 min) at start {'/'.join(f'{x:.1f}' for x in load0)}, at end
-  {'/'.join(f'{x:.1f}' for x in load1)}; 1-min load before each configuration: {', '.join(f"{r['n']}: {r['load']:.1f}" for r in runs)}
+  average); load average (1/5/15 min) at start {"/".join(f"{x:.1f}" for x in load0)}, at end
+  {"/".join(f"{x:.1f}" for x in load1)}; 1-min load before each configuration: {", ".join(f"{r['n']}: {r['load']:.1f}" for r in runs)}
 - rankscope code: {code_version(ROOT)}
 - per configuration: a fresh data dir on local disk; n × `rankscope collect --data-dir D --port P_i --writer-id c<i>`;
   {args.clients} client processes (benches/ingest.py's client: one Stream, pre-encoded comm batches, window 8),
   client rank r → collector r % n; {args.batches} envelopes × {args.rows:,} records per client =
-  {args.clients * args.batches * args.rows:,} records per configuration; order {', '.join(map(str, order))}
+  {args.clients * args.batches * args.rows:,} records per configuration; order {", ".join(map(str, order))}
 - records/s = records / (last ack − go); acks only after fsync of segment + ledger. Count check after all
   collectors stopped, through the one catalog: rows = distinct (rank, seq) = sent, and each writer id holds exactly
   the ranks routed to it.
@@ -140,12 +164,12 @@ def main(argv: list[str]) -> int:
 |---:|---:|---:|---:|---:|---|---|
 {chr(10).join(rows_tbl)}
 
-Per run: {'; '.join(f"n={r['n']}: {r['rate']:,.0f}/s" for r in runs)}.
+Per run: {"; ".join(f"n={r['n']}: {r['rate']:,.0f}/s" for r in runs)}.
 
-Same-run single-thread baselines on the same rows: protobuf parse + decode to Arrow {base['decode_cpu']:,.0f}
-records per CPU-s, pyarrow zstd Parquet write {base['parquet_cpu']:,.0f} records per CPU-s. Wire size
+Same-run single-thread baselines on the same rows: protobuf parse + decode to Arrow {base["decode_cpu"]:,.0f}
+records per CPU-s, pyarrow zstd Parquet write {base["parquet_cpu"]:,.0f} records per CPU-s. Wire size
 {wire:.0f} B/record; on disk {disk:.1f} B/record (zstd Parquet, after compaction). Ledger lines written per
-configuration (commits + checkpoints, all writers): {', '.join(f'{n}: {v:.0f}' for n, v in ledger.items())}.
+configuration (commits + checkpoints, all writers): {", ".join(f"{n}: {v:.0f}" for n, v in ledger.items())}.
 
 ## Reading and scaling model
 
@@ -153,9 +177,9 @@ configuration (commits + checkpoints, all writers): {', '.join(f'{n}: {v:.0f}' f
   costs ~{cost1 + cl_cost:.2f} CPU-µs per record and the 2 cores are shared with other jobs, so the ceiling is about
   2 / {cost1 + cl_cost:.2f} µs ≈ {2 / (cost1 + cl_cost):.1f} M records/s whatever n is. One collector already uses
   {cores1:.2f} cores during its run (pyarrow's encode and zstd run outside the GIL). Relative to one collector:
-  {', '.join(f"{n} → {med([r['rate'] for r in runs if r['n'] == n]) / rate_1:.2f}×" for n in args.collectors)};
-  collector CPU per record {' / '.join(f'{per_rec[n]:.2f}' for n in args.collectors)} µs for
-  {' / '.join(map(str, args.collectors))} collectors (more writers: more, smaller commits and fsyncs, and more gRPC
+  {", ".join(f"{n} → {med([r['rate'] for r in runs if r['n'] == n]) / rate_1:.2f}×" for n in args.collectors)};
+  collector CPU per record {" / ".join(f"{per_rec[n]:.2f}" for n in args.collectors)} µs for
+  {" / ".join(map(str, args.collectors))} collectors (more writers: more, smaller commits and fsyncs, and more gRPC
   server threads competing for the same 2 cores). Every record arrived exactly once in every configuration, and each
   writer holds exactly the ranks routed to it.
 - **Model for separate machines** (one collector per machine, ranks routed by rank % n):
@@ -175,6 +199,7 @@ configuration (commits + checkpoints, all writers): {', '.join(f'{n}: {v:.0f}' f
   n × R_1 until n × R_1 × {disk:.1f} B approaches the file system's write bandwidth.
 """
     from benches._sections import replace_section
+
     replace_section(args.out, text)
     print(text)
     return 0 if all(r["ok"] for r in runs) else 1

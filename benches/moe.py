@@ -17,6 +17,7 @@ rank / median step time (forward + backward), timing is reported, not asserted.
     python -m benches.moe [--tokens 1024 --hidden 256 --experts 4 --steps 20]
 Writes benches/RESULTS-moe.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,9 +76,15 @@ def _rank(rank: int, port: int, args: dict, out_dir: str) -> None:
     for ep in (1, 2):
         step_s = statistics.median(times[ep])
         moved = (calls, nbytes) if ep == 2 else (0, 0)  # only ep 2 issues all_to_all
-        results.append({"ep": ep, "step_ms": step_s * 1e3, "tokens_per_s": S / step_s,
-                        "a2a_calls_per_step": moved[0] / args["steps"],
-                        "a2a_bytes_per_step": moved[1] / args["steps"]})
+        results.append(
+            {
+                "ep": ep,
+                "step_ms": step_s * 1e3,
+                "tokens_per_s": S / step_s,
+                "a2a_calls_per_step": moved[0] / args["steps"],
+                "a2a_bytes_per_step": moved[1] / args["steps"],
+            }
+        )
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     comm.destroy_process_group()
 
@@ -137,13 +144,18 @@ def main() -> None:
         for r in results:
             ep = r["ep"]
             expect = 4 * analytic if ep > 1 else 0
-            lines.append(f"| {ep} | {rank} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | "
-                         f"{r['a2a_calls_per_step']:.0f} | {r['a2a_bytes_per_step']:.0f} | {expect:.0f} | "
-                         f"{r['a2a_bytes_per_step'] * (ep - 1) / ep:.0f} |")
-    lines += ["", "ep 1 moves no tokens (both ranks compute all experts for their own tokens). At ep 2 each rank",
-              "computes half the experts for both ranks' tokens, so compute per rank is the same and the",
-              "difference is the four all_to_alls (gloo over loopback on 2 shared cores), the copies around them",
-              "and one 32-byte all_to_all of per-expert fill counts (so experts skip empty capacity slots)."]
+            lines.append(
+                f"| {ep} | {rank} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | "
+                f"{r['a2a_calls_per_step']:.0f} | {r['a2a_bytes_per_step']:.0f} | {expect:.0f} | "
+                f"{r['a2a_bytes_per_step'] * (ep - 1) / ep:.0f} |"
+            )
+    lines += [
+        "",
+        "ep 1 moves no tokens (both ranks compute all experts for their own tokens). At ep 2 each rank",
+        "computes half the experts for both ranks' tokens, so compute per rank is the same and the",
+        "difference is the four all_to_alls (gloo over loopback on 2 shared cores), the copies around them",
+        "and one 32-byte all_to_all of per-expert fill counts (so experts skip empty capacity slots).",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     (HERE / "RESULTS-moe.md").write_text(text)

@@ -28,6 +28,7 @@ drives them in lock-step rounds (framework order alternating per round; within a
 each worker runs ``--steps`` steps of each placement, placement order alternating).
 Writes benches/RESULTS-moe-ds.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from benches._common import code_version
 from benches._rank_group import RankGroup, serve_rounds, worker_args
 
@@ -51,10 +53,17 @@ EPS = (2, 1)
 
 
 def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_SIZE=str(world))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        LOCAL_SIZE=str(world),
+    )
     import torch
     from torch import nn
+
     torch.set_num_threads(1)
     M, S, E = a["hidden"], a["tokens"], a["experts"]
 
@@ -65,6 +74,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
     if kind == "ours":
         from trainer import comm
         from trainer.moe import MoE
+
         comm.init_process_group("gloo", rank=rank, world_size=world)
         comm.configure({"enabled": True})
         for ep in EPS:
@@ -77,6 +87,7 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
         import deepspeed
         import deepspeed.comm as ds
         from deepspeed.moe.layer import MoE
+
         deepspeed.utils.logger.setLevel(logging.WARNING)
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
         ds.configure(enabled=True, prof_all=True)
@@ -106,17 +117,19 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
 
     def run_round(i: int) -> str:
         secs = {}
-        for ep in (EPS if i % 2 == 0 else EPS[::-1]):  # placement order alternates per round
+        for ep in EPS if i % 2 == 0 else EPS[::-1]:  # placement order alternates per round
             barrier()
             secs[ep] = sum(step(ep) for _ in range(a["steps"]))
             timed[ep] += a["steps"]
         return json.dumps(secs)
+
     serve_rounds(run_round)
     barrier()
     a2a = {}
     if kind == "ours":
         import contextlib
         import io
+
         with contextlib.redirect_stdout(io.StringIO()):
             summary = comm.log_summary(return_dict=True)
         for name, sizes in summary.items():
@@ -153,18 +166,23 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--timeout", type=float, default=240)
-    p.add_argument("--capacity-factors", default="1.0,1.25",
-                   help="comma-separated; one section of results per capacity factor")
+    p.add_argument(
+        "--capacity-factors", default="1.0,1.25", help="comma-separated; one section of results per capacity factor"
+    )
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     from benches import _deepspeed_venv
+
     ds_python = str(_deepspeed_venv.ensure())
-    envs = {"ours": (sys.executable, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")),
-            "deepspeed": (ds_python, _deepspeed_venv.env())}
+    envs = {
+        "ours": (sys.executable, dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")),
+        "deepspeed": (ds_python, _deepspeed_venv.env()),
+    }
     failed = False
     for cf in (float(x) for x in args.capacity_factors.split(",")):
         text, failures = _compare(args, cf, envs, argv)
         from benches._sections import replace_section
+
         replace_section(Path(args.out), text)
         print(text)
         failed = failed or bool(failures)
@@ -192,9 +210,16 @@ def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
                     per_rank = [json.loads(x) for x in groups[kind].round(i)]
                     for ep in per_rank[0]:
                         secs[kind][int(ep)].append(max(r[ep] for r in per_rank))  # the slowest rank
-                print(f"round {i}: " + ", ".join(
-                    f"{k} ep{ep} {args.steps * args.tokens / v[ep][-1]:.0f} tok/s" for k, v in secs.items()
-                    if k in groups for ep in EPS), flush=True)
+                print(
+                    f"round {i}: "
+                    + ", ".join(
+                        f"{k} ep{ep} {args.steps * args.tokens / v[ep][-1]:.0f} tok/s"
+                        for k, v in secs.items()
+                        if k in groups
+                        for ep in EPS
+                    ),
+                    flush=True,
+                )
             fin = {k: g.finish() for k, g in groups.items()}
         finally:
             for g in groups.values():
@@ -205,7 +230,7 @@ def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
     C = math.ceil(S / args.experts * cf)  # expert_capacity with k 1, min_capacity 0
     analytic = args.experts * C * M * 4
     rate = {k: {ep: [args.steps * S / s for s in v] for ep, v in d.items()} for k, d in secs.items()}
-    cell = lambda v: f"{statistics.median(v):,.0f} [{min(v):,.0f}-{max(v):,.0f}]" if v else "did not run"  # noqa
+    cell = lambda v: f"{statistics.median(v):,.0f} [{min(v):,.0f}-{max(v):,.0f}]" if v else "did not run"
     versions = fin.get("deepspeed", [{}])[0].get("versions") if "deepspeed" in fin else None
     cmd = ("python -m benches.moe_vs_deepspeed " + " ".join(argv)).strip()
     lines = [
@@ -217,37 +242,50 @@ def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
         f"average); load average (1/5/15 min) at start "
         f"{'/'.join(f'{x:.1f}' for x in load[0])}, at end {'/'.join(f'{x:.1f}' for x in load[1])}",
         f"- rankscope code: {code_version(ROOT)}; ours in .venv; "
-        + (f"DeepSpeed {versions['deepspeed']} with torch {versions['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu)"
-           if versions else "DeepSpeed: did not run"),
+        + (
+            f"DeepSpeed {versions['deepspeed']} with torch {versions['torch']} in .bench-venv-ds (DS_ACCELERATOR=cpu)"
+            if versions
+            else "DeepSpeed: did not run"
+        ),
         f"- layer: hidden {M}, expert MLP {M}->{4 * M}->{M}, {args.experts} experts, top-1, capacity_factor {cf}, "
         f"min_capacity 0, {S} tokens per rank (requires grad), fp32, forward + backward per step; comm logging on "
         "in both (ours trainer.comm, DeepSpeed's comms logger prof_all)",
         f"- {n} ranks, 1 thread each; {args.warmup} warm-up steps per placement, then {args.rounds} rounds; per "
         f"round each framework runs {args.steps} steps of ep 2 and {args.steps} of ep 1 (order alternating), "
-        "frameworks alternating which goes first; tokens/s per rank = steps x S / slowest rank's time", "",
-        "## Tokens/s per rank (median over rounds [min-max])", "",
+        "frameworks alternating which goes first; tokens/s per rank = steps x S / slowest rank's time",
+        "",
+        "## Tokens/s per rank (median over rounds [min-max])",
+        "",
         "| ep_size | ours | DeepSpeed | ours / DeepSpeed (ratio of medians) | per-round ratios median [min, max] |",
         "|---|---:|---:|---:|---:|",
     ]
     for ep in EPS:
         o, d = rate["ours"][ep], rate["deepspeed"][ep]
         ratio = f"{statistics.median(o) / statistics.median(d):.2f}x" if o and d else "-"
-        per = [x / y for x, y in zip(o, d)]
+        per = [x / y for x, y in zip(o, d, strict=True)]
         per_s = f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}]" if per else "-"
         lines.append(f"| {ep} | {cell(o)} | {cell(d)} | {ratio} | {per_s} |")
-    lines += ["", "## all_to_all per step at ep_size 2 (rank 0, each side's own comm log)", "",
-              f"Analytic: S_a2a = E x C x M x 4 = {args.experts} x {C} x {M} x 4 = {analytic:,.0f} bytes per "
-              f"all_to_all, 4 per step = {4 * analytic:,.0f} bytes; leaving the rank x (ep-1)/ep = "
-              f"{4 * analytic * (n - 1) / n:,.0f} bytes per step.", "",
-              "| side | log name | msg size (bytes) | calls/step | bytes/step | vs analytic 4 x S_a2a | "
-              "bytes leaving rank/step (x (ep-1)/ep) |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## all_to_all per step at ep_size 2 (rank 0, each side's own comm log)",
+        "",
+        f"Analytic: S_a2a = E x C x M x 4 = {args.experts} x {C} x {M} x 4 = {analytic:,.0f} bytes per "
+        f"all_to_all, 4 per step = {4 * analytic:,.0f} bytes; leaving the rank x (ep-1)/ep = "
+        f"{4 * analytic * (n - 1) / n:,.0f} bytes per step.",
+        "",
+        "| side | log name | msg size (bytes) | calls/step | bytes/step | vs analytic 4 x S_a2a | "
+        "bytes leaving rank/step (x (ep-1)/ep) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for kind, f in fin.items():
         steps = f[0]["timed_ep2_steps"]
         for name, sizes in f[0]["a2a"].items():
             for size, count in sizes.items():
                 b = int(size) * count / steps
-                lines.append(f"| {kind} | {name} | {int(size):,} | {count / steps:.1f} | {b:,.0f} | "
-                             f"{b / (4 * analytic):.3f} | {b * (n - 1) / n:,.0f} |")
+                lines.append(
+                    f"| {kind} | {name} | {int(size):,} | {count / steps:.1f} | {b:,.0f} | "
+                    f"{b / (4 * analytic):.3f} | {b * (n - 1) / n:,.0f} |"
+                )
     if failures:
         lines += ["", "## Failures", ""]
         for kind, msg in failures.items():

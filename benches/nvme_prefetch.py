@@ -14,6 +14,7 @@ between the versions (A B B A ...), --steps optimizer steps each; per round: sam
 ``nvme.param_swap_in`` rows per step (the engine's own telemetry rows, captured in the worker). The
 table gives medians over rounds. Writes its section of benches/RESULTS-native.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,12 +38,15 @@ RESULTS = HERE / "RESULTS-native.md"
 BEFORE = "da0a923"
 
 
-def _worker(kind: str, rank: int, world: int, port: int, out: Path, dim: int, layers: int, steps: int,
-            swap_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _worker(
+    kind: str, rank: int, world: int, port: int, out: Path, dim: int, layers: int, steps: int, swap_dir: str
+) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     import torch
     import torch.nn.functional as F
+
     torch.set_num_threads(1)
     import trainer
     from benches.engine_vs_deepspeed import bench_config
@@ -56,12 +60,14 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, dim: int, la
         if table == "timers" and str(row.get("name", "")).startswith("nvme."):
             rows.append(row)
         return real_emit(table, **row)
+
     session.emit = capture
     cfg = bench_config(3)
     cfg.pop("flops_profiler", None)
     cfg.update(wall_clock_breakdown=False, comms_logger={"enabled": False}, telemetry={"enabled": False})
-    cfg["zero_optimization"].update(offload_param={"device": "nvme", "nvme_path": swap_dir},
-                                    offload_optimizer={"device": "cpu"})
+    cfg["zero_optimization"].update(
+        offload_param={"device": "nvme", "nvme_path": swap_dir}, offload_optimizer={"device": "cpu"}
+    )
     torch.manual_seed(0)
     engine, *_ = trainer.initialize(model=GPT(dim=dim, layers=layers, heads=4), config=cfg)
     micro = engine.train_micro_batch_size_per_gpu()
@@ -84,8 +90,9 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, dim: int, la
             step()
         wall = time.perf_counter() - t0
         swap_in = sum(r["dur_ns"] for r in rows if r["name"] == "nvme.param_swap_in") / 1e9
-        return json.dumps({"wall": wall, "swap_in": swap_in,
-                           "loads": sum(r["name"] == "nvme.param_swap_in" for r in rows)})
+        return json.dumps(
+            {"wall": wall, "swap_in": swap_in, "loads": sum(r["name"] == "nvme.param_swap_in" for r in rows)}
+        )
 
     serve_rounds(run_round)
     params = sum(s.numel for b in engine.optimizer.buckets for s in b.slots)
@@ -129,11 +136,19 @@ def main(argv: list[str]) -> int:
                 env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(tree))
                 swap = tmp / f"swap-{kind}"
                 swap.mkdir()
-                groups[kind] = RankGroup(kind, "benches.nvme_prefetch", sys.executable, env, 1, tmp,
-                                         [str(args.dim), str(args.layers), str(args.steps), str(swap)],
-                                         args.timeout, cwd=tree)
+                groups[kind] = RankGroup(
+                    kind,
+                    "benches.nvme_prefetch",
+                    sys.executable,
+                    env,
+                    1,
+                    tmp,
+                    [str(args.dim), str(args.layers), str(args.steps), str(swap)],
+                    args.timeout,
+                    cwd=tree,
+                )
             for i in range(args.rounds):
-                for kind in (list(groups) if i % 2 == 0 else list(groups)[::-1]):
+                for kind in list(groups) if i % 2 == 0 else list(groups)[::-1]:
                     rounds[kind].append(json.loads(groups[kind].round(i)[0]))
                     print(f"round {i} {kind}: {rounds[kind][-1]}", flush=True)
             finished = {kind: g.finish()[0] for kind, g in groups.items()}
@@ -151,10 +166,15 @@ def main(argv: list[str]) -> int:
 def _report(args, argv, rounds, finished, load, elapsed) -> str:
     micro, params = finished["after"]["micro"], finished["after"]["params"]
     same = finished["before"]["losses"] == finished["after"]["losses"]
-    med = {k: {"sps": statistics.median(args.steps * micro / r["wall"] for r in v),
-               "swap": statistics.median(1e3 * r["swap_in"] / args.steps for r in v),
-               "step": statistics.median(1e3 * r["wall"] / args.steps for r in v),
-               "loads": v[0]["loads"] / args.steps} for k, v in rounds.items()}
+    med = {
+        k: {
+            "sps": statistics.median(args.steps * micro / r["wall"] for r in v),
+            "swap": statistics.median(1e3 * r["swap_in"] / args.steps for r in v),
+            "step": statistics.median(1e3 * r["wall"] / args.steps for r in v),
+            "loads": v[0]["loads"] / args.steps,
+        }
+        for k, v in rounds.items()
+    }
     fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout.splitlines()[-1].split()
     cmd = ("python -m benches.nvme_prefetch " + " ".join(argv)).strip()
     lines = [

@@ -4,6 +4,7 @@ Each module is a script (`python -m benches.NAME`) that prints its figures and
 writes benches/RESULTS-<area>.md; BENCHMARKS.md collects them. Pass names to
 run a subset: `python -m benches.run ingest hook_overhead`.
 """
+
 from __future__ import annotations
 
 import subprocess

@@ -8,6 +8,7 @@ a busy machine disturbs them alike; the median round is reported.
 
     .venv/bin/python -m benches.security [--envelopes 200] [--rows 4096] [--streams 4] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def _send(port: int, token: str | None, ca: Path | None, envelopes: int, rows: i
     client_tag = f"{time.monotonic_ns()}"
 
     def one(k: int):
-        envs = [pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"b{client_tag}-{k}", seq=s + 1, table=batch)
-                for s in range(per_stream)]
+        envs = [
+            pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"b{client_tag}-{k}", seq=s + 1, table=batch)
+            for s in range(per_stream)
+        ]
         acked = 0
         for ack in stub.Stream(iter(envs), metadata=security.auth_metadata(token)):
             acked += len(ack.seqs)
@@ -70,16 +73,20 @@ def main(argv=None) -> int:
     pki = make_pki(work)
     ca, cert, key = pki.ca, pki.cert, pki.key
     token = "bench-token-0123456789"
-    configs = {"plaintext, no token": ("", "", ""), "plaintext + token": (token, "", ""),
-               "TLS + token": (token, str(cert), str(key))}
+    configs = {
+        "plaintext, no token": ("", "", ""),
+        "plaintext + token": (token, "", ""),
+        "TLS + token": (token, str(cert), str(key)),
+    }
     results: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(args.repeats):
         for name, (tok, c, k) in configs.items():
             data = work / f"data-{r}-{len(results[name])}-{name[:3]}"
             options = (["--token", tok] if tok else []) + (["--tls-cert", c, "--tls-key", k] if c else [])
             with CollectorProcess(data, *options) as collector:
-                results[name].append(_send(collector.port, tok or None, ca if c else None,
-                                           args.envelopes, args.rows, args.streams))
+                results[name].append(
+                    _send(collector.port, tok or None, ca if c else None, args.envelopes, args.rows, args.streams)
+                )
             print(f"round {r + 1} {name}: {results[name][-1] / 1e6:.3f} M rows/s", flush=True)
 
     base = statistics.median(results["plaintext, no token"])
@@ -101,14 +108,17 @@ def main(argv=None) -> int:
     ]
     for name, vals in results.items():
         med = statistics.median(vals)
-        lines.append(f"| {name} | {med / 1e6:.3f} | {med / base:.2f}x | "
-                     f"{', '.join(f'{v / 1e6:.3f}' for v in vals)} |")
+        lines.append(f"| {name} | {med / 1e6:.3f} | {med / base:.2f}x | {', '.join(f'{v / 1e6:.3f}' for v in vals)} |")
     spread = {name: (min(v) / 1e6, max(v) / 1e6) for name, v in results.items()}
-    lines += ["", "Reading it: the token check is one constant-time compare per RPC (once per stream, "
-              "not per message); TLS encrypts every byte (in gRPC's C core, outside the GIL). Where a "
-              "configuration's rounds overlap the baseline's range "
-              f"({spread['plaintext, no token'][0]:.3f}-{spread['plaintext, no token'][1]:.3f}), the "
-              "difference is within this machine's noise, not a cost of the setting.", ""]
+    lines += [
+        "",
+        "Reading it: the token check is one constant-time compare per RPC (once per stream, "
+        "not per message); TLS encrypts every byte (in gRPC's C core, outside the GIL). Where a "
+        "configuration's rounds overlap the baseline's range "
+        f"({spread['plaintext, no token'][0]:.3f}-{spread['plaintext, no token'][1]:.3f}), the "
+        "difference is within this machine's noise, not a cost of the setting.",
+        "",
+    ]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -6,6 +6,7 @@ Each compiles on first use (see native/build.py; `python -m native.build`
 builds both ahead of time) and falls back to pure torch / Python with the same
 API when no compiler is available. Importing `native` alone builds nothing.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -22,6 +22,7 @@ Beyond DeepSpeed's API, ``submit`` starts one op and returns a ticket;
 so a caller can use the first of several reads in flight while the others run
 (native.swap does, to pipeline ZeRO-3 parameter reads).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,25 +44,47 @@ BACKEND = "native" if _kernel is not None else "python"
 class AsyncIOHandle:
     """Reads/writes whole CPU tensors from/to files, optionally asynchronously."""
 
-    def __init__(self, block_size: int = 1048576, queue_depth: int = 128, single_submit: bool = False,
-                 overlap_events: bool = False, intra_op_parallelism: int = 1):
-        for name, value in (("block_size", block_size), ("queue_depth", queue_depth),
-                            ("intra_op_parallelism", intra_op_parallelism)):
+    def __init__(
+        self,
+        block_size: int = 1048576,
+        queue_depth: int = 128,
+        single_submit: bool = False,
+        overlap_events: bool = False,
+        intra_op_parallelism: int = 1,
+    ):
+        for name, value in (
+            ("block_size", block_size),
+            ("queue_depth", queue_depth),
+            ("intra_op_parallelism", intra_op_parallelism),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"AsyncIOHandle: {name} must be a positive int, got {value!r}")
         engine_class = _kernel.AioHandle if _kernel is not None else _PythonEngine
-        self._engine = engine_class(block_size, queue_depth, bool(single_submit), bool(overlap_events),
-                                    intra_op_parallelism)
+        self._engine = engine_class(
+            block_size, queue_depth, bool(single_submit), bool(overlap_events), intra_op_parallelism
+        )
         self._async_validations: dict[int, tuple[bool, torch.Tensor, str, int]] = {}  # by ticket
 
     # -- I/O ------------------------------------------------------------------
-    def pread(self, buffer: torch.Tensor, filename: PathLike, validate: bool = False,
-              async_op: bool = False, file_offset: int = 0) -> int:
+    def pread(
+        self,
+        buffer: torch.Tensor,
+        filename: PathLike,
+        validate: bool = False,
+        async_op: bool = False,
+        file_offset: int = 0,
+    ) -> int:
         """Fill `buffer` from `filename` at `file_offset`. Returns 1 when done, 0 if queued."""
         return self._io(True, buffer, filename, validate, async_op, file_offset)
 
-    def pwrite(self, buffer: torch.Tensor, filename: PathLike, validate: bool = False,
-               async_op: bool = False, file_offset: int = 0) -> int:
+    def pwrite(
+        self,
+        buffer: torch.Tensor,
+        filename: PathLike,
+        validate: bool = False,
+        async_op: bool = False,
+        file_offset: int = 0,
+    ) -> int:
         """Write `buffer` into `filename` at `file_offset`. Returns 1 when done, 0 if queued."""
         return self._io(False, buffer, filename, validate, async_op, file_offset)
 
@@ -97,8 +120,9 @@ class AsyncIOHandle:
         return completed
 
     # -- single ops (rankscope's addition) ------------------------------------------
-    def submit(self, buffer: torch.Tensor, filename: PathLike, is_read: bool, file_offset: int = 0,
-               validate: bool = False) -> int:
+    def submit(
+        self, buffer: torch.Tensor, filename: PathLike, is_read: bool, file_offset: int = 0, validate: bool = False
+    ) -> int:
         """Start one async read (``is_read``) or write; returns its ticket for wait_ops / is_done
         (wait() collects it too)."""
         return self._start(is_read, buffer, filename, validate, file_offset)
@@ -145,8 +169,9 @@ class AsyncIOHandle:
     def get_intra_op_parallelism(self) -> int:
         return self._engine.get_intra_op_parallelism()
 
-    def _io(self, is_read: bool, buffer: torch.Tensor, filename: PathLike, validate: bool,
-            async_op: bool, file_offset: int) -> int:
+    def _io(
+        self, is_read: bool, buffer: torch.Tensor, filename: PathLike, validate: bool, async_op: bool, file_offset: int
+    ) -> int:
         if async_op:
             self._start(is_read, buffer, filename, validate, file_offset)
             return 0
@@ -156,8 +181,7 @@ class AsyncIOHandle:
             _validate(is_read, buffer, path, file_offset)
         return 1
 
-    def _start(self, is_read: bool, buffer: torch.Tensor, filename: PathLike, validate: bool,
-               file_offset: int) -> int:
+    def _start(self, is_read: bool, buffer: torch.Tensor, filename: PathLike, validate: bool, file_offset: int) -> int:
         path = self._check(is_read, buffer, filename, file_offset)
         ticket = self._engine.submit(buffer, path, is_read, file_offset)
         if validate:
@@ -171,8 +195,10 @@ class AsyncIOHandle:
         if not isinstance(buffer, torch.Tensor):
             raise TypeError(f"AsyncIOHandle: {what} {type(buffer).__name__} for {path}: need a torch.Tensor")
         if buffer.device.type != "cpu" or not buffer.is_contiguous():
-            raise ValueError(f"AsyncIOHandle: {path}: the buffer must be a contiguous CPU tensor, "
-                             f"got device={buffer.device}, contiguous={buffer.is_contiguous()}")
+            raise ValueError(
+                f"AsyncIOHandle: {path}: the buffer must be a contiguous CPU tensor, "
+                f"got device={buffer.device}, contiguous={buffer.is_contiguous()}"
+            )
         if not isinstance(file_offset, int) or file_offset < 0:
             raise ValueError(f"AsyncIOHandle: {path}: file_offset must be an int >= 0, got {file_offset!r}")
         return path
@@ -194,11 +220,11 @@ def _validate(is_read: bool, buffer: torch.Tensor, path: str, file_offset: int) 
     with open(path, "rb") as f:
         f.seek(file_offset)
         actual = f.read(expected.numel())
-    if len(actual) != expected.numel() or not torch.equal(torch.frombuffer(bytearray(actual), dtype=torch.uint8),
-                                                           expected):
+    if len(actual) != expected.numel() or not torch.equal(
+        torch.frombuffer(bytearray(actual), dtype=torch.uint8), expected
+    ):
         op = "pread" if is_read else "pwrite"
-        raise RuntimeError(f"{op} {path}: validation failed, file bytes at offset {file_offset} "
-                           f"differ from the buffer")
+        raise RuntimeError(f"{op} {path}: validation failed, file bytes at offset {file_offset} differ from the buffer")
 
 
 def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:
@@ -210,19 +236,29 @@ def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:
 class _PythonEngine:
     """Same contract as the C++ AioHandle, with os.pread/os.pwrite on a thread pool."""
 
-    def __init__(self, block_size: int, queue_depth: int, single_submit: bool, overlap_events: bool,
-                 intra_op_parallelism: int):
+    def __init__(
+        self, block_size: int, queue_depth: int, single_submit: bool, overlap_events: bool, intra_op_parallelism: int
+    ):
         self._settings = (block_size, queue_depth, single_submit, overlap_events, intra_op_parallelism)
         self._pool = ThreadPoolExecutor(intra_op_parallelism, thread_name_prefix="rankscope-aio")
         self._lock = threading.Lock()
         self._pending: dict[int, object] = {}  # ticket -> future, in submission order
         self._next_ticket = 1
 
-    def get_block_size(self): return self._settings[0]
-    def get_queue_depth(self): return self._settings[1]
-    def get_single_submit(self): return self._settings[2]
-    def get_overlap_events(self): return self._settings[3]
-    def get_intra_op_parallelism(self): return self._settings[4]
+    def get_block_size(self):
+        return self._settings[0]
+
+    def get_queue_depth(self):
+        return self._settings[1]
+
+    def get_single_submit(self):
+        return self._settings[2]
+
+    def get_overlap_events(self):
+        return self._settings[3]
+
+    def get_intra_op_parallelism(self):
+        return self._settings[4]
 
     def submit(self, tensor, path, is_read, file_offset):
         with self._lock:
@@ -269,20 +305,35 @@ class _PythonEngine:
             return [(exc.errno, path, name, "open")]
         try:
             if is_read and os.fstat(fd).st_size < file_offset + nbytes:
-                return [(0, path, name, f"file has {os.fstat(fd).st_size} bytes, cannot read {nbytes} "
-                                         f"bytes at offset {file_offset}")]
+                return [
+                    (
+                        0,
+                        path,
+                        name,
+                        f"file has {os.fstat(fd).st_size} bytes, cannot read {nbytes} bytes at offset {file_offset}",
+                    )
+                ]
             block = self._settings[0] if self._settings[2] else self._settings[0] * self._settings[1]
             done = 0
             while done < nbytes:
-                chunk = data[done:done + block]
+                chunk = data[done : done + block]
                 try:
-                    n = os.preadv(fd, [chunk], file_offset + done) if is_read else \
-                        os.pwrite(fd, chunk, file_offset + done)
+                    n = (
+                        os.preadv(fd, [chunk], file_offset + done)
+                        if is_read
+                        else os.pwrite(fd, chunk, file_offset + done)
+                    )
                 except OSError as exc:
                     return [(exc.errno, path, name, f"{len(chunk)} bytes at file offset {file_offset + done}")]
                 if n == 0:
-                    return [(0, path, name, f"file ended before {len(chunk)} bytes at file offset "
-                                             f"{file_offset + done} could be read")]
+                    return [
+                        (
+                            0,
+                            path,
+                            name,
+                            f"file ended before {len(chunk)} bytes at file offset {file_offset + done} could be read",
+                        )
+                    ]
                 done += n
             return []
         finally:

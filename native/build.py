@@ -17,6 +17,7 @@ warning for the process, and callers fall back to pure torch.
 
 `python -m native.build` builds everything and reports where and how long.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,7 +67,8 @@ def build_dir() -> Path:
     import torch
 
     root = os.environ.get("RANKSCOPE_NATIVE_BUILD_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "rankscope", "native")
+        os.path.expanduser("~"), ".cache", "rankscope", "native"
+    )
     mode = "debug" if debug_build() else "release"
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{_cpu_fingerprint()}-{mode}"
     return Path(root) / tag
@@ -80,8 +82,16 @@ def _flags() -> tuple[list[str], list[str]]:
         return ["-O0", "-g", "-std=c++17", "-fopenmp"], ["-g", "-fopenmp"]
     # -ffp-contract=off: no fused multiply-adds beyond the ones written out,
     # so results follow torch's rounding step by step.
-    return ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-ffp-contract=off",
-            "-fopenmp", "-DNDEBUG", "-std=c++17"], ["-fopenmp"]
+    return [
+        "-O3",
+        "-march=native",
+        "-mprefer-vector-width=512",
+        "-fno-math-errno",
+        "-ffp-contract=off",
+        "-fopenmp",
+        "-DNDEBUG",
+        "-std=c++17",
+    ], ["-fopenmp"]
 
 
 def _warn_once(message: str) -> None:
@@ -107,8 +117,10 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
 def _build(name: str, verbose: bool) -> ModuleType | None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
-        _warn_once(f"rankscope.native: no C++ compiler ({compiler!r} not on PATH); "
-                   "using the slower pure-torch fallback for CPUAdam and AsyncIOHandle")
+        _warn_once(
+            f"rankscope.native: no C++ compiler ({compiler!r} not on PATH); "
+            "using the slower pure-torch fallback for CPUAdam and AsyncIOHandle"
+        )
         return None
     try:
         from torch.utils import cpp_extension
@@ -129,17 +141,20 @@ def _build(name: str, verbose: bool) -> ModuleType | None:
             verbose=verbose,
         )
     except Exception as exc:  # any build/load failure means: fall back, don't crash
-        _warn_once(f"rankscope.native: building the {name!r} extension failed ({type(exc).__name__}: "
-                   f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}); using the slower "
-                   "pure-torch fallback. Rebuild with `python -m native.build` to see the compiler output.")
+        _warn_once(
+            f"rankscope.native: building the {name!r} extension failed ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}); using the slower "
+            "pure-torch fallback. Rebuild with `python -m native.build` to see the compiler output."
+        )
         return None
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m native.build",
-                                     description="Build (or load the cached) rankscope C++ extensions.")
+    parser = argparse.ArgumentParser(
+        prog="python -m native.build", description="Build (or load the cached) rankscope C++ extensions."
+    )
     parser.add_argument("--quiet", action="store_true", help="don't print compiler commands")
     args = parser.parse_args(argv)
     if not native_enabled():

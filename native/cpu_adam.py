@@ -10,10 +10,11 @@ offload engine refreshes the half-precision model copy.
 The kernel is native/csrc/cpu_adam.cpp; without a compiler (or with
 RANKSCOPE_NATIVE=off) the same update runs as torch ops, with the same results.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -25,10 +26,21 @@ _kernel = build.load("cpu_adam")
 BACKEND = "native" if _kernel is not None else "torch"
 
 
-def _adam_update_torch(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                       exp_avg_sq: torch.Tensor, step: int, lr: float, beta1: float, beta2: float,
-                       eps: float, weight_decay: float, bias_correction: bool, adamw_mode: bool,
-                       copy_out: torch.Tensor | None = None) -> None:
+def _adam_update_torch(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction: bool,
+    adamw_mode: bool,
+    copy_out: torch.Tensor | None = None,
+) -> None:
     """The fallback: torch.optim.Adam(W)'s single-tensor update, op for op."""
     if weight_decay != 0.0:
         if adamw_mode:
@@ -37,8 +49,8 @@ def _adam_update_torch(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
             grad = grad.add(param, alpha=weight_decay)
     exp_avg.lerp_(grad, 1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-    bias_correction1 = 1.0 - beta1 ** step if bias_correction else 1.0
-    bias_correction2 = 1.0 - beta2 ** step if bias_correction else 1.0
+    bias_correction1 = 1.0 - beta1**step if bias_correction else 1.0
+    bias_correction2 = 1.0 - beta2**step if bias_correction else 1.0
     denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
     if copy_out is not None:
@@ -49,14 +61,22 @@ _adam_update = _kernel.adam_update if _kernel is not None else _adam_update_torc
 
 
 def _check_copy_target(out: torch.Tensor, param: torch.Tensor, index: int) -> None:
-    if (not isinstance(out, torch.Tensor) or out.device.type != "cpu"
-            or out.dtype not in (torch.float16, torch.bfloat16) or not out.is_contiguous()
-            or out.numel() != param.numel()):
-        got = (f"{out.dtype} on {out.device}, {out.numel()} elements"
-               f"{'' if out.is_contiguous() else ', non-contiguous'}") if isinstance(out, torch.Tensor) \
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.device.type != "cpu"
+        or out.dtype not in (torch.float16, torch.bfloat16)
+        or not out.is_contiguous()
+        or out.numel() != param.numel()
+    ):
+        got = (
+            (f"{out.dtype} on {out.device}, {out.numel()} elements{'' if out.is_contiguous() else ', non-contiguous'}")
+            if isinstance(out, torch.Tensor)
             else type(out).__name__
-        raise ValueError(f"CPUAdam.step: copy_to[{index}] must be a contiguous float16/bfloat16 CPU tensor "
-                         f"with {param.numel()} elements, got {got}")
+        )
+        raise ValueError(
+            f"CPUAdam.step: copy_to[{index}] must be a contiguous float16/bfloat16 CPU tensor "
+            f"with {param.numel()} elements, got {got}"
+        )
 
 
 class CPUAdam(torch.optim.Optimizer):
@@ -70,10 +90,17 @@ class CPUAdam(torch.optim.Optimizer):
         amsgrad: not supported; passing True raises ValueError.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, adamw_mode: bool = True, bias_correction: bool = True,
-                 amsgrad: bool = False):
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        adamw_mode: bool = True,
+        bias_correction: bool = True,
+        amsgrad: bool = False,
+    ):
         if amsgrad:
             raise ValueError("CPUAdam: amsgrad=True is not supported; use torch.optim.AdamW(amsgrad=True)")
         if not 0.0 <= lr:
@@ -84,8 +111,14 @@ class CPUAdam(torch.optim.Optimizer):
             raise ValueError(f"CPUAdam: invalid betas={betas!r}, need two values in [0, 1)")
         if not 0.0 <= weight_decay:
             raise ValueError(f"CPUAdam: invalid weight_decay={weight_decay!r}, must be >= 0")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        adamw_mode=adamw_mode, bias_correction=bias_correction)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            adamw_mode=adamw_mode,
+            bias_correction=bias_correction,
+        )
         super().__init__(params, defaults)
         for group_index, group in enumerate(self.param_groups):
             for param_index, p in enumerate(group["params"]):
@@ -93,11 +126,11 @@ class CPUAdam(torch.optim.Optimizer):
                     raise ValueError(
                         f"CPUAdam: param_groups[{group_index}]['params'][{param_index}] must be a contiguous "
                         f"float32 CPU tensor (fp32 master weights), got {p.dtype} on {p.device}"
-                        f"{'' if p.is_contiguous() else ', non-contiguous'}")
+                        f"{'' if p.is_contiguous() else ', non-contiguous'}"
+                    )
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None,
-             copy_to: Sequence[torch.Tensor | None] | None = None):
+    def step(self, closure: Callable[[], float] | None = None, copy_to: Sequence[torch.Tensor | None] | None = None):
         """One optimizer step.
 
         copy_to: optional list with one entry per parameter, in param_groups
@@ -110,8 +143,10 @@ class CPUAdam(torch.optim.Optimizer):
                 loss = closure()
         params = [p for group in self.param_groups for p in group["params"]]
         if copy_to is not None and len(copy_to) != len(params):
-            raise ValueError(f"CPUAdam.step: copy_to has {len(copy_to)} entries but the optimizer has "
-                             f"{len(params)} parameters (one entry per parameter, None to skip)")
+            raise ValueError(
+                f"CPUAdam.step: copy_to has {len(copy_to)} entries but the optimizer has "
+                f"{len(params)} parameters (one entry per parameter, None to skip)"
+            )
         index = 0
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
@@ -132,8 +167,19 @@ class CPUAdam(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 # int() also accepts the tensor step of a torch.optim state_dict.
                 state["step"] = int(state["step"]) + 1
-                _adam_update(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
-                             state["step"], group["lr"], beta1, beta2, group["eps"],
-                             group["weight_decay"], group["bias_correction"], group["adamw_mode"],
-                             out.view(p.shape) if out is not None else None)
+                _adam_update(
+                    p,
+                    grad.contiguous(),
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    state["step"],
+                    group["lr"],
+                    beta1,
+                    beta2,
+                    group["eps"],
+                    group["weight_decay"],
+                    group["bias_correction"],
+                    group["adamw_mode"],
+                    out.view(p.shape) if out is not None else None,
+                )
         return loss

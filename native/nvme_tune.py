@@ -10,6 +10,7 @@ where the filesystem supports it), and prints the best read/write GB/s and the
 setting is the one with the best read and write throughput together (sum of
 GB/s). On filesystems without O_DIRECT (tmpfs) the figures are page-cache speed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,24 +65,27 @@ def measure(directory: str, settings: dict, io_size: int, loops: int) -> Trial:
         os.unlink(path)
 
 
-def sweep(directory: str, io_size: int, loops: int, grid: dict = DEFAULT_GRID,
-          progress: bool = True) -> list[Trial]:
+def sweep(directory: str, io_size: int, loops: int, grid: dict = DEFAULT_GRID, progress: bool = True) -> list[Trial]:
     names = list(grid)
-    combos = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
-    return [measure(directory, settings, io_size, loops)
-            for settings in tqdm(combos, desc="nvme-tune", unit="config", disable=not progress)]
+    combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+    return [
+        measure(directory, settings, io_size, loops)
+        for settings in tqdm(combos, desc="nvme-tune", unit="config", disable=not progress)
+    ]
 
 
 def aio_config(trial: Trial) -> dict:
     """The DeepSpeed config block for a trial (booleans as DeepSpeed's tool prints them)."""
     s = trial.settings
-    return {"aio": {
-        "single_submit": str(s["single_submit"]).lower(),
-        "overlap_events": str(s["overlap_events"]).lower(),
-        "intra_op_parallelism": s["intra_op_parallelism"],
-        "queue_depth": s["queue_depth"],
-        "block_size": s["block_size"],
-    }}
+    return {
+        "aio": {
+            "single_submit": str(s["single_submit"]).lower(),
+            "overlap_events": str(s["overlap_events"]).lower(),
+            "intra_op_parallelism": s["intra_op_parallelism"],
+            "queue_depth": s["queue_depth"],
+            "block_size": s["block_size"],
+        }
+    }
 
 
 def _check_directory(directory: str) -> str | None:
@@ -107,12 +111,18 @@ def _positive_int(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rankscope nvme-tune",
-        description="Sweep AsyncIOHandle settings on a directory and print the best DeepSpeed 'aio' config.")
+        description="Sweep AsyncIOHandle settings on a directory and print the best DeepSpeed 'aio' config.",
+    )
     parser.add_argument("--dir", required=True, help="directory to test, on the device to tune (files are removed)")
-    parser.add_argument("--io-size", type=_positive_int, default=64 * 1024 * 1024,
-                        help="bytes written and read per measurement (default 64 MiB)")
-    parser.add_argument("--loops", type=_positive_int, default=2,
-                        help="repetitions per setting, best one counts (default 2)")
+    parser.add_argument(
+        "--io-size",
+        type=_positive_int,
+        default=64 * 1024 * 1024,
+        help="bytes written and read per measurement (default 64 MiB)",
+    )
+    parser.add_argument(
+        "--loops", type=_positive_int, default=2, help="repetitions per setting, best one counts (default 2)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
 
@@ -126,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: I/O on {args.dir} failed: {exc}", file=sys.stderr)
         return 1
     best = max(trials, key=lambda t: t.read_gbs + t.write_gbs)
-    print(f"Running DeepNVMe performance tuning on {os.path.abspath(args.dir)} "
-          f"({len(trials)} settings, io size {args.io_size} bytes, {args.loops} loops)")
+    print(
+        f"Running DeepNVMe performance tuning on {os.path.abspath(args.dir)} "
+        f"({len(trials)} settings, io size {args.io_size} bytes, {args.loops} loops)"
+    )
     print(f"Best performance (GB/sec): read = {best.read_gbs:.2f}, write = {best.write_gbs:.2f}")
     print(json.dumps(aio_config(best), indent=2))
     return 0

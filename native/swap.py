@@ -16,6 +16,7 @@ waits for that key's read only, so with several prefetched reads in flight the
 first tensor is handed out as soon as its own read is done. `ready(key)` says,
 without waiting, whether swap_in(key) would return at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -121,7 +122,7 @@ class TensorSwapper:
             self._entries.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def __enter__(self) -> "TensorSwapper":
+    def __enter__(self) -> TensorSwapper:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,6 +1,7 @@
 """Fixtures shared by the tests of every role (tests/<role>/): a free port, a live
 collector, and the isolation every test gets (its own spool dir, no developer's
 collector, no process group left over). Helpers are in collector.testing."""
+
 from __future__ import annotations
 
 import os

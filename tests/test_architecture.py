@@ -20,8 +20,14 @@ ALLOWED = {
     "collector.rank": {"collector.rank", "collector.data", "proto"},
     "collector.server": {"collector.server", "collector.data", "proto"},
     "collector.tools": {"collector.tools", "collector.server", "collector.data", "collector.rank", "proto"},
-    "collector.testing": {"collector.testing", "collector.tools", "collector.server", "collector.data",
-                          "collector.rank", "proto"},
+    "collector.testing": {
+        "collector.testing",
+        "collector.tools",
+        "collector.server",
+        "collector.data",
+        "collector.rank",
+        "proto",
+    },
     "collector.hook": {"collector.rank"},
     "collector.catalog": {"collector.data"},
     "collector": set(),  # the package docstring
@@ -64,7 +70,8 @@ def modules() -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(path: Path, module: str, known: set[str]) -> tuple[set[str], set[str]]:
@@ -184,9 +191,11 @@ def test_the_checker_sees_a_wrong_way_import_and_a_circle():
 
 
 def test_a_training_rank_loads_no_dashboard_or_database():
-    code = ("import sys, collector.hook, collector.rank.comm; "
-            "print(sorted(m for m in ('streamlit', 'plotly', 'duckdb', 'pandas', 'collector.server', 'app') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, collector.hook, collector.rank.comm; "
+        "print(sorted(m for m in ('streamlit', 'plotly', 'duckdb', 'pandas', 'collector.server', 'app') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

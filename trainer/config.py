@@ -16,6 +16,7 @@ are DeepSpeed keys this engine takes without acting on them, silently, because
 real configs are full of them and ignoring them changes nothing that matters
 (``prescale_gradients``, ``zero_optimization.sub_group_size``, ...).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,16 @@ from trainer.profiling.step import FlopsProfilerConfig
 from trainer.tensor_parallel.groups import TensorParallelConfig
 
 __all__ = [
-    "ConfigError", "load_config", "EngineConfig", "FP16Config", "BF16Config", "OptimizerConfig", "OffloadConfig",
-    "AioConfig", "ZeroConfig", "TensorParallelConfig",
+    "AioConfig",
+    "BF16Config",
+    "ConfigError",
+    "EngineConfig",
+    "FP16Config",
+    "OffloadConfig",
+    "OptimizerConfig",
+    "TensorParallelConfig",
+    "ZeroConfig",
+    "load_config",
 ]
 
 
@@ -76,9 +85,18 @@ class OffloadConfig(ConfigBlock):
 
     SECTION: ClassVar[str] = "zero_optimization.offload"  # built under offload_optimizer or offload_param
     # DeepSpeed's buffer-pool and pipelining knobs: this engine sizes its swap buffers itself.
-    ACCEPTED: ClassVar[frozenset[str]] = frozenset({
-        "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio", "pipeline_read", "pipeline_write",
-        "pipeline"})
+    ACCEPTED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "buffer_count",
+            "buffer_size",
+            "max_in_cpu",
+            "fast_init",
+            "ratio",
+            "pipeline_read",
+            "pipeline_write",
+            "pipeline",
+        }
+    )
     device: str | None = setting("none", choices=OFFLOAD_DEVICES)  # null: none
     pin_memory: bool = False
     nvme_path: str | os.PathLike | None = None
@@ -87,8 +105,9 @@ class OffloadConfig(ConfigBlock):
         if self.device is None:
             self.device = "none"
         if self.device == "nvme" and not self.nvme_path:
-            self.fail("nvme_path", "device 'nvme' needs nvme_path, a writable directory for the swap files",
-                      self.nvme_path)
+            self.fail(
+                "nvme_path", "device 'nvme' needs nvme_path, a writable directory for the swap files", self.nvme_path
+            )
         if self.nvme_path is not None:
             self.nvme_path = os.fspath(self.nvme_path)
 
@@ -125,15 +144,34 @@ class ZeroConfig(ConfigBlock):
     """``zero_optimization``: stage 0-3, bucket sizes (in elements), overlap, offload."""
 
     SECTION: ClassVar[str] = "zero_optimization"
-    ACCEPTED: ClassVar[frozenset[str]] = frozenset({
-        "allgather_partitions", "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size",
-        "elastic_checkpoint", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-        "ignore_unused_parameters", "round_robin_gradients", "zero_hpz_partition_size", "zero_quantized_weights",
-        "zero_quantized_gradients", "log_trace_cache_warnings", "load_from_fp32_weights", "grad_hooks",
-        "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory", "memory_efficient_linear",
-        "mics_shard_size", "mics_hierarchical_params_gather", "stage3_model_persistence_threshold",
-        "use_multi_rank_bucket_allreduce", "legacy_stage1",
-    })
+    ACCEPTED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "allgather_partitions",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+            "sub_group_size",
+            "elastic_checkpoint",
+            "stage3_gather_16bit_weights_on_model_save",
+            "stage3_gather_fp16_weights_on_model_save",
+            "ignore_unused_parameters",
+            "round_robin_gradients",
+            "zero_hpz_partition_size",
+            "zero_quantized_weights",
+            "zero_quantized_gradients",
+            "log_trace_cache_warnings",
+            "load_from_fp32_weights",
+            "grad_hooks",
+            "cpu_offload",
+            "cpu_offload_params",
+            "cpu_offload_use_pin_memory",
+            "memory_efficient_linear",
+            "mics_shard_size",
+            "mics_hierarchical_params_gather",
+            "stage3_model_persistence_threshold",
+            "use_multi_rank_bucket_allreduce",
+            "legacy_stage1",
+        }
+    )
     stage: int = setting(0, choices=(0, 1, 2, 3))
     reduce_bucket_size: int = setting(500_000_000, ge=1)
     allgather_bucket_size: int = setting(500_000_000, ge=1)
@@ -156,13 +194,34 @@ class ZeroConfig(ConfigBlock):
 # DeepSpeed sections and keys this engine accepts without acting on them (no warning: they
 # are common in real configs and harmless to ignore). wandb and comet: trainer.monitor
 # says so itself when one is enabled.
-_ACCEPTED_TOP_LEVEL = frozenset({
-    "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "communication_data_type",
-    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dump_state", "activation_checkpointing",
-    "amp", "autotuning", "checkpoint", "data_types", "memory_breakdown", "wandb", "comet",
-    "elasticity", "compression_training", "data_efficiency", "curriculum_learning", "sparse_attention",
-    "seed", "train_micro_batch_size", "disable_allgather", "gradient_accumulation_dtype",
-})
+_ACCEPTED_TOP_LEVEL = frozenset(
+    {
+        "prescale_gradients",
+        "gradient_predivide_factor",
+        "sparse_gradients",
+        "communication_data_type",
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+        "dump_state",
+        "activation_checkpointing",
+        "amp",
+        "autotuning",
+        "checkpoint",
+        "data_types",
+        "memory_breakdown",
+        "wandb",
+        "comet",
+        "elasticity",
+        "compression_training",
+        "data_efficiency",
+        "curriculum_learning",
+        "sparse_attention",
+        "seed",
+        "train_micro_batch_size",
+        "disable_allgather",
+        "gradient_accumulation_dtype",
+    }
+)
 
 
 @dataclass(kw_only=True)
@@ -199,8 +258,9 @@ class EngineConfig(ConfigBlock):
         if self.fp16.enabled and self.bf16.enabled:
             raise ConfigError(PRECISION_CONFLICT)
         if self.optimizer is None:
-            self.fail("optimizer", "the config needs an optimizer block, e.g. "
-                      '{"type": "AdamW", "params": {"lr": 1e-3}}')
+            self.fail(
+                "optimizer", 'the config needs an optimizer block, e.g. {"type": "AdamW", "params": {"lr": 1e-3}}'
+            )
 
     @property
     def dp_world_size(self) -> int:
@@ -210,6 +270,7 @@ class EngineConfig(ConfigBlock):
     @property
     def precision(self):
         import torch
+
         return torch.float16 if self.fp16.enabled else torch.bfloat16 if self.bf16.enabled else torch.float32
 
     @classmethod
@@ -224,13 +285,16 @@ class EngineConfig(ConfigBlock):
         if batch is not None and micro is not None and gas is None:
             gas, rem = divmod(batch, micro * dp)
             if rem or gas < 1:
-                raise ConfigError(f"train_batch_size={batch} is not divisible by train_micro_batch_size_per_gpu={micro}"
-                                  f" * world size={dp}")
+                raise ConfigError(
+                    f"train_batch_size={batch} is not divisible by train_micro_batch_size_per_gpu={micro}"
+                    f" * world size={dp}"
+                )
         elif batch is not None and gas is not None and micro is None:
             micro, rem = divmod(batch, gas * dp)
             if rem or micro < 1:
-                raise ConfigError(f"train_batch_size={batch} is not divisible by gradient_accumulation_steps={gas}"
-                                  f" * world size={dp}")
+                raise ConfigError(
+                    f"train_batch_size={batch} is not divisible by gradient_accumulation_steps={gas} * world size={dp}"
+                )
         elif batch is None and micro is not None:
             gas = 1 if gas is None else gas
             batch = micro * gas * dp
@@ -245,7 +309,8 @@ class EngineConfig(ConfigBlock):
             raise ConfigError(
                 "train_batch_size must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * "
                 f"data-parallel world size, got train_batch_size={batch}, train_micro_batch_size_per_gpu={micro}, "
-                f"gradient_accumulation_steps={gas}, world size={dp}")
+                f"gradient_accumulation_steps={gas}, world size={dp}"
+            )
         self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = batch, micro, gas
 
 

@@ -14,6 +14,7 @@ the sampler counting what it handed out, because DataLoader workers prefetch
 ahead of training. ``set_epoch`` works as DistributedSampler's (a new
 permutation per epoch when shuffling).
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,8 @@ class ResumableDistributedSampler(Sampler[int]):
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed = shuffle, seed
         self.epoch = 0
-        self._start = 0      # where the current pass over the epoch began
-        self._consumed = 0   # global samples trained on since then
+        self._start = 0  # where the current pass over the epoch began
+        self._consumed = 0  # global samples trained on since then
         self._resume_at = 0  # where the next pass begins (a loaded checkpoint's position)
 
     def set_epoch(self, epoch: int) -> None:
@@ -40,13 +41,20 @@ class ResumableDistributedSampler(Sampler[int]):
         self._consumed += samples
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self._start + self._consumed, "seed": self.seed,
-                "shuffle": self.shuffle, "dataset_len": self.dataset_len}
+        return {
+            "epoch": self.epoch,
+            "position": self._start + self._consumed,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "dataset_len": self.dataset_len,
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         if sd.get("dataset_len") not in (None, self.dataset_len):
-            raise ValueError(f"data sampler: the checkpoint's dataset had {sd['dataset_len']} samples, this one has "
-                             f"{self.dataset_len}; cannot resume its position")
+            raise ValueError(
+                f"data sampler: the checkpoint's dataset had {sd['dataset_len']} samples, this one has "
+                f"{self.dataset_len}; cannot resume its position"
+            )
         self.epoch = int(sd["epoch"])
         self.seed = int(sd.get("seed", self.seed))
         self.shuffle = bool(sd.get("shuffle", self.shuffle))
@@ -64,7 +72,7 @@ class ResumableDistributedSampler(Sampler[int]):
         perm = self._permutation()
         per_rank = (self.dataset_len - start) // self.num_replicas
         first = start + self.rank
-        return iter(perm[first:first + per_rank * self.num_replicas:self.num_replicas])
+        return iter(perm[first : first + per_rank * self.num_replicas : self.num_replicas])
 
     def __len__(self) -> int:
         return (self.dataset_len - min(self._resume_at, self.dataset_len)) // self.num_replicas

@@ -22,6 +22,7 @@ business, as in DeepSpeed: ``MoE.forward`` returns ``aux_loss`` and the training
 loss is ``task_loss + coeff * sum(aux_loss)`` written by the user (the GPT
 example's ``--moe-loss-coeff``); the engine backpropagates whatever loss it is given.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,9 @@ def init_distributed() -> torch.device:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             comm.init_process_group(backend=backend)
         else:
-            comm.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
+            comm.init_process_group(
+                backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+            )
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -87,14 +89,14 @@ def optimizer_factory(cfg: OptimizerConfig, *, host: bool = False):
             raise ConfigError("optimizer.params.bias_correction: only true is supported")
         params.setdefault("weight_decay", 0.0)
         cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
-        native_adam = (host and not torch_adam and set(params) <= _CPU_ADAM_KEYS
-                       and not params.get("amsgrad", False))
+        native_adam = host and not torch_adam and set(params) <= _CPU_ADAM_KEYS and not params.get("amsgrad", False)
     else:
         cls = torch.optim.SGD
 
     def make(groups: list[dict]) -> torch.optim.Optimizer:
         if native_adam:
             from native.cpu_adam import CPUAdam
+
             try:
                 opt = CPUAdam(groups, adamw_mode=adam_w_mode, **params)
             except (TypeError, ValueError) as e:
@@ -105,6 +107,7 @@ def optimizer_factory(cfg: OptimizerConfig, *, host: bool = False):
             return cls(groups, **params)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"optimizer.params: {cls.__name__} rejects {params}: {e}") from None
+
     return make
 
 
@@ -135,8 +138,9 @@ def _start_telemetry(cfg: EngineConfig) -> None:
     try:
         # The config's values come first here, the RANKSCOPE_* environment fills what it leaves out.
         t = cfg.telemetry
-        session.start(run=t.run, endpoint=t.endpoint, token=t.token, tls_ca=t.tls_ca, config=cfg.raw,
-                      source="engine", telemetry=t)
+        session.start(
+            run=t.run, endpoint=t.endpoint, token=t.token, tls_ca=t.tls_ca, config=cfg.raw, source="engine", telemetry=t
+        )
     except Exception as e:  # telemetry must never stop training
         warnings.warn(f"telemetry disabled: {e}", stacklevel=3)
 
@@ -157,7 +161,8 @@ def _cast_floats(obj, dtype: torch.dtype):
 ZERO3_OWNERSHIP_HINT = (
     "ZeRO-3: parameters are empty outside the forward of the module that owns them. If a module's "
     "forward reads a child's parameter directly (a weight passed to F.linear by its parent), make that "
-    "module one unit before trainer.initialize: trainer.zero.set_z3_leaf_modules(model, [ThatModule]).")
+    "module one unit before trainer.initialize: trainer.zero.set_z3_leaf_modules(model, [ThatModule])."
+)
 
 
 class Engine(nn.Module):
@@ -175,6 +180,7 @@ class Engine(nn.Module):
         self.dp_group, self.tp_rank = None, 0
         if cfg.tensor_parallel.tp_size > 1:
             from trainer.tensor_parallel.groups import parallel_groups
+
             groups = parallel_groups(cfg.tensor_parallel.tp_size)
             self.dp_group, self.tp_rank = groups.dp_group, groups.tp_rank
         self.dp_world_size = cfg.dp_world_size
@@ -188,21 +194,31 @@ class Engine(nn.Module):
         if cfg.fp16.enabled:
             self.loss_scaler = build_loss_scaler(cfg.fp16)
         self.optimizer: ZeroOptimizer = build_zero_optimizer(
-            self.module, named, zero=zero, rank=self.dp_rank, world_size=self.dp_world_size, device=self.device,
-            group=self.dp_group, loss_scaler=self.loss_scaler, gradient_clipping=cfg.gradient_clipping,
-            tp_rank=self.tp_rank)
+            self.module,
+            named,
+            zero=zero,
+            rank=self.dp_rank,
+            world_size=self.dp_world_size,
+            device=self.device,
+            group=self.dp_group,
+            loss_scaler=self.loss_scaler,
+            gradient_clipping=cfg.gradient_clipping,
+            tp_rank=self.tp_rank,
+        )
         offload = zero.offload_optimizer
         if offload.nvme:
-            storage = NVMeStorage(offload.nvme_path, rank=self.rank, aio=cfg.aio.handle_kwargs(),
-                                  pin_memory=offload.pin_memory)
+            storage = NVMeStorage(
+                offload.nvme_path, rank=self.rank, aio=cfg.aio.handle_kwargs(), pin_memory=offload.pin_memory
+            )
         elif offload.enabled:
             storage = CPUStorage(pin_memory=offload.pin_memory)
         else:
             storage = DeviceStorage(self.device)
         self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer, host=offload.enabled), storage)
         if zero.offload_param.nvme:
-            self.optimizer.attach_param_swap(NVMeParamSwap(zero.offload_param.nvme_path, rank=self.rank,
-                                                           aio=cfg.aio.handle_kwargs()))
+            self.optimizer.attach_param_swap(
+                NVMeParamSwap(zero.offload_param.nvme_path, rank=self.rank, aio=cfg.aio.handle_kwargs())
+            )
         self.lr_scheduler = build_scheduler(self.optimizer.master.optimizer, cfg.scheduler)
         self.data_sampler = None
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
@@ -230,6 +246,7 @@ class Engine(nn.Module):
         if self.dp_world_size == 1:
             return
         from trainer.moe import broadcast_parameters
+
         broadcast_parameters(self.module, self.dp_group)
         src = comm.get_global_rank(self.dp_group, 0) if self.dp_group is not None else 0
         for t in self.module.buffers():
@@ -240,9 +257,15 @@ class Engine(nn.Module):
         from torch.utils.data import DataLoader
 
         from trainer.data_sampler import ResumableDistributedSampler
+
         self.data_sampler = ResumableDistributedSampler(dataset, num_replicas=self.dp_world_size, rank=self.dp_rank)
-        return DataLoader(dataset, batch_size=self.train_micro_batch_size_per_gpu(), sampler=self.data_sampler,
-                          collate_fn=collate_fn, drop_last=True)
+        return DataLoader(
+            dataset,
+            batch_size=self.train_micro_batch_size_per_gpu(),
+            sampler=self.data_sampler,
+            collate_fn=collate_fn,
+            drop_last=True,
+        )
 
     # ---------------------------------------------------------------- DeepSpeed accessors
 
@@ -331,29 +354,46 @@ class Engine(nn.Module):
         self._last_step_end = now
         records = {"timers": self.timers.records(step), "memory": self.memory.sample(step)}
         if self.loss_scaler is not None:
-            records["loss_scale"] = [{
-                "step": step, "scale_before": outcome.scale_before, "scale": outcome.scale_after,
-                "overflow": outcome.overflow, "hysteresis_left": outcome.hysteresis_left,
-                "bad_params": ",".join(outcome.bad_params), "first_rank": outcome.first_rank,
-                "time_ns": time.time_ns()}]
+            records["loss_scale"] = [
+                {
+                    "step": step,
+                    "scale_before": outcome.scale_before,
+                    "scale": outcome.scale_after,
+                    "overflow": outcome.overflow,
+                    "hysteresis_left": outcome.hysteresis_left,
+                    "bad_params": ",".join(outcome.bad_params),
+                    "first_rank": outcome.first_rank,
+                    "time_ns": time.time_ns(),
+                }
+            ]
         for table, rows in records.items():
             session.emit_rows(table, rows)
         self.last_records = records
         samples = self.global_samples + self.train_batch_size()
         loss = self._loss_sum / self.gradient_accumulation_steps()
         self._loss_sum = None
-        events = [("Train/Samples/train_loss", loss, samples), ("Train/Samples/lr", self.get_lr()[0], samples),
-                  ("Train/Samples/samples_per_sec", samples_per_sec, samples)]
+        events = [
+            ("Train/Samples/train_loss", loss, samples),
+            ("Train/Samples/lr", self.get_lr()[0], samples),
+            ("Train/Samples/samples_per_sec", samples_per_sec, samples),
+        ]
         if self.loss_scaler is not None:
             events.append(("Train/Samples/loss_scale", outcome.scale_after, samples))
         self.monitor.write_events(events)
         if cfg.flops_profiler.enabled:
             ns = {r["name"]: r["dur_ns"] for r in records["timers"]}
-            self.profiler.end(step, fwd_ns=ns.get("fwd"), bwd_ns=ns.get("bwd"), step_ns=ns.get("step"),
-                              samples=self.train_batch_size())
+            self.profiler.end(
+                step,
+                fwd_ns=ns.get("fwd"),
+                bwd_ns=ns.get("bwd"),
+                step_ns=ns.get("step"),
+                samples=self.train_batch_size(),
+            )
         if self.rank == 0 and (step + 1) % cfg.steps_per_print == 0:
-            line = (f"[engine] step={step + 1} skipped={self.skipped_steps} lr={self.get_lr()} "
-                    f"samples/s={samples_per_sec:.1f}")
+            line = (
+                f"[engine] step={step + 1} skipped={self.skipped_steps} lr={self.get_lr()} "
+                f"samples/s={samples_per_sec:.1f}"
+            )
             if self.loss_scaler is not None:
                 line += f" loss_scale={outcome.scale_after:g}"
             print(line, flush=True)
@@ -367,16 +407,30 @@ class Engine(nn.Module):
         resume from (trainer.checkpoint), under ``save_dir/tag`` (default ``global_step<N>``);
         ``latest`` names it unless ``save_latest`` is False. Returns the tag folder."""
         from trainer.checkpoint import save_checkpoint
+
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state, save_latest=save_latest)
 
-    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True, load_module_only: bool = False):
+    def load_checkpoint(
+        self,
+        load_dir,
+        tag=None,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ):
         """DeepSpeed's call (collective): resume from ``load_dir/tag`` (default: the tag in
         ``load_dir/latest``). Returns ``(tag folder, client_state)``, or ``(None, None)`` when
         there is no checkpoint; raises trainer.checkpoint.CheckpointError naming what does not fit."""
         from trainer.checkpoint import load_checkpoint
-        return load_checkpoint(self, load_dir, tag=tag, load_optimizer_states=load_optimizer_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
+
+        return load_checkpoint(
+            self,
+            load_dir,
+            tag=tag,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
 
     def after_checkpoint_load(self) -> None:
         session.set_step(self.global_steps)
@@ -388,6 +442,7 @@ class Engine(nn.Module):
         self.monitor.flush()
         try:
             from trainer.moe import telemetry as moe_telemetry
+
             moe_telemetry.flush()
             session.stop()
         except Exception as e:  # telemetry must never fail the run
@@ -400,6 +455,7 @@ def initialize(model: nn.Module = None, config=None, model_parameters=None, trai
         raise ValueError("initialize: model is required")
     if config is None:
         raise ValueError("initialize: config (a dict or a path to a ds_config.json) is required")
-    engine = Engine(model, config, model_parameters=model_parameters, training_data=training_data,
-                    collate_fn=collate_fn)
+    engine = Engine(
+        model, config, model_parameters=model_parameters, training_data=training_data, collate_fn=collate_fn
+    )
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -18,38 +18,46 @@ The engine's loop per optimizer step::
 Each ``update`` returns a :class:`ScaleDecision` saying what happened and why,
 which is what the ``loss_scale`` telemetry table records.
 """
+
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 import torch
 
 from collector.data.config import ConfigBlock, ConfigError, setting
 
 __all__ = [
-    "build_loss_scaler", "has_inf_or_nan", "ScaleDecision", "FP16Config", "LossScalerConfig",
-    "DynamicLossScaler", "StaticLossScaler", "NoOpLossScaler", "LossScaleAtMinimumError",
+    "DynamicLossScaler",
+    "FP16Config",
+    "LossScaleAtMinimumError",
+    "LossScalerConfig",
+    "NoOpLossScaler",
+    "ScaleDecision",
+    "StaticLossScaler",
+    "build_loss_scaler",
+    "has_inf_or_nan",
 ]
 
 # ScaleDecision.reason values.
-NO_OVERFLOW = "no_overflow"          # good step, scale unchanged
-GROW = "grow"                        # loss_scale_window good steps in a row: scale *= scale_factor
-HYSTERESIS = "hysteresis"            # overflow absorbed by hysteresis: scale unchanged, step skipped
-BACKOFF = "backoff"                  # overflow: scale /= scale_factor (floored at min_scale), step skipped
-AT_MIN_SCALE = "at_min_scale"        # overflow with the scale already at min_loss_scale
+NO_OVERFLOW = "no_overflow"  # good step, scale unchanged
+GROW = "grow"  # loss_scale_window good steps in a row: scale *= scale_factor
+HYSTERESIS = "hysteresis"  # overflow absorbed by hysteresis: scale unchanged, step skipped
+BACKOFF = "backoff"  # overflow: scale /= scale_factor (floored at min_scale), step skipped
+AT_MIN_SCALE = "at_min_scale"  # overflow with the scale already at min_loss_scale
 STATIC_OVERFLOW = "static_overflow"  # overflow under a fixed scale: step skipped
-NOT_SCALED = "not_scaled"            # fp32 / bf16: no scaling, never skipped
+NOT_SCALED = "not_scaled"  # fp32 / bf16: no scaling, never skipped
 
 
 @dataclass(frozen=True)
 class ScaleDecision:
-    scale_before: float          # the scale the gradients of this step were computed with
-    scale_after: float           # the scale for the next step
+    scale_before: float  # the scale the gradients of this step were computed with
+    scale_after: float  # the scale for the next step
     overflow: bool
     hysteresis_left: int | None  # overflows still tolerated before backing off; None without hysteresis
-    skipped: bool                # the optimizer step must be skipped
+    skipped: bool  # the optimizer step must be skipped
     reason: str
 
 
@@ -58,8 +66,10 @@ class LossScaleAtMinimumError(RuntimeError):
     the run here. ``decision`` is what the step looked like, for the record."""
 
     def __init__(self, decision: ScaleDecision):
-        super().__init__(f"loss scale already at fp16.min_loss_scale ({decision.scale_before:g}) and the "
-                         "gradients still overflow; cannot decrease the scale further, stopping the run")
+        super().__init__(
+            f"loss scale already at fp16.min_loss_scale ({decision.scale_before:g}) and the "
+            "gradients still overflow; cannot decrease the scale further, stopping the run"
+        )
         self.decision = decision
 
 
@@ -86,9 +96,12 @@ class FP16Config(ConfigBlock):
     min_loss_scale: float = setting(1.0, gt=0)
 
     def validate(self) -> None:
-        if self.loss_scale == 0 and self.min_loss_scale > 2 ** self.initial_scale_power:
-            self.fail("min_loss_scale", f"is above the initial scale 2**fp16.initial_scale_power "
-                      f"({2 ** self.initial_scale_power})", self.min_loss_scale)
+        if self.loss_scale == 0 and self.min_loss_scale > 2**self.initial_scale_power:
+            self.fail(
+                "min_loss_scale",
+                f"is above the initial scale 2**fp16.initial_scale_power ({2**self.initial_scale_power})",
+                self.min_loss_scale,
+            )
 
 
 LossScalerConfig = FP16Config  # the name this module exported before the block moved here
@@ -124,8 +137,9 @@ class StaticLossScaler:
 
     def update(self, overflow: bool) -> ScaleDecision:
         overflow = bool(overflow)
-        return ScaleDecision(self.cur_scale, self.cur_scale, overflow, None, overflow,
-                             STATIC_OVERFLOW if overflow else NO_OVERFLOW)
+        return ScaleDecision(
+            self.cur_scale, self.cur_scale, overflow, None, overflow, STATIC_OVERFLOW if overflow else NO_OVERFLOW
+        )
 
     def state_dict(self) -> dict:
         return {"cur_scale": self.cur_scale}
@@ -151,9 +165,17 @@ class DynamicLossScaler:
 
     dynamic = True
 
-    def __init__(self, *, init_scale: float = 2.0 ** 16, scale_factor: float = 2.0, scale_window: int = 1000,
-                 min_scale: float = 1.0, delayed_shift: int = 2, consecutive_hysteresis: bool = False,
-                 raise_error_at_min_scale: bool = True):
+    def __init__(
+        self,
+        *,
+        init_scale: float = 2.0**16,
+        scale_factor: float = 2.0,
+        scale_window: int = 1000,
+        min_scale: float = 1.0,
+        delayed_shift: int = 2,
+        consecutive_hysteresis: bool = False,
+        raise_error_at_min_scale: bool = True,
+    ):
         self.cur_scale = float(init_scale)
         self.scale_factor = float(scale_factor)
         self.scale_window = int(scale_window)
@@ -176,7 +198,8 @@ class DynamicLossScaler:
             if self.delayed_shift == 1 or self.cur_hysteresis == 1:
                 if before == self.min_scale and self.raise_error_at_min_scale:
                     raise LossScaleAtMinimumError(
-                        ScaleDecision(before, before, True, self.cur_hysteresis, True, AT_MIN_SCALE))
+                        ScaleDecision(before, before, True, self.cur_hysteresis, True, AT_MIN_SCALE)
+                    )
                 self.cur_scale = max(before / self.scale_factor, self.min_scale)
                 reason = BACKOFF if self.cur_scale < before else AT_MIN_SCALE
             else:
@@ -196,8 +219,12 @@ class DynamicLossScaler:
         return ScaleDecision(before, self.cur_scale, overflow, self.cur_hysteresis, overflow, reason)
 
     def state_dict(self) -> dict:
-        return {"cur_scale": self.cur_scale, "cur_iter": self.cur_iter,
-                "last_overflow_iter": self.last_overflow_iter, "cur_hysteresis": self.cur_hysteresis}
+        return {
+            "cur_scale": self.cur_scale,
+            "cur_iter": self.cur_iter,
+            "last_overflow_iter": self.last_overflow_iter,
+            "cur_hysteresis": self.cur_hysteresis,
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         missing = sorted({"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"} - set(sd))
@@ -221,13 +248,17 @@ def build_loss_scaler(fp16_cfg: FP16Config | Mapping | None, bf16_enabled: bool 
         raise ConfigError(PRECISION_CONFLICT)
     if cfg.loss_scale > 0:
         return StaticLossScaler(cfg.loss_scale)
-    return DynamicLossScaler(init_scale=2.0 ** cfg.initial_scale_power, scale_factor=2.0,
-                             scale_window=cfg.loss_scale_window, min_scale=cfg.min_loss_scale,
-                             delayed_shift=cfg.hysteresis, consecutive_hysteresis=cfg.consecutive_hysteresis)
+    return DynamicLossScaler(
+        init_scale=2.0**cfg.initial_scale_power,
+        scale_factor=2.0,
+        scale_window=cfg.loss_scale_window,
+        min_scale=cfg.min_loss_scale,
+        delayed_shift=cfg.hysteresis,
+        consecutive_hysteresis=cfg.consecutive_hysteresis,
+    )
 
 
-def has_inf_or_nan(tensors: Iterable[torch.Tensor | None], *, device: torch.device | str | None = None
-                   ) -> torch.Tensor:
+def has_inf_or_nan(tensors: Iterable[torch.Tensor | None], *, device: torch.device | str | None = None) -> torch.Tensor:
     """A 0-d bool tensor, True when any tensor holds an inf or NaN. It stays on the
     tensors' device (no host sync) so ranks can all-reduce it before anyone reads
     it. ``None`` entries (params without grads) are skipped; with no tensors at

@@ -19,6 +19,7 @@ silently do something surprising:
 - ``load_state_dict`` re-applies the restored step's lr so ``get_last_lr()`` is
   right straight after a resume.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,19 @@ from torch.optim import Optimizer
 from collector.data.config import ConfigBlock, setting
 
 __all__ = [
-    "build_scheduler", "SCHEDULER_TYPES", "SchedulerConfig",
-    "LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
-    "LRRangeTestConfig", "OneCycleConfig", "WarmupLRConfig", "WarmupDecayLRConfig", "WarmupCosineLRConfig",
+    "SCHEDULER_TYPES",
+    "LRRangeTest",
+    "LRRangeTestConfig",
+    "OneCycle",
+    "OneCycleConfig",
+    "SchedulerConfig",
+    "WarmupCosineLR",
+    "WarmupCosineLRConfig",
+    "WarmupDecayLR",
+    "WarmupDecayLRConfig",
+    "WarmupLR",
+    "WarmupLRConfig",
+    "build_scheduler",
 ]
 
 WARMUP_TYPES = ("log", "linear")
@@ -51,6 +62,7 @@ def _per_group(cfg: ScheduleParams, name: str, optimizer: Optimizer) -> list[flo
 
 
 # ----------------------------------------------------------------------------- configs
+
 
 @dataclass(kw_only=True)
 class ScheduleParams(ConfigBlock):
@@ -86,8 +98,11 @@ class OneCycleConfig(ScheduleParams):
         if self.cycle_first_stair_count or self.cycle_second_stair_count:
             # DeepSpeed stores the stair counts but its formula never reads them;
             # we keep its lr curve so a ported config trains identically.
-            warnings.warn(f"{self.key('cycle_first_stair_count')}/cycle_second_stair_count are accepted for "
-                          "compatibility but, as in DeepSpeed, do not change the schedule", stacklevel=5)
+            warnings.warn(
+                f"{self.key('cycle_first_stair_count')}/cycle_second_stair_count are accepted for "
+                "compatibility but, as in DeepSpeed, do not change the schedule",
+                stacklevel=5,
+            )
 
 
 @dataclass(kw_only=True)
@@ -104,8 +119,11 @@ class WarmupDecayLRConfig(WarmupLRConfig):
 
     def validate(self) -> None:
         if self.total_num_steps < self.warmup_num_steps:
-            warnings.warn(f"{self.key('total_num_steps')} ({self.total_num_steps}) is less than "
-                          f"warmup_num_steps ({self.warmup_num_steps})", stacklevel=5)
+            warnings.warn(
+                f"{self.key('total_num_steps')} ({self.total_num_steps}) is less than "
+                f"warmup_num_steps ({self.warmup_num_steps})",
+                stacklevel=5,
+            )
 
 
 @dataclass(kw_only=True)
@@ -125,6 +143,7 @@ class WarmupCosineLRConfig(ScheduleParams):
 
 # ----------------------------------------------------------------------------- schedules
 
+
 class _Schedule:
     """Shared step/state plumbing; subclasses define ``get_lr()`` for ``last_batch_iteration``."""
 
@@ -141,8 +160,9 @@ class _Schedule:
         return self._last_lr
 
     def step(self, last_batch_iteration: int | None = None) -> None:
-        self.last_batch_iteration = self.last_batch_iteration + 1 if last_batch_iteration is None \
-            else last_batch_iteration
+        self.last_batch_iteration = (
+            self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        )
         self._last_lr = self._apply()
 
     def state_dict(self) -> dict:
@@ -155,7 +175,7 @@ class _Schedule:
         self._last_lr = self._apply()
 
     def _apply(self) -> list[float]:
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             group["lr"] = lr
         return [group["lr"] for group in self.optimizer.param_groups]
 
@@ -210,7 +230,7 @@ class WarmupLR(_Schedule):
         if self.last_batch_iteration < 0:
             return list(self.min_lrs)
         gamma = self._gamma()
-        return [lo + (hi - lo) * gamma for lo, hi in zip(self.min_lrs, self.max_lrs)]
+        return [lo + (hi - lo) * gamma for lo, hi in zip(self.min_lrs, self.max_lrs, strict=True)]
 
     def _gamma(self) -> float:
         if self.last_batch_iteration < self.warmup_num_steps:
@@ -279,8 +299,11 @@ class OneCycle(_Schedule):
             return "betas"
         if "momentum" in optimizer.defaults:
             return "momentum"
-        warnings.warn(f"{self.cfg.key('cycle_momentum')} is ignored: {type(optimizer).__name__} has neither "
-                      "'betas' nor 'momentum'", stacklevel=4)
+        warnings.warn(
+            f"{self.cfg.key('cycle_momentum')} is ignored: {type(optimizer).__name__} has neither "
+            "'betas' nor 'momentum'",
+            stacklevel=4,
+        )
         return None
 
     def _scale(self) -> float:
@@ -352,8 +375,9 @@ class SchedulerConfig(ConfigBlock):
     def validate(self) -> None:
         params_type = SCHEDULER_TYPES[self.type][1]
         if not isinstance(self.params, params_type):
-            self.params = params_type.from_dict(self.params if isinstance(self.params, Mapping) else None,
-                                                key=self.key("params"))
+            self.params = params_type.from_dict(
+                self.params if isinstance(self.params, Mapping) else None, key=self.key("params")
+            )
 
 
 def build_scheduler(optimizer: Optimizer, scheduler_cfg: SchedulerConfig | Mapping | None):

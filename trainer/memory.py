@@ -7,6 +7,7 @@ counts as params); ``rss`` is the process's resident set (psutil);
 ``device`` / ``device_peak`` are CUDA allocated / peak-allocated bytes when CUDA
 is in use. All reads are host-side counters: nothing synchronizes the device.
 """
+
 from __future__ import annotations
 
 import time

@@ -24,6 +24,7 @@ caller never waits on the device). ``flush()`` waits for the queue to drain;
 that fails (disk full, path removed) is reported once per backend and the run
 goes on.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,10 +36,10 @@ import queue
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import torch
 
@@ -46,7 +47,7 @@ from collector.data.config import ConfigBlock, ConfigError
 from collector.rank import session
 from collector.rank.clock import CLOCK
 
-__all__ = ["MonitorMaster", "CSVMonitorConfig", "TensorBoardConfig"]
+__all__ = ["CSVMonitorConfig", "MonitorMaster", "TensorBoardConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ Event = tuple[str, Any, int]  # (tag, value, samples)
 
 
 # ----------------------------------------------------------------------------- config
+
 
 @dataclass(kw_only=True)
 class _FileMonitorConfig(ConfigBlock):
@@ -100,6 +102,7 @@ def _prepare_log_dir(cfg: _FileMonitorConfig) -> str:
 
 # ----------------------------------------------------------------------------- backends (writer thread only)
 
+
 class _CSVBackend:
     name = "csv_monitor"
 
@@ -130,6 +133,7 @@ class _TensorBoardBackend:
 
     def __init__(self, log_dir: str):
         from torch.utils.tensorboard import SummaryWriter  # slow import: only when enabled
+
         self.writer = SummaryWriter(log_dir=log_dir)
 
     def write(self, tag: str, value, samples: int) -> None:
@@ -144,6 +148,7 @@ class _TensorBoardBackend:
 
 # ----------------------------------------------------------------------------- the monitor
 
+
 def _rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
@@ -154,7 +159,7 @@ def _telemetry_active() -> bool:
     return session.active() is not None
 
 
-def _close_at_exit(ref: "weakref.ref[MonitorMaster]") -> None:
+def _close_at_exit(ref: weakref.ref[MonitorMaster]) -> None:
     monitor = ref()
     if monitor is not None:
         monitor.close()
@@ -177,8 +182,11 @@ class MonitorMaster:
         for section in _UNBUNDLED:
             block = config.get(section)
             if isinstance(block, dict) and block.get("enabled"):
-                warnings.warn(f"{section}.enabled: the {section} monitor is not bundled with rankscope; "
-                              "its events go to csv_monitor / tensorboard / telemetry only", stacklevel=2)
+                warnings.warn(
+                    f"{section}.enabled: the {section} monitor is not bundled with rankscope; "
+                    "its events go to csv_monitor / tensorboard / telemetry only",
+                    stacklevel=2,
+                )
         self._backends: list = []
         if self.rank == 0:
             if self.csv_config.enabled:

@@ -19,6 +19,7 @@ Two parts are pluggable:
   paging it in (``before_step``) and out (``after_step``) around the step. Each
   swap phase is one telemetry ``timers`` row, name ``nvme.swap_in`` / ``nvme.swap_out``.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,14 +27,15 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import torch
 
 
 class StateStorage:
     """Allocates master weights; hooks around the optimizer step for swapping backends."""
+
     device: torch.device
 
     def allocate_like(self, shard: torch.Tensor) -> torch.Tensor:
@@ -118,10 +120,17 @@ class NVMeParamSwap:
     partitions' own reads only. Telemetry: ``timers`` rows ``nvme.param_swap_in`` (the time
     ``load`` waited) / ``nvme.param_swap_out``."""
 
-    def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None,
-                 key: str = "zero_optimization.offload_param.nvme_path") -> None:
-        self.swapper, self.directory, self._finalizer = open_swapper(nvme_path, rank=rank, aio=aio, key=key,
-                                                                     owner=self, kind="param-")
+    def __init__(
+        self,
+        nvme_path: str,
+        *,
+        rank: int = 0,
+        aio: dict | None = None,
+        key: str = "zero_optimization.offload_param.nvme_path",
+    ) -> None:
+        self.swapper, self.directory, self._finalizer = open_swapper(
+            nvme_path, rank=rank, aio=aio, key=key, owner=self, kind="param-"
+        )
         self._keys: dict[int, str] = {}  # id(shard tensor) -> swap key
         self._shapes: dict[int, tuple] = {}
 
@@ -182,11 +191,17 @@ class NVMeStorage(CPUStorage):
     takes the tensors in order; swap-out writes from staging buffers and waits for the writes,
     so host memory holds the state only around the step."""
 
-    def __init__(self, nvme_path: str, *, rank: int = 0, aio: dict | None = None, pin_memory: bool = True,
-                 key: str = "zero_optimization.offload_optimizer.nvme_path") -> None:
+    def __init__(
+        self,
+        nvme_path: str,
+        *,
+        rank: int = 0,
+        aio: dict | None = None,
+        pin_memory: bool = True,
+        key: str = "zero_optimization.offload_optimizer.nvme_path",
+    ) -> None:
         super().__init__(pin_memory=pin_memory)
-        self.swapper, self.directory, self._finalizer = open_swapper(nvme_path, rank=rank, aio=aio, key=key,
-                                                                     owner=self)
+        self.swapper, self.directory, self._finalizer = open_swapper(nvme_path, rank=rank, aio=aio, key=key, owner=self)
         self._index: dict[int, int] = {}  # id(param) -> stable index for swap keys
         self._swapped: dict[int, list[str]] = {}  # id(param) -> state names parked in files
 
@@ -240,6 +255,7 @@ def _emit(name: str, start_ns: int, nbytes: int) -> None:
     """One telemetry ``timers`` row for a swap phase (the bytes moved are in the log, not the row)."""
     try:
         from collector.rank import session
+
         session.emit("timers", name=name, start_ns=start_ns, dur_ns=time.time_ns() - start_ns)
     except Exception:  # telemetry must never fail the step
         pass
@@ -252,13 +268,19 @@ class OffloadedOptimizer:
     ``group_options[g]`` holds that group's optimizer options (lr, weight_decay...).
     """
 
-    def __init__(self, shards: list[list[torch.Tensor]], group_options: list[dict], *,
-                 optimizer_factory: Callable[[list[dict]], torch.optim.Optimizer], storage: StateStorage) -> None:
+    def __init__(
+        self,
+        shards: list[list[torch.Tensor]],
+        group_options: list[dict],
+        *,
+        optimizer_factory: Callable[[list[dict]], torch.optim.Optimizer],
+        storage: StateStorage,
+    ) -> None:
         self.storage = storage
         self.param_shards = [s for group in shards for s in group]
         self.masters: list[torch.Tensor] = []
         groups = []
-        for group, options in zip(shards, group_options):
+        for group, options in zip(shards, group_options, strict=True):
             masters = [s if storage.shares(s) else storage.allocate_like(s) for s in group]
             self.masters += masters
             groups.append(dict(options, params=masters))
@@ -271,7 +293,7 @@ class OffloadedOptimizer:
     def step(self, grads: list[torch.Tensor], grad_scale: float = 1.0) -> None:
         """One optimizer step from fp32 gradient shards (aligned with the parameter shards),
         each multiplied by ``grad_scale`` (unscaling and clipping folded into one factor)."""
-        for master, grad in zip(self.masters, grads):
+        for master, grad in zip(self.masters, grads, strict=True):
             # Blocking device->host copy: the optimizer reads it at once (and it orders the stream,
             # so last step's non-blocking host->device parameter copies are done too).
             g = grad.to(master.device) if grad.device != master.device else grad
@@ -285,7 +307,7 @@ class OffloadedOptimizer:
         else:
             self.optimizer.step()
         self.storage.after_step(self.optimizer)
-        for i, (master, shard) in enumerate(zip(self.masters, self.param_shards)):
+        for i, (master, shard) in enumerate(zip(self.masters, self.param_shards, strict=True)):
             master.grad = None
             if master is not shard and (fused is None or fused[i] is None):
                 shard.copy_(master, non_blocking=True)
@@ -295,9 +317,18 @@ class OffloadedOptimizer:
         pass (one entry per master, None where a separate copy is still needed); None otherwise."""
         if not getattr(self.optimizer, "rankscope_fused_copy", False):
             return None
-        targets = [s if (s is not m and s.device.type == "cpu" and s.dtype in (torch.float16, torch.bfloat16)
-                         and s.is_contiguous() and s.numel() == m.numel()) else None
-                   for m, s in zip(self.masters, self.param_shards)]
+        targets = [
+            s
+            if (
+                s is not m
+                and s.device.type == "cpu"
+                and s.dtype in (torch.float16, torch.bfloat16)
+                and s.is_contiguous()
+                and s.numel() == m.numel()
+            )
+            else None
+            for m, s in zip(self.masters, self.param_shards, strict=True)
+        ]
         return targets if any(t is not None for t in targets) else None
 
     def close(self) -> None:
@@ -305,7 +336,7 @@ class OffloadedOptimizer:
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Masters that are not the parameter shards themselves, plus every optimizer state tensor."""
-        out = [m for m, s in zip(self.masters, self.param_shards) if m is not s]
+        out = [m for m, s in zip(self.masters, self.param_shards, strict=True) if m is not s]
         for state in self.optimizer.state.values():
             out += [v for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
         return out
@@ -322,6 +353,6 @@ class OffloadedOptimizer:
 
     def refresh_shards(self) -> None:
         """Copy the masters into the parameter shards (after the masters were replaced)."""
-        for master, shard in zip(self.masters, self.param_shards):
+        for master, shard in zip(self.masters, self.param_shards, strict=True):
             if master is not shard:
                 shard.copy_(master)

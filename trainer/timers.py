@@ -5,6 +5,7 @@ figures are host-side time, which includes any waits the step itself makes).
 Each step's totals become ``timers`` records and, every steps_per_print steps,
 one DeepSpeed-style line on rank 0.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,9 @@ class Timers:
 
     def records(self, step: int) -> list[dict]:
         """This step's totals per timer as ``timers`` table rows; resets for the next step."""
-        rows = [{"step": step, "name": n, "start_ns": self._first_start[n], "dur_ns": d}
-                for n, d in self._total.items()]
+        rows = [
+            {"step": step, "name": n, "start_ns": self._first_start[n], "dur_ns": d} for n, d in self._total.items()
+        ]
         self._total.clear()
         self._first_start.clear()
         return rows

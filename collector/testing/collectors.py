@@ -17,6 +17,7 @@ streams still open) and closes the store, which commits what it buffered.
 A collector in its own process (its own GIL, killable with SIGKILL) is
 ``collector.tools.launch.CollectorProcess``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,10 +38,10 @@ NO_COMPACTION = CompactionConfig(interval=3600)  # never within a test
 
 @dataclass
 class LiveCollector:
-    endpoint: str                # "127.0.0.1:<port>"
+    endpoint: str  # "127.0.0.1:<port>"
     port: int
     data_dir: Path
-    state: CollectorState        # the running store, ledger and compactor
+    state: CollectorState  # the running store, ledger and compactor
     _channels: list[grpc.Channel] = field(default_factory=list, repr=False)
 
     def __iter__(self) -> Iterator:
@@ -55,14 +56,29 @@ class LiveCollector:
 
 
 @contextlib.contextmanager
-def live_collector(data_dir, *, port: int = 0, token: str | None = None, tls: security.ServerTLS | None = None,
-                   store_config: StoreConfig = FAST_STORE, compaction_config: CompactionConfig = NO_COMPACTION,
-                   writer: str | None = None, grace_s: float = 2.0) -> Iterator[LiveCollector]:
+def live_collector(
+    data_dir,
+    *,
+    port: int = 0,
+    token: str | None = None,
+    tls: security.ServerTLS | None = None,
+    store_config: StoreConfig = FAST_STORE,
+    compaction_config: CompactionConfig = NO_COMPACTION,
+    writer: str | None = None,
+    grace_s: float = 2.0,
+) -> Iterator[LiveCollector]:
     """A started collector on 127.0.0.1 over ``data_dir`` (created if missing); with ``token``
     it requires that bearer token, with ``tls`` it speaks TLS only."""
     data_dir = Path(data_dir)
-    server, bound, state = create_server(f"127.0.0.1:{port}", data_dir, token, tls=tls, store_config=store_config,
-                                         compaction_config=compaction_config, writer=writer)
+    server, bound, state = create_server(
+        f"127.0.0.1:{port}",
+        data_dir,
+        token,
+        tls=tls,
+        store_config=store_config,
+        compaction_config=compaction_config,
+        writer=writer,
+    )
     server.start()
     collector = LiveCollector(f"127.0.0.1:{bound}", bound, data_dir, state)
     try:

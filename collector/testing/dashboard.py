@@ -11,6 +11,7 @@ pipe would stall the dashboard mid-test); when it exits before answering, the er
 carries the end of that output. Playwright is the caller's import: ``launch_chromium``
 needs only the object ``sync_playwright()`` yields.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,15 +39,20 @@ class DashboardProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile(mode="w+b")
-        self.proc = subprocess.Popen(dashboard_command(str(data_dir), port=self.port), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            dashboard_command(str(data_dir), port=self.port),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout_s
         while not self._answers():
             if self.proc.poll() is not None:
                 output = self.output()
                 self._log.close()
-                raise RuntimeError(f"the dashboard exited with {self.proc.returncode} before answering on port "
-                                   f"{self.port}: {output}")
+                raise RuntimeError(
+                    f"the dashboard exited with {self.proc.returncode} before answering on port {self.port}: {output}"
+                )
             if time.monotonic() > deadline:
                 self.stop(timeout=5)
                 raise TimeoutError(f"the dashboard did not answer {self.url}/_stcore/health within {timeout_s:.0f} s")
@@ -75,7 +81,7 @@ class DashboardProcess:
                 self.proc.wait(timeout=10)
         self._log.close()
 
-    def __enter__(self) -> "DashboardProcess":
+    def __enter__(self) -> DashboardProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -86,4 +92,5 @@ def launch_chromium(playwright):
     """Headless Chromium from a ``sync_playwright()`` context."""
     return playwright.chromium.launch(
         executable_path=CHROMIUM,
-        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+    )

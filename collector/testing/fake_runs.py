@@ -31,6 +31,7 @@ share of ``uniform_run``: 1 KiB all_reduces, ten to a step, with no jitter, so
 ``delay_ns`` is exactly the late rank's arrival delay; ``hello`` and ``run_end`` make
 the other two envelope kinds.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,10 +56,13 @@ HOSTS = ("node-a", "node-a", "node-b", "node-b")  # rank r runs on HOSTS[r % 4]
 
 # (op, group, bytes S as nccl-tests defines it); one step issues this pattern.
 COLLECTIVES = (
-    ("all_reduce", "world", 256 << 10), ("all_reduce", "world", 512 << 10),
-    ("all_reduce", "world", 768 << 10), ("all_reduce", "world", 25 << 20),
+    ("all_reduce", "world", 256 << 10),
+    ("all_reduce", "world", 512 << 10),
+    ("all_reduce", "world", 768 << 10),
+    ("all_reduce", "world", 25 << 20),
     ("all_reduce", "world", 50 << 20),
-    ("reduce_scatter", "zero", 32 << 20), ("all_gather", "zero", 32 << 20),
+    ("reduce_scatter", "zero", 32 << 20),
+    ("all_gather", "zero", 32 << 20),
     ("all_gather", "zero", 2 << 20),
 )
 
@@ -66,7 +70,8 @@ FLOPS_TREE = (  # module, parent, type, params, macs per sample, share of fwd la
     ("", None, "GPT", 0, 0, 1.0),
     ("embed", "", "Embedding", 3_200_000, 0, 0.02),
     ("layers", "", "ModuleList", 0, 0, 0.9),
-    ("layers.0", "layers", "Block", 0, 0, 0.45), ("layers.1", "layers", "Block", 0, 0, 0.45),
+    ("layers.0", "layers", "Block", 0, 0, 0.45),
+    ("layers.1", "layers", "Block", 0, 0, 0.45),
     ("layers.0.attn", "layers.0", "Attention", 1_050_000, 1_000_000_000, 0.25),
     ("layers.0.mlp", "layers.0", "MLP", 2_100_000, 2_000_000_000, 0.2),
     ("layers.1.attn", "layers.1", "Attention", 1_050_000, 1_000_000_000, 0.25),
@@ -90,24 +95,24 @@ class FakeRunError(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class FakeRun:
     run_id: str
-    name: str = ""                     # what attach(run=...) would have said; '' = the run_id
+    name: str = ""  # what attach(run=...) would have said; '' = the run_id
     world_size: int = 4
     steps: int = 50
-    status: str = "finished"           # or "failed"; "running": no RunEnd, so no rank_ends rows
+    status: str = "finished"  # or "failed"; "running": no RunEnd, so no rank_ends rows
     start: datetime = START
     # the story
-    late_rank: int | None = -1         # enters every all_reduce delay_ns late; -1: the last rank; None: nobody
+    late_rank: int | None = -1  # enters every all_reduce delay_ns late; -1: the last rank; None: nobody
     delay_ns: int = 40_000_000
     overflow_steps: tuple[int, ...] = (5, 12, 20, 21, 33, 40)
     with_moe: bool = True
     # what the comm records look like
     collectives: tuple[tuple[str, str, int], ...] = COLLECTIVES
-    collectives_per_step: int = 0      # 0: the pattern once; more repeats it (to scale a run up)
+    collectives_per_step: int = 0  # 0: the pattern once; more repeats it (to scale a run up)
     step_period_ns: int = 400_000_000  # room for the late rank's delay inside a step
-    jitter_ns: int = 400_000           # each arrival is up to this much later than planned
-    latency_ns: int = 600_000          # per-collective fixed cost: small messages are latency bound
-    bytes_per_ns: float = 2.0          # the link: 2 GB/s
-    sparse_comm_rows: int = 0          # per rank, barriers with most columns left out (stored as NULLs)
+    jitter_ns: int = 400_000  # each arrival is up to this much later than planned
+    latency_ns: int = 600_000  # per-collective fixed cost: small messages are latency bound
+    bytes_per_ns: float = 2.0  # the link: 2 GB/s
+    sparse_comm_rows: int = 0  # per rank, barriers with most columns left out (stored as NULLs)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -132,8 +137,10 @@ class FakeRun:
             if getattr(self, name) < 0:
                 raise FakeRunError(f"FakeRun.{name} must be >= 0, got {getattr(self, name)}")
         if self.step_period_ns // 2 // self.per_step < 1:
-            raise FakeRunError(f"FakeRun.step_period_ns: {self.step_period_ns} ns leaves no room for "
-                               f"{self.per_step} collectives a step")
+            raise FakeRunError(
+                f"FakeRun.step_period_ns: {self.step_period_ns} ns leaves no room for "
+                f"{self.per_step} collectives a step"
+            )
         if self.bytes_per_ns <= 0:
             raise FakeRunError(f"FakeRun.bytes_per_ns must be > 0, got {self.bytes_per_ns}")
 
@@ -164,9 +171,12 @@ class FakeRun:
 
     def config(self) -> dict:
         """The DeepSpeed config the run claims to have trained with."""
-        return {"train_batch_size": SAMPLES_PER_RANK_STEP * self.world_size, "fp16": {"enabled": True},
-                "zero_optimization": {"stage": 2, "reduce_bucket_size": 500_000_000},
-                "comms_logger": {"enabled": True}}
+        return {
+            "train_batch_size": SAMPLES_PER_RANK_STEP * self.world_size,
+            "fp16": {"enabled": True},
+            "zero_optimization": {"stage": 2, "reduce_bucket_size": 500_000_000},
+            "comms_logger": {"enabled": True},
+        }
 
     # ---- rows -----------------------------------------------------------------------------
     def comm_columns(self, rank: int, first: int = 0, n: int | None = None) -> dict:
@@ -174,8 +184,9 @@ class FakeRun:
         end of the run), numbered across steps; columns as encode_batch takes them."""
         n = self.instances - first if n is None else n
         if first < 0 or n < 0:
-            raise FakeRunError(f"FakeRun.comm_columns: no instances [{first}, {first + n}) "
-                               f"in a run of {self.instances}")
+            raise FakeRunError(
+                f"FakeRun.comm_columns: no instances [{first}, {first + n}) in a run of {self.instances}"
+            )
         ops, groups, sizes = (np.array([c[i] for c in self.collectives]) for i in range(3))
         slot = np.arange(self.per_step) % len(self.collectives)  # pattern entry of each place in a step
         ops, groups, sizes = ops[slot], groups[slot], sizes[slot].astype(np.int64)
@@ -203,10 +214,20 @@ class FakeRun:
         algbw = nbytes / (end - start)  # bytes/ns == GB/s
         factors = np.array([bus_factor(op, self.world_size) for op in ops])
         return {
-            "step": step, "group_name": groups[j].tolist(), "group_size": np.full(n, self.world_size),
-            "seq": step * group_count[j] + seq_in_step[j], "op": ops[j].tolist(), "log_name": ops[j].tolist(),
-            "dtype": ["float32"] * n, "numel": nbytes // 4, "bytes": nbytes, "start_ns": start, "end_ns": end,
-            "async_op": np.zeros(n, dtype=bool), "algbw_gbs": algbw, "busbw_gbs": algbw * factors[j],
+            "step": step,
+            "group_name": groups[j].tolist(),
+            "group_size": np.full(n, self.world_size),
+            "seq": step * group_count[j] + seq_in_step[j],
+            "op": ops[j].tolist(),
+            "log_name": ops[j].tolist(),
+            "dtype": ["float32"] * n,
+            "numel": nbytes // 4,
+            "bytes": nbytes,
+            "start_ns": start,
+            "end_ns": end,
+            "async_op": np.zeros(n, dtype=bool),
+            "algbw_gbs": algbw,
+            "busbw_gbs": algbw * factors[j],
             "peer": np.full(n, -1),
         }
 
@@ -215,8 +236,13 @@ class FakeRun:
         leaves columns out, which the collector stores as NULLs."""
         k = np.arange(self.sparse_comm_rows, dtype=np.int64)
         start = self.t0_ns + (k % self.steps) * self.step_period_ns + rank * 1000
-        return {"step": k % self.steps, "op": ["barrier"] * len(k), "start_ns": start, "end_ns": start + 8_000,
-                "bytes": np.zeros(len(k), dtype=np.int64)}
+        return {
+            "step": k % self.steps,
+            "op": ["barrier"] * len(k),
+            "start_ns": start,
+            "end_ns": start + 8_000,
+            "bytes": np.zeros(len(k), dtype=np.int64),
+        }
 
     def step_columns(self, rank: int) -> dict[str, dict]:
         """timers, monitor, loss_scale, memory and moe columns of ``rank`` for every step."""
@@ -230,46 +256,68 @@ class FakeRun:
             dur[:, [name for name, _ in TIMERS].index("allreduce")] += self.delay_ns
         dur = dur.astype(np.int64)
         begin = t[:, None] + np.cumsum(dur, axis=1) - dur
-        out["timers"] = {"step": np.repeat(steps, len(TIMERS)), "name": [n for n, _ in TIMERS] * self.steps,
-                         "start_ns": begin.ravel(), "dur_ns": dur.ravel()}
+        out["timers"] = {
+            "step": np.repeat(steps, len(TIMERS)),
+            "name": [n for n, _ in TIMERS] * self.steps,
+            "start_ns": begin.ravel(),
+            "dur_ns": dur.ravel(),
+        }
 
         # The loss and the learning rate are the run's, the same on every rank.
         loss = 4.0 * np.exp(-steps / 30) + 0.05 * np.random.default_rng([self.seed, 0, 0]).standard_normal(self.steps)
         lr = 1e-3 * np.minimum(1, (steps + 1) / 10)
         samples = (steps + 1) * SAMPLES_PER_RANK_STEP * self.world_size
         tags = ["Train/Samples/train_loss", "Train/Samples/lr"]
-        out["monitor"] = {"step": np.repeat(steps, 2), "tag": tags * self.steps,
-                          "value": np.stack([loss, lr], axis=1).ravel(), "samples": np.repeat(samples, 2),
-                          "time_ns": np.repeat(t + self.step_period_ns, 2)}
+        out["monitor"] = {
+            "step": np.repeat(steps, 2),
+            "tag": tags * self.steps,
+            "value": np.stack([loss, lr], axis=1).ravel(),
+            "samples": np.repeat(samples, 2),
+            "time_ns": np.repeat(t + self.step_period_ns, 2),
+        }
 
         before, after = self._loss_scales()
         overflow = np.isin(steps, self.overflow_steps)
-        out["loss_scale"] = {"step": steps, "scale_before": before, "scale": after, "overflow": overflow,
-                             "hysteresis_left": np.full(self.steps, 2),
-                             "bad_params": [BAD_PARAM if o else None for o in overflow],
-                             "first_rank": [OVERFLOW_FIRST_RANK if o else None for o in overflow], "time_ns": t}
+        out["loss_scale"] = {
+            "step": steps,
+            "scale_before": before,
+            "scale": after,
+            "overflow": overflow,
+            "hysteresis_left": np.full(self.steps, 2),
+            "bad_params": [BAD_PARAM if o else None for o in overflow],
+            "first_rank": [OVERFLOW_FIRST_RANK if o else None for o in overflow],
+            "time_ns": t,
+        }
 
         size = np.array([[b for _, b in MEMORY]] * self.steps)
         size[:, [k for k, _ in MEMORY].index("rss")] += steps * 1e6 * (rank + 1)  # this rank's leak
-        out["memory"] = {"step": np.repeat(steps, len(MEMORY)), "kind": [k for k, _ in MEMORY] * self.steps,
-                         "bytes": size.astype(np.int64).ravel(), "time_ns": np.repeat(t, len(MEMORY))}
+        out["memory"] = {
+            "step": np.repeat(steps, len(MEMORY)),
+            "kind": [k for k, _ in MEMORY] * self.steps,
+            "bytes": size.astype(np.int64).ravel(),
+            "time_ns": np.repeat(t, len(MEMORY)),
+        }
 
         if self.with_moe:
             # Dirichlet weights falling from expert 0 to the last: a popular expert that drops tokens.
             load = rng.dirichlet(np.linspace(4, 1, MOE_EXPERTS), size=(self.steps, MOE_LAYERS)) * MOE_TOKENS
             tokens = load.astype(np.int64).ravel()
             cells = self.steps * MOE_LAYERS * MOE_EXPERTS
-            out["moe"] = {"step": np.repeat(steps, MOE_LAYERS * MOE_EXPERTS),
-                          "layer": np.tile(np.repeat(np.arange(MOE_LAYERS), MOE_EXPERTS), self.steps),
-                          "expert": np.tile(np.arange(MOE_EXPERTS), self.steps * MOE_LAYERS), "tokens": tokens,
-                          "dropped": np.maximum(0, tokens - MOE_CAPACITY), "capacity": np.full(cells, MOE_CAPACITY),
-                          "aux_loss": np.full(cells, 0.01)}
+            out["moe"] = {
+                "step": np.repeat(steps, MOE_LAYERS * MOE_EXPERTS),
+                "layer": np.tile(np.repeat(np.arange(MOE_LAYERS), MOE_EXPERTS), self.steps),
+                "expert": np.tile(np.arange(MOE_EXPERTS), self.steps * MOE_LAYERS),
+                "tokens": tokens,
+                "dropped": np.maximum(0, tokens - MOE_CAPACITY),
+                "capacity": np.full(cells, MOE_CAPACITY),
+                "aux_loss": np.full(cells, 0.01),
+            }
         return out
 
     def _loss_scales(self) -> tuple[np.ndarray, np.ndarray]:
         """fp16 dynamic loss scale before and after each step: halves on an overflow, doubles
         every tenth step otherwise."""
-        before, after, scale = [], [], 2.0 ** 16
+        before, after, scale = [], [], 2.0**16
         for step in range(self.steps):
             before.append(scale)
             scale = scale / 2 if step in self.overflow_steps else scale * (2 if step % 10 == 9 else 1)
@@ -286,10 +334,14 @@ class FakeRun:
                 macs[parent] += macs[m]
         slow = 1.3 if rank == self.late_rank else 1.0
         return {
-            "step": [min(PROFILE_STEP, self.steps - 1)] * len(FLOPS_TREE), "module": [m for m, *_ in FLOPS_TREE],
-            "parent": [row[1] for row in FLOPS_TREE], "depth": [m.count(".") + 1 if m else 0 for m, *_ in FLOPS_TREE],
-            "module_type": [row[2] for row in FLOPS_TREE], "params": [params[m] for m, *_ in FLOPS_TREE],
-            "macs": [macs[m] for m, *_ in FLOPS_TREE], "flops": [2 * macs[m] for m, *_ in FLOPS_TREE],
+            "step": [min(PROFILE_STEP, self.steps - 1)] * len(FLOPS_TREE),
+            "module": [m for m, *_ in FLOPS_TREE],
+            "parent": [row[1] for row in FLOPS_TREE],
+            "depth": [m.count(".") + 1 if m else 0 for m, *_ in FLOPS_TREE],
+            "module_type": [row[2] for row in FLOPS_TREE],
+            "params": [params[m] for m, *_ in FLOPS_TREE],
+            "macs": [macs[m] for m, *_ in FLOPS_TREE],
+            "flops": [2 * macs[m] for m, *_ in FLOPS_TREE],
             "latency_ns": [int(60e6 * row[5] * slow) for row in FLOPS_TREE],
             "bwd_latency_ns": [int(120e6 * row[5] * slow) for row in FLOPS_TREE],
         }
@@ -314,24 +366,50 @@ class FakeRun:
         return [(first, min(size, self.instances - first)) for first in range(0, self.instances, size)]
 
     def hello(self, rank: int) -> pb.Hello:
-        return pb.Hello(run_id=self.run_id, run_name=self.display_name, rank=rank, world_size=self.world_size,
-                        host=HOSTS[rank % len(HOSTS)], pid=1000 + rank, clock_offset_ns=7 * rank,
-                        started_at_ns=self.t0_ns, source="engine", config_json=json.dumps(self.config()))
+        return pb.Hello(
+            run_id=self.run_id,
+            run_name=self.display_name,
+            rank=rank,
+            world_size=self.world_size,
+            host=HOSTS[rank % len(HOSTS)],
+            pid=1000 + rank,
+            clock_offset_ns=7 * rank,
+            started_at_ns=self.t0_ns,
+            source="engine",
+            config_json=json.dumps(self.config()),
+        )
 
 
 # The two runs the dashboard's tests open: one finished, one still streaming (and without MoE).
 FINISHED = FakeRun(run_id="run-a1", name="gpt-small-4r")
-LIVE = FakeRun(run_id="run-b2", name="gpt-small-live", steps=20, status="running", with_moe=False,
-               start=datetime(2026, 11, 21, 9, 0, tzinfo=timezone.utc))
+LIVE = FakeRun(
+    run_id="run-b2",
+    name="gpt-small-live",
+    steps=20,
+    status="running",
+    with_moe=False,
+    start=datetime(2026, 11, 21, 9, 0, tzinfo=timezone.utc),
+)
 
 
-def uniform_run(run_id: str = "r", *, group: str = "world", group_size: int = 4, late_rank: int | None = None,
-                delay_ns: int = 0) -> FakeRun:
+def uniform_run(
+    run_id: str = "r", *, group: str = "world", group_size: int = 4, late_rank: int | None = None, delay_ns: int = 0
+) -> FakeRun:
     """The wire-protocol tests' run: 1 KiB all_reduces on one group, ten to a step and 1 µs
     apart, no jitter, so ``late_rank`` arrives exactly ``delay_ns`` after the others."""
-    return FakeRun(run_id=run_id, world_size=group_size, collectives=(("all_reduce", group, 1024),),
-                   collectives_per_step=10, step_period_ns=20_000, jitter_ns=0, latency_ns=500,
-                   late_rank=late_rank if delay_ns else None, delay_ns=delay_ns, overflow_steps=(), with_moe=False)
+    return FakeRun(
+        run_id=run_id,
+        world_size=group_size,
+        collectives=(("all_reduce", group, 1024),),
+        collectives_per_step=10,
+        step_period_ns=20_000,
+        jitter_ns=0,
+        latency_ns=500,
+        late_rank=late_rank if delay_ns else None,
+        delay_ns=delay_ns,
+        overflow_steps=(),
+        with_moe=False,
+    )
 
 
 def _unix_ns(moment: datetime) -> int:
@@ -384,16 +462,62 @@ def write_run(data_dir, run: FakeRun, steps_per_segment: int = 50) -> None:
         _write(data_dir, table, run.run_id, "all-ranks", pa.concat_tables([tables[table] for tables in per_rank]))
     hellos = [run.hello(r) for r in range(run.world_size)]
     started = run.start
-    _write(data_dir, "runs", run.run_id, "hello", pa.Table.from_pylist([dict(
-        run_id=run.run_id, name=h.run_name, world_size=h.world_size, started_at=started, source=h.source,
-        linked_run_id=None, config=h.config_json) for h in hellos], schema=RUNS_SCHEMA))
-    _write(data_dir, "ranks", run.run_id, "hello", pa.Table.from_pylist([dict(
-        run_id=run.run_id, rank=h.rank, host=h.host, pid=h.pid, clock_offset_ns=h.clock_offset_ns,
-        client_id=run.client_id(h.rank), started_at=started) for h in hellos], schema=RANKS_SCHEMA))
+    _write(
+        data_dir,
+        "runs",
+        run.run_id,
+        "hello",
+        pa.Table.from_pylist(
+            [
+                dict(
+                    run_id=run.run_id,
+                    name=h.run_name,
+                    world_size=h.world_size,
+                    started_at=started,
+                    source=h.source,
+                    linked_run_id=None,
+                    config=h.config_json,
+                )
+                for h in hellos
+            ],
+            schema=RUNS_SCHEMA,
+        ),
+    )
+    _write(
+        data_dir,
+        "ranks",
+        run.run_id,
+        "hello",
+        pa.Table.from_pylist(
+            [
+                dict(
+                    run_id=run.run_id,
+                    rank=h.rank,
+                    host=h.host,
+                    pid=h.pid,
+                    clock_offset_ns=h.clock_offset_ns,
+                    client_id=run.client_id(h.rank),
+                    started_at=started,
+                )
+                for h in hellos
+            ],
+            schema=RANKS_SCHEMA,
+        ),
+    )
     if run.status != "running":
-        _write(data_dir, "rank_ends", run.run_id, "end", pa.Table.from_pylist([dict(
-            run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0)
-            for r in range(run.world_size)], schema=RANK_ENDS_SCHEMA))
+        _write(
+            data_dir,
+            "rank_ends",
+            run.run_id,
+            "end",
+            pa.Table.from_pylist(
+                [
+                    dict(run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0)
+                    for r in range(run.world_size)
+                ],
+                schema=RANK_ENDS_SCHEMA,
+            ),
+        )
 
 
 def write_data_dir(data_dir, *runs: FakeRun, steps_per_segment: int = 50) -> Path:
@@ -435,23 +559,29 @@ def stream(endpoint: str, *runs: FakeRun, token: str | None = None) -> None:
 
 # ---- wire-protocol building blocks ------------------------------------------------------
 def hello(client_id: str, seq: int, run_id: str, rank: int, world_size: int, **extra) -> pb.Envelope:
-    return envelope(client_id, seq, hello=pb.Hello(run_id=run_id, rank=rank, world_size=world_size,
-                                                    run_name=extra.pop("run_name", run_id), **extra))
+    return envelope(
+        client_id,
+        seq,
+        hello=pb.Hello(
+            run_id=run_id, rank=rank, world_size=world_size, run_name=extra.pop("run_name", run_id), **extra
+        ),
+    )
 
 
 def run_end(client_id: str, seq: int, run_id: str, rank: int, status: str = "finished") -> pb.Envelope:
     return envelope(client_id, seq, end=pb.RunEnd(run_id=run_id, rank=rank, status=status, ended_at_ns=1))
 
 
-def comm_columns(rank: int, first_seq: int, n: int, *, delay_ns: int = 0, group: str = "world",
-                 group_size: int = 4) -> dict:
+def comm_columns(
+    rank: int, first_seq: int, n: int, *, delay_ns: int = 0, group: str = "world", group_size: int = 4
+) -> dict:
     """``rank``'s all_reduces seq first_seq .. first_seq + n - 1 of ``uniform_run``, arriving
     ``delay_ns`` after the other ranks of the group."""
     return uniform_run(group=group, group_size=group_size, late_rank=rank, delay_ns=delay_ns).comm_columns(
-        rank, first_seq, n)
+        rank, first_seq, n
+    )
 
 
 def comm_envelope(client_id: str, seq: int, run_id: str, rank: int, first_seq: int, n: int, **kw) -> pb.Envelope:
     """One TableBatch envelope of ``comm_columns(rank, first_seq, n, **kw)``."""
     return envelope(client_id, seq, table=encode_batch("comm", run_id, rank, comm_columns(rank, first_seq, n, **kw)))
-

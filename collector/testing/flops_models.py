@@ -10,6 +10,7 @@ the flops benchmark (and DeepSpeed's get_model_profile, in its own venv) on tota
 
 This is the only module of the kit that imports torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -76,7 +77,7 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x, mask_bias):
         b, n, d = x.shape
-        heads = lambda t: t.view(b, n, H, d // H).transpose(1, 2).reshape(b * H, n, d // H)  # noqa: E731
+        heads = lambda t: t.view(b, n, H, d // H).transpose(1, 2).reshape(b * H, n, d // H)
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
         scores = torch.baddbmm(mask_bias.repeat_interleave(H, 0), q, k.transpose(1, 2), alpha=(d // H) ** -0.5)
         y = torch.einsum("bqk,bkd->bqd", scores.softmax(-1), v)  # (B*H, L, Dh)
@@ -144,9 +145,15 @@ class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 8, 3, stride=2, groups=2, bias=False), nn.GroupNorm(2, 8), nn.SiLU(),
-            nn.ConvTranspose2d(8, 4, 2, stride=2), nn.AvgPool2d(2),
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 8, 3, stride=2, groups=2, bias=False),
+            nn.GroupNorm(2, 8),
+            nn.SiLU(),
+            nn.ConvTranspose2d(8, 4, 2, stride=2),
+            nn.AvgPool2d(2),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = MatrixHead(4, 5)
@@ -159,7 +166,7 @@ def bert_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and an attention mask with the second sequence's back half padded."""
     idx = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(B, L, dtype=torch.long)
-    mask[1, L // 2:] = 0
+    mask[1, L // 2 :] = 0
     return (idx, mask)
 
 

@@ -2,6 +2,7 @@
 openssl CLI when a test or benchmark runs (nothing secret is checked in), plus a
 second CA that signed nothing, for the must-not-trust cases. EC P-256 keys, valid
 for two days."""
+
 from __future__ import annotations
 
 import shutil
@@ -18,10 +19,10 @@ class OpenSSLMissing(RuntimeError):
 class TestPKI:
     __test__ = False  # a helper, not a pytest class to collect
 
-    ca: Path          # the CA certificate clients trust
-    cert: Path        # the server's certificate, signed by ca
-    key: Path         # the server's private key
-    other_ca: Path    # a CA that did not sign cert
+    ca: Path  # the CA certificate clients trust
+    cert: Path  # the server's certificate, signed by ca
+    key: Path  # the server's private key
+    other_ca: Path  # a CA that did not sign cert
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -31,10 +32,28 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _ca(d: Path, name: str) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
-             cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+        cwd=d,
+    )
 
 
 def make_pki(d: Path) -> TestPKI:
@@ -45,10 +64,40 @@ def make_pki(d: Path) -> TestPKI:
     d.mkdir(parents=True, exist_ok=True)
     _ca(d, "ca")
     _ca(d, "other-ca")
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost", cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                  "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.pem", "-days", "2", "-extfile", "server.ext", cwd=d)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+        cwd=d,
+    )
+    (d / "server.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        cwd=d,
+    )
     return TestPKI(ca=d / "ca.pem", cert=d / "server.pem", key=d / "server.key", other_ca=d / "other-ca.pem")

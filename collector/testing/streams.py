@@ -11,6 +11,7 @@ Acks are read on a thread of their own, so a test can wait for some seqs while t
 stream stays open (``wait_acked``); a stream the collector aborts leaves its
 ``grpc.RpcError`` in ``error``.
 """
+
 from __future__ import annotations
 
 import queue
@@ -63,8 +64,7 @@ class RawStream:
     def wait_acked(self, seqs: Iterable[int], timeout: float = 30.0) -> bool:
         want = set(seqs)
         with self._cond:
-            return self._cond.wait_for(lambda: want <= self.acked or self.done.is_set(), timeout) \
-                and want <= self.acked
+            return self._cond.wait_for(lambda: want <= self.acked or self.done.is_set(), timeout) and want <= self.acked
 
     def finish(self, timeout: float = 30.0) -> None:
         self.close()

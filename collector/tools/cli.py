@@ -5,6 +5,7 @@ Every command that reads or writes data takes ``--data-dir`` (default
 nvme-tune) run it in a child process, so this module imports neither torch
 nor the trainer: the collector side stays light.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,13 +18,21 @@ DEFAULT_ENDPOINT = "127.0.0.1:50051"
 
 
 def _data_dir_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, metavar="D",
-                   help=f"data directory holding parquet/ and catalog.duckdb (default: ./{DEFAULT_DATA_DIR})")
+    p.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        metavar="D",
+        help=f"data directory holding parquet/ and catalog.duckdb (default: ./{DEFAULT_DATA_DIR})",
+    )
 
 
 def _tls_ca_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tls-ca", default=None, metavar="PEM",
-                   help="verify a TLS collector against this CA file (default: $RANKSCOPE_TLS_CA; none: plaintext)")
+    p.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PEM",
+        help="verify a TLS collector against this CA file (default: $RANKSCOPE_TLS_CA; none: plaintext)",
+    )
 
 
 def _examples(text: str) -> str:
@@ -41,9 +50,21 @@ def cmd_collect(args: argparse.Namespace) -> int:
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 2
     # serve() applies the bind policy (collector.data.security.check_bind) and prints its warnings.
-    return serve(args.data_dir, host=args.host, port=args.port, token=token, tls=tls,
-                 insecure=args.insecure, writer=args.writer_id, flush_interval=args.flush_interval,
-                 compaction_interval=args.compaction_interval, compaction_min_files=args.compaction_min_files) or 0
+    return (
+        serve(
+            args.data_dir,
+            host=args.host,
+            port=args.port,
+            token=token,
+            tls=tls,
+            insecure=args.insecure,
+            writer=args.writer_id,
+            flush_interval=args.flush_interval,
+            compaction_interval=args.compaction_interval,
+            compaction_min_files=args.compaction_min_files,
+        )
+        or 0
+    )
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -113,48 +134,92 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func, help: str, examples: str):
-        p = sub.add_parser(name, help=help, description=help, epilog=_examples(examples),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=_examples(examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.set_defaults(func=func)
         return p
 
-    p = add("collect", cmd_collect, "Run the gRPC collector that writes Parquet and the DuckDB catalog.", """
+    p = add(
+        "collect",
+        cmd_collect,
+        "Run the gRPC collector that writes Parquet and the DuckDB catalog.",
+        """
         rankscope collect
         rankscope collect --data-dir /scratch/rs --port 50051 --token "$RANKSCOPE_TOKEN"
         rankscope collect --host 0.0.0.0 --token "$RANKSCOPE_TOKEN" --tls-cert server.pem --tls-key server.key
-    """)
+    """,
+    )
     _data_dir_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="port to bind (default 50051; 0 picks a free one)")
     p.add_argument("--token", default=None, help="require 'authorization: Bearer TOKEN' (default: $RANKSCOPE_TOKEN)")
-    p.add_argument("--tls-cert", default=None, metavar="PEM",
-                   help="serve TLS with this certificate chain (clients then need --tls-ca / $RANKSCOPE_TLS_CA)")
+    p.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="serve TLS with this certificate chain (clients then need --tls-ca / $RANKSCOPE_TLS_CA)",
+    )
     p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback --host without a token (prints a warning)")
-    p.add_argument("--writer-id", default=None, metavar="W",
-                   help="share --data-dir with other collectors, each with its own id ([a-z][a-z0-9_]*); "
-                        "route each rank to one of them (see docs/SCALING.md)")
-    p.add_argument("--flush-interval", type=float, default=None, metavar="S",
-                   help="commit buffered records at least this often, in (0, 5] s (default 0.25): "
-                        "lower means fresher dashboards and more small files")
-    p.add_argument("--compaction-interval", type=float, default=None, metavar="S",
-                   help="seconds between scans for small segments to merge (default 5)")
-    p.add_argument("--compaction-min-files", type=int, default=None, metavar="N",
-                   help="merge once this many small segments wait in one partition (default 8)")
+    p.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without a token (prints a warning)"
+    )
+    p.add_argument(
+        "--writer-id",
+        default=None,
+        metavar="W",
+        help="share --data-dir with other collectors, each with its own id ([a-z][a-z0-9_]*); "
+        "route each rank to one of them (see docs/SCALING.md)",
+    )
+    p.add_argument(
+        "--flush-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="commit buffered records at least this often, in (0, 5] s (default 0.25): "
+        "lower means fresher dashboards and more small files",
+    )
+    p.add_argument(
+        "--compaction-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between scans for small segments to merge (default 5)",
+    )
+    p.add_argument(
+        "--compaction-min-files",
+        type=int,
+        default=None,
+        metavar="N",
+        help="merge once this many small segments wait in one partition (default 8)",
+    )
 
-    p = add("dashboard", cmd_dashboard, "Serve the Streamlit dashboard over a data directory.", """
+    p = add(
+        "dashboard",
+        cmd_dashboard,
+        "Serve the Streamlit dashboard over a data directory.",
+        """
         rankscope dashboard
         rankscope dashboard --data-dir sample_runs --port 8502
-    """)
+    """,
+    )
     _data_dir_arg(p)
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
 
-    p = add("demo", cmd_demo, "Start a collector, a live multi-rank CPU training run streaming into it, and the dashboard.", """
+    p = add(
+        "demo",
+        cmd_demo,
+        "Start a collector, a live multi-rank CPU training run streaming into it, and the dashboard.",
+        """
         rankscope demo
         rankscope demo --nproc 2 --steps 50 --no-dashboard
-    """)
+    """,
+    )
     _data_dir_arg(p)
     p.add_argument("--nproc", type=int, default=4, help="training ranks (default 4)")
     p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
@@ -164,42 +229,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--exit", action="store_true", help="stop everything when the training run ends")
 
-    p = add("sql", cmd_sql, "Run a read-only SQL query over the catalog and print the result.", """
+    p = add(
+        "sql",
+        cmd_sql,
+        "Run a read-only SQL query over the catalog and print the result.",
+        """
         rankscope sql "select * from runs"
         rankscope sql --data-dir sample_runs "select rank, avg(busbw_gbs) from comm group by rank"
-    """)
+    """,
+    )
     _data_dir_arg(p)
     p.add_argument("query", help="a SELECT / WITH / DESCRIBE / SHOW query")
 
-    p = add("import", cmd_import, "Import DeepSpeed outputs (csv_monitor, tensorboard, log_summary JSON, verbose "
-            "comms log, flops profile, exported Parquet) as a new run, or watch a folder for them.", """
+    p = add(
+        "import",
+        cmd_import,
+        "Import DeepSpeed outputs (csv_monitor, tensorboard, log_summary JSON, verbose "
+        "comms log, flops profile, exported Parquet) as a new run, or watch a folder for them.",
+        """
         rankscope import ds_logs/                       # a DeepSpeed output folder, into ./rankscope-data
         rankscope import comms_summary_rank0.json --run bert-large --data-dir /scratch/rs
         rankscope import flops_profile.txt --endpoint 127.0.0.1:50051   # through a running collector
         rankscope import --watch incoming/ --run nightly  # ingest files (also spool files, archives) as they appear
-    """)
+    """,
+    )
     _data_dir_arg(p)
     p.add_argument("path", nargs="?", help="a file or a folder (searched recursively)")
     p.add_argument("--run", default=None, help="run name (default: the file or folder name)")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks of the job (default: from the files, else the ranks seen)")
-    p.add_argument("--endpoint", default=None,
-                   help="send through the collector at HOST:PORT instead of writing --data-dir yourself")
+    p.add_argument(
+        "--world-size", type=int, default=None, help="ranks of the job (default: from the files, else the ranks seen)"
+    )
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        help="send through the collector at HOST:PORT instead of writing --data-dir yourself",
+    )
     p.add_argument("--token", default=None, help="bearer token for --endpoint (default: $RANKSCOPE_TOKEN)")
     _tls_ca_arg(p)
-    p.add_argument("--watch", metavar="DIR", default=None,
-                   help="keep watching DIR and ingest every new file once, also across restarts")
-    p.add_argument("--settle", type=float, default=1.0,
-                   help="watch: seconds a file must stay unchanged before it is ingested (default 1)")
+    p.add_argument(
+        "--watch",
+        metavar="DIR",
+        default=None,
+        help="keep watching DIR and ingest every new file once, also across restarts",
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=1.0,
+        help="watch: seconds a file must stay unchanged before it is ingested (default 1)",
+    )
     p.add_argument("--once", action="store_true", help="watch: ingest what is there now and exit")
 
-    p = add("replay", cmd_replay, "Re-stream an archived run through a live collector as a new, linked run.", """
+    p = add(
+        "replay",
+        cmd_replay,
+        "Re-stream an archived run through a live collector as a new, linked run.",
+        """
         rankscope replay run.rsarchive --speed 10           # 10x real time into 127.0.0.1:50051
         rankscope replay rankscope-data --run bert-large --speed 0 --endpoint 10.0.0.5:50051
         rankscope replay sample_runs/parquet/comm/run=demo-20260101-000000-abc123
-    """)
-    p.add_argument("path", help="an archive (rankscope export --archive), a data dir (with --run), "
-                   "or a run=<id> folder inside one")
+    """,
+    )
+    p.add_argument(
+        "path", help="an archive (rankscope export --archive), a data dir (with --run), or a run=<id> folder inside one"
+    )
     p.add_argument("--run", default=None, help="run id or name, when PATH is a data dir")
     p.add_argument("--speed", type=float, default=1.0, help="times real time (default 1; 0 = as fast as possible)")
     p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"collector address (default {DEFAULT_ENDPOINT})")
@@ -207,33 +300,49 @@ def build_parser() -> argparse.ArgumentParser:
     _tls_ca_arg(p)
     p.add_argument("--name", default=None, help="name of the new run (default: the original's + '-replay')")
 
-    p = add("export", cmd_export, "Export a run: a Perfetto/Chrome trace, a self-contained archive, or Parquet files.", """
+    p = add(
+        "export",
+        cmd_export,
+        "Export a run: a Perfetto/Chrome trace, a self-contained archive, or Parquet files.",
+        """
         rankscope export --perfetto bert-large trace.json   # open in ui.perfetto.dev or chrome://tracing
         rankscope export --archive bert-large bert.rsarchive  # replay it anywhere: rankscope replay bert.rsarchive
         rankscope export --parquet bert-large out/          # out/<table>.parquet, with run_id and rank
-    """)
+    """,
+    )
     _data_dir_arg(p)
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--perfetto", nargs=2, metavar=("RUN", "OUT.json"), help="Chrome trace-event JSON")
     kind.add_argument("--archive", nargs=2, metavar=("RUN", "OUT"), help="one file: the run's Parquet and catalog rows")
     kind.add_argument("--parquet", nargs=2, metavar=("RUN", "OUTDIR"), help="one Parquet file per table")
 
-    p = add("health", cmd_health, "Print a run's current findings (exit 0 none, 1 warnings, 2 a hang, desync or "
-            "silent rank).", """
+    p = add(
+        "health",
+        cmd_health,
+        "Print a run's current findings (exit 0 none, 1 warnings, 2 a hang, desync or silent rank).",
+        """
         rankscope health demo                          # the newest run named demo
         rankscope health demo-20261123-101500-a1b2c3 --json
         rankscope health bert-large --data-dir /scratch/rs || notify-oncall
-    """)
+    """,
+    )
     _data_dir_arg(p)
     p.add_argument("run", metavar="RUN", help="run id, or run name (the newest run of that name)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
 
-    p = add("nvme-tune", cmd_nvme_tune, "Sweep async I/O handle settings on a directory and print the best `aio` config block.", """
+    p = add(
+        "nvme-tune",
+        cmd_nvme_tune,
+        "Sweep async I/O handle settings on a directory and print the best `aio` config block.",
+        """
         rankscope nvme-tune --dir /local_nvme
         rankscope nvme-tune --dir /local_nvme --io-size 268435456 --loops 3
-    """)
+    """,
+    )
     p.add_argument("--dir", required=True, help="a writable directory on the device to tune")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="more options for the tuner (see python -m native.nvme_tune --help)")
+    p.add_argument(
+        "rest", nargs=argparse.REMAINDER, help="more options for the tuner (see python -m native.nvme_tune --help)"
+    )
     return parser
 
 

@@ -22,8 +22,6 @@ from collector.tools.launch import CollectorProcess, dashboard_command, free_por
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 
 
-
-
 def _stop(proc: subprocess.Popen | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGINT)
@@ -61,35 +59,58 @@ def run_demo(args: argparse.Namespace) -> int:
         try:
             collector = CollectorProcess(data_dir, port=args.port)
         except RuntimeError as exc:
-            print(f"[demo] the collector did not start on port {args.port}: {exc}\n"
-                  f"[demo] is another collector running? pick another port with --port", file=sys.stderr)
+            print(
+                f"[demo] the collector did not start on port {args.port}: {exc}\n"
+                f"[demo] is another collector running? pick another port with --port",
+                file=sys.stderr,
+            )
             return 1
         endpoint = collector.address
         print(f"[demo] collector: {endpoint} (data in {data_dir})", flush=True)
         if not args.no_dashboard:
-            dashboard = subprocess.Popen(dashboard_command(data_dir, port=args.dashboard_port),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            dashboard = subprocess.Popen(
+                dashboard_command(data_dir, port=args.dashboard_port),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
             print(f"[demo] dashboard: http://127.0.0.1:{args.dashboard_port}", flush=True)
         train = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", "trainer.examples.gpt", "--config", args.config or EXAMPLE_CONFIG, "--steps", str(args.steps),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(args.nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "trainer.examples.gpt",
+            "--config",
+            args.config or EXAMPLE_CONFIG,
+            "--steps",
+            str(args.steps),
         ]
         # The run name travels by env: torchrun would take `--run` for its own --run-path.
         env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN="demo", OMP_NUM_THREADS="1")
-        print(f"[demo] training: {args.nproc} ranks x {args.steps} steps of the example GPT (ZeRO-2), "
-              "streaming into the collector", flush=True)
-        proc = subprocess.Popen(train, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1)
+        print(
+            f"[demo] training: {args.nproc} ranks x {args.steps} steps of the example GPT (ZeRO-2), "
+            "streaming into the collector",
+            flush=True,
+        )
+        proc = subprocess.Popen(train, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         once = OnceFilter(sys.stdout)
         pump = threading.Thread(target=once.pump, args=(proc.stdout,), daemon=True)
         pump.start()
         rc = proc.wait()
         pump.join(timeout=5)
-        print(f"[demo] training finished (exit {rc}); try:\n"
-              f"  .venv/bin/rankscope health demo --data-dir {args.data_dir}\n"
-              f"  .venv/bin/rankscope sql --data-dir {args.data_dir} "
-              f"\"select op, count(*) n, round(avg(busbw_gbs), 3) busbw from comm group by op\"", flush=True)
+        print(
+            f"[demo] training finished (exit {rc}); try:\n"
+            f"  .venv/bin/rankscope health demo --data-dir {args.data_dir}\n"
+            f"  .venv/bin/rankscope sql --data-dir {args.data_dir} "
+            f'"select op, count(*) n, round(avg(busbw_gbs), 3) busbw from comm group by op"',
+            flush=True,
+        )
         if args.exit or dashboard is None:
             return rc
         print("[demo] collector and dashboard keep running; Ctrl-C to stop.", flush=True)

@@ -16,6 +16,7 @@
 
 RUN is a run id or a run name (the latest run of that name).
 """
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from collector.data import catalog, layout, queries
-from collector.tools.importers.parquet_table import TABLE_KEY
 from collector.data.schema import TABLES
+from collector.tools.importers.parquet_table import TABLE_KEY
 
 ARCHIVE_FORMAT = "rankscope-archive-1"
 MANIFEST = "manifest.json"
@@ -93,29 +94,45 @@ def export_perfetto(data_dir, run: str, out) -> dict:
                              (SELECT min(start_ns) FROM timers WHERE run_id = $run)),
                        (SELECT count(*) FROM comm WHERE run_id = $run),
                        (SELECT count(*) FROM comm WHERE {_TIMED}),
-                       (SELECT count(start_ns) FROM timers WHERE run_id = $run)""", params).fetchall()[0]
-        tracks = con.execute(f"WITH {_TRACKS} SELECT rank, g, tid FROM tracks ORDER BY rank, tid",
-                             params).fetchall()
-        ranks = sorted({r for r, in con.execute("SELECT rank FROM ranks WHERE run_id = $run", params).fetchall()}
-                       | {r for r, _, _ in tracks}
-                       | {r for r, in con.execute("SELECT DISTINCT rank FROM timers WHERE run_id = $run",
-                                                  params).fetchall()})
+                       (SELECT count(start_ns) FROM timers WHERE run_id = $run)""",
+            params,
+        ).fetchall()[0]
+        tracks = con.execute(f"WITH {_TRACKS} SELECT rank, g, tid FROM tracks ORDER BY rank, tid", params).fetchall()
+        ranks = sorted(
+            {r for (r,) in con.execute("SELECT rank FROM ranks WHERE run_id = $run", params).fetchall()}
+            | {r for r, _, _ in tracks}
+            | {r for (r,) in con.execute("SELECT DISTINCT rank FROM timers WHERE run_id = $run", params).fetchall()}
+        )
         params["t0"] = t0 = t0 or 0
         meta = []
         for rank in ranks:
-            meta += [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
-                     {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
-                     {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "engine timers"}}]
-        meta += [{"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                  "args": {"name": f"comm {group}" if group else "comm"}} for rank, group, tid in tracks]
+            meta += [
+                {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+                {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
+                {"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "engine timers"}},
+            ]
+        meta += [
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": rank,
+                "tid": tid,
+                "args": {"name": f"comm {group}" if group else "comm"},
+            }
+            for rank, group, tid in tracks
+        ]
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
-        with open(tmp, "w") as f, tqdm(total=comm_timed + timers_total, desc="perfetto", unit="event",
-                                       disable=None, leave=False) as bar:
+        with (
+            open(tmp, "w") as f,
+            tqdm(total=comm_timed + timers_total, desc="perfetto", unit="event", disable=None, leave=False) as bar,
+        ):
             f.write('{"traceEvents": [\n' + ",\n".join(json.dumps(m, separators=(",", ":")) for m in meta))
-            counts = {"comm": _write_events(con, f, _COMM_EVENTS, params, bar),
-                      "timers": _write_events(con, f, _TIMER_EVENTS, params, bar)}
+            counts = {
+                "comm": _write_events(con, f, _COMM_EVENTS, params, bar),
+                "timers": _write_events(con, f, _TIMER_EVENTS, params, bar),
+            }
             other = {"run_id": run_id, "t0_unix_ns": t0, "comm_rows_without_times": comm_total - counts["comm"]}
             f.write('\n], "displayTimeUnit": "ns", "otherData": ' + json.dumps(other) + "}\n")
         tmp.replace(out)
@@ -126,13 +143,15 @@ def export_perfetto(data_dir, run: str, out) -> dict:
 
 # -- archive -------------------------------------------------------------------------
 
+
 def _run_segments(data_dir: Path, run_id: str) -> list[Path]:
     found = []
     for table in layout.stored_schemas():
         part = layout.partition_dir(data_dir, table, run_id)
         if part.is_dir():
-            found += sorted(p for p in part.iterdir()
-                            if p.name.endswith(layout.SEGMENT_SUFFIX) and not p.name.startswith("."))
+            found += sorted(
+                p for p in part.iterdir() if p.name.endswith(layout.SEGMENT_SUFFIX) and not p.name.startswith(".")
+            )
     return found
 
 
@@ -151,10 +170,15 @@ def export_archive(data_dir, run: str, out) -> dict:
         segments = _run_segments(data_dir, run_id)
         try:
             with tarfile.open(tmp, "w") as tar:
-                manifest = {"format": ARCHIVE_FORMAT, "run_id": run_id, "name": run_row[0],
-                            "world_size": run_row[1], "source": run_row[2],
-                            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "files": [str(p.relative_to(data_dir)) for p in segments]}
+                manifest = {
+                    "format": ARCHIVE_FORMAT,
+                    "run_id": run_id,
+                    "name": run_row[0],
+                    "world_size": run_row[1],
+                    "source": run_row[2],
+                    "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "files": [str(p.relative_to(data_dir)) for p in segments],
+                }
                 data = json.dumps(manifest, indent=1).encode()
                 info = tarfile.TarInfo(MANIFEST)
                 info.size, info.mtime = len(data), int(time.time())
@@ -195,6 +219,7 @@ def unpack_archive(path: Path, dest: Path) -> dict:
 
 # -- parquet ---------------------------------------------------------------------------
 
+
 def export_parquet(data_dir, run: str, outdir) -> dict:
     con = catalog.connect(data_dir)
     outdir = Path(outdir)
@@ -205,8 +230,9 @@ def export_parquet(data_dir, run: str, outdir) -> dict:
         tables = [*TABLES, "runs", "ranks", "rank_ends"]
         for table in tqdm(tables, desc="parquet", unit="table", disable=None, leave=False):
             view = table if table in TABLES else f"_{table}_raw"
-            reader = con.sql(f"SELECT * FROM {catalog.quote_ident(view)} WHERE run_id = ?",
-                             params=[run_id]).to_arrow_reader(TRACE_BATCH)
+            reader = con.sql(
+                f"SELECT * FROM {catalog.quote_ident(view)} WHERE run_id = ?", params=[run_id]
+            ).to_arrow_reader(TRACE_BATCH)
             schema = reader.schema.with_metadata({TABLE_KEY: table.encode()})
             rows, path = 0, outdir / f"{table}.parquet"
             writer = None
@@ -230,8 +256,10 @@ def main(args) -> int:
     try:
         if args.perfetto:
             r = export_perfetto(args.data_dir, *args.perfetto)
-            print(f"wrote {args.perfetto[1]}: run {r['run_id']}, {r['ranks']} ranks, {r['groups']} comm tracks, "
-                  f"{r['comm']} collectives, {r['timers']} timer events")
+            print(
+                f"wrote {args.perfetto[1]}: run {r['run_id']}, {r['ranks']} ranks, {r['groups']} comm tracks, "
+                f"{r['comm']} collectives, {r['timers']} timer events"
+            )
         elif args.archive:
             r = export_archive(args.data_dir, *args.archive)
             print(f"wrote {args.archive[1]}: run {r['run_id']}, {r['files']} segments, {r['bytes']} bytes")

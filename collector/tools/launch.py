@@ -2,6 +2,7 @@
 where the dashboard entry file lives, how a collector is started (its command
 line, or a managed ``CollectorProcess``) and probed, and a free port for a
 child that must be told its port up front (torchrun's master, the dashboard)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import grpc
 
@@ -32,13 +32,22 @@ def dashboard_command(data_dir: str, *, port: int = 8501, host: str = "127.0.0.1
     """The dashboard as a process (``python -m app``, which starts Streamlit on its own entry file)."""
     if importlib.util.find_spec("app") is None:
         raise SystemExit("rankscope: the dashboard is not installed; pip install 'rankscope[dashboard]'")
-    return [sys.executable, "-m", "app", "--data-dir", os.path.abspath(data_dir), "--port", str(port),
-            "--host", host]
+    return [sys.executable, "-m", "app", "--data-dir", os.path.abspath(data_dir), "--port", str(port), "--host", host]
 
 
 def collector_command(data_dir: str, *, port: int, host: str = "127.0.0.1") -> list[str]:
-    return [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", data_dir,
-            "--host", host, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "collector.tools.cli",
+        "collect",
+        "--data-dir",
+        data_dir,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
 
 
 class CollectorProcess:
@@ -52,8 +61,12 @@ class CollectorProcess:
 
     def __init__(self, data_dir, *args: str, port: int = 0) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(collector_command(str(data_dir), port=port) + list(args),
-                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self.proc = subprocess.Popen(
+            collector_command(str(data_dir), port=port) + list(args),
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         match = self._LISTENING.match(line)
         if not match:
@@ -77,7 +90,7 @@ class CollectorProcess:
         self.proc.kill()
         self.proc.wait(30)
 
-    def __enter__(self) -> "CollectorProcess":
+    def __enter__(self) -> CollectorProcess:
         return self
 
     def __exit__(self, *exc) -> None:

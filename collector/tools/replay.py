@@ -19,6 +19,7 @@ time (the step column has Parquet statistics, so each read touches only its
 row groups), while the ranks stream in parallel; a run of any length replays in
 about ranks x CHUNK_ROWS rows of memory.
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,10 +34,10 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from collector.data import catalog, layout
-from collector.tools.export import ExportError, is_archive, resolve_run, unpack_archive
 from collector.data.layout import new_run_id
-from collector.tools.importers.sink import GrpcSink, SinkError, client_id, envelope, table_batches
 from collector.data.schema import TABLES
+from collector.tools.export import ExportError, is_archive, resolve_run, unpack_archive
+from collector.tools.importers.sink import GrpcSink, SinkError, client_id, envelope, table_batches
 from proto import pb
 
 WINDOW_NS = 50_000_000  # rows of 50 ms of original time travel together
@@ -57,8 +58,7 @@ class RankData:
 
 def _pace(table: pa.Table, step_times: dict[int, int], default: int) -> np.ndarray:
     col = next((c for c in TIME_COLUMNS if c in table.column_names), None)
-    pace = (np.array(pc.fill_null(table[col], -1).to_numpy()) if col
-            else np.full(table.num_rows, -1, dtype=np.int64))
+    pace = np.array(pc.fill_null(table[col], -1).to_numpy()) if col else np.full(table.num_rows, -1, dtype=np.int64)
     if (pace < 0).any():
         steps = table["step"].to_pylist()
         for i in np.flatnonzero(pace < 0):
@@ -69,14 +69,19 @@ def _pace(table: pa.Table, step_times: dict[int, int], default: int) -> np.ndarr
 def _rows_per_step(con, run_id: str) -> dict[int, list[tuple[int | None, int, int | None]]]:
     """Per rank, (step, rows, first time) over every table, in step order (no step first): one pass
     over the run that also tells which ranks have rows and where the run's time starts."""
+
     def time_of(spec) -> str:
         return next((c for c in TIME_COLUMNS if c in dict(spec.columns)), "NULL")
-    union = " UNION ALL ".join(f"SELECT rank, step, {time_of(spec)} AS t FROM {catalog.quote_ident(t)} "
-                               f"WHERE run_id = ?" for t, spec in TABLES.items())
+
+    union = " UNION ALL ".join(
+        f"SELECT rank, step, {time_of(spec)} AS t FROM {catalog.quote_ident(t)} WHERE run_id = ?"
+        for t, spec in TABLES.items()
+    )
     out: dict[int, list] = {}
     for rank, step, n, first in con.execute(
-            f"SELECT rank, step, count(*), min(t) FROM ({union}) GROUP BY rank, step "
-            f"ORDER BY rank, step NULLS FIRST", [run_id] * len(TABLES)).fetchall():
+        f"SELECT rank, step, count(*), min(t) FROM ({union}) GROUP BY rank, step ORDER BY rank, step NULLS FIRST",
+        [run_id] * len(TABLES),
+    ).fetchall():
         out.setdefault(rank, []).append((step, n, first))
     return out
 
@@ -103,25 +108,48 @@ def open_run(con, run: str) -> tuple[dict, list[RankData]]:
     reads them through ``con``); nothing but per-step row counts is loaded here."""
     run_id = resolve_run(con, run)
     cols = ["name", "world_size", "config", "started_ns", "source", "linked_run_id"]
-    run_row = dict(zip(cols, con.execute("SELECT name, world_size, config, epoch_ns(started_at), source, "
-                                         "linked_run_id FROM runs WHERE run_id = ?", [run_id]).fetchall()[0]))
+    run_row = dict(
+        zip(
+            cols,
+            con.execute(
+                "SELECT name, world_size, config, epoch_ns(started_at), source, "
+                "linked_run_id FROM runs WHERE run_id = ?",
+                [run_id],
+            ).fetchall()[0],
+            strict=True,
+        )
+    )
     run_row["run_id"] = run_id
-    hellos = {r[0]: r[1:] for r in con.execute(
-        """SELECT rank, host, pid, clock_offset_ns, epoch_ns(started_at) FROM ranks WHERE run_id = ?""",
-        [run_id]).fetchall()}
-    ends = {r[0]: r[1:] for r in con.execute(
-        """SELECT rank, status, epoch_ns(ended_at), dropped_records FROM rank_ends WHERE run_id = ?""",
-        [run_id]).fetchall()}
+    hellos = {
+        r[0]: r[1:]
+        for r in con.execute(
+            """SELECT rank, host, pid, clock_offset_ns, epoch_ns(started_at) FROM ranks WHERE run_id = ?""", [run_id]
+        ).fetchall()
+    }
+    ends = {
+        r[0]: r[1:]
+        for r in con.execute(
+            """SELECT rank, status, epoch_ns(ended_at), dropped_records FROM rank_ends WHERE run_id = ?""", [run_id]
+        ).fetchall()
+    }
     per_rank = _rows_per_step(con, run_id)
     run_row["first_ns"] = min((t for steps in per_rank.values() for _, _, t in steps if t is not None), default=0)
     run_start = run_row["started_ns"] or 0
     out = []
     for rank in sorted(set(hellos) | set(per_rank)):
         host, pid, offset, started = hellos.get(rank, (None, 0, 0, run_start))
-        hello = pb.Hello(run_name=run_row["name"] or "", rank=rank, world_size=run_row["world_size"],
-                         host=host or "", pid=pid or 0, clock_offset_ns=offset or 0,
-                         started_at_ns=started or run_start, config_json=run_row["config"] or "",
-                         source="replay", linked_run_id=run_id)
+        hello = pb.Hello(
+            run_name=run_row["name"] or "",
+            rank=rank,
+            world_size=run_row["world_size"],
+            host=host or "",
+            pid=pid or 0,
+            clock_offset_ns=offset or 0,
+            started_at_ns=started or run_start,
+            config_json=run_row["config"] or "",
+            source="replay",
+            linked_run_id=run_id,
+        )
         end = None
         if rank in ends:
             status, ended, dropped = ends[rank]
@@ -142,14 +170,14 @@ def _chunks(con, run_id: str, data: RankData):
             sql = f"SELECT * EXCLUDE (run_id) FROM {catalog.quote_ident(t)} WHERE run_id = ? AND rank = ? AND {where}"
             # Replaying into the collector that writes this data dir: its compaction may unlink a
             # segment (of the new run, too) between DuckDB listing the files and reading them.
-            rows = catalog.with_segment_retry(lambda: con.sql(sql, params=params).to_arrow_table())
+            rows = catalog.with_segment_retry(lambda q=sql, p=params: con.sql(q, params=p).to_arrow_table())
             if rows.num_rows:
                 tables[t] = rows
         step_times: dict[int, int] = {}
         for rows in tables.values():
             col = next((c for c in TIME_COLUMNS if c in rows.column_names), None)
             if col:
-                for step, ns in zip(rows["step"].to_pylist(), rows[col].to_pylist()):
+                for step, ns in zip(rows["step"].to_pylist(), rows[col].to_pylist(), strict=True):
                     if ns is not None and (step not in step_times or ns < step_times[step]):
                         step_times[step] = ns
         default = min(step_times.values(), default=data.hello.started_at_ns)
@@ -161,8 +189,18 @@ def _chunks(con, run_id: str, data: RankData):
         yield ordered, paces
 
 
-def rank_stream(con, data_dir: Path, run_id: str, data: RankData, new_run: str, client: str, speed: float = 0,
-                t0: int = 0, wall0: float = 0, bar=None):
+def rank_stream(
+    con,
+    data_dir: Path,
+    run_id: str,
+    data: RankData,
+    new_run: str,
+    client: str,
+    speed: float = 0,
+    t0: int = 0,
+    wall0: float = 0,
+    bar=None,
+):
     """The rank's envelopes, read a chunk at a time through a cursor of ``con`` over ``data_dir``,
     each window held back until its time has come (speed 0: no wait)."""
     cursor = catalog.cursor(con, data_dir)  # one per stream: the streams run on their own threads
@@ -186,8 +224,16 @@ def rank_stream(con, data_dir: Path, run_id: str, data: RankData, new_run: str, 
         cursor.close()
 
 
-def _paced(tables: dict[str, pa.Table], paces: dict[str, np.ndarray], new_run: str, rank: int, speed: float,
-           t0: int, wall0: float, bar):
+def _paced(
+    tables: dict[str, pa.Table],
+    paces: dict[str, np.ndarray],
+    new_run: str,
+    rank: int,
+    speed: float,
+    t0: int,
+    wall0: float,
+    bar,
+):
     """One chunk's rows as TableBatches, in windows of WINDOW_NS of original time, each window
     released at wall0 + (its start - t0) / speed (speed 0: all at once)."""
     window = WINDOW_NS if speed > 0 else None
@@ -240,15 +286,24 @@ def restore_streams(archive: Path) -> tuple[str, list]:
             for r in ranks:
                 r.hello.source = run_row["source"] or ""
                 r.hello.linked_run_id = run_row["linked_run_id"] or ""
-                streams.append(list(rank_stream(con, data_dir, run_id, r, run_id,
-                                                client_id("archive", run_id, str(r.rank)))))
+                streams.append(
+                    list(rank_stream(con, data_dir, run_id, r, run_id, client_id("archive", run_id, str(r.rank))))
+                )
         finally:
             con.close()
     return run_id, streams
 
 
-def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | None = None,
-           speed: float = 1.0, name: str | None = None, tls_ca: str | None = None) -> dict:
+def replay(
+    source: Path,
+    *,
+    endpoint: str,
+    token: str | None = None,
+    run: str | None = None,
+    speed: float = 1.0,
+    name: str | None = None,
+    tls_ca: str | None = None,
+) -> dict:
     """Re-send a run as a new one; each rank's rows are read a step range at a time while they
     are sent (CHUNK_ROWS), so memory stays bounded however long the run."""
     if speed < 0:
@@ -267,9 +322,23 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
             progress = tqdm(total=total, desc=f"replay {run_row['run_id']}", unit="row", disable=None, leave=False)
             with GrpcSink(endpoint, token, tls_ca=tls_ca) as sink, progress as bar:
                 wall0 = time.monotonic()
-                sink.send([rank_stream(con, data_dir, run_row["run_id"], r, new_run,
-                                       client_id("replay", new_run, str(r.rank)), speed, run_row["first_ns"], wall0,
-                                       bar) for r in ranks])
+                sink.send(
+                    [
+                        rank_stream(
+                            con,
+                            data_dir,
+                            run_row["run_id"],
+                            r,
+                            new_run,
+                            client_id("replay", new_run, str(r.rank)),
+                            speed,
+                            run_row["first_ns"],
+                            wall0,
+                            bar,
+                        )
+                        for r in ranks
+                    ]
+                )
         finally:
             con.close()
     return {"run_id": new_run, "linked_run_id": run_row["run_id"], "rows": total, "ranks": len(ranks)}
@@ -277,8 +346,15 @@ def replay(source: Path, *, endpoint: str, token: str | None = None, run: str | 
 
 def main(args) -> int:
     try:
-        r = replay(Path(args.path), endpoint=args.endpoint, token=args.token, run=args.run, speed=args.speed,
-                   name=args.name, tls_ca=args.tls_ca)
+        r = replay(
+            Path(args.path),
+            endpoint=args.endpoint,
+            token=args.token,
+            run=args.run,
+            speed=args.speed,
+            name=args.name,
+            tls_ca=args.tls_ca,
+        )
     except (ExportError, SinkError, ValueError, FileNotFoundError) as exc:
         print(f"rankscope replay: {exc}", file=sys.stderr)
         return 1

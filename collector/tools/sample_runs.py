@@ -12,6 +12,7 @@ catalog.duckdb with relative paths; the collector's ledger is a writer's
 journal that readers never need, so it is left out). That dir is checked
 through collector.data.catalog.connect and only then swapped in for --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import catalog, layout
-from collector.tools.launch import collector_command, free_port, wait_for_collector
 from collector.data.schema import TABLES
 from collector.server.store import parquet_options, segment_order, segment_path
+from collector.tools.launch import collector_command, free_port, wait_for_collector
 
 RUN_TIMEOUT_S = 900
 # Shipped files are read many times and written once: compress harder than the live store does.
@@ -44,17 +45,32 @@ class GenerationError(RuntimeError):
 
 def scenarios() -> dict[str, int]:
     """The engine's sample-run scenarios and their rank counts."""
-    out = subprocess.run([sys.executable, "-m", "trainer.examples.scenarios", "--list"], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer.examples.scenarios", "--list"], capture_output=True, text=True, timeout=300
+    )
     if out.returncode != 0:
         raise GenerationError(f"cannot list the scenarios: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)
 
 
 def train(name: str, nproc: int, steps: int, endpoint: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "trainer.examples.scenarios", "--scenario", name, "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "trainer.examples.scenarios",
+        "--scenario",
+        name,
+        "--steps",
+        str(steps),
+    ]
     # The run name travels by env: torchrun would take `--run` for its own --run-path.
     env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN=name, OMP_NUM_THREADS="1")
     print(f"[sample-runs] {name}: {nproc} ranks, {steps} steps", flush=True)
@@ -102,8 +118,9 @@ def compact(raw: Path, dest: Path) -> None:
     """One Parquet file per (table, run), rows in commit order, into a fresh data dir ``dest``."""
     for table, schema in layout.stored_schemas().items():
         for part in layout.partitions(raw, table):
-            segments = sorted((p for p in part.glob(f"*{layout.SEGMENT_SUFFIX}") if segment_order(p)),
-                              key=segment_order)
+            segments = sorted(
+                (p for p in part.glob(f"*{layout.SEGMENT_SUFFIX}") if segment_order(p)), key=segment_order
+            )
             if not segments:
                 continue
             rows = pa.concat_tables([pq.read_table(p, schema=schema) for p in segments])

@@ -1,4 +1,5 @@
 """``rankscope sql [--data-dir D] QUERY``: one read-only query, printed as an aligned table."""
+
 from __future__ import annotations
 
 import sys
@@ -25,16 +26,15 @@ def format_table(table: pa.Table) -> str:
     """Columns padded to their widest cell; numbers right-aligned, like duckdb's CLI."""
     names = table.column_names
     columns = [[_cell(v) for v in col.to_pylist()] for col in table.columns]
-    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-               for t in table.schema.types]
-    widths = [max([len(n), *map(len, cells)]) for n, cells in zip(names, columns)]
+    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in table.schema.types]
+    widths = [max([len(n), *map(len, cells)]) for n, cells in zip(names, columns, strict=True)]
 
     def line(cells):
-        return " | ".join(c.rjust(w) if num else c.ljust(w)
-                          for c, w, num in zip(cells, widths, numeric)).rstrip()
+        padded = (c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True))
+        return " | ".join(padded).rstrip()
 
     out = [line(names), "-+-".join("-" * w for w in widths)]
-    out += [line(row) for row in zip(*columns)]
+    out += [line(row) for row in zip(*columns, strict=True)]
     return "\n".join(out)
 
 

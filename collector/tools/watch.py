@@ -26,6 +26,7 @@ Any other change to a taken file (a rewrite) is reported, not read again. A file
 that cannot be read is reported by name (with the line or record) and recorded,
 so it is not retried; the rest of the folder is unaffected.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,11 +42,11 @@ from tqdm import tqdm
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
+from collector.data.layout import new_run_id
 from collector.rank import spool
 from collector.tools.export import is_archive
 from collector.tools.importers import comms_verbose, csv_monitor, tensorboard
 from collector.tools.importers.dispatch import formats_of, parse_path
-from collector.data.layout import new_run_id
 from collector.tools.importers.ingest import open_sink
 from collector.tools.importers.sink import SinkError, run_envelopes
 
@@ -76,7 +77,7 @@ class WatchLedger:
 
     def __init__(self, folder: Path):
         self.path = folder / LEDGER_NAME
-        self.taken: dict[str, dict] = {}   # path -> its latest entry (a grown file has several)
+        self.taken: dict[str, dict] = {}  # path -> its latest entry (a grown file has several)
         if self.path.exists():
             for line in self.path.read_text(errors="replace").splitlines():
                 try:
@@ -102,8 +103,17 @@ class WatchLedger:
 
 
 class Watcher:
-    def __init__(self, folder, sink, *, run: str | None = None, world_size: int | None = None,
-                 settle_s: float = 1.0, out=None, err=None):
+    def __init__(
+        self,
+        folder,
+        sink,
+        *,
+        run: str | None = None,
+        world_size: int | None = None,
+        settle_s: float = 1.0,
+        out=None,
+        err=None,
+    ):
         self.folder = Path(folder).resolve()
         self.sink = sink
         self.run_name = run or self.folder.name
@@ -180,16 +190,23 @@ class Watcher:
         problems = [str(p) for p in parsed.problems]
         counts = {f"{table}:{rank}": len(rows) for (table, rank), rows in parsed.rows.items()}
         if before is not None:  # the start of the file was taken already: so were its rows and problems
-            problems = problems[before.get("problems", 0):]
+            problems = problems[before.get("problems", 0) :]
             for (table, rank), rows in list(parsed.rows.items()):
-                del rows[:before.get("rows", {}).get(f"{table}:{rank}", 0)]
+                del rows[: before.get("rows", {}).get(f"{table}:{rank}", 0)]
                 if not rows:
                     del parsed.rows[(table, rank)]
         if not parsed.rows:
             return [], problems, counts, grows
-        streams = run_envelopes(parsed, run_id=self.run_id, run_name=self.run_name, source="import",
-                                client_key=f"watch\0{path.relative_to(self.folder)}\0{sha}",
-                                default_ns=path.stat().st_mtime_ns, with_end=False, only_ranks_with_rows=True)
+        streams = run_envelopes(
+            parsed,
+            run_id=self.run_id,
+            run_name=self.run_name,
+            source="import",
+            client_key=f"watch\0{path.relative_to(self.folder)}\0{sha}",
+            default_ns=path.stat().st_mtime_ns,
+            with_end=False,
+            only_ranks_with_rows=True,
+        )
         return streams, problems, counts, grows
 
     def take(self, ready: list[tuple[Path, Seen]]) -> int:
@@ -209,9 +226,17 @@ class Watcher:
             for problem in problems:
                 print(f"skipped: {problem}", file=self.err)
             streams += file_streams
-            entries.append({"path": rel, "size": seen.size, "mtime_ns": seen.mtime_ns, "sha256": sha,
-                            "problems": len(problems) + (before or {}).get("problems", 0),
-                            "rows": counts, "grows": grows})
+            entries.append(
+                {
+                    "path": rel,
+                    "size": seen.size,
+                    "mtime_ns": seen.mtime_ns,
+                    "sha256": sha,
+                    "problems": len(problems) + (before or {}).get("problems", 0),
+                    "rows": counts,
+                    "grows": grows,
+                }
+            )
         if streams:
             self.sink.send(streams)
         self.ledger.record(entries)
@@ -284,8 +309,10 @@ def main(args) -> int:
             finally:
                 watcher.close()
     except DataDirBusy:
-        print(f"rankscope import: a collector is running on {args.data_dir}; "
-              "watch into it with --endpoint HOST:PORT", file=sys.stderr)
+        print(
+            f"rankscope import: a collector is running on {args.data_dir}; watch into it with --endpoint HOST:PORT",
+            file=sys.stderr,
+        )
         return 1
     except (SinkError, OSError) as exc:
         print(f"rankscope import --watch: {exc}", file=sys.stderr)

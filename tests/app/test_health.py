@@ -1,5 +1,6 @@
 """The health summary's rules (collector/data/findings) on query-shaped frames, including
 the cases where they must stay silent."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -10,13 +11,16 @@ from collector.data.findings import communication, loss_scale, messages, straggl
 
 def last_arrivals(counts: dict[int, int], lead_ms: float = 41.0, op: str = "all_reduce") -> pd.DataFrame:
     total = sum(counts.values())
-    return pd.DataFrame([{"op": op, "rank": r, "n_last": n, "share": n / total, "mean_lead_ms": lead_ms}
-                         for r, n in counts.items()])
+    return pd.DataFrame(
+        [{"op": op, "rank": r, "n_last": n, "share": n / total, "mean_lead_ms": lead_ms} for r, n in counts.items()]
+    )
 
 
 def test_straggler_named_with_share_and_lead():
     found = stragglers.late_ranks(last_arrivals({0: 5, 1: 5, 2: 6, 3: 84}), world_size=4)
-    assert [f.text for f in found] == ["rank 3 arrives last in 84% of all_reduces (+41 ms on average after the first rank)"]
+    assert [f.text for f in found] == [
+        "rank 3 arrives last in 84% of all_reduces (+41 ms on average after the first rank)"
+    ]
 
 
 def test_no_straggler_when_last_arrivals_are_spread_evenly():
@@ -32,8 +36,16 @@ def summary(rows: list[tuple[str, int, float]]) -> pd.DataFrame:
 
 
 def test_small_messages_suggest_the_bucket_knob():
-    found = messages.small_messages(summary([("all_reduce", 256 << 10, 62.0), ("all_reduce", 50 << 20, 38.0),
-                                           ("all_gather", 64 << 10, 9.0), ("all_gather", 32 << 20, 1.0)]))
+    found = messages.small_messages(
+        summary(
+            [
+                ("all_reduce", 256 << 10, 62.0),
+                ("all_reduce", 50 << 20, 38.0),
+                ("all_gather", 64 << 10, 9.0),
+                ("all_gather", 32 << 20, 1.0),
+            ]
+        )
+    )
     assert [f.text for f in found] == [
         "90% of all_gather time is in messages < 1 MB: raise allgather_bucket_size",
         "62% of all_reduce time is in messages < 1 MB: raise reduce_bucket_size",
@@ -45,8 +57,9 @@ def test_large_messages_are_fine():
 
 
 def test_loss_scale_falls_counted():
-    scales = pd.DataFrame({"step": range(100), "scale": [2.0 ** 16] * 100,
-                           "overflow": [s in (3, 9, 27, 40, 41, 77) for s in range(100)]})
+    scales = pd.DataFrame(
+        {"step": range(100), "scale": [2.0**16] * 100, "overflow": [s in (3, 9, 27, 40, 41, 77) for s in range(100)]}
+    )
     (finding,) = loss_scale.loss_scale_falls(scales)
     assert finding.severity == "warning"
     assert finding.text.startswith("loss scale fell 6 times in 100 steps")
@@ -59,20 +72,32 @@ def test_loss_scale_without_overflow_is_ok_and_absent_without_fp16():
 
 
 def test_comm_share_names_the_worst_rank_and_its_waiting():
-    comm = pd.DataFrame({"rank": [0, 0, 1], "op": ["all_reduce", "all_gather", "all_reduce"],
-                         "total_latency_ms": [300.0, 100.0, 100.0], "wait_ms": [200.0, 0.0, 0.0]})
+    comm = pd.DataFrame(
+        {
+            "rank": [0, 0, 1],
+            "op": ["all_reduce", "all_gather", "all_reduce"],
+            "total_latency_ms": [300.0, 100.0, 100.0],
+            "wait_ms": [200.0, 0.0, 0.0],
+        }
+    )
     wall = pd.DataFrame({"rank": [0, 1], "wall_ms": [1000.0, 1000.0], "steps": [10, 10]})
     (finding,) = communication.comm_share(comm, wall)
-    assert finding.text == ("communication takes 25% of step time on average "
-                            "(rank 0: 40%, of which 20% waiting for other ranks)")
+    assert finding.text == (
+        "communication takes 25% of step time on average (rank 0: 40%, of which 20% waiting for other ranks)"
+    )
     assert finding.severity == "warning"
 
 
 def test_summary_puts_warnings_first():
     scales = pd.DataFrame({"step": [0], "scale": [1.0], "overflow": [False]})
-    found = health.summarize(last_arrivals=last_arrivals({0: 1, 3: 99}), log_summary=summary([]), scales=scales,
-                             comm_by_rank=pd.DataFrame(columns=["rank", "total_latency_ms", "wait_ms"]),
-                             step_wall=pd.DataFrame(columns=["rank", "wall_ms", "steps"]), world_size=4)
+    found = health.summarize(
+        last_arrivals=last_arrivals({0: 1, 3: 99}),
+        log_summary=summary([]),
+        scales=scales,
+        comm_by_rank=pd.DataFrame(columns=["rank", "total_latency_ms", "wait_ms"]),
+        step_wall=pd.DataFrame(columns=["rank", "wall_ms", "steps"]),
+        world_size=4,
+    )
     assert [f.severity for f in found] == ["warning", "ok"]
 
 

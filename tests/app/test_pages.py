@@ -1,5 +1,6 @@
 """Every dashboard page, run by Streamlit's AppTest against a real catalog over two
 fake runs (collector.testing.fake_runs: rank 3 late to every all_reduce, known overflows)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,6 +34,7 @@ def open_page(data_dir, monkeypatch):
             at.switch_page(page).run()
         assert not at.exception, [e.value for e in at.exception]
         return at
+
     return _open
 
 
@@ -52,11 +54,13 @@ def test_runs_page_lists_every_run_and_compares_two(open_page):
     at = open_page(None, [FINISHED.run_id, LIVE.run_id])
     listed = frames(at)[0]
     assert set(listed.run_id) == {FINISHED.run_id, LIVE.run_id}
-    assert dict(zip(listed.run_id, listed.status)) == {FINISHED.run_id: "finished", LIVE.run_id: "running"}
+    assert dict(zip(listed.run_id, listed.status, strict=True)) == {FINISHED.run_id: "finished", LIVE.run_id: "running"}
     comparison = frames(at)[1]
     assert list(comparison.columns) == [f"{FINISHED.name} ({FINISHED.run_id})", f"{LIVE.name} ({LIVE.run_id})"]
     assert comparison.loc["loss-scale overflows"].tolist() == [
-        str(len(OVERFLOW_STEPS)), str(sum(s < LIVE.steps for s in OVERFLOW_STEPS))]
+        str(len(OVERFLOW_STEPS)),
+        str(sum(s < LIVE.steps for s in OVERFLOW_STEPS)),
+    ]
 
 
 def test_selection_from_query_param(data_dir, monkeypatch):
@@ -89,8 +93,9 @@ def test_comms_summary_lists_each_op_with_bandwidth(open_page):
     assert (summary["busbw_avg (Gbps)"] > 0).all()
     # Count adds up every rank's records: instances x world size.
     per_op = summary.groupby("Comm. Op").Count.sum()
-    expected = {op: sum(o == op for o, _, _ in COLLECTIVES) * FINISHED.steps * FINISHED.world_size
-                for op, _, _ in COLLECTIVES}
+    expected = {
+        op: sum(o == op for o, _, _ in COLLECTIVES) * FINISHED.steps * FINISHED.world_size for op, _, _ in COLLECTIVES
+    }
     assert per_op.to_dict() == expected
     assert len(at.get("plotly_chart")) == 2
 
@@ -165,7 +170,7 @@ def test_sql_console_runs_a_query(open_page):
     assert set(result.op) == {op for op, _, _ in COLLECTIVES}
     assert not at.error
     assert len(at.get("download_button")) == 2  # CSV and Parquet
-    assert len(at.get("plotly_chart")) == 1     # the chart builder's default: n by op
+    assert len(at.get("plotly_chart")) == 1  # the chart builder's default: n by op
 
 
 def test_sql_console_shows_duckdb_error_for_bad_sql(open_page):
@@ -173,8 +178,16 @@ def test_sql_console_shows_duckdb_error_for_bad_sql(open_page):
     assert 'Referenced column "no_such_column" not found' in texts(at.error)
 
 
-@pytest.mark.parametrize("sql", ["DROP VIEW comm", "COPY comm TO '/tmp/x.csv'", "ATTACH '/tmp/x.db'",
-                                 "INSTALL httpfs", "SELECT * FROM read_csv('/etc/passwd')"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DROP VIEW comm",
+        "COPY comm TO '/tmp/x.csv'",
+        "ATTACH '/tmp/x.db'",
+        "INSTALL httpfs",
+        "SELECT * FROM read_csv('/etc/passwd')",
+    ],
+)
 def test_sql_console_refuses_writes_and_outside_files(open_page, sql):
     at = _console(open_page, sql)
     assert at.error, sql

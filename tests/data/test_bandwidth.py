@@ -1,5 +1,6 @@
 """collector.data.bandwidth against nccl-tests' definitions (doc/PERFORMANCE.md and
 the *GetBw functions of src/*.cu): busbw = algbw x factor for n = 2, 4, 8."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,26 +9,26 @@ from collector.data import bandwidth
 
 # factor busbw/algbw per nccl-tests, written out (not computed) for n = 2, 4, 8
 TABLE = {
-    "all_reduce": (1.0, 1.5, 1.75),              # 2(n-1)/n
+    "all_reduce": (1.0, 1.5, 1.75),  # 2(n-1)/n
     "all_reduce_coalesced": (1.0, 1.5, 1.75),
-    "all_gather": (0.5, 0.75, 0.875),            # (n-1)/n
+    "all_gather": (0.5, 0.75, 0.875),  # (n-1)/n
     "all_gather_into_tensor": (0.5, 0.75, 0.875),
     "all_gather_coalesced": (0.5, 0.75, 0.875),
     "all_gather_single": (0.5, 0.75, 0.875),
-    "reduce_scatter": (0.5, 0.75, 0.875),        # (n-1)/n
+    "reduce_scatter": (0.5, 0.75, 0.875),  # (n-1)/n
     "reduce_scatter_tensor": (0.5, 0.75, 0.875),
     "reduce_scatter_single": (0.5, 0.75, 0.875),
-    "all_to_all": (0.5, 0.75, 0.875),            # (n-1)/n
+    "all_to_all": (0.5, 0.75, 0.875),  # (n-1)/n
     "all_to_all_single": (0.5, 0.75, 0.875),
-    "gather": (0.5, 0.75, 0.875),                # (n-1)/n
+    "gather": (0.5, 0.75, 0.875),  # (n-1)/n
     "scatter": (0.5, 0.75, 0.875),
-    "broadcast": (1.0, 1.0, 1.0),                # 1
+    "broadcast": (1.0, 1.0, 1.0),  # 1
     "reduce": (1.0, 1.0, 1.0),
-    "send": (1.0, 1.0, 1.0),                     # sendrecv: 1
+    "send": (1.0, 1.0, 1.0),  # sendrecv: 1
     "recv": (1.0, 1.0, 1.0),
     "isend": (1.0, 1.0, 1.0),
     "irecv": (1.0, 1.0, 1.0),
-    "barrier": (0.0, 0.0, 0.0),                  # no data
+    "barrier": (0.0, 0.0, 0.0),  # no data
 }
 
 
@@ -39,6 +40,7 @@ def test_bus_factor_matches_nccl_tests(op, i, n):
 
 def test_every_instrumented_op_has_a_factor():
     from collector.rank.comm import INSTRUMENTED_OPS
+
     assert set(INSTRUMENTED_OPS) <= set(TABLE) and set(INSTRUMENTED_OPS) <= set(bandwidth.OP_KINDS)
 
 

@@ -1,4 +1,5 @@
 """The DuckDB catalog over real segments: views, straggler views, read-only SQL."""
+
 from __future__ import annotations
 
 import io
@@ -49,9 +50,18 @@ def test_views_resolve_paths_against_the_data_dir_from_any_cwd(tmp_path, monkeyp
     # another process, another cwd, read-only, while we hold a connection open
     held = catalog.connect(data)
     out = subprocess.run(
-        [sys.executable, "-c", "import sys; from collector import catalog; "
-         "print(catalog.connect(sys.argv[1]).execute('SELECT count(*) FROM comm').fetchone()[0])", str(data)],
-        cwd="/", capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from collector import catalog; "
+            "print(catalog.connect(sys.argv[1]).execute('SELECT count(*) FROM comm').fetchone()[0])",
+            str(data),
+        ],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "7"
     held.close()
@@ -74,8 +84,7 @@ def test_segments_written_before_a_column_existed_read_as_null(tmp_path):
     (data / "parquet" / "moe" / "run=old").mkdir(parents=True)
     pq.write_table(old, data / "parquet" / "moe" / "run=old" / "seg-0000000001.parquet")
     con = catalog.connect(data)
-    assert con.execute("SELECT run_id, rank, step, layer, aux_loss FROM moe").fetchall() == [
-        ("old", 3, 9, None, None)]
+    assert con.execute("SELECT run_id, rank, step, layer, aux_loss FROM moe").fetchall() == [("old", 3, 9, None, None)]
 
 
 def test_a_folder_dropped_by_hand_beside_the_run_partitions_is_ignored(tmp_path):
@@ -110,20 +119,23 @@ def test_straggler_views_name_the_rank_that_arrived_late(tmp_path):
     assert blame == [(2, n - 1), (1, 1)]
 
 
-@pytest.mark.parametrize("sql, says", [
-    ("INSERT INTO comm VALUES (1)", "INSERT statement"),
-    ("CREATE TABLE t AS SELECT 1", "CREATE statement"),
-    ("DROP VIEW comm", "DROP statement"),
-    ("COPY (SELECT 1) TO 'x.csv'", "COPY statement"),
-    ("ATTACH 'other.duckdb'", "ATTACH statement"),
-    ("INSTALL httpfs", "statement"),
-    ("SET threads = 1", "SET statement"),
-    ("SELECT 1; SELECT 2", "exactly one SQL statement"),
-    ("SELECT * FROM read_csv('/etc/passwd')", "Permission Error"),
-    ("SELECT * FROM read_parquet('../outside.parquet')", "Permission Error"),
-    ("SELEC 1", "syntax error"),
-    ("SELECT nope FROM comm", "nope"),
-])
+@pytest.mark.parametrize(
+    "sql, says",
+    [
+        ("INSERT INTO comm VALUES (1)", "INSERT statement"),
+        ("CREATE TABLE t AS SELECT 1", "CREATE statement"),
+        ("DROP VIEW comm", "DROP statement"),
+        ("COPY (SELECT 1) TO 'x.csv'", "COPY statement"),
+        ("ATTACH 'other.duckdb'", "ATTACH statement"),
+        ("INSTALL httpfs", "statement"),
+        ("SET threads = 1", "SET statement"),
+        ("SELECT 1; SELECT 2", "exactly one SQL statement"),
+        ("SELECT * FROM read_csv('/etc/passwd')", "Permission Error"),
+        ("SELECT * FROM read_parquet('../outside.parquet')", "Permission Error"),
+        ("SELEC 1", "syntax error"),
+        ("SELECT nope FROM comm", "nope"),
+    ],
+)
 def test_sql_refuses_anything_but_reading_the_catalog(tmp_path, sql, says):
     data = tmp_path / "data"
     catalog.ensure_catalog(data)
@@ -140,8 +152,12 @@ def test_sql_prints_an_aligned_table(tmp_path):
     data = tmp_path / "data"
     store_comm(data, {0: comm_columns(0, 0, 3), 10: comm_columns(10, 0, 2)})
     out = io.StringIO()
-    assert sqlcli.run(data, "SELECT rank, op, count(*) AS n, sum(bytes) AS total FROM comm "
-                            "GROUP BY ALL ORDER BY rank", out=out) == 0
+    assert (
+        sqlcli.run(
+            data, "SELECT rank, op, count(*) AS n, sum(bytes) AS total FROM comm GROUP BY ALL ORDER BY rank", out=out
+        )
+        == 0
+    )
     lines = out.getvalue().splitlines()
     assert lines[0] == "rank | op         | n | total"
     assert lines[1] == "-----+------------+---+------"

@@ -1,6 +1,7 @@
 """collector.data.config, the base of every config block: types and JSON's numbers, ranges,
 required keys, nested blocks under dotted keys, the one unknown-key rule, older spellings,
 and errors that name the dotted key, what is allowed and what was given."""
+
 from __future__ import annotations
 
 import warnings
@@ -62,21 +63,24 @@ def test_defaults_and_types_as_declared():
     assert Outer() == cfg  # built directly: the same checks and defaults
 
 
-@pytest.mark.parametrize("given, message", [
-    ({"enabled": "yes"}, "outer.enabled: must be true or false (got 'yes')"),
-    ({"enabled": 1}, "outer.enabled: must be true or false (got 1)"),
-    ({"count": True}, "outer.count: must be an integer (got True)"),  # a bool is not a number here
-    ({"count": 2.5}, "outer.count: must be an integer (got 2.5)"),
-    ({"count": "3"}, "outer.count: must be an integer (got '3')"),
-    ({"rate": float("nan")}, "outer.rate: must be a finite number (got nan)"),
-    ({"rate": "fast"}, "outer.rate: must be a finite number (got 'fast')"),
-    ({"rate": 10 ** 400}, f"outer.rate: must be a finite number (got {10 ** 400})"),
-    ({"mode": "medium"}, "outer.mode: must be one of 'fast', 'slow' (got 'medium')"),
-    ({"names": ["a", 3]}, "outer.names: must be a list of strings (got ['a', 3])"),
-    ({"names": "a"}, "outer.names: must be a list of strings (got 'a')"),
-    ({"options": [1]}, "outer.options: must be an object (got [1])"),
-    ({"lrs": "x"}, "outer.lrs: must be a finite number or a list of finite numbers (got 'x')"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"enabled": "yes"}, "outer.enabled: must be true or false (got 'yes')"),
+        ({"enabled": 1}, "outer.enabled: must be true or false (got 1)"),
+        ({"count": True}, "outer.count: must be an integer (got True)"),  # a bool is not a number here
+        ({"count": 2.5}, "outer.count: must be an integer (got 2.5)"),
+        ({"count": "3"}, "outer.count: must be an integer (got '3')"),
+        ({"rate": float("nan")}, "outer.rate: must be a finite number (got nan)"),
+        ({"rate": "fast"}, "outer.rate: must be a finite number (got 'fast')"),
+        ({"rate": 10**400}, f"outer.rate: must be a finite number (got {10**400})"),
+        ({"mode": "medium"}, "outer.mode: must be one of 'fast', 'slow' (got 'medium')"),
+        ({"names": ["a", 3]}, "outer.names: must be a list of strings (got ['a', 3])"),
+        ({"names": "a"}, "outer.names: must be a list of strings (got 'a')"),
+        ({"options": [1]}, "outer.options: must be an object (got [1])"),
+        ({"lrs": "x"}, "outer.lrs: must be a finite number or a list of finite numbers (got 'x')"),
+    ],
+)
 def test_a_value_of_the_wrong_type_names_key_allowed_and_given(given, message):
     assert _error(lambda: Outer.from_dict(given)) == message
 
@@ -89,26 +93,33 @@ def test_json_numbers_become_the_declared_type():
     assert cfg.names == ["a", "b"]
 
 
-@pytest.mark.parametrize("given, message", [
-    ({"rate": 0}, "outer.rate: must be > 0 (got 0)"),
-    ({"rate": 1.5}, "outer.rate: must be <= 1 (got 1.5)"),
-    ({"count": -1}, "outer.count: must be >= 0 (got -1)"),
-    ({"count": 100}, "outer.count: must be < 100 (got 100)"),
-    ({"level": 3}, "outer.level: must be one of 0, 1, 2 (got 3)"),
-    ({"lrs": -1}, "outer.lrs: must be >= 0 (got -1)"),
-    ({"lrs": [0.1, -0.2]}, "outer.lrs: must be >= 0 (got [0.1, -0.2])"),  # every item of a list
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"rate": 0}, "outer.rate: must be > 0 (got 0)"),
+        ({"rate": 1.5}, "outer.rate: must be <= 1 (got 1.5)"),
+        ({"count": -1}, "outer.count: must be >= 0 (got -1)"),
+        ({"count": 100}, "outer.count: must be < 100 (got 100)"),
+        ({"level": 3}, "outer.level: must be one of 0, 1, 2 (got 3)"),
+        ({"lrs": -1}, "outer.lrs: must be >= 0 (got -1)"),
+        ({"lrs": [0.1, -0.2]}, "outer.lrs: must be >= 0 (got [0.1, -0.2])"),  # every item of a list
+    ],
+)
 def test_ranges_name_the_bound(given, message):
     assert _error(lambda: Outer.from_dict(given)) == message
 
 
 def test_nested_blocks_are_checked_under_their_dotted_key():
     assert _error(lambda: Outer.from_dict({"leaf": {"size": 0}})) == "outer.leaf.size: must be >= 1 (got 0)"
-    assert _error(lambda: Outer.from_dict({"maybe": {"size": "big"}})) == \
-        "outer.maybe.size: must be an integer (got 'big')"
+    assert (
+        _error(lambda: Outer.from_dict({"maybe": {"size": "big"}}))
+        == "outer.maybe.size: must be an integer (got 'big')"
+    )
     assert _error(lambda: Outer.from_dict({"leaf": 3})) == "outer.leaf: must be an object (got 3)"
-    assert _error(lambda: Outer.from_dict({"leaf": {"size": 0}}, key="run.outer")) == \
-        "run.outer.leaf.size: must be >= 1 (got 0)"
+    assert (
+        _error(lambda: Outer.from_dict({"leaf": {"size": 0}}, key="run.outer"))
+        == "run.outer.leaf.size: must be >= 1 (got 0)"
+    )
     # Built directly, a block names itself by its SECTION.
     assert _error(lambda: Leaf(size=0)) == "outer.leaf.size: must be >= 1 (got 0)"
 
@@ -124,8 +135,10 @@ def test_missing_or_null_block_gets_its_defaults_unless_its_default_is_none():
 def test_a_block_remembers_its_dotted_key_for_later_errors():
     cfg = Outer.from_dict({"leaf": {"size": 2}}, key="engine.outer")
     assert cfg.key() == "engine.outer" and cfg.leaf.key("size") == "engine.outer.leaf.size"
-    assert _error(lambda: cfg.leaf.fail("size", "has 2 values but 3 are needed", 2)) == \
-        "engine.outer.leaf.size: has 2 values but 3 are needed (got 2)"
+    assert (
+        _error(lambda: cfg.leaf.fail("size", "has 2 values but 3 are needed", 2))
+        == "engine.outer.leaf.size: has 2 values but 3 are needed (got 2)"
+    )
     assert Outer().leaf.key() == "outer.leaf"
 
 
@@ -133,8 +146,10 @@ def test_unknown_keys_warn_once_per_block_by_dotted_path_and_accepted_keys_pass(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = Outer.from_dict({"enabld": True, "colour": 1, "leaf": {"sise": 3, "harmless": 1}, "count": 2})
-    assert [str(w.message) for w in caught] == ["ignoring unknown config keys: outer.colour, outer.enabld",
-                                                "ignoring unknown config keys: outer.leaf.sise"]
+    assert [str(w.message) for w in caught] == [
+        "ignoring unknown config keys: outer.colour, outer.enabld",
+        "ignoring unknown config keys: outer.leaf.sise",
+    ]
     assert all(w.category is ConfigWarning and issubclass(w.category, UserWarning) for w in caught)
     assert cfg.count == 2 and not cfg.enabled and cfg.leaf.size == 4  # the rest still applies
     with warnings.catch_warnings():
@@ -151,8 +166,10 @@ def test_a_derived_value_comes_from_the_caller_never_from_the_config():
 
 def test_required_keys_are_named_when_missing():
     assert _error(lambda: Required.from_dict({})) == "req.total, req.other: required, not given"
-    assert _error(lambda: Required.from_dict({"other": 1.0}, key="scheduler.params")) == \
-        "scheduler.params.total: required, not given"
+    assert (
+        _error(lambda: Required.from_dict({"other": 1.0}, key="scheduler.params"))
+        == "scheduler.params.total: required, not given"
+    )
     assert Required.from_dict({"total": 3, "other": 1}) == Required(total=3, other=1.0)
 
 
@@ -161,13 +178,15 @@ def test_older_spelling_maps_to_its_field_and_a_conflict_is_an_error():
     assert Leaf.from_dict({"old_size": 8, "size": 8}).size == 8
     assert _error(lambda: Leaf.from_dict({"old_size": 8, "size": 2})) == (
         "outer.leaf.old_size and outer.leaf.size: the same setting given twice with different values (8 and 2); "
-        "keep one")
+        "keep one"
+    )
     assert _error(lambda: Leaf.from_dict({"old_size": 0})) == "outer.leaf.size: must be >= 1 (got 0)"
 
 
 def test_cross_field_rules_run_after_the_types():
-    assert _error(lambda: Outer.from_dict({"enabled": True})) == \
-        "outer.names: must name something when enabled (got [])"
+    assert (
+        _error(lambda: Outer.from_dict({"enabled": True})) == "outer.names: must name something when enabled (got [])"
+    )
     assert _error(lambda: Outer(enabled=True)) == "outer.names: must name something when enabled (got [])"
 
 

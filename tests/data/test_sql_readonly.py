@@ -4,6 +4,7 @@ are refused by type; table functions that would read files outside D/parquet are
 refused by DuckDB's allowed_directories; a runaway query is stopped by the time
 limit, and results are capped. (tests/data/test_catalog.py covers the basics:
 INSERT, CREATE, DROP, COPY, ATTACH, INSTALL, SET, two statements.)"""
+
 from __future__ import annotations
 
 import subprocess
@@ -82,16 +83,22 @@ def test_settings_cannot_be_changed_from_inside_a_query(data):
 
 def test_the_catalog_itself_is_readable(data):
     assert catalog.run_readonly_query(data, "SELECT count(*) AS n FROM comm")["n"][0].as_py() == 0
-    assert catalog.run_readonly_query(
-        data, f"SELECT count(*) AS n FROM read_parquet('{data}/parquet/comm/*/*.parquet')")["n"][0].as_py() == 0
+    assert (
+        catalog.run_readonly_query(data, f"SELECT count(*) AS n FROM read_parquet('{data}/parquet/comm/*/*.parquet')")[
+            "n"
+        ][0].as_py()
+        == 0
+    )
 
 
 def test_a_runaway_query_is_stopped_by_the_time_limit(data):
     started = time.monotonic()
     with pytest.raises(catalog.QueryError, match="time limit"):
         catalog.run_readonly_query(
-            data, "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
-            timeout_s=0.5)
+            data,
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
+            timeout_s=0.5,
+        )
     # bounded: the interrupt arrived (the query itself never ends); generous for a loaded 2-core box
     assert time.monotonic() - started < 60
     # the limit is per query: the next one runs normally
@@ -102,14 +109,21 @@ def test_row_limit_caps_the_result(data):
     assert catalog.run_readonly_query(data, "SELECT * FROM range(1000000)", max_rows=10).num_rows == 10
 
 
-@pytest.mark.parametrize("sql, says", [
-    ("COPY (SELECT 1) TO '/tmp/rankscope-copy.csv'", "COPY statement"),
-    ("SELECT * FROM read_text('/etc/passwd')", "Permission Error"),
-    ("ATTACH '/tmp/rankscope-attach.duckdb' AS x", "ATTACH statement"),
-])
+@pytest.mark.parametrize(
+    "sql, says",
+    [
+        ("COPY (SELECT 1) TO '/tmp/rankscope-copy.csv'", "COPY statement"),
+        ("SELECT * FROM read_text('/etc/passwd')", "Permission Error"),
+        ("ATTACH '/tmp/rankscope-attach.duckdb' AS x", "ATTACH statement"),
+    ],
+)
 def test_rankscope_sql_cli_refuses_with_a_message(data, sql, says):
-    proc = subprocess.run([sys.executable, "-m", "collector.tools.cli", "sql", "--data-dir", str(data), sql],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "sql", "--data-dir", str(data), sql],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.startswith("rankscope sql: ") and says in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -122,5 +136,9 @@ def test_duckdbs_spill_directory_under_the_cwd_is_not_readable(data, tmp_path, m
     (tmp_path / ".tmp" / "leak.csv").write_text("secret,1\n")
     with pytest.raises(catalog.QueryError, match="Permission Error"):
         catalog.run_readonly_query(data, f"SELECT * FROM read_csv('{tmp_path}/.tmp/leak.csv')")
-    assert catalog.run_readonly_query(
-        data, "SELECT count(*) AS n FROM (SELECT * FROM range(300000) ORDER BY random())")["n"][0].as_py() == 300000
+    assert (
+        catalog.run_readonly_query(data, "SELECT count(*) AS n FROM (SELECT * FROM range(300000) ORDER BY random())")[
+            "n"
+        ][0].as_py()
+        == 300000
+    )

@@ -1,4 +1,5 @@
 """What the browser tests share: their markers and where their screenshots go."""
+
 from __future__ import annotations
 
 from pathlib import Path

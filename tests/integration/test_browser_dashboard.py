@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium: `rankscope dashboard` on a free port over
 the fake runs of collector.testing.fake_runs; every page loads and draws its charts.
 Screenshots go to test-artifacts/screenshots/<page>.png (the README's tour uses them)."""
+
 from __future__ import annotations
 
 import pytest
@@ -91,6 +92,9 @@ def test_clicking_a_heatmap_cell_drills_down_to_it(page, dashboard):
     page.mouse.click(cells["x"] + cells["width"] / 2, cells["y"] + cells["height"] * (clicked_rank + 0.5) / 4)
     page.wait_for_function(
         "rank => [...document.querySelectorAll(\"[data-testid='stSelectbox'] input\")]"
-        ".some(el => el.value.endsWith(rank))", arg=f"rank {clicked_rank}", timeout=30_000)
+        ".some(el => el.value.endsWith(rank))",
+        arg=f"rank {clicked_rank}",
+        timeout=30_000,
+    )
     step = int(page.locator("[data-testid='stNumberInput'] input").first.input_value())
     assert 0 < step < FINISHED.steps - 1

@@ -3,6 +3,7 @@ real 4-rank gloo training run of the bundled engine (rank 3 made slow) streaming
 them; then every page in headless Chromium. The straggler page must name rank 3 and
 the comms summary must list every op the run issued. Screenshots go to
 test-artifacts/screenshots/e2e-<page>.png."""
+
 from __future__ import annotations
 
 import os
@@ -40,10 +41,28 @@ def live_stack(tmp_path_factory):
     with CollectorProcess(data_dir) as collector, DashboardProcess(data_dir) as dashboard:
         env = dict(os.environ, RANKSCOPE_ENDPOINT=collector.address, RANKSCOPE_RUN=RUN_NAME, OMP_NUM_THREADS="1")
         train = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
-             "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-             "-m", "trainer.examples.scenarios", "--scenario", "zero2-slow-rank3", "--steps", str(STEPS)],
-            env=env, capture_output=True, text=True, timeout=420)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(WORLD),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(free_port()),
+                "-m",
+                "trainer.examples.scenarios",
+                "--scenario",
+                "zero2-slow-rank3",
+                "--steps",
+                str(STEPS),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=420,
+        )
         assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
         con = connect(data_dir)
         run_id, status = con.execute("SELECT run_id, status FROM runs WHERE name = ?", [RUN_NAME]).fetchone()

@@ -1,6 +1,7 @@
 """A live run streamed through the real collector (gRPC, Parquet segments, catalog)
 while the dashboard is open in Chromium: the page updates in place as records
 arrive, names the late rank, and stops refreshing once every rank has ended."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,18 @@ def collector(tmp_path):
 def send_batch(streams: list[RawStream], batch: int) -> None:
     """Batch b of every rank: collectives b*PER_BATCH.., rank 3 arriving 2 µs late."""
     for rank, stream in enumerate(streams):
-        stream.send(comm_envelope(f"c{rank}", 2 + batch, RUN, rank, batch * PER_BATCH, PER_BATCH,
-                                  delay_ns=2000 if rank == LATE_RANK else 0, group_size=WORLD))
+        stream.send(
+            comm_envelope(
+                f"c{rank}",
+                2 + batch,
+                RUN,
+                rank,
+                batch * PER_BATCH,
+                PER_BATCH,
+                delay_ns=2000 if rank == LATE_RANK else 0,
+                group_size=WORLD,
+            )
+        )
     for stream in streams:
         assert stream.wait_acked([2 + batch]), "collector did not ack the batch"
 

@@ -2,6 +2,7 @@
 writer id (segment names, ledger), ranks are routed to one of them, and one
 catalog sees every record exactly once -- also after one of them is SIGKILLed
 mid-stream and restarted (its recovery leaves the other's files alone)."""
+
 from __future__ import annotations
 
 import signal
@@ -86,7 +87,8 @@ def test_two_collectors_share_one_data_dir_and_one_catalog_sees_both(tmp_path):
     by_writer = con.execute(
         "SELECT regexp_extract(filename, '(seg|cmp)-([a-z]+)-', 2) AS w, list(DISTINCT rank ORDER BY rank) "
         "FROM read_parquet(?, filename = true) GROUP BY w ORDER BY w",
-        [f"{data}/parquet/comm/run=shared/*.parquet"]).fetchall()
+        [f"{data}/parquet/comm/run=shared/*.parquet"],
+    ).fetchall()
     assert by_writer == [("east", list(range(0, RANKS, 2))), ("west", list(range(1, RANKS, 2)))]
     assert sorted(p.name for p in (data / "ledger").iterdir() if p.is_dir()) == ["writer=east", "writer=west"]
     leftovers = [p for p in (data / "parquet").rglob(".*") if not p.name.startswith(".schema")]

@@ -7,6 +7,7 @@ collector's RSS stays under a stated bound.
 ``test_soak_bounded`` (16 ranks, 2 kills, ~20 s of traffic) runs in ``make test``;
 ``test_soak_long`` (64 ranks, 5 kills, ~5 min) is marked slow and runs in
 ``make soak``."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from collector.data import catalog
-from collector.tools.launch import CollectorProcess
 from collector.testing.ports import free_port
+from collector.tools.launch import CollectorProcess
 
 SETTINGS = ("--flush-interval", "0.1", "--compaction-interval", "1.0")
 
@@ -102,13 +103,29 @@ def soak(tmp_path: Path, *, ranks: int, kills: int, seconds: float, rate: int, r
     collector = Collector(data, free_port())
     collector.start()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    workers = [subprocess.Popen([sys.executable, "-c", RANK, f"127.0.0.1:{collector.port}",
-                                 str(tmp_path / f"spool-{r}"), str(r), str(ranks), str(rate), str(seconds)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-               for r in range(ranks)]
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RANK,
+                f"127.0.0.1:{collector.port}",
+                str(tmp_path / f"spool-{r}"),
+                str(r),
+                str(ranks),
+                str(rate),
+                str(seconds),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(ranks)
+    ]
     try:
         # kills spread over the traffic, each followed by an immediate restart on the same port
-        for k in range(kills):
+        for _k in range(kills):
             time.sleep(seconds / (kills + 1))
             collector.kill()
             time.sleep(0.5)  # the ranks notice and spool
@@ -125,8 +142,9 @@ def soak(tmp_path: Path, *, ranks: int, kills: int, seconds: float, rate: int, r
 
     failed = [o for o in outcomes if o[0] != 0]
     assert not failed, failed[:3]
-    sent = {int(m.group(1)): int(m.group(2)) for _, out, _ in outcomes
-            if (m := re.search(r"rank (\d+) sent (\d+)", out))}
+    sent = {
+        int(m.group(1)): int(m.group(2)) for _, out, _ in outcomes if (m := re.search(r"rank (\d+) sent (\d+)", out))
+    }
     assert len(sent) == ranks
     con = catalog.connect(data)
     rows = dict(con.execute("SELECT rank, count(*) FROM timers WHERE run_id = 'soak' GROUP BY rank").fetchall())
@@ -135,8 +153,10 @@ def soak(tmp_path: Path, *, ranks: int, kills: int, seconds: float, rate: int, r
     assert distinct == sum(sent.values()), "some record is stored twice"
     assert con.execute("SELECT status, n_ranks FROM runs WHERE run_id = 'soak'").fetchone() == ("finished", ranks)
     assert collector.max_rss < rss_bound, f"collector RSS peaked at {collector.max_rss / 2**20:.0f} MiB"
-    print(f"soak: {ranks} ranks, {kills} kills, {sum(sent.values())} records exactly once, "
-          f"collector RSS peak {collector.max_rss / 2**20:.0f} MiB")
+    print(
+        f"soak: {ranks} ranks, {kills} kills, {sum(sent.values())} records exactly once, "
+        f"collector RSS peak {collector.max_rss / 2**20:.0f} MiB"
+    )
 
 
 def test_soak_bounded(tmp_path):

@@ -5,6 +5,7 @@ re-runs this file with RANKSCOPE_NATIVE=off to cover the Python fallback.
 tmp_path lives on the root filesystem (ext4 here), where O_DIRECT applies to
 aligned requests; the tmpfs tests cover filesystems that refuse O_DIRECT.
 """
+
 import errno
 import os
 import subprocess
@@ -12,8 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from native import AsyncIOHandle
-from native import aio
+from native import AsyncIOHandle, aio
 
 MiB = 1 << 20
 
@@ -48,20 +48,25 @@ def test_sync_round_trip_is_bit_exact(tmp_path, size, aligned, file_offset):
 @pytest.mark.parametrize("single_submit", [True, False])
 @pytest.mark.parametrize("overlap_events", [True, False])
 def test_async_ops_in_flight_together(tmp_path, single_submit, overlap_events):
-    handle = AsyncIOHandle(block_size=64 * 1024, queue_depth=8, single_submit=single_submit,
-                           overlap_events=overlap_events, intra_op_parallelism=2)
+    handle = AsyncIOHandle(
+        block_size=64 * 1024,
+        queue_depth=8,
+        single_submit=single_submit,
+        overlap_events=overlap_events,
+        intra_op_parallelism=2,
+    )
     # Mixed dtypes and shapes: the handle moves the raw bytes of any tensor.
     sources = [_random_bytes(1 + i * 700_001, seed=i).view(torch.uint8) for i in range(5)]
     sources += [torch.randn(257, 33), torch.randn(1000, dtype=torch.float64).to(torch.bfloat16)]
     paths = [tmp_path / f"t{i}.bin" for i in range(len(sources))]
-    for t, p in zip(sources, paths):
+    for t, p in zip(sources, paths, strict=True):
         assert handle.async_pwrite(t, p) == 0
     assert handle.wait() == len(sources)
     targets = [torch.empty_like(t) for t in sources]
-    for t, p in zip(targets, paths):
+    for t, p in zip(targets, paths, strict=True):
         handle.async_pread(t, p)
     assert handle.wait() == len(sources)
-    for source, target in zip(sources, targets):
+    for source, target in zip(sources, targets, strict=True):
         assert torch.equal(source.view(-1).view(torch.uint8), target.view(-1).view(torch.uint8))
     assert handle.wait() == 0
 
@@ -146,8 +151,9 @@ def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs (needs root and mount permission), else None."""
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                            capture_output=True, timeout=30)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, timeout=30
+    )
     if result.returncode != 0:
         yield None
         return
@@ -192,22 +198,28 @@ def test_round_trip_on_tmpfs_without_o_direct(tiny_tmpfs):
 
 
 def test_settings_and_bad_arguments():
-    handle = AsyncIOHandle(block_size=8192, queue_depth=4, single_submit=True, overlap_events=True,
-                           intra_op_parallelism=3)
+    handle = AsyncIOHandle(
+        block_size=8192, queue_depth=4, single_submit=True, overlap_events=True, intra_op_parallelism=3
+    )
     assert handle.get_block_size() == 8192
     assert handle.get_queue_depth() == 4
     assert handle.get_single_submit() is True
     assert handle.get_overlap_events() is True
     assert handle.get_intra_op_parallelism() == 3
     defaults = AsyncIOHandle()
-    assert (defaults.get_block_size(), defaults.get_queue_depth(), defaults.get_single_submit(),
-            defaults.get_overlap_events(), defaults.get_intra_op_parallelism()) == (1048576, 128, False, False, 1)
+    assert (
+        defaults.get_block_size(),
+        defaults.get_queue_depth(),
+        defaults.get_single_submit(),
+        defaults.get_overlap_events(),
+        defaults.get_intra_op_parallelism(),
+    ) == (1048576, 128, False, False, 1)
     for bad in (dict(block_size=0), dict(queue_depth=-1), dict(intra_op_parallelism=0), dict(block_size=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             AsyncIOHandle(**bad)
     with pytest.raises(ValueError, match="contiguous"):
         handle.sync_pwrite(torch.zeros(4, 4).t(), "/tmp/never-written.bin")
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"torch\.Tensor"):
         handle.sync_pwrite(b"bytes", "/tmp/never-written.bin")
     with pytest.raises(ValueError, match="file_offset"):
         handle.sync_pread(torch.zeros(4), "/tmp/never-read.bin", file_offset=-1)
@@ -248,15 +260,15 @@ def test_tickets_wait_for_one_op_and_leave_the_others_running(tmp_path):
     handle = AsyncIOHandle(intra_op_parallelism=2)
     data = [_random_bytes(200_000 + i) for i in range(3)]
     paths = [tmp_path / f"t{i}.bin" for i in range(3)]
-    writes = [handle.submit(d, p, is_read=False) for d, p in zip(data, paths)]
+    writes = [handle.submit(d, p, is_read=False) for d, p in zip(data, paths, strict=True)]
     handle.wait_ops(writes)
     assert all(handle.is_done(t) for t in writes) and handle.wait() == 0  # collected by wait_ops
     back = [torch.empty_like(d) for d in data]
-    reads = [handle.submit(b, p, is_read=True, validate=True) for b, p in zip(back, paths)]
+    reads = [handle.submit(b, p, is_read=True, validate=True) for b, p in zip(back, paths, strict=True)]
     handle.wait_ops([reads[1]])
     assert torch.equal(back[1], data[1]) and handle.is_done(reads[1])
     assert handle.wait() == 2  # the other two, still collected by wait()
-    assert all(torch.equal(b, d) for b, d in zip(back, data))
+    assert all(torch.equal(b, d) for b, d in zip(back, data, strict=True))
     bad = handle.submit(torch.empty(10, dtype=torch.uint8), tmp_path / "missing.bin", is_read=True)
     good = handle.submit(torch.empty(10, dtype=torch.uint8), paths[0], is_read=True)
     handle.wait_ops([good])  # the failed op is not among these: no error here

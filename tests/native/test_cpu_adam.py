@@ -13,11 +13,11 @@ max difference is ~2e-7, the worst seen 2.2e-6.
 Runs on whichever backend native.cpu_adam.BACKEND reports; tests/native/test_fallback.py
 re-runs this file with RANKSCOPE_NATIVE=off to cover the pure-torch path.
 """
+
 import pytest
 import torch
 
-from native import CPUAdam
-from native import cpu_adam
+from native import CPUAdam, cpu_adam
 
 RTOL, ATOL = 1e-6, 1e-5
 STEPS = 100
@@ -41,9 +41,9 @@ def _adam_reference_step(p, grad, m, v, step, lr, betas, eps, weight_decay, adam
         grad = grad.add(p, alpha=weight_decay)
     m.lerp_(grad, 1 - beta1)
     v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    bc1 = 1 - beta1 ** step if bias_correction else 1.0
-    bc2 = 1 - beta2 ** step if bias_correction else 1.0
-    denom = (v.sqrt() / bc2 ** 0.5).add_(eps)
+    bc1 = 1 - beta1**step if bias_correction else 1.0
+    bc2 = 1 - beta2**step if bias_correction else 1.0
+    denom = (v.sqrt() / bc2**0.5).add_(eps)
     p.addcdiv_(m, denom, value=-lr / bc1)
 
 
@@ -64,8 +64,7 @@ def _run_pair(size, adamw_mode, weight_decay, bias_correction, seed=0):
             reference.step()
         else:
             with torch.no_grad():
-                _adam_reference_step(theirs, grad, m, v, step, adamw_mode=adamw_mode,
-                                     bias_correction=False, **hyper)
+                _adam_reference_step(theirs, grad, m, v, step, adamw_mode=adamw_mode, bias_correction=False, **hyper)
     return ours, theirs.detach()
 
 
@@ -111,17 +110,21 @@ def test_param_groups_with_their_own_hyperparameters():
     start = [torch.randn(100, generator=gen), torch.randn(50, generator=gen)]
     ours = [t.clone() for t in start]
     theirs = [t.clone().requires_grad_(True) for t in start]
-    optimizer = CPUAdam([{"params": [ours[0]], "lr": 1e-2, "weight_decay": 0.5},
-                         {"params": [ours[1]], "betas": (0.8, 0.99)}], lr=1e-3)
-    reference = torch.optim.AdamW([{"params": [theirs[0]], "lr": 1e-2, "weight_decay": 0.5},
-                                   {"params": [theirs[1]], "betas": (0.8, 0.99)}], lr=1e-3, weight_decay=0.0)
+    optimizer = CPUAdam(
+        [{"params": [ours[0]], "lr": 1e-2, "weight_decay": 0.5}, {"params": [ours[1]], "betas": (0.8, 0.99)}], lr=1e-3
+    )
+    reference = torch.optim.AdamW(
+        [{"params": [theirs[0]], "lr": 1e-2, "weight_decay": 0.5}, {"params": [theirs[1]], "betas": (0.8, 0.99)}],
+        lr=1e-3,
+        weight_decay=0.0,
+    )
     for _ in range(20):
-        for o, t in zip(ours, theirs):
+        for o, t in zip(ours, theirs, strict=True):
             o.grad = torch.randn(o.shape, generator=gen)
             t.grad = o.grad.clone()
         optimizer.step()
         reference.step()
-    for o, t in zip(ours, theirs):
+    for o, t in zip(ours, theirs, strict=True):
         torch.testing.assert_close(o, t.detach(), rtol=RTOL, atol=ATOL)
 
 

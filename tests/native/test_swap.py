@@ -1,4 +1,5 @@
 """native.swap.TensorSwapper: round trips through files, prefetch, overwrite, cleanup."""
+
 import os
 
 import pytest

@@ -2,6 +2,7 @@
 generated gRPC stubs (a real server on a real port; it stands in for
 collector.server, which is not what these tests test), and gloo ranks spawned
 with a free master port."""
+
 from __future__ import annotations
 
 import json

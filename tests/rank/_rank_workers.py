@@ -1,5 +1,6 @@
 """Rank processes for the multi-process tests (started with torch.multiprocessing
 spawn, gloo on CPU). Each writes what it saw to ``out/rank<r>.json``."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,18 @@ WORLD = 4
 # op -> number of calls on rank r (sub-group and p2p ops depend on the rank).
 WORLD_OPS = {
     "all_reduce": 4,  # 3 sync + 1 async
-    "all_gather": 2, "all_gather_into_tensor": 1, "reduce_scatter": 1, "reduce_scatter_tensor": 1,
-    "all_to_all": 1, "all_to_all_single": 1, "broadcast": 1, "reduce": 1, "gather": 1, "scatter": 1,
-    "barrier": 1, "all_reduce_coalesced": 1,
+    "all_gather": 2,
+    "all_gather_into_tensor": 1,
+    "reduce_scatter": 1,
+    "reduce_scatter_tensor": 1,
+    "all_to_all": 1,
+    "all_to_all_single": 1,
+    "broadcast": 1,
+    "reduce": 1,
+    "gather": 1,
+    "scatter": 1,
+    "barrier": 1,
+    "all_reduce_coalesced": 1,
 }
 SUB_RANKS = (0, 2)
 SUB_ALL_REDUCES = 2
@@ -26,14 +36,15 @@ STRAGGLE_S = 0.2
 
 
 def _env(rank: int, world: int, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 def collectives_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     """attach() before init_process_group, then a known mix of every collective."""
-    from collector.rank import comm, session
     from collector import hook
+    from collector.rank import comm, session
 
     _env(rank, WORLD, port)
     active = hook.attach(run="e2e-job", endpoint=endpoint)
@@ -143,8 +154,8 @@ def _fsdp_part(endpoint: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from collector.rank import comm
     from collector import hook
+    from collector.rank import comm
 
     comm.reset_summary()  # the summary spans the process (as DeepSpeed's); count only FSDP's ops
     active = hook.attach(run="fsdp-job", endpoint=endpoint)

@@ -2,6 +2,7 @@
 they are timed at the caller's wait(), and nothing else waits on them. A second wait
 from another thread re-copies gloo's result into the output and silently undid the
 caller's in-place edits (ZeRO-1 divides its shard right after wait())."""
+
 from __future__ import annotations
 
 import json
@@ -25,18 +26,22 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     comm.configure({"enabled": True, "prof_all": True})
     flat = torch.full((2 * S,), float(rank + 1))
-    shard = flat[rank * S:(rank + 1) * S]
+    shard = flat[rank * S : (rank + 1) * S]
     work = comm.reduce_scatter_tensor(shard, flat, async_op=True, log_name="rs_inplace")
     work.wait()
     shard.div_(2)  # what ZeRO-1 does to its shard right after the wait
     time.sleep(0.3)  # room for any other thread to touch the output
     summary = comm.log_summary(return_dict=True)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({
-        "shard": sorted(set(shard.tolist())),
-        "completed": work.is_completed(),
-        "is_work": isinstance(work, dist.Work),
-        "recorded": sum(v["count"] for v in summary.get("rs_inplace", {}).values()),
-    }))
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "shard": sorted(set(shard.tolist())),
+                "completed": work.is_completed(),
+                "is_work": isinstance(work, dist.Work),
+                "recorded": sum(v["count"] for v in summary.get("rs_inplace", {}).values()),
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

@@ -1,6 +1,7 @@
 """The rank-side client against a real gRPC server on a real port: acks,
 reconnect with the same seqs, spooling while nothing listens, rejected batches,
 tokens, the memory bound. The server is tests/rank/_rank_util.RecordingCollector."""
+
 from __future__ import annotations
 
 import logging
@@ -15,15 +16,16 @@ from collector.data import codec
 from collector.rank import spool
 from collector.rank.client import Client, ClientConfig
 from collector.rank.records import RecordBuffer
-from proto import pb
 from collector.testing.ports import free_port
+from proto import pb
 from tests.rank._rank_util import serve
 
 FAST = dict(flush_interval_s=0.05, spool_after_s=0.2, backoff_initial_s=0.05, backoff_max_s=0.2, close_timeout_s=5.0)
 
 
-def make_client(endpoint: str, spool_dir: Path, token: str | None = None, max_rows: int = 100_000,
-                batch_rows: int = 8192):
+def make_client(
+    endpoint: str, spool_dir: Path, token: str | None = None, max_rows: int = 100_000, batch_rows: int = 8192
+):
     buf = RecordBuffer(max_rows=max_rows)
     cfg = ClientConfig(endpoint=endpoint, token=token, spool_dir=spool_dir, batch_rows=batch_rows, **FAST)
     client = Client(cfg, "testhost.1.abcd", buf)
@@ -193,7 +195,7 @@ def test_rows_missing_a_column_get_nulls_not_made_up_values(tmp_path):
         buf.add_row("moe", {"layer": 0, "expert": 2, "tokens": 7, "capacity": 8}, step=1)
         buf.add_row("moe", {"layer": 0, "expert": 3, "tokens": "many"}, step=1)  # bad type: dropped alone
         assert end(client)
-        rows = sorted(zip(*[col.rows("moe").to_pydict()[k] for k in ("expert", "capacity")]))
+        rows = sorted(zip(*[col.rows("moe").to_pydict()[k] for k in ("expert", "capacity")], strict=True))
         assert rows == [(1, None), (2, 8)]
         assert col.envelopes("end")[0].end.dropped_records == 1
     finally:
@@ -239,23 +241,33 @@ def test_orphaned_spool_of_a_dead_process_is_resent_to_its_collector_and_deleted
     for cid in (orphan_id, live_id, other_id):
         buf = RecordBuffer()
         add_timers(buf, 0, 5)
-        envs = [pb.Envelope(schema_version=1, client_id=cid, seq=1,
-                            hello=pb.Hello(run_id="old-run", run_name="old", rank=0, world_size=1))]
-        (table, cols, n), = buf.take()
-        envs.append(pb.Envelope(schema_version=1, client_id=cid, seq=2,
-                                table=codec.encode_batch(table, "old-run", 0, cols)))
+        envs = [
+            pb.Envelope(
+                schema_version=1,
+                client_id=cid,
+                seq=1,
+                hello=pb.Hello(run_id="old-run", run_name="old", rank=0, world_size=1),
+            )
+        ]
+        ((table, cols, _n),) = buf.take()
+        envs.append(
+            pb.Envelope(schema_version=1, client_id=cid, seq=2, table=codec.encode_batch(table, "old-run", 0, cols))
+        )
         envs_of[cid] = envs
     server, port, col = serve()
     endpoint = f"127.0.0.1:{port}"
-    paths = {cid: spool.write(tmp_path, cid, envs, "10.9.9.9:50051" if cid == other_id else endpoint)
-             for cid, envs in envs_of.items()}
+    paths = {
+        cid: spool.write(tmp_path, cid, envs, "10.9.9.9:50051" if cid == other_id else endpoint)
+        for cid, envs in envs_of.items()
+    }
     assert set(spool.orphans(tmp_path)) == {orphan_id, other_id}
     assert set(spool.orphans(tmp_path, endpoint)) == {orphan_id}
     try:
         client, buf = make_client(endpoint, tmp_path)
         assert col.wait_for(lambda: any(e.client_id == orphan_id for e in col.envelopes("table")))
-        assert col.wait_for(lambda: sorted(spool.client_id_of(p) for p in spool.files(tmp_path))
-                            == sorted([live_id, other_id]))
+        assert col.wait_for(
+            lambda: sorted(spool.client_id_of(p) for p in spool.files(tmp_path)) == sorted([live_id, other_id])
+        )
         assert end(client)
         old = [e for e in col.envelopes("table") if e.client_id == orphan_id]
         assert len(old) == 1 and old[0].table.rows == 5
@@ -265,14 +277,17 @@ def test_orphaned_spool_of_a_dead_process_is_resent_to_its_collector_and_deleted
         server.stop(0)
 
 
-@pytest.mark.parametrize("given, message", [
-    (dict(endpoint=""), "telemetry.endpoint: must be host:port (got '')"),
-    (dict(endpoint=None), "telemetry.endpoint: must be a string (got None)"),
-    (dict(batch_rows=0), "telemetry.batch_rows: must be >= 1 (got 0)"),
-    (dict(max_unacked_bytes=1.5), "telemetry.max_unacked_bytes: must be an integer (got 1.5)"),
-    (dict(flush_interval_s=-0.1), "telemetry.flush_interval_s: must be >= 0 (got -0.1)"),
-    (dict(close_timeout_s="5"), "telemetry.close_timeout_s: must be a finite number (got '5')"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (dict(endpoint=""), "telemetry.endpoint: must be host:port (got '')"),
+        (dict(endpoint=None), "telemetry.endpoint: must be a string (got None)"),
+        (dict(batch_rows=0), "telemetry.batch_rows: must be >= 1 (got 0)"),
+        (dict(max_unacked_bytes=1.5), "telemetry.max_unacked_bytes: must be an integer (got 1.5)"),
+        (dict(flush_interval_s=-0.1), "telemetry.flush_interval_s: must be >= 0 (got -0.1)"),
+        (dict(close_timeout_s="5"), "telemetry.close_timeout_s: must be a finite number (got '5')"),
+    ],
+)
 def test_client_config_errors_name_the_telemetry_key(given, message):
     with pytest.raises(ValueError) as err:
         ClientConfig(**given)

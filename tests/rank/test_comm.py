@@ -2,6 +2,7 @@
 comms-logger behaviours (verbose, debug caller, prof_ops, summary), run
 identity, attach/detach, and never raising into training. Multi-rank
 behaviour is in tests/rank/test_e2e.py."""
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from collector import hook
 from collector.data import catalog
 from collector.rank import comm, recorder, session, spool
-from collector import hook
 from tests.rank._rank_util import serve
 
 
@@ -75,8 +76,11 @@ def test_verbose_prints_deepspeed_style_lines_with_caller_in_debug(one_rank, cap
     my_training_step(torch.ones(4))
     comm.flush()
     out = capsys.readouterr().out
-    assert re.search(r"rank=0 \| comm op: all_reduce \| \[Caller Func: my_training_step\] \| time \(ms\): [\d.]+ "
-                     r"\| msg size: 16\.0 B \| algbw \(Gbps\): [\d.]+  \| busbw \(Gbps\): [\d.]+", out), out
+    assert re.search(
+        r"rank=0 \| comm op: all_reduce \| \[Caller Func: my_training_step\] \| time \(ms\): [\d.]+ "
+        r"\| msg size: 16\.0 B \| algbw \(Gbps\): [\d.]+  \| busbw \(Gbps\): [\d.]+",
+        out,
+    ), out
     assert "comm op: broadcast | [Caller Func: my_training_step]" in out
 
 
@@ -97,8 +101,21 @@ def test_log_summary_table_and_dict(one_rank, capsys):
     comm.barrier()
     summary = comm.log_summary(return_dict=True)
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["Comm.", "Op", "Message", "Size", "Count", "Total", "Latency(ms)", "Avg",
-                                           "Latency(ms)", "tput_avg", "(Gbps)", "busbw_avg", "(Gbps)"]
+    assert out.splitlines()[0].split() == [
+        "Comm.",
+        "Op",
+        "Message",
+        "Size",
+        "Count",
+        "Total",
+        "Latency(ms)",
+        "Avg",
+        "Latency(ms)",
+        "tput_avg",
+        "(Gbps)",
+        "busbw_avg",
+        "(Gbps)",
+    ]
     assert "1.0 KB" in out and "16.0 B" in out
     assert summary["all_reduce"][1024]["count"] == 3
     assert summary["tiny"][16]["count"] == 1
@@ -133,8 +150,9 @@ def test_single_process_session_without_process_group(collector, monkeypatch):
     h = hellos[0].hello
     assert (h.run_name, h.rank, h.world_size, h.clock_offset_ns, h.source) == ("same name!", 0, 1, 0, "hook")
     rows = col.rows("monitor").to_pydict()
-    assert sorted(zip(rows["run_id"], rows["tag"], rows["step"])) == sorted(
-        [(i, "Train/loss", 11) for i in ids] + [(i, "Train/lr", 3) for i in ids])
+    assert sorted(zip(rows["run_id"], rows["tag"], rows["step"], strict=True)) == sorted(
+        [(i, "Train/loss", 11) for i in ids] + [(i, "Train/lr", 3) for i in ids]
+    )
     assert [e.end.status for e in col.envelopes("end")] == ["finished", "finished"]
 
 
@@ -203,8 +221,13 @@ def test_exit_without_detach_flushes_and_an_uncaught_error_ends_the_run_failed(c
         "session.emit('timers', name='fwd', start_ns=1, dur_ns=2)\n"
         "raise RuntimeError('training crashed')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "WORLD_SIZE": "1", "RANKSCOPE_SPOOL_DIR": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "WORLD_SIZE": "1", "RANKSCOPE_SPOOL_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 1 and "training crashed" in proc.stderr
     assert [e.end.status for e in col.envelopes("end")] == ["failed"]
     assert col.rows("timers").to_pydict()["name"] == ["fwd"]
@@ -236,10 +259,15 @@ def test_python_m_collector_hook_runs_an_unmodified_script(collector, tmp_path):
         f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
         "for _ in range(int(sys.argv[1])):\n"
         "    dist.all_reduce(torch.ones(8))\n"
-        "dist.destroy_process_group()\n")
-    proc = subprocess.run([sys.executable, "-m", "collector.hook", "--endpoint", endpoint, str(script), "3"],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "WORLD_SIZE": "1", "RANKSCOPE_SPOOL_DIR": str(tmp_path)})
+        "dist.destroy_process_group()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "collector.hook", "--endpoint", endpoint, str(script), "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "WORLD_SIZE": "1", "RANKSCOPE_SPOOL_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert col.envelopes("hello")[0].hello.run_name == "train"  # the script's name
     rows = col.rows("comm").to_pydict()

@@ -2,6 +2,7 @@
 DDP under attach() (buckets recorded through ddp_comm_hook, gradients still the
 average), and FSDP2's collectives recorded. Records go through the real
 collector into Parquet and are read back with DuckDB."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,9 @@ def test_ddp_buckets_are_recorded_and_gradients_still_averaged(two_ranks):
     run_id = results[0]["ddp_run_id"]
     assert results[1]["ddp_run_id"] == run_id
     con = catalog.connect(data)
-    rows = con.execute("SELECT rank, op, log_name, async_op, bytes FROM comm WHERE run_id = ? ORDER BY rank",
-                       [run_id]).fetchall()
+    rows = con.execute(
+        "SELECT rank, op, log_name, async_op, bytes FROM comm WHERE run_id = ? ORDER BY rank", [run_id]
+    ).fetchall()
     con.close()
     assert rows == [(r, "all_reduce", "ddp_bucket_all_reduce", True, (8 * 3 + 3) * F32) for r in range(2)]
 
@@ -48,8 +50,9 @@ def test_fsdp2_collectives_are_recorded(two_ranks):
     gather_op = "all_gather_into_tensor"  # FSDP2 calls all_gather_single where it exists; the row keeps the long name
     assert counts[gather_op] > 0
     con = catalog.connect(data)
-    rows = con.execute("SELECT op, count(*) FROM comm WHERE run_id = ? AND rank = 0 GROUP BY op",
-                       [results[0]["fsdp_run_id"]]).fetchall()
+    rows = con.execute(
+        "SELECT op, count(*) FROM comm WHERE run_id = ? AND rank = 0 GROUP BY op", [results[0]["fsdp_run_id"]]
+    ).fetchall()
     con.close()
     assert dict(rows) == counts
     assert results[0]["ddp_run_id"] != results[0]["fsdp_run_id"]  # a second session in the same job: a new run

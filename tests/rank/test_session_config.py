@@ -8,9 +8,13 @@ from collector.rank.session import redacted
 
 
 def test_secrets_are_redacted_and_the_rest_kept():
-    config = {"telemetry": {"token": "s3cret", "endpoint": "h:1"}, "wandb": {"api_key": "k", "project": "p"},
-              "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "list": [{"password": "x"}],
-              "telemetry_token_unset": None}
+    config = {
+        "telemetry": {"token": "s3cret", "endpoint": "h:1"},
+        "wandb": {"api_key": "k", "project": "p"},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+        "list": [{"password": "x"}],
+        "telemetry_token_unset": None,
+    }
     out = redacted(config)
     text = json.dumps(out)
     assert "s3cret" not in text and '"k"' not in text and '"x"' not in text

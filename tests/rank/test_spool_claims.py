@@ -20,15 +20,17 @@ from collector.tools.launch import CollectorProcess
 
 ROWS = 40
 
-SPOOLING_RUN = textwrap.dedent("""
+SPOOLING_RUN = textwrap.dedent(
+    """
     import sys
     from collector import hook
     from collector.rank import session
     active = hook.attach(run=sys.argv[1], endpoint=sys.argv[2])
     active.client.cfg.close_timeout_s = 0.5  # the collector is down: spool on exit without a long wait
-    for step in range(%d):
+    for step in range(ROWS):
         session.emit("timers", step=step, name="fwd", start_ns=step, dur_ns=1000)
-""" % ROWS)
+""".replace("ROWS", str(ROWS))
+)
 
 NEW_RANK = textwrap.dedent("""
     import os, sys
@@ -55,17 +57,25 @@ def test_orphans_are_claimed_once_and_resent_once_with_one_summary_line(tmp_path
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
     for name in ("old-a", "old-b"):
-        proc = subprocess.run([sys.executable, "-c", SPOOLING_RUN, name, endpoint], env=env, capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", SPOOLING_RUN, name, endpoint], env=env, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr
     assert len(list(spool_dir.glob("*.rsspool"))) >= 2
 
     data = tmp_path / "data"
     with CollectorProcess(data, "--flush-interval", "0.05", port=port):
         rank_env = {k: v for k, v in env.items() if k != "WORLD_SIZE"}
-        ranks = [subprocess.Popen([sys.executable, "-c", NEW_RANK, str(r), str(tmp_path / "store"), endpoint],
-                                  env={**rank_env, "RANK": str(r), "WORLD_SIZE": "4"}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for r in range(4)]
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-c", NEW_RANK, str(r), str(tmp_path / "store"), endpoint],
+                env={**rank_env, "RANK": str(r), "WORLD_SIZE": "4"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(4)
+        ]
         outputs = [p.communicate(timeout=180) for p in ranks]
     for p, (_, err) in zip(ranks, outputs, strict=True):
         assert p.returncode == 0, err
@@ -76,10 +86,12 @@ def test_orphans_are_claimed_once_and_resent_once_with_one_summary_line(tmp_path
 
     con = catalog.connect(data)
     try:
-        per_run = dict(con.execute("SELECT r.name, count(*) FROM timers t JOIN runs r USING (run_id) "
-                                   "GROUP BY r.name").fetchall())
-        fresh = con.execute("SELECT count(*) FROM comm c JOIN runs r USING (run_id) WHERE r.name = 'fresh'"
-                            ).fetchone()[0]
+        per_run = dict(
+            con.execute("SELECT r.name, count(*) FROM timers t JOIN runs r USING (run_id) GROUP BY r.name").fetchall()
+        )
+        fresh = con.execute("SELECT count(*) FROM comm c JOIN runs r USING (run_id) WHERE r.name = 'fresh'").fetchone()[
+            0
+        ]
     finally:
         con.close()
     assert per_run == {"old-a": ROWS, "old-b": ROWS}

@@ -3,6 +3,7 @@
 Every generator takes a ``random.Random`` and returns ``(kind, raw_bytes)``:
 the bytes go on the wire as one Stream frame, unchanged. Seeded, so a failure
 names a case that can be replayed."""
+
 from __future__ import annotations
 
 import random
@@ -13,8 +14,26 @@ import numpy as np
 from collector.testing.fake_runs import comm_envelope, hello, run_end
 from proto import SCHEMA_VERSION, pb
 
-PATHLIKE = ["../x", "..", ".", "/etc", "a/b", "/", "run=x", "..\\x", "x/../../y", "\0", "~root",
-            "a" * 129, "", " ", "@schema", "rank\n", "%2e%2e", "C:\\x"]
+PATHLIKE = [
+    "../x",
+    "..",
+    ".",
+    "/etc",
+    "a/b",
+    "/",
+    "run=x",
+    "..\\x",
+    "x/../../y",
+    "\0",
+    "~root",
+    "a" * 129,
+    "",
+    " ",
+    "@schema",
+    "rank\n",
+    "%2e%2e",
+    "C:\\x",
+]
 HUGE_U32, HUGE_I32, MIN_I32 = 2**32 - 1, 2**31 - 1, -(2**31)
 
 
@@ -131,12 +150,23 @@ def bad_utf8(rng):
 
 
 def empty_body(rng):
-    return "empty_body", pb.Envelope(schema_version=SCHEMA_VERSION, client_id=_cid(rng),
-                                     seq=rng.randrange(0, 5)).SerializeToString()
+    return "empty_body", pb.Envelope(
+        schema_version=SCHEMA_VERSION, client_id=_cid(rng), seq=rng.randrange(0, 5)
+    ).SerializeToString()
 
 
-GENERATORS = [random_bytes, truncated, bit_flipped, wrong_version, huge_rows, absurd_numbers,
-              bad_columns, path_names, bad_utf8, empty_body]
+GENERATORS = [
+    random_bytes,
+    truncated,
+    bit_flipped,
+    wrong_version,
+    huge_rows,
+    absurd_numbers,
+    bad_columns,
+    path_names,
+    bad_utf8,
+    empty_body,
+]
 
 
 def hostile(rng: random.Random, n: int):

@@ -2,6 +2,7 @@
 is decoded), TLS (a plaintext client gets nothing), and the bind policy of
 ``rankscope collect`` (loopback by default; a wider address needs a token or
 ``--insecure``, which warns)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,6 +40,7 @@ def pki(tmp_path_factory):
 def served(tmp_path):
     """start(token=None, tls=None) -> (port, state) of a collector over tmp_path/data."""
     with contextlib.ExitStack() as running:
+
         def start(token=None, tls=None):
             live = running.enter_context(live_collector(tmp_path / "data", token=token, tls=tls, grace_s=0))
             return live.port, live.state
@@ -56,9 +58,14 @@ def _code(fn) -> grpc.StatusCode:
 
 # -- token ----------------------------------------------------------------------
 
-WRONG = [None, [("authorization", "Bearer nope")], [("authorization", TOKEN)],
-         [("authorization", f"bearer {TOKEN}")], [("authorization", f"Bearer {TOKEN}x")],
-         [("authorization", f"Bearer {TOKEN[:-1]}")]]
+WRONG = [
+    None,
+    [("authorization", "Bearer nope")],
+    [("authorization", TOKEN)],
+    [("authorization", f"bearer {TOKEN}")],
+    [("authorization", f"Bearer {TOKEN}x")],
+    [("authorization", f"Bearer {TOKEN[:-1]}")],
+]
 
 
 @pytest.mark.parametrize("metadata", WRONG, ids=["none", "wrong", "no-scheme", "lowercase", "longer", "shorter"])
@@ -69,10 +76,12 @@ def test_every_rpc_refuses_a_missing_or_wrong_token_before_decoding(served, tmp_
         stream = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=None)
         # Garbage bodies: were they decoded first, the answer would be INVALID_ARGUMENT.
         for body in (pb.HealthRequest().SerializeToString(), b"\xff\xff\xff garbage"):
-            assert _code(lambda: health(body, metadata=metadata, timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+            assert _code(lambda b=body: health(b, metadata=metadata, timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
         for body in (comm_envelope("c", 1, "r", 0, 0, 10).SerializeToString(), b"\xff\xff\xff garbage"):
-            assert _code(lambda: list(stream(iter([body]), metadata=metadata, timeout=10))) \
+            assert (
+                _code(lambda b=body: list(stream(iter([b]), metadata=metadata, timeout=10)))
                 == grpc.StatusCode.UNAUTHENTICATED
+            )
         try:
             pb_grpc.CollectorStub(channel).Health(pb.HealthRequest(), metadata=metadata, timeout=10)
         except grpc.RpcError as exc:
@@ -97,6 +106,7 @@ def test_the_right_token_passes_on_both_rpcs_and_garbage_is_then_invalid_argumen
 
 # -- TLS ------------------------------------------------------------------------
 
+
 def test_tls_collector_serves_a_client_that_trusts_its_ca_and_no_one_else(served, tmp_path, pki):
     port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
     endpoint = f"127.0.0.1:{port}"
@@ -106,26 +116,44 @@ def test_tls_collector_serves_a_client_that_trusts_its_ca_and_no_one_else(served
         reply = pb_grpc.CollectorStub(channel).Health(request, metadata=security.auth_metadata(TOKEN), timeout=10)
         assert reply.schema_version == 1
         # TLS does not replace the token
-        assert _code(lambda: pb_grpc.CollectorStub(channel).Health(request, timeout=10)) \
-            == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            _code(lambda: pb_grpc.CollectorStub(channel).Health(request, timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+        )
     # plaintext, or a CA that did not sign the certificate: no RPC gets through
     with grpc.insecure_channel(endpoint) as channel:
-        assert _code(lambda: pb_grpc.CollectorStub(channel).Health(
-            request, metadata=security.auth_metadata(TOKEN), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+        assert (
+            _code(
+                lambda: pb_grpc.CollectorStub(channel).Health(
+                    request, metadata=security.auth_metadata(TOKEN), timeout=5
+                )
+            )
+            == grpc.StatusCode.UNAVAILABLE
+        )
         s = RawStream(channel, metadata=security.auth_metadata(TOKEN))
         s.send(comm_envelope("plain", 1, "r", 0, 0, 10))
         assert s.done.wait(10) and s.error.code() == grpc.StatusCode.UNAVAILABLE and not s.acked
     with security.open_channel(endpoint, tls_ca=pki.other_ca) as channel:
-        assert _code(lambda: pb_grpc.CollectorStub(channel).Health(
-            request, metadata=security.auth_metadata(TOKEN), timeout=5)) == grpc.StatusCode.UNAVAILABLE
+        assert (
+            _code(
+                lambda: pb_grpc.CollectorStub(channel).Health(
+                    request, metadata=security.auth_metadata(TOKEN), timeout=5
+                )
+            )
+            == grpc.StatusCode.UNAVAILABLE
+        )
     assert stored_rows(tmp_path / "data") == 0
 
 
 def test_the_rank_client_streams_over_tls_with_a_token(served, tmp_path, pki):
-    port, state = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
+    port, _state = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
     buffer = RecordBuffer()
-    cfg = ClientConfig(endpoint=f"127.0.0.1:{port}", token=TOKEN, tls_ca=str(pki.ca),
-                       spool_dir=tmp_path / "spool", flush_interval_s=0.05)
+    cfg = ClientConfig(
+        endpoint=f"127.0.0.1:{port}",
+        token=TOKEN,
+        tls_ca=str(pki.ca),
+        spool_dir=tmp_path / "spool",
+        flush_interval_s=0.05,
+    )
     client = Client(cfg, "tls-client", buffer)
     client.start(pb.Hello(run_id="tlsrun", run_name="tlsrun", rank=0, world_size=1))
     for i in range(500):
@@ -138,8 +166,13 @@ def test_the_rank_client_streams_over_tls_with_a_token(served, tmp_path, pki):
 def test_a_plaintext_rank_client_spools_instead_of_reaching_a_tls_collector(served, tmp_path, pki):
     port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
     buffer = RecordBuffer()
-    cfg = ClientConfig(endpoint=f"127.0.0.1:{port}", token=TOKEN, spool_dir=tmp_path / "spool",
-                       flush_interval_s=0.05, close_timeout_s=1.0)
+    cfg = ClientConfig(
+        endpoint=f"127.0.0.1:{port}",
+        token=TOKEN,
+        spool_dir=tmp_path / "spool",
+        flush_interval_s=0.05,
+        close_timeout_s=1.0,
+    )
     client = Client(cfg, "plain-client", buffer)
     client.start(pb.Hello(run_id="plainrun", run_name="plainrun", rank=0, world_size=1))
     for i in range(100):
@@ -152,7 +185,7 @@ def test_a_plaintext_rank_client_spools_instead_of_reaching_a_tls_collector(serv
 def test_tls_files_are_checked_with_clear_errors(tmp_path, pki):
     with pytest.raises(security.SecurityConfigError, match="both --tls-cert and --tls-key"):
         security.ServerTLS.from_args(pki.cert, None)
-    with pytest.raises(security.SecurityConfigError, match="missing.pem"):
+    with pytest.raises(security.SecurityConfigError, match=r"missing\.pem"):
         security.ServerTLS(cert=tmp_path / "missing.pem", key=pki.key).credentials()
     with pytest.raises(security.SecurityConfigError, match="holds no private key"):
         security.ServerTLS(cert=pki.cert, key=pki.cert).credentials()
@@ -163,9 +196,21 @@ def test_tls_files_are_checked_with_clear_errors(tmp_path, pki):
 
 # -- bind policy ----------------------------------------------------------------
 
-@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True),
-                                            ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
-                                            ("::", False), ("10.0.0.5", False), ("collector.example", False)])
+
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("collector.example", False),
+    ],
+)
 def test_loopback_detection(host, loopback):
     assert security.is_loopback(host) is loopback
 
@@ -182,11 +227,27 @@ def test_bind_policy():
 
 def _collect(tmp_path, *args, env_token=None):
     import os
+
     env = {k: v for k, v in os.environ.items() if k != "RANKSCOPE_TOKEN"}
     if env_token:
         env["RANKSCOPE_TOKEN"] = env_token
-    proc = subprocess.Popen([sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(tmp_path / "data"),
-                             "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "collect",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--port",
+            "0",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     return proc
 
 
@@ -202,14 +263,14 @@ def _stop(proc) -> tuple[str, str]:
 
 def test_cli_refuses_a_wide_bind_without_token_and_warns_with_insecure(tmp_path):
     refused = _collect(tmp_path, "--host", "0.0.0.0")
-    out, err = refused.communicate(timeout=60)
+    _, err = refused.communicate(timeout=60)
     assert refused.returncode == 2
     assert "refusing to listen on 0.0.0.0 without a token" in err and "--insecure" in err
     assert "Traceback" not in err and not (tmp_path / "data" / "ledger").exists()
 
     opened = _collect(tmp_path, "--host", "0.0.0.0", "--insecure")
     line = opened.stdout.readline()
-    out, err = _stop(opened)
+    _out, err = _stop(opened)
     assert re.search(r"listening on 0\.0\.0\.0:\d+ \(plaintext, no token", line), line
     assert "WARNING" in err and "no token" in err and "without TLS" in err
     assert opened.returncode == 0
@@ -223,11 +284,12 @@ def test_cli_collect_with_env_token_and_tls(tmp_path, pki):
         assert match, line
         with security.open_channel(f"127.0.0.1:{match.group(1)}", tls_ca=pki.ca) as channel:
             stub = pb_grpc.CollectorStub(channel)
-            assert stub.Health(pb.HealthRequest(), metadata=security.auth_metadata(TOKEN),
-                               timeout=20).schema_version == 1
+            assert (
+                stub.Health(pb.HealthRequest(), metadata=security.auth_metadata(TOKEN), timeout=20).schema_version == 1
+            )
             assert _code(lambda: stub.Health(pb.HealthRequest(), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
     finally:
-        out, err = _stop(proc)
+        _out, err = _stop(proc)
     assert proc.returncode == 0 and "WARNING" not in err
 
     bad = _collect(tmp_path, "--tls-cert", str(pki.cert))
@@ -268,8 +330,17 @@ def test_import_watch_and_replay_reach_a_tls_collector_with_tls_ca_and_token(tmp
         assert rankscope("replay", data, "--run", imported, "--speed", "0", "--name", "replayed", *through) == 0
         # a CA file that is not there is one clear error, before anything is sent
         capsys.readouterr()
-        assert rankscope("import", FIXTURE / "comms_summary_rank1.json", "--endpoint", endpoint,
-                         "--tls-ca", tmp_path / "missing.pem") == 1
+        assert (
+            rankscope(
+                "import",
+                FIXTURE / "comms_summary_rank1.json",
+                "--endpoint",
+                endpoint,
+                "--tls-ca",
+                tmp_path / "missing.pem",
+            )
+            == 1
+        )
         assert "missing.pem" in capsys.readouterr().err
     runs = dict(query(data, "SELECT name, count(*) FROM runs JOIN comm USING (run_id) GROUP BY name"))
     assert set(runs) == {"imported", "watched", "replayed"} and runs["replayed"] == runs["imported"] > 0

@@ -1,4 +1,5 @@
 """Compaction policy and merges: sizes, order, schema evolution, repeated merges."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -79,7 +80,10 @@ def test_settings_that_cannot_work_are_refused_naming_the_key():
         CompactionConfig(max_files=4)
     with pytest.raises(ValueError, match=r"^compaction\.target_bytes: must be >= 1 \(got 0\)$"):
         CompactionConfig(target_bytes=0)
-    with pytest.raises(ValueError, match=r"^store\.max_buffered_bytes: must be >= store\.flush_bytes \(1024\) "
-                                         r"\(got 512\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^store\.max_buffered_bytes: must be >= store\.flush_bytes \(1024\) "
+        r"\(got 512\)$",
+    ):
         StoreConfig(flush_bytes=1024, max_buffered_bytes=512)
     assert StoreConfig(flush_interval=1).flush_interval == 1.0

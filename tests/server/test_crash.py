@@ -1,5 +1,6 @@
 """SIGKILL the collector mid-stream (and mid-compaction), restart it, resend what
 was not acked: every record is stored exactly once."""
+
 from __future__ import annotations
 
 import os
@@ -45,6 +46,7 @@ def send_until_killed(port: int, acked: list[set[int]], kill_after: float | None
                     time.sleep(0.004)
             if kill_after is None:
                 s.close()
+
         threading.Thread(target=pump, daemon=True).start()
     if kill_after is not None:
         # Kill at the first ack (or after kill_after at the latest): the sends are paced over
@@ -114,7 +116,9 @@ def test_collect_prints_its_address_and_commits_everything_on_sigterm(tmp_path):
     assert second.returncode == 1
     assert "in use by another collector" in second.stderr and "Traceback" not in second.stderr
     # settings out of range are refused by name (exit code 2), before the data dir is touched
-    for option, value, message in (("--flush-interval", "9", r"store\.flush_interval: must be <= 5 \(got 9\.0\)"),
-                                   ("--compaction-min-files", "1", r"compaction\.min_files: must be >= 2 \(got 1\)")):
+    for option, value, message in (
+        ("--flush-interval", "9", r"store\.flush_interval: must be <= 5 \(got 9\.0\)"),
+        ("--compaction-min-files", "1", r"compaction\.min_files: must be >= 2 \(got 1\)"),
+    ):
         with pytest.raises(RuntimeError, match=r"exit 2\)[\s\S]*" + message):
             CollectorProcess(data, option, value)

@@ -1,4 +1,5 @@
 """Bad input ends only the stream that sent it, with the right status and a clear message."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,7 @@ def served(tmp_path):
     """start(token=None) -> (channel, state): a collector over tmp_path/data whose channel may send
     messages twice the size the collector accepts."""
     with contextlib.ExitStack() as running:
+
         def start(token=None):
             live = running.enter_context(live_collector(tmp_path / "data", token=token, grace_s=0))
             return live.channel(options=[("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)]), live.state
@@ -60,17 +62,20 @@ def _bad_hello(env: pb.Envelope) -> pb.Envelope:
     return hello(env.client_id, env.seq, "r", rank=5, world_size=4)
 
 
-@pytest.mark.parametrize("spoil, code, words", [
-    (_short_column, grpc.StatusCode.INVALID_ARGUMENT, ["comm.step", "bytes, expected"]),
-    (_unknown_table, grpc.StatusCode.INVALID_ARGUMENT, ["unknown table 'no_such_table'"]),
-    (_bad_run_id, grpc.StatusCode.INVALID_ARGUMENT, ["run_id '../etc'"]),
-    (_unknown_column, grpc.StatusCode.INVALID_ARGUMENT, ["unknown column 'nonsense'"]),
-    (_no_body, grpc.StatusCode.INVALID_ARGUMENT, ["no body"]),
-    (_bad_hello, grpc.StatusCode.INVALID_ARGUMENT, ["rank 5", "world_size=4"]),
-    (_wrong_schema_version, grpc.StatusCode.FAILED_PRECONDITION, ["schema_version 2", "schema_version 1"]),
-])
+@pytest.mark.parametrize(
+    "spoil, code, words",
+    [
+        (_short_column, grpc.StatusCode.INVALID_ARGUMENT, ["comm.step", "bytes, expected"]),
+        (_unknown_table, grpc.StatusCode.INVALID_ARGUMENT, ["unknown table 'no_such_table'"]),
+        (_bad_run_id, grpc.StatusCode.INVALID_ARGUMENT, ["run_id '../etc'"]),
+        (_unknown_column, grpc.StatusCode.INVALID_ARGUMENT, ["unknown column 'nonsense'"]),
+        (_no_body, grpc.StatusCode.INVALID_ARGUMENT, ["no body"]),
+        (_bad_hello, grpc.StatusCode.INVALID_ARGUMENT, ["rank 5", "world_size=4"]),
+        (_wrong_schema_version, grpc.StatusCode.FAILED_PRECONDITION, ["schema_version 2", "schema_version 1"]),
+    ],
+)
 def test_a_bad_envelope_ends_its_stream_only(served, tmp_path, spoil, code, words):
-    channel, state = served()
+    channel, _state = served()
     healthy = RawStream(channel)
     healthy.send(comm_envelope("healthy", 1, "r", 1, 0, 10))
     assert healthy.wait_acked([1])

@@ -2,6 +2,7 @@
 with a clear status (undecodable input is INVALID_ARGUMENT, never INTERNAL or
 UNKNOWN), the collector keeps serving, and a well-behaved stream running
 alongside loses nothing (counted in DuckDB afterwards)."""
+
 from __future__ import annotations
 
 import collections
@@ -15,8 +16,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from collector.data import catalog
-from collector.data.layout import RUN_ID_RE
-from collector.data.layout import stored_schemas
+from collector.data.layout import RUN_ID_RE, stored_schemas
 from collector.server.compaction import CompactionConfig
 from collector.testing.collectors import live_collector
 from collector.testing.fake_runs import comm_envelope, hello, run_end
@@ -26,7 +26,7 @@ from tests.server._fuzz_util import hostile
 
 HOSTILE_FRAMES = 10_000
 HEALTH_FRAMES = 500
-CONCURRENT_STREAMS = 6          # hostile streams open at once
+CONCURRENT_STREAMS = 6  # hostile streams open at once
 GOOD_ENVELOPES, GOOD_ROWS = 150, 100
 STREAM_METHOD = "/rankscope.v1.Collector/Stream"
 HEALTH_METHOD = "/rankscope.v1.Collector/Health"
@@ -36,8 +36,9 @@ NEVER = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 @pytest.fixture
 def collector(tmp_path):
     # compaction every 0.5 s: hostile input must not break merges running alongside
-    with live_collector(tmp_path / "data", compaction_config=CompactionConfig(interval=0.5, min_files=4),
-                        grace_s=0) as live:
+    with live_collector(
+        tmp_path / "data", compaction_config=CompactionConfig(interval=0.5, min_files=4), grace_s=0
+    ) as live:
         yield live.port, live.state
 
 
@@ -59,7 +60,7 @@ def _send_one(stream_call, raw: bytes) -> tuple[grpc.StatusCode, str]:
 
 
 def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(collector, tmp_path):
-    port, state = collector
+    port, _state = collector
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stream_call = channel.stream_stream(STREAM_METHOD, request_serializer=None, response_deserializer=None)
 
@@ -85,7 +86,7 @@ def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(colle
 
     bad_answers = []
     by_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for (kind, raw), (code, details) in zip(cases, answers):
+    for (kind, raw), (code, details) in zip(cases, answers, strict=True):
         by_kind[kind][code.name] += 1
         env = _decodes(raw)
         if env is None:
@@ -93,8 +94,9 @@ def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(colle
         elif env.schema_version != 1:
             ok = code == grpc.StatusCode.FAILED_PRECONDITION and "schema_version" in details
         else:  # decodable: refused with a message naming the seq, or (harmless) accepted
-            ok = (code == grpc.StatusCode.INVALID_ARGUMENT and f"seq {env.seq}" in details) \
-                or code == grpc.StatusCode.OK
+            ok = (
+                code == grpc.StatusCode.INVALID_ARGUMENT and f"seq {env.seq}" in details
+            ) or code == grpc.StatusCode.OK
         if not ok or code in NEVER:
             bad_answers.append((kind, raw[:80], code.name, details))
     assert not bad_answers, f"{len(bad_answers)} unclear answers, first: {bad_answers[:5]}"
@@ -107,7 +109,7 @@ def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(colle
 
     # Raw frames at Health too: an empty or stray-field request is fine, garbage is INVALID_ARGUMENT.
     health_call = channel.unary_unary(HEALTH_METHOD, request_serializer=None, response_deserializer=None)
-    for i in range(HEALTH_FRAMES):
+    for _i in range(HEALTH_FRAMES):
         raw = rng.randbytes(rng.choice([1, 3, 16, 200]))
         try:
             health_call(raw, timeout=10)
@@ -130,8 +132,7 @@ def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(colle
     assert health.batches_rejected >= refused * 0.9  # counted, and the collector still answers
     channel.close()
     con = catalog.connect(tmp_path / "data")
-    total, distinct = con.execute(
-        "SELECT count(*), count(DISTINCT seq) FROM comm WHERE run_id = 'goodrun'").fetchone()
+    total, distinct = con.execute("SELECT count(*), count(DISTINCT seq) FROM comm WHERE run_id = 'goodrun'").fetchone()
     assert total == distinct == GOOD_ENVELOPES * GOOD_ROWS
     assert con.execute("SELECT status FROM runs WHERE run_id = 'goodrun'").fetchone() == ("finished",)
     # Nothing a hostile frame named escaped the data dir or made a partition out of a path:

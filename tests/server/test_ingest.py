@@ -1,4 +1,5 @@
 """The collector over a real gRPC channel: exact counts, dedupe, ack-after-durable."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,7 @@ from proto import pb, pb_grpc
 def collector(tmp_path):
     """start(data_dir=tmp_path / "data", **live_collector options) -> (channel, state); all stopped at the end."""
     with contextlib.ExitStack() as running:
+
         def start(data_dir=tmp_path / "data", **kw):
             live = running.enter_context(live_collector(data_dir, grace_s=0, **kw))
             return live.channel(), live.state
@@ -28,7 +30,7 @@ def collector(tmp_path):
 
 
 def test_concurrent_streams_store_every_record_exactly_once(collector, tmp_path):
-    channel, state = collector()
+    channel, _state = collector()
     ranks, batches, rows = 6, 12, 250
     streams = []
     for rank in range(ranks):
@@ -122,9 +124,10 @@ def test_first_hello_of_a_run_wins_and_status_follows_run_ends(collector, tmp_pa
     for rank, s in enumerate(streams):
         s.send(hello(f"c{rank}", 1, "r", rank, 3, run_name=f"name-{rank}", source="hook"))
         assert s.wait_acked([1])
-    con = lambda: catalog.connect(tmp_path / "data")  # noqa: E731 - a fresh view of the files
+    con = lambda: catalog.connect(tmp_path / "data")
     assert con().execute("SELECT name, status, n_ranks, ended_at FROM runs").fetchall() == [
-        ("name-0", "running", 3, None)]
+        ("name-0", "running", 3, None)
+    ]
     streams[0].send(run_end("c0", 2, "r", 0))
     streams[1].send(run_end("c1", 2, "r", 1))
     for s in streams[:2]:

@@ -3,6 +3,7 @@
 A crash right after a commit point is simulated by making ``_apply`` (the
 renames that follow the fsync'd ledger record) do nothing, then opening the data
 dir again as a restarted collector would."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -13,7 +14,6 @@ from collector.data import layout
 from collector.server import ledger as ledger_module
 from collector.server.ledger import Ledger, SeqSet
 from collector.server.store import segment_path, write_segment
-
 
 SCHEMA = pa.schema([("rank", pa.int64()), ("step", pa.int64())])
 
@@ -124,7 +124,10 @@ def test_the_log_is_folded_into_checkpoints(tmp_path, monkeypatch):
     led.close()
     again = Ledger(tmp_path)
     assert sorted(p.name for p in (tmp_path / "ledger").iterdir()) == [
-        f"checkpoint-{again._gen}.json", f"log-{again._gen}.jsonl", "owner.lock"]
+        f"checkpoint-{again._gen}.json",
+        f"log-{again._gen}.jsonl",
+        "owner.lock",
+    ]
     assert all(again.is_durable("a", s) for s in range(1, 24)) and not again.is_durable("a", 24)
     assert again.is_durable("b2", 23) and not again.is_durable("b2", 22)
     assert again.reserve_commit() > 23
@@ -158,6 +161,7 @@ def test_seq_set_tracks_out_of_order_arrivals_and_gaps_as_ranges():
 
 def test_seq_set_matches_a_plain_set():
     import random
+
     rng = random.Random(7)
     s, plain = SeqSet(), set()
     for _ in range(2000):
@@ -166,4 +170,4 @@ def test_seq_set_matches_a_plain_set():
         s.add_range(lo, hi)
         plain.update(range(lo, hi + 1))
     assert all((seq in s) == (seq in plain) for seq in range(0, 520))
-    assert all(a[1] + 1 < b[0] for a, b in zip(s.ranges, s.ranges[1:]))  # disjoint, not touching
+    assert all(a[1] + 1 < b[0] for a, b in zip(s.ranges, s.ranges[1:], strict=True))  # disjoint, not touching

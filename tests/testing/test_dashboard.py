@@ -1,5 +1,6 @@
 """collector.testing.dashboard: the dashboard process answers once started and is gone
 once stopped; one that cannot start says why instead of hanging."""
+
 from __future__ import annotations
 
 import socket

@@ -2,6 +2,7 @@
 back through the catalog), both ways out give the same rows, a run's values do not
 depend on how it is cut, the protocol blocks are exact, 1,024 ranks work, and bad
 settings name their field."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,21 @@ from collector.data import catalog
 from collector.data.codec import decode_batch
 from collector.data.schema import TABLES
 from collector.testing.collectors import live_collector
-from collector.testing.fake_runs import (COLLECTIVES, FINISHED, FLOPS_TREE, LIVE, MOE_EXPERTS, FakeRun, FakeRunError,
-                                         comm_columns, comm_envelope, rank_envelopes, stream, uniform_run,
-                                         write_data_dir)
+from collector.testing.fake_runs import (
+    COLLECTIVES,
+    FINISHED,
+    FLOPS_TREE,
+    LIVE,
+    MOE_EXPERTS,
+    FakeRun,
+    FakeRunError,
+    comm_columns,
+    comm_envelope,
+    rank_envelopes,
+    stream,
+    uniform_run,
+    write_data_dir,
+)
 
 
 def rows(data, sql: str, params=()) -> list[tuple]:
@@ -31,9 +44,12 @@ def written(tmp_path_factory):
 
 def test_the_late_rank_is_last_at_every_all_reduce_by_its_delay(written):
     run = FINISHED
-    per_op = rows(written, """SELECT op, count(*), count(*) FILTER (WHERE last_rank = ?), min(max_delay_ns),
+    per_op = rows(
+        written,
+        """SELECT op, count(*), count(*) FILTER (WHERE last_rank = ?), min(max_delay_ns),
                                      max(max_delay_ns), min(n_ranks) FROM stragglers WHERE run_id = ? GROUP BY op""",
-                  [run.late_rank, run.run_id])
+        [run.late_rank, run.run_id],
+    )
     by_op = {op: rest for op, *rest in per_op}
     assert set(by_op) == {op for op, _, _ in COLLECTIVES}
     instances, late_last, least, most, n_ranks = by_op["all_reduce"]
@@ -44,26 +60,37 @@ def test_the_late_rank_is_last_at_every_all_reduce_by_its_delay(written):
         instances, late_last, _, most, _ = by_op[op]
         assert late_last < instances and most < run.jitter_ns
     # every rank ends an instance at the same time, after the last arrival
-    assert rows(written, """SELECT count(*) FROM (SELECT group_name, seq FROM comm WHERE run_id = ?
+    assert rows(
+        written,
+        """SELECT count(*) FROM (SELECT group_name, seq FROM comm WHERE run_id = ?
                             GROUP BY ALL HAVING count(DISTINCT end_ns) > 1 OR max(start_ns) >= min(end_ns))""",
-                [run.run_id]) == [(0,)]
+        [run.run_id],
+    ) == [(0,)]
 
 
 def test_overflow_steps_experts_and_flops_tell_the_story(written):
     run = FINISHED
-    overflows = rows(written, """SELECT rank, list(step ORDER BY step), bool_and(scale = scale_before / 2)
+    overflows = rows(
+        written,
+        """SELECT rank, list(step ORDER BY step), bool_and(scale = scale_before / 2)
                                  FROM loss_scale WHERE run_id = ? AND overflow GROUP BY rank ORDER BY rank""",
-                     [run.run_id])
+        [run.run_id],
+    )
     assert overflows == [(r, list(run.overflow_steps), True) for r in range(run.world_size)]
-    tokens = rows(written, """SELECT layer, expert, sum(tokens), sum(dropped) FROM moe WHERE run_id = ?
-                              GROUP BY ALL ORDER BY layer, expert""", [run.run_id])
+    tokens = rows(
+        written,
+        """SELECT layer, expert, sum(tokens), sum(dropped) FROM moe WHERE run_id = ?
+                              GROUP BY ALL ORDER BY layer, expert""",
+        [run.run_id],
+    )
     assert len(tokens) == 2 * MOE_EXPERTS
     for layer in (0, 1):
         load = [t for lay, _, t, _ in tokens if lay == layer]
         assert load[0] == max(load) and load[0] > 2 * load[-1]  # expert 0 the busiest, the last far behind
-        assert [d for lay, e, _, d in tokens if lay == layer and e == 0][0] > 0
-    tree = rows(written, """SELECT module, parent, flops, latency_ns FROM flops WHERE run_id = ? AND rank = 0""",
-                [run.run_id])
+        assert next(d for lay, e, _, d in tokens if lay == layer and e == 0) > 0
+    tree = rows(
+        written, """SELECT module, parent, flops, latency_ns FROM flops WHERE run_id = ? AND rank = 0""", [run.run_id]
+    )
     assert len(tree) == len(FLOPS_TREE)
     flops = {m: f for m, _, f, _ in tree}
     for module, *_ in FLOPS_TREE:
@@ -78,7 +105,8 @@ def test_every_table_has_rows_and_the_runs_their_status(written):
     for table in TABLES:
         assert rows(written, f'SELECT count(*) > 0 FROM "{table}" WHERE run_id = ?', [FINISHED.run_id]) == [(True,)]
     assert rows(written, "SELECT count(*) FROM comm WHERE run_id = ?", [FINISHED.run_id]) == [
-        (FINISHED.steps * len(COLLECTIVES) * FINISHED.world_size,)]
+        (FINISHED.steps * len(COLLECTIVES) * FINISHED.world_size,)
+    ]
     runs = rows(written, "SELECT run_id, name, status, world_size, n_ranks FROM runs ORDER BY run_id")
     assert runs == [(FINISHED.run_id, FINISHED.name, "finished", 4, 4), (LIVE.run_id, LIVE.name, "running", 4, 4)]
     assert rows(written, "SELECT count(*) FROM moe WHERE run_id = ?", [LIVE.run_id]) == [(0,)]
@@ -140,22 +168,26 @@ def test_a_rank_sends_hello_then_batches_then_its_end():
 def test_1024_ranks(tmp_path):
     run = FakeRun(run_id="wide", world_size=1024, steps=2, late_rank=700, with_moe=False)
     data = write_data_dir(tmp_path, run)
-    assert rows(data, "SELECT count(*), min(n_ranks), bool_and(last_rank = 700) FROM stragglers "
-                      "WHERE op = 'all_reduce'") == [(2 * 5, 1024, True)]
+    assert rows(
+        data, "SELECT count(*), min(n_ranks), bool_and(last_rank = 700) FROM stragglers WHERE op = 'all_reduce'"
+    ) == [(2 * 5, 1024, True)]
     assert rows(data, "SELECT status, world_size, n_ranks FROM runs") == [("finished", 1024, 1024)]
     assert rows(data, "SELECT count(DISTINCT rank) FROM memory") == [(1024,)]
 
 
-@pytest.mark.parametrize("settings, field", [
-    (dict(run_id="../x"), "FakeRun.run_id"),
-    (dict(run_id="r", world_size=0), "FakeRun.world_size"),
-    (dict(run_id="r", late_rank=4), "FakeRun.late_rank: 4 is not a rank of a world of 4"),
-    (dict(run_id="r", status="done"), "FakeRun.status"),
-    (dict(run_id="r", collectives=()), "FakeRun.collectives"),
-    (dict(run_id="r", jitter_ns=-1), "FakeRun.jitter_ns"),
-    (dict(run_id="r", collectives_per_step=10**9), "FakeRun.step_period_ns"),
-    (dict(run_id="r", bytes_per_ns=0), "FakeRun.bytes_per_ns"),
-])
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(run_id="../x"), "FakeRun.run_id"),
+        (dict(run_id="r", world_size=0), "FakeRun.world_size"),
+        (dict(run_id="r", late_rank=4), "FakeRun.late_rank: 4 is not a rank of a world of 4"),
+        (dict(run_id="r", status="done"), "FakeRun.status"),
+        (dict(run_id="r", collectives=()), "FakeRun.collectives"),
+        (dict(run_id="r", jitter_ns=-1), "FakeRun.jitter_ns"),
+        (dict(run_id="r", collectives_per_step=10**9), "FakeRun.step_period_ns"),
+        (dict(run_id="r", bytes_per_ns=0), "FakeRun.bytes_per_ns"),
+    ],
+)
 def test_bad_settings_name_the_field(settings, field):
     with pytest.raises(FakeRunError, match=field.replace(".", r"\.")):
         FakeRun(**settings)
@@ -171,5 +203,6 @@ def test_an_instance_range_outside_the_run_is_an_error():
 def test_default_late_rank_is_the_last_and_none_means_nobody():
     assert FakeRun(run_id="r", world_size=6).late_rank == 5
     cols = FakeRun(run_id="r", late_rank=None, jitter_ns=0).comm_columns(3, 0, 8)
-    assert np.array_equal(cols["start_ns"], FakeRun(run_id="r", late_rank=None, jitter_ns=0).comm_columns(0, 0, 8)[
-        "start_ns"])
+    assert np.array_equal(
+        cols["start_ns"], FakeRun(run_id="r", late_rank=None, jitter_ns=0).comm_columns(0, 0, 8)["start_ns"]
+    )

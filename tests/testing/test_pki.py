@@ -1,5 +1,6 @@
 """collector.testing.pki: the server certificate verifies against its CA (for
 127.0.0.1 and localhost) and not against the other CA."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,8 +19,9 @@ def pki(tmp_path_factory):
 
 
 def _verify(ca, cert, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run(["openssl", "verify", "-CAfile", str(ca), *extra, str(cert)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        ["openssl", "verify", "-CAfile", str(ca), *extra, str(cert)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_server_certificate_is_signed_by_the_ca_for_loopback(pki):

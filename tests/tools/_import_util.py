@@ -1,5 +1,6 @@
 """Helpers for the import / replay / export / watch tests: the DeepSpeed fixture, the CLI
 run in-process, and catalog queries."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,5 @@
 """The `rankscope` entry point: every command answers --help with examples."""
+
 import subprocess
 import sys
 
@@ -8,7 +9,9 @@ COMMANDS = ["collect", "dashboard", "demo", "sql", "nvme-tune"]
 
 
 def rankscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_top_level_help_lists_commands():
@@ -31,12 +34,15 @@ def test_unknown_command_is_a_clear_error():
     assert "invalid choice: 'frobnicate'" in out.stderr
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--flush-interval", "10"], "store.flush_interval: must be <= 5 (got 10.0)"),
-    (["--flush-interval", "0"], "store.flush_interval: must be > 0 (got 0.0)"),
-    (["--compaction-interval", "-1"], "compaction.interval: must be > 0 (got -1.0)"),
-    (["--compaction-min-files", "1"], "compaction.min_files: must be >= 2 (got 1)"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--flush-interval", "10"], "store.flush_interval: must be <= 5 (got 10.0)"),
+        (["--flush-interval", "0"], "store.flush_interval: must be > 0 (got 0.0)"),
+        (["--compaction-interval", "-1"], "compaction.interval: must be > 0 (got -1.0)"),
+        (["--compaction-min-files", "1"], "compaction.min_files: must be >= 2 (got 1)"),
+    ],
+)
 def test_collect_rejects_a_bad_setting_naming_its_key(tmp_path, flags, message):
     out = rankscope("collect", "--data-dir", str(tmp_path / "data"), "--port", "0", *flags)
     assert out.returncode == 2

@@ -13,9 +13,28 @@ from collector.data import catalog
 
 def test_the_demo_console_is_short_and_clean(tmp_path):
     data = tmp_path / "data"
-    out = subprocess.run([sys.executable, "-m", "collector.tools.cli", "demo", "--data-dir", str(data),
-                          "--nproc", "4", "--steps", "12", "--no-dashboard", "--exit", "--port", "0"],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "demo",
+            "--data-dir",
+            str(data),
+            "--nproc",
+            "4",
+            "--steps",
+            "12",
+            "--no-dashboard",
+            "--exit",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     console = out.stdout + out.stderr
     assert out.returncode == 0, console
     assert "[demo] collector: 127.0.0.1:" in console

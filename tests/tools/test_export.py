@@ -1,5 +1,6 @@
 """`rankscope export`: a Perfetto/Chrome trace with one track per rank and group holding
 every timed collective, Parquet files that import back, and clear errors."""
+
 from __future__ import annotations
 
 import json
@@ -53,18 +54,34 @@ def test_perfetto_one_track_per_rank_and_group_with_every_collective(run_dir, tm
     assert tracks == {(rank, f"comm {g}" if g else "comm") for rank, g in groups}
     assert len({(e["pid"], e["tid"]) for e in comm}) == len(tracks)  # a track is one (pid, tid)
     # every collective is there once, with its seq, on its rank's track for its group
-    want = Counter(query(run_dir, """SELECT rank, coalesce(group_name, ''), seq, end_ns - start_ns FROM comm
-                                     WHERE run_id = ?""", [RUN]))
-    got = Counter((e["pid"], thread_names[(e["pid"], e["tid"])].removeprefix("comm").strip(), e["args"].get("seq"),
-                   round(e["dur"] * 1000)) for e in comm)
+    want = Counter(
+        query(
+            run_dir,
+            """SELECT rank, coalesce(group_name, ''), seq, end_ns - start_ns FROM comm
+                                     WHERE run_id = ?""",
+            [RUN],
+        )
+    )
+    got = Counter(
+        (
+            e["pid"],
+            thread_names[(e["pid"], e["tid"])].removeprefix("comm").strip(),
+            e["args"].get("seq"),
+            round(e["dur"] * 1000),
+        )
+        for e in comm
+    )
     assert got == want
     timers = [e for e in events if e.get("cat") == "timer"]
     assert len(timers) == query(run_dir, "SELECT count(*) FROM timers WHERE run_id = ?", [RUN])[0][0]
     assert all(thread_names[(e["pid"], e["tid"])] == "engine timers" for e in timers)
     assert trace["otherData"]["run_id"] == RUN and trace["otherData"]["comm_rows_without_times"] == 0
     first = min(e["ts"] for e in events if e["ph"] == "X")
-    assert first == 0 and trace["otherData"]["t0_unix_ns"] == query(
-        run_dir, "SELECT min(start_ns) FROM comm WHERE run_id = ?", [RUN])[0][0]
+    assert (
+        first == 0
+        and trace["otherData"]["t0_unix_ns"]
+        == query(run_dir, "SELECT min(start_ns) FROM comm WHERE run_id = ?", [RUN])[0][0]
+    )
 
 
 def test_perfetto_of_an_imported_deepspeed_run_counts_untimed_rows(tmp_path):
@@ -74,8 +91,9 @@ def test_perfetto_of_an_imported_deepspeed_run_counts_untimed_rows(tmp_path):
     assert rankscope("export", "--perfetto", "ds", out, "--data-dir", data) == 0
     trace = _validate_trace(out)
     run_id = only_run(data)
-    timed, untimed = query(data, "SELECT count(start_ns), count(*) - count(start_ns) FROM comm WHERE run_id = ?",
-                           [run_id])[0]
+    timed, untimed = query(
+        data, "SELECT count(start_ns), count(*) - count(start_ns) FROM comm WHERE run_id = ?", [run_id]
+    )[0]
     assert len([e for e in trace["traceEvents"] if e.get("cat") == "comm"]) == timed > 0
     assert trace["otherData"]["comm_rows_without_times"] == untimed > 0
 
@@ -88,10 +106,12 @@ def test_parquet_export_imports_back(run_dir, tmp_path):
     assert rankscope("import", out, "--run", "back", "--data-dir", again) == 0
     new = only_run(again)
     cols = "rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs"
-    assert (sorted(query(again, f"SELECT {cols} FROM comm WHERE run_id = ?", [new]), key=repr)
-            == sorted(query(run_dir, f"SELECT {cols} FROM comm WHERE run_id = ?", [RUN]), key=repr))
-    assert (query(again, "SELECT count(*) FROM flops WHERE run_id = ?", [new])
-            == query(run_dir, "SELECT count(*) FROM flops WHERE run_id = ?", [RUN]))
+    assert sorted(query(again, f"SELECT {cols} FROM comm WHERE run_id = ?", [new]), key=repr) == sorted(
+        query(run_dir, f"SELECT {cols} FROM comm WHERE run_id = ?", [RUN]), key=repr
+    )
+    assert query(again, "SELECT count(*) FROM flops WHERE run_id = ?", [new]) == query(
+        run_dir, "SELECT count(*) FROM flops WHERE run_id = ?", [RUN]
+    )
 
 
 def test_unknown_run_is_a_clear_error(run_dir, tmp_path, capsys):

@@ -12,8 +12,12 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_runs"
 
 
 def health(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "collector.tools.cli", "health", "--data-dir", str(SAMPLES), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", "--data-dir", str(SAMPLES), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_slow_rank_is_a_warning_naming_it():
@@ -30,6 +34,10 @@ def test_a_slow_rank_is_a_warning_naming_it():
 def test_unknown_run_and_missing_data_dir_exit_3_with_a_message(tmp_path):
     out = health("no-such-run")
     assert out.returncode == 3 and "no run with id or name 'no-such-run'" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "collector.tools.cli", "health", "x", "--data-dir",
-                          str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", "x", "--data-dir", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 3 and "does not exist" in out.stderr and "Traceback" not in out.stderr

@@ -1,6 +1,7 @@
 """`rankscope import` of real DeepSpeed outputs (tests/fixtures/deepspeed_run, made by
 its generate.py with DeepSpeed 0.19.8: ZeRO-2 on 2 CPU ranks) into a real data dir,
 checked through the DuckDB catalog against the files themselves."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ def test_monitor_series_match_tensorboard(imported):
     acc = EventAccumulator(str(next((FIXTURE / "ds_logs" / "tensorboard").rglob("events.out.tfevents*"))))
     acc.Reload()
     expected = {(tag, e.step): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
-    got = {(tag, samples): value for tag, samples, value in
-           query(data, "SELECT tag, samples, value FROM monitor WHERE run_id = ?", [run_id])}
+    got = {
+        (tag, samples): value
+        for tag, samples, value in query(data, "SELECT tag, samples, value FROM monitor WHERE run_id = ?", [run_id])
+    }
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-6)
@@ -49,8 +52,12 @@ def test_comm_summary_counts_and_bytes(imported):
     data, run_id = imported
     summary = json.loads((FIXTURE / "comms_summary_rank1.json").read_text())
     world = summary["metadata"]["world_size"]
-    rows = query(data, """SELECT log_name, bytes, count(*), count(start_ns), avg(algbw_gbs) FROM comm
-                          WHERE run_id = ? AND rank = 1 GROUP BY ALL""", [run_id])
+    rows = query(
+        data,
+        """SELECT log_name, bytes, count(*), count(start_ns), avg(algbw_gbs) FROM comm
+                          WHERE run_id = ? AND rank = 1 GROUP BY ALL""",
+        [run_id],
+    )
     got = {(name, nbytes): (n, timed, algbw) for name, nbytes, n, timed, algbw in rows}
     expected = {}
     for name, sizes in summary["summary"].items():
@@ -66,12 +73,21 @@ def test_comm_summary_counts_and_bytes(imported):
 
 def test_verbose_lines_are_one_row_each_with_times(imported):
     data, run_id = imported
-    lines = [l for l in (FIXTURE / "console.log").read_text().splitlines() if "comm op: " in l]
-    rows = query(data, """SELECT log_name, end_ns - start_ns FROM comm WHERE run_id = ? AND rank = 0
-                          ORDER BY end_ns, log_name""", [run_id])
+    lines = [line for line in (FIXTURE / "console.log").read_text().splitlines() if "comm op: " in line]
+    rows = query(
+        data,
+        """SELECT log_name, end_ns - start_ns FROM comm WHERE run_id = ? AND rank = 0
+                          ORDER BY end_ns, log_name""",
+        [run_id],
+    )
     assert len(rows) == len(lines) > 0
-    want = sorted((re.search(r"comm op: (.+?) \|", l).group(1),
-                   round(float(re.search(r"time \(ms\): ([0-9.]+)", l).group(1)) * 1e6)) for l in lines)
+    want = sorted(
+        (
+            re.search(r"comm op: (.+?) \|", line).group(1),
+            round(float(re.search(r"time \(ms\): ([0-9.]+)", line).group(1)) * 1e6),
+        )
+        for line in lines
+    )
     assert sorted(rows) == want
 
 
@@ -79,13 +95,16 @@ def test_flops_total_and_tree(imported):
     data, run_id = imported
     text = (FIXTURE / "flops_profile.txt").read_text()
     total = re.search(r"^fwd flops per GPU:\s+([0-9.]+) K", text, re.M).group(1)
-    rows = query(data, "SELECT module, parent, depth, module_type, flops, macs FROM flops "
-                       "WHERE run_id = ? ORDER BY module", [run_id])
+    rows = query(
+        data,
+        "SELECT module, parent, depth, module_type, flops, macs FROM flops WHERE run_id = ? ORDER BY module",
+        [run_id],
+    )
     root = rows[0]
     assert root[:4] == ("", None, 0, "Sequential") and root[4] == round(float(total) * 1000)
     children = [r for r in rows if r[2] == 1]
     assert [r[3] for r in children] == re.findall(r"^  \(\d+\): (\w+)\(", text, re.M)
-    for module, parent, depth, kind, flops, macs in children:
+    for _module, parent, _depth, kind, flops, macs in children:
         assert parent == "" and macs is not None
         if kind == "Linear":  # a Linear's flops are 2 x its MACs; the report rounds to 3 digits
             assert flops == pytest.approx(2 * macs, rel=0.01)
@@ -107,8 +126,11 @@ def test_corrupt_files_are_named_and_the_rest_kept(tmp_path, capsys):
     assert f"{events}:record" in err and "cut short" in err
     assert f"{src / 'table.parquet'}: unreadable Parquet" in err
     run_id = only_run(data)
-    (loss,) = query(data, "SELECT list(value ORDER BY samples) FROM monitor WHERE run_id = ? AND tag = ?",
-                    [run_id, "Train/Samples/loss"])
+    (loss,) = query(
+        data,
+        "SELECT list(value ORDER BY samples) FROM monitor WHERE run_id = ? AND tag = ?",
+        [run_id, "Train/Samples/loss"],
+    )
     assert loss[0] == [0.5, 0.25]
     # the half event file's records are kept; the csv files fill in the rest of each series
     tags = dict(query(data, "SELECT tag, count(*) FROM monitor WHERE run_id = ? GROUP BY tag", [run_id]))
@@ -121,8 +143,11 @@ def test_import_through_a_live_collector(tmp_path):
     with live_collector(data) as (endpoint, _):
         assert rankscope("import", FIXTURE / "comms_summary_rank1.json", "--endpoint", endpoint) == 0
     run_id = only_run(data)
-    n = sum(s["count"] for sizes in json.loads((FIXTURE / "comms_summary_rank1.json").read_text())["summary"].values()
-            for s in sizes.values())
+    n = sum(
+        s["count"]
+        for sizes in json.loads((FIXTURE / "comms_summary_rank1.json").read_text())["summary"].values()
+        for s in sizes.values()
+    )
     assert query(data, "SELECT count(*), min(rank), max(rank) FROM comm WHERE run_id = ?", [run_id])[0] == (n, 1, 1)
 
 

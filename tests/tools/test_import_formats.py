@@ -1,6 +1,7 @@
 """Each importer on the other variants of its format (older DeepSpeed releases,
 rankscope's own comms logger), written here in those exact shapes, and its
 (file, line) problems."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,8 @@ OLD_FLOPS = textwrap.dedent("""\
     bwd latency:                                                  108.02 ms
     ------------------------------ Detailed Profile per GPU ------------------------------
     Each module profile is listed after its name in the following order:
-    params, percentage of total params, MACs, percentage of total MACs, fwd latency, percentage of total fwd latency, fwd FLOPS
+    params, percentage of total params, MACs, percentage of total MACs, fwd latency,
+    percentage of total fwd latency, fwd FLOPS
 
     BertForPreTrainingPreLN(
       336.23 M, 100.00% Params, 3139.93 GMACs, 100.00% MACs, 76.39 ms, 100.00% latency, 82.21 TFLOPS,
@@ -54,7 +56,8 @@ def test_old_flops_profile_tree(tmp_path):
     assert rows["bert.embeddings"]["params"] is None  # collapsed: no figures printed
     assert [str(p) for p in parsed.problems] == [
         f"{path}:line 19: cannot read the figures of module 'bert.encoder.broken': "
-        "'lots of params, 0.31% Params)'; module figures left empty"]
+        "'lots of params, 0.31% Params)'; module figures left empty"
+    ]
 
 
 def test_verbose_line_variants_and_a_bad_line(tmp_path):
@@ -65,7 +68,8 @@ def test_verbose_line_variants_and_a_bad_line(tmp_path):
         "some other output\n"
         "[rankscope] [Rank 1] rank=1 | comm op: all_gather_into_tensor | time (ms): 0.50 | msg size: 8.0 KB "
         "| algbw (Gbps): 0.13  | busbw (Gbps): 0.07\n"
-        "[2022-06-26 01:39:56,470] [INFO] [Rank 0] comm op: all_gather_into_tensor | time (ms): garbage\n")
+        "[2022-06-26 01:39:56,470] [INFO] [Rank 0] comm op: all_gather_into_tensor | time (ms): garbage\n"
+    )
     parsed = comms_verbose.parse(path, world_size=2)
     (ds,) = parsed.rows[("comm", 0)]
     assert ds["op"] == "reduce_scatter_tensor" and ds["bytes"] == round(678.86 * 2**20)  # already the full input
@@ -73,13 +77,16 @@ def test_verbose_line_variants_and_a_bad_line(tmp_path):
     (ours,) = parsed.rows[("comm", 1)]
     assert ours["bytes"] == 8192 and ours["start_ns"] is None  # rankscope sizes are S already; no time stamp
     assert [(p.where, p.message) for p in parsed.problems] == [
-        ("line 4", "a 'comm op:' line in an unknown format; skipped")]
+        ("line 4", "a 'comm op:' line in an unknown format; skipped")
+    ]
 
 
 def test_deepspeed_gather_sizes_are_scaled_to_the_whole(tmp_path):
     path = tmp_path / "c.log"
-    path.write_text("[2026-01-01 00:00:00,000] [INFO] [x] [Rank 0] comm op: all_gather_into_tensor | time (ms): 1.00 "
-                    "| msg size: 1.0 KB | algbw (Gbps): 0.01 | busbw (Gbps): 0.01\n")
+    path.write_text(
+        "[2026-01-01 00:00:00,000] [INFO] [x] [Rank 0] comm op: all_gather_into_tensor | time (ms): 1.00 "
+        "| msg size: 1.0 KB | algbw (Gbps): 0.01 | busbw (Gbps): 0.01\n"
+    )
     (row,) = comms_verbose.parse(path, world_size=4).rows[("comm", 0)]
     assert row["bytes"] == 4096 and row["algbw_gbs"] == pytest.approx(4096 / 1e6)
     assert row["busbw_gbs"] == pytest.approx(4096 / 1e6 * 3 / 4)
@@ -87,9 +94,22 @@ def test_deepspeed_gather_sizes_are_scaled_to_the_whole(tmp_path):
 
 def test_rankscope_flat_summary_and_debug_names(tmp_path):
     path = tmp_path / "summary_rank3.json"
-    path.write_text(json.dumps({"all_reduce | [Caller Func: step]": {"1024": {
-        "count": 3, "total_latency_ms": 3.0, "avg_latency_ms": 1.0, "tput_avg_gbps": 1, "busbw_avg_gbps": 1}},
-        "log_summary_barrier": {"0": {"count": 1, "avg_latency_ms": 0.5}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "all_reduce | [Caller Func: step]": {
+                    "1024": {
+                        "count": 3,
+                        "total_latency_ms": 3.0,
+                        "avg_latency_ms": 1.0,
+                        "tput_avg_gbps": 1,
+                        "busbw_avg_gbps": 1,
+                    }
+                },
+                "log_summary_barrier": {"0": {"count": 1, "avg_latency_ms": 0.5}},
+            }
+        )
+    )
     assert comms_summary.detect(path)
     parsed = comms_summary.parse(path, world_size=4)
     rows = parsed.rows[("comm", 3)]
@@ -100,9 +120,14 @@ def test_rankscope_flat_summary_and_debug_names(tmp_path):
 
 def test_summary_with_a_bad_entry_keeps_the_others(tmp_path):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({"summary": {"all_reduce": {"8": {"count": 2, "avg_latency_ms": 1.0},
-                                                           "16": {"count": "two"}}},
-                                "metadata": {"rank": 0, "world_size": 2}}))
+    path.write_text(
+        json.dumps(
+            {
+                "summary": {"all_reduce": {"8": {"count": 2, "avg_latency_ms": 1.0}, "16": {"count": "two"}}},
+                "metadata": {"rank": 0, "world_size": 2},
+            }
+        )
+    )
     parsed = comms_summary.parse(path)
     assert len(parsed.rows[("comm", 0)]) == 2
     assert [p.where for p in parsed.problems] == ["summary['all_reduce']['16']"]
@@ -115,7 +140,9 @@ def test_csv_monitor_tags_and_bad_rows(tmp_path):
     bad.write_text("step,loss\n8,1.0\n16,2.0,3.0\nx,1\n32,4.0\n")
     parsed = csv_monitor.parse(bad)
     assert [(r["tag"], r["samples"], r["value"]) for r in parsed.rows[("monitor", 0)]] == [
-        ("Train/Samples/loss", 8, 1.0), ("Train/Samples/loss", 32, 4.0)]
+        ("Train/Samples/loss", 8, 1.0),
+        ("Train/Samples/loss", 32, 4.0),
+    ]
     assert [p.where for p in parsed.problems] == ["line 3", "line 4"]
 
 

@@ -1,6 +1,7 @@
 """`rankscope replay`: a run streamed through a real collector, replayed at 10x (from the
 data dir and from an `export --archive` file) reproduces its tables row for row,
 except run_id and what the collector stamps on arrival."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,7 @@ SOURCE = FakeRun(run_id=RUN, name="src", world_size=2, steps=20, sparse_comm_row
 
 
 def _rows(data, table: str, run_id: str) -> list[tuple]:
-    return sorted(query(data, f'SELECT * EXCLUDE (run_id) FROM "{table}" WHERE run_id = ?', [run_id]),
-                  key=repr)
+    return sorted(query(data, f'SELECT * EXCLUDE (run_id) FROM "{table}" WHERE run_id = ?', [run_id]), key=repr)
 
 
 def _assert_same_run(data, original: str, replayed: str) -> None:
@@ -30,10 +30,10 @@ def _assert_same_run(data, original: str, replayed: str) -> None:
     (src,) = query(data, f"SELECT {cols}, source, linked_run_id FROM runs WHERE run_id = ?", [original])
     (new,) = query(data, f"SELECT {cols}, source, linked_run_id FROM runs WHERE run_id = ?", [replayed])
     assert new[:-2] == src[:-2] and new[-2:] == ("replay", original)
-    rank_cols = ("rank, host, pid, clock_offset_ns, epoch_ns(started_at), epoch_ns(ended_at), status, "
-                 "dropped_records")
-    assert (query(data, f"SELECT {rank_cols} FROM ranks WHERE run_id = ? ORDER BY rank", [replayed])
-            == query(data, f"SELECT {rank_cols} FROM ranks WHERE run_id = ? ORDER BY rank", [original]))
+    rank_cols = "rank, host, pid, clock_offset_ns, epoch_ns(started_at), epoch_ns(ended_at), status, dropped_records"
+    assert query(data, f"SELECT {rank_cols} FROM ranks WHERE run_id = ? ORDER BY rank", [replayed]) == query(
+        data, f"SELECT {rank_cols} FROM ranks WHERE run_id = ? ORDER BY rank", [original]
+    )
 
 
 @pytest.fixture
@@ -65,8 +65,7 @@ def test_replay_an_archive_by_name_as_fast_as_possible(source_run, tmp_path):
 
 def test_replay_of_a_partition_folder_and_bad_paths(source_run, tmp_path, capsys):
     data, endpoint = source_run
-    assert rankscope("replay", data / "parquet" / "comm" / f"run={RUN}", "--speed", "0",
-                     "--endpoint", endpoint) == 0
+    assert rankscope("replay", data / "parquet" / "comm" / f"run={RUN}", "--speed", "0", "--endpoint", endpoint) == 0
     assert len(query(data, "SELECT run_id FROM runs WHERE linked_run_id = ?", [RUN])) == 1
     assert rankscope("replay", data, "--endpoint", endpoint) == 1
     assert "say which run with --run" in capsys.readouterr().err
@@ -79,6 +78,7 @@ def test_replay_reads_each_rank_a_step_range_at_a_time(source_run, monkeypatch):
     replayed run is still the original row for row."""
     from collector.data import catalog
     from collector.tools import replay
+
     data, endpoint = source_run
     monkeypatch.setattr(replay, "CHUNK_ROWS", 50)
     con = catalog.connect(data)

@@ -3,6 +3,7 @@ these tests only read it): it opens through collector.data.catalog.connect from 
 and from a copy elsewhere, holds nothing a reader does not need, and each scenario
 run of trainer.examples.scenarios shows what it was made to show. Assertions are on
 properties of the runs, not exact numbers, so they hold after any regeneration."""
+
 from __future__ import annotations
 
 import shutil
@@ -16,8 +17,9 @@ SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
 RUN_NAMES = ("zero2-slow-rank3", "zero3-fp16-overflows", "moe-skewed-expert")
 MAX_BYTES = 5_000_000
 
-pytestmark = pytest.mark.skipif(not (SAMPLE_RUNS / layout.CATALOG_FILE).exists(),
-                                reason="sample_runs/ not generated (make sample-runs)")
+pytestmark = pytest.mark.skipif(
+    not (SAMPLE_RUNS / layout.CATALOG_FILE).exists(), reason="sample_runs/ not generated (make sample-runs)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +85,13 @@ def test_every_rank_of_every_run_streamed_its_records(q):
 def test_the_stragglers_view_names_rank_3_at_the_gradient_reductions(q):
     """Rank 3 sleeps before each forward, so it launches every gradient reduce_scatter last."""
     run = _run_id(q, "zero2-slow-rank3")
-    last = q("""
+    last = q(
+        """
         SELECT s.last_rank, count(*) AS n FROM stragglers s JOIN comm c USING (run_id, group_name, seq)
         WHERE s.run_id = ? AND c.rank = 0 AND c.log_name = 'zero2.reduce_scatter_grads'
-        GROUP BY ALL ORDER BY n DESC""", [run])
+        GROUP BY ALL ORDER BY n DESC""",
+        [run],
+    )
     assert last, "no gradient reductions recorded"
     assert last[0][0] == 3, last
     assert last[0][1] > 0.5 * sum(n for _, n in last), last  # most of them, not just the plurality
@@ -94,23 +99,32 @@ def test_the_stragglers_view_names_rank_3_at_the_gradient_reductions(q):
 
 def test_fp16_run_overflows_and_the_scale_backs_off(q):
     run = _run_id(q, "zero3-fp16-overflows")
-    rows = q("""SELECT step, scale_before, scale, overflow FROM loss_scale
-                WHERE run_id = ? AND rank = 0 ORDER BY step""", [run])
+    rows = q(
+        """SELECT step, scale_before, scale, overflow FROM loss_scale
+                WHERE run_id = ? AND rank = 0 ORDER BY step""",
+        [run],
+    )
     overflows = [r for r in rows if r[3]]
     assert overflows, "no overflow recorded"
     assert all(after <= before for _, before, after, _ in overflows)
     assert any(after < before for _, before, after, _ in overflows), "the scale never backed off"
     assert rows[-1][2] < rows[0][1], "the scale did not end below where it started"
     # every rank agrees on every step's decision (the overflow vote is an all_reduce)
-    disagree = q("""SELECT step FROM loss_scale WHERE run_id = ?
-                    GROUP BY step HAVING count(DISTINCT overflow) > 1 OR count(DISTINCT scale) > 1""", [run])
+    disagree = q(
+        """SELECT step FROM loss_scale WHERE run_id = ?
+                    GROUP BY step HAVING count(DISTINCT overflow) > 1 OR count(DISTINCT scale) > 1""",
+        [run],
+    )
     assert disagree == []
 
 
 def test_moe_run_favours_one_expert_and_drops_tokens(q):
     run = _run_id(q, "moe-skewed-expert")
-    per_expert = q("""SELECT layer, expert, sum(tokens) AS tokens, sum(dropped) AS dropped FROM moe
-                      WHERE run_id = ? GROUP BY ALL ORDER BY layer, expert""", [run])
+    per_expert = q(
+        """SELECT layer, expert, sum(tokens) AS tokens, sum(dropped) AS dropped FROM moe
+                      WHERE run_id = ? GROUP BY ALL ORDER BY layer, expert""",
+        [run],
+    )
     assert per_expert, "no moe rows"
     for layer in {r[0] for r in per_expert}:
         tokens = {e: t for lay, e, t, _ in per_expert if lay == layer}

@@ -2,6 +2,7 @@
 dropped while it runs and 100 dropped while it was stopped are each ingested exactly
 once; corrupt files are named and skipped without being retried; a dropped archive
 restores its run once."""
+
 from __future__ import annotations
 
 import os
@@ -15,11 +16,11 @@ import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from collector.rank import spool
 from collector.data.codec import encode_batch
+from collector.rank import spool
+from collector.testing.collectors import live_collector
 from collector.tools.importers.sink import envelope
 from proto import pb
-from collector.testing.collectors import live_collector
 from tests.tools._import_util import FIXTURE, copy_fixture, query, rankscope
 
 SPOOL_RUN = "spooled"
@@ -27,8 +28,21 @@ WAIT_S = 120  # a bound for a hung watcher, not a timing expectation
 
 
 def _watch_args(folder, data, *extra) -> list[str]:
-    return [sys.executable, "-m", "collector.tools.cli", "import", "--watch", str(folder), "--data-dir", str(data),
-            "--settle", "0.3", "--run", "dropped", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "collector.tools.cli",
+        "import",
+        "--watch",
+        str(folder),
+        "--data-dir",
+        str(data),
+        "--settle",
+        "0.3",
+        "--run",
+        "dropped",
+        *extra,
+    ]
 
 
 def _watch(folder, data) -> subprocess.Popen:
@@ -43,8 +57,12 @@ def _drop_spool(folder, i: int) -> None:
     """A spool file as a rank's client leaves it: Hello + one monitor batch of 2 rows."""
     client = f"client-{i}"
     hello = pb.Hello(run_id=SPOOL_RUN, run_name=SPOOL_RUN, rank=0, world_size=1, source="hook")
-    batch = encode_batch("monitor", SPOOL_RUN, 0, {"step": [1, 2], "tag": [f"spool/{i}"] * 2,
-                                                   "value": [float(i), i + 0.5], "samples": [8, 16]})
+    batch = encode_batch(
+        "monitor",
+        SPOOL_RUN,
+        0,
+        {"step": [1, 2], "tag": [f"spool/{i}"] * 2, "value": [float(i), i + 0.5], "samples": [8, 16]},
+    )
     spool.write(folder, client, [envelope(client, 1, hello=hello), envelope(client, 2, table=batch)])
 
 
@@ -120,8 +138,12 @@ def test_corrupt_files_are_named_once_and_the_rest_ingested(tmp_path):
     (folder / "cut.rsspool").write_bytes(spool.MAGIC + b"\x10\x00\x00\x00abc")
     first = _watch_once(folder, data)
     assert first.returncode == 0, first.stderr
-    for name, what in ((folder / "broken.csv", ":line 3: not a number"), (events, ":record"),
-                       (folder / "comm.parquet", ": unreadable Parquet"), (folder / "cut.rsspool", "")):
+    for name, what in (
+        (folder / "broken.csv", ":line 3: not a number"),
+        (events, ":record"),
+        (folder / "comm.parquet", ": unreadable Parquet"),
+        (folder / "cut.rsspool", ""),
+    ):
         assert f"{name}{what}" in first.stderr
     (val,) = query(data, "SELECT list(value ORDER BY samples) FROM monitor WHERE tag = 'broken'")[0]
     assert val == [1.5]

@@ -1,5 +1,6 @@
 """Helpers for the engine tests: spawn a gloo group running a worker, a tiny model,
 deterministic global batches, and the single-process torch reference."""
+
 from __future__ import annotations
 
 import datetime
@@ -18,8 +19,7 @@ LR = 1e-2
 
 def make_model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(D_IN, D_HID), nn.Tanh(), nn.Linear(D_HID, D_HID), nn.Tanh(),
-                         nn.Linear(D_HID, D_OUT))
+    return nn.Sequential(nn.Linear(D_IN, D_HID), nn.Tanh(), nn.Linear(D_HID, D_HID), nn.Tanh(), nn.Linear(D_HID, D_OUT))
 
 
 def num_params() -> int:
@@ -60,17 +60,22 @@ def reference_losses(steps: int, batch: int, clip: float, lr: float = LR) -> lis
 
 def engine_config(*, stage: int, batch: int, gas: int, clip: float = 0.0, lr: float = LR, **zero) -> dict:
     return {
-        "train_batch_size": batch, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
+        "train_batch_size": batch,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
         "optimizer": {"type": "AdamW", "params": {"lr": lr}},
-        "zero_optimization": dict({"stage": stage, "reduce_bucket_size": 2000,
-                                   "stage3_param_persistence_threshold": 0}, **zero),
-        "steps_per_print": 1000, "telemetry": {"enabled": False},
+        "zero_optimization": dict(
+            {"stage": stage, "reduce_bucket_size": 2000, "stage3_param_persistence_threshold": 0}, **zero
+        ),
+        "steps_per_print": 1000,
+        "telemetry": {"enabled": False},
     }
 
 
 def train(engine, *, steps: int, batch: int, start: int = 0) -> list[float]:
     """Run ``steps`` optimizer steps; returns the global mean loss of each (all ranks agree)."""
     import torch.distributed as dist
+
     world, gas = dist.get_world_size(), engine.gradient_accumulation_steps()
     out = []
     for step in range(start, start + steps):
@@ -89,10 +94,17 @@ def train(engine, *, steps: int, batch: int, start: int = 0) -> list[float]:
 
 
 def _entry(rank: int, world: int, port: int, out_dir: str, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     import torch.distributed as dist
+
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         result = fn(rank, world, *args)
@@ -106,8 +118,9 @@ def spawn(fn, world: int, tmp_path, *args) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; returns each rank's result."""
     out_dir = str(tmp_path)
     os.makedirs(out_dir, exist_ok=True)
-    mp.start_processes(_entry, args=(world, free_port(), out_dir, fn, args), nprocs=world, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _entry, args=(world, free_port(), out_dir, fn, args), nprocs=world, join=True, start_method="spawn"
+    )
     results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
     for r, res in enumerate(results):
         if isinstance(res, dict) and "error" in res:

@@ -1,6 +1,7 @@
 """A token-by-token reference for an MoE layer, written from the routing rules
 (GShard capacity, first choices before second choices, token order) rather
 than from trainer.moe's tensor code, so the two can disagree."""
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,9 @@ def reference_moe(tokens, gate_weight, experts, *, k, capacity):
             total = torch.clamp(ws[0] + ws[1], min=torch.finfo(probs.dtype).eps)
             ws = [w / total for w in ws]
         out = tokens[s] * 0
-        for w, e, keep in zip(ws, choices[s], kept[s]):
+        for w, e, keep in zip(ws, choices[s], kept[s], strict=True):
             if keep:
-                out = out + w.to(tokens.dtype) * experts[e](tokens[s:s + 1])[0]
+                out = out + w.to(tokens.dtype) * experts[e](tokens[s : s + 1])[0]
         rows.append(out)
     first_share = torch.zeros(E)
     for s in range(S):

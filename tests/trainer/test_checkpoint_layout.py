@@ -2,6 +2,7 @@
 ZeRO ranks cover every parameter exactly once and read back for any other layout; the
 index's name order merges every rank's experts; the resumable sampler deals the same global
 batches at any world size (1, 2, 4 and 1,024 ranks); zero_to_fp32 as users run it."""
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,19 @@ def _write_layout(tag_dir: str, named, world: int, bucket_numel: int) -> None:
             shard = b.shard_of(flat)
             fragments.update(bucket_fragments(b, shard, {"exp_avg": 2 * shard}, 7, names, group_rank=rank))
         save_torch({"rank": rank, "fragments": fragments, "tensors": {}}, os.path.join(tag_dir, shard_file(rank)))
-        metas.append({"tp_rank": 0, "file": shard_file(rank), "state_keys": ["exp_avg"],
-                      "fragments": {n: (f["offset"], f["fp32"].numel()) for n, f in fragments.items()},
-                      "shapes": {n: (list(p.shape), "float32", 0) for n, p in named if n in fragments},
-                      "buffers": [], "frozen": [], "aliases": {}, "order": [n for n, _ in named] if rank == 0 else []})
+        metas.append(
+            {
+                "tp_rank": 0,
+                "file": shard_file(rank),
+                "state_keys": ["exp_avg"],
+                "fragments": {n: (f["offset"], f["fp32"].numel()) for n, f in fragments.items()},
+                "shapes": {n: (list(p.shape), "float32", 0) for n, p in named if n in fragments},
+                "buffers": [],
+                "frozen": [],
+                "aliases": {},
+                "order": [n for n, _ in named] if rank == 0 else [],
+            }
+        )
     mp_ranks, keys = build_index(metas, 1)
     assert keys == ["exp_avg"]
     with open(os.path.join(tag_dir, "index.json"), "w") as f:
@@ -68,8 +78,9 @@ def test_fragments_of_1024_ranks_cover_every_parameter_once_and_read_back_on_3(t
             steps = set()
             for s, lo, hi in runs(b.slots, b.shard_start, b.shard_start + b.shard_numel):
                 at = s.offset + lo - b.shard_start
-                steps |= source.copy_into(s.name, lo, hi, {"fp32": values[at:at + hi - lo],
-                                                            "exp_avg": moment[at:at + hi - lo]})
+                steps |= source.copy_into(
+                    s.name, lo, hi, {"fp32": values[at : at + hi - lo], "exp_avg": moment[at : at + hi - lo]}
+                )
             assert torch.equal(values, want) and torch.equal(moment, 2 * want) and steps == {7.0}
 
 
@@ -77,11 +88,17 @@ def test_every_element_is_written_once_whatever_the_layout():
     named = _params()
     for world in (1, 2, 3, 1024):
         for shards in (1, world):  # replicated (ZeRO-0: the group splits the writing) or partitioned
-            for bucket_numel in (1, 100, 10 ** 6):
+            for bucket_numel in (1, 100, 10**6):
                 seen = {n: torch.zeros(p.numel(), dtype=torch.int32) for n, p in named}
                 for rank in range(world):
-                    for b in build_buckets(named, group_index=0, bucket_numel=bucket_numel, num_shards=shards,
-                                           shard_index=rank if shards > 1 else 0, group_size=world):
+                    for b in build_buckets(
+                        named,
+                        group_index=0,
+                        bucket_numel=bucket_numel,
+                        num_shards=shards,
+                        shard_index=rank if shards > 1 else 0,
+                        group_size=world,
+                    ):
                         lo, hi = writer_span(b, rank)
                         for s, a, c in runs(b.slots, lo, hi):
                             seen[s.name][a:c] += 1
@@ -89,8 +106,17 @@ def test_every_element_is_written_once_whatever_the_layout():
 
 
 def test_an_index_with_a_gap_is_refused():
-    meta = {"tp_rank": 0, "file": "shards/rank_00000.pt", "state_keys": [], "fragments": {"w": (0, 5)},
-            "shapes": {"w": ([10], "float32", 0)}, "buffers": [], "frozen": [], "aliases": {}, "order": ["w"]}
+    meta = {
+        "tp_rank": 0,
+        "file": "shards/rank_00000.pt",
+        "state_keys": [],
+        "fragments": {"w": (0, 5)},
+        "shapes": {"w": ([10], "float32", 0)},
+        "buffers": [],
+        "frozen": [],
+        "aliases": {},
+        "order": ["w"],
+    }
     with pytest.raises(CheckpointError, match="parameter w: fragments cover 5 of 10 elements"):
         build_index([meta], 1)
 
@@ -112,7 +138,7 @@ def _global_batches(world: int, micro: int, dataset_len: int, resume: dict | Non
     streams = [list(iter(s)) for s in samplers]
     batches = []
     for k in range(steps):
-        batches.append(sorted(i for st in streams for i in st[k * micro:(k + 1) * micro]))
+        batches.append(sorted(i for st in streams for i in st[k * micro : (k + 1) * micro]))
         for s in samplers:
             s.advance(world * micro)
     return batches, samplers[0].state_dict()
@@ -121,7 +147,7 @@ def _global_batches(world: int, micro: int, dataset_len: int, resume: dict | Non
 def test_the_sampler_deals_the_same_global_batches_on_any_world_size_and_resumes_between_them():
     n, batch = 8192, 1024
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(3)).tolist()
-    want = [sorted(perm[k * batch:(k + 1) * batch]) for k in range(6)]
+    want = [sorted(perm[k * batch : (k + 1) * batch]) for k in range(6)]
     states = {}
     for world in (1, 2, 4, 1024):
         first, states[world] = _global_batches(world, batch // world, n)
@@ -143,23 +169,33 @@ def test_zero_to_fp32_as_a_command(tmp_path):
     engine.save_checkpoint(tmp_path / "ck")
     run = [sys.executable, "-m", "trainer.checkpoint.zero_to_fp32"]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([*run, str(tmp_path / "ck"), str(tmp_path / "out")], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        [*run, str(tmp_path / "ck"), str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "assembled 6/6 parameters" in proc.stderr and "pytorch_model.bin: 6 tensors" in proc.stdout
     model = make_model(seed=4)
     model.load_state_dict(torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=True), strict=True)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), engine.module.state_dict().values()))
+    pairs = zip(model.state_dict().values(), engine.module.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     from trainer.checkpoint.zero_to_fp32 import load_state_dict_from_zero_checkpoint
+
     loaded = load_state_dict_from_zero_checkpoint(make_model(seed=8), tmp_path / "ck")
-    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
-    with pytest.raises(CheckpointError, match="the checkpoint holds 2.weight, which the model does not have"):
+    pairs = zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    with pytest.raises(CheckpointError, match=r"the checkpoint holds 2\.weight, which the model does not have"):
         load_state_dict_from_zero_checkpoint(nn.Sequential(nn.Linear(16, 64)), tmp_path / "ck")
-    proc = subprocess.run([*run, str(tmp_path / "ck"), str(tmp_path / "w.pt"), "-t", "global_step2"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [*run, str(tmp_path / "ck"), str(tmp_path / "w.pt"), "-t", "global_step2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0 and (tmp_path / "w.pt").is_file()
-    for args, message in (([str(tmp_path / "nope"), str(tmp_path / "x")], "holds no checkpoint: no 'latest' file"),
-                          ([str(tmp_path / "ck"), str(tmp_path / "x"), "-t", "global_step9"],
-                           "global_step9 does not exist")):
+    for args, message in (
+        ([str(tmp_path / "nope"), str(tmp_path / "x")], "holds no checkpoint: no 'latest' file"),
+        ([str(tmp_path / "ck"), str(tmp_path / "x"), "-t", "global_step9"], "global_step9 does not exist"),
+    ):
         proc = subprocess.run([*run, *args], capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -1,4 +1,5 @@
 """Checkpoint at step 10, load in fresh processes, steps 11-20 identical to an uninterrupted run."""
+
 from __future__ import annotations
 
 import os
@@ -8,17 +9,20 @@ import torch
 from torch import nn
 
 import trainer
-from trainer.checkpoint import CheckpointError
 from tests.trainer._engine_util import engine_config, make_model, spawn, train
+from trainer.checkpoint import CheckpointError
 
 BATCH = 16
 
 
 def _config(stage: int, fp16: bool = False) -> dict:
-    cfg = engine_config(stage=stage, batch=BATCH, gas=2, clip=0.05,
-                        offload_optimizer={"device": "cpu"} if stage == 2 else {})
-    cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01,
-                                                       "warmup_num_steps": 15, "warmup_type": "linear"}}
+    cfg = engine_config(
+        stage=stage, batch=BATCH, gas=2, clip=0.05, offload_optimizer={"device": "cpu"} if stage == 2 else {}
+    )
+    cfg["scheduler"] = {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 15, "warmup_type": "linear"},
+    }
     return cfg
 
 
@@ -55,7 +59,11 @@ def test_engine_checkpoint_resume_is_identical(tmp_path):
         root = os.path.join(ckpt, f"zero{stage}")
         assert open(os.path.join(root, "latest")).read() == "global_step10"
         assert sorted(os.listdir(os.path.join(root, "global_step10"))) == [
-            "checkpoint.json", "client_state.pt", "engine_states.pt", "shards"]
+            "checkpoint.json",
+            "client_state.pt",
+            "engine_states.pt",
+            "shards",
+        ]
         assert sorted(os.listdir(os.path.join(root, "global_step10", "shards"))) == ["rank_00000.pt", "rank_00001.pt"]
     resumed = spawn(_resumed, 2, tmp_path / "b", ckpt)
     for stage in STAGES:
@@ -75,10 +83,14 @@ def test_a_checkpoint_of_another_model_names_the_first_mismatching_parameter(tmp
     train(engine, steps=2, batch=BATCH)
     engine.save_checkpoint(tmp_path / "ck")
     cases = [  # (model, message): the first difference in module order, counted with the rest
-        (nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4)),
-         r"parameter 0\.weight has shape \[64, 16\] in the checkpoint, \[32, 16\] in this model \(2 more"),
-        (nn.Sequential(*make_model(), nn.Tanh(), nn.Linear(4, 4)),
-         r"parameter 6\.weight of this model is not in the checkpoint \(1 more"),
+        (
+            nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4)),
+            r"parameter 0\.weight has shape \[64, 16\] in the checkpoint, \[32, 16\] in this model \(2 more",
+        ),
+        (
+            nn.Sequential(*make_model(), nn.Tanh(), nn.Linear(4, 4)),
+            r"parameter 6\.weight of this model is not in the checkpoint \(1 more",
+        ),
         (nn.Sequential(*list(make_model())[:3]), r"the checkpoint holds 4\.weight, which this model does not have"),
     ]
     for model, message in cases:
@@ -109,6 +121,7 @@ def test_another_optimizer_type_cannot_resume_but_can_take_the_weights(tmp_path)
 
 def test_sgd_momentum_resumes_on_another_stage(tmp_path):
     """Optimizer state without a step count (SGD's momentum_buffer) is kept per element too."""
+
     def engine(stage):
         cfg = _config(stage)
         cfg["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
@@ -138,11 +151,12 @@ def test_tags_latest_client_state_and_module_only(tmp_path):
     assert fresh.global_steps == 1
     fresh.load_checkpoint(tmp_path / "ck" / "second")  # a tag folder given directly
     assert fresh.global_steps == 2
-    assert all(torch.equal(a, b) for a, b in zip(_weights(fresh).values(), _weights(engine).values()))
+    assert all(torch.equal(a, b) for a, b in zip(_weights(fresh).values(), _weights(engine).values(), strict=True))
     module_only, *_ = trainer.initialize(model=make_model(seed=9), config=_config(0))
     module_only.load_checkpoint(tmp_path / "ck", tag="second", load_module_only=True)
     assert module_only.global_steps == 0 and not module_only.optimizer.master.optimizer.state
-    assert all(torch.equal(a, b) for a, b in zip(_weights(module_only).values(), _weights(engine).values()))
+    pairs = zip(_weights(module_only).values(), _weights(engine).values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 def test_unfinished_corrupt_or_missing_checkpoints_say_what_is_wrong(tmp_path):
@@ -152,7 +166,7 @@ def test_unfinished_corrupt_or_missing_checkpoints_say_what_is_wrong(tmp_path):
     index = tmp_path / "ck" / "t" / "checkpoint.json"
     text = index.read_text()
     index.unlink()
-    with pytest.raises(CheckpointError, match="has no checkpoint.json: the save did not finish"):
+    with pytest.raises(CheckpointError, match=r"has no checkpoint\.json: the save did not finish"):
         engine.load_checkpoint(tmp_path / "ck")
     index.write_text(text[:-40])
     with pytest.raises(CheckpointError, match=r"checkpoint.json:\d+: not valid JSON"):
@@ -160,12 +174,12 @@ def test_unfinished_corrupt_or_missing_checkpoints_say_what_is_wrong(tmp_path):
     index.write_text(text)
     shard = tmp_path / "ck" / "t" / "shards" / "rank_00000.pt"
     shard.write_bytes(shard.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match="cannot read checkpoint file .*rank_00000.pt"):
+    with pytest.raises(CheckpointError, match=r"cannot read checkpoint file .*rank_00000\.pt"):
         engine.load_checkpoint(tmp_path / "ck")
     with pytest.raises(CheckpointError, match="must be a plain folder name"):
         engine.save_checkpoint(tmp_path / "ck", tag="a/b")
     (tmp_path / "file").write_text("")
-    with pytest.raises(CheckpointError, match="saving checkpoint .* failed on rank 0"):
+    with pytest.raises(CheckpointError, match=r"saving checkpoint .* failed on rank 0"):
         engine.save_checkpoint(tmp_path / "file", tag="t")
 
 
@@ -174,6 +188,7 @@ def _lost_shard(rank, world, root):
     train(engine, steps=1, batch=BATCH)
     engine.save_checkpoint(root)
     import torch.distributed as dist
+
     dist.barrier()
     if rank == 0:
         os.unlink(os.path.join(root, "global_step1", "shards", "rank_00001.pt"))
@@ -230,7 +245,7 @@ def test_the_dataloader_resumes_at_its_position_on_another_world_size(tmp_path):
     """Saved on 2 ranks after 3 steps, resumed on 1: the next global batches are the ones an
     uninterrupted run would draw (global batch k = samples [16k, 16k + 16) of the epoch's permutation)."""
     perm = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(0)).tolist()
-    want = [sorted(perm[k * BATCH:(k + 1) * BATCH]) for k in range(N_SAMPLES // BATCH)]
+    want = [sorted(perm[k * BATCH : (k + 1) * BATCH]) for k in range(N_SAMPLES // BATCH)]
     seen = spawn(_sampler_save, 2, tmp_path / "out", str(tmp_path / "ck"))
     assert seen[0] == want[:3]
     engine, *_ = trainer.initialize(model=make_model(seed=3), config=_config(2), training_data=_dataset())

@@ -1,5 +1,6 @@
 """The ds_config parser: DeepSpeed's batch-size rule, validation errors naming the dotted key,
 unknown-key warnings, and that initialize fails early with one clear message."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ import pytest
 import trainer
 from collector.data.config import ConfigWarning
 from collector.rank import session
-from trainer.config import ConfigError, EngineConfig, load_config
 from tests.trainer._engine_util import make_model
+from trainer.config import ConfigError, EngineConfig, load_config
 
 OPT = {"type": "Adam", "params": {"lr": 1e-3}}
 
@@ -21,15 +22,21 @@ def _cfg(**kw) -> dict:
     return dict({"train_micro_batch_size_per_gpu": 2, "optimizer": OPT, "telemetry": {"enabled": False}}, **kw)
 
 
-@pytest.mark.parametrize("given, world, expected", [
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (32, 4, 2)),
-    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
-    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
-    ({"train_micro_batch_size_per_gpu": 4}, 2, (8, 4, 1)),
-    ({"train_batch_size": 8}, 2, (8, 4, 1)),
-    ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2}, 4,
-     (24, 3, 2)),
-])
+@pytest.mark.parametrize(
+    "given, world, expected",
+    [
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (32, 4, 2)),
+        ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+        ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+        ({"train_micro_batch_size_per_gpu": 4}, 2, (8, 4, 1)),
+        ({"train_batch_size": 8}, 2, (8, 4, 1)),
+        (
+            {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2},
+            4,
+            (24, 3, 2),
+        ),
+    ],
+)
 def test_engine_config_batch_triple_inferred(given, world, expected):
     cfg = EngineConfig.from_dict(dict(given, optimizer=OPT), world_size=world)
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == expected
@@ -46,27 +53,50 @@ def test_engine_config_defaults_follow_deepspeed():
     assert big.zero_optimization.reduce_bucket_size == 500_000_000
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
-      "optimizer": OPT},
-     "train_batch_size=10, train_micro_batch_size_per_gpu=3, gradient_accumulation_steps=2, world size=1"),
-    (_cfg(zero_optimization={"stage": 4}), "zero_optimization.stage: must be one of 0, 1, 2, 3 (got 4)"),
-    (_cfg(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}),
-     "zero_optimization.offload_param: parameter offload needs zero_optimization.stage 3 (got 2)"),
-    (_cfg(optimizer={"type": "Adagrad2", "params": {}}),
-     "optimizer.type: unknown optimizer; allowed: Adam, AdamW, SGD (got 'Adagrad2')"),
-    (_cfg(zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme"}}),
-     "zero_optimization.offload_optimizer.nvme_path: device 'nvme' needs nvme_path"),
-    (_cfg(zero_optimization={"stage": 0, "offload_optimizer": {"device": "cpu"}}),
-     "zero_optimization.offload_optimizer: optimizer offload needs zero_optimization.stage 1, 2 or 3"),
-    (_cfg(fp16={"enabled": True}, bf16={"enabled": True}), "choose one precision"),
-    (_cfg(fp16={"enabled": "yes"}), "fp16.enabled: must be true or false"),
-    (_cfg(zero_optimization={"stage": 1, "reduce_bucket_size": -5}), "zero_optimization.reduce_bucket_size: must be >= 1"),
-    (_cfg(gradient_clipping="big"), "gradient_clipping: must be a finite number"),
-    (_cfg(optimizer={"type": "AdamW", "params": {"lr": 1e-3, "momentum_typo": 0.9}}), "optimizer.params: AdamW rejects"),
-    ({"train_micro_batch_size_per_gpu": 2}, "optimizer: the config needs an optimizer block"),
-    ({"optimizer": OPT}, "train_batch_size or train_micro_batch_size_per_gpu must be given"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            {
+                "train_batch_size": 10,
+                "train_micro_batch_size_per_gpu": 3,
+                "gradient_accumulation_steps": 2,
+                "optimizer": OPT,
+            },
+            "train_batch_size=10, train_micro_batch_size_per_gpu=3, gradient_accumulation_steps=2, world size=1",
+        ),
+        (_cfg(zero_optimization={"stage": 4}), "zero_optimization.stage: must be one of 0, 1, 2, 3 (got 4)"),
+        (
+            _cfg(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}),
+            "zero_optimization.offload_param: parameter offload needs zero_optimization.stage 3 (got 2)",
+        ),
+        (
+            _cfg(optimizer={"type": "Adagrad2", "params": {}}),
+            "optimizer.type: unknown optimizer; allowed: Adam, AdamW, SGD (got 'Adagrad2')",
+        ),
+        (
+            _cfg(zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme"}}),
+            "zero_optimization.offload_optimizer.nvme_path: device 'nvme' needs nvme_path",
+        ),
+        (
+            _cfg(zero_optimization={"stage": 0, "offload_optimizer": {"device": "cpu"}}),
+            "zero_optimization.offload_optimizer: optimizer offload needs zero_optimization.stage 1, 2 or 3",
+        ),
+        (_cfg(fp16={"enabled": True}, bf16={"enabled": True}), "choose one precision"),
+        (_cfg(fp16={"enabled": "yes"}), "fp16.enabled: must be true or false"),
+        (
+            _cfg(zero_optimization={"stage": 1, "reduce_bucket_size": -5}),
+            "zero_optimization.reduce_bucket_size: must be >= 1",
+        ),
+        (_cfg(gradient_clipping="big"), "gradient_clipping: must be a finite number"),
+        (
+            _cfg(optimizer={"type": "AdamW", "params": {"lr": 1e-3, "momentum_typo": 0.9}}),
+            "optimizer.params: AdamW rejects",
+        ),
+        ({"train_micro_batch_size_per_gpu": 2}, "optimizer: the config needs an optimizer block"),
+        ({"optimizer": OPT}, "train_batch_size or train_micro_batch_size_per_gpu must be given"),
+    ],
+)
 def test_engine_config_bad_values_fail_at_initialize(config, message):
     with pytest.raises(ValueError) as err:
         trainer.initialize(model=make_model(), config=config)
@@ -77,8 +107,14 @@ def test_engine_config_bad_values_fail_at_initialize(config, message):
 def test_engine_config_unknown_keys_warn_with_dotted_path():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        EngineConfig.from_dict(_cfg(zero_optimizaton={"stage": 2}, zero_optimization={"stage": 1, "bucket": 3},
-                                    fp16={"enabled": False, "scale": 2}, prescale_gradients=False))
+        EngineConfig.from_dict(
+            _cfg(
+                zero_optimizaton={"stage": 2},
+                zero_optimization={"stage": 1, "bucket": 3},
+                fp16={"enabled": False, "scale": 2},
+                prescale_gradients=False,
+            )
+        )
     text = " ".join(str(w.message) for w in caught)
     assert "zero_optimizaton" in text and "zero_optimization.bucket" in text and "fp16.scale" in text
     assert "prescale_gradients" not in text  # a known DeepSpeed key, accepted
@@ -101,8 +137,9 @@ def test_engine_deepspeed_adam_means_adamw_without_decay():
     engine, *_ = trainer.initialize(model=make_model(), config=_cfg())
     inner = engine.optimizer.master.optimizer
     assert type(inner).__name__ == "AdamW" and inner.param_groups[0]["weight_decay"] == 0.0
-    engine, *_ = trainer.initialize(model=make_model(), config=_cfg(
-        optimizer={"type": "Adam", "params": {"lr": 1e-3, "adam_w_mode": False}}))
+    engine, *_ = trainer.initialize(
+        model=make_model(), config=_cfg(optimizer={"type": "Adam", "params": {"lr": 1e-3, "adam_w_mode": False}})
+    )
     assert type(engine.optimizer.master.optimizer).__name__ == "Adam"
 
 
@@ -115,8 +152,12 @@ EXAMPLE_CONFIGS = sorted((Path(__file__).parent.parent / "trainer" / "examples" 
 def _warned_keys(caught) -> list[str]:
     """Every dotted key named by an unknown-key warning, in order."""
     prefix = "ignoring unknown config keys: "
-    return [k for w in caught if issubclass(w.category, ConfigWarning)
-            for k in str(w.message).removeprefix(prefix).split(", ")]
+    return [
+        k
+        for w in caught
+        if issubclass(w.category, ConfigWarning)
+        for k in str(w.message).removeprefix(prefix).split(", ")
+    ]
 
 
 def test_deepspeed_reference_config_loads_without_a_warning():
@@ -131,8 +172,11 @@ def test_deepspeed_reference_config_loads_without_a_warning():
     z = cfg.zero_optimization
     assert (z.stage, z.reduce_bucket_size, z.stage3_param_persistence_threshold) == (3, 500_000_000, 1_000_000)
     assert type(z.reduce_bucket_size) is int  # 5e8 in the JSON
-    assert (z.offload_param.device, z.offload_optimizer.device, z.offload_optimizer.nvme_path) == \
-        ("cpu", "cpu", "/local_nvme")
+    assert (z.offload_param.device, z.offload_optimizer.device, z.offload_optimizer.nvme_path) == (
+        "cpu",
+        "cpu",
+        "/local_nvme",
+    )
     assert cfg.aio.intra_op_parallelism == 1  # from DeepSpeed's older thread_count
     assert cfg.fp16.enabled and cfg.fp16.min_loss_scale == 1.0 and cfg.optimizer.type == "Adam"
     assert cfg.scheduler.type == "WarmupLR" and cfg.scheduler.params.warmup_num_steps == 1000
@@ -144,11 +188,21 @@ def test_deepspeed_reference_config_loads_without_a_warning():
 def test_genuinely_unknown_keys_are_the_only_ones_reported_at_any_depth():
     raw = load_config(FIXTURES / "deepspeed_config_reference.json")
     raw = json.loads(json.dumps(raw))
-    typos = {"zero_optimisation": {}, "zero_optimization.offload_param.buffer_cnt": 5, "aio.queue_dept": 4,
-             "scheduler.params.warmup_steps": 10, "fp16.loss_scale_windw": 1, "bf16.enable": True,
-             "optimizer.parameters": {}, "comms_logger.prof_op": ["all_reduce"], "flops_profiler.profile_stp": 2,
-             "csv_monitor.outputpath": "x", "tensorboard.job": "x", "telemetry.endpont": "h:1",
-             "tensor_parallel.tp": 2}
+    typos = {
+        "zero_optimisation": {},
+        "zero_optimization.offload_param.buffer_cnt": 5,
+        "aio.queue_dept": 4,
+        "scheduler.params.warmup_steps": 10,
+        "fp16.loss_scale_windw": 1,
+        "bf16.enable": True,
+        "optimizer.parameters": {},
+        "comms_logger.prof_op": ["all_reduce"],
+        "flops_profiler.profile_stp": 2,
+        "csv_monitor.outputpath": "x",
+        "tensorboard.job": "x",
+        "telemetry.endpont": "h:1",
+        "tensor_parallel.tp": 2,
+    }
     for dotted, value in typos.items():
         *path, name = dotted.split(".")
         block = raw
@@ -166,17 +220,25 @@ def test_tensor_parallel_guide_config_from_the_seed_docs():
     """The seed's tensor-parallel guide passes this dict to deepspeed.initialize. Every key is
     known; its one problem (parameter offload under ZeRO stage 2) is named."""
     config = {
-        "train_batch_size": 32, "gradient_accumulation_steps": 1, "fp16": {"enabled": True},
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                              "offload_param": {"device": "cpu", "pin_memory": True}},
+        "train_batch_size": 32,
+        "gradient_accumulation_steps": 1,
+        "fp16": {"enabled": True},
+        "zero_optimization": {
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu", "pin_memory": True},
+        },
         "tensorboard": {"enabled": True, "output_path": "tensorboard_logs", "job_name": "my_training_job"},
         "tensor_parallel": {"enabled": True, "tp_size": 2},
         "optimizer": OPT,
     }
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ConfigError, match=r"^zero_optimization\.offload_param: parameter offload needs "
-                                              r"zero_optimization\.stage 3 \(got 2\)$"):
+        with pytest.raises(
+            ConfigError,
+            match=r"^zero_optimization\.offload_param: parameter offload needs "
+            r"zero_optimization\.stage 3 \(got 2\)$",
+        ):
             EngineConfig.from_dict(config, world_size=2)
         del config["zero_optimization"]["offload_param"]
         cfg = EngineConfig.from_dict(config, world_size=2)
@@ -193,23 +255,36 @@ def test_shipped_example_configs_load_without_a_warning(path):
     assert cfg.optimizer.type == "AdamW" and cfg.scheduler.type == "WarmupLR"
 
 
-@pytest.mark.parametrize("config, message", [
-    (_cfg(scheduler={"type": "Cosine"}), "scheduler.type: must be one of 'LRRangeTest', 'OneCycle'"),
-    (_cfg(scheduler={"type": "WarmupDecayLR", "params": {}}),
-     "scheduler.params.total_num_steps: required, not given"),
-    (_cfg(flops_profiler={"profile_step": -1}), "flops_profiler.profile_step: must be >= 0 (got -1)"),
-    (_cfg(csv_monitor={"job_name": ""}), "csv_monitor.job_name: must be a non-empty string (got '')"),
-    (_cfg(comms_logger={"prof_ops": "all_reduce"}), "comms_logger.prof_ops: must be a list of strings"),
-    (_cfg(telemetry={"endpoint": " "}), "telemetry.endpoint: must be a non-empty string"),
-    (_cfg(tensor_parallel={"tp_size": 2}), "tensor_parallel.tp_size: must divide the world size 1 (got 2)"),
-    (_cfg(aio={"thread_count": 2, "intra_op_parallelism": 4}),
-     "aio.thread_count and aio.intra_op_parallelism: the same setting given twice with different values (2 and 4)"),
-    (_cfg(zero_optimization={"offload_optimizer": {"device": "gpu"}}),
-     "zero_optimization.offload_optimizer.device: must be one of 'none', 'cpu', 'nvme' (got 'gpu')"),
-    (_cfg(fp16={"enabled": True, "initial_scale_power": 1, "min_loss_scale": 4}), "fp16.min_loss_scale: is above"),
-    (_cfg(train_micro_batch_size_per_gpu=2.5), "train_micro_batch_size_per_gpu: must be an integer or null (got 2.5)"),
-    (["not", "a", "dict"], "config must be a dict or a path to a JSON file"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (_cfg(scheduler={"type": "Cosine"}), "scheduler.type: must be one of 'LRRangeTest', 'OneCycle'"),
+        (
+            _cfg(scheduler={"type": "WarmupDecayLR", "params": {}}),
+            "scheduler.params.total_num_steps: required, not given",
+        ),
+        (_cfg(flops_profiler={"profile_step": -1}), "flops_profiler.profile_step: must be >= 0 (got -1)"),
+        (_cfg(csv_monitor={"job_name": ""}), "csv_monitor.job_name: must be a non-empty string (got '')"),
+        (_cfg(comms_logger={"prof_ops": "all_reduce"}), "comms_logger.prof_ops: must be a list of strings"),
+        (_cfg(telemetry={"endpoint": " "}), "telemetry.endpoint: must be a non-empty string"),
+        (_cfg(tensor_parallel={"tp_size": 2}), "tensor_parallel.tp_size: must divide the world size 1 (got 2)"),
+        (
+            _cfg(aio={"thread_count": 2, "intra_op_parallelism": 4}),
+            "aio.thread_count and aio.intra_op_parallelism: the same setting given twice with different values "
+            "(2 and 4)",
+        ),
+        (
+            _cfg(zero_optimization={"offload_optimizer": {"device": "gpu"}}),
+            "zero_optimization.offload_optimizer.device: must be one of 'none', 'cpu', 'nvme' (got 'gpu')",
+        ),
+        (_cfg(fp16={"enabled": True, "initial_scale_power": 1, "min_loss_scale": 4}), "fp16.min_loss_scale: is above"),
+        (
+            _cfg(train_micro_batch_size_per_gpu=2.5),
+            "train_micro_batch_size_per_gpu: must be an integer or null (got 2.5)",
+        ),
+        (["not", "a", "dict"], "config must be a dict or a path to a JSON file"),
+    ],
+)
 def test_every_block_is_checked_at_initialize(config, message):
     with pytest.raises(ConfigError) as err:
         trainer.initialize(model=make_model(), config=config)
@@ -221,10 +296,16 @@ def test_initialize_reports_each_unknown_key_once(tmp_path):
     telemetry session are built once, with the engine's config; their owners do not report
     the same key again."""
     telemetry = {"run": "unknown-keys", "endpoint": "127.0.0.1:9", "spool_dir": str(tmp_path), "endpont": "h:1"}
-    config = _cfg(comms_logger={"enabled": False, "verbos": True}, flops_profiler={"enabled": False, "depth": 2},
-                  csv_monitor={"enabled": False, "job": "x"}, tensorboard={"enabled": False, "path": "x"},
-                  scheduler={"type": "WarmupLR", "params": {"warmup_steps": 3}, "kind": "x"},
-                  fp16={"enabled": True, "scale": 2}, telemetry=telemetry, moe={})
+    config = _cfg(
+        comms_logger={"enabled": False, "verbos": True},
+        flops_profiler={"enabled": False, "depth": 2},
+        csv_monitor={"enabled": False, "job": "x"},
+        tensorboard={"enabled": False, "path": "x"},
+        scheduler={"type": "WarmupLR", "params": {"warmup_steps": 3}, "kind": "x"},
+        fp16={"enabled": True, "scale": 2},
+        telemetry=telemetry,
+        moe={},
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         engine, *_ = trainer.initialize(model=make_model(), config=config)
@@ -233,31 +314,78 @@ def test_initialize_reports_each_unknown_key_once(tmp_path):
     finally:
         engine.close()
         session.stop()
-    assert sorted(_warned_keys(caught)) == sorted([
-        "comms_logger.verbos", "flops_profiler.depth", "csv_monitor.job", "tensorboard.path",
-        "scheduler.params.warmup_steps", "scheduler.kind", "fp16.scale", "telemetry.endpont", "moe"])
+    assert sorted(_warned_keys(caught)) == sorted(
+        [
+            "comms_logger.verbos",
+            "flops_profiler.depth",
+            "csv_monitor.job",
+            "tensorboard.path",
+            "scheduler.params.warmup_steps",
+            "scheduler.kind",
+            "fp16.scale",
+            "telemetry.endpont",
+            "moe",
+        ]
+    )
 
 
-@pytest.mark.parametrize("blocks", [
-    {"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.0001, "lr_range_test_step_size": 200,
-                                                     "lr_range_test_step_rate": 5, "lr_range_test_staircase": False}}},
-    {"flops_profiler": {"enabled": True, "profile_step": 1, "module_depth": -1, "top_modules": 1, "detailed": True,
-                        "output_file": None}},
-    {"comms_logger": {"enabled": True, "verbose": False, "prof_all": True, "debug": False}},
-    {"comms_logger": {"enabled": True, "verbose": False, "prof_all": False, "debug": False,
-                      "prof_ops": ["all_reduce", "all_gather"]}},
-    {"tensorboard": {"enabled": True, "output_path": "output/ds_logs/", "job_name": "train_bert"},
-     "wandb": {"enabled": True, "team": "my_team", "group": "my_group", "project": "my_project"},
-     "comet": {"enabled": True, "project": "my_project", "experiment_name": "my_experiment"},
-     "csv_monitor": {"enabled": True, "output_path": "output/ds_logs/", "job_name": "train_bert"}},
-    {"aio": {"single_submit": False, "overlap_events": True, "intra_op_parallelism": 8, "queue_depth": 32,
-             "block_size": 1048576}},
-], ids=["lr-range-test", "flops-profiler", "comms-logger", "comms-logger-prof-ops", "monitor", "nvme-tune"])
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        {
+            "scheduler": {
+                "type": "LRRangeTest",
+                "params": {
+                    "lr_range_test_min_lr": 0.0001,
+                    "lr_range_test_step_size": 200,
+                    "lr_range_test_step_rate": 5,
+                    "lr_range_test_staircase": False,
+                },
+            }
+        },
+        {
+            "flops_profiler": {
+                "enabled": True,
+                "profile_step": 1,
+                "module_depth": -1,
+                "top_modules": 1,
+                "detailed": True,
+                "output_file": None,
+            }
+        },
+        {"comms_logger": {"enabled": True, "verbose": False, "prof_all": True, "debug": False}},
+        {
+            "comms_logger": {
+                "enabled": True,
+                "verbose": False,
+                "prof_all": False,
+                "debug": False,
+                "prof_ops": ["all_reduce", "all_gather"],
+            }
+        },
+        {
+            "tensorboard": {"enabled": True, "output_path": "output/ds_logs/", "job_name": "train_bert"},
+            "wandb": {"enabled": True, "team": "my_team", "group": "my_group", "project": "my_project"},
+            "comet": {"enabled": True, "project": "my_project", "experiment_name": "my_experiment"},
+            "csv_monitor": {"enabled": True, "output_path": "output/ds_logs/", "job_name": "train_bert"},
+        },
+        {
+            "aio": {
+                "single_submit": False,
+                "overlap_events": True,
+                "intra_op_parallelism": 8,
+                "queue_depth": 32,
+                "block_size": 1048576,
+            }
+        },
+    ],
+    ids=["lr-range-test", "flops-profiler", "comms-logger", "comms-logger-prof-ops", "monitor", "nvme-tune"],
+)
 def test_blocks_from_the_seed_tutorials_load_without_a_warning(blocks):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = EngineConfig.from_dict(_cfg(**blocks))
-    for name, block in blocks.items():
+    for name, _block in blocks.items():
         if name not in ("wandb", "comet"):  # accepted; trainer.monitor says they are not bundled
             assert getattr(cfg, name).key() == name
 
@@ -265,7 +393,12 @@ def test_blocks_from_the_seed_tutorials_load_without_a_warning(blocks):
 def test_nvme_tune_output_as_deepspeed_prints_it_is_refused_clearly():
     """ds_nvme_tune prints booleans as strings ("false"), which DeepSpeed reads as true.
     Here a string is not a boolean: the error names the key and shows the quotes."""
-    printed = {"single_submit": "false", "overlap_events": "true", "intra_op_parallelism": 8, "queue_depth": 32,
-               "block_size": 1048576}
+    printed = {
+        "single_submit": "false",
+        "overlap_events": "true",
+        "intra_op_parallelism": 8,
+        "queue_depth": 32,
+        "block_size": 1048576,
+    }
     with pytest.raises(ConfigError, match=r"^aio\.single_submit: must be true or false \(got 'false'\)$"):
         EngineConfig.from_dict(_cfg(aio=printed))

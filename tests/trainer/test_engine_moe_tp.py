@@ -14,6 +14,7 @@ ranks, tp_size 2) after the tensor-parallel block: experts are replicated over
 each tensor-parallel pair and held by one rank per expert-parallel group, so
 their gradients are not reduced at all and the norm counts them on tp_rank 0
 only. Its reference is the same model with one dense block and ep_size 1."""
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from collector.testing.ports import free_port
-from tests.trainer.test_tp_gpt import GPT, HEADS, HIDDEN, BATCH, DenseBlock, batch
+from tests.trainer.test_tp_gpt import BATCH, GPT, HEADS, HIDDEN, DenseBlock, batch
 
 WORLD, TP, STEPS, CLIP, LR, TOL = 4, 2, 20, 0.1, 1e-2, 1e-5
 DP = WORLD // TP
@@ -44,8 +45,16 @@ class MoEGPT(nn.Module):
         self.ln = nn.LayerNorm(HIDDEN)
         torch.manual_seed(1)  # the MoE's gate and experts draw the same weights whatever ep_size / tp_size
         expert = nn.Sequential(nn.Linear(HIDDEN, 2 * HIDDEN), nn.GELU(), nn.Linear(2 * HIDDEN, HIDDEN))
-        self.moe = MoE(HIDDEN, expert, num_experts=EXPERTS, ep_size=ep_size, k=2, drop_tokens=False,
-                       top2_2nd_expert_sampling=False, tp_size=tp_size)
+        self.moe = MoE(
+            HIDDEN,
+            expert,
+            num_experts=EXPERTS,
+            ep_size=ep_size,
+            k=2,
+            drop_tokens=False,
+            top2_2nd_expert_sampling=False,
+            tp_size=tp_size,
+        )
 
     def forward(self, idx, targets):
         g = self.gpt
@@ -78,7 +87,7 @@ def parallel_gpt(moe: bool = False):
 
     torch.manual_seed(0)
     groups = parallel_groups(TP)
-    block = lambda: ParallelTransformerBlock(HIDDEN, HEADS, 4 * HIDDEN, groups)  # noqa: E731
+    block = lambda: ParallelTransformerBlock(HIDDEN, HEADS, 4 * HIDDEN, groups)
     if not moe:
         dense = GPT(DenseBlock)
         model = GPT(block)
@@ -96,8 +105,9 @@ def parallel_gpt(moe: bool = False):
 def worker(rank: int, port: int) -> None:
     from trainer.engine import init_distributed
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     init_distributed()
     for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
@@ -110,10 +120,14 @@ def run_cases(rank: int, moe: bool, stages) -> None:
     expected, norms = reference(moe)
     assert min(norms) > CLIP, norms  # the clip acts at every step
     for stage in stages:
-        config = {"train_batch_size": BATCH * DP, "gradient_clipping": CLIP,
-                  "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-                  "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
-                  "tensor_parallel": {"tp_size": TP}, "telemetry": {"enabled": False}}
+        config = {
+            "train_batch_size": BATCH * DP,
+            "gradient_clipping": CLIP,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
+            "tensor_parallel": {"tp_size": TP},
+            "telemetry": {"enabled": False},
+        }
         engine, *_ = trainer.initialize(model=parallel_gpt(moe), config=config)
         assert engine.dp_rank == rank // TP and engine.tp_rank == rank % TP
         for step in range(STEPS):

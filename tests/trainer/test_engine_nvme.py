@@ -1,7 +1,8 @@
 """ZeRO-Infinity style offload to files (offload_optimizer.device "nvme", stages 1-3, and
-offload_param.device "nvme", stage 3) on 2 gloo ranks: same losses as CPU offload, swap files really used and removed at close, swap phases
-in telemetry, checkpoints through swapped state, bad nvme_path / aio values fail at
+offload_param.device "nvme", stage 3) on 2 gloo ranks: same losses as CPU offload, swap files really used
+and removed at close, swap phases in telemetry, checkpoints through swapped state, bad nvme_path / aio values fail at
 initialize naming the key; and CPU offload running native.CPUAdam still matches torch."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import trainer
 from tests.trainer._engine_util import engine_config, make_model, reference_losses, spawn, train
 
 STEPS, BATCH, CLIP = 20, 16, 0.05
-TOL = 1e-6   # nvme vs cpu offload: same optimizer, state round-trips through files bit-exact
+TOL = 1e-6  # nvme vs cpu offload: same optimizer, state round-trips through files bit-exact
 RTOL = 1e-5  # vs single-process torch.optim.AdamW, as test_engine_zero
 
 
@@ -44,17 +45,20 @@ def _worker(rank, world, root):
             out[f"cpu{stage}"] = train(cpu, steps=STEPS, batch=BATCH)
             out[f"cpu{stage}_optimizer"] = type(cpu.optimizer.master.optimizer).__name__
             cpu.close()
-            nvme = _engine(stage, "nvme", path, aio={"block_size": 4096, "queue_depth": 4,
-                                                    "intra_op_parallelism": 2})
+            nvme = _engine(stage, "nvme", path, aio={"block_size": 4096, "queue_depth": 4, "intra_op_parallelism": 2})
             out[f"nvme{stage}"] = train(nvme, steps=STEPS, batch=BATCH)
             mine = [d for d in os.listdir(path) if d.startswith(f"rankscope-rank{rank}-")]
             files = [f for d in mine for _, _, fs in os.walk(os.path.join(path, d)) for f in fs]
             out[f"nvme{stage}_files"] = (len(mine), len(files))
             out[f"nvme{stage}_resident"] = sum(u.param_shard.numel() for u in getattr(nvme.optimizer, "units", []))
-            out[f"nvme{stage}_state_bytes"] = sum(t.numel() for t in nvme.optimizer.master.optimizer.state[
-                nvme.optimizer.master.masters[0]].values() if hasattr(t, "dim") and t.dim() > 0)
+            out[f"nvme{stage}_state_bytes"] = sum(
+                t.numel()
+                for t in nvme.optimizer.master.optimizer.state[nvme.optimizer.master.masters[0]].values()
+                if hasattr(t, "dim") and t.dim() > 0
+            )
             nvme.close()
             import torch.distributed as dist
+
             dist.barrier()
             out[f"nvme{stage}_left"] = os.listdir(path)
 
@@ -90,7 +94,7 @@ def _worker(rank, world, root):
 
 def _close(got, want, tol, what):
     assert len(got) == len(want)
-    for step, (a, b) in enumerate(zip(got, want)):
+    for step, (a, b) in enumerate(zip(got, want, strict=True)):
         assert abs(a - b) <= tol * abs(b), f"{what} step={step}: {a} vs {b}"
 
 
@@ -106,12 +110,18 @@ def test_engine_nvme_offload_matches_cpu_offload_and_cleans_up(tmp_path):
             assert res[f"cpu{stage}_optimizer"] == "CPUAdam"
             _close(res[f"cpu{stage}"], ref, RTOL, f"stage {stage} cpu offload (CPUAdam) vs torch rank={rank}")
             dirs, files = res[f"nvme{stage}_files"]
-            assert dirs == (2 if stage == 3 else 1) and files >= 2, f"stage {stage} rank={rank}: swap files {res[f'nvme{stage}_files']}"
+            assert dirs == (2 if stage == 3 else 1) and files >= 2, (
+                f"stage {stage} rank={rank}: swap files {res[f'nvme{stage}_files']}"
+            )
             assert res[f"nvme{stage}_state_bytes"] == 0, "state must be parked in files between steps"
             assert res[f"nvme{stage}_left"] == [], f"stage {stage}: left after close: {res[f'nvme{stage}_left']}"
         for stage in (2, 3):
-            _close(res[f"resumed{stage}"], res[f"nvme{stage}"][STEPS // 2:], TOL,
-                   f"stage {stage} nvme checkpoint resume rank={rank}")
+            _close(
+                res[f"resumed{stage}"],
+                res[f"nvme{stage}"][STEPS // 2 :],
+                TOL,
+                f"stage {stage} nvme checkpoint resume rank={rank}",
+            )
         assert res["nvme3_resident"] == 0, "stage 3 parameter partitions must be parked in files between steps"
         assert res["sgd_optimizer"] == "SGD"
         assert res["bf16_fused_uses_fused"] and not res["bf16_torch_uses_fused"]
@@ -122,10 +132,15 @@ def test_engine_nvme_offload_matches_cpu_offload_and_cleans_up(tmp_path):
 
 
 def _nvme_cfg(path, **extra):
-    return dict({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
-                 "telemetry": {"enabled": False},
-                 "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": path}}},
-                **extra)
+    return dict(
+        {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+            "telemetry": {"enabled": False},
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": path}},
+        },
+        **extra,
+    )
 
 
 def test_engine_nvme_bad_path_fails_at_initialize(tmp_path):
@@ -144,14 +159,21 @@ def test_engine_nvme_bad_path_fails_at_initialize(tmp_path):
     cfg = _nvme_cfg(None)
     with pytest.raises(ValueError, match=f"{key}: device 'nvme' needs nvme_path"):
         trainer.initialize(model=make_model(), config=cfg)
-    with pytest.raises(ValueError, match="aio.queue_depth: must be >= 1"):
+    with pytest.raises(ValueError, match=r"aio\.queue_depth: must be >= 1"):
         trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), aio={"queue_depth": 0}))
-    with pytest.raises(ValueError, match="aio.single_submit: must be true or false"):
+    with pytest.raises(ValueError, match=r"aio\.single_submit: must be true or false"):
         trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), aio={"single_submit": "no"}))
-    with pytest.raises(ValueError, match="zero_optimization.offload_param.nvme_path: .*is not a directory"):
-        trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), zero_optimization={
-            "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(a_file)}}))
-    with pytest.raises(ValueError, match="zero_optimization.offload_param.nvme_path: device 'nvme' needs"):
-        trainer.initialize(model=make_model(), config=_nvme_cfg(str(tmp_path), zero_optimization={
-            "stage": 3, "offload_param": {"device": "nvme"}}))
+    with pytest.raises(ValueError, match=r"zero_optimization\.offload_param\.nvme_path: .*is not a directory"):
+        trainer.initialize(
+            model=make_model(),
+            config=_nvme_cfg(
+                str(tmp_path),
+                zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(a_file)}},
+            ),
+        )
+    with pytest.raises(ValueError, match=r"zero_optimization\.offload_param\.nvme_path: device 'nvme' needs"):
+        trainer.initialize(
+            model=make_model(),
+            config=_nvme_cfg(str(tmp_path), zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}}),
+        )
     assert set(os.listdir(tmp_path)) <= {"a_file", "ro"}  # nothing left behind by the failed starts

@@ -1,6 +1,7 @@
 """ZeRO-3 parameter life cycle in one process (the world-of-one path is the distributed path):
 parameters are empty outside their module's forward/backward, prefetching changes neither the
 gathers issued nor the numbers, and tied weights stay resident."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,11 +21,19 @@ def _run(prefetch: int, steps: int = 3, zero_extra: dict | None = None, leaf_cla
     model = GPT(dim=32, layers=2)
     if leaf_classes:
         set_z3_leaf_modules(model, leaf_classes)
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "telemetry": {"enabled": False},
-           "comms_logger": {"enabled": True, "prof_ops": ["all_gather_into_tensor"]},
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
-                                 "stage3_prefetch_bucket_size": prefetch, **(zero_extra or {})}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "telemetry": {"enabled": False},
+        "comms_logger": {"enabled": True, "prof_ops": ["all_gather_into_tensor"]},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 100,
+            "stage3_prefetch_bucket_size": prefetch,
+            **(zero_extra or {}),
+        },
+    }
     engine, *_ = trainer.initialize(model=model, config=cfg)
     if setup is not None:
         setup(engine)
@@ -45,7 +54,7 @@ def _run(prefetch: int, steps: int = 3, zero_extra: dict | None = None, leaf_cla
 
 def test_engine_stage3_prefetch_is_transparent_and_params_are_released():
     model, base, sizes, gathers = _run(prefetch=1)
-    _, prefetched, _, gathers_prefetched = _run(prefetch=10 ** 8)
+    _, prefetched, _, gathers_prefetched = _run(prefetch=10**8)
     assert prefetched == base
     # 9 partitioned units (8 block linears + wpe), each gathered once in forward and once in backward
     assert gathers == gathers_prefetched == 3 * 2 * 9 * 2
@@ -81,9 +90,9 @@ def test_granularity_rule_marks_the_first_fine_grained_module_from_the_root():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.small = Pair()                     # 220 // 3 = 73
+            self.small = Pair()  # 220 // 3 = 73
             self.big = nn.ModuleList([nn.Linear(100, 100)])  # a container: never a leaf
-            self.head = nn.Linear(100, 1)           # a torch leaf: never marked
+            self.head = nn.Linear(100, 1)  # a torch leaf: never marked
 
     net = Net()
     assert mark_by_granularity(net, 73) == [net.small]  # Net: 10421 // 6 = 1736 > 73
@@ -103,9 +112,12 @@ class _ReadsChildWeight(nn.Module):
 
 
 def _train(model, stage: int, steps: int = 3) -> list[float]:
-    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-           "telemetry": {"enabled": False},
-           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 10}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "telemetry": {"enabled": False},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 10},
+    }
     engine, *_ = trainer.initialize(model=model, config=cfg)
     losses = []
     try:
@@ -167,10 +179,11 @@ def test_nvme_parameter_reads_run_ahead_and_each_unit_waits_for_its_own_read(tmp
             missing = [id(t) for t in shards if not swap.resident(t)]
             load(shards)
             events.extend(("load", key, swap.swapper.handle.pending()) for key in missing)
+
         swap.prefetch, swap.load = record_prefetch, record_load
 
     nvme = {"device": "nvme", "nvme_path": str(tmp_path)}
-    _, losses, _, _ = _run(prefetch=10 ** 8, zero_extra={"offload_param": nvme}, setup=spy)
+    _, losses, _, _ = _run(prefetch=10**8, zero_extra={"offload_param": nvme}, setup=spy)
     torch.testing.assert_close(losses, base, rtol=1e-6, atol=0)
     first_pass = 9  # the first forward has no trace to prefetch along
     loads = [(i, e[1], e[2]) for i, e in enumerate(events) if e[0] == "load"][first_pass:]

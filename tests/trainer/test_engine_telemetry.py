@@ -1,5 +1,6 @@
 """The engine's records reach a real collector: 2 gloo ranks train with ZeRO-2 + fp16,
 then timers, memory, loss_scale, monitor and comm rows are read back through DuckDB."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,12 @@ BUCKETS = -(-sum(p.numel() for p in make_model().parameters()) // 2000)  # reduc
 
 def _train_with_telemetry(rank, world, endpoint, spool_dir):
     cfg = engine_config(stage=2, batch=BATCH, gas=2, clip=1.0, overlap_comm=True)
-    cfg.update(telemetry={"run": "engine-e2e", "endpoint": endpoint, "spool_dir": spool_dir}, wall_clock_breakdown=True,
-               comms_logger={"enabled": True}, fp16={"enabled": True, "auto_cast": True, "initial_scale_power": 8})
+    cfg.update(
+        telemetry={"run": "engine-e2e", "endpoint": endpoint, "spool_dir": spool_dir},
+        wall_clock_breakdown=True,
+        comms_logger={"enabled": True},
+        fp16={"enabled": True, "auto_cast": True, "initial_scale_power": 8},
+    )
     engine, *_ = trainer.initialize(model=make_model(), config=cfg)
     train(engine, steps=STEPS, batch=BATCH)
     engine.close()
@@ -30,7 +35,7 @@ def run(tmp_path_factory):
     with live_collector(tmp / "data") as (endpoint, _):
         spawn(_train_with_telemetry, 2, tmp / "out", endpoint, str(tmp / "spool"))
     con = catalog.connect(tmp / "data")
-    q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
+    q = lambda sql: con.execute(sql).fetchall()
     [(run_id, world, status)] = q("SELECT run_id, world_size, status FROM runs WHERE name = 'engine-e2e'")
     assert world == 2 and status == "finished"
     yield q, f"WHERE run_id = '{run_id}'"
@@ -39,16 +44,21 @@ def run(tmp_path_factory):
 def test_engine_records_land_in_the_catalog(run):
     q, where = run
     timers = q(f"SELECT rank, name, count(DISTINCT step), min(dur_ns) FROM timers {where} GROUP BY ALL ORDER BY ALL")
-    assert {(r, n) for r, n, _, _ in timers} == {(r, n) for r in range(2)
-                                                for n in ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")}
+    assert {(r, n) for r, n, _, _ in timers} == {
+        (r, n) for r in range(2) for n in ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+    }
     assert all(steps == STEPS and dur > 0 for _, _, steps, dur in timers)
     kinds = q(f"SELECT DISTINCT rank, kind FROM memory {where} ORDER BY ALL")
     assert kinds == [(r, k) for r in range(2) for k in sorted(("params", "grads", "optimizer", "rss"))]
     scales = q(f"SELECT rank, step, scale_before, overflow FROM loss_scale {where} ORDER BY rank, step")
     assert scales == [(r, s, 256.0, False) for r in range(2) for s in range(STEPS)]
     tags = {t for (t,) in q(f"SELECT DISTINCT tag FROM monitor {where}")}
-    assert {"Train/Samples/train_loss", "Train/Samples/lr", "Train/Samples/loss_scale",
-            "Train/Samples/samples_per_sec"} <= tags
+    assert {
+        "Train/Samples/train_loss",
+        "Train/Samples/lr",
+        "Train/Samples/loss_scale",
+        "Train/Samples/samples_per_sec",
+    } <= tags
     comm = dict(q(f"SELECT log_name, count(*) FROM comm {where} AND rank = 0 GROUP BY ALL"))
     assert comm["zero2.all_gather_params"] == STEPS * BUCKETS  # one per bucket per step
     assert comm["zero.overflow"] == STEPS  # the fp16 overflow vote, once per step

@@ -18,16 +18,17 @@ so bitwise equality with an independent single-process run is not to be had).
 MoE: the example GPT with 4 experts saved with ep_size 2 on 4 ranks resumes with ep_size 4
 and gives the losses of the run that never stopped.
 """
+
 from __future__ import annotations
 
 import os
 
 import pytest
 import torch
-from tests.trainer._engine_util import spawn
 from torch.nn import functional as F
 
 import trainer
+from tests.trainer._engine_util import spawn
 from trainer.checkpoint.names import expert_renames, rename
 from trainer.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from trainer.examples.gpt import GPT, synthetic_batch
@@ -42,11 +43,17 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def config(stage: int, gas: int, **zero) -> dict:
-    return {"train_batch_size": BATCH, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
-            "zero_optimization": dict({"stage": stage, "reduce_bucket_size": 5000,
-                                       "stage3_param_persistence_threshold": 0}, **zero),
-            "steps_per_print": 10 ** 6, "telemetry": {"enabled": False}}
+    return {
+        "train_batch_size": BATCH,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": CLIP,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
+        "zero_optimization": dict(
+            {"stage": stage, "reduce_bucket_size": 5000, "stage3_param_persistence_threshold": 0}, **zero
+        ),
+        "steps_per_print": 10**6,
+        "telemetry": {"enabled": False},
+    }
 
 
 def gpt_loss(out, y, moe_coeff: float = 0.01):
@@ -96,8 +103,11 @@ def reference(steps: int) -> tuple[list[float], dict[int, dict]]:
 
 def engine_weights(engine) -> dict[str, torch.Tensor]:
     """This rank's full fp32 weights under their checkpoint names (ZeRO-3 partitions gathered)."""
-    sd = engine.optimizer.full_state_dict(engine.module) if engine.zero_optimization_stage() == 3 \
+    sd = (
+        engine.optimizer.full_state_dict(engine.module)
+        if engine.zero_optimization_stage() == 3
         else {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    )
     renames = expert_renames(engine.module)
     return {rename(k, renames)[0]: v for k, v in sd.items()}
 
@@ -106,8 +116,9 @@ def _segment(rank, world, spec: dict):
     """Build the GPT (other random weights when resuming), load ``spec["load"]``, train 10 steps,
     save to ``spec["save"]``; returns the losses and this rank's weights at the save."""
     torch.manual_seed(spec.get("seed", 0))
-    engine, *_ = trainer.initialize(model=GPT(moe=spec.get("moe")), config=config(spec["stage"], spec["gas"],
-                                                                                 **spec.get("zero", {})))
+    engine, *_ = trainer.initialize(
+        model=GPT(moe=spec.get("moe")), config=config(spec["stage"], spec["gas"], **spec.get("zero", {}))
+    )
     start = spec.get("start", 0)
     if spec.get("load"):
         _, client = engine.load_checkpoint(spec["load"])
@@ -128,7 +139,7 @@ def _merged(results) -> dict[str, torch.Tensor]:
 
 def _assert_losses(got, want, what):
     assert len(got) == len(want)
-    for i, (a, b) in enumerate(zip(got, want)):
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert abs(a - b) <= TOL, f"{what} step {i}: {a} vs {b} (diff {abs(a - b):.2e})"
 
 
@@ -151,16 +162,30 @@ RESUMES = {  # name -> (world, stage, gas, zero_optimization extras)
     "zero0-w1": (1, 0, 2, {}),
     "zero1-offload-w4": (4, 1, 2, {"offload_optimizer": {"device": "cpu"}}),
     # beyond the acceptance list: parameters and optimizer state swapped to files
-    "zero3-nvme-w1": (1, 3, 2, {"offload_optimizer": {"device": "nvme", "nvme_path": "{root}/swap"},
-                                "offload_param": {"device": "nvme", "nvme_path": "{root}/swap"}}),
+    "zero3-nvme-w1": (
+        1,
+        3,
+        2,
+        {
+            "offload_optimizer": {"device": "nvme", "nvme_path": "{root}/swap"},
+            "offload_param": {"device": "nvme", "nvme_path": "{root}/swap"},
+        },
+    ),
 }
 
 
 def _resume_spec(root: str, name: str) -> dict:
     _, stage, gas, zero = RESUMES[name]
     zero = {k: dict(v, nvme_path=v["nvme_path"].format(root=root)) if "nvme_path" in v else v for k, v in zero.items()}
-    return {"stage": stage, "gas": gas, "zero": zero, "load": os.path.join(root, SAVED), "start": STEPS,
-            "save": os.path.join(root, name), "seed": 123}
+    return {
+        "stage": stage,
+        "gas": gas,
+        "zero": zero,
+        "load": os.path.join(root, SAVED),
+        "start": STEPS,
+        "save": os.path.join(root, name),
+        "seed": 123,
+    }
 
 
 def _uninterrupted(spec: dict) -> dict:
@@ -179,15 +204,30 @@ def _four_ranks(rank, world, root: str) -> dict:
     """Everything that runs on 4 ranks, in one group of processes (starting one costs ~10 s here):
     the MoE run with ep_size 2 that never stops (saving at step 10), its resume with ep_size 4,
     and the two 4-rank resumes of the dense 2-rank checkpoint."""
-    out = {"moe-ep2": _uninterrupted({"stage": 2, "gas": 1, "moe": dict(MOE, ep_size=2),
-                                      "save": os.path.join(root, "moe-ep2")})}
-    out["moe-ep4"] = _segment(rank, world, {"stage": 3, "gas": 1, "moe": dict(MOE, ep_size=4), "start": STEPS,
-                                            "load": os.path.join(root, "moe-ep2"),
-                                            "save": os.path.join(root, "moe-ep4"), "seed": 123})
+    out = {
+        "moe-ep2": _uninterrupted(
+            {"stage": 2, "gas": 1, "moe": dict(MOE, ep_size=2), "save": os.path.join(root, "moe-ep2")}
+        )
+    }
+    out["moe-ep4"] = _segment(
+        rank,
+        world,
+        {
+            "stage": 3,
+            "gas": 1,
+            "moe": dict(MOE, ep_size=4),
+            "start": STEPS,
+            "load": os.path.join(root, "moe-ep2"),
+            "save": os.path.join(root, "moe-ep4"),
+            "seed": 123,
+        },
+    )
     for name in ("zero3-w4", "zero1-offload-w4"):
         out[name] = _segment(rank, world, _resume_spec(root, name))
-    for name, extra, stages in (("tp2", {"tensor_parallel": {"tp_size": 2}}, (2, 1)),
-                                ("fp16", {"fp16": {"enabled": True, "initial_scale_power": 8}}, (2, 3))):
+    for name, extra, stages in (
+        ("tp2", {"tensor_parallel": {"tp_size": 2}}, (2, 1)),
+        ("fp16", {"fp16": {"enabled": True, "initial_scale_power": 8}}, (2, 3)),
+    ):
         out[name] = _stop_and_resume(os.path.join(root, name), extra, *stages)
     return out
 
@@ -195,11 +235,11 @@ def _four_ranks(rank, world, root: str) -> dict:
 def _stop_and_resume(save: str, extra: dict, stage: int, resume_stage: int) -> dict:
     """6 steps uninterrupted (saving after 3), then steps 4-6 again on a fresh engine at
     ``resume_stage`` from that checkpoint; ``extra`` config keys for both."""
+
     def engine(stage: int, seed: int):
         torch.manual_seed(seed)
         cfg = dict(config(stage, 1), **extra)
-        return trainer.initialize(model=GPT(tp_size=cfg.get("tensor_parallel", {}).get("tp_size", 1)),
-                                  config=cfg)[0]
+        return trainer.initialize(model=GPT(tp_size=cfg.get("tensor_parallel", {}).get("tp_size", 1)), config=cfg)[0]
 
     whole = engine(stage, 0)
     losses = train_gpt(whole, 0, 3)
@@ -228,12 +268,14 @@ def test_gpt_saved_on_2_ranks_zero2_resumes_on_other_worlds_and_stages(runs):
     root, results = runs
     ref_losses, ref_weights = reference(2 * STEPS)
     _assert_losses(results[SAVED][0]["losses"], ref_losses[:STEPS], "2 ranks ZeRO-2")
-    _assert_consolidated(os.path.join(root, SAVED), _merged(results[SAVED]), ref_weights[STEPS],
-                         "zero_to_fp32 of the ZeRO-2 save")
+    _assert_consolidated(
+        os.path.join(root, SAVED), _merged(results[SAVED]), ref_weights[STEPS], "zero_to_fp32 of the ZeRO-2 save"
+    )
     for name in RESUMES:
         _assert_losses(results[name][0]["losses"], ref_losses[STEPS:], f"resumed {name}")
-        _assert_consolidated(os.path.join(root, name), _merged(results[name]), ref_weights[2 * STEPS],
-                             f"zero_to_fp32 of {name}")
+        _assert_consolidated(
+            os.path.join(root, name), _merged(results[name]), ref_weights[2 * STEPS], f"zero_to_fp32 of {name}"
+        )
 
 
 def test_moe_gpt_saved_with_ep_size_2_resumes_with_ep_size_4(runs):

@@ -1,13 +1,14 @@
 """ZeRO stages 0-3 (and CPU offload) on 2 and 4 gloo ranks against single-process
 torch.optim.AdamW on the same global batch, and per-rank memory by partition."""
+
 from __future__ import annotations
 
 import pytest
 from torch import nn
 
 import trainer
-from trainer.zero import set_z3_leaf_modules
 from tests.trainer._engine_util import engine_config, make_model, num_params, reference_losses, spawn, train
+from trainer.zero import set_z3_leaf_modules
 
 STEPS, BATCH, CLIP = 20, 16, 0.05
 RTOL = 1e-5
@@ -24,11 +25,17 @@ CASES = {
     "zero2_allreduce_gas2": (2, 2, 0.0, {"reduce_scatter": False}),
     "zero1_allreduce": (1, 1, 0.0, {"reduce_scatter": False}),
     "zero3": (3, 1, 0.0, {}),
-    "zero3_gas2_clip_overlap_persist": (3, 2, CLIP, {"overlap_comm": True,
-                                                    "stage3_param_persistence_threshold": 100}),
-    "zero3_offload_gas2_clip": (3, 2, CLIP, {"offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                             "offload_param": {"device": "cpu"},
-                                             "stage3_prefetch_bucket_size": 3000}),
+    "zero3_gas2_clip_overlap_persist": (3, 2, CLIP, {"overlap_comm": True, "stage3_param_persistence_threshold": 100}),
+    "zero3_offload_gas2_clip": (
+        3,
+        2,
+        CLIP,
+        {
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu"},
+            "stage3_prefetch_bucket_size": 3000,
+        },
+    ),
     "zero3_one_unit_gas2_clip": (3, 2, CLIP, {}),
 }
 # ZeRO-3 with the whole model as one leaf unit (trainer.zero.set_z3_leaf_modules): one gather per pass.
@@ -36,8 +43,13 @@ LEAF_ROOT = {"zero3_one_unit_gas2_clip"}
 
 
 # 4 ranks share 2 cores in CI: a subset covering every stage, offload, overlap and persistence.
-CASES_4 = ("zero0", "zero1_gas2_clip", "zero2_gas2_clip_overlap", "zero3_gas2_clip_overlap_persist",
-           "zero3_offload_gas2_clip")
+CASES_4 = (
+    "zero0",
+    "zero1_gas2_clip",
+    "zero2_gas2_clip_overlap",
+    "zero3_gas2_clip_overlap_persist",
+    "zero3_offload_gas2_clip",
+)
 # tensor_parallel.tp_size 2 on 4 ranks: ZeRO partitions over the 2-rank data-parallel groups only.
 TP2 = {"zero2_tp2": (2, 2, CLIP, {})}
 
@@ -83,11 +95,11 @@ def _expected_bytes(stage: int, world: int, offload: bool, persistence_threshold
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_zero_matches_torch_reference_and_partitions_memory(world, references, tmp_path):
     results = spawn(_run_cases, world, tmp_path)
-    for name, (stage, gas, clip, zero) in _cases(world).items():
+    for name, (stage, _gas, clip, zero) in _cases(world).items():
         ref = references[clip]
         for rank, res in enumerate(results):
             got = res[name]["losses"]
-            for step, (a, b) in enumerate(zip(got, ref)):
+            for step, (a, b) in enumerate(zip(got, ref, strict=True)):
                 assert abs(a - b) <= RTOL * abs(b), f"{name} world={world} rank={rank} step={step}: {a} vs {b}"
             offload = zero.get("offload_optimizer", {}).get("device") == "cpu"
             dp = world // 2 if name in TP2 else world

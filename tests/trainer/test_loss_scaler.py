@@ -2,12 +2,18 @@
 by hand in the comments (iterations counted from 0; the scale grows when
 (iteration - last_overflow_iteration) is a multiple of the window, the first
 overflow-free window starting at last_overflow_iteration = -1)."""
+
 import pytest
 import torch
 
 from trainer.loss_scaler import (
-    DynamicLossScaler, LossScaleAtMinimumError, NoOpLossScaler, ScaleDecision, StaticLossScaler,
-    build_loss_scaler, has_inf_or_nan,
+    DynamicLossScaler,
+    LossScaleAtMinimumError,
+    NoOpLossScaler,
+    ScaleDecision,
+    StaticLossScaler,
+    build_loss_scaler,
+    has_inf_or_nan,
 )
 
 
@@ -22,9 +28,14 @@ def _run(scaler, overflows):
 def test_defaults_are_deepspeeds():
     s = build_loss_scaler(_fp16())
     assert isinstance(s, DynamicLossScaler)
-    assert s.loss_scale == 2.0 ** 16
-    assert (s.scale_window, s.delayed_shift, s.consecutive_hysteresis, s.min_scale, s.scale_factor) == \
-        (1000, 2, False, 1.0, 2.0)
+    assert s.loss_scale == 2.0**16
+    assert (s.scale_window, s.delayed_shift, s.consecutive_hysteresis, s.min_scale, s.scale_factor) == (
+        1000,
+        2,
+        False,
+        1.0,
+        2.0,
+    )
 
 
 def test_scale_grows_after_each_window_of_good_steps():
@@ -52,15 +63,19 @@ def test_hysteresis_delays_the_backoff_and_the_window_restarts_after_overflow():
     assert (d[6].scale_before, d[6].scale_after, d[6].hysteresis_left, d[6].skipped) == (8, 8, 1, True)
 
 
-@pytest.mark.parametrize("consecutive, want_scales", [
-    # refilled on every good step: isolated overflows never lower the scale
-    (True, [16, 16, 16, 16, 16, 16]),
-    # not refilled: the second overflow finds the counter at 1 and halves, so does the third
-    (False, [16, 16, 8, 8, 4, 4]),
-])
+@pytest.mark.parametrize(
+    "consecutive, want_scales",
+    [
+        # refilled on every good step: isolated overflows never lower the scale
+        (True, [16, 16, 16, 16, 16, 16]),
+        # not refilled: the second overflow finds the counter at 1 and halves, so does the third
+        (False, [16, 16, 8, 8, 4, 4]),
+    ],
+)
 def test_consecutive_hysteresis(consecutive, want_scales):
-    s = build_loss_scaler(_fp16(initial_scale_power=4, loss_scale_window=100, hysteresis=2,
-                                consecutive_hysteresis=consecutive))
+    s = build_loss_scaler(
+        _fp16(initial_scale_power=4, loss_scale_window=100, hysteresis=2, consecutive_hysteresis=consecutive)
+    )
     d = _run(s, [True, False, True, False, True, False])
     assert [x.scale_after for x in d] == want_scales
     if consecutive:
@@ -112,15 +127,18 @@ def test_fp32_and_bf16_never_scale_or_skip(fp16, bf16):
     assert (s.loss_scale, d.scale_after, d.skipped) == (1.0, 1.0, False)
 
 
-@pytest.mark.parametrize("cfg, key", [
-    ({"hysteresis": 0}, "fp16.hysteresis"),
-    ({"loss_scale_window": "often"}, "fp16.loss_scale_window"),
-    ({"initial_scale_power": 2.5}, "fp16.initial_scale_power"),
-    ({"min_loss_scale": 0}, "fp16.min_loss_scale"),
-    ({"loss_scale": -1}, "fp16.loss_scale"),
-    ({"consecutive_hysteresis": "yes"}, "fp16.consecutive_hysteresis"),
-    ({"initial_scale_power": 1, "min_loss_scale": 4}, "fp16.min_loss_scale"),
-])
+@pytest.mark.parametrize(
+    "cfg, key",
+    [
+        ({"hysteresis": 0}, "fp16.hysteresis"),
+        ({"loss_scale_window": "often"}, "fp16.loss_scale_window"),
+        ({"initial_scale_power": 2.5}, "fp16.initial_scale_power"),
+        ({"min_loss_scale": 0}, "fp16.min_loss_scale"),
+        ({"loss_scale": -1}, "fp16.loss_scale"),
+        ({"consecutive_hysteresis": "yes"}, "fp16.consecutive_hysteresis"),
+        ({"initial_scale_power": 1, "min_loss_scale": 4}, "fp16.min_loss_scale"),
+    ],
+)
 def test_bad_values_name_the_key(cfg, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         build_loss_scaler(_fp16(**cfg))
@@ -138,6 +156,6 @@ def test_has_inf_or_nan_is_a_device_tensor():
     flag = has_inf_or_nan(finite)
     assert isinstance(flag, torch.Tensor) and flag.dtype == torch.bool and flag.dim() == 0
     assert not flag.item()
-    assert has_inf_or_nan(finite + [torch.tensor([1.0, float("inf")])]).item()
+    assert has_inf_or_nan([*finite, torch.tensor([1.0, float("inf")])]).item()
     assert has_inf_or_nan([torch.tensor([[float("nan")]], dtype=torch.bfloat16), torch.ones(2)]).item()
     assert not has_inf_or_nan([]).item()

@@ -17,6 +17,7 @@ differently initialised model loads it and repeats the remaining steps with the
 same losses (within 1e-6). The checkpoint names experts by global id
 (``moe.experts.local_experts.<e>``) whatever ep_size saved them, each once,
 holding that expert's weights at the save."""
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,9 @@ class MoENet(nn.Module):
         super().__init__()
         self.inp, self.out = nn.Linear(D_IN, HIDDEN), nn.Linear(HIDDEN, D_OUT)
         expert = nn.Sequential(nn.Linear(HIDDEN, 2 * HIDDEN), nn.GELU(), nn.Linear(2 * HIDDEN, HIDDEN))
-        self.moe = MoE(HIDDEN, expert, num_experts=EXPERTS, ep_size=ep_size, k=2, drop_tokens=False,
-                       top2_2nd_expert_sampling=False)
+        self.moe = MoE(
+            HIDDEN, expert, num_experts=EXPERTS, ep_size=ep_size, k=2, drop_tokens=False, top2_2nd_expert_sampling=False
+        )
 
     def forward(self, x):
         h, aux, _ = self.moe(torch.tanh(self.inp(x)))
@@ -82,8 +84,9 @@ def worker(rank: int, port: int, tmp: str) -> None:
     import trainer
     from trainer.engine import init_distributed
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     init_distributed()  # expert groups are process groups: join before building an ep_size > 1 model
     expected = {clip: reference_losses(clip) for clip in {c for _, _, c in CASES}}
@@ -91,11 +94,13 @@ def worker(rank: int, port: int, tmp: str) -> None:
     assert all(n > CLIP for n in expected[CLIP][1]), expected[CLIP][1]
     for ep, stage, clip in CASES:
         torch.manual_seed(0)
-        config = {"train_batch_size": BATCH * WORLD, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-                  "gradient_clipping": clip,
-                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                                        "reduce_bucket_size": 100},
-                  "telemetry": {"enabled": False}}
+        config = {
+            "train_batch_size": BATCH * WORLD,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+            "gradient_clipping": clip,
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 100},
+            "telemetry": {"enabled": False},
+        }
         ckpt = os.path.join(tmp, f"ep{ep}-zero{stage}-clip{clip}")
         engine, *_ = trainer.initialize(model=MoENet(ep_size=ep), config=config)
         losses = []
@@ -121,8 +126,7 @@ def worker(rank: int, port: int, tmp: str) -> None:
             loss = loss_of(engine(x), y)
             engine.backward(loss)
             engine.step()
-            assert abs(loss.item() - losses[step]) < 1e-6, ("resumed", ep, stage, clip, step, loss.item(),
-                                                            losses[step])
+            assert abs(loss.item() - losses[step]) < 1e-6, ("resumed", ep, stage, clip, step, loss.item(), losses[step])
         engine.close()
 
 
@@ -139,14 +143,16 @@ def check_experts_in_checkpoint(engine, ckpt: str, ep: int) -> None:
     mine = {}
     for i, expert in enumerate(moe.experts.local_experts):
         prefix = f"moe.experts.local_experts.{i}."
-        mine[moe.experts.first_expert + i] = {k: (full[prefix + k] if full is not None else v).detach().clone()
-                                             for k, v in expert.state_dict().items()}
+        mine[moe.experts.first_expert + i] = {
+            k: (full[prefix + k] if full is not None else v).detach().clone() for k, v in expert.state_dict().items()
+        }
     everyone = [None] * WORLD
     dist.all_gather_object(everyone, mine)
     saved = get_fp32_state_dict_from_zero_checkpoint(ckpt)
     prefix = "moe.experts.local_experts."
-    assert sorted({k[len(prefix):].split(".")[0] for k in saved if k.startswith(prefix)}) == \
-        [str(e) for e in range(EXPERTS)]
+    assert sorted({k[len(prefix) :].split(".")[0] for k in saved if k.startswith(prefix)}) == [
+        str(e) for e in range(EXPERTS)
+    ]
     for e in range(EXPERTS):
         holders = [d[e] for d in everyone if e in d]
         assert len(holders) == WORLD // ep

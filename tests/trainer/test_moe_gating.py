@@ -1,6 +1,7 @@
 """Single-process MoE: gating and capacity arithmetic, the layer against a
 token-by-token reference (outputs and gradients), PR-MoE, the pyramid helper
 and the settings that must be refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,10 +19,18 @@ def expert() -> nn.Module:
     return nn.Sequential(nn.Linear(M, 12), nn.GELU(), nn.Linear(12, M))
 
 
-@pytest.mark.parametrize("S,E,k,cf,min_cap,expected", [
-    (16, 4, 1, 1.0, 4, 4), (16, 4, 1, 1.25, 4, 5), (16, 4, 2, 1.0, 4, 8), (16, 4, 1, 1.0, 6, 6),
-    (10, 4, 1, 1.0, 0, 3), (10, 3, 2, 0.5, 1, 4), (7, 8, 1, 1.0, 1, 1),
-])
+@pytest.mark.parametrize(
+    "S,E,k,cf,min_cap,expected",
+    [
+        (16, 4, 1, 1.0, 4, 4),
+        (16, 4, 1, 1.25, 4, 5),
+        (16, 4, 2, 1.0, 4, 8),
+        (16, 4, 1, 1.0, 6, 6),
+        (10, 4, 1, 1.0, 0, 3),
+        (10, 3, 2, 0.5, 1, 4),
+        (7, 8, 1, 1.0, 1, 1),
+    ],
+)
 def test_capacity_is_ceil_k_tokens_over_experts_times_factor_clamped_by_min(S, E, k, cf, min_cap, expected):
     assert expert_capacity(S, E, k, cf, min_cap) == expected == reference_capacity(S, E, k, cf, min_cap)
 
@@ -73,8 +82,17 @@ def test_no_drop_mode_sizes_capacity_to_the_busiest_expert():
 @pytest.mark.parametrize("k", [1, 2])
 def test_layer_output_and_gradients_match_the_reference(k, drop_tokens):
     torch.manual_seed(4)
-    moe = MoE(M, expert(), num_experts=4, k=k, capacity_factor=1.0, min_capacity=1, use_rts=False,
-              top2_2nd_expert_sampling=False, drop_tokens=drop_tokens).double()
+    moe = MoE(
+        M,
+        expert(),
+        num_experts=4,
+        k=k,
+        capacity_factor=1.0,
+        min_capacity=1,
+        use_rts=False,
+        top2_2nd_expert_sampling=False,
+        drop_tokens=drop_tokens,
+    ).double()
     x = torch.randn(3, 6, M, dtype=torch.float64, requires_grad=True)
     out, aux, counts = moe(x)
     (out.square().sum() + aux).backward()
@@ -91,7 +109,7 @@ def test_layer_output_and_gradients_match_the_reference(k, drop_tokens):
     moe.zero_grad()
     (ref.square().sum() + ref_aux).backward()
     torch.testing.assert_close(x.grad, xr.grad, rtol=0, atol=1e-10)
-    for got, p in zip(grads, moe.parameters()):
+    for got, p in zip(grads, moe.parameters(), strict=True):
         torch.testing.assert_close(got, p.grad, rtol=0, atol=1e-10)
 
 
@@ -116,31 +134,45 @@ def test_pyramid_gives_each_layer_its_expert_count_and_id():
         pyramid_moe(M, expert(), [2, 4], ep_size=[1, 2])
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(num_experts=3, ep_size=2, world=4), r"^moe\.num_experts: must be divisible by moe\.ep_size \(2\) \(got 3\)$"),
-    (dict(num_experts=8, ep_size=8, world=4), r"^moe\.ep_size: must not exceed the world size 4 \(got 8\)$"),
-    (dict(num_experts=6, ep_size=3, world=4), r"^moe\.ep_size: must divide the world size 4 \(got 3\)$"),
-    (dict(num_experts=0, ep_size=1, world=4), r"^moe\.num_experts: must be >= 1 \(got 0\)$"),
-    (dict(num_experts=2.5, ep_size=1, world=4), r"^moe\.num_experts: must be an integer \(got 2\.5\)$"),
-    (dict(num_experts=4, ep_size=4, world=4, tp=2),
-     r"^moe\.ep_size: must not exceed the data-parallel size 2 \(world 4 / tensor_parallel\.tp_size 2\) \(got 4\)$"),
-    (dict(num_experts=4, ep_size=1, world=4, tp=3),
-     r"^tensor_parallel\.tp_size: must divide the world size 4 \(got 3\)$"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            dict(num_experts=3, ep_size=2, world=4),
+            r"^moe\.num_experts: must be divisible by moe\.ep_size \(2\) \(got 3\)$",
+        ),
+        (dict(num_experts=8, ep_size=8, world=4), r"^moe\.ep_size: must not exceed the world size 4 \(got 8\)$"),
+        (dict(num_experts=6, ep_size=3, world=4), r"^moe\.ep_size: must divide the world size 4 \(got 3\)$"),
+        (dict(num_experts=0, ep_size=1, world=4), r"^moe\.num_experts: must be >= 1 \(got 0\)$"),
+        (dict(num_experts=2.5, ep_size=1, world=4), r"^moe\.num_experts: must be an integer \(got 2\.5\)$"),
+        (
+            dict(num_experts=4, ep_size=4, world=4, tp=2),
+            r"^moe\.ep_size: must not exceed the data-parallel size 2 "
+            r"\(world 4 / tensor_parallel\.tp_size 2\) \(got 4\)$",
+        ),
+        (
+            dict(num_experts=4, ep_size=1, world=4, tp=3),
+            r"^tensor_parallel\.tp_size: must divide the world size 4 \(got 3\)$",
+        ),
+    ],
+)
 def test_bad_expert_parallel_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         validate(kwargs["num_experts"], kwargs["ep_size"], kwargs["world"], kwargs.get("tp", 1))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(k=3), r"^moe\.k: must be one of 1, 2 \(got 3\)$"),
-    (dict(capacity_factor=0), r"^moe\.capacity_factor: must be > 0 \(got 0\)$"),
-    (dict(capacity_factor="big"), r"^moe\.capacity_factor: must be a finite number \(got 'big'\)$"),
-    (dict(eval_capacity_factor=-1.0), r"^moe\.eval_capacity_factor: must be > 0 \(got -1\.0\)$"),
-    (dict(min_capacity=-1), r"^moe\.min_capacity: must be >= 0 \(got -1\)$"),
-    (dict(noisy_gate_policy="Gaussian"), r"^moe\.noisy_gate_policy: must be one of None, 'Jitter', 'RSample'"),
-    (dict(ep_size=2), r"^moe\.ep_size: must not exceed the world size 1 \(got 2\)$"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(k=3), r"^moe\.k: must be one of 1, 2 \(got 3\)$"),
+        (dict(capacity_factor=0), r"^moe\.capacity_factor: must be > 0 \(got 0\)$"),
+        (dict(capacity_factor="big"), r"^moe\.capacity_factor: must be a finite number \(got 'big'\)$"),
+        (dict(eval_capacity_factor=-1.0), r"^moe\.eval_capacity_factor: must be > 0 \(got -1\.0\)$"),
+        (dict(min_capacity=-1), r"^moe\.min_capacity: must be >= 0 \(got -1\)$"),
+        (dict(noisy_gate_policy="Gaussian"), r"^moe\.noisy_gate_policy: must be one of None, 'Jitter', 'RSample'"),
+        (dict(ep_size=2), r"^moe\.ep_size: must not exceed the world size 1 \(got 2\)$"),
+    ],
+)
 def test_bad_layer_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MoE(M, expert(), num_experts=4, **kwargs)
@@ -148,8 +180,7 @@ def test_bad_layer_settings_name_the_key(kwargs, message):
 
 def test_eval_uses_eval_capacity_factor_and_no_noise():
     torch.manual_seed(6)
-    gate = TopKGate(M, 4, 1, capacity_factor=0.5, eval_capacity_factor=2.0, min_capacity=1,
-                    noisy_gate_policy="RSample")
+    gate = TopKGate(M, 4, 1, capacity_factor=0.5, eval_capacity_factor=2.0, min_capacity=1, noisy_gate_policy="RSample")
     x = torch.randn(16, M)
     assert gate.train()(x).capacity == 2
     gate.eval()
@@ -163,6 +194,7 @@ def test_eval_uses_eval_capacity_factor_and_no_noise():
 @pytest.mark.parametrize("k", [1, 2])
 def test_dispatch_and_combine_have_exact_gradients_including_dropped_choices(k):
     from trainer.moe.dispatch import combine, dispatch
+
     torch.manual_seed(7)
     S, E, C = 6, 2, 3
     slots = torch.tensor([0, 4, 6, 1, 6, 5] + ([2, 6, 3, 6, 6, 6] if k == 2 else []))  # 6 = dropped

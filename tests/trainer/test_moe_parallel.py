@@ -8,6 +8,7 @@ reference built from the gathered expert weights, within 1e-5. Records go to
 a real collector; the test then reads them back with DuckDB: all_to_all on
 the expert-parallel groups with their sizes and busbw factors, and per-expert
 ``moe`` rows whose dropped counts follow the capacity arithmetic exactly."""
+
 from __future__ import annotations
 
 import copy
@@ -19,14 +20,21 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from collector.data import catalog
-from tests.trainer._moe_reference import reference_capacity, reference_moe
 from collector.testing.ports import free_port
+from tests.trainer._moe_reference import reference_capacity, reference_moe
 
 WORLD, M, E, S = 4, 8, 4, 12  # ranks, hidden, experts, tokens per rank
 F32 = 4
 # (step, ep_size, k, drop_tokens): the step tags this case's telemetry rows
-CASES = [(1, 1, 1, True), (2, 1, 2, True), (3, 2, 1, True), (4, 2, 2, True), (5, 4, 1, True), (6, 4, 2, True),
-         (7, 2, 1, False)]
+CASES = [
+    (1, 1, 1, True),
+    (2, 1, 2, True),
+    (3, 2, 1, True),
+    (4, 2, 2, True),
+    (5, 4, 1, True),
+    (6, 4, 2, True),
+    (7, 2, 1, False),
+]
 CAPACITY_FACTOR = 0.75  # low enough that experts overflow
 
 
@@ -52,8 +60,20 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
 
     session.set_step(step)
     torch.manual_seed(step)  # same on every rank: the gate and the expert seeds agree
-    moe = MoE(M, expert(), num_experts=E, ep_size=ep, k=k, capacity_factor=CAPACITY_FACTOR, min_capacity=1,
-              drop_tokens=drop, use_rts=False, top2_2nd_expert_sampling=False, layer_id=10 + step, tp_size=tp)
+    moe = MoE(
+        M,
+        expert(),
+        num_experts=E,
+        ep_size=ep,
+        k=k,
+        capacity_factor=CAPACITY_FACTOR,
+        min_capacity=1,
+        drop_tokens=drop,
+        use_rts=False,
+        top2_2nd_expert_sampling=False,
+        layer_id=10 + step,
+        tp_size=tp,
+    )
     with torch.no_grad():  # ranks disagree until broadcast_parameters syncs each parameter over its group
         for p in moe.parameters():
             p.add_(0.01 * dp_rank)
@@ -65,8 +85,9 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
 
     # the reference holds all E experts: gather every rank's local experts (global order)
     gathered = [None] * WORLD
-    comm.all_gather_object(gathered, {moe.experts.first_expert + i: e.state_dict()
-                                      for i, e in enumerate(moe.experts.local_experts)})
+    comm.all_gather_object(
+        gathered, {moe.experts.first_expert + i: e.state_dict() for i, e in enumerate(moe.experts.local_experts)}
+    )
     states = {}
     for part in gathered:
         for e, sd in part.items():
@@ -88,7 +109,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
     else:  # no-drop: the busiest expert over this rank's expert-parallel group
         loads = [reference_moe(t.detach(), gate_weight.detach(), experts, k=k, capacity=S)[2].max() for t in inputs]
         capacity = [max(int(loads[g - g % ep + j]) for j in range(ep)) for g in range(DP)]
-    refs = [reference_moe(t, gate_weight, experts, k=k, capacity=c) for t, c in zip(inputs, capacity)]
+    refs = [reference_moe(t, gate_weight, experts, k=k, capacity=c) for t, c in zip(inputs, capacity, strict=True)]
     loss = sum(o.square().sum() + a for o, a, _, _ in refs) / DP  # the data-parallel mean
     loss.backward()
 
@@ -103,7 +124,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
     torch.testing.assert_close(x.grad.reshape(-1, M) / DP, inputs[dp_rank].grad, **tol)
     torch.testing.assert_close(moe.gate.weight.grad, gate_weight.grad, **tol)
     for i, local in enumerate(moe.experts.local_experts):
-        for p, ref_p in zip(local.parameters(), experts[moe.experts.first_expert + i].parameters()):
+        for p, ref_p in zip(local.parameters(), experts[moe.experts.first_expert + i].parameters(), strict=True):
             torch.testing.assert_close(p.grad, ref_p.grad, **tol)
 
 
@@ -118,10 +139,11 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
     comm.init_process_group("gloo", rank=rank, world_size=WORLD)
     for case in CASES:
         check_case(rank, *case)
-    for kwargs, message in ((dict(num_experts=6, ep_size=4), "moe.num_experts: must be divisible by moe.ep_size (4) "
-                                                             "(got 6)"),
-                            (dict(num_experts=8, ep_size=8), "moe.ep_size: must not exceed the world size 4 (got 8)"),
-                            (dict(num_experts=6, ep_size=3), "moe.ep_size: must divide the world size 4 (got 3)")):
+    for kwargs, message in (
+        (dict(num_experts=6, ep_size=4), "moe.num_experts: must be divisible by moe.ep_size (4) (got 6)"),
+        (dict(num_experts=8, ep_size=8), "moe.ep_size: must not exceed the world size 4 (got 8)"),
+        (dict(num_experts=6, ep_size=3), "moe.ep_size: must divide the world size 4 (got 3)"),
+    ):
         with pytest.raises(ValueError) as e:
             MoE(M, expert(), **kwargs)
         assert str(e.value) == message
@@ -134,13 +156,16 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
     mp.spawn(worker, args=(free_port(), endpoint, str(tmp_path)), nprocs=WORLD, join=True)
 
     con = catalog.connect(data)
-    q = lambda sql, *p: con.execute(sql, list(p)).fetchall()  # noqa: E731
+    q = lambda sql, *p: con.execute(sql, list(p)).fetchall()
     (run_id,) = q("SELECT run_id FROM runs WHERE name = 'moe-ep'")[0]
     cases = {step: (ep, k, drop) for step, ep, k, drop in CASES}
 
     # all_to_all: two forward, two backward per MoE forward (and the fill counts), only where ep > 1, on the ep group
-    a2a = q("""SELECT step, rank, group_name, group_size, log_name, bytes, numel, algbw_gbs, busbw_gbs
-               FROM comm WHERE run_id = ? AND op = 'all_to_all_single' ORDER BY step, rank, seq""", run_id)
+    a2a = q(
+        """SELECT step, rank, group_name, group_size, log_name, bytes, numel, algbw_gbs, busbw_gbs
+               FROM comm WHERE run_id = ? AND op = 'all_to_all_single' ORDER BY step, rank, seq""",
+        run_id,
+    )
     per_step_rank = {}
     for step, rank, group, size, log_name, nbytes, numel, algbw, busbw in a2a:
         ep, k, drop = cases[step]
@@ -157,22 +182,23 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
         if drop:
             assert numel == E * reference_capacity(S, E, k, CAPACITY_FACTOR, 1) * M
         assert busbw == pytest.approx(algbw * (ep - 1) / ep, rel=1e-9)
-    expected_names = ["moe.fill_counts", "moe.dispatch", "moe.combine", "moe.combine.backward",
-                      "moe.dispatch.backward"]
-    assert per_step_rank == {(s, r): expected_names for s, (ep, _, _) in cases.items() if ep > 1
-                             for r in range(WORLD)}
+    expected_names = ["moe.fill_counts", "moe.dispatch", "moe.combine", "moe.combine.backward", "moe.dispatch.backward"]
+    assert per_step_rank == {(s, r): expected_names for s, (ep, _, _) in cases.items() if ep > 1 for r in range(WORLD)}
     # rows of one all_to_all join across exactly the ranks of its group
-    assert q("""SELECT count(*) FROM (SELECT group_name, seq, count(*) n, any_value(group_size) g FROM comm
-                WHERE run_id = ? AND op = 'all_to_all_single' GROUP BY ALL HAVING n <> g)""", run_id) == [(0,)]
+    assert q(
+        """SELECT count(*) FROM (SELECT group_name, seq, count(*) n, any_value(group_size) g FROM comm
+                WHERE run_id = ? AND op = 'all_to_all_single' GROUP BY ALL HAVING n <> g)""",
+        run_id,
+    ) == [(0,)]
     # the no-drop capacity is agreed with a MAX all_reduce on the expert-parallel group
-    assert q("""SELECT DISTINCT step, group_size FROM comm WHERE run_id = ? AND log_name = 'moe.no_drop_capacity'""",
-             run_id) == [(7, 2)]
+    assert q(
+        """SELECT DISTINCT step, group_size FROM comm WHERE run_id = ? AND log_name = 'moe.no_drop_capacity'""", run_id
+    ) == [(7, 2)]
 
     # per-expert telemetry: every rank, case and expert; dropped = max(0, tokens - capacity)
-    rows = q("SELECT step, rank, layer, expert, tokens, dropped, capacity, aux_loss FROM moe WHERE run_id = ?",
-             run_id)
+    rows = q("SELECT step, rank, layer, expert, tokens, dropped, capacity, aux_loss FROM moe WHERE run_id = ?", run_id)
     assert len(rows) == len(CASES) * WORLD * E
-    for step, rank, layer, expert_id, tokens, dropped, capacity, aux_loss in rows:
+    for step, _rank, layer, expert_id, tokens, dropped, capacity, aux_loss in rows:
         ep, k, drop = cases[step]
         assert layer == 10 + step and 0 <= expert_id < E and aux_loss > 0
         if drop:
@@ -180,7 +206,8 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
             assert dropped == max(0, tokens - capacity)
         else:
             assert dropped == 0 and capacity >= tokens
-    assert q("SELECT step, rank, sum(tokens) FROM moe WHERE run_id = ? GROUP BY ALL ORDER BY ALL", run_id) == \
-        [(s, r, k * S) for s, _, k, _ in CASES for r in range(WORLD)]
+    assert q("SELECT step, rank, sum(tokens) FROM moe WHERE run_id = ? GROUP BY ALL ORDER BY ALL", run_id) == [
+        (s, r, k * S) for s, _, k, _ in CASES for r in range(WORLD)
+    ]
     assert q("SELECT sum(dropped) FROM moe WHERE run_id = ? AND step IN (1, 3, 5)", run_id)[0][0] > 0
     con.close()

@@ -1,5 +1,6 @@
 """MonitorMaster: DeepSpeed's csv_monitor / tensorboard file layouts, written off
 the training thread, flushed on close() and at interpreter exit."""
+
 import os
 import subprocess
 import sys
@@ -42,8 +43,9 @@ def test_csv_header_is_per_process_like_deepspeed(tmp_path):
         mon = MonitorMaster(_csv_cfg(tmp_path, job="j"))
         mon.write_events([("Train/loss", 1.0, samples)])
         mon.close()
-    assert (tmp_path / "ds_logs" / "j" / "Train_loss.csv").read_bytes() == \
-        b"step,loss\r\n1,1.0\r\nstep,loss\r\n2,1.0\r\n"
+    assert (
+        tmp_path / "ds_logs" / "j" / "Train_loss.csv"
+    ).read_bytes() == b"step,loss\r\n1,1.0\r\nstep,loss\r\n2,1.0\r\n"
 
 
 def test_tensorboard_events_read_back_with_event_accumulator(tmp_path):
@@ -70,6 +72,7 @@ def test_tensorboard_events_read_back_with_event_accumulator(tmp_path):
 class _SlowDeviceTensor(torch.Tensor):
     """A scalar whose value is only ready once ``gate`` opens, like a device tensor
     whose kernel is still running: reading it (.item()) waits."""
+
     gate = threading.Event()
 
     @classmethod
@@ -120,8 +123,7 @@ def test_defaults_write_under_the_working_directory(tmp_path, monkeypatch):
 
 def test_other_ranks_write_no_files(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    mon = MonitorMaster({**_csv_cfg(tmp_path),
-                         "tensorboard": {"enabled": True, "output_path": str(tmp_path / "tb")}})
+    mon = MonitorMaster({**_csv_cfg(tmp_path), "tensorboard": {"enabled": True, "output_path": str(tmp_path / "tb")}})
     mon.write_events([("Train/loss", 1.0, 1)])
     mon.close()
     assert not (tmp_path / "ds_logs").exists() and not (tmp_path / "tb").exists()
@@ -142,11 +144,14 @@ def test_output_path_that_is_a_file_is_rejected_naming_the_key(tmp_path, section
         MonitorMaster({section: {"enabled": True, "output_path": str(blocker), "job_name": "j"}})
 
 
-@pytest.mark.parametrize("block, key", [
-    ({"enabled": "yes"}, "csv_monitor.enabled"),
-    ({"enabled": True, "job_name": ""}, "csv_monitor.job_name"),
-    ({"enabled": True, "output_path": 3}, "csv_monitor.output_path"),
-])
+@pytest.mark.parametrize(
+    "block, key",
+    [
+        ({"enabled": "yes"}, "csv_monitor.enabled"),
+        ({"enabled": True, "job_name": ""}, "csv_monitor.job_name"),
+        ({"enabled": True, "output_path": 3}, "csv_monitor.output_path"),
+    ],
+)
 def test_bad_config_values_name_the_key(block, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         MonitorMaster({"csv_monitor": block})
@@ -185,10 +190,12 @@ def test_every_rank_reports_to_telemetry(tmp_path, monkeypatch, rank):
         session.stop()
         session.set_step(0)
         server.stop(0)
-    got = sorted(zip(rows["tag"], rows["value"], rows["samples"], rows["step"], rows["rank"]))
-    assert got == [("Train/Samples/lr", 0.5, 40, 5, rank),
-                   ("Train/Samples/train_loss", 0.5, 80, 10, rank),
-                   ("Train/Samples/train_loss", 0.75, 40, 5, rank)]
+    got = sorted(zip(rows["tag"], rows["value"], rows["samples"], rows["step"], rows["rank"], strict=True))
+    assert got == [
+        ("Train/Samples/lr", 0.5, 40, 5, rank),
+        ("Train/Samples/train_loss", 0.5, 80, 10, rank),
+        ("Train/Samples/train_loss", 0.75, 40, 5, rank),
+    ]
     assert all(t > 0 for t in rows["time_ns"])
     # files stay rank 0's, in DeepSpeed's layout
     assert (tmp_path / "ds_logs").exists() == (rank == 0)

@@ -3,6 +3,7 @@
 collector.testing.flops_models, SDPA against the analytic 4*B*H*Lq*Lk*D, the other
 operators against their documented formulas, MoE experts by routed tokens, and the
 latency tree."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from collector.testing.flops_models import B, D, GPT, H, L, MODELS, V, SmallCNN, sdpa_flops
+from collector.testing.flops_models import GPT, MODELS, B, D, H, L, SmallCNN, V, sdpa_flops
 from trainer.profiling import FlopsProfiler
 
 
@@ -30,8 +31,11 @@ def _reference(model, inputs) -> dict[str, int]:
     with FlopCounterMode(display=False) as counter:
         model(*inputs)
     root = type(model).__name__
-    return {k[len(root) + 1:] if k != root else "": sum(v.values())
-            for k, v in counter.get_flop_counts().items() if k != "Global"}
+    return {
+        k[len(root) + 1 :] if k != root else "": sum(v.values())
+        for k, v in counter.get_flop_counts().items()
+        if k != "Global"
+    }
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -67,14 +71,17 @@ def test_sdpa_counts_4_b_h_lq_lk_d():
     prof.end_profile()
 
 
-@pytest.mark.parametrize("layer, shape", [
-    (nn.Conv1d(4, 6, 3, padding=1), (2, 4, 10)),
-    (nn.Conv2d(4, 6, 3, stride=2, dilation=2, groups=2), (2, 4, 11, 11)),
-    (nn.Conv3d(2, 3, 2, bias=False), (1, 2, 4, 4, 4)),
-    (nn.ConvTranspose1d(4, 2, 3, stride=2), (2, 4, 5)),
-    (nn.ConvTranspose2d(4, 6, 3, groups=2), (1, 4, 5, 5)),
-    (nn.ConvTranspose3d(2, 2, 2, stride=2), (1, 2, 3, 3, 3)),
-])
+@pytest.mark.parametrize(
+    "layer, shape",
+    [
+        (nn.Conv1d(4, 6, 3, padding=1), (2, 4, 10)),
+        (nn.Conv2d(4, 6, 3, stride=2, dilation=2, groups=2), (2, 4, 11, 11)),
+        (nn.Conv3d(2, 3, 2, bias=False), (1, 2, 4, 4, 4)),
+        (nn.ConvTranspose1d(4, 2, 3, stride=2), (2, 4, 5)),
+        (nn.ConvTranspose2d(4, 6, 3, groups=2), (1, 4, 5, 5)),
+        (nn.ConvTranspose3d(2, 2, 2, stride=2), (1, 2, 3, 3, 3)),
+    ],
+)
 def test_convolutions_match_flop_counter_plus_bias(layer, shape):
     x = torch.randn(shape)
     prof = _profile(layer, (x,))
@@ -91,11 +98,11 @@ def test_other_operators_follow_the_documented_formulas():
     prof = _profile(model, (idx,))
     by_name = {p.name: p for p in prof.root.walk()}
     tokens = B * L
-    assert by_name["blocks.0.ln1"].flops == 5 * tokens * D            # affine layer norm
-    assert by_name["blocks.0.mlp.1"].flops == tokens * 4 * D          # GELU: one per element
+    assert by_name["blocks.0.ln1"].flops == 5 * tokens * D  # affine layer norm
+    assert by_name["blocks.0.mlp.1"].flops == tokens * 4 * D  # GELU: one per element
     assert by_name["blocks.0.mlp.0"].flops == 2 * tokens * D * 4 * D + tokens * 4 * D  # + bias add
-    assert by_name["head"].flops == 2 * tokens * D * V                # no bias
-    assert by_name["wte"].flops == 0                                  # a lookup
+    assert by_name["head"].flops == 2 * tokens * D * V  # no bias
+    assert by_name["wte"].flops == 0  # a lookup
     attn = by_name["blocks.0.attn"]
     own = attn.flops - sum(c.flops for c in attn.children)
     # q @ k^T and att @ v, the scale (div), masked_fill, softmax (per input element)
@@ -106,9 +113,9 @@ def test_other_operators_follow_the_documented_formulas():
     cnn = SmallCNN().eval()
     prof = _profile(cnn, (torch.randn(B, 3, 16, 16),))
     feats = {p.name: p for p in prof.root.walk()}
-    assert feats["features.1"].flops == 2 * B * 8 * 16 * 16            # eval batch norm, affine
-    assert feats["features.3"].flops == B * 8 * 16 * 16                # max pool: per input element
-    assert feats["features.5"].flops == 5 * B * 8 * 3 * 3              # group norm, affine
+    assert feats["features.1"].flops == 2 * B * 8 * 16 * 16  # eval batch norm, affine
+    assert feats["features.3"].flops == B * 8 * 16 * 16  # max pool: per input element
+    assert feats["features.5"].flops == 5 * B * 8 * 3 * 3  # group norm, affine
     prof.end_profile()
 
 

@@ -1,5 +1,6 @@
 """FlopsProfiler lifecycle (start/stop/reset/end leave the model exactly as it
 was), get_model_profile, and the text report's sections and units."""
+
 from __future__ import annotations
 
 import re
@@ -18,20 +19,30 @@ from trainer.profiling.report import fmt_count, fmt_duration
 def make_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(8, 32), nn.GELU(),
+        nn.Linear(8, 32),
+        nn.GELU(),
         nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.Dropout(0.0)),
         nn.Linear(32, 4),
     )
 
 
-HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-              "_forward_hooks_always_called", "_forward_hooks_with_kwargs", "_state_dict_hooks")
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_always_called",
+    "_forward_hooks_with_kwargs",
+    "_state_dict_hooks",
+)
 
 
 def hook_state(model: nn.Module) -> list:
     state = [(name, attr, dict(getattr(m, attr))) for name, m in model.named_modules() for attr in HOOK_DICTS]
-    state += [(name, p._backward_hooks, getattr(p, "_post_accumulate_grad_hooks", None))
-              for name, p in model.named_parameters()]
+    state += [
+        (name, p._backward_hooks, getattr(p, "_post_accumulate_grad_hooks", None))
+        for name, p in model.named_parameters()
+    ]
     return state
 
 
@@ -139,9 +150,15 @@ def test_get_model_profile_returns_totals_and_validates_input(tmp_path, capsys):
     assert params == sum(p.numel() for p in model.parameters())
     assert flops > 2 * macs  # bias adds, GELU, layer norm on top
     assert get_model_profile(model, args=[torch.randn(4, 8)], print_profile=False) == (
-        fmt_count(flops), fmt_count(macs, "MACs"), fmt_count(params))
-    assert get_model_profile(model, kwargs={"input": torch.randn(4, 8)}, print_profile=False,
-                             as_string=False) == (flops, macs, params)
+        fmt_count(flops),
+        fmt_count(macs, "MACs"),
+        fmt_count(params),
+    )
+    assert get_model_profile(model, kwargs={"input": torch.randn(4, 8)}, print_profile=False, as_string=False) == (
+        flops,
+        macs,
+        params,
+    )
     assert no_mode_active() and all(not m._forward_hooks for m in model.modules())
 
     out = tmp_path / "profile.txt"
@@ -154,13 +171,19 @@ def test_get_model_profile_returns_totals_and_validates_input(tmp_path, capsys):
             get_model_profile(model, input_shape=bad)
     with pytest.raises(ValueError, match="input_shape, args or kwargs"):
         get_model_profile(model)
-    with pytest.raises(TypeError, match="nn.Module"):
+    with pytest.raises(TypeError, match=r"nn\.Module"):
         get_model_profile(lambda x: x, input_shape=(1,))
 
 
 def test_units_are_chosen_per_value():
     assert [fmt_count(n) for n in (0, 999, 1234, 5.6e6, 7.891e9, 2e12)] == [
-        "0", "999", "1.23 K", "5.60 M", "7.89 G", "2.00 T"]
+        "0",
+        "999",
+        "1.23 K",
+        "5.60 M",
+        "7.89 G",
+        "2.00 T",
+    ]
     assert fmt_count(3.2e6, "MACs") == "3.20 MMACs"
     assert [fmt_duration(s) for s in (2.5, 0.0123, 4.5e-5, None)] == ["2.50 s", "12.30 ms", "45.00 us", "n/a"]
 

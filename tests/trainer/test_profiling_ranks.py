@@ -1,6 +1,7 @@
 """Two gloo ranks (torch.multiprocessing spawn) train with the bundled engine
 and ``flops_profiler`` on: every rank streams its module tree through the real
 collector into the ``flops`` table; only rank 0 prints the report."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,7 @@ from torch import nn
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Sequential(nn.Linear(64, 64), nn.Tanh()),
-                         nn.Linear(64, 4))
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Sequential(nn.Linear(64, 64), nn.Tanh()), nn.Linear(64, 4))
 
 
 def _two_rank_worker(rank: int, master_port: int, endpoint: str, out: str) -> None:
@@ -24,11 +24,16 @@ def _two_rank_worker(rank: int, master_port: int, endpoint: str, out: str) -> No
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
     torch.set_num_threads(1)
-    engine, *_ = trainer.initialize(model=make_model(), config={
-        "train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "steps_per_print": 1000,
-        "telemetry": {"enabled": True, "endpoint": endpoint, "run": "flops-2ranks"},
-        "flops_profiler": {"enabled": True, "profile_step": 0, "output_file": os.path.join(out, "flops.txt")},
-    })
+    engine, *_ = trainer.initialize(
+        model=make_model(),
+        config={
+            "train_batch_size": 8,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "steps_per_print": 1000,
+            "telemetry": {"enabled": True, "endpoint": endpoint, "run": "flops-2ranks"},
+            "flops_profiler": {"enabled": True, "profile_step": 0, "output_file": os.path.join(out, "flops.txt")},
+        },
+    )
     for _ in range(2):
         engine.backward(engine(torch.randn(4, 16)).pow(2).mean())
         engine.step()
@@ -44,9 +49,14 @@ def test_every_rank_sends_its_tree_and_only_rank0_prints(tmp_path, live_collecto
 
     endpoint, data = live_collector
     results = spawn(_two_rank_worker, 2, endpoint, tmp_path)
-    rows = catalog.connect(data).execute(
-        "SELECT rank, count(*), sum(CASE WHEN depth = 0 THEN macs END) FROM flops "
-        "WHERE step = 0 GROUP BY rank ORDER BY rank").fetchall()
+    rows = (
+        catalog.connect(data)
+        .execute(
+            "SELECT rank, count(*), sum(CASE WHEN depth = 0 THEN macs END) FROM flops "
+            "WHERE step = 0 GROUP BY rank ORDER BY rank"
+        )
+        .fetchall()
+    )
     modules = len(list(make_model().named_modules()))
     assert [r["printed"] for r in results] == [True, False]
     assert [r["rows"] for r in results] == [modules, modules]

@@ -1,6 +1,7 @@
 """The engine side of the flops profiler: the ``flops_profiler`` config block,
 one profiled step (report on rank 0, one ``flops`` row per module), and the
 bundled engine streaming the tree through a real collector into DuckDB."""
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,7 @@ from trainer.profiling.report import fmt_count
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Sequential(nn.Linear(64, 64), nn.Tanh()),
-                         nn.Linear(64, 4))
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Sequential(nn.Linear(64, 64), nn.Tanh()), nn.Linear(64, 4))
 
 
 class Recorder:
@@ -48,9 +48,17 @@ def printed(report: str, key: str) -> str:
 
 def test_config_defaults_validation_and_unknown_keys():
     assert FlopsProfilerConfig.from_dict({}) == FlopsProfilerConfig(
-        enabled=False, profile_step=1, module_depth=-1, top_modules=1, detailed=True, output_file=None)
-    for key, bad in [("enabled", "yes"), ("profile_step", -1), ("profile_step", 1.5), ("module_depth", -2),
-                     ("top_modules", 0), ("detailed", 1), ("output_file", 3)]:
+        enabled=False, profile_step=1, module_depth=-1, top_modules=1, detailed=True, output_file=None
+    )
+    for key, bad in [
+        ("enabled", "yes"),
+        ("profile_step", -1),
+        ("profile_step", 1.5),
+        ("module_depth", -2),
+        ("top_modules", 0),
+        ("detailed", 1),
+        ("output_file", 3),
+    ]:
         with pytest.raises(ValueError, match=rf"flops_profiler\.{key}"):
             FlopsProfilerConfig.from_dict({key: bad})
     with pytest.warns(UserWarning, match=r"flops_profiler\.recompute_fwd_factor"):
@@ -112,8 +120,7 @@ def test_profiled_step_prints_the_report_and_emits_one_row_per_module(capsys):
 
 def test_output_file_and_tensor_parallel_totals(tmp_path, capsys):
     model, out = make_model(), tmp_path / "flops.txt"
-    sp = StepProfiler({"enabled": True, "profile_step": 0, "output_file": str(out)}, model, tp_size=2,
-                      sink=Recorder())
+    sp = StepProfiler({"enabled": True, "profile_step": 0, "output_file": str(out)}, model, tp_size=2, sink=Recorder())
     train_steps(sp, model, steps=1)
     assert capsys.readouterr().out == ""
     report = out.read_text()
@@ -146,12 +153,17 @@ def test_engine_zero3_counts_partitioned_parameters_in_full(tmp_path):
     model = make_model()
     params = sum(p.numel() for p in model.parameters())
     try:
-        engine, *_ = trainer.initialize(model=model, config={
-            "train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-            "steps_per_print": 1000, "telemetry": {"enabled": False},
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-            "flops_profiler": {"enabled": True, "profile_step": 0, "output_file": str(tmp_path / "f.txt")},
-        })
+        engine, *_ = trainer.initialize(
+            model=model,
+            config={
+                "train_batch_size": 8,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                "steps_per_print": 1000,
+                "telemetry": {"enabled": False},
+                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                "flops_profiler": {"enabled": True, "profile_step": 0, "output_file": str(tmp_path / "f.txt")},
+            },
+        )
         for _ in range(2):
             engine.backward(engine(torch.randn(8, 16)).pow(2).mean())
             engine.step()
@@ -177,12 +189,17 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector)
     report_file = tmp_path / "flops.txt"
     try:
         model = make_model()
-        engine, *_ = trainer.initialize(model=model, config={
-            "train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-            "steps_per_print": 1000, "wall_clock_breakdown": True,
-            "telemetry": {"enabled": True, "endpoint": endpoint, "run": "flops-e2e"},
-            "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(report_file)},
-        })
+        engine, *_ = trainer.initialize(
+            model=model,
+            config={
+                "train_batch_size": 8,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                "steps_per_print": 1000,
+                "wall_clock_breakdown": True,
+                "telemetry": {"enabled": True, "endpoint": endpoint, "run": "flops-e2e"},
+                "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(report_file)},
+            },
+        )
         for _ in range(3):
             loss = engine(torch.randn(8, 16)).pow(2).mean()
             engine.backward(loss)
@@ -191,7 +208,8 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector)
         con = catalog.connect(data)
         rows = con.execute(
             "SELECT module, parent, depth, module_type, flops, macs, latency_ns, bwd_latency_ns, step, rank "
-            "FROM flops ORDER BY depth, module").fetchall()
+            "FROM flops ORDER BY depth, module"
+        ).fetchall()
     finally:
         session.stop()
         if dist.is_initialized():
@@ -204,4 +222,3 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector)
     assert root[5] == 8 * (16 * 64 + 64 * 64 + 64 * 4)
     assert printed(report_file.read_text(), "fwd flops per rank") == fmt_count(root[4])
     assert all(r[6] > 0 and r[7] > 0 for r in rows)
-

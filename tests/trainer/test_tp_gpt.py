@@ -7,6 +7,7 @@ real collector: all_reduce on the tensor-parallel groups (size 2, busbw = algbw
 x 2(n-1)/n with n = 2) and on the data-parallel groups. An MoE layer inside the
 tensor-parallel model (tests.trainer.test_moe_parallel.check_case with tp 2) runs its
 all_to_all over the data-parallel ranks and matches its reference too."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,7 @@ from torch import nn
 from collector.data import catalog
 from collector.testing.ports import free_port
 from tests.trainer.test_moe_parallel import check_case
-from trainer.tensor_parallel import (ParallelTransformerBlock, load_dense_state, parallel_groups, shard,
-                                     validate)
+from trainer.tensor_parallel import ParallelTransformerBlock, load_dense_state, parallel_groups, shard, validate
 
 WORLD, TP = 4, 2
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS, BATCH, STEPS = 32, 8, 16, 4, 2, 2, 20
@@ -52,8 +52,12 @@ class DenseMLP(nn.Module):
 class DenseBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.ln1, self.attn, self.ln2, self.mlp = nn.LayerNorm(HIDDEN), DenseAttention(), nn.LayerNorm(HIDDEN), \
-            DenseMLP()
+        self.ln1, self.attn, self.ln2, self.mlp = (
+            nn.LayerNorm(HIDDEN),
+            DenseAttention(),
+            nn.LayerNorm(HIDDEN),
+            DenseMLP(),
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -90,10 +94,11 @@ def train_and_compare(groups, steps: int) -> list[float]:
     load_dense_state(parallel, dense.state_dict())
     opt_dense = torch.optim.AdamW(dense.parameters(), lr=1e-2)
     opt_parallel = torch.optim.AdamW(parallel.parameters(), lr=1e-2)
-    dp_rank = (comm_rank() // groups.tp_size)
+    dp_rank = comm_rank() // groups.tp_size
     diffs = []
     for step in range(steps):
         from collector.rank import session
+
         session.set_step(step)
         ref_losses = [dense(*batch(step, d)) for d in range(groups.dp_size)]
         sum(ref_losses).div(groups.dp_size).backward()  # the data-parallel mean
@@ -109,6 +114,7 @@ def train_and_compare(groups, steps: int) -> list[float]:
 
 def comm_rank() -> int:
     from trainer import comm
+
     return comm.get_rank()
 
 
@@ -123,12 +129,15 @@ def test_shard_takes_each_ranks_heads_of_q_k_and_v():
     assert shard(torch.arange(8.0).reshape(2, 4), 1, 1, 2, 0).tolist() == [[0, 1], [4, 5]]
 
 
-@pytest.mark.parametrize("args,message", [
-    ((3, 4), r"^tensor_parallel\.tp_size: must divide the world size 4 \(got 3\)$"),
-    ((2, 4, 3), r"^tensor_parallel\.tp_size: must divide the number of attention heads 3 \(got 2\)$"),
-    ((0, 4), r"^tensor_parallel\.tp_size: must be >= 1 \(got 0\)$"),
-    ((True, 4), r"^tensor_parallel\.tp_size: must be an integer \(got True\)$"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((3, 4), r"^tensor_parallel\.tp_size: must divide the world size 4 \(got 3\)$"),
+        ((2, 4, 3), r"^tensor_parallel\.tp_size: must divide the number of attention heads 3 \(got 2\)$"),
+        ((0, 4), r"^tensor_parallel\.tp_size: must be >= 1 \(got 0\)$"),
+        ((True, 4), r"^tensor_parallel\.tp_size: must be an integer \(got True\)$"),
+    ],
+)
 def test_bad_tp_settings_name_the_key(args, message):
     with pytest.raises(ValueError, match=message):
         validate(*args)
@@ -162,34 +171,49 @@ def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collecto
     mp.spawn(worker, args=(free_port(), endpoint), nprocs=WORLD, join=True)
 
     con = catalog.connect(data)
-    q = lambda sql, *p: con.execute(sql, list(p)).fetchall()  # noqa: E731
+    q = lambda sql, *p: con.execute(sql, list(p)).fetchall()
     (run_id,) = q("SELECT run_id FROM runs WHERE name = 'tp-gpt'")[0]
-    rows = q("""SELECT rank, group_name, group_size, log_name, count(*), count(DISTINCT step), min(bytes), max(bytes)
+    rows = q(
+        """SELECT rank, group_name, group_size, log_name, count(*), count(DISTINCT step), min(bytes), max(bytes)
                 FROM comm WHERE run_id = ? AND op = 'all_reduce' AND step < ? GROUP BY ALL ORDER BY ALL""",
-             run_id, STEPS)
+        run_id,
+        STEPS,
+    )
     act = BATCH * SEQ * HIDDEN * 4  # one [B, T, H] fp32 activation
     expected = []
     for rank in range(WORLD):
         tp_group = "g[0-1]" if rank < 2 else "g[2-3]"
         dp_group = "g[0,2]" if rank % 2 == 0 else "g[1,3]"
         n_params = 2 + 4 * LAYERS * 2 + 2 * LAYERS * 2 + 2 + 1  # wte, wpe; linear w+b; ln w+b; ln_f; head
-        expected += [(rank, dp_group, 2, "reduce_gradients", n_params * STEPS, STEPS, None, None),
-                     (rank, tp_group, 2, "tp.copy_to_tp.backward", 2 * LAYERS * STEPS, STEPS, act, act),
-                     (rank, tp_group, 2, "tp.reduce_from_tp", 2 * LAYERS * STEPS, STEPS, act, act)]
+        expected += [
+            (rank, dp_group, 2, "reduce_gradients", n_params * STEPS, STEPS, None, None),
+            (rank, tp_group, 2, "tp.copy_to_tp.backward", 2 * LAYERS * STEPS, STEPS, act, act),
+            (rank, tp_group, 2, "tp.reduce_from_tp", 2 * LAYERS * STEPS, STEPS, act, act),
+        ]
     got = [r[:6] + ((r[6], r[7]) if r[3] != "reduce_gradients" else (None, None)) for r in rows]
     assert sorted(got) == sorted(expected)
     # busbw uses the group's size: all_reduce factor 2(n-1)/n = 1.0 for n = 2 (the world's would be 1.5)
-    bad = q("""SELECT count(*) FROM comm WHERE run_id = ? AND op = 'all_reduce' AND end_ns > start_ns
-               AND abs(busbw_gbs - algbw_gbs * 2 * (group_size - 1) / group_size) > 1e-9 * algbw_gbs""", run_id)
+    bad = q(
+        """SELECT count(*) FROM comm WHERE run_id = ? AND op = 'all_reduce' AND end_ns > start_ns
+               AND abs(busbw_gbs - algbw_gbs * 2 * (group_size - 1) / group_size) > 1e-9 * algbw_gbs""",
+        run_id,
+    )
     assert bad == [(0,)]
-    assert q("""SELECT count(*) FROM (SELECT group_name, seq, count(*) n, any_value(group_size) g FROM comm
-                WHERE run_id = ? GROUP BY ALL HAVING n <> g)""", run_id) == [(0,)]
+    assert q(
+        """SELECT count(*) FROM (SELECT group_name, seq, count(*) n, any_value(group_size) g FROM comm
+                WHERE run_id = ? GROUP BY ALL HAVING n <> g)""",
+        run_id,
+    ) == [(0,)]
     # MoE under tp 2: all_to_all on the data-parallel ranks [0,2] / [1,3]; experts are not replicated
     # over data-parallel ranks there (ep 2 = dp 2), so no expert-gradient all_reduce. Tokens move
     # in 4 all_to_alls (dispatch, combine and their backwards) plus one of the experts' fill counts.
-    assert q("""SELECT rank, group_name, group_size, count(*) FROM comm WHERE run_id = ? AND step = ?
-                AND op = 'all_to_all_single' GROUP BY ALL ORDER BY rank""", run_id, MOE_STEP) == \
-        [(r, "g[0,2]" if r % 2 == 0 else "g[1,3]", 2, 5) for r in range(WORLD)]
-    assert q("SELECT count(*) FROM comm WHERE run_id = ? AND log_name = 'moe.reduce_expert_gradients'",
-             run_id) == [(0,)]
+    assert q(
+        """SELECT rank, group_name, group_size, count(*) FROM comm WHERE run_id = ? AND step = ?
+                AND op = 'all_to_all_single' GROUP BY ALL ORDER BY rank""",
+        run_id,
+        MOE_STEP,
+    ) == [(r, "g[0,2]" if r % 2 == 0 else "g[1,3]", 2, 5) for r in range(WORLD)]
+    assert q("SELECT count(*) FROM comm WHERE run_id = ? AND log_name = 'moe.reduce_expert_gradients'", run_id) == [
+        (0,)
+    ]
     con.close()

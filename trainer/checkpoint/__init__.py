@@ -26,6 +26,7 @@ whose parameters or buffers differ in name or shape (the first one in module
 order is named), a different optimizer type (AdamW state into SGD), a different
 number of param groups, a different tensor_parallel.tp_size.
 """
+
 from trainer.checkpoint.layout import CheckpointError
 from trainer.checkpoint.load import load_checkpoint
 from trainer.checkpoint.save import save_checkpoint

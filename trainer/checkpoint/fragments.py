@@ -21,10 +21,11 @@ Loading is the reverse for any layout: a rank that needs elements ``[lo, hi)`` o
 a parameter copies them from whichever fragments overlap that range
 (:class:`FragmentSource`), whoever wrote them.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -64,8 +65,9 @@ def _saveable(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def bucket_fragments(bucket, master: torch.Tensor, state: dict[str, torch.Tensor], step, names: dict[int, str],
-                     group_rank: int) -> dict[str, dict]:
+def bucket_fragments(
+    bucket, master: torch.Tensor, state: dict[str, torch.Tensor], step, names: dict[int, str], group_rank: int
+) -> dict[str, dict]:
     """This rank's fragments of ``bucket``: ``{name: {"offset", "fp32", <state>..., "step"}}``.
 
     ``master`` is this rank's fp32 master over the bucket's shard (``[shard_numel]``, the whole
@@ -75,12 +77,12 @@ def bucket_fragments(bucket, master: torch.Tensor, state: dict[str, torch.Tensor
     if lo >= hi:
         return {}
     base = bucket.shard_start if bucket.num_shards > 1 else 0  # flat index of master[0]
-    tensors = {"fp32": _saveable(master[lo - base:hi - base])}
-    tensors.update({key: _saveable(t.reshape(-1)[lo - base:hi - base]) for key, t in state.items()})
+    tensors = {"fp32": _saveable(master[lo - base : hi - base])}
+    tensors.update({key: _saveable(t.reshape(-1)[lo - base : hi - base]) for key, t in state.items()})
     out = {}
     for s, a, b in runs(bucket.slots, lo, hi):
         start = s.offset + a - lo  # index into the saved span
-        frag = {key: t[start:start + b - a] for key, t in tensors.items()}
+        frag = {key: t[start : start + b - a] for key, t in tensors.items()}
         frag["offset"] = a
         frag["step"] = None if step is None else float(step)
         out[names[id(s.param)]] = frag
@@ -117,19 +119,24 @@ class FragmentSource:
                 continue
             frag = self.shard(rel)["fragments"].get(name)
             if frag is None:
-                raise CheckpointError(f"{os.path.join(self.tag_dir, rel)} has no fragment of parameter {name} "
-                                      f"although checkpoint.json says so")
+                raise CheckpointError(
+                    f"{os.path.join(self.tag_dir, rel)} has no fragment of parameter {name} "
+                    f"although checkpoint.json says so"
+                )
             for key, dst in out.items():
                 src = frag.get(key)
                 if src is None or src.numel() != numel:
-                    raise CheckpointError(f"{os.path.join(self.tag_dir, rel)}: parameter {name} has no {key!r} "
-                                          f"values of {numel} elements")
-                dst[a - lo:b - lo].copy_(src[a - offset:b - offset])
+                    raise CheckpointError(
+                        f"{os.path.join(self.tag_dir, rel)}: parameter {name} has no {key!r} values of {numel} elements"
+                    )
+                dst[a - lo : b - lo].copy_(src[a - offset : b - offset])
             steps.add(frag.get("step"))
             covered += b - a
         if covered != hi - lo:
-            raise CheckpointError(f"checkpoint {self.tag_dir} covers {covered} of elements [{lo}, {hi}) of parameter "
-                                  f"{name}: its fragments are incomplete (a shard file from another save?)")
+            raise CheckpointError(
+                f"checkpoint {self.tag_dir} covers {covered} of elements [{lo}, {hi}) of parameter "
+                f"{name}: its fragments are incomplete (a shard file from another save?)"
+            )
         return steps
 
     def close(self) -> None:

@@ -33,11 +33,13 @@ the flattened parameter; the fragments of a parameter cover it exactly once.
 Names are the module's own ``named_parameters`` names, except MoE experts,
 which are named by global expert id (trainer.checkpoint.names).
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -89,8 +91,9 @@ def read_index(tag_dir: str) -> dict:
     if not os.path.isdir(tag_dir):
         raise CheckpointError(f"checkpoint folder {tag_dir} does not exist")
     if not os.path.isfile(path):
-        raise CheckpointError(f"{tag_dir} has no {INDEX}: the save did not finish, or this is not a rankscope "
-                              f"checkpoint")
+        raise CheckpointError(
+            f"{tag_dir} has no {INDEX}: the save did not finish, or this is not a rankscope checkpoint"
+        )
     try:
         with open(path) as f:
             index = json.load(f)
@@ -99,11 +102,16 @@ def read_index(tag_dir: str) -> dict:
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a rankscope checkpoint index (format {index.get('format')!r})"
-                              if isinstance(index, dict) else f"{path}: not a rankscope checkpoint index")
+        raise CheckpointError(
+            f"{path}: not a rankscope checkpoint index (format {index.get('format')!r})"
+            if isinstance(index, dict)
+            else f"{path}: not a rankscope checkpoint index"
+        )
     if not isinstance(index.get("version"), int) or index["version"] > VERSION:
-        raise CheckpointError(f"{path}: format version {index.get('version')!r} is newer than this rankscope "
-                              f"reads (version {VERSION}); upgrade rankscope to load it")
+        raise CheckpointError(
+            f"{path}: format version {index.get('version')!r} is newer than this rankscope "
+            f"reads (version {VERSION}); upgrade rankscope to load it"
+        )
     return index
 
 
@@ -128,6 +136,7 @@ def save_json(obj: Any, path: str) -> None:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=1)
             f.write("\n")
+
     write_atomic(path, write)
 
 
@@ -135,6 +144,7 @@ def write_latest(save_dir: str, tag: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
             f.write(tag)
+
     write_atomic(os.path.join(save_dir, LATEST), write)
 
 
@@ -147,5 +157,6 @@ def load_torch(path: str, *, mmap: bool = False, trusted: bool = False) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} is missing") from None
     except Exception as e:  # truncated or corrupt zip, unpickling refused, ...
-        raise CheckpointError(f"cannot read checkpoint file {path}: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise CheckpointError(
+            f"cannot read checkpoint file {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None

@@ -14,6 +14,7 @@
 Nothing here depends on the writer's layout: ranks, buckets and shards are this
 engine's own, the checkpoint is looked up by parameter name (trainer.checkpoint.names).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,9 @@ from trainer.checkpoint.optimizer_state import optimizer_type, restore_group_opt
 @dataclass
 class _Staged:
     """What one rank read, before anything in the engine changes."""
+
     index: dict
-    masters: list[torch.Tensor]                  # per bucket, [shard_numel] fp32
+    masters: list[torch.Tensor]  # per bucket, [shard_numel] fp32
     states: list[dict[str, torch.Tensor] | None]  # per bucket: per-element optimizer state (None: fresh)
     steps: list[float | None]
     resident: dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (the module's tensor, saved value)
@@ -87,18 +89,24 @@ def _check_engine(engine, index: dict, tag_dir: str, load_optimizer_states: bool
     written = index["written_by"]
     tp = engine.config.tensor_parallel.tp_size
     if written["tp_size"] != tp:
-        raise CheckpointError(f"checkpoint {tag_dir} was written with tensor_parallel.tp_size {written['tp_size']}, "
-                              f"this engine runs tp_size {tp}: tensor-parallel shards are not re-split on load")
+        raise CheckpointError(
+            f"checkpoint {tag_dir} was written with tensor_parallel.tp_size {written['tp_size']}, "
+            f"this engine runs tp_size {tp}: tensor-parallel shards are not re-split on load"
+        )
     if not load_optimizer_states:
         return
     inner = engine.optimizer.master.optimizer
     saved, mine = index["optimizer"]["type"], optimizer_type(inner)
     if saved != mine:
-        raise CheckpointError(f"checkpoint {tag_dir} holds {saved} optimizer state, this engine's optimizer is {mine}: "
-                              f"it cannot resume from it (load_optimizer_states=False loads the weights only)")
+        raise CheckpointError(
+            f"checkpoint {tag_dir} holds {saved} optimizer state, this engine's optimizer is {mine}: "
+            f"it cannot resume from it (load_optimizer_states=False loads the weights only)"
+        )
     if index["optimizer"]["param_groups"] != len(inner.param_groups):
-        raise CheckpointError(f"checkpoint {tag_dir} has {index['optimizer']['param_groups']} optimizer param "
-                              f"groups, this engine {len(inner.param_groups)}")
+        raise CheckpointError(
+            f"checkpoint {tag_dir} has {index['optimizer']['param_groups']} optimizer param "
+            f"groups, this engine {len(inner.param_groups)}"
+        )
 
 
 def _stage(engine, tag_dir: str, load_optimizer_states: bool) -> _Staged:
@@ -119,11 +127,13 @@ def _stage(engine, tag_dir: str, load_optimizer_states: bool) -> _Staged:
             lo = b.shard_start
             for s, a, c in runs(b.slots, lo, lo + b.shard_numel):
                 at = s.offset + a - lo
-                views = {"fp32": values[at:at + c - a], **{k: t[at:at + c - a] for k, t in state.items()}}
+                views = {"fp32": values[at : at + c - a], **{k: t[at : at + c - a] for k, t in state.items()}}
                 seen |= source.copy_into(names.params[id(s.param)], a, c, views)
             if len(seen) > 1:
-                raise CheckpointError(f"checkpoint {tag_dir}: parameters of one bucket were saved at different "
-                                      f"optimizer steps {sorted(x for x in seen if x is not None)}")
+                raise CheckpointError(
+                    f"checkpoint {tag_dir}: parameters of one bucket were saved at different "
+                    f"optimizer steps {sorted(x for x in seen if x is not None)}"
+                )
             step = next(iter(seen)) if seen else None
             masters.append(values)
             steps.append(step)
@@ -153,8 +163,10 @@ def _resident_value(source: FragmentSource, entry: dict, name: str, tensor: torc
     if value is None:
         raise CheckpointError(f"checkpoint {tag_dir}: {name} is missing from {rel}")
     if value.shape != tensor.shape:
-        raise CheckpointError(f"checkpoint {tag_dir} does not fit this model: {name} has shape {list(value.shape)} "
-                              f"in the checkpoint, {list(tensor.shape)} in this model")
+        raise CheckpointError(
+            f"checkpoint {tag_dir} does not fit this model: {name} has shape {list(value.shape)} "
+            f"in the checkpoint, {list(tensor.shape)} in this model"
+        )
     return value
 
 
@@ -164,6 +176,7 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "numpy" in state:
         import numpy as np
+
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
@@ -171,12 +184,13 @@ def set_rng_state(state: dict) -> None:
 
 
 @torch.no_grad()
-def _apply(engine, staged: _Staged, load_optimizer_states: bool, load_lr_scheduler_states: bool,
-           load_module_only: bool) -> None:
+def _apply(
+    engine, staged: _Staged, load_optimizer_states: bool, load_lr_scheduler_states: bool, load_module_only: bool
+) -> None:
     opt = engine.optimizer
     inner = opt.master.optimizer
     with opt.materialized(modified=True) as pairs:
-        for (b, master), values, state, step in zip(pairs, staged.masters, staged.states, staged.steps):
+        for (_b, master), values, state, step in zip(pairs, staged.masters, staged.states, staged.steps, strict=True):
             master.copy_(values)
             if not load_optimizer_states:
                 continue
@@ -209,8 +223,15 @@ def _apply(engine, staged: _Staged, load_optimizer_states: bool, load_lr_schedul
         set_rng_state(staged.rng)
 
 
-def load_checkpoint(engine, load_dir, tag=None, *, load_optimizer_states: bool = True,
-                    load_lr_scheduler_states: bool = True, load_module_only: bool = False):
+def load_checkpoint(
+    engine,
+    load_dir,
+    tag=None,
+    *,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+):
     """Resume ``engine`` from a checkpoint (collective: every rank calls it). Returns DeepSpeed's
     ``(tag folder, client_state)``, or ``(None, None)`` when ``load_dir`` holds no ``latest``."""
     load_optimizer_states = load_optimizer_states and not load_module_only
@@ -235,8 +256,10 @@ def load_checkpoint(engine, load_dir, tag=None, *, load_optimizer_states: bool =
     if found == {False}:
         return None, None
     if len(found) > 1:
-        raise CheckpointError(f"{os.fspath(load_dir)}/latest is visible on some ranks only: the checkpoint must be "
-                              f"on a file system every rank can read")
+        raise CheckpointError(
+            f"{os.fspath(load_dir)}/latest is visible on some ranks only: the checkpoint must be "
+            f"on a file system every rank can read"
+        )
     _apply(engine, staged, load_optimizer_states, load_lr_scheduler_states, load_module_only)
     engine.after_checkpoint_load()
     return tag_dir, staged.client_state

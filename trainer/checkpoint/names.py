@@ -16,6 +16,7 @@ Every state_dict key is one of:
 - a frozen parameter (``requires_grad=False`` or not given to the optimizer) or a
   buffer: saved whole, as the module holds it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,41 +29,48 @@ def _expert_lists(module: nn.Module) -> list[tuple[str, object]]:
     """(prefix of its ``local_experts`` list, MoE layer) for every MoE layer of ``module``."""
     from trainer.moe import MoE
 
-    return [(f"{name}.experts.local_experts." if name else "experts.local_experts.", m)
-            for name, m in module.named_modules() if isinstance(m, MoE)]
+    return [
+        (f"{name}.experts.local_experts." if name else "experts.local_experts.", m)
+        for name, m in module.named_modules()
+        if isinstance(m, MoE)
+    ]
 
 
 def expert_renames(module: nn.Module) -> list[tuple[str, str, object]]:
     """(module prefix, checkpoint prefix, expert-data-parallel group) for every local expert."""
-    return [(f"{base}{i}.", f"{base}{moe.experts.first_expert + i}.", moe.groups.edp_group)
-            for base, moe in _expert_lists(module) for i in range(len(moe.experts.local_experts))]
+    return [
+        (f"{base}{i}.", f"{base}{moe.experts.first_expert + i}.", moe.groups.edp_group)
+        for base, moe in _expert_lists(module)
+        for i in range(len(moe.experts.local_experts))
+    ]
 
 
 def rename(key: str, renames: list[tuple[str, str, object]]) -> tuple[str, tuple | None]:
     """``key``'s checkpoint name, and the rename that applied (None for a non-expert key)."""
     for r in renames:
         if key.startswith(r[0]):
-            return r[1] + key[len(r[0]):], r
+            return r[1] + key[len(r[0]) :], r
     return key, None
 
 
 @dataclass
 class ModelNames:
     """The checkpoint names of one model's state (see the module docstring)."""
-    params: dict[int, str] = field(default_factory=dict)       # id(trainable parameter) -> name
-    aliases: dict[str, str] = field(default_factory=dict)      # alias -> name it is kept under
+
+    params: dict[int, str] = field(default_factory=dict)  # id(trainable parameter) -> name
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> name it is kept under
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     frozen: dict[str, torch.Tensor] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)             # every state_dict key, in module order
+    order: list[str] = field(default_factory=list)  # every state_dict key, in module order
     expert_groups: dict[str, object] = field(default_factory=dict)  # expert name -> its expert-data-parallel group
-    expert_layers: dict[str, int] = field(default_factory=dict)     # "<moe>.experts.local_experts." -> experts
+    expert_layers: dict[str, int] = field(default_factory=dict)  # "<moe>.experts.local_experts." -> experts
 
     def is_other_ranks_expert(self, name: str) -> bool:
         """Whether ``name`` (not one of this rank's names) is an expert of one of this model's MoE
         layers, held by another rank."""
         for base, count in self.expert_layers.items():
             if name.startswith(base):
-                head = name[len(base):].split(".", 1)[0]
+                head = name[len(base) :].split(".", 1)[0]
                 return head.isdigit() and int(head) < count
         return False
 

@@ -12,6 +12,7 @@ in AdamW mode are both "AdamW", so a run moved onto or off CPU offload resumes
 with its moments. Different types (AdamW moments into SGD) cannot be resumed:
 the state means something else, and loading says so.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,7 @@ def optimizer_type(optimizer: torch.optim.Optimizer) -> str:
 
 def per_element_state(state: dict, master: torch.Tensor) -> dict[str, torch.Tensor]:
     """The state tensors that have one value per master element."""
-    return {k: v for k, v in state.items()
-            if torch.is_tensor(v) and v.dim() > 0 and v.shape == master.shape}
+    return {k: v for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0 and v.shape == master.shape}
 
 
 def step_of(state: dict) -> float | None:
@@ -54,7 +54,7 @@ def group_options(optimizer: torch.optim.Optimizer) -> list[dict]:
 
 def restore_group_options(optimizer: torch.optim.Optimizer, saved: list[dict]) -> None:
     """Each group's saved options that this optimizer also has (lr, betas, eps, weight_decay...)."""
-    for group, options in zip(optimizer.param_groups, saved):
+    for group, options in zip(optimizer.param_groups, saved, strict=True):
         for k, v in options.items():
             if k in group and k not in _IMPLEMENTATION_OPTIONS:
                 group[k] = tuple(v) if isinstance(group[k], tuple) else v

@@ -15,6 +15,7 @@ Buffers and frozen parameters are written by one holder each: the first
 data-parallel rank for dense ones, the first rank of the expert-data-parallel
 group for an expert's. No rank gathers parameters or optimizer state.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,6 +68,7 @@ def rng_state() -> dict:
     state = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
     try:
         import numpy as np
+
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
     except ImportError:
@@ -100,20 +102,30 @@ def _write_shard(engine, tag_dir: str, names: ModelNames) -> dict:
             group_rank = comm.get_rank(b.group) if b.num_shards == 1 and b.group_size > 1 else 0
             fragments.update(bucket_fragments(b, master, per_element, step_of(state), names.params, group_rank))
             for s in b.slots:
-                shapes[names.params[id(s.param)]] = (list(s.shape), str(s.param.dtype).removeprefix("torch."),
-                                                     b.group_index)
-        tensors = {n: t.cpu() for n, t in {**names.buffers, **names.frozen}.items()
-                   if _writes_resident(engine, names, n)}
+                shapes[names.params[id(s.param)]] = (
+                    list(s.shape),
+                    str(s.param.dtype).removeprefix("torch."),
+                    b.group_index,
+                )
+        tensors = {
+            n: t.cpu() for n, t in {**names.buffers, **names.frozen}.items() if _writes_resident(engine, names, n)
+        }
         rel = shard_file(engine.rank)
-        save_torch({"rank": engine.rank, "fragments": fragments, "tensors": tensors, "rng": rng_state()},
-                   os.path.join(tag_dir, rel))
+        save_torch(
+            {"rank": engine.rank, "fragments": fragments, "tensors": tensors, "rng": rng_state()},
+            os.path.join(tag_dir, rel),
+        )
     own_order = engine.dp_rank == 0 or bool(names.expert_groups)  # dense-only ranks repeat dp rank 0's order
     return {
-        "tp_rank": engine.tp_rank, "file": rel, "state_keys": sorted(state_keys),
+        "tp_rank": engine.tp_rank,
+        "file": rel,
+        "state_keys": sorted(state_keys),
         "fragments": {n: (f["offset"], f["fp32"].numel()) for n, f in fragments.items()},
         "shapes": {n: shapes[n] for n in fragments},
-        "buffers": [n for n in tensors if n in names.buffers], "frozen": [n for n in tensors if n in names.frozen],
-        "aliases": names.aliases if own_order else {}, "order": names.order if own_order else [],
+        "buffers": [n for n in tensors if n in names.buffers],
+        "frozen": [n for n in tensors if n in names.frozen],
+        "aliases": names.aliases if own_order else {},
+        "order": names.order if own_order else [],
     }
 
 
@@ -149,8 +161,9 @@ def build_index(metas: list[dict], tp_size: int) -> tuple[list[dict], list[str]]
         state_keys.update(meta["state_keys"])
         for name, (offset, numel) in meta["fragments"].items():
             shape, dtype, group = meta["shapes"][name]
-            param = entry["parameters"].setdefault(name, {"shape": shape, "dtype": dtype, "group": group,
-                                                          "fragments": []})
+            param = entry["parameters"].setdefault(
+                name, {"shape": shape, "dtype": dtype, "group": group, "fragments": []}
+            )
             param["fragments"].append([meta["file"], offset, numel])
         for kind in ("buffers", "frozen"):
             for name in meta[kind]:
@@ -161,8 +174,9 @@ def build_index(metas: list[dict], tp_size: int) -> tuple[list[dict], list[str]]
     for t, entry in enumerate(mp_ranks):
         entry["order"] = merge_orders(orders[t])
         position = {name: i for i, name in enumerate(entry["order"])}
-        entry["parameters"] = dict(sorted(entry["parameters"].items(),
-                                          key=lambda kv: position.get(kv[0], len(position))))
+        entry["parameters"] = dict(
+            sorted(entry["parameters"].items(), key=lambda kv: position.get(kv[0], len(position)))
+        )
         for name, param in entry["parameters"].items():
             param["fragments"].sort(key=lambda f: f[1])
             numel, end = 1, 0
@@ -182,12 +196,18 @@ def _written_by(engine) -> dict:
 
     zero = engine.config.zero_optimization
     return {
-        "world_size": engine.world_size, "dp_world_size": engine.dp_world_size,
-        "tp_size": engine.config.tensor_parallel.tp_size, "zero_stage": zero.stage,
-        "offload_optimizer": zero.offload_optimizer.device, "offload_param": zero.offload_param.device,
+        "world_size": engine.world_size,
+        "dp_world_size": engine.dp_world_size,
+        "tp_size": engine.config.tensor_parallel.tp_size,
+        "zero_stage": zero.stage,
+        "offload_optimizer": zero.offload_optimizer.device,
+        "offload_param": zero.offload_param.device,
         "precision": str(engine.config.precision).removeprefix("torch."),
-        "moe": [{"module": n, "num_experts": m.num_experts, "ep_size": m.ep_size}
-                for n, m in engine.module.named_modules() if isinstance(m, MoE)],
+        "moe": [
+            {"module": n, "num_experts": m.num_experts, "ep_size": m.ep_size}
+            for n, m in engine.module.named_modules()
+            if isinstance(m, MoE)
+        ],
     }
 
 
@@ -226,7 +246,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
     meta, error = None, None
     try:
         meta = _write_shard(engine, tag_dir, names)
-    except Exception as e:  # noqa: BLE001 -- reported on every rank by agree()
+    except Exception as e:
         error = _describe(e)
     metas: list = [None] * comm.get_world_size() if engine.rank == 0 else None
     comm.gather_object((meta, error), metas, dst=0)
@@ -235,7 +255,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
         if error is None:
             try:
                 _write_rank0_files(engine, tag_dir, tag, [m for m, _ in metas], client_state)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 error = _describe(e)
     agree(error, what)
     if save_latest:
@@ -253,18 +273,29 @@ def _write_rank0_files(engine, tag_dir: str, tag: str, metas: list[dict], client
     inner = engine.optimizer.master.optimizer
     mp_ranks, state_keys = build_index(metas, engine.config.tensor_parallel.tp_size)
     sampler = getattr(engine, "data_sampler", None)
-    save_torch({
-        "param_groups": group_options(inner),
-        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-        "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
-        "data_sampler": sampler.state_dict() if sampler is not None else None,
-    }, os.path.join(tag_dir, ENGINE_STATES))
+    save_torch(
+        {
+            "param_groups": group_options(inner),
+            "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+            "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
+            "data_sampler": sampler.state_dict() if sampler is not None else None,
+        },
+        os.path.join(tag_dir, ENGINE_STATES),
+    )
     save_torch(dict(client_state or {}), os.path.join(tag_dir, CLIENT_STATE))
-    save_json({
-        "format": FORMAT, "version": VERSION, "tag": tag,
-        "written_by": _written_by(engine),
-        "engine": {"global_steps": engine.global_steps, "global_samples": engine.global_samples,
-                   "skipped_steps": engine.skipped_steps},
-        "optimizer": {"type": optimizer_type(inner), "state": state_keys, "param_groups": len(inner.param_groups)},
-        "mp_ranks": mp_ranks,
-    }, os.path.join(tag_dir, INDEX))
+    save_json(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "tag": tag,
+            "written_by": _written_by(engine),
+            "engine": {
+                "global_steps": engine.global_steps,
+                "global_samples": engine.global_samples,
+                "skipped_steps": engine.skipped_steps,
+            },
+            "optimizer": {"type": optimizer_type(inner), "state": state_keys, "param_groups": len(inner.param_groups)},
+            "mp_ranks": mp_ranks,
+        },
+        os.path.join(tag_dir, INDEX),
+    )

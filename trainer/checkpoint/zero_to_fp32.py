@@ -23,12 +23,13 @@ memory-mapped, so only the pages being copied are resident besides it.
 Checkpoints of tensor-parallel runs (tp_size > 1) hold slices of the
 tensor-parallel layers, which this does not merge: it says so and stops.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -47,19 +48,27 @@ def _numel(shape) -> int:
     return n
 
 
-def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_frozen_parameters: bool = False,
-                                             progress: Callable[[int, int], None] | None = None) -> dict:
+def get_fp32_state_dict_from_zero_checkpoint(
+    checkpoint_dir,
+    tag=None,
+    exclude_frozen_parameters: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """The consolidated state dict (see the module docstring); ``progress(done, total)`` is
     called as parameters are assembled."""
     tag_dir = resolve_tag_dir(checkpoint_dir, tag)
     if tag_dir is None:
-        raise CheckpointError(f"{os.fspath(checkpoint_dir)} holds no checkpoint: no 'latest' file and no "
-                              f"checkpoint.json (give the tag folder, or -t TAG)")
+        raise CheckpointError(
+            f"{os.fspath(checkpoint_dir)} holds no checkpoint: no 'latest' file and no "
+            f"checkpoint.json (give the tag folder, or -t TAG)"
+        )
     index = read_index(tag_dir)
     tp = index["written_by"]["tp_size"]
     if tp != 1:
-        raise CheckpointError(f"checkpoint {tag_dir} was written with tensor_parallel.tp_size {tp}: its parameters are "
-                              f"tensor-parallel slices, which zero_to_fp32 does not merge")
+        raise CheckpointError(
+            f"checkpoint {tag_dir} was written with tensor_parallel.tp_size {tp}: its parameters are "
+            f"tensor-parallel slices, which zero_to_fp32 does not merge"
+        )
     entry = index["mp_ranks"][0]
     params = entry["parameters"]
     source = FragmentSource(tag_dir, params)
@@ -105,9 +114,13 @@ def _output_file(output) -> str:
     return os.path.join(output, OUTPUT_FILE)
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output, tag=None,
-                                               exclude_frozen_parameters: bool = False,
-                                               progress: Callable[[int, int], None] | None = None) -> str:
+def convert_zero_checkpoint_to_fp32_state_dict(
+    checkpoint_dir,
+    output,
+    tag=None,
+    exclude_frozen_parameters: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> str:
     """Write the consolidated state dict with torch.save; returns the file written."""
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters, progress)
     path = _output_file(output)
@@ -126,19 +139,25 @@ def load_state_dict_from_zero_checkpoint(model: nn.Module, checkpoint_dir, tag=N
     every key must match (the first that does not is named)."""
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
     model = model.cpu()
-    result = model.load_state_dict(state_dict, strict=False)
+    result = model.load_state_dict(state_dict, strict=True)
     if result.missing_keys:
-        raise CheckpointError(f"{os.fspath(checkpoint_dir)}: {result.missing_keys[0]} of the model is not in the "
-                              f"checkpoint ({len(result.missing_keys)} missing)")
+        raise CheckpointError(
+            f"{os.fspath(checkpoint_dir)}: {result.missing_keys[0]} of the model is not in the "
+            f"checkpoint ({len(result.missing_keys)} missing)"
+        )
     if result.unexpected_keys:
-        raise CheckpointError(f"{os.fspath(checkpoint_dir)}: the checkpoint holds {result.unexpected_keys[0]}, which "
-                              f"the model does not have ({len(result.unexpected_keys)} unexpected)")
+        raise CheckpointError(
+            f"{os.fspath(checkpoint_dir)}: the checkpoint holds {result.unexpected_keys[0]}, which "
+            f"the model does not have ({len(result.unexpected_keys)} unexpected)"
+        )
     return model
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.checkpoint.zero_to_fp32",
-                                     description="Consolidate a sharded rankscope checkpoint into one fp32 state dict.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.checkpoint.zero_to_fp32",
+        description="Consolidate a sharded rankscope checkpoint into one fp32 state dict.",
+    )
     parser.add_argument("checkpoint_dir", help="the folder given to save_checkpoint, or a tag folder in it")
     parser.add_argument("output", help=f"output file (.pt/.pth/.bin) or folder (receives {OUTPUT_FILE})")
     parser.add_argument("-t", "--tag", default=None, help="tag folder to convert (default: the one in 'latest')")
@@ -153,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"assembled {done}/{total} parameters", file=sys.stderr, flush=True)
 
     try:
-        path = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output, args.tag,
-                                                          args.exclude_frozen_parameters, progress)
+        path = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir, args.output, args.tag, args.exclude_frozen_parameters, progress
+        )
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
 """What the examples share: a small pre-norm transformer block, the command line and the loop."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,12 @@ def init_weights(module: nn.Module) -> None:
 def parse_args(description: str, default_config: str, add_arguments=None) -> argparse.Namespace:
     """The examples' shared flags; ``add_arguments(parser)`` adds an example's own."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--config", default=default_config,
-                   help=f"ds_config.json path, or the name of a bundled example config "
-                        f"({', '.join(sorted(p.name for p in CONFIG_DIR.glob('*.json')))})")
+    p.add_argument(
+        "--config",
+        default=default_config,
+        help=f"ds_config.json path, or the name of a bundled example config "
+        f"({', '.join(sorted(p.name for p in CONFIG_DIR.glob('*.json')))})",
+    )
     p.add_argument("--steps", type=int, default=20, help="optimizer steps")
     # --run-name: under torchrun, "--run" is taken as an abbreviation of torchrun's own --run-path.
     p.add_argument("--run", "--run-name", dest="run", default=None, help="telemetry run name (sets telemetry.run)")
@@ -94,12 +98,17 @@ def train_loop(engine, batches, args: argparse.Namespace, name: str) -> None:
             engine.step()
             total += loss.item()
         if rank == 0:
-            print(f"[{name}] step {engine.global_steps} loss {total / engine.gradient_accumulation_steps():.4f}",
-                  flush=True)
+            print(
+                f"[{name}] step {engine.global_steps} loss {total / engine.gradient_accumulation_steps():.4f}",
+                flush=True,
+            )
     if rank == 0:
         elapsed = time.perf_counter() - t0
-        print(f"[{name}] {args.steps} steps in {elapsed:.1f}s, "
-              f"{args.steps * engine.train_batch_size() / elapsed:.1f} samples/s", flush=True)
+        print(
+            f"[{name}] {args.steps} steps in {elapsed:.1f}s, "
+            f"{args.steps * engine.train_batch_size() / elapsed:.1f} samples/s",
+            flush=True,
+        )
     if args.save:
         engine.save_checkpoint(args.save)
     engine.close()

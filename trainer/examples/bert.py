@@ -5,6 +5,7 @@
 Sequences count up by a per-sequence stride; 15% of positions are replaced by
 [MASK] and the model predicts them from both sides.
 """
+
 from __future__ import annotations
 
 import os

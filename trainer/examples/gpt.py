@@ -18,6 +18,7 @@ The data is learnable: each sequence counts up by a per-sequence stride (mod the
 vocabulary), so the loss falls within a few dozen steps. Set RANKSCOPE_ENDPOINT
 to stream telemetry to a collector.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,21 +36,32 @@ from trainer.examples._common import Block, init_weights, load_config, parse_arg
 class MoEBlock(nn.Module):
     """Pre-norm block whose MLP is a mixture of experts; forward returns (x, aux_loss)."""
 
-    def __init__(self, dim: int, heads: int, num_experts: int, ep_size: int, k: int, use_residual: bool,
-                 tp_size: int = 1, groups=None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        num_experts: int,
+        ep_size: int,
+        k: int,
+        use_residual: bool,
+        tp_size: int = 1,
+        groups=None,
+    ) -> None:
         super().__init__()
         from trainer.moe import MoE
 
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         if groups is not None:
             from trainer.tensor_parallel import ParallelSelfAttention
+
             self.attn = ParallelSelfAttention(dim, heads, groups)
         else:
             self.attn = _Attention(dim, heads)
         expert = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
         expert.apply(init_weights)
-        self.moe = MoE(dim, expert, num_experts=num_experts, ep_size=ep_size, k=k, use_residual=use_residual,
-                       tp_size=tp_size)
+        self.moe = MoE(
+            dim, expert, num_experts=num_experts, ep_size=ep_size, k=k, use_residual=use_residual, tp_size=tp_size
+        )
 
     def forward(self, x: torch.Tensor):
         x = x + self.attn(self.ln1(x))
@@ -92,13 +104,22 @@ class GPT(nn.Module):
     MoE at blocks 1, 3, ...; ``tp_size`` > 1: tensor-parallel blocks. Returns logits, or
     (logits, sum of aux losses) with MoE."""
 
-    def __init__(self, vocab: int = 128, block_size: int = 32, dim: int = 64, layers: int = 2, heads: int = 4,
-                 moe: dict | None = None, tp_size: int = 1):
+    def __init__(
+        self,
+        vocab: int = 128,
+        block_size: int = 32,
+        dim: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        moe: dict | None = None,
+        tp_size: int = 1,
+    ):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(block_size, dim)
         groups = None
         if tp_size > 1:
             from trainer.tensor_parallel import ParallelTransformerBlock, parallel_groups
+
             groups = parallel_groups(tp_size)
         moe_layers = list(range(1, layers, 2)) if moe else []
         if moe:
@@ -106,13 +127,25 @@ class GPT(nn.Module):
             if len(counts) == 1:
                 counts *= len(moe_layers)
             if len(counts) != len(moe_layers):
-                raise ValueError(f"--num-experts has {len(counts)} entries but the model has {len(moe_layers)} "
-                                 f"MoE blocks (--layers {layers}: blocks 1, 3, ...)")
+                raise ValueError(
+                    f"--num-experts has {len(counts)} entries but the model has {len(moe_layers)} "
+                    f"MoE blocks (--layers {layers}: blocks 1, 3, ...)"
+                )
         blocks = []
         for i in range(layers):
             if i in moe_layers:
-                blocks.append(MoEBlock(dim, heads, counts[moe_layers.index(i)], moe["ep_size"], moe["k"],
-                                       moe["use_residual"], tp_size=tp_size, groups=groups))
+                blocks.append(
+                    MoEBlock(
+                        dim,
+                        heads,
+                        counts[moe_layers.index(i)],
+                        moe["ep_size"],
+                        moe["k"],
+                        moe["use_residual"],
+                        tp_size=tp_size,
+                        groups=groups,
+                    )
+                )
             elif groups is not None:
                 blocks.append(ParallelTransformerBlock(dim, heads, 4 * dim, groups))
             else:
@@ -123,6 +156,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
         from trainer.moe.experts import Experts
+
         keep = {id(m) for e in self.modules() if isinstance(e, Experts) for m in e.modules()}
         for m in self.modules():  # experts keep their per-expert seeded init (they must differ)
             if id(m) not in keep:
@@ -154,12 +188,21 @@ def synthetic_batch(step: int, micro: int, rank: int, batch: int, vocab: int, bl
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=2, help="transformer blocks")
     p.add_argument("--moe", action="store_true", help="MoE MLP in every other block (1, 3, ...)")
-    p.add_argument("--num-experts", type=int, nargs="+", default=[4],
-                   help="experts per MoE block: one count, or one per MoE block (a pyramid)")
+    p.add_argument(
+        "--num-experts",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="experts per MoE block: one count, or one per MoE block (a pyramid)",
+    )
     p.add_argument("--ep-size", type=int, default=1, help="expert-parallel size")
     p.add_argument("--top-k", type=int, default=1, choices=(1, 2), help="experts per token")
-    p.add_argument("--mlp-type", default="standard", choices=("standard", "residual"),
-                   help="residual: PR-MoE (a dense MLP beside the experts)")
+    p.add_argument(
+        "--mlp-type",
+        default="standard",
+        choices=("standard", "residual"),
+        help="residual: PR-MoE (a dense MLP beside the experts)",
+    )
     p.add_argument("--moe-loss-coeff", type=float, default=0.01, help="weight of the load-balancing loss")
     p.add_argument("--tp", type=int, default=1, help="tensor_parallel.tp_size")
 
@@ -173,8 +216,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
     moe = None
     if args.moe:
-        moe = dict(num_experts=args.num_experts, ep_size=args.ep_size, k=args.top_k,
-                   use_residual=args.mlp_type == "residual")
+        moe = dict(
+            num_experts=args.num_experts, ep_size=args.ep_size, k=args.top_k, use_residual=args.mlp_type == "residual"
+        )
     try:
         model = GPT(layers=args.layers, moe=moe, tp_size=args.tp)
     except ValueError as e:
@@ -182,13 +226,15 @@ def main() -> None:
     engine, *_ = trainer.initialize(model=model, config=config)
 
     def batches(step, micro):
-        x, y = synthetic_batch(step, micro, engine.dp_rank, engine.train_micro_batch_size_per_gpu(), 128, 32,
-                               engine.device)
+        x, y = synthetic_batch(
+            step, micro, engine.dp_rank, engine.train_micro_batch_size_per_gpu(), 128, 32, engine.device
+        )
 
         def loss_fn(out):
             logits, aux = out if args.moe else (out, None)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
             return loss if aux is None else loss + args.moe_loss_coeff * aux
+
         return x, loss_fn
 
     train_loop(engine, batches, args, "gpt")

@@ -16,6 +16,7 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
 Each scenario starts from a shipped config (trainer/examples/configs/) and
 changes only what the scenario is about.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ import copy
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -46,9 +47,9 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     name: str
-    nproc: int                                     # torchrun --nproc_per_node
-    base_config: str                               # file in trainer/examples/configs/
-    overrides: dict                                # merged into the base config, key by key
+    nproc: int  # torchrun --nproc_per_node
+    base_config: str  # file in trainer/examples/configs/
+    overrides: dict  # merged into the base config, key by key
     model: Callable[[], nn.Module]
     prepare: Callable[[nn.Module, int], None] = lambda model, rank: None  # (model, rank), before training
     loss: Callable[[object, torch.Tensor], torch.Tensor] = _lm_loss  # (model output, targets)
@@ -89,6 +90,7 @@ def _skew_router(model: nn.Module, rank: int) -> None:
     sees along that expert's gate-weight row so that its logit is ROUTER_BIAS higher for
     every token (the experts still get the unshifted tokens). Recomputed from the current
     weight at each forward, so training does not wear the skew off."""
+
     def shift(gate, args):
         row = gate.weight.detach()[FAVOURED_EXPERT].to(args[0].dtype)  # [M]
         return (args[0] + row * (ROUTER_BIAS / row.dot(row)),)
@@ -103,18 +105,49 @@ def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
     return _lm_loss(logits, targets) + 0.01 * aux
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario(name="zero2-slow-rank3", nproc=4, base_config="zero2.json", model=GPT, prepare=_slow_down,
-             overrides={"comms_logger": {"enabled": True, "prof_all": True}, "wall_clock_breakdown": True,
-                        "flops_profiler": {"enabled": True, "profile_step": 2}}),
-    Scenario(name="zero3-fp16-overflows", nproc=2, base_config="zero3.json", model=GPT,
-             overrides={"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 24,
-                                 "loss_scale_window": 10, "hysteresis": 2, "min_loss_scale": 1},
-                        "flops_profiler": {"enabled": True, "profile_step": 5}}),
-    Scenario(name="moe-skewed-expert", nproc=4, base_config="zero0.json", model=lambda: GPT(layers=4, moe=MOE),
-             prepare=_skew_router,
-             loss=_moe_loss, overrides={"flops_profiler": {"enabled": True, "profile_step": 2}}),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="zero2-slow-rank3",
+            nproc=4,
+            base_config="zero2.json",
+            model=GPT,
+            prepare=_slow_down,
+            overrides={
+                "comms_logger": {"enabled": True, "prof_all": True},
+                "wall_clock_breakdown": True,
+                "flops_profiler": {"enabled": True, "profile_step": 2},
+            },
+        ),
+        Scenario(
+            name="zero3-fp16-overflows",
+            nproc=2,
+            base_config="zero3.json",
+            model=GPT,
+            overrides={
+                "fp16": {
+                    "enabled": True,
+                    "loss_scale": 0,
+                    "initial_scale_power": 24,
+                    "loss_scale_window": 10,
+                    "hysteresis": 2,
+                    "min_loss_scale": 1,
+                },
+                "flops_profiler": {"enabled": True, "profile_step": 5},
+            },
+        ),
+        Scenario(
+            name="moe-skewed-expert",
+            nproc=4,
+            base_config="zero0.json",
+            model=lambda: GPT(layers=4, moe=MOE),
+            prepare=_skew_router,
+            loss=_moe_loss,
+            overrides={"flops_profiler": {"enabled": True, "profile_step": 2}},
+        ),
+    )
+}
 
 
 def main() -> None:
@@ -138,8 +171,9 @@ def main() -> None:
     engine, *_ = trainer.initialize(model=model, config=scenario.config())
 
     def batches(step, micro):
-        x, y = synthetic_batch(step, micro, rank, engine.train_micro_batch_size_per_gpu(), VOCAB, BLOCK_SIZE,
-                               engine.device)
+        x, y = synthetic_batch(
+            step, micro, rank, engine.train_micro_batch_size_per_gpu(), VOCAB, BLOCK_SIZE, engine.device
+        )
         return x, lambda out: scenario.loss(out, y)
 
     train_loop(engine, batches, argparse.Namespace(steps=args.steps, load=None, save=None), scenario.name)

@@ -19,6 +19,7 @@ one expert-parallel group hold different experts).
 ``dp_group`` is the data-parallel group: the world (None) without tensor
 parallelism, trainer.tensor_parallel.parallel_groups(tp).dp_group with it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,6 +63,9 @@ def reduce_gradients(module: nn.Module, dp_group=None) -> None:
             continue
         group, size = sync_group(p, dp_group)
         if size > 1:
-            comm.all_reduce(p.grad, group=group,
-                            log_name="moe.reduce_expert_gradients" if is_expert_param(p) else "reduce_gradients")
+            comm.all_reduce(
+                p.grad,
+                group=group,
+                log_name="moe.reduce_expert_gradients" if is_expert_param(p) else "reduce_gradients",
+            )
         p.grad.div_(dp_size)

@@ -9,6 +9,7 @@ gradients or clones the generic ops would add (together ~6% of a CPU step).
 ``slots`` is ``Routing.slots`` flattened choice-major: [k*S] flat slot
 ``e * C + c`` per choice, ``E * C`` (one past the buffer) for a dropped choice.
 """
+
 from __future__ import annotations
 
 import torch
@@ -76,5 +77,5 @@ class _Combine(torch.autograd.Function):
             per_choice = (grad.unsqueeze(0) * weights.unsqueeze(2)).to(grad.dtype).reshape(k * S, -1)
             # dropped choices add into a spare row, so a non-finite grad cannot leak into a real slot
             padded = grad.new_zeros(ctx.num_slots + 1, grad.shape[1])
-            grad_outputs = padded.index_add_(0, slots, per_choice)[:ctx.num_slots]
+            grad_outputs = padded.index_add_(0, slots, per_choice)[: ctx.num_slots]
         return grad_outputs, None, grad_weights

@@ -12,6 +12,7 @@ expert-data-parallel group instead (trainer.moe.gradients)::
     param.allreduce = False
     param.group_name = "ep_size_<E>"
 """
+
 from __future__ import annotations
 
 import copy
@@ -57,7 +58,8 @@ class Experts(nn.Module):
         rest of the output stays zero (nobody reads it) instead of costing a matmul row."""
         if fill is None:
             # unbind, not x[:, i]: the gradient of each x[:, i] would be a zero-filled copy of all of x
-            outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts)]  # each [ep, C, M]
+            # each [ep, C, M]
+            outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts, strict=True)]
             return torch.stack(outs, dim=1)  # [ep, E_local, C, M]
         ep, n, C, M = x.shape
         # Split the flat buffer into (filled, empty) runs per block: one split, one gradient cat.
@@ -68,10 +70,10 @@ class Experts(nn.Module):
         for i, expert in enumerate(self.local_experts):
             blocks = range(i, ep * n, n)  # expert i's block from each rank
             out = expert(torch.cat([filled[b] for b in blocks])).split([fill[b] for b in blocks])
-            for b, piece in zip(blocks, out):
+            for b, piece in zip(blocks, out, strict=True):
                 pieces[b] = piece
-        return torch.cat([t for b, f in enumerate(fill) for t in (pieces[b], pad[:C - f])]).reshape(ep, n, C, M)
+        return torch.cat([t for b, f in enumerate(fill) for t in (pieces[b], pad[: C - f])]).reshape(ep, n, C, M)
 
     def forward_packed(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         # x: [sum(sizes), M] -- local expert i's tokens are the i-th run of sizes[i] rows
-        return torch.cat([expert(chunk) for chunk, expert in zip(x.split(sizes), self.local_experts)])
+        return torch.cat([expert(chunk) for chunk, expert in zip(x.split(sizes), self.local_experts, strict=True)])

@@ -20,6 +20,7 @@ expert overflows, the kept tokens are a uniform random subset instead of the
 first ``capacity`` in token order. ``top2_2nd_expert_sampling`` adds Gumbel
 noise before picking the second expert (training only).
 """
+
 from __future__ import annotations
 
 import math
@@ -62,11 +63,12 @@ class Routing(NamedTuple):
     buffer with weight ``weights[i, s]``; a dropped choice points at slot E * C (one past
     the buffer: the layer's spare zero row) with weight 0. A tuple, so hooks that walk
     module outputs (ZeRO-3's re-gather before backward) see its tensors."""
-    slots: torch.Tensor            # [k, S] int64 flat slot per choice, E * C where dropped
-    weights: torch.Tensor          # [k, S] combine weight per choice, 0 where dropped
-    aux_loss: torch.Tensor         # [] load-balancing loss
-    expert_counts: torch.Tensor    # [E] int64 tokens routed to each expert (before dropping)
-    dropped: torch.Tensor          # [E] int64 of those, tokens over capacity
+
+    slots: torch.Tensor  # [k, S] int64 flat slot per choice, E * C where dropped
+    weights: torch.Tensor  # [k, S] combine weight per choice, 0 where dropped
+    aux_loss: torch.Tensor  # [] load-balancing loss
+    expert_counts: torch.Tensor  # [E] int64 tokens routed to each expert (before dropping)
+    dropped: torch.Tensor  # [E] int64 of those, tokens over capacity
     capacity: int
 
     def kept(self) -> torch.Tensor:
@@ -82,7 +84,7 @@ class Routing(NamedTuple):
         return self._dense(self.weights)
 
     def _dense(self, values: torch.Tensor) -> torch.Tensor:
-        k, S = self.slots.shape
+        _k, S = self.slots.shape
         E, C = self.expert_counts.numel(), self.capacity
         dense = torch.zeros(S, E * C + 1, dtype=values.dtype, device=values.device)
         dense.scatter_add_(1, self.slots.t(), values.t())
@@ -94,14 +96,31 @@ def _gumbel(shape, device) -> torch.Tensor:
 
 
 class TopKGate(nn.Module):
-    def __init__(self, model_dim: int, num_experts: int, k: int = 1, capacity_factor: float = 1.0,
-                 eval_capacity_factor: float = 1.0, min_capacity: int = 4, noisy_gate_policy: str | None = None,
-                 drop_tokens: bool = True, use_rts: bool = True, top2_2nd_expert_sampling: bool = True,
-                 ep_group=None) -> None:
+    def __init__(
+        self,
+        model_dim: int,
+        num_experts: int,
+        k: int = 1,
+        capacity_factor: float = 1.0,
+        eval_capacity_factor: float = 1.0,
+        min_capacity: int = 4,
+        noisy_gate_policy: str | None = None,
+        drop_tokens: bool = True,
+        use_rts: bool = True,
+        top2_2nd_expert_sampling: bool = True,
+        ep_group=None,
+    ) -> None:
         super().__init__()
-        cfg = GateConfig(k=k, capacity_factor=capacity_factor, eval_capacity_factor=eval_capacity_factor,
-                         min_capacity=min_capacity, noisy_gate_policy=noisy_gate_policy, drop_tokens=drop_tokens,
-                         use_rts=use_rts, top2_2nd_expert_sampling=top2_2nd_expert_sampling)
+        cfg = GateConfig(
+            k=k,
+            capacity_factor=capacity_factor,
+            eval_capacity_factor=eval_capacity_factor,
+            min_capacity=min_capacity,
+            noisy_gate_policy=noisy_gate_policy,
+            drop_tokens=drop_tokens,
+            use_rts=use_rts,
+            top2_2nd_expert_sampling=top2_2nd_expert_sampling,
+        )
         # A parameter of the gate itself (not a child Linear), so it is used in the forward of the
         # module that owns it -- what ZeRO-3's per-module gather relies on. Init as nn.Linear's.
         self.weight = nn.Parameter(torch.empty(num_experts, model_dim))  # [E, M]
@@ -127,12 +146,18 @@ class TopKGate(nn.Module):
     def route(self, logits: torch.Tensor, capacity_factor: float) -> Routing:
         S, E = logits.shape
         gates = F.softmax(logits, dim=1)  # [S, E]
-        first_by = logits + _gumbel(logits.shape, logits.device) \
-            if self.noisy_gate_policy == "RSample" and self.training else gates
+        first_by = (
+            logits + _gumbel(logits.shape, logits.device)
+            if self.noisy_gate_policy == "RSample" and self.training
+            else gates
+        )
         masks = [F.one_hot(first_by.argmax(dim=1), E)]  # [S, E] int64, one per choice
         if self.k == 2:
-            second_by = logits + _gumbel(logits.shape, logits.device) \
-                if self.top2_2nd_expert_sampling and self.training else logits
+            second_by = (
+                logits + _gumbel(logits.shape, logits.device)
+                if self.top2_2nd_expert_sampling and self.training
+                else logits
+            )
             masks.append(F.one_hot(second_by.masked_fill(masks[0].bool(), float("-inf")).argmax(dim=1), E))
         counts = sum(masks).sum(dim=0)  # [E]
         aux_loss = (gates.mean(dim=0) * masks[0].float().mean(dim=0)).sum() * E

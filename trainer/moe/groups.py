@@ -18,6 +18,7 @@ the same experts (experts are not split), like any other replicated layer.
 Groups are made once per (E, T) on first use; every rank must build its MoE
 layers in the same order, since ``new_group`` is collective.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from trainer.tensor_parallel.groups import process_group
 class ExpertGroups:
     ep_size: int
     tp_size: int
-    ep_group: object | None   # this rank's expert-parallel group (None: a single rank)
+    ep_group: object | None  # this rank's expert-parallel group (None: a single rank)
     edp_group: object | None  # this rank's expert-data-parallel group (None: a single rank)
     edp_size: int
 
@@ -60,8 +61,11 @@ class ExpertParallelConfig(ConfigBlock):
         world, tp, ep = self.world_size, self.tp_size, self.ep_size
         tp_groups.validate(tp, world)
         ranks = world // tp
-        where = f"the world size {world}" if tp == 1 else \
-            f"the data-parallel size {ranks} (world {world} / tensor_parallel.tp_size {tp})"
+        where = (
+            f"the world size {world}"
+            if tp == 1
+            else f"the data-parallel size {ranks} (world {world} / tensor_parallel.tp_size {tp})"
+        )
         if ep > ranks:
             self.fail("ep_size", f"must not exceed {where}", ep)
         if ranks % ep:
@@ -83,15 +87,17 @@ def expert_groups(ep_size: int, tp_size: int = 1) -> ExpertGroups:
         return groups
     world, rank = comm.get_world_size(), comm.get_rank()
     if world % tp_size or (world // tp_size) % ep_size:
-        raise ValueError(f"moe.ep_size={ep_size} must divide the data-parallel size of world {world} / "
-                         f"tensor_parallel.tp_size {tp_size}")
+        raise ValueError(
+            f"moe.ep_size={ep_size} must divide the data-parallel size of world {world} / "
+            f"tensor_parallel.tp_size {tp_size}"
+        )
     ep_group = edp_group = None
     edp_size = world // tp_size // ep_size
     if comm.is_initialized() and world > 1:
         for t in range(tp_size):
             dp_ranks = list(range(t, world, tp_size))
             for start in range(0, len(dp_ranks), ep_size):
-                ranks = dp_ranks[start:start + ep_size]
+                ranks = dp_ranks[start : start + ep_size]
                 g = process_group(ranks)
                 if rank in ranks:
                     ep_group = g

@@ -25,6 +25,7 @@ stall the stream once per layer, so there the experts compute every slot.
 PR-MoE (``use_residual``): output = a * moe(x) + b * mlp(x), with a dense copy
 of the expert as ``mlp`` and (a, b) = softmax(Linear(hidden, 2)(x)) per token.
 """
+
 from __future__ import annotations
 
 import copy
@@ -69,11 +70,24 @@ class MoE(nn.Module):
     parallelism then runs over the data-parallel ranks (trainer.moe.groups).
     """
 
-    def __init__(self, hidden_size: int, expert: nn.Module, num_experts: int = 1, ep_size: int = 1, k: int = 1,
-                 capacity_factor: float = 1.0, eval_capacity_factor: float = 1.0, min_capacity: int = 4,
-                 use_residual: bool = False, noisy_gate_policy: str | None = None, drop_tokens: bool = True,
-                 use_rts: bool = True, top2_2nd_expert_sampling: bool = True, layer_id: int | None = None,
-                 tp_size: int = 1) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        expert: nn.Module,
+        num_experts: int = 1,
+        ep_size: int = 1,
+        k: int = 1,
+        capacity_factor: float = 1.0,
+        eval_capacity_factor: float = 1.0,
+        min_capacity: int = 4,
+        use_residual: bool = False,
+        noisy_gate_policy: str | None = None,
+        drop_tokens: bool = True,
+        use_rts: bool = True,
+        top2_2nd_expert_sampling: bool = True,
+        layer_id: int | None = None,
+        tp_size: int = 1,
+    ) -> None:
         super().__init__()
         checked = moe_groups.validate(num_experts, ep_size, comm.get_world_size(), tp_size)
         num_experts, ep_size = checked.num_experts, checked.ep_size
@@ -82,9 +96,19 @@ class MoE(nn.Module):
         self.num_local_experts = num_experts // ep_size
         ep_rank = comm.get_rank(self.groups.ep_group) if self.groups.ep_group is not None else 0
         self.layer_id = next(_layer_ids) if layer_id is None else layer_id
-        self.gate = TopKGate(hidden_size, num_experts, k, capacity_factor, eval_capacity_factor, min_capacity,
-                             noisy_gate_policy, drop_tokens, use_rts, top2_2nd_expert_sampling,
-                             ep_group=self.groups.ep_group)
+        self.gate = TopKGate(
+            hidden_size,
+            num_experts,
+            k,
+            capacity_factor,
+            eval_capacity_factor,
+            min_capacity,
+            noisy_gate_policy,
+            drop_tokens,
+            use_rts,
+            top2_2nd_expert_sampling,
+            ep_group=self.groups.ep_group,
+        )
         self.experts = Experts(expert, self.num_local_experts, ep_rank * self.num_local_experts, self.groups.name)
         self.use_residual = use_residual
         if use_residual:
@@ -133,12 +157,12 @@ class MoE(nn.Module):
         my expert i: the layout the dispatch all_to_all delivers."""
         kept = routing.kept()
         fill = torch.empty_like(kept)
-        work = comm.all_to_all_single(fill, kept, group=self.groups.ep_group, async_op=True,
-                                      log_name="moe.fill_counts")
+        work = comm.all_to_all_single(fill, kept, group=self.groups.ep_group, async_op=True, log_name="moe.fill_counts")
 
         def receive() -> list[int]:
             work.wait()
             return fill.tolist()
+
         return receive
 
     def _packed(self, tokens: torch.Tensor, routing, slots: torch.Tensor) -> torch.Tensor:
@@ -156,19 +180,26 @@ class MoE(nn.Module):
         return moe_dispatch.combine(outputs, packed, routing.weights)
 
 
-def pyramid_moe(hidden_size: int, expert: nn.Module, num_experts: list[int], ep_size: int | list[int] = 1,
-                first_layer_id: int = 0, **moe_kwargs) -> nn.ModuleList:
+def pyramid_moe(
+    hidden_size: int,
+    expert: nn.Module,
+    num_experts: list[int],
+    ep_size: int | list[int] = 1,
+    first_layer_id: int = 0,
+    **moe_kwargs,
+) -> nn.ModuleList:
     """PR-MoE's pyramid: one MoE per entry of ``num_experts`` (more experts near the
     output, e.g. [32, 32, 64, 64]), layer ids counting from ``first_layer_id``.
     ``ep_size`` is one size for all layers or one per layer."""
     if not isinstance(num_experts, (list, tuple)) or not num_experts:
-        raise ValueError(f"moe.num_experts must be a non-empty list of expert counts per MoE layer, "
-                         f"got {num_experts!r}")
+        raise ValueError(
+            f"moe.num_experts must be a non-empty list of expert counts per MoE layer, got {num_experts!r}"
+        )
     ep_sizes = list(ep_size) if isinstance(ep_size, (list, tuple)) else [ep_size] * len(num_experts)
     if len(ep_sizes) != len(num_experts):
         raise ValueError(f"moe.ep_size has {len(ep_sizes)} entries but moe.num_experts has {len(num_experts)}")
     layers = nn.ModuleList()
-    for i, (n, ep) in enumerate(zip(num_experts, ep_sizes)):
+    for i, (n, ep) in enumerate(zip(num_experts, ep_sizes, strict=True)):
         try:
             layers.append(MoE(hidden_size, expert, n, ep, layer_id=first_layer_id + i, **moe_kwargs))
         except ValueError as e:

@@ -7,6 +7,7 @@ Reading the counts needs them on the host. CPU tensors are read at once; CUDA
 ones are copied asynchronously and emitted on a later call once their event
 has completed, so recording never waits for the device.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,6 +45,18 @@ def _emit(step: int, layer: int, stats: torch.Tensor, aux: torch.Tensor, capacit
     values = stats.tolist()
     E = len(values) // 2
     loss = float(aux.item())
-    session.emit_rows("moe", ({"step": step, "layer": layer, "expert": e, "tokens": values[e],
-                                 "dropped": values[E + e], "capacity": capacity, "aux_loss": loss}
-                                for e in range(E)))
+    session.emit_rows(
+        "moe",
+        (
+            {
+                "step": step,
+                "layer": layer,
+                "expert": e,
+                "tokens": values[e],
+                "dropped": values[E + e],
+                "capacity": capacity,
+                "aux_loss": loss,
+            }
+            for e in range(E)
+        ),
+    )

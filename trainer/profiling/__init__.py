@@ -6,8 +6,9 @@
 - ``StepProfiler(flops_profiler_cfg, model)``: what the engine runs for the
   ``flops_profiler`` config block; streams the tree to the ``flops`` table.
 """
+
 from trainer.profiling.profiler import FlopsProfiler, get_model_profile
-from trainer.profiling.tree import ModuleProfile
 from trainer.profiling.step import FlopsProfilerConfig, StepProfiler
+from trainer.profiling.tree import ModuleProfile
 
 __all__ = ["FlopsProfiler", "FlopsProfilerConfig", "ModuleProfile", "StepProfiler", "get_model_profile"]

@@ -18,10 +18,11 @@ Conventions (the flops profiler's, so totals read the same):
   weight, 4 without; batch norm in eval: 2 (affine) or 1.
 - Embedding lookups, views, copies (clone included) and dropout: 0.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
-from typing import Callable
 
 import torch
 
@@ -38,6 +39,7 @@ def _formula(*packets):
         for packet in packets:
             _FORMULAS[packet] = fn
         return fn
+
     return register
 
 
@@ -122,8 +124,7 @@ def _norm(a: dict, out) -> Count:
     return _numel(a["input"]) * (5 if a.get("weight") is not None else 4), 0
 
 
-@_formula(aten.native_batch_norm, aten._native_batch_norm_legit,
-          aten._native_batch_norm_legit_no_training)
+@_formula(aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training)
 def _batch_norm(a: dict, out) -> Count:
     affine = a.get("weight") is not None
     if a.get("training", False):
@@ -132,13 +133,32 @@ def _batch_norm(a: dict, out) -> Count:
 
 
 @_formula(
-    aten._softmax, aten._log_softmax,
-    aten.sum, aten.mean, aten.prod, aten.amax, aten.amin, aten.max, aten.min,
-    aten.var, aten.var_mean, aten.std, aten.std_mean, aten.logsumexp,
-    aten.linalg_vector_norm, aten.norm, aten.cumsum,
-    aten.max_pool1d, aten.max_pool2d_with_indices, aten.max_pool3d_with_indices,
-    aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
-    aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d, aten.adaptive_max_pool2d,
+    aten._softmax,
+    aten._log_softmax,
+    aten.sum,
+    aten.mean,
+    aten.prod,
+    aten.amax,
+    aten.amin,
+    aten.max,
+    aten.min,
+    aten.var,
+    aten.var_mean,
+    aten.std,
+    aten.std_mean,
+    aten.logsumexp,
+    aten.linalg_vector_norm,
+    aten.norm,
+    aten.cumsum,
+    aten.max_pool1d,
+    aten.max_pool2d_with_indices,
+    aten.max_pool3d_with_indices,
+    aten.avg_pool1d,
+    aten.avg_pool2d,
+    aten.avg_pool3d,
+    aten._adaptive_avg_pool2d,
+    aten._adaptive_avg_pool3d,
+    aten.adaptive_max_pool2d,
     aten.adaptive_max_pool3d,
 )
 def _per_input_element(a: dict, out) -> Count:
@@ -153,7 +173,7 @@ def _free(a: dict, out) -> Count:
 
 def _bind(func, args, kwargs) -> dict:
     """Arguments by their schema names, so formulas need not know positions."""
-    bound = {arg.name: value for arg, value in zip(func._schema.arguments, args)}
+    bound = {arg.name: value for arg, value in zip(func._schema.arguments, args, strict=True)}
     bound.update(kwargs)
     return bound
 

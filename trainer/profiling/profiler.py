@@ -20,6 +20,7 @@ first to run starts the call's backward, the last to finish ends it.
 ``end_profile()`` removes every hook, so a model that was profiled once costs
 nothing afterwards.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,7 +47,7 @@ def _now_ns() -> int:
 class _OpCounter(TorchDispatchMode):
     """Charges each ATen operator's flops/MACs to the innermost running module."""
 
-    def __init__(self, profiler: "FlopsProfiler"):
+    def __init__(self, profiler: FlopsProfiler):
         super().__init__()
         self.profiler = profiler
         self.warned = False
@@ -58,7 +59,7 @@ class _OpCounter(TorchDispatchMode):
             flops, macs = counting.count(func, args, kwargs, out)
         except Exception as e:  # an unexpected operator must never fail training
             if not self.warned:
-                warnings.warn(f"flops profiler: could not count {func}: {e}; counted as 0")
+                warnings.warn(f"flops profiler: could not count {func}: {e}; counted as 0", stacklevel=2)
                 self.warned = True
             flops, macs = 0, 0
         # active only while a profiled forward runs, so the stack is never empty here
@@ -164,8 +165,15 @@ class FlopsProfiler:
         seconds = (self.root.fwd_ns if self.root else 0) / 1e9
         return report.fmt_duration(seconds) if as_string else seconds
 
-    def print_model_profile(self, profile_step=1, module_depth=-1, top_modules=1, detailed=True,
-                            output_file=None, summary: report.Summary | None = None) -> str:
+    def print_model_profile(
+        self,
+        profile_step=1,
+        module_depth=-1,
+        top_modules=1,
+        detailed=True,
+        output_file=None,
+        summary: report.Summary | None = None,
+    ) -> str:
         """Print (or write to ``output_file``) the report and return its text.
         ``summary`` carries the engine's step timings; without it the root
         module's own forward/backward latencies are used."""
@@ -173,8 +181,7 @@ class FlopsProfiler:
             raise RuntimeError("print_model_profile() needs a profile: call start_profile() and run a forward first")
         if summary is None:
             summary = report.Summary(step=profile_step, fwd_ns=self.root.fwd_ns, bwd_ns=self.root.bwd_ns)
-        text = report.render(self.root, summary, module_depth=module_depth, top_modules=top_modules,
-                             detailed=detailed)
+        text = report.render(self.root, summary, module_depth=module_depth, top_modules=top_modules, detailed=detailed)
         if output_file:
             with open(output_file, "w") as f:
                 f.write(text + "\n")
@@ -200,7 +207,9 @@ class FlopsProfiler:
                 parent.own_params += sum(p.numel() for p in own)
                 continue
             profile = ModuleProfile(
-                name=name, module_type=type(module).__name__, depth=parent.depth + 1 if parent else 0,
+                name=name,
+                module_type=type(module).__name__,
+                depth=parent.depth + 1 if parent else 0,
                 parent=parent.name if parent else "",
             )
             if parent is not None:
@@ -281,9 +290,20 @@ class FlopsProfiler:
             todo.extend(n for n, _ in node.next_functions if n is not None)
 
 
-def get_model_profile(model: nn.Module, input_shape=None, args=None, kwargs=None, print_profile=True,
-                      detailed=True, module_depth=-1, top_modules=1, warm_up=1, as_string=True,
-                      output_file=None, ignore_modules=None):
+def get_model_profile(
+    model: nn.Module,
+    input_shape=None,
+    args=None,
+    kwargs=None,
+    print_profile=True,
+    detailed=True,
+    module_depth=-1,
+    top_modules=1,
+    warm_up=1,
+    as_string=True,
+    output_file=None,
+    ignore_modules=None,
+):
     """Profile one forward pass of ``model`` (inference, no grad) -> (flops, macs, params).
 
     Give either ``input_shape`` (a tensor of that shape is the only positional
@@ -293,13 +313,16 @@ def get_model_profile(model: nn.Module, input_shape=None, args=None, kwargs=None
     args = list(args or [])
     kwargs = dict(kwargs or {})
     if input_shape is not None:
-        if not (isinstance(input_shape, (tuple, list)) and input_shape
-                and all(isinstance(d, int) and d > 0 for d in input_shape)):
+        if not (
+            isinstance(input_shape, (tuple, list))
+            and input_shape
+            and all(isinstance(d, int) and d > 0 for d in input_shape)
+        ):
             raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
         first = next(model.parameters(), None)
         dtype = first.dtype if first is not None and first.is_floating_point() else torch.get_default_dtype()
         device = first.device if first is not None else None
-        args = [torch.randn(tuple(input_shape), dtype=dtype, device=device)] + args
+        args = [torch.randn(tuple(input_shape), dtype=dtype, device=device), *args]
     elif not args and not kwargs:
         raise ValueError("get_model_profile needs input_shape, args or kwargs to call the model with")
     if not isinstance(warm_up, int) or warm_up < 0:
@@ -315,8 +338,13 @@ def get_model_profile(model: nn.Module, input_shape=None, args=None, kwargs=None
             prof.stop_profile()
             flops, macs, params = prof.get_total_flops(), prof.get_total_macs(), prof.get_total_params()
             if print_profile:
-                prof.print_model_profile(profile_step=warm_up, module_depth=module_depth,
-                                         top_modules=top_modules, detailed=detailed, output_file=output_file)
+                prof.print_model_profile(
+                    profile_step=warm_up,
+                    module_depth=module_depth,
+                    top_modules=top_modules,
+                    detailed=detailed,
+                    output_file=output_file,
+                )
         finally:
             prof.end_profile()
     if as_string:

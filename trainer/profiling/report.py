@@ -3,6 +3,7 @@
 Counts get K/M/G/T prefixes and durations s/ms/us chosen per value, so a
 0.3 ms leaf and a 2 s root both read naturally.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -52,6 +53,7 @@ def _world_size() -> int:
 class Summary:
     """Step-level numbers for the summary; the engine measures them, the
     standalone profiler falls back to the root module's own latencies."""
+
     step: int
     fwd_ns: int | None
     bwd_ns: int | None = None
@@ -60,8 +62,9 @@ class Summary:
     tp_size: int = 1
 
 
-def render(root: ModuleProfile, summary: Summary, *, module_depth: int = -1, top_modules: int = 1,
-           detailed: bool = True) -> str:
+def render(
+    root: ModuleProfile, summary: Summary, *, module_depth: int = -1, top_modules: int = 1, detailed: bool = True
+) -> str:
     lines = _summary(root, summary) + _aggregated(root, module_depth, top_modules)
     if detailed:
         lines += _detailed(root, module_depth)
@@ -89,12 +92,16 @@ def _summary(root: ModuleProfile, s: Summary) -> list[str]:
         ("bwd latency", fmt_duration(bwd)),
         ("fwd FLOPS per rank = fwd flops per rank / fwd latency", _rate(flops, fwd)),
         ("bwd FLOPS per rank = 2 * fwd flops per rank / bwd latency", _rate(2 * flops, bwd)),
-        ("fwd+bwd FLOPS per rank = 3 * fwd flops per rank / (fwd+bwd latency)",
-         _rate(3 * flops, fwd + bwd) if fwd is not None and bwd is not None else "n/a"),
+        (
+            "fwd+bwd FLOPS per rank = 3 * fwd flops per rank / (fwd+bwd latency)",
+            _rate(3 * flops, fwd + bwd) if fwd is not None and bwd is not None else "n/a",
+        ),
         ("step latency", fmt_duration(opt)),
         ("iter latency", fmt_duration(iteration)),
-        ("achieved FLOPS per rank = 3 * fwd flops per rank / iter latency",
-         _rate(3 * flops, iteration) if bwd is not None else "n/a"),
+        (
+            "achieved FLOPS per rank = 3 * fwd flops per rank / iter latency",
+            _rate(3 * flops, iteration) if bwd is not None else "n/a",
+        ),
         ("samples/second", f"{s.samples / iteration:.2f}" if s.samples and iteration else "n/a"),
     ]
     width = max(len(k) for k, _ in rows) + 2
@@ -134,7 +141,7 @@ def _aggregated(root: ModuleProfile, module_depth: int, top_modules: int) -> lis
             t["fwd"] += p.fwd_ns
             t["bwd"] += p.bwd_ns or 0
 
-        def top(key: str, fmt) -> dict[str, str]:
+        def top(key: str, fmt, totals=totals) -> dict[str, str]:
             best = sorted(totals.items(), key=lambda kv: kv[1][key], reverse=True)[:top_modules]
             return {name: fmt(v[key]) for name, v in best}
 
@@ -164,14 +171,21 @@ def _detailed(root: ModuleProfile, module_depth: int) -> list[str]:
     ]
 
     def stats(p: ModuleProfile) -> str:
-        return ", ".join([
-            fmt_count(p.params), f"{_share(p.params, root.params)} Params",
-            fmt_count(p.macs, "MACs"), f"{_share(p.macs, root.macs)} MACs",
-            fmt_count(p.flops), f"{_share(p.flops, root.flops)} flops",
-            fmt_duration(p.fwd_ns / 1e9), f"{_share(p.fwd_ns, root.fwd_ns)} fwd latency",
-            fmt_duration(_seconds(p.bwd_ns)), f"{_share(p.bwd_ns, root.bwd_ns)} bwd latency",
-            _rate(p.flops, p.fwd_ns / 1e9),
-        ])
+        return ", ".join(
+            [
+                fmt_count(p.params),
+                f"{_share(p.params, root.params)} Params",
+                fmt_count(p.macs, "MACs"),
+                f"{_share(p.macs, root.macs)} MACs",
+                fmt_count(p.flops),
+                f"{_share(p.flops, root.flops)} flops",
+                fmt_duration(p.fwd_ns / 1e9),
+                f"{_share(p.fwd_ns, root.fwd_ns)} fwd latency",
+                fmt_duration(_seconds(p.bwd_ns)),
+                f"{_share(p.bwd_ns, root.bwd_ns)} bwd latency",
+                _rate(p.flops, p.fwd_ns / 1e9),
+            ]
+        )
 
     def visit(p: ModuleProfile, indent: str) -> None:
         label = f"({p.name.rpartition('.')[2]}): {p.module_type}" if p.name else p.module_type

@@ -4,6 +4,7 @@ profiled step, the report on rank 0 and the module tree on every rank.
 The engine calls ``begin(step)`` before every forward and ``end(step, ...)``
 after every ``engine.step()``; both are no-ops except at ``profile_step``.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -13,11 +14,10 @@ from typing import ClassVar
 import torch.distributed as dist
 from torch import nn
 
-from trainer.profiling.profiler import FlopsProfiler, ModuleProfile
-from trainer.profiling.report import Summary
-
 from collector.data.config import ConfigBlock, setting
 from collector.rank import session
+from trainer.profiling.profiler import FlopsProfiler, ModuleProfile
+from trainer.profiling.report import Summary
 
 
 @dataclass(kw_only=True)
@@ -49,9 +49,17 @@ def module_rows(root: ModuleProfile, step: int) -> list[dict]:
     ``bwd_latency_ns`` out (stored as null) when no backward went through it."""
     rows = []
     for p in root.walk():
-        row = {"step": step, "module": p.name, "parent": p.parent, "depth": p.depth,
-               "module_type": p.module_type, "params": p.params, "macs": p.macs, "flops": p.flops,
-               "latency_ns": p.fwd_ns}
+        row = {
+            "step": step,
+            "module": p.name,
+            "parent": p.parent,
+            "depth": p.depth,
+            "module_type": p.module_type,
+            "params": p.params,
+            "macs": p.macs,
+            "flops": p.flops,
+            "latency_ns": p.fwd_ns,
+        }
         if p.bwd_ns is not None:
             row["bwd_latency_ns"] = p.bwd_ns
         rows.append(row)
@@ -70,8 +78,9 @@ class StepProfiler:
     the module tree (default: the collector's telemetry, a no-op without a session).
     """
 
-    def __init__(self, flops_profiler_cfg: FlopsProfilerConfig | dict | None, model: nn.Module, tp_size: int = 1,
-                 sink=None):
+    def __init__(
+        self, flops_profiler_cfg: FlopsProfilerConfig | dict | None, model: nn.Module, tp_size: int = 1, sink=None
+    ):
         self.config = FlopsProfilerConfig.from_dict(flops_profiler_cfg)
         if not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"tp_size must be an int >= 1, got {tp_size!r}")
@@ -80,7 +89,7 @@ class StepProfiler:
         self.sink = sink or _emit_to_collector
         self.profiler: FlopsProfiler | None = None
         self.report: str | None = None  # the last printed report (rank 0)
-        self.rows: list[dict] = []      # the last rows sent
+        self.rows: list[dict] = []  # the last rows sent
 
     def begin(self, step: int) -> None:
         if not self.config.enabled or step != self.config.profile_step or self.profiler is not None:
@@ -95,17 +104,27 @@ class StepProfiler:
         self.profiler = None
         try:
             prof.stop_profile()
-            summary = Summary(step=step, fwd_ns=fwd_ns if fwd_ns is not None else prof.root.fwd_ns,
-                              bwd_ns=bwd_ns if bwd_ns is not None else prof.root.bwd_ns,
-                              step_ns=step_ns, samples=samples, tp_size=self.tp_size)
+            summary = Summary(
+                step=step,
+                fwd_ns=fwd_ns if fwd_ns is not None else prof.root.fwd_ns,
+                bwd_ns=bwd_ns if bwd_ns is not None else prof.root.bwd_ns,
+                step_ns=step_ns,
+                samples=samples,
+                tp_size=self.tp_size,
+            )
             if _rank() == 0:
                 cfg = self.config
                 self.report = prof.print_model_profile(
-                    profile_step=step, module_depth=cfg.module_depth, top_modules=cfg.top_modules,
-                    detailed=cfg.detailed, output_file=cfg.output_file, summary=summary)
+                    profile_step=step,
+                    module_depth=cfg.module_depth,
+                    top_modules=cfg.top_modules,
+                    detailed=cfg.detailed,
+                    output_file=cfg.output_file,
+                    summary=summary,
+                )
             self.rows = module_rows(prof.root, step)
             self.sink("flops", self.rows)
         except Exception as e:  # the report is telemetry: it never fails training
-            warnings.warn(f"flops profiler: step {step} report failed: {e}")
+            warnings.warn(f"flops profiler: step {step} report failed: {e}", stacklevel=2)
         finally:
             prof.end_profile()

@@ -1,7 +1,25 @@
 """Megatron-style tensor parallelism (``tensor_parallel.tp_size``)."""
-from trainer.tensor_parallel.groups import ParallelGroups, parallel_groups, validate
-from trainer.tensor_parallel.layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
-                                            ParallelTransformerBlock, RowParallelLinear, load_dense_state, shard)
 
-__all__ = ["ParallelGroups", "parallel_groups", "validate", "ColumnParallelLinear", "RowParallelLinear",
-           "ParallelSelfAttention", "ParallelMLP", "ParallelTransformerBlock", "load_dense_state", "shard"]
+from trainer.tensor_parallel.groups import ParallelGroups, parallel_groups, validate
+from trainer.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    ParallelMLP,
+    ParallelSelfAttention,
+    ParallelTransformerBlock,
+    RowParallelLinear,
+    load_dense_state,
+    shard,
+)
+
+__all__ = [
+    "ColumnParallelLinear",
+    "ParallelGroups",
+    "ParallelMLP",
+    "ParallelSelfAttention",
+    "ParallelTransformerBlock",
+    "RowParallelLinear",
+    "load_dense_state",
+    "parallel_groups",
+    "shard",
+    "validate",
+]

@@ -8,6 +8,7 @@ stride T (same shard, different data). World 4, T 2::
     tensor-parallel  [0,1] [2,3]     activations all_reduce here, every layer
     data-parallel    [0,2] [1,3]     gradients all_reduce here, once per step
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -98,4 +99,3 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
                 dp_group = g
     groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)
     return groups
-

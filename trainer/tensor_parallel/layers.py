@@ -26,6 +26,7 @@ Replicated parameters (layer norms, row-parallel biases) get identical
 gradients on every rank of the tensor-parallel group, so only the
 data-parallel all_reduce remains (trainer.moe.reduce_gradients with the dp group).
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,14 @@ def _init_linear(weight: nn.Parameter, bias: nn.Parameter | None, fan_in: int) -
 class ColumnParallelLinear(nn.Module):
     """y[..., out/T] = x @ W_r.T + b_r: this rank's slice of the output features."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, groups: ParallelGroups | None = None,
-                 partition_stride: int = 1) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        groups: ParallelGroups | None = None,
+        partition_stride: int = 1,
+    ) -> None:
         super().__init__()
         self.groups = groups or parallel_groups()
         local_out = _divide(out_features, self.groups.tp_size, "out_features")
@@ -113,8 +120,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x[..., in/T] @ W_r.T) + b: input already split over the group."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 groups: ParallelGroups | None = None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, groups: ParallelGroups | None = None
+    ) -> None:
         super().__init__()
         self.groups = groups or parallel_groups()
         local_in = _divide(in_features, self.groups.tp_size, "in_features")
@@ -164,8 +172,9 @@ class ParallelMLP(nn.Module):
 class ParallelTransformerBlock(nn.Module):
     """Pre-LayerNorm GPT block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
-    def __init__(self, hidden_size: int, num_heads: int, ffn_size: int | None = None,
-                 groups: ParallelGroups | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, ffn_size: int | None = None, groups: ParallelGroups | None = None
+    ) -> None:
         super().__init__()
         groups = groups or parallel_groups()
         self.ln1 = nn.LayerNorm(hidden_size)
@@ -196,8 +205,9 @@ def load_dense_state(module: nn.Module, dense_state: dict[str, torch.Tensor]) ->
             if getattr(p, "tensor_model_parallel", False):
                 full = shard(full, p.partition_dim, p.partition_stride, m.groups.tp_size, m.groups.tp_rank)
             if full.shape != p.shape:
-                raise ValueError(f"{prefix + name}: dense shape {tuple(full.shape)} does not give this rank's "
-                                 f"shape {tuple(p.shape)}")
+                raise ValueError(
+                    f"{prefix + name}: dense shape {tuple(full.shape)} does not give this rank's shape {tuple(p.shape)}"
+                )
             p.copy_(full)
         for name, b in m.named_buffers(recurse=False):
             if prefix + name in dense_state:

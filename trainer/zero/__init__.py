@@ -1,5 +1,6 @@
 """ZeRO: the data-parallel optimizer, one module per stage (stage0..stage3), on
 shared flat-bucket partitioning (partition.py) and a shared step (optimizer.py)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -9,16 +10,25 @@ from torch import nn
 
 from trainer import comm
 from trainer.config import ZeroConfig
-from trainer.zero.optimizer import StepOutcome, ZeroOptimizer
 from trainer.zero.leaf import mark_by_granularity, set_z3_leaf_modules, unit_modules, z3_leaf_module
+from trainer.zero.optimizer import StepOutcome, ZeroOptimizer
 from trainer.zero.partition import FlatBucket, build_buckets
 from trainer.zero.stage0 import Stage0Optimizer
 from trainer.zero.stage1 import Stage1Optimizer
 from trainer.zero.stage2 import Stage2Optimizer
 from trainer.zero.stage3 import Stage3Optimizer
 
-__all__ = ["build_zero_optimizer", "ZeroOptimizer", "StepOutcome", "Stage0Optimizer", "Stage1Optimizer",
-           "Stage2Optimizer", "Stage3Optimizer", "set_z3_leaf_modules", "z3_leaf_module"]
+__all__ = [
+    "Stage0Optimizer",
+    "Stage1Optimizer",
+    "Stage2Optimizer",
+    "Stage3Optimizer",
+    "StepOutcome",
+    "ZeroOptimizer",
+    "build_zero_optimizer",
+    "set_z3_leaf_modules",
+    "z3_leaf_module",
+]
 
 
 def _by_sync_group(named: list[tuple[str, nn.Parameter]], dp_group) -> list[tuple[object, int, list]]:
@@ -38,9 +48,19 @@ def _shard_index(group, size: int) -> int:
     return comm.get_rank(group) if size > 1 else 0
 
 
-def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, nn.Parameter]]], *,
-                         zero: ZeroConfig, rank: int, world_size: int, device: torch.device, group=None,
-                         loss_scaler=None, gradient_clipping: float = 0.0, tp_rank: int = 0) -> ZeroOptimizer:
+def build_zero_optimizer(
+    module: nn.Module,
+    named_groups: list[list[tuple[str, nn.Parameter]]],
+    *,
+    zero: ZeroConfig,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    group=None,
+    loss_scaler=None,
+    gradient_clipping: float = 0.0,
+    tp_rank: int = 0,
+) -> ZeroOptimizer:
     """The stage's optimizer over ``named_groups`` (trainable (name, param) lists, one per param group),
     partitioned over the data-parallel ``group`` (None: the world) of which this is rank ``rank``.
 
@@ -48,18 +68,32 @@ def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, n
     data-parallel group, MoE expert parameters over their expert-data-parallel group (stages
     1-3 use that group's size as the shard count; stage 0 keeps one shard). Gradients are
     still divided by the full data-parallel ``world_size`` (see trainer.moe.data_parallel)."""
-    common = dict(rank=rank, world_size=world_size, device=device, group=group, loss_scaler=loss_scaler,
-                  gradient_clipping=gradient_clipping, overlap_comm=zero.overlap_comm,
-                  reduce_scatter=zero.reduce_scatter, tp_rank=tp_rank)
+    common = dict(
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        group=group,
+        loss_scaler=loss_scaler,
+        gradient_clipping=gradient_clipping,
+        overlap_comm=zero.overlap_comm,
+        reduce_scatter=zero.reduce_scatter,
+        tp_rank=tp_rank,
+    )
 
     def buckets_of(groups):
         out = []
         for g, named in enumerate(groups):
             for sync, size, part in _by_sync_group(named, group) if named else []:
                 shards = 1 if zero.stage == 0 else size
-                out += build_buckets(part, group_index=g, bucket_numel=zero.reduce_bucket_size, num_shards=shards,
-                                     shard_index=_shard_index(sync, size) if shards > 1 else 0, group=sync,
-                                     group_size=size)
+                out += build_buckets(
+                    part,
+                    group_index=g,
+                    bucket_numel=zero.reduce_bucket_size,
+                    num_shards=shards,
+                    shard_index=_shard_index(sync, size) if shards > 1 else 0,
+                    group=sync,
+                    group_size=size,
+                )
         return out
 
     if zero.stage in (0, 1, 2):
@@ -87,9 +121,18 @@ def build_zero_optimizer(module: nn.Module, named_groups: list[list[tuple[str, n
     units: dict[nn.Module, list[FlatBucket]] = defaultdict(list)
     for (mid, g), named in per_unit.items():
         for sync, size, part in _by_sync_group(named, group):
-            units[unit_module[mid]].append(FlatBucket(part, num_shards=size, shard_index=_shard_index(sync, size),
-                                                      group_index=g, group=sync, group_size=size))
+            units[unit_module[mid]].append(
+                FlatBucket(
+                    part,
+                    num_shards=size,
+                    shard_index=_shard_index(sync, size),
+                    group_index=g,
+                    group=sync,
+                    group_size=size,
+                )
+            )
     shard_device = torch.device("cpu") if zero.offload_param.enabled else device
     persistent = buckets_of(persistent_groups)
-    return Stage3Optimizer(persistent, dict(units),
-                           shard_device=shard_device, prefetch_numel=zero.stage3_prefetch_bucket_size, **common)
+    return Stage3Optimizer(
+        persistent, dict(units), shard_device=shard_device, prefetch_numel=zero.stage3_prefetch_bucket_size, **common
+    )

@@ -17,6 +17,7 @@ Two ways to mark leaves, as in DeepSpeed:
 
 nn.MultiheadAttention is always a leaf: its forward uses out_proj's weight itself.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,7 +26,7 @@ from torch import nn
 
 _LEAF_ATTR = "_z3_leaf"  # DeepSpeed's attribute name, so a model marked for either engine works in both
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
-_MAX_LEAF_PARAMS = 10 ** 9
+_MAX_LEAF_PARAMS = 10**9
 # Modules whose own forward reads their children's parameters (MultiheadAttention passes
 # out_proj.weight to F.multi_head_attention_forward): only correct as one unit.
 ALWAYS_LEAF = (nn.MultiheadAttention,)

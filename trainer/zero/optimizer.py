@@ -23,6 +23,7 @@ peers included) skips the same steps.
 Subclasses (one module per stage) decide how gradients get reduced into the
 shards and how parameters are laid out; see their docstrings.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ from trainer.zero.partition import FlatBucket, storage_bytes
 @dataclass
 class StepOutcome:
     """What happened at one optimizer step (the engine turns it into records)."""
+
     skipped: bool = False
     overflow: bool = False
     scale_before: float = 1.0
@@ -55,9 +57,20 @@ class ZeroOptimizer:
 
     stage = -1
 
-    def __init__(self, buckets: list[FlatBucket], *, rank: int, world_size: int, device: torch.device,
-                 group=None, loss_scaler=None, gradient_clipping: float = 0.0, overlap_comm: bool = False,
-                 reduce_scatter: bool = True, tp_rank: int = 0) -> None:
+    def __init__(
+        self,
+        buckets: list[FlatBucket],
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        group=None,
+        loss_scaler=None,
+        gradient_clipping: float = 0.0,
+        overlap_comm: bool = False,
+        reduce_scatter: bool = True,
+        tp_rank: int = 0,
+    ) -> None:
         self.buckets = buckets
         self.tp_rank = tp_rank
         # rank / world_size / group: the data-parallel group (the world without tensor parallelism)
@@ -72,10 +85,10 @@ class ZeroOptimizer:
         for b in buckets:
             for s in b.slots:
                 self._bucket_of[s.param] = b
-        self._ready: dict[int, int] = {}     # id(bucket) -> grads ready in this backward
-        self._launched: set[int] = set()     # id(bucket) reduced in this backward
-        self._pending: list = []             # (bucket, output, work) reductions in flight
-        self._reduce_now = False             # whether this backward's hooks may reduce
+        self._ready: dict[int, int] = {}  # id(bucket) -> grads ready in this backward
+        self._launched: set[int] = set()  # id(bucket) reduced in this backward
+        self._pending: list = []  # (bucket, output, work) reductions in flight
+        self._reduce_now = False  # whether this backward's hooks may reduce
 
     # ---------------------------------------------------------------- set-up helpers
 
@@ -96,10 +109,9 @@ class ZeroOptimizer:
         # Masters are grouped by param group; keep buckets (and so gradient shards) in the same order.
         self.buckets.sort(key=lambda b: b.group_index)
         shards: list[list[torch.Tensor]] = [[] for _ in group_options]
-        for b, shard in zip(self.buckets, self.param_shards()):
+        for b, shard in zip(self.buckets, self.param_shards(), strict=True):
             shards[b.group_index].append(shard)
-        self.master = OffloadedOptimizer(shards, group_options, optimizer_factory=optimizer_factory,
-                                         storage=storage)
+        self.master = OffloadedOptimizer(shards, group_options, optimizer_factory=optimizer_factory, storage=storage)
 
     def close(self) -> None:
         """Remove swap files (nvme offload); the optimizer is unusable afterwards."""
@@ -196,7 +208,7 @@ class ZeroOptimizer:
     def _counted_sumsq(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """This rank's share of the squared global gradient norm (see the module docstring)."""
         sumsq = torch.zeros((), dtype=torch.float32, device=self.device)
-        for b, g in zip(self.buckets, grads):
+        for b, g in zip(self.buckets, grads, strict=True):
             if b.num_shards == 1 and b.group_size > 1 and comm.get_rank(b.group) != 0:
                 continue  # a replica: its group's first rank counts it
             g = g.float()
@@ -210,7 +222,7 @@ class ZeroOptimizer:
 
     def _check_overflow(self, grads: list[torch.Tensor], out: StepOutcome) -> None:
         post_bad: list[str] = []
-        for b, g in zip(self.buckets, grads):
+        for b, g in zip(self.buckets, grads, strict=True):
             if not torch.isfinite(g).all():
                 post_bad += b.nonfinite_param_names(g, shard=True)
         flag = torch.tensor([1.0 if (self._local_bad or post_bad) else 0.0], device=self.device)
@@ -235,9 +247,11 @@ class ZeroOptimizer:
 
     def gather_params(self, buckets, log_name: str) -> None:
         """all_gather each bucket's updated shard into its full flat parameter (all async, then wait)."""
-        works = [comm.gather_flat(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True,
-                                             log_name=log_name)
-                 for b in buckets if not b.solo]
+        works = [
+            comm.gather_flat(b.flat_param, b.shard_of(b.flat_param), group=b.group, async_op=True, log_name=log_name)
+            for b in buckets
+            if not b.solo
+        ]
         for w in works:
             w.wait()
 
@@ -266,7 +280,7 @@ class ZeroOptimizer:
         the block, for a checkpoint to read (``modified=False``) or replace (``modified=True``:
         on the way out the parameters are rebuilt from the masters, a collective)."""
         with self.master.resident_state():
-            yield list(zip(self.buckets, self.master.masters))
+            yield list(zip(self.buckets, self.master.masters, strict=True))
             if modified:
                 self.master.refresh_shards()
         if modified:

@@ -10,6 +10,7 @@ exactly that slice.
     flat:   | p0 ........ | p1 .... | p2 ...... |pad|    numel padded to N * shard_numel
     shards: |  rank 0   |  rank 1   |  rank 2   |  rank 3   |
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from torch import nn
 @dataclass
 class ParamSlot:
     """Where one parameter lives inside its bucket's flat buffer."""
+
     name: str
     param: nn.Parameter
     offset: int
@@ -31,8 +33,16 @@ class ParamSlot:
 class FlatBucket:
     """Parameters of one param group flattened into one padded buffer, split in ``num_shards``."""
 
-    def __init__(self, named_params: list[tuple[str, nn.Parameter]], *, num_shards: int, shard_index: int,
-                 group_index: int, group=None, group_size: int | None = None) -> None:
+    def __init__(
+        self,
+        named_params: list[tuple[str, nn.Parameter]],
+        *,
+        num_shards: int,
+        shard_index: int,
+        group_index: int,
+        group=None,
+        group_size: int | None = None,
+    ) -> None:
         self.group_index = group_index
         # The process group the bucket's parameters are replicated over (None: the world, or no
         # one when group_size is 1): the data-parallel group for dense parameters, the
@@ -107,13 +117,22 @@ class FlatBucket:
         return [s.name for s, lo, hi in spans if not torch.isfinite(flat_or_shard[lo:hi]).all()]
 
 
-def build_buckets(named_params: list[tuple[str, nn.Parameter]], *, group_index: int, bucket_numel: int,
-                  num_shards: int, shard_index: int, group=None, group_size: int | None = None) -> list[FlatBucket]:
+def build_buckets(
+    named_params: list[tuple[str, nn.Parameter]],
+    *,
+    group_index: int,
+    bucket_numel: int,
+    num_shards: int,
+    shard_index: int,
+    group=None,
+    group_size: int | None = None,
+) -> list[FlatBucket]:
     """Split one param group into buckets of about ``bucket_numel`` elements, in reverse
     registration order (roughly the order backward produces gradients); every bucket is
     synchronised over ``group`` of ``group_size`` ranks."""
-    kw = dict(num_shards=num_shards, shard_index=shard_index, group_index=group_index, group=group,
-              group_size=group_size)
+    kw = dict(
+        num_shards=num_shards, shard_index=shard_index, group_index=group_index, group=group, group_size=group_size
+    )
     buckets, current, size = [], [], 0
     for name, p in reversed(named_params):
         if current and size + p.numel() > bucket_numel:
@@ -128,6 +147,7 @@ def build_buckets(named_params: list[tuple[str, nn.Parameter]], *, group_index: 
 
 def _world_size() -> int:
     import torch.distributed as dist
+
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 

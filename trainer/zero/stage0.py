@@ -12,6 +12,7 @@ after the step. MoE expert buckets are summed over their expert-data-parallel
 group only (``b.group``) and still divided by N. With overlap_comm a bucket's all_reduce starts (async) during
 the boundary backward as soon as all its gradients are produced.
 """
+
 from __future__ import annotations
 
 from trainer import comm

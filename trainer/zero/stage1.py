@@ -13,9 +13,10 @@ Once per step, at the boundary:
 With ``reduce_scatter: false`` the bucket is all_reduced instead (DeepSpeed's switch)
 and only the shard is used. Each bucket reduces and gathers over its own group
 (``b.group``: the data-parallel group, or an MoE expert-data-parallel group of
-S' ranks, where the bucket has S' shards) and divides by the full N. With overlap_comm a bucket's reduction starts (async) during the boundary
-backward as soon as all its gradients are produced; otherwise all start after it.
+S' ranks, where the bucket has S' shards) and divides by the full N. With overlap_comm a bucket's reduction
+starts (async) during the boundary backward as soon as all its gradients are produced; otherwise all start after it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,8 +69,9 @@ class Stage1Optimizer(ZeroOptimizer):
             return None
         if not self.reduce_scatter:
             return comm.all_reduce(b.flat_grad, group=b.group, async_op=True, log_name="zero1.all_reduce_grads")
-        return comm.scatter_flat(b.shard_of(b.flat_grad), b.flat_grad, group=b.group, async_op=True,
-                                          log_name="zero1.reduce_scatter_grads")
+        return comm.scatter_flat(
+            b.shard_of(b.flat_grad), b.flat_grad, group=b.group, async_op=True, log_name="zero1.reduce_scatter_grads"
+        )
 
     def finish_reduction(self, pending) -> None:
         b, work = pending

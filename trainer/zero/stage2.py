@@ -17,6 +17,7 @@ With ``reduce_scatter: false`` buckets are all_reduced and only the shard is kep
 With overlap_comm a bucket's reduction starts (async) inside backward as
 soon as its last gradient is produced; otherwise all start right after backward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,12 +63,12 @@ class Stage2Optimizer(ZeroOptimizer):
         if b.solo:  # an expert no other rank holds: nothing to sum
             return b, staging, staging, None
         if not self.reduce_scatter:
-            work = comm.all_reduce(staging, group=b.group, async_op=True,
-                                   log_name=f"zero{self.stage}.all_reduce_grads")
+            work = comm.all_reduce(staging, group=b.group, async_op=True, log_name=f"zero{self.stage}.all_reduce_grads")
             return b, b.shard_of(staging), staging, work
         out = torch.empty(b.shard_numel, dtype=b.dtype, device=self.device)
-        work = comm.scatter_flat(out, staging, group=b.group, async_op=True,
-                                          log_name=f"zero{self.stage}.reduce_scatter_grads")
+        work = comm.scatter_flat(
+            out, staging, group=b.group, async_op=True, log_name=f"zero{self.stage}.reduce_scatter_grads"
+        )
         return b, out, staging, work
 
     def finish_reduction(self, pending) -> None:

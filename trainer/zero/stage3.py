@@ -23,6 +23,7 @@ Parameters below stage3_param_persistence_threshold elements, and parameters
 used by more than one module (tied weights), stay resident and are handled
 exactly like stage 2 (full copy, gradient reduce_scatter, all_gather after step).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -51,8 +52,15 @@ def _tensors(obj):
 class Stage3Optimizer(Stage2Optimizer):
     stage = 3
 
-    def __init__(self, persistent: list[FlatBucket], units: dict[nn.Module, list[FlatBucket]], *,
-                 shard_device: torch.device, prefetch_numel: int, **kw) -> None:
+    def __init__(
+        self,
+        persistent: list[FlatBucket],
+        units: dict[nn.Module, list[FlatBucket]],
+        *,
+        shard_device: torch.device,
+        prefetch_numel: int,
+        **kw,
+    ) -> None:
         unit_list = [u for us in units.values() for u in us]
         ZeroOptimizer.__init__(self, persistent + unit_list, **kw)
         self.units = unit_list
@@ -72,7 +80,7 @@ class Stage3Optimizer(Stage2Optimizer):
         for module, us in units.items():
             module.register_forward_pre_hook(partial(self._pre_forward, us))
             module.register_forward_hook(partial(self._post_forward, us))
-        self._trace: list[FlatBucket] = []       # unit order of the last forward
+        self._trace: list[FlatBucket] = []  # unit order of the last forward
         self._recording: list[FlatBucket] = []
         self._cursor = 0
         self._backward_seen: set[int] = set()
@@ -136,8 +144,9 @@ class Stage3Optimizer(Stage2Optimizer):
                 u.inflight = None
                 u.bind_params(u.flat_param)
                 return
-            u.inflight = comm.gather_flat(u.flat_param, src, group=u.group, async_op=True,
-                                                     log_name="zero3.all_gather_params")
+            u.inflight = comm.gather_flat(
+                u.flat_param, src, group=u.group, async_op=True, log_name="zero3.all_gather_params"
+            )
         if wait and u.inflight is not None:
             u.inflight.wait()
             u.inflight = None
@@ -194,7 +203,7 @@ class Stage3Optimizer(Stage2Optimizer):
         self._recording += units
         # Prefetch along the last forward's order while this forward follows it.
         n = len(units)
-        if self._trace[self._cursor:self._cursor + n] == units:
+        if self._trace[self._cursor : self._cursor + n] == units:
             self._cursor += n
             self._prefetch(self._trace, self._cursor)
         else:
@@ -216,7 +225,7 @@ class Stage3Optimizer(Stage2Optimizer):
             self._backward_seen.update(id(u) for u in fresh)
             backward_order = self._trace[::-1]
             n = len(fresh)
-            if backward_order[self._cursor:self._cursor + n] == fresh:
+            if backward_order[self._cursor : self._cursor + n] == fresh:
                 self._cursor += n
                 self._prefetch(backward_order, self._cursor)
             else:

@@ -5,11 +5,13 @@ raises on bad content: a line, record or file it cannot parse becomes a
 ``Problem`` naming the file and the line (or record), and everything else in
 the file is still imported.
 """
+
 from __future__ import annotations
 
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+
 import pyarrow as pa
 
 from collector.data.schema import TABLES
@@ -18,7 +20,7 @@ from collector.data.schema import TABLES
 @dataclass(frozen=True)
 class Problem:
     path: str
-    where: str     # "line 12", "record 3 (byte 1040)", or "" for the whole file
+    where: str  # "line 12", "record 3 (byte 1040)", or "" for the whole file
     message: str
 
     def __str__(self) -> str:
@@ -28,9 +30,10 @@ class Problem:
 @dataclass
 class Parsed:
     """Rows per (table, rank) in schema order, plus run-level hints."""
+
     rows: dict[tuple[str, int], list[dict]] = field(default_factory=lambda: defaultdict(list))
     problems: list[Problem] = field(default_factory=list)
-    world_size: int | None = None     # when the file says (summary metadata, profiler header)
+    world_size: int | None = None  # when the file says (summary metadata, profiler header)
     sources: list[str] = field(default_factory=list)
 
     def add(self, table: str, rank: int, **row) -> None:
@@ -39,12 +42,12 @@ class Parsed:
     def problem(self, path, where: str, message: str) -> None:
         self.problems.append(Problem(str(path), where, message))
 
-    def unreadable(self, path, exc: OSError) -> "Parsed":
+    def unreadable(self, path, exc: OSError) -> Parsed:
         """Record that ``path`` could not be read at all; returns self, the (empty) result."""
         self.problem(path, "", f"cannot read: {exc.strerror}")
         return self
 
-    def merge(self, other: "Parsed") -> None:
+    def merge(self, other: Parsed) -> None:
         for key, rows in other.rows.items():
             self.rows[key].extend(rows)
         self.problems.extend(other.problems)
@@ -94,4 +97,3 @@ def parse_metric(text: str, unit: str = "") -> float:
     if not m:
         raise ValueError(f"not a number{' of ' + unit if unit else ''}: {text!r}")
     return float(m.group(1)) * _METRIC[m.group(2)]
-

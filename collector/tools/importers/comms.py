@@ -16,12 +16,19 @@ Shared by the verbose-line and the summary importers.
 - rankscope's own comms logger (collector/comm.py) prints and returns sizes that
   already are S; its lines start with ``[rankscope]``.
 """
+
 from __future__ import annotations
 
 from collector.data import bandwidth
 
-_PER_RANK_PIECE = {"all_gather", "all_gather_into_tensor", "all_gather_coalesced", "_all_gather_base",
-                   "gather", "scatter"}
+_PER_RANK_PIECE = {
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "_all_gather_base",
+    "gather",
+    "scatter",
+}
 _CALLER_SEP = " | [Caller Func:"
 
 
@@ -33,13 +40,34 @@ def op_name(record_name: str) -> str:
     return max(known, key=len) if known else base
 
 
-def comm_row(record_name: str, msg_size: int, latency_ms: float, world_size: int, *,
-             deepspeed_sizes: bool, step: int | None = None, end_ns: int | None = None) -> dict:
+def comm_row(
+    record_name: str,
+    msg_size: int,
+    latency_ms: float,
+    world_size: int,
+    *,
+    deepspeed_sizes: bool,
+    step: int | None = None,
+    end_ns: int | None = None,
+) -> dict:
     op = op_name(record_name)
     nbytes = msg_size * world_size if deepspeed_sizes and op in _PER_RANK_PIECE else msg_size
     dur_ns = round(latency_ms * 1e6)
     algbw, busbw = bandwidth.bandwidth(op, nbytes, dur_ns, max(world_size, 1))
-    return dict(step=step, group_name=None, group_size=world_size, seq=None, op=op, log_name=record_name,
-                dtype=None, numel=None, bytes=nbytes,
-                start_ns=None if end_ns is None else end_ns - dur_ns, end_ns=end_ns,
-                async_op=None, algbw_gbs=algbw, busbw_gbs=busbw, peer=None)
+    return dict(
+        step=step,
+        group_name=None,
+        group_size=world_size,
+        seq=None,
+        op=op,
+        log_name=record_name,
+        dtype=None,
+        numel=None,
+        bytes=nbytes,
+        start_ns=None if end_ns is None else end_ns - dur_ns,
+        end_ns=end_ns,
+        async_op=None,
+        algbw_gbs=algbw,
+        busbw_gbs=busbw,
+        peer=None,
+    )

@@ -16,6 +16,7 @@ per op are exact, ``avg(algbw_gbs)`` is the summary's average, and the rows are
 never mistaken for timed instances (every timeline and the straggler views need
 ``start_ns``). ``log_name`` carries the record name as DeepSpeed printed it.
 """
+
 from __future__ import annotations
 
 import json

@@ -2,7 +2,8 @@
 
 DeepSpeed 0.19 (deepspeed/utils/comms_logging.py, through log_dist on rank 0)::
 
-    [2026-11-22 05:16:21,229] [INFO] [logging.py:123:log_dist] [Rank 0] comm op: broadcast | time (ms): 1.77 | msg size: 4.0 KB | algbw (Gbps): 0.02 | busbw (Gbps): 0.02
+    [2026-11-22 05:16:21,229] [INFO] [logging.py:123:log_dist] [Rank 0] comm op: broadcast | time (ms): 1.77 \
+        | msg size: 4.0 KB | algbw (Gbps): 0.02 | busbw (Gbps): 0.02        (one line in the log)
 
 Older releases wrote ``[Rank 0] rank=0 | comm op: ...``, and rankscope's own
 logger writes ``[rankscope] [Rank 0] rank=0 | comm op: ...`` (no time stamp,
@@ -18,6 +19,7 @@ needs for gather-like ops, comes from the caller (a summary JSON or flops
 profile beside the log, or ``--world-size``), else from the "world_size = N"
 DeepSpeed prints at start-up, else the ranks seen.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,7 +34,8 @@ _LINE = re.compile(
     r"^(?:\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\][^\n]*?)?"
     r"(?P<ours>\[rankscope\] )?\[Rank (?P<rank>-?\d+)\] (?:rank=\d+ \| )?"
     r"comm op: (?P<name>.+?) \| time \(ms\): (?P<ms>[0-9.]+) \| msg size: (?P<size>[^|]+?) \| "
-    r"algbw \(Gbps\): [0-9.]+\s*\| busbw \(Gbps\): [0-9.]+\s*$")
+    r"algbw \(Gbps\): [0-9.]+\s*\| busbw \(Gbps\): [0-9.]+\s*$"
+)
 _WORLD = re.compile(r"world_size = (\d+)")
 _SNIFF_BYTES = 1 << 20
 
@@ -82,6 +85,11 @@ def parse(path: Path, world_size: int | None = None) -> Parsed:
     out.world_size = world
     for m, size, end_ns in matches:
         rank = max(int(m.group("rank")), 0)
-        out.add("comm", rank, **comm_row(m.group("name"), size, float(m.group("ms")), world,
-                                         deepspeed_sizes=not m.group("ours"), end_ns=end_ns))
+        out.add(
+            "comm",
+            rank,
+            **comm_row(
+                m.group("name"), size, float(m.group("ms")), world, deepspeed_sizes=not m.group("ours"), end_ns=end_ns
+            ),
+        )
     return out

@@ -11,6 +11,7 @@ last part verbatim, and the '_' in the part before it are read back as '/'
 gives DeepSpeed's own tags exactly and matches what the tensorboard importer
 reads for the same event. Like the trainer's monitor, ``step`` = ``samples``.
 """
+
 from __future__ import annotations
 
 import csv

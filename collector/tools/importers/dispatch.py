@@ -9,6 +9,7 @@ and the lines have time stamps. Likewise a monitor event that both tensorboard a
 csv_monitor recorded (same rank, tag and samples) is kept once, from tensorboard,
 which has its wall time. ``notes`` says what was left out and why.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,8 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collector.tools.importers import (comms_summary, comms_verbose, csv_monitor, flops_text, parquet_table,
-                                 tensorboard)
+from collector.tools.importers import comms_summary, comms_verbose, csv_monitor, flops_text, parquet_table, tensorboard
 from collector.tools.importers.base import Parsed
 
 # Order matters only for reporting; text formats may both claim a console log.
@@ -27,7 +27,7 @@ FORMATS = (tensorboard, csv_monitor, comms_summary, parquet_table, flops_text, c
 @dataclass
 class ImportResult:
     parsed: Parsed
-    files: dict[str, list[str]] = field(default_factory=dict)   # format -> files it read
+    files: dict[str, list[str]] = field(default_factory=dict)  # format -> files it read
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -35,8 +35,11 @@ class ImportResult:
 def find_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob("*")
-                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def formats_of(path: Path) -> list:
@@ -63,8 +66,12 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
         fmts = formats_of(file)
         if not fmts:
             if file == path:
-                result.parsed.problem(file, "", "not a DeepSpeed output rankscope knows (csv_monitor csv, "
-                                      "tfevents, log_summary JSON, verbose comms log, flops profile, Parquet)")
+                result.parsed.problem(
+                    file,
+                    "",
+                    "not a DeepSpeed output rankscope knows (csv_monitor csv, "
+                    "tfevents, log_summary JSON, verbose comms log, flops profile, Parquet)",
+                )
             else:
                 result.skipped.append(str(file))
             continue
@@ -78,13 +85,16 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
     world = world_size or (max(hints) if hints else None)
     parsed_by_format += [(comms_verbose, comms_verbose.parse(f, world_size=world)) for f in verbose_files]
 
-    ranks_with_lines = {rank for fmt, p in parsed_by_format if fmt is comms_verbose
-                        for (table, rank) in p.rows if table == "comm"}
+    ranks_with_lines = {
+        rank for fmt, p in parsed_by_format if fmt is comms_verbose for (table, rank) in p.rows if table == "comm"
+    }
     for fmt, parsed in parsed_by_format:
         if fmt is comms_summary:
             for key in [k for k in parsed.rows if k[0] == "comm" and k[1] in ranks_with_lines]:
-                result.notes.append(f"{parsed.sources[0]}: rank {key[1]}'s summary not imported: the verbose "
-                                    f"comms lines of that rank hold the same collectives, with time stamps")
+                result.notes.append(
+                    f"{parsed.sources[0]}: rank {key[1]}'s summary not imported: the verbose "
+                    f"comms lines of that rank hold the same collectives, with time stamps"
+                )
                 del parsed.rows[key]
     _drop_csv_duplicates(parsed_by_format, result)
     for _, parsed in parsed_by_format:
@@ -95,16 +105,24 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
 
 
 def _drop_csv_duplicates(parsed_by_format, result: ImportResult) -> None:
-    in_tensorboard = {(rank, row["tag"], row["samples"]) for fmt, p in parsed_by_format if fmt is tensorboard
-                      for (table, rank), rows in p.rows.items() if table == "monitor" for row in rows}
+    in_tensorboard = {
+        (rank, row["tag"], row["samples"])
+        for fmt, p in parsed_by_format
+        if fmt is tensorboard
+        for (table, rank), rows in p.rows.items()
+        if table == "monitor"
+        for row in rows
+    }
     if not in_tensorboard:
         return
     for fmt, parsed in parsed_by_format:
         if fmt is not csv_monitor:
             continue
-        for (table, rank), rows in parsed.rows.items():
+        for (_table, rank), rows in parsed.rows.items():
             kept = [r for r in rows if (rank, r["tag"], r["samples"]) not in in_tensorboard]
             if len(kept) < len(rows):
-                result.notes.append(f"{parsed.sources[0]}: {len(rows) - len(kept)} rows not imported: "
-                                    "the tensorboard events hold the same values, with time stamps")
+                result.notes.append(
+                    f"{parsed.sources[0]}: {len(rows) - len(kept)} rows not imported: "
+                    "the tensorboard events hold the same values, with time stamps"
+                )
                 rows[:] = kept

@@ -7,7 +7,7 @@ latency``, ...) and then the model's repr with each module's profile::
 
     Sequential(
       1.35 K = 100% Params, 5.12 KMACs = 100% MACs, 1.8 Gs = 100% latency, 0 FLOPS
-      (0): Linear(1.09 K = 80.71% Params, 4.1 KMACs = 80% MACs, 98.71 us = 0% latency, 82.99 MFLOPS, in_features=16, ...)
+      (0): Linear(1.09 K = 80.71% Params, 4.1 KMACs = 80% MACs, 98.71 us = 0% latency, 82.99 MFLOPS, ...)
       (1): ReLU(0 = 0% Params, 0 MACs = 0% MACs, 30.28 us = 0% latency, 8.45 MFLOPS)
     )
 
@@ -21,6 +21,7 @@ GPU`` and ``bwd latency``. The report rounds to 3 significant digits, so every
 number is within 0.5% of the profiler's. Modules printed as ``Name(...)``
 (beyond module_depth) get a row with NULL figures. The profile is rank 0's.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,8 @@ _STATS = re.compile(
     r"^\s*(?P<params>[0-9.]+(?: ?[KMGTB])?)\s?[=,] [0-9.]+% Params, "
     r"(?P<macs>[0-9.]+ ?[KMGT]?MACs)\s?[=,] [0-9.]+% MACs, "
     r"(?P<lat>[0-9.]+ ?[KMGTmu]?s)\s?[=,] [0-9.]+% latency, "
-    r"(?P<rate>[0-9.]+ ?[KMGT]?FLOPS)")
+    r"(?P<rate>[0-9.]+ ?[KMGT]?FLOPS)"
+)
 
 
 def detect(path: Path) -> bool:
@@ -58,10 +60,12 @@ def _number(text: str, unit: str) -> float:
 def _figures(stats: re.Match) -> dict:
     latency_s = _number(stats.group("lat"), "s")
     rate = _number(stats.group("rate"), "FLOPS")
-    return dict(params=round(_number(stats.group("params"), "")),
-                macs=round(_number(stats.group("macs"), "MACs")),
-                latency_ns=round(latency_s * 1e9),
-                flops=round(rate * latency_s) if latency_s > 0 else None)
+    return dict(
+        params=round(_number(stats.group("params"), "")),
+        macs=round(_number(stats.group("macs"), "MACs")),
+        latency_ns=round(latency_s * 1e9),
+        flops=round(rate * latency_s) if latency_s > 0 else None,
+    )
 
 
 class _Profile:
@@ -71,12 +75,22 @@ class _Profile:
         self.step = step
         self.summary: dict[str, str] = {}
         self.modules: list[dict] = []
-        self.stack: list[str] = []        # dotted paths of the modules whose '(' is open
+        self.stack: list[str] = []  # dotted paths of the modules whose '(' is open
         self.awaiting_stats: dict | None = None
 
     def open_module(self, path: str, module_type: str, depth: int, parent: str | None) -> dict:
-        row = dict(step=self.step, module=path, parent=parent, depth=depth, module_type=module_type,
-                   params=None, macs=None, flops=None, latency_ns=None, bwd_latency_ns=None)
+        row = dict(
+            step=self.step,
+            module=path,
+            parent=parent,
+            depth=depth,
+            module_type=module_type,
+            params=None,
+            macs=None,
+            flops=None,
+            latency_ns=None,
+            bwd_latency_ns=None,
+        )
         self.modules.append(row)
         return row
 
@@ -183,8 +197,10 @@ def _apply_summary(prof: _Profile, out: Parsed, path: Path) -> None:
     root = next((r for r in prof.modules if r["module"] == ""), None)
     if root is None:
         return
-    for key, column, unit, scale in (("fwd flops per gpu", "flops", "", 1),
-                                     ("bwd latency", "bwd_latency_ns", "s", 1e9)):
+    for key, column, unit, scale in (
+        ("fwd flops per gpu", "flops", "", 1),
+        ("bwd latency", "bwd_latency_ns", "s", 1e9),
+    ):
         if key in s:
             try:
                 root[column] = round(parse_metric(s[key], unit) * scale)

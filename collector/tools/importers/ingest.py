@@ -1,9 +1,8 @@
 """``rankscope import PATH``: parse DeepSpeed outputs and store them as a new run."""
+
 from __future__ import annotations
 
-import hashlib
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,35 +28,55 @@ def open_sink(data_dir=None, endpoint: str | None = None, token: str | None = No
     return GrpcSink(endpoint, token, tls_ca=tls_ca) if endpoint else StoreSink(data_dir)
 
 
-def import_path(path, *, sink, run: str | None = None, run_id: str | None = None,
-                world_size: int | None = None, files: list[Path] | None = None,
-                client_key: str | None = None) -> ImportReport:
+def import_path(
+    path,
+    *,
+    sink,
+    run: str | None = None,
+    run_id: str | None = None,
+    world_size: int | None = None,
+    files: list[Path] | None = None,
+    client_key: str | None = None,
+) -> ImportReport:
     path = Path(path)
     result = parse_path(path, world_size=world_size, files=files)
     parsed = result.parsed
     name = run or path.resolve().name
     run_id = run_id or new_run_id(name)
-    report = ImportReport(run_id=run_id, files=sum(len(v) for v in result.files.values()),
-                          rows={t: parsed.row_count(t) for t in sorted({t for t, _ in parsed.rows})},
-                          problems=parsed.problems, notes=result.notes, skipped=result.skipped)
+    report = ImportReport(
+        run_id=run_id,
+        files=sum(len(v) for v in result.files.values()),
+        rows={t: parsed.row_count(t) for t in sorted({t for t, _ in parsed.rows})},
+        problems=parsed.problems,
+        notes=result.notes,
+        skipped=result.skipped,
+    )
     if not parsed.rows:
         return report
-    streams = run_envelopes(parsed, run_id=run_id, run_name=name, source="import",
-                            client_key=client_key or run_id, default_ns=int(path.stat().st_mtime_ns))
+    streams = run_envelopes(
+        parsed,
+        run_id=run_id,
+        run_name=name,
+        source="import",
+        client_key=client_key or run_id,
+        default_ns=int(path.stat().st_mtime_ns),
+    )
     total = sum(len(s) for s in streams)
     with tqdm(total=total, desc=f"import {name}", unit="batch", disable=None, leave=False) as bar:
+
         def counted(stream):
             for env in stream:
                 yield env
                 bar.update(1)
+
         sink.send([counted(s) for s in streams])
     return report
 
 
 def main(args) -> int:
     """The CLI: print what was imported, and every problem with its file and line."""
-    from collector.tools.importers.sink import SinkError
     from collector.server.ledger import DataDirBusy
+    from collector.tools.importers.sink import SinkError
 
     if not args.path:
         print("rankscope import: give a PATH (or --watch DIR)", file=sys.stderr)
@@ -66,8 +85,10 @@ def main(args) -> int:
         with open_sink(args.data_dir, args.endpoint, args.token, args.tls_ca) as sink:
             report = import_path(args.path, sink=sink, run=args.run, world_size=args.world_size)
     except DataDirBusy:
-        print(f"rankscope import: a collector is running on {args.data_dir}; "
-              "import through it with --endpoint HOST:PORT", file=sys.stderr)
+        print(
+            f"rankscope import: a collector is running on {args.data_dir}; import through it with --endpoint HOST:PORT",
+            file=sys.stderr,
+        )
         return 1
     except SinkError as exc:
         print(f"rankscope import: {exc}", file=sys.stderr)
@@ -83,6 +104,8 @@ def main(args) -> int:
         print(f"rankscope import: nothing to import in {args.path}", file=sys.stderr)
         return 1
     rows = ", ".join(f"{n} {t}" for t, n in report.rows.items())
-    print(f"imported run {report.run_id} from {report.files} files: {rows}"
-          + (f"; {len(report.problems)} problems" if report.problems else ""))
+    print(
+        f"imported run {report.run_id} from {report.files} files: {rows}"
+        + (f"; {len(report.problems)} problems" if report.problems else "")
+    )
     return 0

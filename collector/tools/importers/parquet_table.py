@@ -3,6 +3,7 @@
 the schema metadata under ``rankscope.table``). Its rows are imported into the new
 run; run_id is replaced, every other column kept. A file that Parquet cannot read
 (truncated, not Parquet) is reported and skipped."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.tools.importers.base import Parsed
 from collector.data.schema import TABLES
+from collector.tools.importers.base import Parsed
 
 NAME = "parquet"
 TABLE_KEY = b"rankscope.table"

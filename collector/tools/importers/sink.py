@@ -12,6 +12,7 @@ between the commit and its own ledger write -- stores it once.
 - ``GrpcSink(endpoint, token)`` streams to a collector and returns once every
   envelope is acknowledged, i.e. durable. Streams may be paced generators (replay).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,8 @@ import pyarrow.compute as pc
 
 from collector.data import catalog, security
 from collector.data.codec import CodecError, encode_batch, envelope_rows
-from collector.tools.importers.base import Parsed
 from collector.data.schema import TABLES
+from collector.tools.importers.base import Parsed
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 BATCH_ROWS = 50_000
@@ -52,15 +53,14 @@ def table_batches(table: str, run_id: str, rank: int, rows: pa.Table) -> Iterato
     cuts = np.flatnonzero(np.diff(pattern)) + 1
     starts = np.concatenate([[0], cuts])
     ends = np.concatenate([cuts, [rows.num_rows]])
-    for start, end in zip(starts.tolist(), ends.tolist()):
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
         present = [n for bit, n in enumerate(names) if not (int(pattern[start]) >> bit) & 1]
         for lo in range(start, end, BATCH_ROWS):
             part = rows.slice(lo, min(end, lo + BATCH_ROWS) - lo)
             columns = {}
             for name in present:
                 col = part[name]
-                columns[name] = (col.to_pylist() if pa.types.is_string(col.type)
-                                 else col.to_numpy(zero_copy_only=False))
+                columns[name] = col.to_pylist() if pa.types.is_string(col.type) else col.to_numpy(zero_copy_only=False)
             yield encode_batch(table, run_id, rank, columns)
 
 
@@ -68,13 +68,34 @@ def envelope(client: str, seq: int, **body) -> pb.Envelope:
     return pb.Envelope(schema_version=SCHEMA_VERSION, client_id=client, seq=seq, **body)
 
 
-def rank_envelopes(parsed: Parsed, *, run_id: str, run_name: str, rank: int, world_size: int,
-                   client: str, source: str, started_ns: int, ended_ns: int,
-                   linked_run_id: str = "", config_json: str = "", with_end: bool = True) -> list[pb.Envelope]:
+def rank_envelopes(
+    parsed: Parsed,
+    *,
+    run_id: str,
+    run_name: str,
+    rank: int,
+    world_size: int,
+    client: str,
+    source: str,
+    started_ns: int,
+    ended_ns: int,
+    linked_run_id: str = "",
+    config_json: str = "",
+    with_end: bool = True,
+) -> list[pb.Envelope]:
     """Hello, the rank's rows of every table, RunEnd(finished) unless ``with_end`` is False."""
-    hello = pb.Hello(run_id=run_id, run_name=run_name, rank=rank, world_size=world_size,
-                     host=socket.gethostname(), pid=os.getpid(), started_at_ns=started_ns,
-                     source=source, linked_run_id=linked_run_id, config_json=config_json)
+    hello = pb.Hello(
+        run_id=run_id,
+        run_name=run_name,
+        rank=rank,
+        world_size=world_size,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started_at_ns=started_ns,
+        source=source,
+        linked_run_id=linked_run_id,
+        config_json=config_json,
+    )
     out = [envelope(client, 1, hello=hello)]
     for table in TABLES:
         if (table, rank) in parsed.rows:
@@ -87,22 +108,47 @@ def rank_envelopes(parsed: Parsed, *, run_id: str, run_name: str, rank: int, wor
 
 
 def time_range_ns(parsed: Parsed, default_ns: int) -> tuple[int, int]:
-    stamps = [row[c] for (table, _), rows in parsed.rows.items() for row in rows
-              for c in ("start_ns", "end_ns", "time_ns") if row.get(c) is not None]
+    stamps = [
+        row[c]
+        for (table, _), rows in parsed.rows.items()
+        for row in rows
+        for c in ("start_ns", "end_ns", "time_ns")
+        if row.get(c) is not None
+    ]
     return (min(stamps), max(stamps)) if stamps else (default_ns, default_ns)
 
 
-def run_envelopes(parsed: Parsed, *, run_id: str, run_name: str, source: str, client_key: str,
-                  default_ns: int | None = None, with_end: bool = True,
-                  only_ranks_with_rows: bool = False) -> list[list[pb.Envelope]]:
+def run_envelopes(
+    parsed: Parsed,
+    *,
+    run_id: str,
+    run_name: str,
+    source: str,
+    client_key: str,
+    default_ns: int | None = None,
+    with_end: bool = True,
+    only_ranks_with_rows: bool = False,
+) -> list[list[pb.Envelope]]:
     """One envelope list (one client) per rank 0..world_size-1; ranks with no rows still
     say Hello and RunEnd, so the run is 'finished' once imported."""
     world = max([parsed.world_size or 0, *(r + 1 for r in parsed.ranks), 1])
     start, end = time_range_ns(parsed, default_ns or time.time_ns())
-    return [rank_envelopes(parsed, run_id=run_id, run_name=run_name, rank=rank, world_size=world,
-                           client=client_id(client_key, run_id, str(rank)), source=source,
-                           started_ns=start, ended_ns=end, with_end=with_end)
-            for rank in range(world) if not only_ranks_with_rows or rank in parsed.ranks]
+    return [
+        rank_envelopes(
+            parsed,
+            run_id=run_id,
+            run_name=run_name,
+            rank=rank,
+            world_size=world,
+            client=client_id(client_key, run_id, str(rank)),
+            source=source,
+            started_ns=start,
+            ended_ns=end,
+            with_end=with_end,
+        )
+        for rank in range(world)
+        if not only_ranks_with_rows or rank in parsed.ranks
+    ]
 
 
 class SinkError(RuntimeError):
@@ -205,8 +251,10 @@ class GrpcSink(_Sink):
         """Send the streams concurrently (one per rank, as ranks do); block until acked."""
         errors: list[BaseException] = []
         counts: list[int] = []
-        threads = [threading.Thread(target=lambda s=s: counts.append(self._one_stream(s, errors)), daemon=True)
-                   for s in streams]
+        threads = [
+            threading.Thread(target=lambda s=s: counts.append(self._one_stream(s, errors)), daemon=True)
+            for s in streams
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -9,6 +9,7 @@ data, uint32 masked crc32c(data)``, each ``data`` an ``Event`` proto. We read
 the framing ourselves so that a file cut short or damaged is reported with the
 record and byte where it breaks, keeping every record before it.
 """
+
 from __future__ import annotations
 
 import struct
@@ -33,7 +34,7 @@ def _scalar(value) -> float | None:
     kind = value.WhichOneof("value")
     if kind == "simple_value":
         return float(value.simple_value)
-    if kind == "tensor" and value.tensor.float_val:       # new-style scalar summaries
+    if kind == "tensor" and value.tensor.float_val:  # new-style scalar summaries
         return float(value.tensor.float_val[0])
     if kind == "tensor" and value.tensor.double_val:
         return float(value.tensor.double_val[0])
@@ -54,7 +55,7 @@ def parse(path: Path, rank: int = 0) -> Parsed:
             out.problem(path, where, "file ends inside a record header (cut short?)")
             break
         length, length_crc = _HEADER.unpack_from(data, at)
-        if masked_crc32c(data[at:at + 8]) != length_crc:
+        if masked_crc32c(data[at : at + 8]) != length_crc:
             out.problem(path, where, "record length fails its checksum; the rest of the file is unreadable")
             break
         start = at + _HEADER.size
@@ -79,6 +80,13 @@ def parse(path: Path, rank: int = 0) -> Parsed:
             scalar = _scalar(value)
             if scalar is None:
                 continue  # histograms, images: nothing for the monitor table
-            out.add("monitor", rank, step=event.step, tag=value.tag, value=scalar, samples=event.step,
-                    time_ns=round(event.wall_time * 1e9))
+            out.add(
+                "monitor",
+                rank,
+                step=event.step,
+                tag=value.tag,
+                value=scalar,
+                samples=event.step,
+                time_ns=round(event.wall_time * 1e9),
+            )
     return out
