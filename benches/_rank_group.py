@@ -79,7 +79,7 @@ class RankGroup:
                 stderr=err,
                 text=True,
             )
-            for r, (out, err) in enumerate(zip(self.outs, self.errs, strict=True))
+            for r, (out, err) in enumerate(zip(self.outs, self.errs))
         ]
         self.expect("ready")
 

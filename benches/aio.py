@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{x:.2f}' for x in spread[label, 'read'])} |"
         )
     ours = f"rankscope AsyncIOHandle ({aio.BACKEND}): {next(iter(SETTINGS))}"
-    ratio = [o / d for o, d in zip(spread[ours, "read"], spread[BASELINE, "read"], strict=True)]
+    ratio = [o / d for o, d in zip(spread[ours, "read"], spread[BASELINE, "read"])]
     fs = subprocess.run(["df", "-T", args.dir], capture_output=True, text=True).stdout.splitlines()[-1].split()
     text = "\n".join(
         [

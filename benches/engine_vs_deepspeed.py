@@ -365,7 +365,7 @@ def _report(args, argv, results, failures, volumes, load, elapsed) -> str:
             return f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]" if v else "did not run"
 
         ratio = f"{statistics.median(ours) / statistics.median(ds):.2f}x" if ours and ds else "-"
-        per = [a / b for a, b in zip(ours, ds, strict=True)]
+        per = [a / b for a, b in zip(ours, ds)]
         per_s = f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}]" if per else "-"
         lines.append(f"| {stage} | {cell(ours)} | {cell(ds)} | {ratio} | {per_s} |")
     losses = []
@@ -373,11 +373,11 @@ def _report(args, argv, results, failures, volumes, load, elapsed) -> str:
         f = r["finished"]
         if "ours" in f and "deepspeed" in f:
             lo, ld = f["ours"][0]["losses"], f["deepspeed"][0]["losses"]
-            diff = [i for i, (a, b) in enumerate(zip(lo, ld, strict=True)) if abs(a - b) > 1e-3 * max(1.0, abs(b))]
+            diff = [i for i, (a, b) in enumerate(zip(lo, ld)) if abs(a - b) > 1e-3 * max(1.0, abs(b))]
             where = (
                 (
                     f"first differs by > 0.1% at step {diff[0]} ({lo[diff[0]]:.4f} vs {ld[diff[0]]:.4f}), "
-                    f"max |diff| {max(abs(a - b) for a, b in zip(lo, ld, strict=True)):.4f}"
+                    f"max |diff| {max(abs(a - b) for a, b in zip(lo, ld)):.4f}"
                 )
                 if diff
                 else "equal within 0.1% every step"

@@ -179,14 +179,14 @@ def main(argv: list[str]) -> int:
     o, f, q, k = rates["ours"], rates["fsdp2"], rates["ours-nolog"], rates["ours-blocks"]
 
     def row(label, v):
-        per = [a / b for a, b in zip(v, f, strict=True)]
+        per = [a / b for a, b in zip(v, f)]
         return (
             f"| {label} | {cell(v)} | {cell(f)} | {statistics.median(v) / statistics.median(f):.2f}x | "
             f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}] |"
         )
 
     lo, lf = fin["ours"][0]["losses"], fin["fsdp2"][0]["losses"]
-    maxdiff = max(abs(a - b) for a, b in zip(lo, lf, strict=True))
+    maxdiff = max(abs(a - b) for a, b in zip(lo, lf))
     cell = lambda v: f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]"
     cmd = ("python -m benches.fsdp_vs_zero3 " + " ".join(argv)).strip()
     lines = [
@@ -220,9 +220,7 @@ def main(argv: list[str]) -> int:
         row("samples/s, ours with blocks as ZeRO-3 units (as logged as the first row)", k),
         "",
         "Per round (samples/s, ours / FSDP2 / ours without logging / ours with block units): "
-        + "; ".join(
-            f"{i}: {a:.1f} / {b:.1f} / {c:.1f} / {d:.1f}" for i, (a, b, c, d) in enumerate(zip(o, f, q, k, strict=True))
-        ),
+        + "; ".join(f"{i}: {a:.1f} / {b:.1f} / {c:.1f} / {d:.1f}" for i, (a, b, c, d) in enumerate(zip(o, f, q, k))),
         "",
         f"Rank-0 loss: ours {lo[0]:.3f} -> {lo[-1]:.3f}, FSDP2 {lf[0]:.3f} -> {lf[-1]:.3f} over {len(lo)} steps "
         f"(max |diff| {maxdiff:.4f}; same init and data; the warm-up curves differ: WarmupLR's default is "

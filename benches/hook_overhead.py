@@ -352,7 +352,7 @@ def _background(rank: int, records: int, out: str) -> None:
 
 
 def _spread(a: list, b: list) -> str:
-    d = [y - x for x, y in zip(a, b, strict=True)]
+    d = [y - x for x, y in zip(a, b)]
     return f"{statistics.median(d):+.1f} [{_pct(d, 0.25):+.1f}, {_pct(d, 0.75):+.1f}]"
 
 

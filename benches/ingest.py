@@ -142,7 +142,7 @@ def drive_clients(collectors: list[CollectorProcess], clients: int, batches: int
         go.set()
         done = [results.get(timeout=600) for _ in procs]
         elapsed = max(t for _, t, _ in done) - t0
-        cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(collectors, cpu0, strict=True)]
+        cpu = [cpu_seconds(c.proc.pid) - c0 for c, c0 in zip(collectors, cpu0)]
         for p in procs:
             p.join(60)
     finally:

@@ -262,7 +262,7 @@ def _compare(args, cf: float, envs: dict, argv: list[str]) -> tuple[str, dict]:
     for ep in EPS:
         o, d = rate["ours"][ep], rate["deepspeed"][ep]
         ratio = f"{statistics.median(o) / statistics.median(d):.2f}x" if o and d else "-"
-        per = [x / y for x, y in zip(o, d, strict=True)]
+        per = [x / y for x, y in zip(o, d)]
         per_s = f"{statistics.median(per):.2f} [{min(per):.2f}, {max(per):.2f}]" if per else "-"
         lines.append(f"| {ep} | {cell(o)} | {cell(d)} | {ratio} | {per_s} |")
     lines += [

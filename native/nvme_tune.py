@@ -67,7 +67,7 @@ def measure(directory: str, settings: dict, io_size: int, loops: int) -> Trial:
 
 def sweep(directory: str, io_size: int, loops: int, grid: dict = DEFAULT_GRID, progress: bool = True) -> list[Trial]:
     names = list(grid)
-    combos = [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+    combos = [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
     return [
         measure(directory, settings, io_size, loops)
         for settings in tqdm(combos, desc="nvme-tune", unit="config", disable=not progress)

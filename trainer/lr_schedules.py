@@ -175,7 +175,7 @@ class _Schedule:
         self._last_lr = self._apply()
 
     def _apply(self) -> list[float]:
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
             group["lr"] = lr
         return [group["lr"] for group in self.optimizer.param_groups]
 
@@ -230,7 +230,7 @@ class WarmupLR(_Schedule):
         if self.last_batch_iteration < 0:
             return list(self.min_lrs)
         gamma = self._gamma()
-        return [lo + (hi - lo) * gamma for lo, hi in zip(self.min_lrs, self.max_lrs, strict=True)]
+        return [lo + (hi - lo) * gamma for lo, hi in zip(self.min_lrs, self.max_lrs)]
 
     def _gamma(self) -> float:
         if self.last_batch_iteration < self.warmup_num_steps:

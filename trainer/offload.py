@@ -280,7 +280,7 @@ class OffloadedOptimizer:
         self.param_shards = [s for group in shards for s in group]
         self.masters: list[torch.Tensor] = []
         groups = []
-        for group, options in zip(shards, group_options, strict=True):
+        for group, options in zip(shards, group_options):
             masters = [s if storage.shares(s) else storage.allocate_like(s) for s in group]
             self.masters += masters
             groups.append(dict(options, params=masters))
@@ -293,7 +293,7 @@ class OffloadedOptimizer:
     def step(self, grads: list[torch.Tensor], grad_scale: float = 1.0) -> None:
         """One optimizer step from fp32 gradient shards (aligned with the parameter shards),
         each multiplied by ``grad_scale`` (unscaling and clipping folded into one factor)."""
-        for master, grad in zip(self.masters, grads, strict=True):
+        for master, grad in zip(self.masters, grads):
             # Blocking device->host copy: the optimizer reads it at once (and it orders the stream,
             # so last step's non-blocking host->device parameter copies are done too).
             g = grad.to(master.device) if grad.device != master.device else grad
@@ -307,7 +307,7 @@ class OffloadedOptimizer:
         else:
             self.optimizer.step()
         self.storage.after_step(self.optimizer)
-        for i, (master, shard) in enumerate(zip(self.masters, self.param_shards, strict=True)):
+        for i, (master, shard) in enumerate(zip(self.masters, self.param_shards)):
             master.grad = None
             if master is not shard and (fused is None or fused[i] is None):
                 shard.copy_(master, non_blocking=True)
@@ -327,7 +327,7 @@ class OffloadedOptimizer:
                 and s.numel() == m.numel()
             )
             else None
-            for m, s in zip(self.masters, self.param_shards, strict=True)
+            for m, s in zip(self.masters, self.param_shards)
         ]
         return targets if any(t is not None for t in targets) else None
 
@@ -336,7 +336,7 @@ class OffloadedOptimizer:
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Masters that are not the parameter shards themselves, plus every optimizer state tensor."""
-        out = [m for m, s in zip(self.masters, self.param_shards, strict=True) if m is not s]
+        out = [m for m, s in zip(self.masters, self.param_shards) if m is not s]
         for state in self.optimizer.state.values():
             out += [v for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
         return out
@@ -353,6 +353,6 @@ class OffloadedOptimizer:
 
     def refresh_shards(self) -> None:
         """Copy the masters into the parameter shards (after the masters were replaced)."""
-        for master, shard in zip(self.masters, self.param_shards, strict=True):
+        for master, shard in zip(self.masters, self.param_shards):
             if master is not shard:
                 shard.copy_(master)

@@ -177,7 +177,7 @@ def _chunks(con, run_id: str, data: RankData):
         for rows in tables.values():
             col = next((c for c in TIME_COLUMNS if c in rows.column_names), None)
             if col:
-                for step, ns in zip(rows["step"].to_pylist(), rows[col].to_pylist(), strict=True):
+                for step, ns in zip(rows["step"].to_pylist(), rows[col].to_pylist()):
                     if ns is not None and (step not in step_times or ns < step_times[step]):
                         step_times[step] = ns
         default = min(step_times.values(), default=data.hello.started_at_ns)

@@ -27,14 +27,14 @@ def format_table(table: pa.Table) -> str:
     names = table.column_names
     columns = [[_cell(v) for v in col.to_pylist()] for col in table.columns]
     numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in table.schema.types]
-    widths = [max([len(n), *map(len, cells)]) for n, cells in zip(names, columns, strict=True)]
+    widths = [max([len(n), *map(len, cells)]) for n, cells in zip(names, columns)]
 
     def line(cells):
-        padded = (c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True))
+        padded = (c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric))
         return " | ".join(padded).rstrip()
 
     out = [line(names), "-+-".join("-" * w for w in widths)]
-    out += [line(row) for row in zip(*columns, strict=True)]
+    out += [line(row) for row in zip(*columns)]
     return "\n".join(out)
 
 

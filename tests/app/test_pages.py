@@ -54,7 +54,7 @@ def test_runs_page_lists_every_run_and_compares_two(open_page):
     at = open_page(None, [FINISHED.run_id, LIVE.run_id])
     listed = frames(at)[0]
     assert set(listed.run_id) == {FINISHED.run_id, LIVE.run_id}
-    assert dict(zip(listed.run_id, listed.status, strict=True)) == {FINISHED.run_id: "finished", LIVE.run_id: "running"}
+    assert dict(zip(listed.run_id, listed.status)) == {FINISHED.run_id: "finished", LIVE.run_id: "running"}
     comparison = frames(at)[1]
     assert list(comparison.columns) == [f"{FINISHED.name} ({FINISHED.run_id})", f"{LIVE.name} ({LIVE.run_id})"]
     assert comparison.loc["loss-scale overflows"].tolist() == [

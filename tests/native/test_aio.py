@@ -59,14 +59,14 @@ def test_async_ops_in_flight_together(tmp_path, single_submit, overlap_events):
     sources = [_random_bytes(1 + i * 700_001, seed=i).view(torch.uint8) for i in range(5)]
     sources += [torch.randn(257, 33), torch.randn(1000, dtype=torch.float64).to(torch.bfloat16)]
     paths = [tmp_path / f"t{i}.bin" for i in range(len(sources))]
-    for t, p in zip(sources, paths, strict=True):
+    for t, p in zip(sources, paths):
         assert handle.async_pwrite(t, p) == 0
     assert handle.wait() == len(sources)
     targets = [torch.empty_like(t) for t in sources]
-    for t, p in zip(targets, paths, strict=True):
+    for t, p in zip(targets, paths):
         handle.async_pread(t, p)
     assert handle.wait() == len(sources)
-    for source, target in zip(sources, targets, strict=True):
+    for source, target in zip(sources, targets):
         assert torch.equal(source.view(-1).view(torch.uint8), target.view(-1).view(torch.uint8))
     assert handle.wait() == 0
 
@@ -260,15 +260,15 @@ def test_tickets_wait_for_one_op_and_leave_the_others_running(tmp_path):
     handle = AsyncIOHandle(intra_op_parallelism=2)
     data = [_random_bytes(200_000 + i) for i in range(3)]
     paths = [tmp_path / f"t{i}.bin" for i in range(3)]
-    writes = [handle.submit(d, p, is_read=False) for d, p in zip(data, paths, strict=True)]
+    writes = [handle.submit(d, p, is_read=False) for d, p in zip(data, paths)]
     handle.wait_ops(writes)
     assert all(handle.is_done(t) for t in writes) and handle.wait() == 0  # collected by wait_ops
     back = [torch.empty_like(d) for d in data]
-    reads = [handle.submit(b, p, is_read=True, validate=True) for b, p in zip(back, paths, strict=True)]
+    reads = [handle.submit(b, p, is_read=True, validate=True) for b, p in zip(back, paths)]
     handle.wait_ops([reads[1]])
     assert torch.equal(back[1], data[1]) and handle.is_done(reads[1])
     assert handle.wait() == 2  # the other two, still collected by wait()
-    assert all(torch.equal(b, d) for b, d in zip(back, data, strict=True))
+    assert all(torch.equal(b, d) for b, d in zip(back, data))
     bad = handle.submit(torch.empty(10, dtype=torch.uint8), tmp_path / "missing.bin", is_read=True)
     good = handle.submit(torch.empty(10, dtype=torch.uint8), paths[0], is_read=True)
     handle.wait_ops([good])  # the failed op is not among these: no error here

@@ -119,12 +119,12 @@ def test_param_groups_with_their_own_hyperparameters():
         weight_decay=0.0,
     )
     for _ in range(20):
-        for o, t in zip(ours, theirs, strict=True):
+        for o, t in zip(ours, theirs):
             o.grad = torch.randn(o.shape, generator=gen)
             t.grad = o.grad.clone()
         optimizer.step()
         reference.step()
-    for o, t in zip(ours, theirs, strict=True):
+    for o, t in zip(ours, theirs):
         torch.testing.assert_close(o, t.detach(), rtol=RTOL, atol=ATOL)
 
 

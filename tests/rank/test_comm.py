@@ -150,7 +150,7 @@ def test_single_process_session_without_process_group(collector, monkeypatch):
     h = hellos[0].hello
     assert (h.run_name, h.rank, h.world_size, h.clock_offset_ns, h.source) == ("same name!", 0, 1, 0, "hook")
     rows = col.rows("monitor").to_pydict()
-    assert sorted(zip(rows["run_id"], rows["tag"], rows["step"], strict=True)) == sorted(
+    assert sorted(zip(rows["run_id"], rows["tag"], rows["step"])) == sorted(
         [(i, "Train/loss", 11) for i in ids] + [(i, "Train/lr", 3) for i in ids]
     )
     assert [e.end.status for e in col.envelopes("end")] == ["finished", "finished"]

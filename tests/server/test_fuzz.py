@@ -86,7 +86,7 @@ def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(colle
 
     bad_answers = []
     by_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for (kind, raw), (code, details) in zip(cases, answers, strict=True):
+    for (kind, raw), (code, details) in zip(cases, answers):
         by_kind[kind][code.name] += 1
         env = _decodes(raw)
         if env is None:

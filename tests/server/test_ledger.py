@@ -6,6 +6,8 @@ dir again as a restarted collector would."""
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -170,4 +172,4 @@ def test_seq_set_matches_a_plain_set():
         s.add_range(lo, hi)
         plain.update(range(lo, hi + 1))
     assert all((seq in s) == (seq in plain) for seq in range(0, 520))
-    assert all(a[1] + 1 < b[0] for a, b in zip(s.ranges, s.ranges[1:], strict=True))  # disjoint, not touching
+    assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(s.ranges))  # disjoint, not touching

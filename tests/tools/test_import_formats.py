@@ -23,8 +23,7 @@ OLD_FLOPS = textwrap.dedent("""\
     bwd latency:                                                  108.02 ms
     ------------------------------ Detailed Profile per GPU ------------------------------
     Each module profile is listed after its name in the following order:
-    params, percentage of total params, MACs, percentage of total MACs, fwd latency,
-    percentage of total fwd latency, fwd FLOPS
+    params, percentage of total params, MACs, percentage of total MACs, fwd latency, percentage of total fwd latency, fwd FLOPS
 
     BertForPreTrainingPreLN(
       336.23 M, 100.00% Params, 3139.93 GMACs, 100.00% MACs, 76.39 ms, 100.00% latency, 82.21 TFLOPS,

@@ -40,7 +40,7 @@ def reference_moe(tokens, gate_weight, experts, *, k, capacity):
             total = torch.clamp(ws[0] + ws[1], min=torch.finfo(probs.dtype).eps)
             ws = [w / total for w in ws]
         out = tokens[s] * 0
-        for w, e, keep in zip(ws, choices[s], kept[s], strict=True):
+        for w, e, keep in zip(ws, choices[s], kept[s]):
             if keep:
                 out = out + w.to(tokens.dtype) * experts[e](tokens[s : s + 1])[0]
         rows.append(out)

@@ -176,12 +176,12 @@ def test_zero_to_fp32_as_a_command(tmp_path):
     assert "assembled 6/6 parameters" in proc.stderr and "pytorch_model.bin: 6 tensors" in proc.stdout
     model = make_model(seed=4)
     model.load_state_dict(torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=True), strict=True)
-    pairs = zip(model.state_dict().values(), engine.module.state_dict().values(), strict=True)
+    pairs = zip(model.state_dict().values(), engine.module.state_dict().values())
     assert all(torch.equal(a, b) for a, b in pairs)
     from trainer.checkpoint.zero_to_fp32 import load_state_dict_from_zero_checkpoint
 
     loaded = load_state_dict_from_zero_checkpoint(make_model(seed=8), tmp_path / "ck")
-    pairs = zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+    pairs = zip(loaded.state_dict().values(), model.state_dict().values())
     assert all(torch.equal(a, b) for a, b in pairs)
     with pytest.raises(CheckpointError, match=r"the checkpoint holds 2\.weight, which the model does not have"):
         load_state_dict_from_zero_checkpoint(nn.Sequential(nn.Linear(16, 64)), tmp_path / "ck")

@@ -94,7 +94,7 @@ def _worker(rank, world, root):
 
 def _close(got, want, tol, what):
     assert len(got) == len(want)
-    for step, (a, b) in enumerate(zip(got, want, strict=True)):
+    for step, (a, b) in enumerate(zip(got, want)):
         assert abs(a - b) <= tol * abs(b), f"{what} step={step}: {a} vs {b}"
 
 

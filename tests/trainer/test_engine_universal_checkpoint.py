@@ -139,7 +139,7 @@ def _merged(results) -> dict[str, torch.Tensor]:
 
 def _assert_losses(got, want, what):
     assert len(got) == len(want)
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+    for i, (a, b) in enumerate(zip(got, want)):
         assert abs(a - b) <= TOL, f"{what} step {i}: {a} vs {b} (diff {abs(a - b):.2e})"
 
 

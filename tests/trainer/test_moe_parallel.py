@@ -109,7 +109,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
     else:  # no-drop: the busiest expert over this rank's expert-parallel group
         loads = [reference_moe(t.detach(), gate_weight.detach(), experts, k=k, capacity=S)[2].max() for t in inputs]
         capacity = [max(int(loads[g - g % ep + j]) for j in range(ep)) for g in range(DP)]
-    refs = [reference_moe(t, gate_weight, experts, k=k, capacity=c) for t, c in zip(inputs, capacity, strict=True)]
+    refs = [reference_moe(t, gate_weight, experts, k=k, capacity=c) for t, c in zip(inputs, capacity)]
     loss = sum(o.square().sum() + a for o, a, _, _ in refs) / DP  # the data-parallel mean
     loss.backward()
 
@@ -124,7 +124,7 @@ def check_case(rank: int, step: int, ep: int, k: int, drop: bool, tp: int = 1) -
     torch.testing.assert_close(x.grad.reshape(-1, M) / DP, inputs[dp_rank].grad, **tol)
     torch.testing.assert_close(moe.gate.weight.grad, gate_weight.grad, **tol)
     for i, local in enumerate(moe.experts.local_experts):
-        for p, ref_p in zip(local.parameters(), experts[moe.experts.first_expert + i].parameters(), strict=True):
+        for p, ref_p in zip(local.parameters(), experts[moe.experts.first_expert + i].parameters()):
             torch.testing.assert_close(p.grad, ref_p.grad, **tol)
 
 

@@ -190,7 +190,7 @@ def _apply(
     opt = engine.optimizer
     inner = opt.master.optimizer
     with opt.materialized(modified=True) as pairs:
-        for (_b, master), values, state, step in zip(pairs, staged.masters, staged.states, staged.steps, strict=True):
+        for (_b, master), values, state, step in zip(pairs, staged.masters, staged.states, staged.steps):
             master.copy_(values)
             if not load_optimizer_states:
                 continue

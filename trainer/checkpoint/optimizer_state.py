@@ -54,7 +54,7 @@ def group_options(optimizer: torch.optim.Optimizer) -> list[dict]:
 
 def restore_group_options(optimizer: torch.optim.Optimizer, saved: list[dict]) -> None:
     """Each group's saved options that this optimizer also has (lr, betas, eps, weight_decay...)."""
-    for group, options in zip(optimizer.param_groups, saved, strict=True):
+    for group, options in zip(optimizer.param_groups, saved):
         for k, v in options.items():
             if k in group and k not in _IMPLEMENTATION_OPTIONS:
                 group[k] = tuple(v) if isinstance(group[k], tuple) else v

@@ -139,7 +139,7 @@ def load_state_dict_from_zero_checkpoint(model: nn.Module, checkpoint_dir, tag=N
     every key must match (the first that does not is named)."""
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
     model = model.cpu()
-    result = model.load_state_dict(state_dict, strict=True)
+    result = model.load_state_dict(state_dict, strict=False)
     if result.missing_keys:
         raise CheckpointError(
             f"{os.fspath(checkpoint_dir)}: {result.missing_keys[0]} of the model is not in the "

@@ -59,7 +59,7 @@ class Experts(nn.Module):
         if fill is None:
             # unbind, not x[:, i]: the gradient of each x[:, i] would be a zero-filled copy of all of x
             # each [ep, C, M]
-            outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts, strict=True)]
+            outs = [expert(chunk) for chunk, expert in zip(x.unbind(dim=1), self.local_experts)]
             return torch.stack(outs, dim=1)  # [ep, E_local, C, M]
         ep, n, C, M = x.shape
         # Split the flat buffer into (filled, empty) runs per block: one split, one gradient cat.
@@ -70,10 +70,10 @@ class Experts(nn.Module):
         for i, expert in enumerate(self.local_experts):
             blocks = range(i, ep * n, n)  # expert i's block from each rank
             out = expert(torch.cat([filled[b] for b in blocks])).split([fill[b] for b in blocks])
-            for b, piece in zip(blocks, out, strict=True):
+            for b, piece in zip(blocks, out):
                 pieces[b] = piece
         return torch.cat([t for b, f in enumerate(fill) for t in (pieces[b], pad[: C - f])]).reshape(ep, n, C, M)
 
     def forward_packed(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         # x: [sum(sizes), M] -- local expert i's tokens are the i-th run of sizes[i] rows
-        return torch.cat([expert(chunk) for chunk, expert in zip(x.split(sizes), self.local_experts, strict=True)])
+        return torch.cat([expert(chunk) for chunk, expert in zip(x.split(sizes), self.local_experts)])

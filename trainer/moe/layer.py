@@ -199,7 +199,7 @@ def pyramid_moe(
     if len(ep_sizes) != len(num_experts):
         raise ValueError(f"moe.ep_size has {len(ep_sizes)} entries but moe.num_experts has {len(num_experts)}")
     layers = nn.ModuleList()
-    for i, (n, ep) in enumerate(zip(num_experts, ep_sizes, strict=True)):
+    for i, (n, ep) in enumerate(zip(num_experts, ep_sizes)):
         try:
             layers.append(MoE(hidden_size, expert, n, ep, layer_id=first_layer_id + i, **moe_kwargs))
         except ValueError as e:

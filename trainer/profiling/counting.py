@@ -173,7 +173,7 @@ def _free(a: dict, out) -> Count:
 
 def _bind(func, args, kwargs) -> dict:
     """Arguments by their schema names, so formulas need not know positions."""
-    bound = {arg.name: value for arg, value in zip(func._schema.arguments, args, strict=True)}
+    bound = {arg.name: value for arg, value in zip(func._schema.arguments, args)}
     bound.update(kwargs)
     return bound
 

@@ -109,7 +109,7 @@ class ZeroOptimizer:
         # Masters are grouped by param group; keep buckets (and so gradient shards) in the same order.
         self.buckets.sort(key=lambda b: b.group_index)
         shards: list[list[torch.Tensor]] = [[] for _ in group_options]
-        for b, shard in zip(self.buckets, self.param_shards(), strict=True):
+        for b, shard in zip(self.buckets, self.param_shards()):
             shards[b.group_index].append(shard)
         self.master = OffloadedOptimizer(shards, group_options, optimizer_factory=optimizer_factory, storage=storage)
 
@@ -208,7 +208,7 @@ class ZeroOptimizer:
     def _counted_sumsq(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """This rank's share of the squared global gradient norm (see the module docstring)."""
         sumsq = torch.zeros((), dtype=torch.float32, device=self.device)
-        for b, g in zip(self.buckets, grads, strict=True):
+        for b, g in zip(self.buckets, grads):
             if b.num_shards == 1 and b.group_size > 1 and comm.get_rank(b.group) != 0:
                 continue  # a replica: its group's first rank counts it
             g = g.float()
@@ -222,7 +222,7 @@ class ZeroOptimizer:
 
     def _check_overflow(self, grads: list[torch.Tensor], out: StepOutcome) -> None:
         post_bad: list[str] = []
-        for b, g in zip(self.buckets, grads, strict=True):
+        for b, g in zip(self.buckets, grads):
             if not torch.isfinite(g).all():
                 post_bad += b.nonfinite_param_names(g, shard=True)
         flag = torch.tensor([1.0 if (self._local_bad or post_bad) else 0.0], device=self.device)
@@ -280,7 +280,7 @@ class ZeroOptimizer:
         the block, for a checkpoint to read (``modified=False``) or replace (``modified=True``:
         on the way out the parameters are rebuilt from the masters, a collective)."""
         with self.master.resident_state():
-            yield list(zip(self.buckets, self.master.masters, strict=True))
+            yield list(zip(self.buckets, self.master.masters))
             if modified:
                 self.master.refresh_shards()
         if modified:

@@ -53,7 +53,7 @@ def table_batches(table: str, run_id: str, rank: int, rows: pa.Table) -> Iterato
     cuts = np.flatnonzero(np.diff(pattern)) + 1
     starts = np.concatenate([[0], cuts])
     ends = np.concatenate([cuts, [rows.num_rows]])
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+    for start, end in zip(starts.tolist(), ends.tolist()):
         present = [n for bit, n in enumerate(names) if not (int(pattern[start]) >> bit) & 1]
         for lo in range(start, end, BATCH_ROWS):
             part = rows.slice(lo, min(end, lo + BATCH_ROWS) - lo)
