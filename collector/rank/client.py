@@ -182,6 +182,10 @@ class Client:
         self._stopping.set()
         self._wake.set()
         self._thread.join((timeout_s if timeout_s is not None else self.cfg.close_timeout_s) + 2.0)
+        if self._thread.is_alive():
+            # past the wait for acks the thread only spools what is left: on a loaded machine
+            # that can take seconds, and leaving now would lose those records at exit
+            self._thread.join(15.0)
         return self._done.is_set() and not self._unacked and not self._spooled
 
     @property

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 
-from collector.tools.launch import CollectorProcess, dashboard_command, free_port
+from collector.tools.launch import CollectorProcess, dashboard_command, torchrun_command
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 
@@ -74,23 +74,15 @@ def run_demo(args: argparse.Namespace) -> int:
                 stderr=subprocess.STDOUT,
             )
             print(f"[demo] dashboard: http://127.0.0.1:{args.dashboard_port}", flush=True)
-        train = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(args.nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
+        train = torchrun_command(
+            args.nproc,
             "-m",
             "trainer.examples.gpt",
             "--config",
             args.config or EXAMPLE_CONFIG,
             "--steps",
             str(args.steps),
-        ]
+        )
         # The run name travels by env: torchrun would take `--run` for its own --run-path.
         env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN="demo", OMP_NUM_THREADS="1")
         print(

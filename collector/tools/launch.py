@@ -1,7 +1,8 @@
 """Child processes shared by the CLI, the demo, the tests and the benchmarks:
 where the dashboard entry file lives, how a collector is started (its command
-line, or a managed ``CollectorProcess``) and probed, and a free port for a
-child that must be told its port up front (torchrun's master, the dashboard)."""
+line, or a managed ``CollectorProcess``) and probed, torchrun's command line for
+local ranks, and a free port for a child that must be told its port up front
+(torchrun's master, the dashboard)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def dashboard_command(data_dir: str, *, port: int = 8501, host: str = "127.0.0.1
     if importlib.util.find_spec("app") is None:
         raise SystemExit("rankscope: the dashboard is not installed; pip install 'rankscope[dashboard]'")
     return [sys.executable, "-m", "app", "--data-dir", os.path.abspath(data_dir), "--port", str(port), "--host", host]
+
+
+def torchrun_command(nproc: int, *args: str) -> list[str]:
+    """``python -m torch.distributed.run`` with ``nproc`` local ranks and a free rendezvous
+    port on this host, then ``args`` (``-m module ...`` or a script and its arguments)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *args,
+    ]
 
 
 def collector_command(data_dir: str, *, port: int, host: str = "127.0.0.1") -> list[str]:

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from collector.data import catalog, layout
 from collector.data.schema import TABLES
 from collector.server.store import parquet_options, segment_order, segment_path
-from collector.tools.launch import collector_command, free_port, wait_for_collector
+from collector.tools.launch import collector_command, free_port, torchrun_command, wait_for_collector
 
 RUN_TIMEOUT_S = 900
 # Shipped files are read many times and written once: compress harder than the live store does.
@@ -54,23 +54,15 @@ def scenarios() -> dict[str, int]:
 
 
 def train(name: str, nproc: int, steps: int, endpoint: str) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(nproc),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
+    cmd = torchrun_command(
+        nproc,
         "-m",
         "trainer.examples.scenarios",
         "--scenario",
         name,
         "--steps",
         str(steps),
-    ]
+    )
     # The run name travels by env: torchrun would take `--run` for its own --run-path.
     env = dict(os.environ, RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN=name, OMP_NUM_THREADS="1")
     print(f"[sample-runs] {name}: {nproc} ranks, {steps} steps", flush=True)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from collector.data.catalog import connect
 from collector.testing.dashboard import DashboardProcess, launch_chromium
-from collector.testing.ports import free_port
-from collector.tools.launch import CollectorProcess
+from collector.tools.launch import CollectorProcess, torchrun_command
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 
 RUN_NAME, SLOW_RANK, WORLD, STEPS = "e2e-slow-rank", 3, 4, 8
@@ -41,23 +39,15 @@ def live_stack(tmp_path_factory):
     with CollectorProcess(data_dir) as collector, DashboardProcess(data_dir) as dashboard:
         env = dict(os.environ, RANKSCOPE_ENDPOINT=collector.address, RANKSCOPE_RUN=RUN_NAME, OMP_NUM_THREADS="1")
         train = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node",
-                str(WORLD),
-                "--master_addr",
-                "127.0.0.1",
-                "--master_port",
-                str(free_port()),
+            torchrun_command(
+                WORLD,
                 "-m",
                 "trainer.examples.scenarios",
                 "--scenario",
                 "zero2-slow-rank3",
                 "--steps",
                 str(STEPS),
-            ],
+            ),
             env=env,
             capture_output=True,
             text=True,

@@ -7,22 +7,14 @@ import re
 import subprocess
 import sys
 
-from collector.testing.ports import free_port
+from collector.tools.launch import torchrun_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _torchrun(module: str, config: str, steps: int, nproc: int = 2, *extra: str, env: dict | None = None) -> str:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(nproc),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
+    cmd = torchrun_command(
+        nproc,
         "-m",
         module,
         "--config",
@@ -30,7 +22,7 @@ def _torchrun(module: str, config: str, steps: int, nproc: int = 2, *extra: str,
         "--steps",
         str(steps),
         *extra,
-    ]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
