@@ -1,0 +1,158 @@
+"""The training step of a hook run: where it comes from, and what happens when one ends.
+
+The bundled engine sets collector.rank.state itself. A script with the hook attached has no
+engine to ask, so the step is taken from the first of these sources that speaks, the higher
+one winning for the rest of the session once it has spoken:
+
+1. ``hook.step(n)`` (manual): the script says which step it is in; nothing is counted for it after.
+2. DeepSpeed's engine (``DeepSpeedEngine.global_steps``) when one is in use: read after each
+   ``engine.step()``. Steps DeepSpeed skips on an fp16 overflow count, as DeepSpeed counts them.
+3. Any ``torch.optim`` optimizer (torch's global optimizer step post-hook): one step per
+   ``optimizer.step()``, so micro-batches of gradient accumulation are not counted as steps.
+
+Numbering. A record carries the step it is part of, counted from 1: the collectives of the
+backward passes that lead to the k-th optimizer step are step k, exactly DeepSpeed's
+``global_steps`` once that step has returned. Everything before the first step (the process
+group, DDP's initial broadcast) is step 1 too. When a step ends this rank's memory is sampled
+(``memory`` rows of that step: ``rss`` always, ``device``/``device_peak`` from the CUDA caching
+allocator's counters where CUDA is in use: host-side reads, no synchronize) and the step
+moves on. ``hook.log`` without ``step=`` stamps the step that ended last (the W&B habit: log
+after ``optimizer.step()``), or the step in progress where none has ended yet or where the
+script sets steps itself.
+
+Everything here runs on the training thread inside ``optimizer.step()``: a counter, a
+``/proc`` read and a few dict appends, never I/O that can block, never an exception.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+
+import torch
+
+from collector.rank import session, state
+
+log = logging.getLogger("rankscope.steps")
+
+
+class Source(enum.IntEnum):
+    """Where the step comes from; a higher value wins over a lower one."""
+
+    NONE = 0
+    OPTIMIZER = 1
+    DEEPSPEED = 2
+    MANUAL = 3
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.source = Source.NONE
+        self.completed = 0  # steps that have ended (the last one ended is step `completed`)
+        self.handle = None  # torch's optimizer post-hook registration
+        self.lock = threading.Lock()
+        self._process = None
+
+    # ---------------------------------------------------------------- sources
+
+    def on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.source > Source.OPTIMIZER:
+            return
+        try:
+            with self.lock:
+                self.source = Source.OPTIMIZER
+                self.end_step(self.completed + 1)
+        except Exception:  # telemetry never fails the optimizer step
+            log.exception("rankscope: counting an optimizer step failed")
+
+    def on_deepspeed_step(self, global_steps: int) -> None:
+        if self.source > Source.DEEPSPEED:
+            return
+        with self.lock:
+            self.source = Source.DEEPSPEED
+            if global_steps > self.completed:
+                self.end_step(global_steps)
+
+    def set_manually(self, step: int) -> None:
+        with self.lock:
+            self.source = Source.MANUAL
+            self.completed = step - 1
+            state.set_step(step)
+
+    # ---------------------------------------------------------------- one step ended
+
+    def end_step(self, step: int) -> None:
+        """Step ``step`` has just ended: sample memory as of its end, then move on to the next."""
+        self.completed = step
+        state.set_step(step)
+        session.emit_rows("memory", self.memory_rows(step))
+        state.set_step(step + 1)
+
+    def memory_rows(self, step: int) -> list[dict]:
+        if session.active() is None:
+            return []
+        now = time.time_ns()
+        sizes = {}
+        if self._process is None:
+            import psutil
+
+            self._process = psutil.Process()
+        sizes["rss"] = self._process.memory_info().rss
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+            sizes["device"] = torch.cuda.memory_allocated(device)
+            sizes["device_peak"] = torch.cuda.max_memory_allocated(device)
+        return [{"step": step, "kind": kind, "bytes": int(b), "time_ns": now} for kind, b in sizes.items()]
+
+    def logged_step(self) -> int:
+        if self.source in (Source.OPTIMIZER, Source.DEEPSPEED) and self.completed > 0:
+            return self.completed
+        return state.get_step()
+
+
+_counter = _Counter()
+
+
+def install() -> None:
+    """Start counting (attach): torch's optimizer hook, and step 1 for what comes before the first step."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    if _counter.handle is None:
+        _counter.handle = register_optimizer_step_post_hook(_counter.on_optimizer_step)
+        if state.get_step() == 0:
+            state.set_step(1)
+
+
+def uninstall() -> None:
+    """Stop counting (detach); a later session counts from 1 again."""
+    global _counter
+    if _counter.handle is not None:
+        _counter.handle.remove()
+        state.set_step(0)
+    _counter = _Counter()
+
+
+def set_step(step: int) -> None:
+    """``hook.step(n)``: this is step ``n`` from now on; automatic counting stops for the session."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"hook.step: step must be a non-negative int, got {step!r}")
+    _counter.set_manually(step)
+
+
+def deepspeed_stepped(global_steps: int) -> None:
+    """DeepSpeed's engine returned from ``step()`` with this ``global_steps`` (collector.rank.deepspeed)."""
+    try:
+        _counter.on_deepspeed_step(int(global_steps))
+    except Exception:
+        log.exception("rankscope: reading DeepSpeed's global_steps failed")
+
+
+def source() -> Source:
+    return _counter.source
+
+
+def logged_step() -> int:
+    """The step ``hook.log`` stamps when given none (see the module docstring)."""
+    return _counter.logged_step()
