@@ -45,7 +45,7 @@ def ddp_accumulation_worker(rank: int, port: int, endpoint: str, out: str) -> No
             (model(x).pow(2).mean() / ACCUM).backward()
         optimizer.step()
         optimizer.zero_grad()
-        hook.log({"train_loss": expected_loss(step, rank), "lr": optimizer.param_groups[0]["lr"]})
+        hook.log({"train_loss": expected_loss(step, rank), "lr": optimizer.param_groups[0]["lr"], "grad_norm": 1.0})
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step + 1)
     run_id = session.run_id

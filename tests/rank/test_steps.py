@@ -52,7 +52,7 @@ def test_logged_metrics_are_in_monitor_at_their_step(ddp_run):
         (r, s, tag, value)
         for r in range(script.WORLD)
         for s in range(1, script.STEPS + 1)
-        for tag, value in (("lr", script.lr_at(s)), ("train_loss", script.expected_loss(s, r)))
+        for tag, value in (("grad_norm", 1.0), ("lr", script.lr_at(s)), ("train_loss", script.expected_loss(s, r)))
     )
     assert [row[:3] for row in rows] == [row[:3] for row in expected]
     for got, want in zip(rows, expected, strict=True):
