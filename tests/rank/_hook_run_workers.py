@@ -52,3 +52,38 @@ def ddp_accumulation_worker(rank: int, port: int, endpoint: str, out: str) -> No
     hook.detach()
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": run_id}))
+
+
+STRAGGLER_RANK, STRAGGLE_S, MAX_RUN_S = 1, 0.02, 120.0
+
+
+def straggler_until_stopped_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """A live run for scrapers: one all_reduce per step, steps set with ``hook.step``, rank 1
+    arriving STRAGGLE_S late to every collective; runs until ``out/stop`` exists (or MAX_RUN_S)."""
+    import time
+
+    from collector import hook
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    session = hook.attach(run="metrics-job", endpoint=endpoint)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    stop, deadline, step = Path(out, "stop"), time.monotonic() + MAX_RUN_S, 0
+    flag = torch.zeros(1)
+    while True:
+        step += 1
+        hook.step(step)
+        if rank == STRAGGLER_RANK:
+            time.sleep(STRAGGLE_S)
+        dist.all_reduce(torch.ones(256))
+        flag.fill_(float(stop.exists() or time.monotonic() > deadline))
+        if rank == STRAGGLER_RANK:
+            time.sleep(STRAGGLE_S)
+        dist.all_reduce(flag)  # every rank stops at the same step
+        if flag.item() > 0:
+            break
+    run_id = session.run_id
+    hook.detach()
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"run_id": run_id, "steps": step}))
