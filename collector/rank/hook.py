@@ -20,6 +20,8 @@ flushes and sends RunEnd.
 
 Steps: counted from the optimizer, from DeepSpeed's engine, or set with ``step(n)``
 (collector.rank.steps says which wins). ``log({...})`` records the script's own metrics.
+With DeepSpeed, its monitor events and fp16 loss-scale decisions are captured too
+(collector.rank.deepspeed).
 
 ``collector.hook`` is the documented entry; it re-exports this module.
 """
@@ -33,7 +35,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from collector.rank import metrics, ops, session, steps
+from collector.rank import deepspeed, metrics, ops, session, steps
 from collector.rank.recorder import INSTRUMENTED_OPS
 
 logger = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ def attach(
             if hasattr(DistributedDataParallel, name):
                 _patch(DistributedDataParallel, name, _ddp_register_comm_hook(getattr(DistributedDataParallel, name)))
     steps.install()
+    deepspeed.install()
     return session.start(run=run, endpoint=endpoint, token=token, config=config, source="hook", tls_ca=tls_ca)
 
 
@@ -119,6 +122,7 @@ def detach(status: str = "finished") -> None:
     """Flush and end the session, then restore everything attach patched."""
     session.stop(status)
     steps.uninstall()
+    deepspeed.uninstall()
     for (owner, name), original in _originals.items():
         setattr(owner, name, original)
     _originals.clear()

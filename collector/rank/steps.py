@@ -141,6 +141,12 @@ def set_step(step: int) -> None:
     _counter.set_manually(step)
 
 
+def deepspeed_in_use() -> None:
+    """A DeepSpeed step is starting: from now on its ``global_steps`` counts, not the inner optimizer's steps."""
+    if _counter.source < Source.DEEPSPEED:
+        _counter.source = Source.DEEPSPEED
+
+
 def deepspeed_stepped(global_steps: int) -> None:
     """DeepSpeed's engine returned from ``step()`` with this ``global_steps`` (collector.rank.deepspeed)."""
     try:
