@@ -34,9 +34,9 @@ _originals: dict[tuple[object, str], object] = {}
 def _wrap_engine_step(step):
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
-        steps.deepspeed_in_use()
+        steps.engine_in_use()
         result = step(self, *args, **kwargs)
-        steps.deepspeed_stepped(getattr(self, "global_steps", 0))
+        steps.engine_stepped(getattr(self, "global_steps", 0))
         return result
 
     return wrapper

@@ -5,8 +5,10 @@ engine to ask, so the step is taken from the first of these sources that speaks,
 one winning for the rest of the session once it has spoken:
 
 1. ``hook.step(n)`` (manual): the script says which step it is in; nothing is counted for it after.
-2. DeepSpeed's engine (``DeepSpeedEngine.global_steps``) when one is in use: read after each
-   ``engine.step()``. Steps DeepSpeed skips on an fp16 overflow count, as DeepSpeed counts them.
+2. A training engine's own counter when one is in use: DeepSpeed's ``global_steps`` after each
+   ``engine.step()`` (steps it skips on an fp16 overflow count, as DeepSpeed counts them;
+   collector.rank.deepspeed), the Hugging Face Trainer's or Lightning's ``global_step`` after each
+   optimizer step (collector.integrations).
 3. Any ``torch.optim`` optimizer (torch's global optimizer step post-hook): one step per
    ``optimizer.step()``, so micro-batches of gradient accumulation are not counted as steps.
 
@@ -43,7 +45,7 @@ class Source(enum.IntEnum):
 
     NONE = 0
     OPTIMIZER = 1
-    DEEPSPEED = 2
+    ENGINE = 2
     MANUAL = 3
 
 
@@ -67,11 +69,11 @@ class _Counter:
         except Exception:  # telemetry never fails the optimizer step
             log.exception("rankscope: counting an optimizer step failed")
 
-    def on_deepspeed_step(self, global_steps: int) -> None:
-        if self.source > Source.DEEPSPEED:
+    def on_engine_step(self, global_steps: int) -> None:
+        if self.source > Source.ENGINE:
             return
         with self.lock:
-            self.source = Source.DEEPSPEED
+            self.source = Source.ENGINE
             if global_steps > self.completed:
                 self.end_step(global_steps)
 
@@ -107,7 +109,7 @@ class _Counter:
         return [{"step": step, "kind": kind, "bytes": int(b), "time_ns": now} for kind, b in sizes.items()]
 
     def logged_step(self) -> int:
-        if self.source in (Source.OPTIMIZER, Source.DEEPSPEED) and self.completed > 0:
+        if self.source in (Source.OPTIMIZER, Source.ENGINE) and self.completed > 0:
             return self.completed
         return state.get_step()
 
@@ -141,18 +143,18 @@ def set_step(step: int) -> None:
     _counter.set_manually(step)
 
 
-def deepspeed_in_use() -> None:
-    """A DeepSpeed step is starting: from now on its ``global_steps`` counts, not the inner optimizer's steps."""
-    if _counter.source < Source.DEEPSPEED:
-        _counter.source = Source.DEEPSPEED
+def engine_in_use() -> None:
+    """An engine (DeepSpeed, a Trainer) drives training: from now on its counter counts, not the optimizer's steps."""
+    if _counter.source < Source.ENGINE:
+        _counter.source = Source.ENGINE
 
 
-def deepspeed_stepped(global_steps: int) -> None:
-    """DeepSpeed's engine returned from ``step()`` with this ``global_steps`` (collector.rank.deepspeed)."""
+def engine_stepped(global_steps: int) -> None:
+    """The engine's counter after an optimizer step (DeepSpeed's ``global_steps``, a Trainer's ``global_step``)."""
     try:
-        _counter.on_deepspeed_step(int(global_steps))
+        _counter.on_engine_step(int(global_steps))
     except Exception:
-        log.exception("rankscope: reading DeepSpeed's global_steps failed")
+        log.exception("rankscope: reading the engine's step counter failed")
 
 
 def source() -> Source:

@@ -112,15 +112,15 @@ def test_manual_step_wins_over_the_optimizer(attached):
     assert (state.get_step(), steps.logged_step(), steps.source()) == (40, 40, steps.Source.MANUAL)
 
 
-def test_deepspeed_global_steps_win_over_the_optimizer(attached):
+def test_an_engines_counter_wins_over_the_optimizer(attached):
     """DeepSpeed skips the inner optimizer's step on an fp16 overflow yet counts the step."""
     optimizer, _ = _model_and_optimizer()
     _adamw_step(optimizer)
-    steps.deepspeed_stepped(2)  # step 2 overflowed: no optimizer.step() ran
+    steps.engine_stepped(2)  # step 2 overflowed: no optimizer.step() ran
     assert (state.get_step(), steps.logged_step()) == (3, 2)
     _adamw_step(optimizer)  # the inner optimizer of DeepSpeed's step 3: not counted again
-    steps.deepspeed_stepped(3)
-    assert (state.get_step(), steps.logged_step(), steps.source()) == (4, 3, steps.Source.DEEPSPEED)
+    steps.engine_stepped(3)
+    assert (state.get_step(), steps.logged_step(), steps.source()) == (4, 3, steps.Source.ENGINE)
 
 
 def test_bad_calls_name_what_was_wrong(attached, caplog):
