@@ -170,3 +170,26 @@ def test_grafana_dashboard_queries_only_exported_metrics(tmp_path):
     exported = set(re.findall(r"^# HELP (rankscope_\w+)", text, re.M))
     exported |= {f"{name}_total" for name in exported}
     assert queried and queried <= exported, queried - exported
+
+
+def test_metrics_at_1024_ranks(tmp_path):
+    """A live 1,024-rank run (the fake-run generator, rank 1023 late to every all_reduce): one series
+    per rank for each per-rank metric, the late rank named by its last-arrival share and the finding."""
+    from collector.testing.fake_runs import FakeRun, write_data_dir
+
+    world = 1024
+    run = FakeRun(run_id="big", world_size=world, steps=6, status="running", with_moe=False)
+    write_data_dir(tmp_path / "data", run)
+    with live_collector(tmp_path / "data") as collector:
+        metrics = MetricsEndpoint(collector.state, None, refresh_s=3600)
+        try:
+            snapshot = metrics.refresh()
+        finally:
+            metrics.close()
+    for name in ("rankscope_step", "rankscope_step_time_seconds", "rankscope_last_arrival_share"):
+        ranks = sorted(int(labels[2]) for labels, _ in snapshot.gauges[name])
+        assert ranks == list(range(world)), name
+    share = {int(labels[2]): value for labels, value in snapshot.gauges["rankscope_last_arrival_share"]}
+    assert max(share, key=share.get) == world - 1
+    kinds = {labels[2]: value for labels, value in snapshot.gauges["rankscope_findings"]}
+    assert kinds.get("straggler", 0) >= 1  # one finding per op the late rank holds up
