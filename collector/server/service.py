@@ -422,7 +422,7 @@ def serve(
         return 1
     metrics = None
     if metrics_port is not None or alert_webhook:
-        # imported here: the findings they compute need pandas, which a bare collector does without
+        # imported only when asked for: the findings pull in pandas, the endpoint prometheus_client
         from collector.server.alerts import AlertWebhook
         from collector.server.metrics import MetricsEndpoint
 
