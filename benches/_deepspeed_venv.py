@@ -83,6 +83,41 @@ def ensure() -> Path:
     return PYTHON
 
 
+# What a rankscope rank needs beyond torch, numpy and psutil (which the venv has already), for a
+# DeepSpeed script in the venv with collector.hook attached: installed with the venv's pip into a
+# folder of its own (so the venv stays DeepSpeed's alone), put on PYTHONPATH with the repo.
+RANK_SIDE = ROOT / ".bench-venv-ds-rankscope"
+RANK_SIDE_PACKAGES = ("grpcio", "protobuf", "pyarrow")
+
+
+def ensure_rank_side() -> dict[str, str]:
+    """``env()`` for running a hooked script in the venv: DeepSpeed on CPU, and this repo plus its
+    rank-side packages (pinned by constraints.txt) importable. Installs the packages on first use."""
+    python = ensure()
+    marker = RANK_SIDE / ".installed"
+    if not marker.exists():
+        print(f"[deepspeed venv] installing {', '.join(RANK_SIDE_PACKAGES)} into {RANK_SIDE}", flush=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--target",
+                str(RANK_SIDE),
+                "-c",
+                str(ROOT / "constraints.txt"),
+                *RANK_SIDE_PACKAGES,
+            ],
+            env=env(),
+            check=True,
+            timeout=1800,
+        )
+        marker.touch()
+    return env(PYTHONPATH=f"{ROOT}{os.pathsep}{RANK_SIDE}")
+
+
 if __name__ == "__main__":
     ensure()
     print(versions())

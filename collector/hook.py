@@ -3,9 +3,9 @@ hook.attach()``, or ``python -m collector.hook train.py``. It is collector.rank.
 
 import sys
 
-from collector.rank.hook import attach, attached, ddp_comm_hook, detach, is_attached, main
+from collector.rank.hook import attach, attached, ddp_comm_hook, detach, is_attached, log, main, step
 
-__all__ = ["attach", "attached", "ddp_comm_hook", "detach", "is_attached", "main"]
+__all__ = ["attach", "attached", "ddp_comm_hook", "detach", "is_attached", "log", "main", "step"]
 
 if __name__ == "__main__":
     sys.exit(main())

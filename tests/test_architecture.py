@@ -28,6 +28,7 @@ ALLOWED = {
         "collector.rank",
         "proto",
     },
+    "collector.integrations": {"collector.integrations", "collector.rank", "collector.data", "proto"},
     "collector.hook": {"collector.rank"},
     "collector.catalog": {"collector.data"},
     "collector": set(),  # the package docstring
@@ -39,7 +40,8 @@ ALLOWED = {
 FORBIDDEN_THIRD_PARTY = {
     "collector.data": {"torch", "streamlit", "plotly"},
     "collector.server": {"torch", "streamlit", "plotly"},
-    "collector.rank": {"streamlit", "plotly", "duckdb"},
+    "collector.rank": {"streamlit", "plotly", "duckdb", "transformers", "lightning", "pytorch_lightning"},
+    "collector.integrations": {"streamlit", "plotly", "duckdb"},
     "collector.tools": {"streamlit", "plotly"},
     "app": {"torch"},
 }

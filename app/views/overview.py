@@ -1,5 +1,5 @@
-"""Overview: loss, learning rate, loss scale, throughput, step-time breakdown and a
-health summary in words for the selected run (loss overlaid when two are picked)."""
+"""Overview: loss, learning rate, the script's other metrics, loss scale, throughput, step-time
+breakdown and a health summary in words for the selected run (loss overlaid when two are picked)."""
 
 import pandas as pd
 import streamlit as st
@@ -78,6 +78,10 @@ def training_charts(sel: state.Selection, version: str) -> None:
             st.plotly_chart(monitor_chart(series[series.tag.isin(lr_tags)], "Learning rate"))
         else:
             st.info("No learning rate in the monitor events yet.")
+    # what else the script logs (hook.log, a monitor's own tags): grad norm, tokens, accuracy...
+    other_tags = [t for t in series.tag.unique() if t not in loss_tags and t not in lr_tags]
+    if other_tags:
+        st.plotly_chart(monitor_chart(series[series.tag.isin(other_tags)], "Other metrics"))
 
     left, right = st.columns(2)
     with left:

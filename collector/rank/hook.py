@@ -18,6 +18,11 @@ attach works before or after ``init_process_group``: it wraps
 group exists (collector.rank.session). ``detach`` restores every patched name,
 flushes and sends RunEnd.
 
+Steps: counted from the optimizer, from DeepSpeed's engine, or set with ``step(n)``
+(collector.rank.steps says which wins). ``log({...})`` records the script's own metrics.
+With DeepSpeed, its monitor events and fp16 loss-scale decisions are captured too
+(collector.rank.deepspeed).
+
 ``collector.hook`` is the documented entry; it re-exports this module.
 """
 
@@ -30,10 +35,10 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from collector.rank import ops, session
+from collector.rank import deepspeed, metrics, ops, session, steps
 from collector.rank.recorder import INSTRUMENTED_OPS
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _originals: dict[tuple[object, str], object] = {}
 
@@ -65,7 +70,7 @@ def _ddp_forward(forward):
                 try:
                     _ORIGINAL_REGISTER(self, self.process_group, ddp_comm_hook)
                 except Exception as exc:  # e.g. a hook registered through a path we do not see: leave DDP as is
-                    log.warning(
+                    logger.warning(
                         "rankscope: DDP's bucket all_reduces go unrecorded; registering the comm hook failed: %s", exc
                     )
         return forward(self, *args, **kwargs)
@@ -108,15 +113,31 @@ def attach(
         for name in ("_register_builtin_comm_hook", "_register_fused_optim"):
             if hasattr(DistributedDataParallel, name):
                 _patch(DistributedDataParallel, name, _ddp_register_comm_hook(getattr(DistributedDataParallel, name)))
+    steps.install()
+    deepspeed.install()
     return session.start(run=run, endpoint=endpoint, token=token, config=config, source="hook", tls_ca=tls_ca)
 
 
 def detach(status: str = "finished") -> None:
     """Flush and end the session, then restore everything attach patched."""
     session.stop(status)
+    steps.uninstall()
+    deepspeed.uninstall()
     for (owner, name), original in _originals.items():
         setattr(owner, name, original)
     _originals.clear()
+
+
+def log(data: dict, step: int | None = None) -> None:
+    """Log the script's own metrics (name -> number) into the ``monitor`` table: ``hook.log({"loss": 1.9})``.
+    Without ``step`` they belong to the step that ended last (collector.rank.metrics)."""
+    metrics.log_metrics(data, step)
+
+
+def step(n: int) -> None:
+    """Set the step by hand: records from now on carry step ``n``; the optimizer no longer counts
+    steps for this session (collector.rank.steps)."""
+    steps.set_step(n)
 
 
 def is_attached() -> bool:

@@ -385,12 +385,16 @@ def serve(
     flush_interval: float | None = None,
     compaction_interval: float | None = None,
     compaction_min_files: int | None = None,
+    metrics_port: int | None = None,
+    alert_webhook: str | None = None,
 ) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
     A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
     the warnings of collector.data.security.check_bind go to stderr. The flush and compaction
-    settings default to StoreConfig's and CompactionConfig's; a bad one is exit code 2."""
+    settings default to StoreConfig's and CompactionConfig's; a bad one is exit code 2.
+    ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics);
+    ``alert_webhook``: post each new finding to this URL (collector.server.alerts)."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         for warning in security.check_bind(host, token=token, tls=tls is not None, insecure=insecure):
@@ -416,6 +420,19 @@ def serve(
     except (OSError, DataDirBusy) as exc:
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 1
+    metrics = None
+    if metrics_port is not None or alert_webhook:
+        # imported only when asked for: the findings pull in pandas, the endpoint prometheus_client
+        from collector.server.alerts import AlertWebhook
+        from collector.server.metrics import MetricsEndpoint
+
+        try:
+            webhook = AlertWebhook(alert_webhook) if alert_webhook else None
+            metrics = MetricsEndpoint(state, metrics_port, host.strip("[]"), webhook=webhook)
+        except (ValueError, RuntimeError, OSError) as exc:
+            print(f"rankscope collect: {exc}", file=sys.stderr)
+            state.close()
+            return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -427,10 +444,14 @@ def serve(
         f"rankscope collector listening on {shown_host}:{bound} ({scheme}, {auth}; data dir {state.data_dir})",
         flush=True,
     )
+    if metrics is not None and metrics.port is not None:
+        print(f"rankscope collector: Prometheus metrics on http://{shown_host}:{metrics.port}/metrics", flush=True)
     while not stop.wait(1.0):
         pass
     print("rankscope collector: stopping, committing buffered records", flush=True)
     server.stop(grace=5).wait()
+    if metrics is not None:
+        metrics.close()
     state.close()
     return 0
 

@@ -62,6 +62,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
             flush_interval=args.flush_interval,
             compaction_interval=args.compaction_interval,
             compaction_min_files=args.compaction_min_files,
+            metrics_port=args.metrics_port,
+            alert_webhook=args.alert_webhook,
         )
         or 0
     )
@@ -152,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         rankscope collect
         rankscope collect --data-dir /scratch/rs --port 50051 --token "$RANKSCOPE_TOKEN"
         rankscope collect --host 0.0.0.0 --token "$RANKSCOPE_TOKEN" --tls-cert server.pem --tls-key server.key
+        rankscope collect --metrics-port 9464 --alert-webhook https://hooks.slack.com/services/...
     """,
     )
     _data_dir_arg(p)
@@ -196,6 +199,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="merge once this many small segments wait in one partition (default 8)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="serve Prometheus /metrics on --host:P (per run and rank: step time, exposed comm share, busbw per op, "
+        "last-arrival share, findings; the collector's ingest counters)",
+    )
+    p.add_argument(
+        "--alert-webhook",
+        default=None,
+        metavar="URL",
+        help="POST each new finding once to URL as JSON with a Slack-compatible 'text' (at most one post per 2 s)",
     )
 
     p = add(

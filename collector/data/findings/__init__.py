@@ -43,13 +43,14 @@ def summarize(
     )
 
 
-def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None) -> list[Finding]:
-    """Run the queries and every rule for one run."""
+def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None) -> list[Finding]:
+    """Run the queries and every rule for one run (``rollup``: its comm rollup, where the caller has it)."""
     if world_size is None:
         runs = queries.list_runs(cat)
         match = runs[runs.run_id == run_id]
         world_size = int(match.world_size.iloc[0]) if len(match) else 1
-    rollup = queries.comm_rollup(cat, run_id)
+    if rollup is None:
+        rollup = queries.comm_rollup(cat, run_id)
     everything = queries.CommFilter()
     return summarize(
         last_arrivals=queries.last_arrivals(rollup, everything),

@@ -1,0 +1,168 @@
+"""What a hook run takes from DeepSpeed when the script uses it, with no change to the script.
+
+* steps: after each ``DeepSpeedEngine.step()`` its ``global_steps`` (collector.rank.steps);
+  while a DeepSpeed step runs, the inner optimizer's own ``step()`` is not counted again.
+* monitor events: every ``MonitorMaster.write_events`` (what DeepSpeed sends to its
+  csv_monitor, tensorboard, wandb and comet writers; rank 0 only, as in DeepSpeed) also
+  becomes ``monitor`` rows: the tag, the value, and DeepSpeed's x (global samples) as ``samples``.
+* fp16 loss scaling: every decision of DeepSpeed's loss scaler (``update_scale``) becomes a
+  ``loss_scale`` row on each rank: the scale before and after, whether the step overflowed,
+  and the hysteresis left.
+
+DeepSpeed is never imported here. ``install`` patches the three classes if their modules are
+loaded already and otherwise waits for them: a finder on ``sys.meta_path`` patches each module
+right after it is first imported, so ``attach()`` may come before or after ``import deepspeed``.
+``uninstall`` restores the originals. A patch that fails (another DeepSpeed version without
+these names) logs once and leaves DeepSpeed as it was; nothing here raises into the script.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import logging
+import sys
+import time
+
+from collector.rank import session, steps
+
+log = logging.getLogger("rankscope.deepspeed")
+
+_originals: dict[tuple[object, str], object] = {}
+
+
+def _wrap_engine_step(step):
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        steps.engine_in_use()
+        result = step(self, *args, **kwargs)
+        steps.engine_stepped(getattr(self, "global_steps", 0))
+        return result
+
+    return wrapper
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _wrap_write_events(write_events):
+    @functools.wraps(write_events)
+    def wrapper(self, event_list, *args, **kwargs):
+        try:
+            now = time.time_ns()
+            rows = []
+            for event in event_list:
+                value = _number(event[1])
+                if value is not None:
+                    row = {"tag": str(event[0]), "value": value, "time_ns": now}
+                    if len(event) > 2 and event[2] is not None:
+                        row["samples"] = int(event[2])  # DeepSpeed's x: global samples
+                    rows.append(row)
+            session.emit_rows("monitor", rows)
+        except Exception:
+            log.exception("rankscope: reading DeepSpeed's monitor events failed")
+        return write_events(self, event_list, *args, **kwargs)
+
+    return wrapper
+
+
+def _wrap_update_scale(update_scale):
+    @functools.wraps(update_scale)
+    def wrapper(self, overflow, *args, **kwargs):
+        before = getattr(self, "cur_scale", None)
+        result = update_scale(self, overflow, *args, **kwargs)
+        try:
+            row = {"scale_before": _number(before), "scale": _number(self.cur_scale), "overflow": bool(overflow)}
+            if hasattr(self, "cur_hysteresis"):
+                row["hysteresis_left"] = int(self.cur_hysteresis)
+            session.emit("loss_scale", time_ns=time.time_ns(), **row)
+        except Exception:
+            log.exception("rankscope: reading DeepSpeed's loss scale failed")
+        return result
+
+    return wrapper
+
+
+def _patch(owner, name: str, wrap) -> None:
+    if (owner, name) not in _originals:
+        original = getattr(owner, name)
+        _originals[(owner, name)] = original
+        setattr(owner, name, wrap(original))
+
+
+def _patch_engine(module) -> None:
+    _patch(module.DeepSpeedEngine, "step", _wrap_engine_step)
+
+
+def _patch_monitor(module) -> None:
+    _patch(module.MonitorMaster, "write_events", _wrap_write_events)
+
+
+def _patch_loss_scaler(module) -> None:
+    for name in ("LossScaler", "DynamicLossScaler"):
+        if "update_scale" in vars(getattr(module, name)):
+            _patch(getattr(module, name), "update_scale", _wrap_update_scale)
+
+
+PATCHES = {
+    "deepspeed.runtime.engine": _patch_engine,
+    "deepspeed.monitor.monitor": _patch_monitor,
+    "deepspeed.runtime.fp16.loss_scaler": _patch_loss_scaler,
+}
+
+
+def _apply(name: str, module) -> None:
+    try:
+        PATCHES[name](module)
+    except Exception as exc:
+        log.warning("rankscope: DeepSpeed's %s is not what rankscope knows (%s); not captured", name, exc)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patches a DeepSpeed module right after its first import (the real finders still find it)."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in PATCHES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _apply(name, module)
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+_finder = _AfterImport()
+
+
+def install() -> None:
+    for name in PATCHES:
+        if name in sys.modules:
+            _apply(name, sys.modules[name])
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def uninstall() -> None:
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    for (owner, name), original in _originals.items():
+        setattr(owner, name, original)
+    _originals.clear()

@@ -1,0 +1,96 @@
+"""A real Prometheus server (Debian's ``prometheus`` package) scraping given targets, for tests.
+
+    with PrometheusProcess(["127.0.0.1:9464"], tmp_path) as prom:   # returns once /-/ready answers
+        prom.query('rankscope_step_time_seconds{run="job"}')          # the API's result list
+
+It scrapes every second into a TSDB under the given directory; its output goes to a file
+there, and an error from a failed start carries its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from collector.tools.launch import free_port
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+def prometheus_installed() -> bool:
+    return os.access(PROMETHEUS, os.X_OK) or shutil.which("prometheus") is not None
+
+
+class PrometheusProcess:
+    def __init__(self, targets: list[str], workdir, timeout_s: float = 60.0, scrape_interval: str = "1s") -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "prometheus.yml"
+        quoted = ", ".join(f"'{t}'" for t in targets)
+        config.write_text(
+            f"global:\n  scrape_interval: {scrape_interval}\n  evaluation_interval: {scrape_interval}\n"
+            f"scrape_configs:\n  - job_name: rankscope\n    static_configs:\n      - targets: [{quoted}]\n"
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(self.workdir / "prometheus.log", "wb")  # closed in stop()
+        binary = PROMETHEUS if os.access(PROMETHEUS, os.X_OK) else shutil.which("prometheus")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"prometheus did not become ready: {self.output()}")
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> list[dict]:
+        """The instant query's result list (``[{"metric": {...}, "value": [t, "v"]}, ...]``)."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            body = json.load(reply)
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus query {expr!r} failed: {body}")
+        return body["data"]["result"]
+
+    def output(self, chars: int = 2000) -> str:
+        path = self.workdir / "prometheus.log"
+        return path.read_bytes().decode(errors="replace")[-chars:] if path.exists() else ""
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self) -> PrometheusProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

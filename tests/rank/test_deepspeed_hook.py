@@ -1,0 +1,104 @@
+"""Real DeepSpeed 0.19.8 (the benchmarks' DeepSpeed venv), ZeRO-2 with fp16 and csv_monitor on 2 CPU
+ranks under torchrun, ``hook.attach()`` the only rankscope line in the script: steps follow
+DeepSpeed's ``global_steps`` (overflow-skipped steps included), DeepSpeed's monitor events are in
+``monitor`` exactly as its csv_monitor wrote them, and every loss-scale decision is in ``loss_scale``.
+
+Skips, saying why, where the venv cannot be made (no network to install DeepSpeed)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from collector.data import catalog
+from collector.testing.collectors import live_collector
+from collector.testing.ports import free_port
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "_deepspeed_hook_script.py"
+WORLD, STEPS, GLOBAL_BATCH = 2, 8, 2 * 2 * 2  # ranks x micro batch x accumulation
+
+pytestmark = pytest.mark.timeout(2400)  # the first run on a machine creates the DeepSpeed venv (pip, minutes)
+
+
+@pytest.fixture(scope="module")
+def ds_run(tmp_path_factory):
+    from benches import _deepspeed_venv as venv
+
+    try:
+        env = venv.ensure_rank_side()
+    except (subprocess.SubprocessError, OSError, RuntimeError) as exc:
+        pytest.skip(f"no DeepSpeed venv ({venv.VENV}) and it cannot be made here: {exc}")
+    out = tmp_path_factory.mktemp("ds_zero2")
+    with live_collector(out / "data") as (endpoint, data_dir):
+        env["RANKSCOPE_ENDPOINT"] = endpoint
+        torchrun = [str(venv.VENV / "bin" / "torchrun"), "--nproc-per-node", str(WORLD)]
+        done = subprocess.run(
+            [*torchrun, "--master-port", str(free_port()), str(SCRIPT), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    run_id = ranks[0]["run_id"]
+    assert all(r["run_id"] == run_id for r in ranks)
+    con = catalog.connect(data_dir)
+    yield con, run_id, ranks, out
+    con.close()
+
+
+def test_steps_follow_deepspeeds_global_steps(ds_run):
+    con, run_id, ranks, _ = ds_run
+    for rank, seen in enumerate(ranks):
+        global_steps = [s["global_steps"] for s in seen["after_steps"]]
+        assert global_steps == list(range(1, STEPS + 1))
+        comm_steps = con.execute(
+            "SELECT DISTINCT step FROM comm WHERE run_id = ? AND rank = ? ORDER BY step", [run_id, rank]
+        ).fetchall()
+        assert [s for (s,) in comm_steps] == global_steps
+
+
+def test_loss_scale_decisions_are_captured(ds_run):
+    con, run_id, ranks, _ = ds_run
+    for rank, seen in enumerate(ranks):
+        rows = con.execute(
+            "SELECT step, scale_before, scale, overflow FROM loss_scale WHERE run_id = ? AND rank = ? ORDER BY step",
+            [run_id, rank],
+        ).fetchall()
+        assert [r[0] for r in rows] == list(range(1, STEPS + 1))  # one decision per step
+        skipped = seen["after_steps"][-1]["skipped_steps"]
+        assert 0 < skipped < STEPS  # the run overflowed at first, then trained
+        assert sum(r[3] for r in rows) == skipped
+        assert rows[0][1] == 2.0**24
+        for (_, _, scale, _), (_, next_before, _, _) in itertools.pairwise(rows):
+            assert next_before == scale  # each decision starts where the last one left off
+        for _, before, scale, overflow in rows:
+            assert scale == (before / 2 if overflow else before)  # hysteresis 1, window 1000: halve on overflow
+
+
+def test_monitor_rows_match_deepspeeds_csv_monitor(ds_run):
+    con, run_id, _, out = ds_run
+    files = sorted((out / "csv" / "job").glob("*.csv"))
+    assert {f.stem for f in files} >= {"Train_Samples_lr", "Train_Samples_loss_scale"}
+    rows = con.execute(
+        "SELECT tag, samples, value, step FROM monitor WHERE run_id = ? AND rank = 0 ORDER BY tag, samples", [run_id]
+    ).fetchall()
+    by_file: dict[str, list] = {}
+    for tag, samples, value, step in rows:
+        by_file.setdefault(tag.replace("/", "_").replace(" ", "_"), []).append((samples, value))
+        assert step == samples // GLOBAL_BATCH  # written during the step whose samples it counts
+    assert set(by_file) == {f.stem for f in files}
+    for f in files:
+        with f.open() as fh:
+            written = [(int(r[0]), float(r[1])) for r in list(csv.reader(fh))[1:]]
+        got = by_file[f.stem]
+        assert [x for x, _ in got] == [x for x, _ in written], f.stem
+        assert [v for _, v in got] == pytest.approx([v for _, v in written], rel=1e-6), f.stem
+    assert con.execute("SELECT count(*) FROM monitor WHERE run_id = ? AND rank = 1", [run_id]).fetchone() == (0,)
