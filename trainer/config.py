@@ -300,7 +300,8 @@ class EngineConfig(ConfigBlock):
     """The whole ds_config. ``world_size`` (the job's ranks) is supplied by the engine; the
     batch triple is completed by DeepSpeed's rule in ``validate``."""
 
-    ACCEPTED: ClassVar[frozenset[str]] = _ACCEPTED_TOP_LEVEL
+    # The DeepSpeed-only sections are known too: off, they pass; on, check_deepspeed_only names them.
+    ACCEPTED: ClassVar[frozenset[str]] = _ACCEPTED_TOP_LEVEL | {key.split(".")[0] for key, _, _ in DEEPSPEED_ONLY}
     ALIASES: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}  # DeepSpeed's older spelling
     train_batch_size: int | None = setting(None, ge=1)
     train_micro_batch_size_per_gpu: int | None = setting(None, ge=1)

@@ -14,7 +14,7 @@ args = parser.parse_args()
 
 config = {
     "train_batch_size": 8,
-    "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
+    "optimizer": {"type": "Adam", "params": {"lr": 0.005, "torch_adam": True}},
     "zero_optimization": {"stage": 1},
     "steps_per_print": 1000,
 }
