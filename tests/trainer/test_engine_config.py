@@ -147,7 +147,7 @@ def test_engine_deepspeed_adam_means_adamw_without_decay():
 # --------------------------------------------------------------------------- whole DeepSpeed configs
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-EXAMPLE_CONFIGS = sorted((Path(__file__).parent.parent / "trainer" / "examples" / "configs").glob("*.json"))
+EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "trainer" / "examples" / "configs").glob("*.json"))
 
 
 def _warned_keys(caught) -> list[str]:
