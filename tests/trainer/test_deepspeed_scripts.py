@@ -73,7 +73,13 @@ def observed(tmp_path_factory) -> dict[str, dict[str, dict]]:
     python = _deepspeed_python()
     root = tmp_path_factory.mktemp("deepspeed_scripts")
     _run("deepspeed", python, root / "deepspeed", _deepspeed_venv.env())
-    ours = dict(os.environ, OMP_NUM_THREADS="1", RANKSCOPE_SPOOL_DIR=str(root / "spool"))
+    # Telemetry goes to a port nobody listens on (it spools): never to a collector that happens to run here.
+    ours = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        RANKSCOPE_SPOOL_DIR=str(root / "spool"),
+        RANKSCOPE_ENDPOINT=f"127.0.0.1:{free_port()}",
+    )
     ours["PYTHONPATH"] = os.pathsep.join([str(HERE.parent.parent), ours.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     _run("rankscope", Path(sys.executable), root / "rankscope", ours)
     return {
