@@ -6,7 +6,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 DATA    ?= rankscope-data
 
-.PHONY: all install stubs native test lint format demo bench sample-runs soak clean
+.PHONY: all install stubs native ds-venv test lint format demo bench sample-runs soak clean
 
 all: install
 
@@ -30,7 +30,12 @@ proto/rankscope_pb2.py: proto/rankscope.proto $(STAMP)
 native: install
 	-MAX_JOBS=2 $(PY) -m native.build --quiet
 
-test: install native lint
+# DeepSpeed 0.19.8 in its own venv (.bench-venv-ds/, CPU wheels), for the tests and benchmarks that
+# compare against it; once per machine. Offline it fails, warns only, and those tests skip saying why.
+ds-venv: install
+	-$(PY) -m benches._deepspeed_venv
+
+test: install native lint ds-venv
 	$(PY) -m pytest -q -m "not slow" tests
 
 # ruff lint + format check (pyproject.toml [tool.ruff]); `make format` rewrites.

@@ -1,15 +1,29 @@
-"""rankscope's bundled DeepSpeed-style training engine:
-``engine, optimizer, dataloader, lr_scheduler = trainer.initialize(model=..., config=...)``."""
+"""rankscope's bundled DeepSpeed-style training engine, importable in DeepSpeed's place:
+
+    import trainer as deepspeed
+    engine, optimizer, dataloader, lr_scheduler = deepspeed.initialize(model=..., config=...)
+
+``initialize``, ``add_config_arguments``, ``init_distributed`` (trainer.api), ``Engine``
+(trainer.engine) and ``comm`` (trainer.comm, for ``deepspeed.comm``)."""
 
 from __future__ import annotations
 
-__all__ = ["Engine", "initialize"]
+import importlib
+
+__all__ = ["Engine", "add_config_arguments", "comm", "init_distributed", "initialize"]
+
+_HOMES = {
+    "Engine": "trainer.engine",
+    "initialize": "trainer.api",
+    "add_config_arguments": "trainer.api",
+    "init_distributed": "trainer.api",
+}
 
 
 def __getattr__(name: str):
     # Lazy, so importing a light submodule (trainer.lr_schedules, trainer.comm) does not build the engine.
-    if name in __all__:
-        from trainer import engine
-
-        return getattr(engine, name)
+    if name == "comm":
+        return importlib.import_module("trainer.comm")
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -71,7 +71,12 @@ class OptimizerConfig(ConfigBlock):
     def validate(self) -> None:
         canonical = {t.lower(): t for t in OPTIMIZER_TYPES}
         if self.type.lower() not in canonical:
-            self.fail("type", f"unknown optimizer; allowed: {', '.join(OPTIMIZER_TYPES)}", self.type)
+            self.fail(
+                "type",
+                f"not an optimizer of rankscope's engine; allowed: {', '.join(OPTIMIZER_TYPES)}, or any torch "
+                "optimizer passed as trainer.initialize(optimizer=...)",
+                self.type,
+            )
         self.type = canonical[self.type.lower()]
 
 
@@ -200,7 +205,6 @@ _ACCEPTED_TOP_LEVEL = frozenset(
         "gradient_predivide_factor",
         "sparse_gradients",
         "communication_data_type",
-        "zero_allow_untested_optimizer",
         "zero_force_ds_cpu_optimizer",
         "dump_state",
         "activation_checkpointing",
@@ -224,19 +228,88 @@ _ACCEPTED_TOP_LEVEL = frozenset(
 )
 
 
+def _enabled(section):
+    return isinstance(section, Mapping) and section.get("enabled") is True
+
+
+def _any_enabled(section) -> bool:
+    """Whether any block nested in ``section`` says ``"enabled": true`` (compression_training's shape)."""
+    if not isinstance(section, Mapping):
+        return False
+    return section.get("enabled") is True or any(_any_enabled(v) for v in section.values())
+
+
+# DeepSpeed features this engine does not have, and how a config asks for them: (dotted key, is it asked
+# for?, what it is). Asking for one fails at initialize with every such key named in one message, rather
+# than training without it (a silently different run) or failing deep inside a step.
+DEEPSPEED_ONLY = (
+    ("amp.enabled", lambda c: _enabled(c.get("amp")), "NVIDIA Apex AMP (use bf16 or fp16)"),
+    ("torch_autocast.enabled", lambda c: _enabled(c.get("torch_autocast")), "torch.autocast mixed precision"),
+    ("hybrid_engine.enabled", lambda c: _enabled(c.get("hybrid_engine")), "the RLHF hybrid engine"),
+    ("elasticity.enabled", lambda c: _enabled(c.get("elasticity")), "elastic training"),
+    ("curriculum_learning.enabled", lambda c: _enabled(c.get("curriculum_learning")), "curriculum learning"),
+    ("data_efficiency.enabled", lambda c: _enabled(c.get("data_efficiency")), "data efficiency (sampling, LTD)"),
+    ("compression_training", lambda c: _any_enabled(c.get("compression_training")), "compression training"),
+    ("sparse_gradients", lambda c: c.get("sparse_gradients") is True, "sparse gradient reduction"),
+    (
+        "sequence_parallel_size",
+        lambda c: isinstance(c.get("sequence_parallel_size"), int) and c["sequence_parallel_size"] > 1,
+        "sequence parallelism (Ulysses)",
+    ),
+    (
+        "zero_optimization.zero_quantized_weights",
+        lambda c: _zero(c).get("zero_quantized_weights") is True,
+        "ZeRO++ quantized weights",
+    ),
+    (
+        "zero_optimization.zero_quantized_gradients",
+        lambda c: _zero(c).get("zero_quantized_gradients") is True,
+        "ZeRO++ quantized gradients",
+    ),
+    (
+        "zero_optimization.zero_hpz_partition_size",
+        lambda c: isinstance(_zero(c).get("zero_hpz_partition_size"), int) and _zero(c)["zero_hpz_partition_size"] > 1,
+        "ZeRO++ hierarchical partitioning",
+    ),
+    (
+        "zero_optimization.mics_shard_size",
+        lambda c: isinstance(_zero(c).get("mics_shard_size"), int) and _zero(c)["mics_shard_size"] > 0,
+        "MiCS sharding",
+    ),
+)
+
+
+def _zero(c) -> Mapping:
+    z = c.get("zero_optimization")
+    return z if isinstance(z, Mapping) else {}
+
+
+def check_deepspeed_only(raw: Mapping) -> None:
+    """One ConfigError naming every DeepSpeed-only feature ``raw`` asks for (see DEEPSPEED_ONLY)."""
+    asked = [f"{key} ({what})" for key, wanted, what in DEEPSPEED_ONLY if wanted(raw)]
+    if asked:
+        raise ConfigError(
+            "not supported by rankscope's engine (DeepSpeed-only features): "
+            + "; ".join(asked)
+            + ". Remove these keys or turn them off to run on this engine."
+        )
+
+
 @dataclass(kw_only=True)
 class EngineConfig(ConfigBlock):
     """The whole ds_config. ``world_size`` (the job's ranks) is supplied by the engine; the
     batch triple is completed by DeepSpeed's rule in ``validate``."""
 
-    ACCEPTED: ClassVar[frozenset[str]] = _ACCEPTED_TOP_LEVEL
+    # The DeepSpeed-only sections are known too: off, they pass; on, check_deepspeed_only names them.
+    ACCEPTED: ClassVar[frozenset[str]] = _ACCEPTED_TOP_LEVEL | {key.split(".")[0] for key, _, _ in DEEPSPEED_ONLY}
     ALIASES: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}  # DeepSpeed's older spelling
     train_batch_size: int | None = setting(None, ge=1)
     train_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
     gradient_accumulation_steps: int | None = setting(None, ge=1)
-    optimizer: OptimizerConfig | None = None  # required; checked in validate with an example
+    optimizer: OptimizerConfig | None = None  # required unless initialize is given an optimizer
+    zero_allow_untested_optimizer: bool = False  # a client optimizer other than Adam/AdamW under ZeRO 1-3
     scheduler: SchedulerConfig | None = None
-    gradient_clipping: float = setting(0.0, ge=0)
+    gradient_clipping: float = setting(1.0, ge=0)  # DeepSpeed's default (its docs and code); 0: off
     fp16: FP16Config = field(default_factory=FP16Config)
     bf16: BF16Config = field(default_factory=BF16Config)
     zero_optimization: ZeroConfig = field(default_factory=ZeroConfig)
@@ -250,16 +323,20 @@ class EngineConfig(ConfigBlock):
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     world_size: int = derived(1)
+    client_optimizer: bool = derived(False)  # initialize(optimizer=...): the config's optimizer block is unused
     raw: dict = derived(default_factory=dict, repr=False)  # the config as given: telemetry and checkpoints keep it
 
     def validate(self) -> None:
+        check_deepspeed_only(self.raw)
         self.tensor_parallel.check_layout(self.world_size)
         self._complete_batch()
         if self.fp16.enabled and self.bf16.enabled:
             raise ConfigError(PRECISION_CONFLICT)
-        if self.optimizer is None:
+        if self.optimizer is None and not self.client_optimizer:
             self.fail(
-                "optimizer", 'the config needs an optimizer block, e.g. {"type": "AdamW", "params": {"lr": 1e-3}}'
+                "optimizer",
+                'the config needs an optimizer block, e.g. {"type": "AdamW", "params": {"lr": 1e-3}}, '
+                "or initialize(optimizer=...) a torch optimizer",
             )
 
     @property

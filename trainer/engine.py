@@ -1,4 +1,4 @@
-"""The training engine: DeepSpeed's ``initialize`` / engine API over ZeRO stages 0-3.
+"""The training engine: DeepSpeed's engine API over ZeRO stages 0-3 (``initialize`` is trainer.api).
 
     engine, optimizer, dataloader, lr_scheduler = trainer.initialize(model=model, config="ds_config.json")
     for x, y in dataloader:
@@ -52,16 +52,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> torch.device:
-    """Join the torchrun process group (or make a world of one) and pick this rank's device."""
+def init_distributed(dist_backend: str | None = None, timeout=None, init_method: str | None = None) -> torch.device:
+    """Join the torchrun process group (or make a world of one) and pick this rank's device.
+    ``dist_backend`` None: nccl with CUDA, else gloo."""
     cuda = torch.cuda.is_available()
     if not comm.is_initialized():
-        backend = "nccl" if cuda else "gloo"
+        backend = dist_backend or ("nccl" if cuda else "gloo")
+        extra = {"timeout": timeout} if timeout is not None else {}
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            comm.init_process_group(backend=backend)
+            comm.init_process_group(backend=backend, init_method=init_method, **extra)
         else:
             comm.init_process_group(
-                backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+                backend=backend,
+                init_method=init_method or f"tcp://127.0.0.1:{_free_port()}",
+                rank=0,
+                world_size=1,
+                **extra,
             )
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -111,6 +117,21 @@ def optimizer_factory(cfg: OptimizerConfig, *, host: bool = False):
     return make
 
 
+def adopt_client_optimizer(client: torch.optim.Optimizer):
+    """``groups -> optimizer`` that re-points the user's own optimizer object at the master shards
+    (as DeepSpeed's ZeRO wrappers do), so its class, options and any scheduler already built on it
+    keep working: each param group keeps its options, gets the masters of its parameters, and
+    state from before initialize is dropped."""
+
+    def adopt(groups: list[dict]) -> torch.optim.Optimizer:
+        for mine, group in zip(client.param_groups, groups, strict=True):
+            mine["params"] = group["params"]
+        client.state.clear()
+        return client
+
+    return adopt
+
+
 def _named_groups(model: nn.Module, model_parameters) -> tuple[list[list], list[dict]]:
     """Trainable (name, param) lists and their options, one per param group."""
     names = {p: n for n, p in model.named_parameters()}
@@ -156,6 +177,59 @@ def _cast_floats(obj, dtype: torch.dtype):
     return obj
 
 
+def _env_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+# Client optimizers DeepSpeed's ZeRO runs without zero_allow_untested_optimizer (its ZERO_SUPPORTED_OPTIMIZERS
+# that exist here); anything else under ZeRO 1-3 needs that key, as there.
+_ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "CPUAdam")
+
+
+def _client_optimizer(optimizer, module: nn.Module, model_parameters, cfg: EngineConfig):
+    """The user's torch optimizer (built now if ``optimizer`` is a callable taking the parameters), or None."""
+    if optimizer is None:
+        return None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        params = list(model_parameters) if model_parameters is not None else list(module.parameters())
+        optimizer = optimizer(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"initialize(optimizer=...): the callable returned {type(optimizer).__name__}, "
+                "not a torch.optim.Optimizer"
+            )
+    # DeepSpeed drops param groups without parameters before wrapping the optimizer.
+    optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+    name = type(optimizer).__name__
+    if (
+        cfg.zero_optimization.stage > 0
+        and name not in _ZERO_TESTED_OPTIMIZERS
+        and not cfg.zero_allow_untested_optimizer
+    ):
+        raise ConfigError(
+            f"zero_allow_untested_optimizer: ZeRO stage {cfg.zero_optimization.stage} with the client optimizer {name} "
+            'needs "zero_allow_untested_optimizer": true in the config (as in DeepSpeed)'
+        )
+    return optimizer
+
+
+def _scheduler(lr_scheduler, optimizer: torch.optim.Optimizer, cfg: EngineConfig):
+    """The client's scheduler (an object, or a callable taking the optimizer), else the config's, else None."""
+    if lr_scheduler is None:
+        return build_scheduler(optimizer, cfg.scheduler)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(optimizer)
+    if not hasattr(lr_scheduler, "step"):
+        raise TypeError(f"initialize(lr_scheduler=...): {type(lr_scheduler).__name__} has no step()")
+    bound = getattr(lr_scheduler, "optimizer", optimizer)
+    if bound is not optimizer:
+        raise ValueError(
+            "initialize(lr_scheduler=...): the scheduler was built on another optimizer than the engine's; "
+            "build it on the optimizer passed as optimizer=, or pass a callable taking the optimizer"
+        )
+    return lr_scheduler
+
+
 # ZeRO-3 gathers a module's own parameters around its forward only; this is the usual
 # way to break that, and its fix. Added to errors from the forward, not replacing them.
 ZERO3_OWNERSHIP_HINT = (
@@ -168,12 +242,31 @@ ZERO3_OWNERSHIP_HINT = (
 class Engine(nn.Module):
     """Wraps the model; forward / backward / step with ZeRO, precision and telemetry."""
 
-    def __init__(self, model: nn.Module, config, model_parameters=None, training_data=None, collate_fn=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        config,
+        model_parameters=None,
+        training_data=None,
+        collate_fn=None,
+        *,
+        optimizer=None,
+        lr_scheduler=None,
+        local_rank: int | None = None,
+    ):
+        """``optimizer``: a torch optimizer over the model's parameters, or a callable taking the
+        parameters and returning one (it replaces the config's optimizer block, as in DeepSpeed);
+        ``lr_scheduler``: a scheduler over that optimizer, or a callable taking the optimizer (it
+        replaces the config's scheduler block). trainer.initialize checks both before this runs."""
         super().__init__()
         raw = load_config(config)
         self.device = init_distributed()
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
-        self.config = cfg = EngineConfig.from_dict(raw, world_size=self.world_size)
+        self.global_rank = self.rank
+        self.local_rank = local_rank if local_rank is not None and local_rank >= 0 else _env_local_rank()
+        self.config = cfg = EngineConfig.from_dict(
+            raw, world_size=self.world_size, client_optimizer=optimizer is not None
+        )
         _start_telemetry(cfg)
         comm.configure(cfg.comms_logger)
         # ZeRO partitions over the data-parallel group; with tensor parallelism that is one rank per TP group.
@@ -188,7 +281,8 @@ class Engine(nn.Module):
 
         self.module = model.to(device=self.device, dtype=cfg.precision)
         self._broadcast_model()
-        named, options = _named_groups(self.module, model_parameters)
+        client = _client_optimizer(optimizer, self.module, model_parameters, cfg)
+        named, options = _named_groups(self.module, client.param_groups if client is not None else model_parameters)
         zero = cfg.zero_optimization
         self.loss_scaler = None
         if cfg.fp16.enabled:
@@ -214,12 +308,17 @@ class Engine(nn.Module):
             storage = CPUStorage(pin_memory=offload.pin_memory)
         else:
             storage = DeviceStorage(self.device)
-        self.optimizer.attach_master(options, optimizer_factory(cfg.optimizer, host=offload.enabled), storage)
+        factory = (
+            adopt_client_optimizer(client)
+            if client is not None
+            else optimizer_factory(cfg.optimizer, host=offload.enabled)
+        )
+        self.optimizer.attach_master(options, factory, storage)
         if zero.offload_param.nvme:
             self.optimizer.attach_param_swap(
                 NVMeParamSwap(zero.offload_param.nvme_path, rank=self.rank, aio=cfg.aio.handle_kwargs())
             )
-        self.lr_scheduler = build_scheduler(self.optimizer.master.optimizer, cfg.scheduler)
+        self.lr_scheduler = _scheduler(lr_scheduler, self.optimizer.master.optimizer, cfg)
         self.data_sampler = None
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
 
@@ -227,6 +326,8 @@ class Engine(nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
+        self._step_applied = False
+        self._global_grad_norm = None
         self.timers = Timers(cfg.wall_clock_breakdown or cfg.telemetry.enabled)
         self.memory = MemoryTracker(self.module, self.optimizer, self.device)
         # The monitor blocks are already built (and their unknown keys reported) here.
@@ -287,6 +388,21 @@ class Engine(nn.Module):
     def get_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
+    def get_mom(self) -> list:
+        """Per param group: Adam's ``betas``, or SGD's ``momentum`` (0.0 where a group has neither)."""
+        key = "momentum" if type(self.optimizer.master.optimizer).__name__ in ("SGD", "RMSprop") else "betas"
+        return [g.get(key, 0.0) for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm of the last optimizer step over all ranks; computed when the step
+        needs it (gradient_clipping > 0), None otherwise."""
+        return self._global_grad_norm
+
+    def was_step_applied(self) -> bool:
+        """Whether the latest ``step()`` updated the parameters (False between accumulation
+        boundaries' micro-steps and on a skipped fp16 overflow step)."""
+        return self._step_applied
+
     @property
     def loss_scale(self) -> float:
         return float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
@@ -310,7 +426,7 @@ class Engine(nn.Module):
         self.timers.stop("fwd")
         return out
 
-    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """Scale by 1/gradient_accumulation_steps (and the fp16 loss scale), backprop, reduce."""
         detached = loss.detach().float()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
@@ -320,7 +436,7 @@ class Engine(nn.Module):
         self.timers.start("bwd")
         self.timers.start("bwd_inner")
         self.optimizer.begin_backward(self.is_gradient_accumulation_boundary())
-        scaled.backward()
+        scaled.backward(retain_graph=retain_graph)
         self.timers.stop("bwd_inner")
         self.timers.start("bwd_allreduce")
         self.optimizer.after_backward()
@@ -328,15 +444,19 @@ class Engine(nn.Module):
         self.timers.stop("bwd")
         return loss
 
-    def step(self) -> None:
-        """Optimizer step at the accumulation boundary; otherwise only counts the micro-step."""
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """Optimizer step at the accumulation boundary; otherwise only counts the micro-step.
+        The lr scheduler steps once per applied optimizer step (``lr_kwargs`` go to its step())."""
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self.timers.start("step")
             outcome = self.optimizer.step()
+            self._global_grad_norm = outcome.grad_norm
+            self._step_applied = not outcome.skipped
             if outcome.skipped:
                 self.skipped_steps += 1
             elif self.lr_scheduler is not None:
-                self.lr_scheduler.step()
+                self.lr_scheduler.step(**(lr_kwargs or {}))
             self.timers.stop("step")
             self._report(outcome)
             self.global_steps += 1
@@ -432,6 +552,27 @@ class Engine(nn.Module):
             load_module_only=load_module_only,
         )
 
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False):
+        """DeepSpeed's call (collective): the whole model's state_dict in its training precision
+        (partitioned ZeRO-3 parameters gathered), written by rank 0 to ``save_dir/save_filename``,
+        loadable by the plain model. Returns True."""
+        full = getattr(self.optimizer, "full_state_dict", None)
+        state = full(self.module) if full is not None else self.module.state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        error = None
+        if self.rank == 0:
+            try:
+                os.makedirs(save_dir, exist_ok=True)
+                torch.save({k: v.detach().cpu() for k, v in state.items()}, os.path.join(save_dir, save_filename))
+            except OSError as e:
+                error = f"{e.filename}: {e.strerror or e}" if e.filename else str(e)
+        from trainer.checkpoint.save import agree
+
+        agree(error, f"saving the 16-bit model to {os.path.join(os.fspath(save_dir), save_filename)}")
+        return True
+
     def after_checkpoint_load(self) -> None:
         session.set_step(self.global_steps)
         self._loss_sum = None
@@ -447,15 +588,3 @@ class Engine(nn.Module):
             session.stop()
         except Exception as e:  # telemetry must never fail the run
             warnings.warn(f"telemetry stop failed: {e}", stacklevel=2)
-
-
-def initialize(model: nn.Module = None, config=None, model_parameters=None, training_data=None, collate_fn=None):
-    """DeepSpeed's ``deepspeed.initialize``: returns ``(engine, optimizer, dataloader, lr_scheduler)``."""
-    if model is None:
-        raise ValueError("initialize: model is required")
-    if config is None:
-        raise ValueError("initialize: config (a dict or a path to a ds_config.json) is required")
-    engine = Engine(
-        model, config, model_parameters=model_parameters, training_data=training_data, collate_fn=collate_fn
-    )
-    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -47,7 +47,7 @@ def test_engine_config_defaults_follow_deepspeed():
     z = cfg.zero_optimization
     assert (z.stage, z.reduce_bucket_size, z.overlap_comm, z.contiguous_gradients) == (0, 500_000_000, False, True)
     assert (cfg.fp16.initial_scale_power, cfg.fp16.loss_scale_window, cfg.fp16.hysteresis) == (16, 1000, 2)
-    assert cfg.steps_per_print == 10 and cfg.gradient_clipping == 0.0
+    assert cfg.steps_per_print == 10 and cfg.gradient_clipping == 1.0  # DeepSpeed clips at 1.0 unless told
     assert EngineConfig.from_dict(_cfg(bfloat16={"enabled": True})).bf16.enabled  # older spelling
     big = EngineConfig.from_dict(_cfg(zero_optimization={"stage": 2, "reduce_bucket_size": 5e8}))
     assert big.zero_optimization.reduce_bucket_size == 500_000_000
@@ -72,7 +72,8 @@ def test_engine_config_defaults_follow_deepspeed():
         ),
         (
             _cfg(optimizer={"type": "Adagrad2", "params": {}}),
-            "optimizer.type: unknown optimizer; allowed: Adam, AdamW, SGD (got 'Adagrad2')",
+            "optimizer.type: not an optimizer of rankscope's engine; allowed: Adam, AdamW, SGD, or any torch optimizer "
+            "passed as trainer.initialize(optimizer=...) (got 'Adagrad2')",
         ),
         (
             _cfg(zero_optimization={"stage": 3, "offload_optimizer": {"device": "nvme"}}),
@@ -146,7 +147,7 @@ def test_engine_deepspeed_adam_means_adamw_without_decay():
 # --------------------------------------------------------------------------- whole DeepSpeed configs
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-EXAMPLE_CONFIGS = sorted((Path(__file__).parent.parent / "trainer" / "examples" / "configs").glob("*.json"))
+EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "trainer" / "examples" / "configs").glob("*.json"))
 
 
 def _warned_keys(caught) -> list[str]:
@@ -160,10 +161,21 @@ def _warned_keys(caught) -> list[str]:
     ]
 
 
+def _reference(deepspeed_only: bool = False) -> dict:
+    """DeepSpeed's config-JSON reference; unless ``deepspeed_only``, with what it enables that this
+    engine does not have (trainer.config.DEEPSPEED_ONLY) turned off, as a user of this engine would."""
+    raw = json.loads(json.dumps(load_config(FIXTURES / "deepspeed_config_reference.json")))
+    if not deepspeed_only:
+        raw["compression_training"]["layer_reduction"]["enabled"] = False
+        raw["data_efficiency"]["enabled"] = False
+        raw["curriculum_learning"]["enabled"] = False
+    return raw
+
+
 def test_deepspeed_reference_config_loads_without_a_warning():
     """Every section of DeepSpeed's config-JSON reference, with its documented example
     values (the seed docs), in one file: nothing in it is reported as unknown."""
-    raw = load_config(FIXTURES / "deepspeed_config_reference.json")
+    raw = _reference()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = EngineConfig.from_dict(raw, world_size=4)
@@ -185,9 +197,18 @@ def test_deepspeed_reference_config_loads_without_a_warning():
     assert cfg.raw == raw
 
 
+def test_deepspeed_only_features_of_the_reference_fail_in_one_message_naming_each():
+    with pytest.raises(ConfigError) as e:
+        EngineConfig.from_dict(_reference(deepspeed_only=True), world_size=4)
+    message = str(e.value)
+    assert message.startswith("not supported by rankscope's engine (DeepSpeed-only features): ")
+    assert "compression_training (compression training)" in message
+    assert "data_efficiency.enabled (data efficiency" in message
+    assert "curriculum_learning.enabled (curriculum learning)" in message
+
+
 def test_genuinely_unknown_keys_are_the_only_ones_reported_at_any_depth():
-    raw = load_config(FIXTURES / "deepspeed_config_reference.json")
-    raw = json.loads(json.dumps(raw))
+    raw = _reference()
     typos = {
         "zero_optimisation": {},
         "zero_optimization.offload_param.buffer_cnt": 5,

@@ -28,6 +28,13 @@ class TensorParallelConfig(ConfigBlock):
     enabled: bool = True
     tp_size: int = setting(1, ge=1)
 
+    @classmethod
+    def _renamed(cls, d, key):
+        if d.get("autotp_size") == 0:  # DeepSpeed's way of saying off
+            d = {k: v for k, v in d.items() if k != "autotp_size"}
+            d.setdefault("enabled", False)
+        return super()._renamed(d, key)
+
     def validate(self) -> None:
         if not self.enabled:
             self.tp_size = 1
