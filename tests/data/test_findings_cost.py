@@ -1,0 +1,67 @@
+"""Straggler cost, onset and exposed communication as pure functions of step-analysis frames:
+each fires on its injected story and stays silent on a healthy run, at 4 and at 1,024 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.data.findings import communication, stragglers
+from collector.testing.step_frames import step_rows
+
+
+def test_a_late_rank_is_named_with_its_cost_per_step_and_the_op():
+    (finding,) = stragglers.costly_ranks(step_rows(4, 30, late_rank=3, late_ms=41.0), world_size=4)
+    assert finding.kind == "straggler" and finding.severity == "warning" and finding.ranks == (3,)
+    assert finding.cost_ms_per_step == pytest.approx(41.0, abs=0.5)
+    assert finding.text.startswith("rank 3 costs 41 ms per step (29% of step time) by arriving late at reduce_scatter")
+    assert finding.evidence["what_if_step_ms"] == pytest.approx(100.0, abs=1)
+    assert "onset_step" not in finding.evidence  # slow from the start: no onset to report
+
+
+def test_a_healthy_run_has_no_straggler_at_4_and_1024_ranks():
+    assert stragglers.costly_ranks(step_rows(4, 50, jitter_ms=0.5), world_size=4) == []
+    assert stragglers.costly_ranks(step_rows(1024, 50, jitter_ms=3.0), world_size=1024) == []
+
+
+def test_a_straggler_among_1024_ranks():
+    (finding,) = stragglers.costly_ranks(step_rows(1024, 40, late_rank=777, late_ms=25.0), world_size=1024)
+    assert finding.ranks == (777,) and finding.cost_ms_per_step == pytest.approx(25.0, abs=0.5)
+
+
+def test_warm_up_and_spread_lateness_are_not_stragglers():
+    # The first step (warm-up) may be slow anywhere; a rank late only there costs nothing.
+    rows = step_rows(4, 20)
+    rows.loc[(rows.step == 0) & (rows["rank"] == 2), "imposed_ms"] = 500.0
+    assert stragglers.costly_ranks(rows, world_size=4) == []
+    # Every rank imposing as much as the others (load imbalance, MoE) names nobody.
+    even = step_rows(4, 20)
+    even["imposed_ms"] = 10.0
+    assert stragglers.costly_ranks(even, world_size=4) == []
+
+
+def test_onset_is_found_where_the_rank_turned_slow():
+    (finding,) = stragglers.costly_ranks(step_rows(4, 80, late_rank=2, late_ms=40.0, late_from=40), world_size=4)
+    assert finding.evidence["onset_step"] == 40 and finding.steps == (40, 79)
+    assert "slow since step 40 (+40 ms per step from then)" in finding.text
+    assert finding.cost_ms_per_step == pytest.approx(40.0 * 40 / 79, rel=0.05)
+
+
+def test_onset_of_a_pure_series():
+    assert stragglers.onset([0.1] * 10 + [30.0] * 10)[0] == 10
+    assert stragglers.onset([30.0] * 20) is None
+    assert stragglers.onset([1.0, 2.0]) is None
+
+
+def test_step_costs_give_the_what_if_step_time():
+    per_step = stragglers.step_costs(stragglers.training_steps(step_rows(4, 10, late_rank=1, late_ms=20.0)))
+    assert (per_step.step_ms - per_step.what_if_ms).to_numpy() == pytest.approx(per_step.held_ms.to_numpy())
+    assert per_step.what_if_ms.to_numpy() == pytest.approx(100.0, abs=0.5)
+
+
+def test_exposed_communication_is_a_note_and_never_over_100_percent():
+    (finding,) = communication.exposed_communication(step_rows(4, 20, late_rank=3, late_ms=30.0))
+    assert finding.severity == "info" and finding.kind == "exposed_communication"
+    assert 0 < finding.evidence["comm"] <= 1 and finding.evidence["waiting"] <= finding.evidence["comm"]
+    assert finding.text.startswith("communication is in flight")
+    untimed = step_rows(4, 20).assign(timed=False)
+    assert communication.exposed_communication(untimed) == []
