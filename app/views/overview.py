@@ -49,6 +49,7 @@ def health_summary(sel: state.Selection, version: str) -> None:
         world_size=int(run.world_size),
         source=run.get("source"),
         config=run.get("config"),
+        signals=queries.signals_by_step(d, run_id, version),
     )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]

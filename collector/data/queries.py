@@ -535,3 +535,44 @@ def step_analysis_of(comm: pa.Table, timers: pa.Table) -> pd.DataFrame:
         return cur.execute(f"WITH {_STEP_ANALYSIS_BODY}").df()
     finally:
         cur.close()
+
+
+# --- root-cause signals ------------------------------------------------------------
+
+
+def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
+    part = layout.partition_dir(Path(data_dir), table, run_id)
+    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
+
+
+def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank and step, what may explain a late arrival: gc_ms (Python GC pauses), data_ms (the
+    wait for the batch, the engine's ``data`` timer), runqueue_ms and cpu_ms (time the process waited
+    for a CPU and ran on one), cpu_util and steal (host shares). A signal the run did not record is NULL; runs recorded
+    before a signal existed have no table for it, so it is not queried at all."""
+    parts = [
+        "SELECT rank, step, sum(dur_ns) FILTER (WHERE name = 'data') / 1e6 AS data_ms FROM timers"
+        " WHERE run_id = ? GROUP BY rank, step"
+    ]
+    params: list = [run_id]
+    columns = ["t.data_ms"]
+    joins = ""
+    if _has_segments(cat.data_dir, "gc", run_id):
+        joins += " FULL JOIN (SELECT rank, step, sum(dur_ns) / 1e6 AS gc_ms FROM gc WHERE run_id = ?"
+        joins += " GROUP BY rank, step) g USING (rank, step)"
+        params.append(run_id)
+        columns.append("coalesce(g.gc_ms, 0) AS gc_ms")
+    else:
+        columns.append("NULL::DOUBLE AS gc_ms")
+    if _has_segments(cat.data_dir, "host", run_id):
+        joins += """ FULL JOIN (SELECT rank, step, sum(runqueue_ns) / 1e6 AS runqueue_ms, sum(cpu_ns) / 1e6 AS cpu_ms,
+                   avg(cpu_util) AS cpu_util, avg(steal) AS steal FROM host WHERE run_id = ? GROUP BY rank, step) h
+                   USING (rank, step)"""
+        params.append(run_id)
+        columns += ["h.runqueue_ms", "h.cpu_ms", "h.cpu_util", "h.steal"]
+    else:
+        columns += [f"NULL::DOUBLE AS {c}" for c in ("runqueue_ms", "cpu_ms", "cpu_util", "steal")]
+    return cat.df(
+        f"SELECT rank, step, {', '.join(columns)} FROM ({parts[0]}) t{joins} ORDER BY rank, step",
+        params,
+    )

@@ -31,6 +31,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from collector.rank import ops, session
+from collector.rank import signals as _signals  # noqa: F401  (GC pauses and host samples follow the session)
 from collector.rank.recorder import INSTRUMENTED_OPS
 
 log = logging.getLogger(__name__)

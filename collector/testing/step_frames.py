@@ -46,3 +46,23 @@ def step_rows(
             "timed": True,
         }
     )
+
+
+def signal_rows(
+    n_ranks: int, n_steps: int, *, rank: int | None = None, column: str = "gc_ms", ms: float = 0.0, seed: int = 1
+) -> pd.DataFrame:
+    """``queries.signals_by_step``-shaped: every signal small and noisy on every rank, and
+    ``column`` at ``ms`` (+ noise) on ``rank``."""
+    rng = np.random.default_rng(seed)
+    ranks = np.tile(np.arange(n_ranks), n_steps)
+    steps = np.repeat(np.arange(n_steps), n_ranks)
+    out = {"rank": ranks, "step": steps}
+    for name in ("gc_ms", "data_ms", "runqueue_ms"):
+        out[name] = rng.uniform(0, 0.5, len(ranks))
+    out["cpu_ms"] = rng.uniform(50, 55, len(ranks))
+    out["cpu_util"] = np.full(len(ranks), 0.5)
+    out["steal"] = np.zeros(len(ranks))
+    frame = pd.DataFrame(out)
+    if rank is not None:
+        frame.loc[frame["rank"] == rank, column] += ms
+    return frame

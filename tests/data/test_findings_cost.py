@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from collector.data.findings import communication, stragglers
-from collector.testing.step_frames import step_rows
+from collector.testing.step_frames import signal_rows, step_rows
 
 
 def test_a_late_rank_is_named_with_its_cost_per_step_and_the_op():
@@ -65,3 +65,49 @@ def test_exposed_communication_is_a_note_and_never_over_100_percent():
     assert finding.text.startswith("communication is in flight")
     untimed = step_rows(4, 20).assign(timed=False)
     assert communication.exposed_communication(untimed) == []
+
+
+@pytest.mark.parametrize(
+    ("column", "cause", "words"),
+    [("gc_ms", "gc", "GC pauses"), ("data_ms", "data", "data loading"), ("runqueue_ms", "host_cpu", "host CPU")],
+)
+def test_the_signal_that_explains_a_straggler_is_named(column, cause, words):
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30, rank=3, column=column, ms=36.0)
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert finding.evidence["cause"] == cause and words in finding.text
+    assert finding.evidence["coincidence"] == pytest.approx(1.0)
+    assert finding.evidence["signal_median_ms"] == pytest.approx(36.25, abs=0.5)
+
+
+def test_no_cause_when_no_signal_stands_out_or_none_was_recorded():
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    (quiet,) = stragglers.costly_ranks(steps, world_size=4, signals=signal_rows(4, 30))
+    assert "cause" not in quiet.evidence and ":" not in quiet.text
+    # A signal every rank has as much of explains nothing about one of them.
+    everyone = signal_rows(4, 30)
+    everyone["gc_ms"] += 36.0
+    (shared,) = stragglers.costly_ranks(steps, world_size=4, signals=everyone)
+    assert "cause" not in shared.evidence
+    unrecorded = signal_rows(4, 30, rank=3, ms=36.0).assign(gc_ms=None, runqueue_ms=None)
+    (unknown,) = stragglers.costly_ranks(steps, world_size=4, signals=unrecorded)
+    assert "cause" not in unknown.evidence
+
+
+def test_a_cause_among_1024_ranks():
+    steps = step_rows(1024, 20, late_rank=5, late_ms=30.0)
+    signals = signal_rows(1024, 20, rank=5, column="data_ms", ms=29.0)
+    (finding,) = stragglers.costly_ranks(steps, world_size=1024, signals=signals)
+    assert finding.ranks == (5,) and finding.evidence["cause"] == "data"
+
+
+def test_a_rank_that_computes_more_waits_more_for_a_cpu_without_a_neighbour_to_blame():
+    # On a busy host every rank waits ~0.5 ms of run queue per CPU ms; the straggler ran 40 ms
+    # more and waited in proportion: its own work, not contention aimed at it.
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30)
+    signals["runqueue_ms"] = signals.cpu_ms * 0.5
+    signals.loc[signals["rank"] == 3, "cpu_ms"] += 40.0
+    signals.loc[signals["rank"] == 3, "runqueue_ms"] = signals.cpu_ms * 0.5
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert "cause" not in finding.evidence

@@ -33,13 +33,15 @@ def summarize(
     world_size: int,
     source: str | None = None,
     config: str | None = None,
+    signals: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``source`` and ``config`` are the run's (they decide which
-    configuration keys advice may name)."""
+    configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
+    a straggler)."""
     engine, stage = engine_of(source, config)
     return ranked(
-        costly_ranks(steps, world_size)
+        costly_ranks(steps, world_size, signals)
         + exposed_communication(steps)
         + small_messages(log_summary, engine, stage)
         + loss_scale_falls(scales)
@@ -59,4 +61,5 @@ def for_run(cat: queries.Catalog, run_id: str) -> list[Finding]:
         world_size=int(run.world_size) if run is not None else 1,
         source=run.source if run is not None else None,
         config=run.config if run is not None else None,
+        signals=queries.signals_by_step(cat, run_id),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from collector.data.findings import causes
 from collector.data.findings.model import Finding, duration, pct
 
 # A straggler's cost must be at least this share of the step and this many ms per step ...
@@ -85,8 +86,9 @@ def onset(series: np.ndarray) -> tuple[int, float, float] | None:
     return split, float(before), float(after)
 
 
-def costly_ranks(steps: pd.DataFrame, world_size: int) -> list[Finding]:
-    """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms)."""
+def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | None = None) -> list[Finding]:
+    """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms) and, to say
+    why, queries.signals_by_step (see findings.causes)."""
     steps = training_steps(steps)
     if world_size < 2 or steps.empty or steps.step.nunique() < MIN_STEPS:
         return []
@@ -99,6 +101,13 @@ def costly_ranks(steps: pd.DataFrame, world_size: int) -> list[Finding]:
             continue
         rank = int(row.rank)
         mine = steps[steps["rank"] == rank].sort_values("step")
+        imposed = np.minimum(mine.imposed_ms.to_numpy(), mine.step_ms.to_numpy())
+        turned = onset(imposed)
+        slow_part = imposed[turned[0] :] if turned is not None else imposed
+        # Late on most of its (slow) steps, not a few de-scheduled ones: a rank every rank
+        # waits for now and then on a busy host is noise, not a straggler.
+        if float(np.median(slow_part)) < max(MIN_COST_MS, MIN_COST_SHARE * median_step):
+            continue
         first, last = int(mine.step.iloc[0]), int(mine.step.iloc[-1])
         text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
         text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
@@ -110,13 +119,22 @@ def costly_ranks(steps: pd.DataFrame, world_size: int) -> list[Finding]:
             "what_if_step_ms": median_step - cost,
             "op": row.late_op if isinstance(row.late_op, str) else None,
             "steps": int(row.steps),
+            "late_steps": int((imposed >= max(MIN_COST_MS, MIN_COST_SHARE * median_step)).sum()),
         }
-        turned = onset(np.minimum(mine.imposed_ms.to_numpy(), mine.step_ms.to_numpy()))
         if turned is not None:
             split, before, after = turned
             first = int(mine.step.iloc[split])
             text += f"; slow since step {first} (+{duration(after - before)} per step from then)"
             evidence |= {"onset_step": first, "before_ms": before, "after_ms": after}
+        late = imposed >= max(MIN_COST_MS, MIN_COST_SHARE * median_step)
+        why = (
+            causes.explain(rank, pd.Series(imposed[late], index=mine.step.to_numpy()[late]), signals)
+            if (signals is not None)
+            else None
+        )
+        if why is not None:
+            text += f": {why['clause']}"
+            evidence |= why["evidence"]
         found.append(
             Finding(
                 kind="straggler",
