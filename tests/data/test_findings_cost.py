@@ -111,3 +111,15 @@ def test_a_rank_that_computes_more_waits_more_for_a_cpu_without_a_neighbour_to_b
     signals.loc[signals["rank"] == 3, "runqueue_ms"] = signals.cpu_ms * 0.5
     (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
     assert "cause" not in finding.evidence
+
+
+def test_cpu_waits_sampled_on_a_clock_are_spread_over_the_steps_they_cover():
+    # The sampler reads /proc every 0.1 s: with shorter steps, some steps get no sample and the
+    # next one covers them. Half the steps sampled, each sample covering two steps' worth.
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30, rank=3, column="runqueue_ms", ms=36.0)
+    unsampled = signals.step % 2 == 0
+    for column in ("runqueue_ms", "cpu_ms"):
+        signals[column] = signals[column].where(unsampled, None) * 2
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert finding.evidence["cause"] == "host_cpu" and finding.evidence["coincidence"] >= 0.9

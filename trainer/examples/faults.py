@@ -1,11 +1,11 @@
 """The example GPT with one rank slowed down on purpose, to see what rankscope makes of it.
 
     RANKSCOPE_ENDPOINT=127.0.0.1:50051 torchrun --nproc_per_node 4 -m trainer.examples.faults \\
-        --runs sleep:0 sleep:30 sleep:80 gc:40 sleep:40@40x80 --steps 12 --run slow
+        --runs sleep:0 sleep:30 sleep:80 gc:40 sleep:40@40x80 --steps 12 --name slow
 
 Each ``--runs`` entry ``FAULT:MS[@FROM][xSTEPS]`` is one run (``slow-sleep30``,
 ``slow-sleep40from40x80``), trained in the same processes one after the other, so the runs
-differ only in the fault. Faults, on ``--rank`` only and from step FROM on:
+differ only in the fault. Faults, on one rank only and from step FROM on:
 
 - ``sleep``: waits ``--ms`` before each forward (a slow device or host), busy, so that on a
   CPU-only host its core is not handed to the other ranks meanwhile (see ``busy_wait``);
@@ -38,7 +38,7 @@ from trainer.examples.gpt import GPT, synthetic_batch
 from trainer.examples.scenarios import BLOCK_SIZE, VOCAB, _lm_loss
 
 FAULTS = ("none", "sleep", "gc", "data", "cpu")
-CYCLES_PER_MS = 6_000  # reference cycles whose collection takes about a millisecond on a CPU core
+CYCLES_PER_MS = 100  # cycles per ms of pause asked for, besides the walk over every tracked object
 
 
 class SyntheticSequences(Dataset):
@@ -155,17 +155,17 @@ def parse_run(spec: str, steps: int) -> tuple[str, float, int, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description="The example GPT with one rank slowed down on purpose.")
     p.add_argument("--runs", nargs="+", default=["sleep:40"], help="FAULT:MS[@FROM][xSTEPS], one run each")
-    p.add_argument("--rank", type=int, default=3, help="the rank to slow down")
+    p.add_argument("--slow-rank", type=int, default=3, help="the rank to slow down")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps per run (unless the run says)")
-    p.add_argument("--run", default="fault", help="run name prefix")
+    p.add_argument("--name", default="fault", help="run name prefix (torchrun would take --run)")
     p.add_argument("--times", default=None, help="rank 0 writes each run's step wall times (s) here as JSON")
     args = p.parse_args()
     runs = [parse_run(spec, args.steps) for spec in args.runs]
     init_distributed()
     times = {}
     for spec, (fault, ms, first, steps) in zip(args.runs, runs, strict=True):
-        run = f"{args.run}-{spec.replace(':', '').replace('@', 'from')}"
-        times[run] = train_one(run, Fault(fault, args.rank, ms, first), steps)
+        run = f"{args.name}-{spec.replace(':', '').replace('@', 'from')}"
+        times[run] = train_one(run, Fault(fault, args.slow_rank, ms, first), steps)
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"[faults] {run}: median step {1e3 * sorted(times[run])[len(times[run]) // 2]:.1f} ms", flush=True)
     if args.times and int(os.environ.get("RANK", 0)) == 0:

@@ -74,6 +74,19 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | Non
     }
 
 
+# Sampled on a clock (every 0.1 s), not per step: a sample covers every step since the one before.
+SAMPLED = {"runqueue_ms", "cpu_ms"}
+
+
 def _grid(signals: pd.DataFrame, column: str) -> pd.DataFrame:
-    """step x rank of one signal."""
-    return signals.pivot_table(index="step", columns="rank", values=column, aggfunc="sum")
+    """step x rank of one signal; a sampled one is spread evenly over the steps each sample covers."""
+    grid = signals.groupby(["step", "rank"])[column].sum(min_count=1).unstack("rank")
+    if column not in SAMPLED or grid.empty:
+        return grid
+    grid = grid.reindex(range(int(grid.index.min()), int(grid.index.max()) + 1))
+    return grid.apply(_spread)
+
+
+def _spread(col: pd.Series) -> pd.Series:
+    owner = col.notna()[::-1].cumsum()[::-1]  # each step belongs to the first sample at or after it
+    return col.fillna(0.0).groupby(owner).transform("sum") / col.groupby(owner).transform("size")
