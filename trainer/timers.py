@@ -67,4 +67,6 @@ class TimedLoader:
         return len(self.loader)
 
     def __getattr__(self, name: str):
+        if name == "loader":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.loader, name)
