@@ -60,8 +60,7 @@ def health_summary(sel: state.Selection, version: str) -> None:
         st.success("Healthy: no straggler, hang or overflow to fix.")
     show = {"critical": st.error, "warning": st.warning}
     for finding in problems:
-        cost = f" · costs {diagnosis.duration(finding.cost_ms_per_step)}/step" if finding.cost_ms_per_step else ""
-        show[finding.severity](finding.text + cost + finding_link(finding, run_id))
+        show[finding.severity](finding.text + finding_link(finding, run_id))
     for finding in notes:
         st.info(finding.text + finding_link(finding, run_id))
     if any(f.kind == "straggler" for f in findings):

@@ -152,3 +152,32 @@ def test_the_overview_names_the_cause(runs, tab, fault):
     finally:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"causes-{fault}.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_the_demo_run_is_healthy(tmp_path):
+    """What every new user sees first: `rankscope demo`'s run (4 ranks, ZeRO-2, overlap_comm, nobody
+    slowed) must not report a straggler or a communication warning."""
+    demo = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "demo",
+            "--no-dashboard",
+            "--exit",
+            "--steps",
+            "40",
+            "--port",
+            str(free_port()),
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    found = health(tmp_path, "demo")
+    assert not [f for f in found if f["severity"] in ("warning", "critical")], found
+    assert any(f["kind"] == "exposed_communication" and f["evidence"]["comm"] <= 1 for f in found)
