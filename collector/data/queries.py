@@ -438,6 +438,8 @@ def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
 #   timed         whether the run has step timers; without them (a hook run that sends none) a
 #                 step is the span of the rank's communication, enough for the straggler cost
 #                 but not for shares of step time.
+# Relations read more than once are MATERIALIZED: DuckDB would otherwise inline them and
+# scan the Parquet (and redo the instance grouping) once per reference.
 # It reads two relations: ``c`` (rank, step, group_name, seq, op, start_ns, end_ns) and ``t``
 # (rank, step, name, start_ns, end_ns), so the same text runs on the catalog and on Arrow tables.
 
@@ -451,29 +453,31 @@ def _islands(source: str, start: str, end: str) -> str:
             SELECT *, sum(CASE WHEN reach IS NULL OR {start} > reach THEN 1 ELSE 0 END)
                           OVER (PARTITION BY rank, step ORDER BY {start}, {end} ROWS UNBOUNDED PRECEDING) AS island
             FROM (SELECT rank, step, {start}, {end},
-                         max({end}) OVER (PARTITION BY rank, step ORDER BY {start}, {end}
-                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-                  FROM {source} WHERE {end} > {start}))
+                         lag(reach_incl) OVER (PARTITION BY rank, step ORDER BY {start}, {end}) AS reach
+                  FROM (SELECT rank, step, {start}, {end},
+                               max({end}) OVER (PARTITION BY rank, step ORDER BY {start}, {end}
+                                                ROWS UNBOUNDED PRECEDING) AS reach_incl
+                        FROM {source} WHERE {end} > {start})))
         GROUP BY rank, step, island"""
 
 
 _STEP_ANALYSIS_BODY = f"""
     timed AS (SELECT EXISTS (SELECT 1 FROM t) AS yes),
-    win AS (
+    win AS MATERIALIZED (
         SELECT rank, step, min(start_ns) AS w0, max(end_ns) AS w1 FROM t GROUP BY rank, step
         UNION ALL
         SELECT rank, step, min(start_ns), max(end_ns) FROM c WHERE NOT (SELECT yes FROM timed) GROUP BY rank, step),
-    cw AS (
+    cw AS MATERIALIZED (
         SELECT c.rank, c.step, c.group_name, c.seq, c.op, c.start_ns,
                greatest(c.start_ns, w.w0) AS s, least(c.end_ns, w.w1) AS e
         FROM c JOIN win w ON c.rank = w.rank AND c.step = w.step
         WHERE c.end_ns > w.w0 AND c.start_ns < w.w1),
-    inst AS ({instances_sql("cw")}),
-    iv AS (
+    inst AS MATERIALIZED ({instances_sql("cw")}),
+    iv AS MATERIALIZED (
         SELECT cw.rank, cw.step, cw.s, cw.e,
                least(greatest(coalesce(i.last_ns, cw.s), cw.s), cw.e) AS wait_e
         FROM cw LEFT JOIN inst i ON {join_condition("cw", "i")}),
-    islands AS ({_islands("iv", "s", "e")}),
+    islands AS MATERIALIZED ({_islands("iv", "s", "e")}),
     comm_u AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM islands GROUP BY rank, step),
     wait_u AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM ({_islands("iv", "s", "wait_e")}) GROUP BY rank, step),
     overlap AS (
@@ -481,7 +485,7 @@ _STEP_ANALYSIS_BODY = f"""
         FROM islands u JOIN t ON u.rank = t.rank AND u.step = t.step
         WHERE t.name IN ('fwd', 'bwd_inner')
         GROUP BY u.rank, u.step),
-    late AS (
+    late AS MATERIALIZED (
         SELECT any_value(cw.step) AS step, any_value(i.last_rank) AS rank, any_value(cw.op) AS op,
                max(cw.start_ns) FILTER (WHERE cw.rank <> i.last_rank) AS s, any_value(i.last_ns) AS e
         FROM cw JOIN inst i ON {join_condition("cw", "i")}
@@ -512,9 +516,9 @@ def step_analysis(cat: Catalog, run_id: str) -> pd.DataFrame:
     the comm records already are."""
     return cat.df(
         f"""
-        WITH c AS (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm WHERE run_id = ?),
+        WITH c AS MATERIALIZED (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm WHERE run_id = ?),
         offsets AS (SELECT rank, any_value(clock_offset_ns) AS off FROM ranks WHERE run_id = ? GROUP BY rank),
-        t AS (
+        t AS MATERIALIZED (
             SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) AS start_ns,
                    tm.start_ns + tm.dur_ns - coalesce(o.off, 0) AS end_ns
             FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank
