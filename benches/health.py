@@ -99,7 +99,7 @@ def main() -> None:
         load.append(os.getloadavg()[0])
     top = next((f.text for f in found if f.severity == "warning"), "none")
     lines = [
-        "# `rankscope health` on a 10M-record run",
+        f"# `rankscope health` on a {records / 1e6:g}M-record run",
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}, shared with other jobs "
         f"(1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end). Code: {code_version(REPO)}.",
