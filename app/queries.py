@@ -113,6 +113,16 @@ def step_wall_ms(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 
 @_cached()
+def step_analysis(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.step_analysis(catalog(data_dir), run_id)
+
+
+@_cached()
+def signals_by_step(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.signals_by_step(catalog(data_dir), run_id)
+
+
+@_cached()
 def monitor_series(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.monitor_series(catalog(data_dir), run_id)
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from collector.rank import session
+from collector.rank import signals as _signals  # noqa: F401  (GC pauses and host samples follow the session)
 from trainer import comm
 from trainer.config import ConfigError, EngineConfig, OptimizerConfig, load_config
 from trainer.loss_scaler import build_loss_scaler
@@ -42,7 +43,7 @@ from trainer.memory import MemoryTracker
 from trainer.monitor import MonitorMaster
 from trainer.offload import CPUStorage, DeviceStorage, NVMeParamSwap, NVMeStorage
 from trainer.profiling import StepProfiler
-from trainer.timers import Timers
+from trainer.timers import TimedLoader, Timers
 from trainer.zero import ZeroOptimizer, build_zero_optimizer
 
 
@@ -319,6 +320,7 @@ class Engine(nn.Module):
                 NVMeParamSwap(zero.offload_param.nvme_path, rank=self.rank, aio=cfg.aio.handle_kwargs())
             )
         self.lr_scheduler = _scheduler(lr_scheduler, self.optimizer.master.optimizer, cfg)
+        self.timers = Timers(cfg.wall_clock_breakdown or cfg.telemetry.enabled)  # the data loader times its waits
         self.data_sampler = None
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
 
@@ -328,7 +330,6 @@ class Engine(nn.Module):
         self.skipped_steps = 0
         self._step_applied = False
         self._global_grad_norm = None
-        self.timers = Timers(cfg.wall_clock_breakdown or cfg.telemetry.enabled)
         self.memory = MemoryTracker(self.module, self.optimizer, self.device)
         # The monitor blocks are already built (and their unknown keys reported) here.
         self.monitor = MonitorMaster(dict(cfg.raw, csv_monitor=cfg.csv_monitor, tensorboard=cfg.tensorboard))
@@ -360,13 +361,15 @@ class Engine(nn.Module):
         from trainer.data_sampler import ResumableDistributedSampler
 
         self.data_sampler = ResumableDistributedSampler(dataset, num_replicas=self.dp_world_size, rank=self.dp_rank)
-        return DataLoader(
+        loader = DataLoader(
             dataset,
             batch_size=self.train_micro_batch_size_per_gpu(),
             sampler=self.data_sampler,
             collate_fn=collate_fn,
             drop_last=True,
         )
+        # The wait for each batch is the ``data`` timer: a rank whose loader is slow shows it.
+        return TimedLoader(loader, self.timers)
 
     # ---------------------------------------------------------------- DeepSpeed accessors
 

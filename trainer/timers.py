@@ -1,4 +1,4 @@
-"""wall_clock_breakdown timers: fwd, bwd, bwd_inner, bwd_allreduce, step.
+"""wall_clock_breakdown timers: data, fwd, bwd, bwd_inner, bwd_allreduce, step.
 
 Host wall clock only: timing never synchronizes the device (on CUDA the
 figures are host-side time, which includes any waits the step itself makes).
@@ -41,3 +41,32 @@ class Timers:
     @staticmethod
     def format(rows: list[dict]) -> str:
         return "time (ms) | " + " | ".join(f"{r['name']}: {r['dur_ns'] / 1e6:.2f}" for r in rows)
+
+
+class TimedLoader:
+    """The engine's training data loader, timing each ``next`` as the ``data`` timer (the time
+    the training loop waited for its batch). Everything else is the wrapped loader's."""
+
+    def __init__(self, loader, timers: Timers) -> None:
+        self.loader = loader
+        self.timers = timers
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        while True:
+            self.timers.start("data")
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                self.timers.stop("data")
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str):
+        if name == "loader":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

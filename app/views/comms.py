@@ -6,6 +6,8 @@ import streamlit as st
 
 from app import charts, queries, state
 from collector.data.bandwidth import gbps
+from collector.data.findings.communication import exposed_shares
+from collector.data.findings.stragglers import training_steps
 
 
 def human_bytes(n: int) -> str:
@@ -108,21 +110,29 @@ def comms_page() -> None:
         st.table(log_summary_table(summary).style.format(precision=2, thousands=","), hide_index=True)
 
         per_rank = queries.comm_by_rank(d, run_id, version, flt)
-        wall = queries.step_wall_ms(d, run_id, version)
         st.subheader("Per rank")
         totals = per_rank.groupby("rank", as_index=False)[["total_latency_ms", "wait_ms"]].sum()
-        if not wall.empty:
-            totals = totals.merge(wall, on="rank", how="left")
-            totals["comm share of step time"] = totals.total_latency_ms / totals.wall_ms
+        steps = training_steps(queries.step_analysis(d, run_id, version))
+        if flt.ranks:
+            steps = steps[steps["rank"].isin(flt.ranks)]
+        if flt.steps is not None:
+            steps = steps[steps.step.between(*flt.steps)]
+        shares = {"comm": "in flight", "waiting": "waiting", "transfer": "transfer", "overlapped": "overlaps compute"}
+        if not steps.empty and bool(steps.timed.iloc[0]):
+            exposed = exposed_shares(steps)[["rank", *shares]].rename(columns=shares)
+            totals = totals.merge(exposed, on="rank", how="left")
             st.metric(
-                "Share of step time in communication (mean over ranks)",
-                f"{100 * totals['comm share of step time'].mean():.0f}%",
+                "Share of step time with communication in flight (all ops; mean over ranks)",
+                f"{100 * exposed['in flight'].mean():.0f}%",
+                help="Per rank and step, the union of its communication intervals inside the step: overlapping "
+                "async collectives count once. Waiting: before the instance's last rank arrived; transfer: after.",
             )
         st.dataframe(
             totals,
             hide_index=True,
             column_config={
-                "comm share of step time": st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1)
+                name: st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1)
+                for name in shares.values()
             },
         )
         st.dataframe(

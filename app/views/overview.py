@@ -1,11 +1,14 @@
 """Overview: loss, learning rate, the script's other metrics, loss scale, throughput, step-time
 breakdown and a health summary in words for the selected run (loss overlaid when two are picked)."""
 
+from urllib.parse import urlencode
+
 import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
 from collector.data import findings as diagnosis
+from collector.data.findings import stragglers
 
 
 def _is_loss(tag: str) -> bool:
@@ -27,23 +30,49 @@ def samples_per_second(series: pd.DataFrame) -> pd.DataFrame:
     return per_step.dropna(subset=["samples_per_s"])
 
 
+def finding_link(finding: diagnosis.Finding, run_id: str) -> str:
+    """Markdown link to the page (and filter) that proves a finding."""
+    if not finding.page:
+        return ""
+    params = urlencode({"run": run_id, **finding.filters}, doseq=True)
+    return f" [→ {finding.page}](/{finding.page}?{params})"
+
+
 def health_summary(sel: state.Selection, version: str) -> None:
     d, run_id = sel.data_dir, sel.run_id
-    everything = queries.CommFilter()
+    run = sel.run()
+    steps = queries.step_analysis(d, run_id, version)
     findings = diagnosis.summarize(
-        last_arrivals=queries.last_arrivals(d, run_id, version, everything),
-        log_summary=queries.log_summary(d, run_id, version, everything),
+        steps=steps,
+        log_summary=queries.log_summary(d, run_id, version, queries.CommFilter()),
         scales=queries.loss_scale(d, run_id, version),
-        comm_by_rank=queries.comm_by_rank(d, run_id, version, everything),
-        step_wall=queries.step_wall_ms(d, run_id, version),
-        world_size=int(sel.run().world_size),
+        world_size=int(run.world_size),
+        source=run.get("source"),
+        config=run.get("config"),
+        signals=queries.signals_by_step(d, run_id, version),
     )
     st.subheader("Health")
-    if not findings:
+    problems = [f for f in findings if f.severity in ("critical", "warning")]
+    notes = [f for f in findings if f.severity == "info"]
+    if steps.empty and not findings:
         st.info("Nothing to report yet: no comm, timer or loss-scale records for this run.")
-    show = {"critical": st.error, "warning": st.warning, "info": st.info, "ok": st.success}
-    for finding in findings:
-        show[finding.severity](finding.text)
+    elif not problems:
+        st.success("Healthy: no straggler, hang or overflow to fix.")
+    show = {"critical": st.error, "warning": st.warning}
+    for finding in problems:
+        show[finding.severity](finding.text + finding_link(finding, run_id))
+    for finding in notes:
+        st.info(finding.text + finding_link(finding, run_id))
+    if any(f.kind == "straggler" for f in findings):
+        st.plotly_chart(straggler_cost_chart(steps))
+
+
+def straggler_cost_chart(steps: pd.DataFrame):
+    """Step time against the what-if step time had no rank been late."""
+    per_step = stragglers.step_costs(stragglers.training_steps(steps))
+    long = per_step.melt(id_vars="step", value_vars=["step_ms", "what_if_ms"], var_name="series", value_name="ms")
+    long["series"] = long.series.map({"step_ms": "step time", "what_if_ms": "without late arrivals"})
+    return charts.lines(long, "step", "ms", "series", "Straggler cost: step time vs. what-if", y_title="ms per step")
 
 
 def monitor_axis(series: pd.DataFrame) -> str:

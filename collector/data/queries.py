@@ -478,3 +478,166 @@ def last_arrival_share(rollup: pa.Table) -> pd.DataFrame:
 def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
     """User SQL through the read-only guard; raises catalog.QueryError."""
     return catalog.run_readonly_query(data_dir, sql, max_rows=max_rows).to_pandas()
+
+
+# --- steps: exposed communication and straggler cost -----------------------------
+
+# A rank's step is the span of its step timers (first start to last end, on the collector's
+# clock); only communication inside it counts, so start-up broadcasts and checkpoint traffic
+# between steps never read as a straggler. Per rank and step the statement gives:
+#   comm_ms       the union of the step's communication intervals (overlapping async
+#                 collectives count once, so it never exceeds step_ms);
+#   waiting_ms    the union of the parts spent before the instance's last rank arrived;
+#   overlapped_ms the part of comm_ms that ran during the rank's compute timers (fwd, bwd_inner);
+#   imposed_ms    the wait this rank imposed on the others by arriving last: per instance, the
+#                 span from the second-latest arrival to its own (what the step would have saved
+#                 had it come with the others), combined over the instances of the step it was
+#                 last at as a union (concurrent async collectives hold the others once);
+#   late_op       the op where it imposed the longest wait;
+#   held_ms       per step (the same on every rank's row), the union of every rank's imposed
+#                 waits: step time less held_ms is the "what-if" step without late arrivals.
+#   timed         whether the run has step timers; without them (a hook run that sends none) a
+#                 step is the span of the rank's communication, enough for the straggler cost
+#                 but not for shares of step time.
+# Relations read more than once are MATERIALIZED: DuckDB would otherwise inline them and
+# scan the Parquet (and redo the instance grouping) once per reference.
+# It reads two relations: ``c`` (rank, step, group_name, seq, op, start_ns, end_ns) and ``t``
+# (rank, step, name, start_ns, end_ns), so the same text runs on the catalog and on Arrow tables.
+
+
+def _islands(source: str, start: str, end: str) -> str:
+    """Per (rank, step), the union of the intervals [start, end) of ``source`` as disjoint islands
+    (rank, step, s, e): sorted by start, a new island begins where an interval starts after every
+    earlier one has ended. Window functions over the whole relation, no per-record loop."""
+    return f"""
+        SELECT rank, step, min({start}) AS s, max({end}) AS e FROM (
+            SELECT *, sum(CASE WHEN reach IS NULL OR {start} > reach THEN 1 ELSE 0 END)
+                          OVER (PARTITION BY rank, step ORDER BY {start}, {end} ROWS UNBOUNDED PRECEDING) AS island
+            FROM (SELECT rank, step, {start}, {end},
+                         lag(reach_incl) OVER (PARTITION BY rank, step ORDER BY {start}, {end}) AS reach
+                  FROM (SELECT rank, step, {start}, {end},
+                               max({end}) OVER (PARTITION BY rank, step ORDER BY {start}, {end}
+                                                ROWS UNBOUNDED PRECEDING) AS reach_incl
+                        FROM {source} WHERE {end} > {start})))
+        GROUP BY rank, step, island"""
+
+
+_STEP_ANALYSIS_BODY = f"""
+    timed AS (SELECT EXISTS (SELECT 1 FROM t) AS yes),
+    win AS MATERIALIZED (
+        SELECT rank, step, min(start_ns) AS w0, max(end_ns) AS w1 FROM t GROUP BY rank, step
+        UNION ALL
+        SELECT rank, step, min(start_ns), max(end_ns) FROM c WHERE NOT (SELECT yes FROM timed) GROUP BY rank, step),
+    cw AS MATERIALIZED (
+        SELECT c.rank, c.step, c.group_name, c.seq, c.op, c.start_ns,
+               greatest(c.start_ns, w.w0) AS s, least(c.end_ns, w.w1) AS e
+        FROM c JOIN win w ON c.rank = w.rank AND c.step = w.step
+        WHERE c.end_ns > w.w0 AND c.start_ns < w.w1),
+    inst AS MATERIALIZED ({instances_sql("cw")}),
+    iv AS MATERIALIZED (
+        SELECT cw.rank, cw.step, cw.s, cw.e,
+               least(greatest(coalesce(i.last_ns, cw.s), cw.s), cw.e) AS wait_e
+        FROM cw LEFT JOIN inst i ON {join_condition("cw", "i")}),
+    islands AS MATERIALIZED ({_islands("iv", "s", "e")}),
+    comm_u AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM islands GROUP BY rank, step),
+    wait_u AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM ({_islands("iv", "s", "wait_e")}) GROUP BY rank, step),
+    overlap AS (
+        SELECT u.rank, u.step, sum(greatest(0, least(u.e, t.end_ns) - greatest(u.s, t.start_ns))) / 1e6 AS ms
+        FROM islands u JOIN t ON u.rank = t.rank AND u.step = t.step
+        WHERE t.name IN ('fwd', 'bwd_inner')
+        GROUP BY u.rank, u.step),
+    late AS MATERIALIZED (
+        SELECT any_value(cw.step) AS step, any_value(i.last_rank) AS rank, any_value(cw.op) AS op,
+               max(cw.start_ns) FILTER (WHERE cw.rank <> i.last_rank) AS s, any_value(i.last_ns) AS e
+        FROM cw JOIN inst i ON {join_condition("cw", "i")}
+        WHERE i.n_ranks > 1
+        GROUP BY cw.group_name, cw.seq),
+    imposed AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM ({_islands("late", "s", "e")}) GROUP BY rank, step),
+    late_op AS (SELECT rank, step, arg_max(op, e - s) AS op FROM late GROUP BY rank, step),
+    held AS (
+        SELECT step, sum(e - s) / 1e6 AS ms
+        FROM ({_islands("(SELECT -1 AS rank, step, s, e FROM late)", "s", "e")}) GROUP BY step)
+    SELECT w.rank, w.step, (w.w1 - w.w0) / 1e6 AS step_ms,
+           coalesce(cu.ms, 0) AS comm_ms, coalesce(wu.ms, 0) AS waiting_ms, coalesce(o.ms, 0) AS overlapped_ms,
+           coalesce(im.ms, 0) AS imposed_ms, lo.op AS late_op, coalesce(h.ms, 0) AS held_ms,
+           (SELECT yes FROM timed) AS timed
+    FROM win w
+    LEFT JOIN comm_u cu ON cu.rank = w.rank AND cu.step = w.step
+    LEFT JOIN wait_u wu ON wu.rank = w.rank AND wu.step = w.step
+    LEFT JOIN overlap o ON o.rank = w.rank AND o.step = w.step
+    LEFT JOIN imposed im ON im.rank = w.rank AND im.step = w.step
+    LEFT JOIN late_op lo ON lo.rank = w.rank AND lo.step = w.step
+    LEFT JOIN held h ON h.step = w.step
+    ORDER BY w.step, w.rank"""
+
+
+def step_analysis(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank and step of a run: step_ms, comm_ms, waiting_ms, overlapped_ms, imposed_ms, late_op
+    (see above). Timers are moved onto the collector's clock with the rank's measured offset, as
+    the comm records already are."""
+    return cat.df(
+        f"""
+        WITH c AS MATERIALIZED (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm WHERE run_id = ?),
+        offsets AS (SELECT rank, any_value(clock_offset_ns) AS off FROM ranks WHERE run_id = ? GROUP BY rank),
+        t AS MATERIALIZED (
+            SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) AS start_ns,
+                   tm.start_ns + tm.dur_ns - coalesce(o.off, 0) AS end_ns
+            FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank
+            WHERE tm.run_id = ? AND tm.start_ns IS NOT NULL AND tm.dur_ns IS NOT NULL),
+        {_STEP_ANALYSIS_BODY}""",
+        [run_id, run_id, run_id],
+    )
+
+
+def step_analysis_of(comm: pa.Table, timers: pa.Table) -> pd.DataFrame:
+    """``step_analysis`` over in-memory tables: ``comm`` (rank, step, group_name, seq, op, start_ns,
+    end_ns) and ``timers`` (rank, step, name, start_ns, end_ns), already on one clock."""
+    with _rollup_lock:
+        cur = _rollup_engine.cursor()
+    try:
+        cur.register("c", comm)
+        cur.register("t", timers)
+        return cur.execute(f"WITH {_STEP_ANALYSIS_BODY}").df()
+    finally:
+        cur.close()
+
+
+# --- root-cause signals ------------------------------------------------------------
+
+
+def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
+    part = layout.partition_dir(Path(data_dir), table, run_id)
+    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
+
+
+def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank and step, what may explain a late arrival: gc_ms (Python GC pauses), data_ms (the
+    wait for the batch, the engine's ``data`` timer), runqueue_ms and cpu_ms (time the process waited
+    for a CPU and ran on one), cpu_util and steal (host shares). A signal the run did not record is NULL; runs recorded
+    before a signal existed have no table for it, so it is not queried at all."""
+    parts = [
+        "SELECT rank, step, sum(dur_ns) FILTER (WHERE name = 'data') / 1e6 AS data_ms FROM timers"
+        " WHERE run_id = ? GROUP BY rank, step"
+    ]
+    params: list = [run_id]
+    columns = ["t.data_ms"]
+    joins = ""
+    if _has_segments(cat.data_dir, "gc", run_id):
+        joins += " FULL JOIN (SELECT rank, step, sum(dur_ns) / 1e6 AS gc_ms FROM gc WHERE run_id = ?"
+        joins += " GROUP BY rank, step) g USING (rank, step)"
+        params.append(run_id)
+        columns.append("coalesce(g.gc_ms, 0) AS gc_ms")
+    else:
+        columns.append("NULL::DOUBLE AS gc_ms")
+    if _has_segments(cat.data_dir, "host", run_id):
+        joins += """ FULL JOIN (SELECT rank, step, sum(runqueue_ns) / 1e6 AS runqueue_ms, sum(cpu_ns) / 1e6 AS cpu_ms,
+                   avg(cpu_util) AS cpu_util, avg(steal) AS steal FROM host WHERE run_id = ? GROUP BY rank, step) h
+                   USING (rank, step)"""
+        params.append(run_id)
+        columns += ["h.runqueue_ms", "h.cpu_ms", "h.cpu_util", "h.steal"]
+    else:
+        columns += [f"NULL::DOUBLE AS {c}" for c in ("runqueue_ms", "cpu_ms", "cpu_util", "steal")]
+    return cat.df(
+        f"SELECT rank, step, {', '.join(columns)} FROM ({parts[0]}) t{joins} ORDER BY rank, step",
+        params,
+    )

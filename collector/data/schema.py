@@ -93,6 +93,28 @@ TABLES: dict[str, Table] = {
             ("capacity", I64),
             ("aux_loss", F64),
         ),
+        # Root-cause signals (collector.rank.signals): Python GC pauses per step and generation ...
+        _table(
+            "gc",
+            ("generation", I64),
+            ("count", I64),
+            ("dur_ns", I64),
+            ("max_ns", I64),
+            ("collected", I64),
+        ),
+        # ... and the host and process as the rank's background thread samples them: host CPU
+        # busy and steal shares over the interval, the time this process waited for a CPU
+        # (run queue) and ran on one, and its resident memory.
+        _table(
+            "host",
+            ("time_ns", I64),
+            ("interval_ns", I64),
+            ("cpu_util", F64),
+            ("steal", F64),
+            ("runqueue_ns", I64),
+            ("cpu_ns", I64),
+            ("rss_bytes", I64),
+        ),
     )
 }
 

@@ -36,6 +36,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from collector.rank import deepspeed, metrics, ops, session, steps
+from collector.rank import signals as _signals  # noqa: F401  (GC pauses and host samples follow the session)
 from collector.rank.recorder import INSTRUMENTED_OPS
 
 logger = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ producer or a dashboard against rankscope) need to stand up real parts quickly.
 - ``dashboard``: ``rankscope dashboard`` as a child process and headless Chromium.
 - ``pki``: a throwaway CA and server certificate made with the openssl CLI.
 - ``prometheus``: ``PrometheusProcess``, Debian's Prometheus server scraping given targets.
+- ``step_frames``: ``step_rows``, per-step analysis frames with a known straggler story.
 
 The kit sits above ``collector.tools`` and never imports ``trainer`` or ``app``; nothing
 in it imports pytest, so benchmarks and scripts use it as they are.

@@ -346,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_dir_arg(p)
     p.add_argument("run", metavar="RUN", help="run id, or run name (the newest run of that name)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    p.add_argument("--all", action="store_true", help="print the notes (info findings) as well")
 
     p = add(
         "nvme-tune",

@@ -1,8 +1,9 @@
 """``rankscope health RUN``: the current findings of a run, for people and for scripts.
 
-One line per finding, most urgent first; a run with nothing to report says so in
-one line. ``--json`` prints the findings as a JSON list (kind, severity, ranks,
-steps, text, cost_ms_per_step, evidence, page, filters). The exit code is for job
+One line per warning or critical finding, most urgent first; a run with none says it is
+healthy in one line, with the number of notes (``info``: where communication time goes,
+latency-bound messages) that ``--all`` prints too. ``--json`` prints every finding as a
+JSON list (kind, severity, ranks, steps, text, cost_ms_per_step, evidence, page, filters). The exit code is for job
 scripts and schedulers: 0 nothing to report, 1 warnings, 2 something critical
 (a hang, a collective mismatch, a silent rank), 3 the run or data dir could not
 be read.
@@ -19,11 +20,16 @@ from collector.data import findings, queries
 UNREADABLE = 3
 
 
-def report(findings_: list[findings.Finding], run_id: str) -> str:
-    shown = [f for f in findings_ if f.severity != "ok"]
-    if not shown:
-        return f"{run_id}: healthy, nothing to report"
-    return "\n".join(f"{run_id}: {f.severity}: {f.text}" for f in shown)
+def report(findings_: list[findings.Finding], run_id: str, notes: bool = False) -> str:
+    problems = [f for f in findings_ if f.severity in ("critical", "warning")]
+    infos = [f for f in findings_ if f.severity == "info"]
+    lines = [f"{run_id}: {f.severity}: {f.text}" for f in problems]
+    if not problems:
+        hint = f" ({len(infos)} note{'s' * (len(infos) != 1)}: --all shows them)" if infos and not notes else ""
+        lines.append(f"{run_id}: healthy, nothing to fix{hint}")
+    if notes:
+        lines += [f"{run_id}: info: {f.text}" for f in infos]
+    return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,5 +49,5 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([f.to_json() for f in found], indent=2))
     else:
-        print(report(found, run_id))
+        print(report(found, run_id, notes=args.all))
     return findings.exit_code(found)

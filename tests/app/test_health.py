@@ -6,50 +6,42 @@ from __future__ import annotations
 import pandas as pd
 
 from collector.data import findings as health
-from collector.data.findings import communication, loss_scale, messages, stragglers
-
-
-def last_arrivals(counts: dict[int, int], lead_ms: float = 41.0, op: str = "all_reduce") -> pd.DataFrame:
-    total = sum(counts.values())
-    return pd.DataFrame(
-        [{"op": op, "rank": r, "n_last": n, "share": n / total, "mean_lead_ms": lead_ms} for r, n in counts.items()]
-    )
-
-
-def test_straggler_named_with_share_and_lead():
-    found = stragglers.late_ranks(last_arrivals({0: 5, 1: 5, 2: 6, 3: 84}), world_size=4)
-    assert [f.text for f in found] == [
-        "rank 3 arrives last in 84% of all_reduces (+41 ms on average after the first rank)"
-    ]
-
-
-def test_no_straggler_when_last_arrivals_are_spread_evenly():
-    assert stragglers.late_ranks(last_arrivals({0: 24, 1: 26, 2: 25, 3: 25}), world_size=4) == []
-
-
-def test_no_straggler_from_too_few_collectives():
-    assert stragglers.late_ranks(last_arrivals({3: stragglers.MIN_INSTANCES - 1}), world_size=4) == []
+from collector.data.findings import loss_scale, messages
+from collector.testing.step_frames import step_rows
 
 
 def summary(rows: list[tuple[str, int, float]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["op", "bytes", "transfer_ms"])
 
 
-def test_small_messages_suggest_the_bucket_knob():
-    found = messages.small_messages(
-        summary(
-            [
-                ("all_reduce", 256 << 10, 62.0),
-                ("all_reduce", 50 << 20, 38.0),
-                ("all_gather", 64 << 10, 9.0),
-                ("all_gather", 32 << 20, 1.0),
-            ]
-        )
+def test_small_messages_are_one_note_naming_only_keys_the_engine_honours():
+    rows = summary(
+        [
+            ("all_reduce", 256 << 10, 62.0),
+            ("all_reduce", 50 << 20, 38.0),
+            ("all_gather", 64 << 10, 9.0),
+            ("all_gather", 32 << 20, 1.0),
+        ]
     )
-    assert [f.text for f in found] == [
-        "90% of all_gather time is in messages < 1 MB: raise allgather_bucket_size",
-        "62% of all_reduce time is in messages < 1 MB: raise reduce_bucket_size",
-    ]
+    (bundled,) = messages.small_messages(rows, messages.BUNDLED, stage=2)
+    assert bundled.severity == "info"
+    assert bundled.text == (
+        "65% of all_gather, all_reduce transfer time is in messages < 1 MB (latency-bound): "
+        "raise zero_optimization.reduce_bucket_size"
+    )
+    (deepspeed,) = messages.small_messages(rows, messages.DEEPSPEED, stage=2)
+    assert "zero_optimization.allgather_bucket_size and zero_optimization.reduce_bucket_size" in deepspeed.text
+    (stage3,) = messages.small_messages(rows, messages.BUNDLED, stage=3)
+    assert "stage3_prefetch_bucket_size" in stage3.text and "allgather_bucket_size" not in stage3.text
+    (plain,) = messages.small_messages(rows, messages.TORCH)
+    assert plain.text.endswith("batch them into fewer, larger messages") and "zero_optimization" not in plain.text
+
+
+def test_which_engine_produced_a_run():
+    assert messages.engine_of("engine", '{"zero_optimization": {"stage": 2}}') == (messages.BUNDLED, 2)
+    assert messages.engine_of("hook", '{"train_micro_batch_size_per_gpu": 4}') == (messages.DEEPSPEED, None)
+    assert messages.engine_of("hook", None) == (messages.TORCH, None)
+    assert messages.engine_of("hook", "not json") == (messages.TORCH, None)
 
 
 def test_large_messages_are_fine():
@@ -71,34 +63,11 @@ def test_loss_scale_without_overflow_is_ok_and_absent_without_fp16():
     assert loss_scale.loss_scale_falls(scales.iloc[0:0]) == []
 
 
-def test_comm_share_names_the_worst_rank_and_its_waiting():
-    comm = pd.DataFrame(
-        {
-            "rank": [0, 0, 1],
-            "op": ["all_reduce", "all_gather", "all_reduce"],
-            "total_latency_ms": [300.0, 100.0, 100.0],
-            "wait_ms": [200.0, 0.0, 0.0],
-        }
-    )
-    wall = pd.DataFrame({"rank": [0, 1], "wall_ms": [1000.0, 1000.0], "steps": [10, 10]})
-    (finding,) = communication.comm_share(comm, wall)
-    assert finding.text == (
-        "communication takes 25% of step time on average (rank 0: 40%, of which 20% waiting for other ranks)"
-    )
-    assert finding.severity == "warning"
-
-
 def test_summary_puts_warnings_first():
     scales = pd.DataFrame({"step": [0], "scale": [1.0], "overflow": [False]})
-    found = health.summarize(
-        last_arrivals=last_arrivals({0: 1, 3: 99}),
-        log_summary=summary([]),
-        scales=scales,
-        comm_by_rank=pd.DataFrame(columns=["rank", "total_latency_ms", "wait_ms"]),
-        step_wall=pd.DataFrame(columns=["rank", "wall_ms", "steps"]),
-        world_size=4,
-    )
-    assert [f.severity for f in found] == ["warning", "ok"]
+    steps = step_rows(4, 20, late_rank=3, late_ms=30.0)
+    found = health.summarize(steps=steps, log_summary=summary([]), scales=scales, world_size=4)
+    assert [f.severity for f in found] == ["warning", "info", "ok"]
 
 
 def test_durations_read_naturally():

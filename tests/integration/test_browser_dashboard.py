@@ -14,7 +14,7 @@ DELAYED_RANK = FINISHED.late_rank
 # url path -> what must be on the page once it has rendered
 PAGES = {
     "": "train_batch_size",  # the selected run's config, drawn after the runs table
-    "overview": f"rank {DELAYED_RANK} arrives last",
+    "overview": f"rank {DELAYED_RANK} costs",
     "comms": "Summary (deepspeed.comm.log_summary)",
     "stragglers": f"rank {DELAYED_RANK} arrives last",
     "flops": "Detailed profile",

@@ -27,8 +27,32 @@ def test_a_slow_rank_is_a_warning_naming_it():
     assert {"kind", "severity", "ranks", "text", "cost_ms_per_step", "evidence"} <= set(found[0])
     stragglers = [f for f in found if f["kind"] == "straggler" and f["ranks"] == [3]]
     assert stragglers and stragglers[0]["severity"] == "warning"
+    assert stragglers[0]["cost_ms_per_step"] > 20 and stragglers[0]["evidence"]["op"] == "reduce_scatter_tensor"
     lines = health("zero2-slow-rank3").stdout.splitlines()
-    assert any("rank 3 arrives last" in line for line in lines)
+    assert any("rank 3 costs" in line and "per step" in line for line in lines)
+
+
+def test_the_other_sample_runs_raise_no_straggler_or_communication_warning():
+    for run in ("moe-skewed-expert", "zero3-fp16-overflows"):
+        out = health(run, "--json")
+        assert out.returncode in (0, 1), out.stderr
+        found = json.loads(out.stdout)
+        warned = [f for f in found if f["severity"] in ("warning", "critical")]
+        assert all(f["kind"] == "loss_scale" for f in warned), (run, warned)
+        for f in found:
+            shares = [v for k, v in f["evidence"].items() if k in ("comm", "waiting", "transfer", "exposed", "share")]
+            assert all(0 <= v <= 1 for v in shares), (run, f)
+            # advice names only keys the bundled engine honours
+            assert "allgather_bucket_size" not in f["text"], f["text"]
+
+
+def test_a_healthy_run_says_so_in_one_line_and_notes_on_request():
+    out = health("moe-skewed-expert")
+    assert out.returncode == 0
+    (line,) = out.stdout.splitlines()
+    assert "healthy, nothing to fix" in line and "--all" in line
+    noted = health("moe-skewed-expert", "--all").stdout.splitlines()
+    assert len(noted) > 1 and any("communication is in flight" in n for n in noted)
 
 
 def test_unknown_run_and_missing_data_dir_exit_3_with_a_message(tmp_path):

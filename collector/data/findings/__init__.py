@@ -16,47 +16,53 @@ from __future__ import annotations
 import pandas as pd
 
 from collector.data import queries
-from collector.data.findings.communication import comm_share
+from collector.data.findings.communication import exposed_communication
 from collector.data.findings.loss_scale import loss_scale_falls
-from collector.data.findings.messages import small_messages
+from collector.data.findings.messages import engine_of, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
-from collector.data.findings.stragglers import late_ranks
+from collector.data.findings.stragglers import costly_ranks
 
 __all__ = ["Finding", "duration", "exit_code", "for_run", "pct", "ranked", "summarize"]
 
 
 def summarize(
     *,
-    last_arrivals: pd.DataFrame,
+    steps: pd.DataFrame,
     log_summary: pd.DataFrame,
     scales: pd.DataFrame,
-    comm_by_rank: pd.DataFrame,
-    step_wall: pd.DataFrame,
     world_size: int,
+    source: str | None = None,
+    config: str | None = None,
+    signals: pd.DataFrame | None = None,
 ) -> list[Finding]:
-    """Every rule over one run's query results, most urgent first."""
+    """Every rule over one run's query results, most urgent first. ``steps`` is
+    queries.step_analysis; ``source`` and ``config`` are the run's (they decide which
+    configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
+    a straggler)."""
+    engine, stage = engine_of(source, config)
     return ranked(
-        late_ranks(last_arrivals, world_size)
-        + small_messages(log_summary)
+        costly_ranks(steps, world_size, signals)
+        + exposed_communication(steps)
+        + small_messages(log_summary, engine, stage)
         + loss_scale_falls(scales)
-        + comm_share(comm_by_rank, step_wall)
     )
 
 
 def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None) -> list[Finding]:
     """Run the queries and every rule for one run (``rollup``: its comm rollup, where the caller has it)."""
+    runs = queries.list_runs(cat)
+    match = runs[runs.run_id == run_id]
+    run = match.iloc[0] if len(match) else None
     if world_size is None:
-        runs = queries.list_runs(cat)
-        match = runs[runs.run_id == run_id]
-        world_size = int(match.world_size.iloc[0]) if len(match) else 1
+        world_size = int(run.world_size) if run is not None else 1
     if rollup is None:
         rollup = queries.comm_rollup(cat, run_id)
-    everything = queries.CommFilter()
     return summarize(
-        last_arrivals=queries.last_arrivals(rollup, everything),
-        log_summary=queries.log_summary(rollup, everything),
+        steps=queries.step_analysis(cat, run_id),
+        log_summary=queries.log_summary(rollup, queries.CommFilter()),
         scales=queries.loss_scale(cat, run_id),
-        comm_by_rank=queries.comm_by_rank(rollup, everything),
-        step_wall=queries.step_wall_ms(cat, run_id),
         world_size=world_size,
+        source=run.source if run is not None else None,
+        config=run.config if run is not None else None,
+        signals=queries.signals_by_step(cat, run_id),
     )

@@ -1,40 +1,57 @@
-"""The share of each rank's step time spent communicating, and how much of it is waiting."""
+"""How much of the step communication takes, counted as the time it is in flight.
+
+Per rank and step, ``queries.step_analysis`` gives the union of the step's communication
+intervals (async collectives that overlap count once, so no share exceeds 100%), the part of
+it spent waiting for the instance's last rank, and the part that ran beside compute. What is
+left after waiting is transfer. The finding is a note (``info``), never a warning: time spent
+waiting for a late rank is the straggler finding's to blame, and transfer time on its own is
+what the interconnect costs. Without step timers there is no step to share, so no note.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from collector.data.findings.model import Finding, pct
+from collector.data.findings.stragglers import training_steps
 
-COMM_SHARE_WARN = 0.3
+
+def exposed_shares(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: comm, waiting, transfer and exposed (not beside compute) shares of its step
+    time, and the share of its communication that overlapped compute."""
+    per_rank = steps.groupby("rank")[["step_ms", "comm_ms", "waiting_ms", "overlapped_ms"]].sum()
+    per_rank = per_rank[per_rank.step_ms > 0]
+    out = pd.DataFrame(index=per_rank.index)
+    out["comm"] = per_rank.comm_ms / per_rank.step_ms
+    out["waiting"] = per_rank.waiting_ms / per_rank.step_ms
+    out["transfer"] = (per_rank.comm_ms - per_rank.waiting_ms) / per_rank.step_ms
+    out["exposed"] = (per_rank.comm_ms - per_rank.overlapped_ms) / per_rank.step_ms
+    out["overlapped"] = (per_rank.overlapped_ms / per_rank.comm_ms).where(per_rank.comm_ms > 0, 0.0)
+    return out.reset_index()
 
 
-def comm_share(comm_by_rank: pd.DataFrame, step_wall: pd.DataFrame) -> list[Finding]:
-    """From queries.comm_by_rank (rank, op, total_latency_ms, wait_ms) and queries.step_wall_ms (rank, wall_ms)."""
-    if comm_by_rank.empty or step_wall.empty:
+def exposed_communication(steps: pd.DataFrame) -> list[Finding]:
+    """From queries.step_analysis (rank, step, step_ms, comm_ms, waiting_ms, overlapped_ms, timed)."""
+    steps = training_steps(steps)
+    if steps.empty or not bool(steps.timed.iloc[0]):
         return []
-    per_rank = (
-        comm_by_rank.groupby("rank")[["total_latency_ms", "wait_ms"]]
-        .sum()
-        .join(step_wall.set_index("rank"), how="inner")
-    )
-    per_rank = per_rank[per_rank.wall_ms > 0]
-    if per_rank.empty:
+    shares = exposed_shares(steps)
+    if shares.empty:
         return []
-    share = per_rank.total_latency_ms / per_rank.wall_ms
-    wait = per_rank.wait_ms / per_rank.wall_ms
-    worst = int(share.idxmax())
+    mean = shares[["comm", "waiting", "transfer", "exposed", "overlapped"]].mean()
+    worst = shares.loc[shares.comm.idxmax()]
     text = (
-        f"communication takes {pct(share.mean())} of step time on average "
-        f"(rank {worst}: {pct(share.loc[worst])}, of which {pct(wait.loc[worst])} waiting for other ranks)"
+        f"communication is in flight {pct(mean.comm)} of step time ({pct(mean.waiting)} waiting for late ranks, "
+        f"{pct(mean.transfer)} transfer); {pct(mean.overlapped)} of it overlaps compute"
     )
     return [
         Finding(
-            kind="comm_share",
-            severity="warning" if share.max() >= COMM_SHARE_WARN else "ok",
+            kind="exposed_communication",
+            severity="info",
             text=text,
-            ranks=(worst,),
-            evidence={"mean_share": float(share.mean()), "max_share": float(share.max())},
+            ranks=(int(worst["rank"]),),
+            steps=(int(steps.step.min()), int(steps.step.max())),
+            evidence={k: float(v) for k, v in mean.items()} | {"max_comm_share": float(worst.comm)},
             page="comms",
         )
     ]

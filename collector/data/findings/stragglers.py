@@ -1,41 +1,151 @@
-"""Ranks that arrive last at collectives far more often than their fair share."""
+"""Stragglers by what they cost: the "what-if" estimate of the step time had a rank not been late.
+
+Arriving last is not a problem by itself: at every collective some rank is last, usually by
+microseconds, and start-up broadcasts wait for the slowest process to launch. What matters
+is the wait a late rank imposes on the others. ``queries.step_analysis`` gives it per rank
+and step (``imposed_ms``: the span from the second-latest arrival to this rank's, combined
+over the step's instances); a rank is a straggler when that wait is a real part of the step
+and falls on it far more than on the others. Its cost per step is the mean imposed wait,
+bounded by the step time, and it is what the job would save per step without it.
+
+The first step is left out: it is warm-up (lazy initialisation, first allocations) on every
+rank. The *onset* is where a rank's imposed wait steps up for good: the split of its series
+into a low "before" and a high "after" with the least squared error.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from collector.data.findings import causes
 from collector.data.findings.model import Finding, duration, pct
 
-# A rank that is last in more than this many times its fair share (1/n) is a straggler.
+# A straggler's cost must be at least this share of the step and this many ms per step ...
+MIN_COST_SHARE = 0.05
+MIN_COST_MS = 1.0
+# ... and it must carry this many times its fair share (1/n) of all the imposed waiting,
+# capped so a two-rank run can still name one.
 FAIR_SHARE_FACTOR = 2.0
-MIN_INSTANCES = 10
+MAX_CONCENTRATION = 0.75
+MIN_STEPS = 4
+# An onset: at least this many steps on each side, and "before" at most this fraction of "after".
+ONSET_MIN_SEGMENT = 3
+ONSET_BEFORE_RATIO = 0.25
 
 
-def late_ranks(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
-    """From queries.last_arrivals (op, rank, n_last, share, mean_lead_ms)."""
+def training_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """``step_analysis`` rows without the warm-up step."""
+    if steps.empty:
+        return steps
+    return steps[steps.step > steps.step.min()]
+
+
+def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the step time (median over ranks), the time ranks were held by late arrivals
+    (bounded by it), and the what-if step time without them. For the chart over steps."""
+    per_step = steps.groupby("step").agg(step_ms=("step_ms", "median"), held_ms=("held_ms", "max"))
+    per_step["held_ms"] = np.minimum(per_step.held_ms, per_step.step_ms)
+    per_step["what_if_ms"] = per_step.step_ms - per_step.held_ms
+    return per_step.reset_index()
+
+
+def rank_costs(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: cost_ms_per_step (its mean imposed wait, each step's bounded by the step
+    time), share_of_run (its total over the run's step time), share_of_waiting (its part of
+    all ranks' imposed waiting), late_op (where it imposed the most)."""
+    step_ms = steps.groupby("step").step_ms.median()
+    bounded = steps.assign(cost=np.minimum(steps.imposed_ms, steps.step.map(step_ms)))
+    per_rank = bounded.groupby("rank").agg(total=("cost", "sum"), steps=("step", "nunique"))
+    per_rank["cost_ms_per_step"] = per_rank.total / per_rank.steps
+    per_rank["share_of_run"] = per_rank.total / step_ms.sum()
+    all_waiting = per_rank.total.sum()
+    per_rank["share_of_waiting"] = per_rank.total / all_waiting if all_waiting > 0 else 0.0
+    by_op = bounded.dropna(subset=["late_op"]).groupby(["rank", "late_op"]).cost.sum()
+    per_rank["late_op"] = by_op.groupby(level="rank").idxmax().map(lambda key: key[1]) if len(by_op) else None
+    return per_rank.reset_index()
+
+
+def onset(series: np.ndarray) -> tuple[int, float, float] | None:
+    """Where a series of per-step costs steps up for good: (index of the first slow step,
+    mean before, mean after), or None if it does not. Every split at once from cumulative sums."""
+    n = len(series)
+    if n < 2 * ONSET_MIN_SEGMENT:
+        return None
+    x = np.asarray(series, dtype=float)
+    csum, csq = np.cumsum(x), np.cumsum(x * x)
+    k = np.arange(ONSET_MIN_SEGMENT, n - ONSET_MIN_SEGMENT + 1)  # first index of "after"
+    before_sum, after_sum = csum[k - 1], csum[-1] - csum[k - 1]
+    before_sq, after_sq = csq[k - 1], csq[-1] - csq[k - 1]
+    sse = (before_sq - before_sum**2 / k) + (after_sq - after_sum**2 / (n - k))
+    best = int(np.argmin(sse))
+    split = int(k[best])
+    before, after = before_sum[best] / split, after_sum[best] / (n - split)
+    if after <= 0 or before > ONSET_BEFORE_RATIO * after:
+        return None
+    return split, float(before), float(after)
+
+
+def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | None = None) -> list[Finding]:
+    """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms) and, to say
+    why, queries.signals_by_step (see findings.causes)."""
+    steps = training_steps(steps)
+    if world_size < 2 or steps.empty or steps.step.nunique() < MIN_STEPS:
+        return []
+    median_step = float(steps.groupby("step").step_ms.median().median())
+    concentration = min(MAX_CONCENTRATION, FAIR_SHARE_FACTOR / world_size)
     found = []
-    for op, rows in last_arrivals.groupby("op", sort=True):
-        total = rows.n_last.sum()
-        if total < MIN_INSTANCES or world_size < 2:
+    for row in rank_costs(steps).itertuples():
+        cost = float(row.cost_ms_per_step)
+        if cost < MIN_COST_MS or cost < MIN_COST_SHARE * median_step or row.share_of_waiting < concentration:
             continue
-        worst = rows.loc[rows.share.idxmax()]
-        if worst.share * world_size >= FAIR_SHARE_FACTOR:
-            rank = int(worst["rank"])
-            found.append(
-                Finding(
-                    kind="straggler",
-                    severity="warning",
-                    ranks=(rank,),
-                    text=f"rank {rank} arrives last in {pct(worst.share)} of {op}s "
-                    f"(+{duration(worst.mean_lead_ms)} on average after the first rank)",
-                    evidence={
-                        "op": op,
-                        "share": float(worst.share),
-                        "instances": int(total),
-                        "mean_lead_ms": float(worst.mean_lead_ms),
-                    },
-                    page="stragglers",
-                    filters={"op": op},
-                )
+        rank = int(row.rank)
+        mine = steps[steps["rank"] == rank].sort_values("step")
+        imposed = np.minimum(mine.imposed_ms.to_numpy(), mine.step_ms.to_numpy())
+        turned = onset(imposed)
+        slow_part = imposed[turned[0] :] if turned is not None else imposed
+        # Late on most of its (slow) steps, not a few de-scheduled ones: a rank every rank
+        # waits for now and then on a busy host is noise, not a straggler.
+        if float(np.median(slow_part)) < max(MIN_COST_MS, MIN_COST_SHARE * median_step):
+            continue
+        first, last = int(mine.step.iloc[0]), int(mine.step.iloc[-1])
+        text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
+        text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
+        evidence = {
+            "cost_ms_per_step": cost,
+            "share_of_run": float(row.share_of_run),
+            "share_of_waiting": float(row.share_of_waiting),
+            "median_step_ms": median_step,
+            "what_if_step_ms": median_step - cost,
+            "op": row.late_op if isinstance(row.late_op, str) else None,
+            "steps": int(row.steps),
+            "late_steps": int((imposed >= max(MIN_COST_MS, MIN_COST_SHARE * median_step)).sum()),
+        }
+        if turned is not None:
+            split, before, after = turned
+            first = int(mine.step.iloc[split])
+            text += f"; slow since step {first} (+{duration(after - before)} per step from then)"
+            evidence |= {"onset_step": first, "before_ms": before, "after_ms": after}
+        late = imposed >= max(MIN_COST_MS, MIN_COST_SHARE * median_step)
+        why = (
+            causes.explain(rank, pd.Series(imposed[late], index=mine.step.to_numpy()[late]), signals)
+            if (signals is not None)
+            else None
+        )
+        if why is not None:
+            text += f": {why['clause']}"
+            evidence |= why["evidence"]
+        found.append(
+            Finding(
+                kind="straggler",
+                severity="warning",
+                ranks=(rank,),
+                steps=(first, last),
+                text=text,
+                cost_ms_per_step=cost,
+                evidence=evidence,
+                page="stragglers",
+                filters={"rank": rank},
             )
+        )
     return found

@@ -1,0 +1,92 @@
+"""Why a straggler is late: its lateness set against the root-cause signals every rank records.
+
+For each signal (Python GC pauses, the wait for the next batch, the time the process waited for
+a CPU), take the straggler's value on each of its late steps less what the other ranks had on
+the same step (their median): the *excess*, what this rank went through that the others did
+not. CPU waits are judged against the rank's own CPU use: a rank that simply computes more on
+a busy host also waits more in the run queue, in proportion; only the wait beyond the others'
+wait-per-CPU-ms is contention aimed at it (a noisy neighbour on its core). A signal
+explains the lateness when its median excess is a real part of the median lateness
+(``MIN_EXPLAINED``) and it coincides with most late steps (excess at least ``MIN_EXPLAINED`` of
+that step's lateness in ``MIN_COINCIDENCE`` of them); of those, the one explaining the most wins.
+Signals a run did not record (NULL columns) are not considered, so an unexplained straggler
+stays unexplained rather than blamed on the wrong thing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from collector.data.findings.model import duration, pct
+
+MIN_EXPLAINED = 0.5
+MIN_COINCIDENCE = 0.6
+
+# cause: (signals_by_step column, how the sentence names it)
+SIGNALS = {
+    "gc": ("gc_ms", "GC pauses"),
+    "data": ("data_ms", "waits for the next batch (data loading)"),
+    "host_cpu": ("runqueue_ms", "waits for a CPU (host CPU contention)"),
+}
+
+
+def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | None:
+    """``lateness``: the rank's imposed wait (ms) on its late steps, indexed by step;
+    ``signals``: queries.signals_by_step. Returns the cause, a clause for the sentence and the
+    evidence, or None if no recorded signal explains it."""
+    if lateness.empty or signals.empty:
+        return None
+    late_steps = lateness.index
+    best = None
+    for cause, (column, label) in SIGNALS.items():
+        if column not in signals or signals[column].isna().all():
+            continue
+        grid = _grid(signals, column)
+        if rank not in grid.columns or grid.shape[1] < 2:
+            continue
+        own = grid[rank].reindex(late_steps).fillna(0.0)
+        if cause == "host_cpu" and "cpu_ms" in signals and not signals.cpu_ms.isna().all():
+            cpu = _grid(signals, "cpu_ms")
+            per_cpu_ms = (grid / cpu.where(cpu > 0)).drop(columns=rank).median(axis=1)
+            others = (cpu[rank] * per_cpu_ms).reindex(late_steps).fillna(0.0)
+        else:
+            others = grid.drop(columns=rank).median(axis=1).reindex(late_steps).fillna(0.0)
+        excess = (own - others).clip(lower=0.0)
+        explained = float(excess.median() / lateness.median()) if lateness.median() > 0 else 0.0
+        coincidence = float((excess >= MIN_EXPLAINED * lateness).mean())
+        if explained >= MIN_EXPLAINED and coincidence >= MIN_COINCIDENCE and (best is None or explained > best[0]):
+            best = (explained, cause, label, float(np.median(own)), float(others.median()), coincidence)
+    if best is None:
+        return None
+    explained, cause, label, own_median, others_median, coincidence = best
+    return {
+        "cause": cause,
+        "clause": f"its {label}, {duration(own_median)} median per late step (others: {duration(others_median)}), "
+        f"coincide with {pct(coincidence)} of its late steps",
+        "evidence": {
+            "cause": cause,
+            "signal_median_ms": own_median,
+            "others_median_ms": others_median,
+            "coincidence": coincidence,
+            "explained": explained,
+        },
+    }
+
+
+# Sampled on a clock (every 0.1 s), not per step: a sample covers every step since the one before.
+SAMPLED = {"runqueue_ms", "cpu_ms"}
+
+
+def _grid(signals: pd.DataFrame, column: str) -> pd.DataFrame:
+    """step x rank of one signal; a sampled one is spread evenly over the steps each sample covers."""
+    grid = signals.groupby(["step", "rank"])[column].sum(min_count=1).unstack("rank")
+    if column not in SAMPLED or grid.empty:
+        return grid
+    grid = grid.reindex(range(int(grid.index.min()), int(grid.index.max()) + 1))
+    return grid.apply(_spread)
+
+
+def _spread(col: pd.Series) -> pd.Series:
+    owner = col.notna()[::-1].cumsum()[::-1]  # each step belongs to the first sample at or after it
+    return col.fillna(0.0).groupby(owner).transform("sum") / col.groupby(owner).transform("size")

@@ -1,0 +1,125 @@
+"""Straggler cost, onset and exposed communication as pure functions of step-analysis frames:
+each fires on its injected story and stays silent on a healthy run, at 4 and at 1,024 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.data.findings import communication, stragglers
+from collector.testing.step_frames import signal_rows, step_rows
+
+
+def test_a_late_rank_is_named_with_its_cost_per_step_and_the_op():
+    (finding,) = stragglers.costly_ranks(step_rows(4, 30, late_rank=3, late_ms=41.0), world_size=4)
+    assert finding.kind == "straggler" and finding.severity == "warning" and finding.ranks == (3,)
+    assert finding.cost_ms_per_step == pytest.approx(41.0, abs=0.5)
+    assert finding.text.startswith("rank 3 costs 41 ms per step (29% of step time) by arriving late at reduce_scatter")
+    assert finding.evidence["what_if_step_ms"] == pytest.approx(100.0, abs=1)
+    assert "onset_step" not in finding.evidence  # slow from the start: no onset to report
+
+
+def test_a_healthy_run_has_no_straggler_at_4_and_1024_ranks():
+    assert stragglers.costly_ranks(step_rows(4, 50, jitter_ms=0.5), world_size=4) == []
+    assert stragglers.costly_ranks(step_rows(1024, 50, jitter_ms=3.0), world_size=1024) == []
+
+
+def test_a_straggler_among_1024_ranks():
+    (finding,) = stragglers.costly_ranks(step_rows(1024, 40, late_rank=777, late_ms=25.0), world_size=1024)
+    assert finding.ranks == (777,) and finding.cost_ms_per_step == pytest.approx(25.0, abs=0.5)
+
+
+def test_warm_up_and_spread_lateness_are_not_stragglers():
+    # The first step (warm-up) may be slow anywhere; a rank late only there costs nothing.
+    rows = step_rows(4, 20)
+    rows.loc[(rows.step == 0) & (rows["rank"] == 2), "imposed_ms"] = 500.0
+    assert stragglers.costly_ranks(rows, world_size=4) == []
+    # Every rank imposing as much as the others (load imbalance, MoE) names nobody.
+    even = step_rows(4, 20)
+    even["imposed_ms"] = 10.0
+    assert stragglers.costly_ranks(even, world_size=4) == []
+
+
+def test_onset_is_found_where_the_rank_turned_slow():
+    (finding,) = stragglers.costly_ranks(step_rows(4, 80, late_rank=2, late_ms=40.0, late_from=40), world_size=4)
+    assert finding.evidence["onset_step"] == 40 and finding.steps == (40, 79)
+    assert "slow since step 40 (+40 ms per step from then)" in finding.text
+    assert finding.cost_ms_per_step == pytest.approx(40.0 * 40 / 79, rel=0.05)
+
+
+def test_onset_of_a_pure_series():
+    assert stragglers.onset([0.1] * 10 + [30.0] * 10)[0] == 10
+    assert stragglers.onset([30.0] * 20) is None
+    assert stragglers.onset([1.0, 2.0]) is None
+
+
+def test_step_costs_give_the_what_if_step_time():
+    per_step = stragglers.step_costs(stragglers.training_steps(step_rows(4, 10, late_rank=1, late_ms=20.0)))
+    assert (per_step.step_ms - per_step.what_if_ms).to_numpy() == pytest.approx(per_step.held_ms.to_numpy())
+    assert per_step.what_if_ms.to_numpy() == pytest.approx(100.0, abs=0.5)
+
+
+def test_exposed_communication_is_a_note_and_never_over_100_percent():
+    (finding,) = communication.exposed_communication(step_rows(4, 20, late_rank=3, late_ms=30.0))
+    assert finding.severity == "info" and finding.kind == "exposed_communication"
+    assert 0 < finding.evidence["comm"] <= 1 and finding.evidence["waiting"] <= finding.evidence["comm"]
+    assert finding.text.startswith("communication is in flight")
+    untimed = step_rows(4, 20).assign(timed=False)
+    assert communication.exposed_communication(untimed) == []
+
+
+@pytest.mark.parametrize(
+    ("column", "cause", "words"),
+    [("gc_ms", "gc", "GC pauses"), ("data_ms", "data", "data loading"), ("runqueue_ms", "host_cpu", "host CPU")],
+)
+def test_the_signal_that_explains_a_straggler_is_named(column, cause, words):
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30, rank=3, column=column, ms=36.0)
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert finding.evidence["cause"] == cause and words in finding.text
+    assert finding.evidence["coincidence"] == pytest.approx(1.0)
+    assert finding.evidence["signal_median_ms"] == pytest.approx(36.25, abs=0.5)
+
+
+def test_no_cause_when_no_signal_stands_out_or_none_was_recorded():
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    (quiet,) = stragglers.costly_ranks(steps, world_size=4, signals=signal_rows(4, 30))
+    assert "cause" not in quiet.evidence and ":" not in quiet.text
+    # A signal every rank has as much of explains nothing about one of them.
+    everyone = signal_rows(4, 30)
+    everyone["gc_ms"] += 36.0
+    (shared,) = stragglers.costly_ranks(steps, world_size=4, signals=everyone)
+    assert "cause" not in shared.evidence
+    unrecorded = signal_rows(4, 30, rank=3, ms=36.0).assign(gc_ms=None, runqueue_ms=None)
+    (unknown,) = stragglers.costly_ranks(steps, world_size=4, signals=unrecorded)
+    assert "cause" not in unknown.evidence
+
+
+def test_a_cause_among_1024_ranks():
+    steps = step_rows(1024, 20, late_rank=5, late_ms=30.0)
+    signals = signal_rows(1024, 20, rank=5, column="data_ms", ms=29.0)
+    (finding,) = stragglers.costly_ranks(steps, world_size=1024, signals=signals)
+    assert finding.ranks == (5,) and finding.evidence["cause"] == "data"
+
+
+def test_a_rank_that_computes_more_waits_more_for_a_cpu_without_a_neighbour_to_blame():
+    # On a busy host every rank waits ~0.5 ms of run queue per CPU ms; the straggler ran 40 ms
+    # more and waited in proportion: its own work, not contention aimed at it.
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30)
+    signals["runqueue_ms"] = signals.cpu_ms * 0.5
+    signals.loc[signals["rank"] == 3, "cpu_ms"] += 40.0
+    signals.loc[signals["rank"] == 3, "runqueue_ms"] = signals.cpu_ms * 0.5
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert "cause" not in finding.evidence
+
+
+def test_cpu_waits_sampled_on_a_clock_are_spread_over_the_steps_they_cover():
+    # The sampler reads /proc every 0.1 s: with shorter steps, some steps get no sample and the
+    # next one covers them. Half the steps sampled, each sample covering two steps' worth.
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30, rank=3, column="runqueue_ms", ms=36.0)
+    unsampled = signals.step % 2 == 0
+    for column in ("runqueue_ms", "cpu_ms"):
+        signals[column] = signals[column].where(unsampled, None) * 2
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert finding.evidence["cause"] == "host_cpu" and finding.evidence["coincidence"] >= 0.9

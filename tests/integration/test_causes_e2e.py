@@ -1,0 +1,183 @@
+"""From symptoms to causes, end to end: the example GPT under the bundled engine on 4 real gloo
+ranks, rank 3 slowed down on purpose (trainer.examples.faults), streaming into a real collector
+process; then `rankscope health --json` on every run and the Overview in headless Chromium.
+
+- cost: rank 3 waits d ms before each forward, d in {0, 30, 80}; for d > 0 the top finding is a
+  straggler naming rank 3 whose cost per step is within 25% of the measured rise in median step
+  time over the d = 0 run (step times measured by the training script itself);
+- no false alarms: the d = 0 run has no straggler or communication warning, no share over 100%;
+- causes: cyclic garbage collected each step -> GC; a data loader that sleeps -> data loading;
+  a CPU hog on the rank's core -> host CPU;
+- onset: a rank that turns slow at step 40 of 80 is reported slow from step 40 (+-2).
+
+All runs are trained by one torchrun job, one after the other, so they share the start-up cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.ports import free_port
+from collector.tools.launch import CollectorProcess
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+
+RANK, STEPS = 3, 16
+RUNS = ["sleep:0", "sleep:30", "sleep:80", "gc:40", "data:40", "cpu:0", "sleep:40@40x80"]
+CAUSES = {"gc40": ("gc", "GC pauses"), "data40": ("data", "data loading"), "cpu0": ("host_cpu", "host CPU")}
+WARM_UP_STEPS = 2  # measured step times leave out the first steps (allocator, first collectives)
+
+
+def run_name(spec: str) -> str:
+    return "causes-" + spec.replace(":", "").replace("@", "from")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("causes-data")
+    times_file = data_dir / "times.json"
+    with CollectorProcess(data_dir) as collector:
+        env = dict(os.environ, RANKSCOPE_ENDPOINT=collector.address, OMP_NUM_THREADS="1")
+        train = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "4",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(free_port()),
+                "-m",
+                "trainer.examples.faults",
+                "--slow-rank",
+                str(RANK),
+                "--steps",
+                str(STEPS),
+                "--name",
+                "causes",
+                "--times",
+                str(times_file),
+                "--runs",
+                *RUNS,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+        assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    return data_dir, json.loads(times_file.read_text())
+
+
+def health(data_dir, run: str) -> list[dict]:
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", run, "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def median_step_ms(times: list[float]) -> float:
+    return 1e3 * statistics.median(times[WARM_UP_STEPS:])
+
+
+@pytest.mark.parametrize("d", [30, 80])
+def test_the_straggler_cost_matches_the_measured_slowdown(runs, d):
+    data_dir, times = runs
+    (top, *_) = health(data_dir, run_name(f"sleep:{d}"))
+    assert top["kind"] == "straggler" and top["ranks"] == [RANK], top
+    measured = median_step_ms(times[run_name(f"sleep:{d}")]) - median_step_ms(times[run_name("sleep:0")])
+    assert top["cost_ms_per_step"] == pytest.approx(measured, rel=0.25), (top["text"], measured)
+
+
+def test_the_healthy_run_raises_no_straggler_or_communication_warning(runs):
+    data_dir, _ = runs
+    found = health(data_dir, run_name("sleep:0"))
+    assert not [f for f in found if f["severity"] in ("warning", "critical")], found
+    for f in found:
+        for key in ("comm", "waiting", "transfer", "exposed", "overlapped", "share"):
+            assert 0 <= f["evidence"].get(key, 0) <= 1, f
+
+
+@pytest.mark.parametrize("fault", list(CAUSES))
+def test_the_cause_is_named(runs, fault):
+    data_dir, _ = runs
+    cause, words = CAUSES[fault]
+    (top, *_) = health(data_dir, f"causes-{fault}")
+    assert top["kind"] == "straggler" and top["ranks"] == [RANK], top
+    assert top["evidence"].get("cause") == cause and words in top["text"], top["text"]
+
+
+def test_the_onset_is_where_the_rank_turned_slow(runs):
+    data_dir, _ = runs
+    (top, *_) = health(data_dir, run_name("sleep:40@40x80"))
+    assert top["kind"] == "straggler" and top["ranks"] == [RANK], top
+    assert abs(top["evidence"]["onset_step"] - 40) <= 2 and "slow since step" in top["text"], top["text"]
+
+
+@pytest.fixture(scope="module")
+def tab(runs):
+    from playwright.sync_api import sync_playwright
+
+    data_dir, _ = runs
+    with DashboardProcess(data_dir) as dashboard, sync_playwright() as p:
+        browser = launch_chromium(p)
+        yield dashboard.url, browser.new_page(viewport={"width": 1400, "height": 1000})
+        browser.close()
+
+
+@pytest.mark.parametrize("fault", list(CAUSES))
+@NEEDS_CHROMIUM[0]
+@NEEDS_CHROMIUM[1]
+def test_the_overview_names_the_cause(runs, tab, fault):
+    data_dir, _ = runs
+    url, page = tab
+    _, words = CAUSES[fault]
+    run_id = next(f for f in os.listdir(data_dir / "parquet" / "comm") if f.startswith(f"run=causes-{fault}-"))[4:]
+    page.goto(f"{url}/overview?run={run_id}")
+    try:
+        page.get_by_text(f"rank {RANK} costs", exact=False).first.wait_for(timeout=90_000)
+        assert page.get_by_text(words, exact=False).count() >= 1
+    finally:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"causes-{fault}.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_the_demo_run_is_healthy(tmp_path):
+    """What every new user sees first: `rankscope demo`'s run (4 ranks, ZeRO-2, overlap_comm, nobody
+    slowed) must not report a straggler or a communication warning."""
+    demo = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "demo",
+            "--no-dashboard",
+            "--exit",
+            "--steps",
+            "40",
+            "--port",
+            str(free_port()),
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    found = health(tmp_path, "demo")
+    assert not [f for f in found if f["severity"] in ("warning", "critical")], found
+    assert any(f["kind"] == "exposed_communication" and f["evidence"]["comm"] <= 1 for f in found)
