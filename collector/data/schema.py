@@ -107,6 +107,7 @@ TABLES: dict[str, Table] = {
             ("entered_ns", I64),
             ("time_ns", I64),  # when this report was made; waiting = time_ns - entered_ns
             ("hang_after_s", F64),
+            ("state", STR),  # "waiting": still in flight; "failed": the call raised (a timeout, a peer gone)
         ),
         _table(
             "heartbeats",

@@ -235,6 +235,7 @@ class Recorder:
         self.pending: collections.deque = collections.deque()
         self.waiting: list = []  # async / CUDA records not yet complete
         self.inflight: dict[int, list] = {}  # id(slot) -> slot: collectives entered, not yet complete
+        self.abandoned: collections.deque = collections.deque(maxlen=1024)  # slots whose call raised
         self.dropped = 0
         self.groups: dict = {}
         self.p2p: dict = {}
@@ -295,8 +296,10 @@ class Recorder:
         return slot
 
     def abandon(self, slot: list) -> None:
-        """The real call raised: it is no longer in flight (and left no record)."""
+        """The real call raised (a timeout, a peer gone, a mismatch the backend caught): it is no
+        longer in flight and leaves no comm record; the watchdog reports it as ``failed``."""
         self.inflight.pop(id(slot), None)
+        self.abandoned.append(slot)
 
     def complete(self, slot: list, log_name, work, span):
         """The real call returned: queue the collective's record (async ones stay in flight
@@ -499,6 +502,7 @@ def forget_groups() -> None:
 def _forget_in_child() -> None:
     REC.on = False  # a forked child has no drain thread to empty the queue
     REC.inflight.clear()  # the parent's collectives are not the child's
+    REC.abandoned.clear()
 
 
 # The session tells the recorder when a session starts or ends (recording follows it), asks it

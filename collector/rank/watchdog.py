@@ -16,6 +16,10 @@ Every ``heartbeat_s`` (default 1 s) it emits:
   step), read from the recorder's in-flight slots (collector.rank.recorder).
   Reports repeat each beat while the collective stays in flight, so the newest
   report's ``time_ns - entered_ns`` is how long the rank has been waiting.
+* one ``inflight`` row with ``state = 'failed'`` per collective whose call raised
+  (gloo's timeout, a peer that died, a size mismatch the backend caught), so a
+  collective mismatch is visible even when the backend turned it into an error.
+  These are also reported when the session stops (the process is exiting).
 
 When a collective crosses ``hang_after_s`` it wakes at that moment (not at the
 next beat), reports the in-flight rows at once and captures the stacks of every
@@ -122,6 +126,7 @@ class Watchdog:
                     self.beat()
                     next_beat = now + self.heartbeat_s
                 self._check_hangs()
+                self.report_failed()
                 while self._requests:
                     self.capture_stacks(self._requests.pop(0))
             except Exception:  # telemetry never takes the job down
@@ -148,7 +153,14 @@ class Watchdog:
         )
         self._report(slots, REPORT_AFTER_S)
 
-    def _report(self, slots: list, older_than_s: float) -> int:
+    def report_failed(self) -> int:
+        """Report the collectives whose call raised since the last look."""
+        slots = []
+        while REC.abandoned:
+            slots.append(REC.abandoned.popleft())
+        return self._report(slots, 0.0, "failed") if slots else 0
+
+    def _report(self, slots: list, older_than_s: float, state_: str = "waiting") -> int:
         now = perf_ns()
         now_ns = CLOCK.now_ns()
         rows = []
@@ -172,6 +184,7 @@ class Watchdog:
                     "entered_ns": CLOCK.wall_ns(t0),
                     "time_ns": now_ns,
                     "hang_after_s": self.hang_after_s,
+                    "state": state_,
                 }
             )
         if rows:
@@ -215,13 +228,24 @@ WATCHDOG = Watchdog()
 def _on_session(active: bool) -> None:
     s = session.active()
     if active and s is not None:
+        s.client.on_request = _on_request
         WATCHDOG.start(s.hang_after_s, s.heartbeat_s)
     elif not active:
         WATCHDOG.stop()
+
+
+def _on_request(request) -> None:
+    """The collector asked (on the client's ack reader thread): queue it for the watchdog."""
+    if request.kind == "stacks":
+        WATCHDOG.request_stacks(request.reason or "requested")
 
 
 def _forget_in_child() -> None:
     WATCHDOG._thread = None  # a forked child inherits no thread
 
 
-session.register(session.Producer("watchdog", on_change=_on_session, on_fork=_forget_in_child))
+def _flush(wait_s: float) -> None:
+    WATCHDOG.report_failed()  # the process may be exiting because of that very collective
+
+
+session.register(session.Producer("watchdog", flush=_flush, on_change=_on_session, on_fork=_forget_in_child))

@@ -17,9 +17,12 @@ import pandas as pd
 
 from collector.data import queries
 from collector.data.findings.communication import comm_share
+from collector.data.findings.desync import mismatched_collectives
+from collector.data.findings.hang import stuck_collectives
 from collector.data.findings.loss_scale import loss_scale_falls
 from collector.data.findings.messages import small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
+from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import late_ranks
 
 __all__ = ["Finding", "duration", "exit_code", "for_run", "pct", "ranked", "summarize"]
@@ -33,10 +36,17 @@ def summarize(
     comm_by_rank: pd.DataFrame,
     step_wall: pd.DataFrame,
     world_size: int,
+    hangs: pd.DataFrame | None = None,
+    desyncs: pd.DataFrame | None = None,
+    liveness: pd.DataFrame | None = None,
 ) -> list[Finding]:
-    """Every rule over one run's query results, most urgent first."""
+    """Every rule over one run's query results, most urgent first (the liveness frames are
+    optional: runs without heartbeats have nothing for them)."""
     return ranked(
-        late_ranks(last_arrivals, world_size)
+        (stuck_collectives(hangs) if hangs is not None else [])
+        + (mismatched_collectives(desyncs) if desyncs is not None else [])
+        + (silent_ranks(liveness) if liveness is not None else [])
+        + late_ranks(last_arrivals, world_size)
         + small_messages(log_summary)
         + loss_scale_falls(scales)
         + comm_share(comm_by_rank, step_wall)
@@ -58,4 +68,7 @@ def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None) ->
         comm_by_rank=queries.comm_by_rank(rollup, everything),
         step_wall=queries.step_wall_ms(cat, run_id),
         world_size=world_size,
+        hangs=queries.hangs(cat, run_id),
+        desyncs=queries.desyncs(cat, run_id),
+        liveness=queries.rank_liveness(cat, run_id),
     )
