@@ -199,7 +199,9 @@ class Watchdog:
         limit = self.hang_after_s * 1e9
         items = list(REC.inflight.items())
         self._hung &= {key for key, _ in items}  # forget collectives that completed
-        fresh = [slot for key, slot in items if key not in self._hung and slot[SLOT_T0] and now - slot[SLOT_T0] >= limit]
+        fresh = [
+            slot for key, slot in items if key not in self._hung and slot[SLOT_T0] and now - slot[SLOT_T0] >= limit
+        ]
         if not fresh:
             return
         self._hung.update(id(slot) for slot in fresh)

@@ -199,7 +199,7 @@ class Liveness:
                     if not rank.answered and rank.asked_at is not None and now - rank.asked_at > self.answer_within_s:
                         rank.answered = True  # reported once per request
                         unresponsive.append((run_id, r, f"no stacks within {self.answer_within_s:g} s of asking"))
-            for rank, reason in asks:
+            for rank, _ in asks:
                 rank.asked_at, rank.answered = now, False
         for rank, reason in asks:
             if rank.stream is not None:
