@@ -146,9 +146,12 @@ def liveness_views() -> dict[str, str]:
       completed seq in that group, with its step).
     - ``desyncs``: instances entered with more than one (op, dtype, numel) across ranks, from completed
       (comm), waiting and failed (inflight) rows alike: ``sides`` lists each signature and its ranks.
-    - ``rank_liveness``: per rank that sent heartbeats: its last beat, step, period, whether it ended,
+    - ``rank_liveness``: per rank that sent heartbeats: its last beat, step, period, whether it ended
+      (RunEnd, or a last heartbeat that says ``ending``),
       whether its stream closed without RunEnd after its last beat (``gone``), whether it left a stack
-      request unanswered, and ``silent_s`` (now - last beat, by this machine's clock).
+      request unanswered, ``silent_s`` (now - last beat, by this machine's clock) and ``behind_s`` (the
+      run's newest beat - this rank's: silence measured against the other ranks, free of delivery delay
+      and of this machine's clock).
     - ``wavefront``: per rank and group, the last seq entered and completed.
     """
     views: dict[str, str] = {}
@@ -229,13 +232,14 @@ def liveness_views() -> dict[str, str]:
     views["rank_liveness"] = """
         WITH beats AS (
             SELECT run_id, rank, max(time_ns) AS last_beat_ns, arg_max(step, time_ns) AS step,
-                   arg_max(period_s, time_ns) AS period_s
+                   arg_max(period_s, time_ns) AS period_s, coalesce(bool_or(ending), false) AS ending
             FROM heartbeats GROUP BY run_id, rank),
         events AS (
             SELECT run_id, rank, event, max(epoch_ns(time)) AS at_ns FROM _rank_events_raw GROUP BY ALL)
         SELECT b.run_id, b.rank, b.step, b.period_s, b.last_beat_ns,
                (epoch_ns(now()) - b.last_beat_ns) / 1e9 AS silent_s,
-               e.rank IS NOT NULL AS ended,
+               (max(b.last_beat_ns) OVER (PARTITION BY b.run_id) - b.last_beat_ns) / 1e9 AS behind_s,
+               e.rank IS NOT NULL OR b.ending AS ended,
                coalesce(g.at_ns > b.last_beat_ns, false) AS gone,
                coalesce(u.at_ns > b.last_beat_ns, false) AS unresponsive,
                r.status AS run_status

@@ -104,7 +104,7 @@ TABLES: dict[str, Table] = {
             ("dtype", STR),
             ("numel", I64),
             ("bytes", I64),
-            ("entered_ns", I64),
+            ("entered_ns", I64),  # when the rank began waiting (async ops whose end only wait() sees: the wait)
             ("time_ns", I64),  # when this report was made; waiting = time_ns - entered_ns
             ("hang_after_s", F64),
             ("state", STR),  # "waiting": still in flight; "failed": the call raised (a timeout, a peer gone)
@@ -115,6 +115,7 @@ TABLES: dict[str, Table] = {
             ("period_s", F64),
             ("inflight", I64),  # collectives in flight at this beat
             ("hang_after_s", F64),
+            ("ending", BOOL),  # the last beat: the rank's session is stopping, its RunEnd follows
         ),
         _table(
             "stacks",

@@ -165,11 +165,13 @@ class _WaitTimedWork(dist.Work):
     result into the output, so a second wait from another thread can overwrite what
     the caller has done with the output since (seen as wrong ZeRO-1 gradients)."""
 
-    def __init__(self, work, pending: _AsyncEnd) -> None:
+    def __init__(self, work, pending: _AsyncEnd, slot: list | None = None) -> None:
         super().__init__()
-        self._work, self._pending = work, pending
+        self._work, self._pending, self._slot = work, pending, slot
 
     def wait(self, *args, **kwargs):
+        if self._slot is not None and not self._slot[SLOT_SINCE]:
+            self._slot[SLOT_SINCE] = perf_ns()  # the caller waits from here: the hang clock starts
         ok = self._work.wait(*args, **kwargs)
         if self._pending.end is None:
             self._pending.end = perf_ns()
@@ -223,7 +225,10 @@ def cuda_start(tensor):
 # record tuple fields
 (_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT) = range(14)
 # in-flight slot fields (a list: the slot is written once at entry, read by the watchdog)
-(SLOT_OP, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_T0, SLOT_STEP) = range(7)
+# SLOT_SINCE: when the rank began waiting for it: the call for blocking ops and for async ops whose
+# completion is seen (a future); wait() for async ops whose completion only wait() reveals (0 until then:
+# the caller may do other work before it waits, which is no hang).
+(SLOT_OP, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_T0, SLOT_STEP, SLOT_SINCE) = range(8)
 
 
 class Recorder:
@@ -290,9 +295,9 @@ class Recorder:
         g = self.groups.get(grp) or self._group(grp)
         if scale == GROUP_SIZE:
             scale = g.size
-        slot = [op, g, next(g.seq), dtype, numel * scale, 0, state.step]
+        slot = [op, g, next(g.seq), dtype, numel * scale, 0, state.step, 0]
         self.inflight[id(slot)] = slot
-        slot[SLOT_T0] = perf_ns()
+        slot[SLOT_T0] = slot[SLOT_SINCE] = perf_ns()
         return slot
 
     def abandon(self, slot: list) -> None:
@@ -314,7 +319,8 @@ class Recorder:
             if work is not None:
                 timing = _AsyncEnd(work, False)
                 if timing.timed_at_wait:
-                    work = _WaitTimedWork(work, timing)
+                    slot[SLOT_SINCE] = 0
+                    work = _WaitTimedWork(work, timing, slot)
             else:
                 timing = span
                 del self.inflight[key]

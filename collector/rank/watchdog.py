@@ -10,10 +10,13 @@ reports it as silent or unresponsive, which is the truth).
 Every ``heartbeat_s`` (default 1 s) it emits:
 
 * one ``heartbeats`` row (time, period, how many collectives are in flight, the
-  rank's ``hang_after_s``), the collector's sign of life for this rank;
+  rank's ``hang_after_s``), the collector's sign of life for this rank; the last one,
+  when the session stops, says ``ending``;
 * one ``inflight`` row per collective in flight for longer than
   ``REPORT_AFTER_S`` (group, members, seq, op, dtype, numel, bytes, entered time,
-  step), read from the recorder's in-flight slots (collector.rank.recorder).
+  step), read from the recorder's in-flight slots (collector.rank.recorder). An async
+  collective whose completion only its ``wait()`` reveals (gloo without futures) counts
+  from that ``wait()``: until then the caller is busy elsewhere, not stuck.
   Reports repeat each beat while the collective stays in flight, so the newest
   report's ``time_ns - entered_ns`` is how long the rank has been waiting.
 * one ``inflight`` row with ``state = 'failed'`` per collective whose call raised
@@ -51,6 +54,7 @@ from collector.rank.recorder import (
     SLOT_NUMEL,
     SLOT_OP,
     SLOT_SEQ,
+    SLOT_SINCE,
     SLOT_STEP,
     SLOT_T0,
 )
@@ -138,18 +142,23 @@ class Watchdog:
         """Seconds until the oldest not-yet-hung collective crosses hang_after_s."""
         now = perf_ns()
         due = [
-            (slot[SLOT_T0] + self.hang_after_s * 1e9 - now) / 1e9
+            (slot[SLOT_SINCE] + self.hang_after_s * 1e9 - now) / 1e9
             for key, slot in list(REC.inflight.items())
-            if key not in self._hung and slot[SLOT_T0]
+            if key not in self._hung and slot[SLOT_SINCE]
         ]
         return min(due, default=self.heartbeat_s)
 
-    def beat(self) -> None:
-        """One heartbeat and the in-flight report."""
+    def beat(self, ending: bool = False) -> None:
+        """One heartbeat and the in-flight report; ``ending``: the last one, the session is stopping
+        (its RunEnd follows), so the silence after it is no alarm."""
         slots = list(REC.inflight.values())
-        now_ns = CLOCK.now_ns()
         session.emit(
-            "heartbeats", time_ns=now_ns, period_s=self.heartbeat_s, inflight=len(slots), hang_after_s=self.hang_after_s
+            "heartbeats",
+            time_ns=CLOCK.now_ns(),
+            period_s=self.heartbeat_s,
+            inflight=len(slots),
+            hang_after_s=self.hang_after_s,
+            ending=ending,
         )
         self._report(slots, REPORT_AFTER_S)
 
@@ -165,7 +174,7 @@ class Watchdog:
         now_ns = CLOCK.now_ns()
         rows = []
         for slot in slots:
-            t0 = slot[SLOT_T0]
+            t0 = slot[SLOT_SINCE] or (slot[SLOT_T0] if state_ == "failed" else 0)
             if not t0 or now - t0 < older_than_s * 1e9:
                 continue
             g, dtype = slot[SLOT_GROUP], slot[SLOT_DTYPE]
@@ -200,13 +209,15 @@ class Watchdog:
         items = list(REC.inflight.items())
         self._hung &= {key for key, _ in items}  # forget collectives that completed
         fresh = [
-            slot for key, slot in items if key not in self._hung and slot[SLOT_T0] and now - slot[SLOT_T0] >= limit
+            slot
+            for key, slot in items
+            if key not in self._hung and slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= limit
         ]
         if not fresh:
             return
         self._hung.update(id(slot) for slot in fresh)
         self._report([slot for _, slot in items], REPORT_AFTER_S)
-        worst = min(fresh, key=lambda slot: slot[SLOT_T0])
+        worst = min(fresh, key=lambda slot: slot[SLOT_SINCE])
         g = worst[SLOT_GROUP]
         self.capture_stacks(f"hang: {worst[SLOT_OP]} {g.name} #{worst[SLOT_SEQ]} in flight > {self.hang_after_s:g} s")
 
@@ -247,7 +258,10 @@ def _forget_in_child() -> None:
 
 
 def _flush(wait_s: float) -> None:
-    WATCHDOG.report_failed()  # the process may be exiting because of that very collective
+    """The session is stopping: report what failed (the process may be exiting because of that very
+    collective) and say goodbye, so the quiet while RunEnd is on its way is not taken for silence."""
+    WATCHDOG.report_failed()
+    WATCHDOG.beat(ending=True)
 
 
 session.register(session.Producer("watchdog", flush=_flush, on_change=_on_session, on_fork=_forget_in_child))

@@ -84,13 +84,44 @@ def desync_worker(rank: int, port: int, endpoint: str, out: str, k: int, odd_ran
 
 def steady_worker(rank: int, port: int, endpoint: str, out: str, steps: int, compute_s: float) -> None:
     """A healthy loop: ``compute_s`` of work between collectives; writes its pid first so a test
-    can stop or kill it, and stops early when ``out/stop`` appears."""
+    can stop or kill it, and stops early when ``out/stop`` appears. A peer that dies makes the
+    collective fail: the rank then ends the run as failed."""
     _start(rank, port, endpoint, "steady", hang_after_s=2.0)
     Path(out, f"pid{rank}").write_text(str(os.getpid()))
-    for step in range(1, steps + 1):
-        session.set_step(step)
+    error, step = None, 0
+    try:
+        for step in range(1, steps + 1):
+            session.set_step(step)
+            time.sleep(compute_s)
+            dist.all_reduce(torch.ones(4))
+            if Path(out, "stop").exists():
+                break
+    except RuntimeError as exc:
+        error = str(exc)[:200]
+    hook.detach("failed" if error else "finished")
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": step, "error": error}))
+    os._exit(0)
+
+
+def engine_worker(rank: int, port: int, endpoint: str, out: str, steps: int, compute_s: float) -> None:
+    """A healthy engine run (ZeRO-2) with ``compute_s`` of work between steps' collectives."""
+    import trainer
+    from tests.trainer._engine_util import engine_config, make_model, micro_batches
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    cfg = engine_config(stage=2, batch=8, gas=1)
+    cfg["telemetry"] = {"run": "healthy-engine", "endpoint": endpoint, "hang_after_s": 2.0}
+    engine, *_ = trainer.initialize(model=make_model(), config=cfg)
+    for step in range(steps):
         time.sleep(compute_s)
-        dist.all_reduce(torch.ones(4))
-        if Path(out, "stop").exists():
-            break
-    _finish(rank, out, steps=step)
+        for x, y in micro_batches(step, 8, rank, WORLD, 1):
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+    engine.close()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": steps}))
+    dist.destroy_process_group()

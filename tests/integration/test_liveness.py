@@ -133,3 +133,147 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
     assert _query(tmp_path / "data", queries.hangs).empty
     runs = _query(tmp_path / "data", lambda cat, run_id: queries.list_runs(cat))
     assert runs.status.iloc[0] == "finished"
+
+
+def _join_any(ctx, timeout: float = 120.0) -> None:
+    """Wait for every rank to exit, however it exits (a backend may abort a rank on a mismatch)."""
+    deadline = time.monotonic() + timeout
+    for p in ctx.processes:
+        p.join(max(0.1, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+
+
+@pytest.mark.parametrize("kind", ["numel", "op"])
+def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    k = 3
+    with live_collector(tmp_path / "data") as collector:
+        _join_any(_spawn(workers.desync_worker, collector.endpoint, out, k, 1, kind))
+
+        def mismatch():
+            frame = _query(collector.data_dir, queries.desyncs)
+            return frame if frame is not None and len(frame) else None
+
+        frame = _wait(mismatch, 20)
+    assert frame is not None, "no collective mismatch reported"
+    row = frame.iloc[0]
+    assert (row.group_name, int(row.seq)) == ("world", k)
+    sides = {tuple(side["ranks"]): side for side in row.sides}
+    assert (1,) in sides, sides
+    others = [r for ranks in sides if ranks != (1,) for r in ranks]
+    assert others and set(others) <= {0, 2, 3}
+    odd = sides[(1,)]
+    assert (odd["op"], odd["numel"]) == (("all_reduce", 8) if kind == "numel" else ("broadcast", 4))
+    found = _query(tmp_path / "data", findings.for_run)
+    desync = [f for f in found if f.kind == "desync"]
+    assert desync and desync[0].severity == "critical" and desync[0].ranks == (1,)
+    assert "rank 1" in desync[0].text and " vs " in desync[0].text
+
+
+def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with live_collector(tmp_path / "data") as collector:
+        ctx = _spawn(workers.steady_worker, collector.endpoint, out, 400, 0.1)
+        try:
+            assert _wait(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
+            beating = lambda: len(_query(collector.data_dir, queries.rank_liveness)) == workers.WORLD
+            assert _wait(beating, 30)
+            time.sleep(2.0)  # a few healthy beats first
+            assert not _kinds(collector.data_dir) & {"silent_rank", "rank_stopped"}
+            pid = int((out / "pid3").read_text())
+            os.kill(pid, signal.SIGSTOP)
+            stopped_at = time.time()
+            try:
+                seen = _wait(lambda: "silent_rank" in _kinds(collector.data_dir), 5 + 5, interval=0.3)
+                assert seen and time.time() - stopped_at <= 5, f"silent only after {time.time() - stopped_at:.1f} s"
+                silent = [f for f in _query(collector.data_dir, findings.for_run) if f.kind == "silent_rank"]
+                assert silent[0].ranks == (3,) and silent[0].text.startswith("rank 3 silent for")
+                # it was asked for its stacks and could not answer: said so
+                assert _wait(
+                    lambda: any(
+                        "did not answer a stack request" in f.text
+                        for f in _query(collector.data_dir, findings.for_run)
+                        if f.kind == "silent_rank"
+                    ),
+                    15,
+                    interval=0.5,
+                )
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert _wait(lambda: "silent_rank" not in _kinds(collector.data_dir), 15, interval=0.5)
+            (out / "stop").write_text("")
+        finally:
+            _join_any(ctx)
+    assert all(json.loads((out / f"rank{r}.json").read_text())["error"] is None for r in range(workers.WORLD))
+
+
+def test_a_killed_rank_stopped_without_ending_the_run(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with live_collector(tmp_path / "data") as collector:
+        ctx = _spawn(workers.steady_worker, collector.endpoint, out, 400, 0.1)
+        try:
+            assert _wait(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
+            time.sleep(2.0)
+            os.kill(int((out / "pid3").read_text()), signal.SIGKILL)
+
+            def stopped():
+                found = _query(collector.data_dir, findings.for_run) or []
+                return next((f for f in found if f.kind == "rank_stopped"), None)
+
+            finding = _wait(stopped, 20, interval=0.5)
+        finally:
+            _join_any(ctx)
+    assert finding is not None and finding.ranks == (3,) and finding.severity == "critical"
+    beats = _query(tmp_path / "data", queries.rank_liveness)
+    last_step = int(beats[beats["rank"] == 3].step.iloc[0])
+    assert finding.text == f"rank 3 stopped at step {last_step} without ending the run"
+    health = _health(tmp_path / "data")
+    assert health.returncode == 2 and f"rank 3 stopped at step {last_step} without ending the run" in health.stdout
+
+
+def test_a_healthy_engine_run_reports_no_hang_desync_or_silent_rank(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    alarms: set[str] = set()
+    with live_collector(tmp_path / "data") as collector:
+        ctx = _spawn(workers.engine_worker, collector.endpoint, out, 5, 1.5)
+        try:
+            while not all((out / f"rank{r}.json").exists() for r in range(workers.WORLD)):
+                alarms |= _kinds(collector.data_dir)
+                time.sleep(0.5)
+                if any(not p.is_alive() and p.exitcode for p in ctx.processes):
+                    break
+        finally:
+            _join(ctx)
+    alarms |= _kinds(tmp_path / "data")
+    # On an overloaded machine (several test runs sharing 2 cores) a healthy run can truly wait
+    # longer than hang_after_s or miss beats; an alarm then must be what the records show.
+    # Where they show no such wait, there must be no alarm at all.
+    waited = _query(
+        tmp_path / "data",
+        lambda cat, run_id: cat.df(
+            "SELECT coalesce(max((end_ns - start_ns) / 1e9), 0) AS s FROM comm WHERE run_id = ?", [run_id]
+        ).s.iloc[0],
+    )
+    gap = _query(
+        tmp_path / "data",
+        lambda cat, run_id: cat.df(
+            """SELECT coalesce(max(gap), 0) AS s FROM (SELECT (time_ns - lag(time_ns) OVER (
+                   PARTITION BY rank ORDER BY time_ns)) / 1e9 AS gap FROM heartbeats WHERE run_id = ?)""",
+            [run_id],
+        ).s.iloc[0],
+    )
+    assert "desync" not in alarms and "rank_stopped" not in alarms, alarms
+    if "hang" in alarms:
+        assert waited >= 2.0, f"a hang was reported but no collective waited 2 s (longest {waited:.2f} s)"
+    if "silent_rank" in alarms:
+        assert gap > 3.0, f"a silent rank was reported but no heartbeat gap exceeds 3 s (longest {gap:.2f} s)"
+    if waited < 2.0 and gap <= 3.0:
+        assert not alarms & {"hang", "silent_rank"}, alarms
+    beats = _query(tmp_path / "data", queries.rank_liveness)
+    assert sorted(beats["rank"]) == [0, 1, 2, 3]  # the watchdog was running on every rank
+    assert _query(tmp_path / "data", lambda cat, run_id: queries.list_runs(cat)).status.iloc[0] == "finished"

@@ -3,7 +3,13 @@ rank has not ended (a frozen, stopped or GIL-bound process), and ranks that are 
 without ending the run (their stream closed without RunEnd, or the rest of the run
 ended without them).
 
-Input: queries.rank_liveness (rank, step, period_s, silent_s, ended, gone,
+Silence is measured against the other ranks first (``behind_s``: the run's newest
+heartbeat minus the rank's), which is free of delivery delay and of the reader's
+clock, so a busy collector or a loaded machine raises no false alarm. When every
+rank is quiet (the whole job frozen), only the reader's clock can tell: then the
+threshold gets ``DELIVERY_GRACE_S`` more.
+
+Input: queries.rank_liveness (rank, step, period_s, silent_s, behind_s, ended, gone,
 unresponsive, run_status), one row per rank that sent heartbeats; ranks that never
 did (older clients, imported runs) are not judged. Ranks in the same situation share
 one finding, so a 1,024-rank job that lost a node gets one line, not 8.
@@ -16,6 +22,7 @@ import pandas as pd
 from collector.data.findings.model import Finding, ranks_label
 
 SILENT_AFTER_PERIODS = 3
+DELIVERY_GRACE_S = 10.0
 
 
 def _steps(rows: pd.DataFrame) -> tuple[int, int]:
@@ -26,11 +33,13 @@ def silent_ranks(liveness: pd.DataFrame) -> list[Finding]:
     if liveness.empty:
         return []
     open_ = liveness[~liveness.ended.astype(bool)]
+    limit = SILENT_AFTER_PERIODS * open_.period_s.fillna(1.0)
+    quiet = (open_.behind_s > limit) | (open_.silent_s > limit + DELIVERY_GRACE_S)
+    # gone: its stream closed without RunEnd; or quiet by the reader's clock, grace included,
+    # while the rest of the run has ended (a rank whose own RunEnd is still on its way is not)
     run_over = open_.run_status.isin(["finished", "failed"])
-    stopped = open_[open_.gone.astype(bool) | run_over]
-    silent = open_[
-        ~open_.index.isin(stopped.index) & (open_.silent_s > SILENT_AFTER_PERIODS * open_.period_s.fillna(1.0))
-    ]
+    stopped = open_[open_.gone.astype(bool) | (run_over & (open_.silent_s > limit + DELIVERY_GRACE_S))]
+    silent = open_[~open_.index.isin(stopped.index) & quiet]
     found = []
     if len(stopped):
         first, last = _steps(stopped)
