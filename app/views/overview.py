@@ -37,6 +37,9 @@ def health_summary(sel: state.Selection, version: str) -> None:
         comm_by_rank=queries.comm_by_rank(d, run_id, version, everything),
         step_wall=queries.step_wall_ms(d, run_id, version),
         world_size=int(sel.run().world_size),
+        hangs=queries.hangs(d, run_id, version),
+        desyncs=queries.desyncs(d, run_id, version),
+        liveness=queries.rank_liveness(d, run_id, version),
     )
     st.subheader("Health")
     if not findings:

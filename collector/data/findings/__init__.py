@@ -25,7 +25,13 @@ from collector.data.findings.model import Finding, duration, exit_code, pct, ran
 from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import late_ranks
 
-__all__ = ["Finding", "duration", "exit_code", "for_run", "pct", "ranked", "summarize"]
+__all__ = ["Finding", "duration", "exit_code", "for_run", "liveness_findings", "pct", "ranked", "summarize"]
+
+
+def liveness_findings(hangs: pd.DataFrame, desyncs: pd.DataFrame, liveness: pd.DataFrame) -> list[Finding]:
+    """The critical, current ones: hangs, collective mismatches, silent and stopped ranks
+    (what the dashboard's banner shows on every page)."""
+    return ranked(stuck_collectives(hangs) + mismatched_collectives(desyncs) + silent_ranks(liveness))
 
 
 def summarize(
@@ -42,10 +48,13 @@ def summarize(
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first (the liveness frames are
     optional: runs without heartbeats have nothing for them)."""
+    empty = pd.DataFrame()
     return ranked(
-        (stuck_collectives(hangs) if hangs is not None else [])
-        + (mismatched_collectives(desyncs) if desyncs is not None else [])
-        + (silent_ranks(liveness) if liveness is not None else [])
+        liveness_findings(
+            hangs if hangs is not None else empty,
+            desyncs if desyncs is not None else empty,
+            liveness if liveness is not None else empty,
+        )
         + late_ranks(last_arrivals, world_size)
         + small_messages(log_summary)
         + loss_scale_falls(scales)
