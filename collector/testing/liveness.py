@@ -8,8 +8,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
 from collector.data.catalog import ensure_catalog
-from collector.testing.fake_runs import FakeRun, _stored, _write, write_run
+from collector.data.schema import TABLES
+from collector.testing.fake_runs import FakeRun, _write, write_run
 
 
 def write_hang(data_dir, run: FakeRun, stuck_rank: int, waited_s: float = 30.0, hang_after_s: float = 2.0) -> int:
@@ -18,28 +21,36 @@ def write_hang(data_dir, run: FakeRun, stuck_rank: int, waited_s: float = 30.0, 
     data_dir = Path(data_dir)
     write_run(data_dir, run)
     seq = run.instances + 1  # the next instance of every group in the story
-    now = time.time_ns()
     n = run.world_size
-    waiting = [r for r in range(n) if r != stuck_rank]
-    for r in waiting:
-        cols = {
-            "step": [run.steps],
-            "group_name": ["world"],
-            "group_size": [n],
-            "group_ranks": [f"0-{n - 1}"],
-            "seq": [seq],
-            "op": ["all_reduce"],
-            "dtype": ["float32"],
-            "numel": [1024],
-            "bytes": [4096],
-            "entered_ns": [now - int(waited_s * 1e9)],
-            "time_ns": [now],
-            "hang_after_s": [hang_after_s],
-            "state": ["waiting"],
-        }
-        _write(data_dir, "inflight", run.run_id, f"rank{r}", _stored("inflight", r, cols))
-    for r in range(n):
-        beats = {"step": [run.steps], "time_ns": [now], "period_s": [1.0], "inflight": [int(r != stuck_rank)]}
-        _write(data_dir, "heartbeats", run.run_id, f"rank{r}", _stored("heartbeats", r, beats))
     ensure_catalog(data_dir)
+    now = time.time_ns()  # last: the beats are fresh when this returns
+    waiting = [r for r in range(n) if r != stuck_rank]
+    k = len(waiting)
+    inflight = {
+        "rank": waiting,
+        "step": [run.steps] * k,
+        "group_name": ["world"] * k,
+        "group_size": [n] * k,
+        "group_ranks": [f"0-{n - 1}"] * k,
+        "seq": [seq] * k,
+        "op": ["all_reduce"] * k,
+        "dtype": ["float32"] * k,
+        "numel": [1024] * k,
+        "bytes": [4096] * k,
+        "entered_ns": [now - int(waited_s * 1e9)] * k,
+        "time_ns": [now] * k,
+        "hang_after_s": [hang_after_s] * k,
+        "state": ["waiting"] * k,
+    }
+    beats = {
+        "rank": list(range(n)),
+        "step": [run.steps] * n,
+        "time_ns": [now] * n,
+        "period_s": [1.0] * n,
+        "inflight": [int(r != stuck_rank) for r in range(n)],
+        "hang_after_s": [hang_after_s] * n,
+        "ending": [False] * n,
+    }
+    for table, columns, segment in (("inflight", inflight, "waiting"), ("heartbeats", beats, "beats")):
+        _write(data_dir, table, run.run_id, segment, pa.table(columns, schema=TABLES[table].arrow_schema()))
     return seq
