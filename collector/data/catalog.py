@@ -158,47 +158,53 @@ def liveness_views() -> dict[str, str]:
     views["inflight_latest"] = """
         SELECT * FROM inflight
         QUALIFY row_number() OVER (PARTITION BY run_id, rank, group_name, seq ORDER BY time_ns DESC) = 1"""
-    views["inflight_open"] = """
-        WITH beats AS (
-            SELECT run_id, rank, max(time_ns) AS last_beat_ns, arg_max(period_s, time_ns) AS period_s
-            FROM heartbeats GROUP BY run_id, rank)
+    # Per rank and group: how far it has completed (seq is per group and completes in order on
+    # a rank, so "completed seq k" is "last completed seq >= k"). One scan of comm serves each view.
+    views["comm_progress"] = """
+        SELECT run_id, rank, group_name, max(seq) AS last_completed_seq, arg_max(op, seq) AS last_completed_op,
+               arg_max(step, seq) AS completed_step
+        FROM comm WHERE seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')
+        GROUP BY run_id, rank, group_name"""
+    open_rows = """
         SELECT i.run_id, i.rank, i.step, i.group_name, i.group_size, i.group_ranks, i.seq, i.op, i.dtype,
                i.numel, i.bytes, i.entered_ns, i.time_ns, i.hang_after_s,
                (i.time_ns - i.entered_ns) / 1e9 AS waiting_s
         FROM inflight_latest i
-        LEFT JOIN beats b USING (run_id, rank)
-        WHERE coalesce(i.state, 'waiting') = 'waiting'
-          AND (b.last_beat_ns IS NULL OR i.time_ns >= b.last_beat_ns - CAST(1.5e9 * b.period_s AS BIGINT))
-          AND NOT EXISTS (SELECT 1 FROM comm c WHERE c.run_id = i.run_id AND c.rank = i.rank
-                          AND c.group_name = i.group_name AND c.seq = i.seq)
-          AND NOT EXISTS (SELECT 1 FROM rank_ends e WHERE e.run_id = i.run_id AND e.rank = i.rank)"""
-    views["wavefront"] = """
-        WITH done AS (
-            SELECT run_id, rank, group_name, max(seq) AS last_completed_seq, arg_max(op, seq) AS last_completed_op,
-                   arg_max(step, seq) AS completed_step
-            FROM comm WHERE seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')
-            GROUP BY run_id, rank, group_name),
-        entered AS (
-            SELECT run_id, rank, group_name, max(seq) AS last_entered_seq, arg_max(op, seq) AS last_entered_op,
-                   arg_max(step, seq) AS entered_step
-            FROM inflight GROUP BY run_id, rank, group_name)
+        LEFT JOIN (SELECT run_id, rank, max(time_ns) AS last_beat_ns, arg_max(period_s, time_ns) AS period_s
+                   FROM heartbeats GROUP BY run_id, rank) b USING (run_id, rank)
+        LEFT JOIN {progress} p USING (run_id, rank, group_name)
+        LEFT JOIN rank_ends e USING (run_id, rank)
+        WHERE coalesce(i.state, 'waiting') = 'waiting' AND e.rank IS NULL
+          AND coalesce(p.last_completed_seq, 0) < i.seq
+          AND (b.last_beat_ns IS NULL OR i.time_ns >= b.last_beat_ns - CAST(1.5e9 * b.period_s AS BIGINT))"""
+    views["inflight_open"] = open_rows.format(progress="comm_progress")
+    wavefront = """
         SELECT run_id, rank, group_name,
                greatest(coalesce(e.last_entered_seq, 0), coalesce(d.last_completed_seq, 0)) AS last_entered_seq,
                CASE WHEN coalesce(e.last_entered_seq, 0) > coalesce(d.last_completed_seq, 0)
                     THEN e.last_entered_op ELSE d.last_completed_op END AS last_entered_op,
                coalesce(d.last_completed_seq, 0) AS last_completed_seq, d.last_completed_op,
                greatest(coalesce(e.entered_step, 0), coalesce(d.completed_step, 0)) AS step
-        FROM done d FULL OUTER JOIN entered e USING (run_id, rank, group_name)"""
+        FROM {progress} d FULL OUTER JOIN (
+            SELECT run_id, rank, group_name, max(seq) AS last_entered_seq, arg_max(op, seq) AS last_entered_op,
+                   arg_max(step, seq) AS entered_step
+            FROM inflight GROUP BY run_id, rank, group_name) e USING (run_id, rank, group_name)"""
+    views["wavefront"] = wavefront.format(progress="comm_progress")
     views["hangs"] = f"""
-        WITH stuck AS (
+        WITH progress AS MATERIALIZED (SELECT * FROM comm_progress),
+        open_ AS ({open_rows.format(progress="progress")}),
+        wave AS ({wavefront.format(progress="progress")}),
+        stuck AS (
             SELECT run_id, group_name, seq, mode(op) AS op, max(waiting_s) AS waiting_s,
                    list(rank ORDER BY rank) AS waiting_ranks, min(step) AS step,
                    any_value({_MEMBERS}) AS members, max(hang_after_s) AS hang_after_s
-            FROM inflight_open GROUP BY run_id, group_name, seq
+            FROM open_ GROUP BY run_id, group_name, seq
             HAVING max(waiting_s) >= min(hang_after_s)),
         completed AS (
-            SELECT c.run_id, c.group_name, c.seq, list(c.rank) AS ranks
-            FROM comm c JOIN stuck s USING (run_id, group_name, seq) GROUP BY ALL),
+            SELECT s.run_id, s.group_name, s.seq, list(p.rank) AS ranks
+            FROM stuck s JOIN progress p ON p.run_id = s.run_id AND p.group_name = s.group_name
+                                       AND p.last_completed_seq >= s.seq
+            GROUP BY ALL),
         judged AS (
             SELECT s.*, list_sort(list_filter(s.members, lambda m: NOT list_contains(s.waiting_ranks, m)
                                               AND NOT list_contains(coalesce(c.ranks, []), m))) AS missing_ranks
@@ -209,7 +215,7 @@ def liveness_views() -> dict[str, str]:
                           'last_completed_seq': coalesce(w.last_completed_seq, 0), 'step': w.step}}
                         ORDER BY m.rank) AS missing
             FROM judged j, unnest(j.missing_ranks) AS m(rank)
-            LEFT JOIN wavefront w ON w.run_id = j.run_id AND w.rank = m.rank AND w.group_name = j.group_name
+            LEFT JOIN wave w ON w.run_id = j.run_id AND w.rank = m.rank AND w.group_name = j.group_name
             GROUP BY ALL)
         SELECT j.run_id, j.group_name, j.seq, j.op, j.step, j.waiting_ranks, j.missing_ranks, j.waiting_s,
                j.hang_after_s, coalesce(m.missing, []) AS missing
