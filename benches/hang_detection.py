@@ -20,7 +20,6 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ def _rank(rank: int, port: int, endpoint: str, out: str, hangs: int, hang_after_
 
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def main() -> None:
@@ -124,7 +123,8 @@ def main() -> None:
         f"- command: `python -m benches.hang_detection --hangs {args.hangs} --hang-after {args.hang_after:g}` "
         f"({time.time() - started:.0f} s, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC)",
         f"- machine: {platform.machine()} {os.cpu_count()}-core CPU VM shared with other jobs; 1-minute load "
-        f"average {' -> '.join(f'{x:.1f}' for x in loads)} (start -> middle -> end); Python {platform.python_version()}",
+        f"average {' -> '.join(f'{x:.1f}' for x in loads)} (start -> middle -> end); "
+        f"Python {platform.python_version()}",
         f"- rankscope code: {code_version(ROOT)}",
         "- 2 gloo ranks, hook attached, heartbeat 1 s; rank 1 sleeps hang_after_s + 3 s before the hang's all_reduce;"
         " collector in-process (store flush 50 ms); polled every 50 ms with the query and rule of `rankscope health`",
@@ -134,7 +134,8 @@ def main() -> None:
         f"| detection: hang_after_s elapsed -> finding visible | {len(ok)}/{len(latencies)} | "
         f"{_pct(ok, 0.5):.2f} | {_pct(ok, 0.95):.2f} | {max(ok):.2f} | p95 <= 2 s |",
         f"| baseline, same run: age of the newest visible heartbeat when each hang was seen | {len(visibility)} | "
-        f"{_pct(visibility, 0.5):.2f} | {_pct(visibility, 0.95):.2f} | {max(visibility):.2f} | (<= 1 period + delivery) |",
+        f"{_pct(visibility, 0.5):.2f} | {_pct(visibility, 0.95):.2f} | {max(visibility):.2f} | "
+        "(<= 1 period + delivery) |",
         "",
     ]
     Path(args.out).write_text("\n".join(lines))
