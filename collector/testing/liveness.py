@@ -14,6 +14,10 @@ from collector.data.catalog import ensure_catalog
 from collector.data.schema import TABLES
 from collector.testing.fake_runs import FakeRun, _write, write_run
 
+# What a rank's watchdog writes; the fake runs' story (collector.testing.fake_runs) has none of it,
+# so their dashboards show no liveness banner. write_hang adds it.
+LIVENESS_TABLES = frozenset(("inflight", "heartbeats", "stacks"))
+
 
 def write_hang(data_dir, run: FakeRun, stuck_rank: int, waited_s: float = 30.0, hang_after_s: float = 2.0) -> int:
     """``run`` (status 'running'), then: rank ``stuck_rank`` never enters the next all_reduce of
