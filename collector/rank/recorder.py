@@ -222,13 +222,22 @@ def cuda_start(tensor):
     return CudaSpan(ev)
 
 
-# record tuple fields
-(_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT) = range(14)
-# in-flight slot fields (a list: the slot is written once at entry, read by the watchdog)
-# SLOT_SINCE: when the rank began waiting for it: the call for blocking ops and for async ops whose
-# completion is seen (a future); wait() for async ops whose completion only wait() reveals (0 until then:
-# the caller may do other work before it waits, which is no hang).
-(SLOT_OP, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_T0, SLOT_STEP, SLOT_SINCE) = range(8)
+# record fields: a p2p record is a tuple of them; a collective's record is its in-flight slot itself
+# (a list written at entry and completed in place, so the hot path builds one object, not two)
+_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT, _SINCE = range(15)
+# _SINCE: when the rank began waiting for it: the call for blocking ops and for async ops whose completion
+# is seen (a future); wait() for async ops whose completion only wait() reveals (0 until then: the caller
+# may do other work before it waits, which is no hang). _SLOT: an async slot's key in ``inflight``.
+SLOT_OP, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_T0, SLOT_STEP, SLOT_SINCE = (
+    _OP,
+    _GROUP,
+    _SEQ,
+    _DTYPE,
+    _NUMEL,
+    _T0,
+    _STEP,
+    _SINCE,
+)
 
 
 class Recorder:
@@ -295,9 +304,9 @@ class Recorder:
         g = self.groups.get(grp) or self._group(grp)
         if scale == GROUP_SIZE:
             scale = g.size
-        slot = [op, g, next(g.seq), dtype, numel * scale, 0, state.step, 0]
+        slot = [op, None, g, next(g.seq), dtype, numel * scale, 0, 0, 0, None, False, -1, state.step, None, 0]
         self.inflight[id(slot)] = slot
-        slot[SLOT_T0] = slot[SLOT_SINCE] = perf_ns()
+        slot[_T0] = slot[_SINCE] = perf_ns()
         return slot
 
     def abandon(self, slot: list) -> None:
@@ -307,56 +316,37 @@ class Recorder:
         self.abandoned.append(slot)
 
     def complete(self, slot: list, log_name, work, span):
-        """The real call returned: queue the collective's record (async ones stay in flight
-        until their end is known). Returns the Work to hand back, as ``record`` does."""
+        """The real call returned: the slot becomes the collective's record (async ones stay in
+        flight until their end is known). Returns the Work to hand back, as ``record`` does."""
         t1 = perf_ns()
         try:
-            op = slot[SLOT_OP]
-            key = id(slot)
             if span is not None:
                 span.stop = torch.cuda.Event(enable_timing=True)
                 span.stop.record()
-            if work is not None:
-                timing = _AsyncEnd(work, False)
+            if work is None:
+                del self.inflight[id(slot)]
+                slot[_TIMING] = span
+            else:
+                timing = slot[_TIMING] = _AsyncEnd(work, False)
                 if timing.timed_at_wait:
-                    slot[SLOT_SINCE] = 0
+                    slot[_SINCE] = 0
                     work = _WaitTimedWork(work, timing, slot)
-            else:
-                timing = span
-                del self.inflight[key]
-                key = None
-            if log_name is None:
-                log_name = op
+                slot[_SLOT], slot[_ASYNC] = id(slot), True
             if self.debug:
-                log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+                log_name = f"{log_name or slot[_OP]} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+            slot[_NAME] = log_name or slot[_OP]
+            slot[_ITEMSIZE] = slot[_DTYPE].itemsize
+            slot[_T1] = t1
             if len(self.pending) < MAX_PENDING:
-                dtype = slot[SLOT_DTYPE]
-                self.pending.append(
-                    (
-                        op,
-                        log_name,
-                        slot[SLOT_GROUP],
-                        slot[SLOT_SEQ],
-                        dtype,
-                        slot[SLOT_NUMEL],
-                        dtype.itemsize,
-                        slot[SLOT_T0],
-                        t1,
-                        timing,
-                        work is not None,
-                        -1,
-                        slot[SLOT_STEP],
-                        key,
-                    )
-                )
+                self.pending.append(slot)
             else:
-                self.inflight.pop(key, None)
+                self.inflight.pop(id(slot), None)
                 self.dropped += 1
         except Exception:  # the collective itself succeeded; losing its record must not fail training
             self.inflight.pop(id(slot), None)
             self.dropped += 1
             if self.dropped == 1:
-                log.exception("rankscope: could not record %s; counting it as dropped", slot[SLOT_OP])
+                log.exception("rankscope: could not record %s; counting it as dropped", slot[_OP])
         return work
 
     def record(self, op, log_name, t0, work, span, dtype, numel, peer=-1, peer_is_src=False):
@@ -391,6 +381,7 @@ class Recorder:
                         peer,
                         state.step,
                         None,
+                        0,
                     )
                 )
             else:
