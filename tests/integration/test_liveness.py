@@ -92,9 +92,11 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             assert _wait(lambda: (out / "entered0").exists(), 120), "rank 0 never reached the k-th all_reduce"
             entered = min(float((out / f"entered{r}").read_text()) for r in (0, 1, 3) if (out / f"entered{r}").exists())
 
-            def hung():
+            def hung():  # the whole picture: every waiting rank's report has landed
                 frame = _query(collector.data_dir, queries.hangs)
-                return frame if frame is not None and len(frame) else None
+                if frame is None or frame.empty or len(frame.iloc[0].waiting_ranks) < 3:
+                    return None
+                return frame
 
             frame = _wait(hung, HANG_AFTER_S + 3 + 5)
             seen_after = time.time() - entered
