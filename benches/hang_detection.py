@@ -106,6 +106,15 @@ def main() -> None:
                     seen = time.time()
                     break
                 time.sleep(0.05)
+            if seen is None and cat is not None:
+                print(
+                    cat.df(
+                        "SELECT rank, group_name, seq, op, state, (time_ns - entered_ns) / 1e9 AS w FROM inflight "
+                        "WHERE run_id = ? ORDER BY time_ns DESC LIMIT 5",
+                        [run_id],
+                    ).to_string(),
+                    flush=True,
+                )
             latencies.append((seen or float("inf")) - due)
             beats = cat.df("SELECT max(time_ns) / 1e9 AS t FROM heartbeats WHERE run_id = ?", [run_id]).t.iloc[0]
             visibility.append(time.time() - beats)  # how old the newest visible beat is: <= delivery + 1 period
