@@ -23,6 +23,7 @@ page = st.navigation(
         "Distributed": [
             st.Page(PAGES / "comms.py", title="Comms", icon=":material/swap_horiz:"),
             st.Page(PAGES / "stragglers.py", title="Stragglers", icon=":material/hourglass_bottom:"),
+            st.Page(PAGES / "liveness.py", title="Liveness", icon=":material/heart_broken:"),
         ],
         "Model": [
             st.Page(PAGES / "flops.py", title="FLOPS", icon=":material/account_tree:"),
@@ -33,6 +34,7 @@ page = st.navigation(
     }
 )
 state.sidebar_picker()
+state.liveness_banner()  # every page: a hang, mismatch or silent rank is news wherever one looks
 try:
     page.run()
 except duckdb.Error as exc:  # e.g. a damaged segment: say so instead of showing a traceback

@@ -155,3 +155,41 @@ def runs_with(data_dir: str, table: str) -> set[str]:
 def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
     """User SQL through the read-only guard; raises catalog.QueryError."""
     return q.console_query(data_dir, sql, max_rows)
+
+
+# --- liveness: a second's cache, since silence grows with time even when no data lands ------
+
+
+@st.cache_data(ttl=1, max_entries=CACHE_ENTRIES, show_spinner=False)
+def liveness_findings(data_dir: str, run_id: str, version: str) -> list:
+    """The run's hang, collective-mismatch and silent-rank findings (critical, current)."""
+    from collector.data.findings import liveness_findings as judge
+
+    return judge(
+        hangs(data_dir, run_id, version), desyncs(data_dir, run_id, version), rank_liveness(data_dir, run_id, version)
+    )
+
+
+@st.cache_data(ttl=1, max_entries=CACHE_ENTRIES, show_spinner=False)
+def hangs(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.hangs(catalog(data_dir), run_id)
+
+
+@st.cache_data(ttl=1, max_entries=CACHE_ENTRIES, show_spinner=False)
+def rank_liveness(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.rank_liveness(catalog(data_dir), run_id)
+
+
+@_cached()
+def wavefront(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.wavefront(catalog(data_dir), run_id)
+
+
+@_cached()
+def stacks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.stacks(catalog(data_dir), run_id)
+
+
+@_cached()
+def desyncs(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.desyncs(catalog(data_dir), run_id)

@@ -160,3 +160,35 @@ def live(sel: Selection, body: Callable[[str], None], run_id: str | None = None)
             st.rerun()  # the run ended: redraw the page once, without the timer
 
     refreshing()
+
+
+LIVENESS_PAGE = "views/liveness.py"  # relative to app/, as main.py declares it
+
+
+def liveness_banner() -> None:
+    """Declared once by main.py, above every page: a red banner while the selected run has a hang,
+    a collective mismatch or a silent rank, linking to the Liveness page (wavefront and stacks).
+    While the run is live it re-checks every second, in place."""
+    directory = st.session_state.get("rankscope.data_dir")
+    runs = st.session_state.get("rankscope.runs")
+    chosen = st.session_state.get(SELECTION_KEY) or ()
+    if not directory or runs is None or runs.empty or not chosen:
+        return
+    run_id = chosen[0]
+
+    def show() -> None:
+        try:
+            found = queries.liveness_findings(directory, run_id, queries.data_version(directory, run_id))
+        except (duckdb.Error, queries.DataDirError):
+            return  # the page itself says what is wrong with the data
+        if not found:
+            return
+        lines = "\n".join(f"- {f.text}" for f in found[:5])
+        more = f"\n- … and {len(found) - 5} more" if len(found) > 5 else ""
+        st.error(f"**This run needs attention now**\n{lines}{more}", icon=":material/error:")
+        st.page_link(LIVENESS_PAGE, label="Wavefront and stacks", icon=":material/arrow_forward:")
+
+    if runs.loc[runs.run_id == run_id, "status"].eq("running").any():
+        st.fragment(run_every=REFRESH_S)(show)()
+    else:
+        show()

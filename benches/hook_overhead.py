@@ -146,11 +146,16 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
         def noop(tensor, op=None, group=None, async_op=False):
             return None
 
+        # The wrapper binds the real function when it is generated: generate one around the no-op
+        # (patching c10d afterwards would time a real gloo all_reduce without its peer's pace).
+        from collector.rank.ops import SPECS, instrument
+
         c10d.all_reduce = noop
         try:
-            return _time_isolated({"no-op": noop, "wrapper": comm.all_reduce}, t)
+            wrapper = instrument(SPECS["all_reduce"])
         finally:
             c10d.all_reduce = raw
+        return _time_isolated({"no-op": noop, "wrapper": wrapper}, t)
 
     def finish():
         left = comm.flush()

@@ -50,6 +50,9 @@ def health_summary(sel: state.Selection, version: str) -> None:
         source=run.get("source"),
         config=run.get("config"),
         signals=queries.signals_by_step(d, run_id, version),
+        hangs=queries.hangs(d, run_id, version),
+        desyncs=queries.desyncs(d, run_id, version),
+        liveness=queries.rank_liveness(d, run_id, version),
     )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]

@@ -30,7 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+from collector.data.schema import RANK_ENDS_SCHEMA, RANK_EVENTS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
 
 # \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
 # directory name breaks every catalog view (found by tests/server/test_fuzz.py).
@@ -50,6 +50,7 @@ COLLECTOR_TABLES: dict[str, pa.Schema] = {
     "runs": RUNS_SCHEMA,
     "ranks": RANKS_SCHEMA,
     "rank_ends": RANK_ENDS_SCHEMA,
+    "rank_events": RANK_EVENTS_SCHEMA,
 }
 
 

@@ -641,3 +641,65 @@ def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
         f"SELECT rank, step, {', '.join(columns)} FROM ({parts[0]}) t{joins} ORDER BY rank, step",
         params,
     )
+
+
+# --- liveness: hangs, mismatches, silent ranks (catalog.liveness_views) --------
+
+
+def hangs(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Collectives some ranks have waited in for at least hang_after_s, longest wait first."""
+    return cat.df(
+        """SELECT group_name, seq, op, step, waiting_ranks, missing_ranks, waiting_s, hang_after_s, missing
+           FROM hangs WHERE run_id = ? ORDER BY waiting_s DESC, group_name, seq""",
+        [run_id],
+    )
+
+
+def desyncs(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Collective instances entered with different op/dtype/numel on different ranks."""
+    return cat.df(
+        "SELECT group_name, seq, sides, n_sides FROM desyncs WHERE run_id = ? ORDER BY group_name, seq", [run_id]
+    )
+
+
+def rank_liveness(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Each rank's last heartbeat and how it ended (or did not), one row per rank that beat."""
+    return cat.df(
+        """SELECT rank, step, period_s, last_beat_ns, silent_s, behind_s, ended, gone, unresponsive, run_status
+           FROM rank_liveness WHERE run_id = ? ORDER BY rank""",
+        [run_id],
+    )
+
+
+def stacks(cat: Catalog, run_id: str, ranks: list[int] | None = None) -> pd.DataFrame:
+    """The latest stack capture of each rank (every thread of it), main thread first."""
+    return cat.df(
+        """WITH latest AS (
+               SELECT rank, max(time_ns) AS time_ns FROM stacks WHERE run_id = ? GROUP BY rank)
+           SELECT s.rank, s.step, s.reason, s.thread_name, s.is_main, s.innermost, s.stack, s.time_ns
+           FROM stacks s JOIN latest l USING (rank, time_ns)
+           WHERE s.run_id = ? AND (? IS NULL OR list_contains(?, s.rank))
+           ORDER BY s.rank, s.is_main DESC, s.thread_name""",
+        [run_id, run_id, ranks, ranks],
+    )
+
+
+WAVEFRONT_MAX_ROWS = 300  # rows of the wavefront chart; larger worlds are binned into rank ranges
+
+
+def wavefront(cat: Catalog, run_id: str, max_rows: int = WAVEFRONT_MAX_ROWS) -> pd.DataFrame:
+    """Per rank range and group: the lowest and highest last seq entered and completed (one rank
+    per range when the world fits in ``max_rows`` rows, else ranges of equal width)."""
+    return cat.df(
+        """WITH w AS (SELECT * FROM wavefront WHERE run_id = ?),
+           sized AS (
+               SELECT greatest(1, CAST(ceil((SELECT max(rank) + 1 FROM w)
+                      / greatest(1, ? // greatest(1, (SELECT count(DISTINCT group_name) FROM w)))) AS BIGINT))
+                      AS width)
+           SELECT (rank // width) * width AS rank_lo, min(rank) AS first_rank, max(rank) AS last_rank, group_name,
+                  min(last_entered_seq) AS min_entered, max(last_entered_seq) AS max_entered,
+                  min(last_completed_seq) AS min_completed, max(last_completed_seq) AS max_completed,
+                  count(*) AS ranks
+           FROM w, sized GROUP BY rank_lo, width, group_name ORDER BY group_name, rank_lo""",
+        [run_id, max_rows],
+    )

@@ -115,6 +115,40 @@ TABLES: dict[str, Table] = {
             ("cpu_ns", I64),
             ("rss_bytes", I64),
         ),
+        # Liveness (collector.rank.watchdog): what a rank is waiting in, its sign of life, its stacks.
+        _table(
+            "inflight",
+            ("group_name", STR),
+            ("group_size", I64),
+            ("group_ranks", STR),  # members as a range label ("0-3,8"): who should arrive
+            ("seq", I64),
+            ("op", STR),
+            ("dtype", STR),
+            ("numel", I64),
+            ("bytes", I64),
+            ("entered_ns", I64),  # when the rank began waiting (async ops whose end only wait() sees: the wait)
+            ("time_ns", I64),  # when this report was made; waiting = time_ns - entered_ns
+            ("hang_after_s", F64),
+            ("state", STR),  # "waiting": still in flight; "failed": the call raised (a timeout, a peer gone)
+        ),
+        _table(
+            "heartbeats",
+            ("time_ns", I64),
+            ("period_s", F64),
+            ("inflight", I64),  # collectives in flight at this beat
+            ("hang_after_s", F64),
+            ("ending", BOOL),  # the last beat: the rank's session is stopping, its RunEnd follows
+        ),
+        _table(
+            "stacks",
+            ("reason", STR),
+            ("thread_name", STR),
+            ("thread_id", I64),
+            ("is_main", BOOL),
+            ("stack", STR),
+            ("innermost", STR),  # "file:line in function" of the innermost frame
+            ("time_ns", I64),
+        ),
     )
 }
 
@@ -139,6 +173,17 @@ RANKS_SCHEMA = pa.schema(
         ("clock_offset_ns", pa.int64()),
         ("client_id", pa.string()),
         ("started_at", pa.timestamp("ns", tz="UTC")),
+    ]
+)
+# What the collector saw of a rank's connection (collector.server.liveness): a stream that
+# ended without RunEnd ("disconnected"), a stack request the rank did not answer ("unresponsive").
+RANK_EVENTS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int64()),
+        ("event", pa.string()),
+        ("time", pa.timestamp("ns", tz="UTC")),
+        ("detail", pa.string()),
     ]
 )
 RANK_ENDS_SCHEMA = pa.schema(

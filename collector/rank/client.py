@@ -19,6 +19,10 @@ rows are counted as dropped) and the rest resent. FAILED_PRECONDITION (schema
 version) and UNAUTHENTICATED / PERMISSION_DENIED are logged once and retried
 slowly while spooling, since only an operator can fix them.
 
+Requests from the collector ride on the acks (``Ack.requests``, e.g. "send your
+stacks"): the ack reader hands each to ``Client.on_request``, which the watchdog
+(collector.rank.watchdog) sets; it must return at once (it queues the work).
+
 Nothing here raises into the caller: ``submit`` and ``close`` are safe from any
 thread, and a failing collector costs the training thread nothing.
 """
@@ -84,12 +88,16 @@ class ClientConfig(ConfigBlock):
 class _Stream:
     """One gRPC Stream call: a queue feeding its requests, a thread reading acks.
 
-    It knows nothing of the client beyond three callbacks: ``on_ack(seqs)`` for each Ack,
-    ``envelopes_of(path)`` for the still-unacked envelopes of a spool file queued on it,
-    and ``on_dead()`` once the call has ended."""
+    It knows nothing of the client beyond four callbacks: ``on_ack(seqs)`` for each Ack,
+    ``on_request(request)`` for each RankRequest an Ack carries, ``envelopes_of(path)`` for
+    the still-unacked envelopes of a spool file queued on it, and ``on_dead()`` once the
+    call has ended."""
 
-    def __init__(self, stub: pb_grpc.CollectorStub, metadata, *, on_ack, envelopes_of, on_dead) -> None:
+    def __init__(
+        self, stub: pb_grpc.CollectorStub, metadata, *, on_ack, envelopes_of, on_dead, on_request=None
+    ) -> None:
         self._on_ack, self._envelopes_of, self._on_dead = on_ack, envelopes_of, on_dead
+        self._on_request = on_request
         self.outbox: queue.Queue = queue.Queue()
         self.error: grpc.RpcError | Exception | None = None
         self.dead = threading.Event()
@@ -110,7 +118,14 @@ class _Stream:
     def _read_acks(self) -> None:
         try:
             for ack in self.call:
-                self._on_ack(ack.seqs)
+                if ack.seqs:
+                    self._on_ack(ack.seqs)
+                for request in ack.requests:
+                    if self._on_request is not None:
+                        try:
+                            self._on_request(request)
+                        except Exception:  # a request we cannot serve must not end the stream
+                            log.exception("rankscope: could not serve the collector's %s request", request.kind)
         except Exception as e:  # grpc.RpcError, or anything the channel throws
             self.error = e
         self.dead.set()
@@ -160,6 +175,7 @@ class Client:
         self._orphans_started = False
         self._end: pb.RunEnd | None = None  # set by close()
         self.acked = 0  # envelopes acked, for tests and RunEnd diagnostics
+        self.on_request = None  # callable(pb.RankRequest), set by the watchdog; returns at once
 
     # ---- called from the session (any thread) ----
     def start(self, hello: pb.Hello) -> None:
@@ -331,6 +347,7 @@ class Client:
                 on_ack=self._on_ack,
                 envelopes_of=self._spooled_envelopes,
                 on_dead=self._wake.set,
+                on_request=lambda request: self.on_request is not None and self.on_request(request),
             )
         except Exception as e:
             self._on_stream_error(e)

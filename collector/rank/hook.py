@@ -97,9 +97,12 @@ def attach(
     token: str | None = None,
     config=None,
     tls_ca: str | None = None,
+    hang_after_s: float | None = None,
 ):
     """Patch torch.distributed and start the telemetry session (idempotent).
-    Returns the session (None if the config disables telemetry)."""
+    Returns the session (None if the config disables telemetry). ``hang_after_s``: a
+    collective in flight this long is reported as a hang, with this rank's stacks
+    (default ``RANKSCOPE_HANG_AFTER_S``, else ``telemetry.hang_after_s``, else 60 s)."""
     if not _originals:
         for op in INSTRUMENTED_OPS:
             _patch(dist, op, getattr(ops, op))
@@ -116,7 +119,9 @@ def attach(
                 _patch(DistributedDataParallel, name, _ddp_register_comm_hook(getattr(DistributedDataParallel, name)))
     steps.install()
     deepspeed.install()
-    return session.start(run=run, endpoint=endpoint, token=token, config=config, source="hook", tls_ca=tls_ca)
+    return session.start(
+        run=run, endpoint=endpoint, token=token, config=config, source="hook", tls_ca=tls_ca, hang_after_s=hang_after_s
+    )
 
 
 def detach(status: str = "finished") -> None:
@@ -152,8 +157,9 @@ def attached(
     token: str | None = None,
     config=None,
     tls_ca: str | None = None,
+    hang_after_s: float | None = None,
 ):
-    active = attach(run=run, endpoint=endpoint, token=token, config=config, tls_ca=tls_ca)
+    active = attach(run=run, endpoint=endpoint, token=token, config=config, tls_ca=tls_ca, hang_after_s=hang_after_s)
     try:
         yield active
     except SystemExit as e:  # sys.exit(0) in a script is a normal end

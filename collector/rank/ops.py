@@ -12,10 +12,13 @@ be, because this is the hot path (~1 us a call, measured by benches/hook_overhea
         if not REC.on or ("all_reduce" not in REC.ops and log_name not in REC.ops):
             return _real(tensor, op, group, async_op)
         span = cuda_start(tensor)
-        t0 = perf_ns()
-        work = _real(tensor, op, group, async_op)
-        return REC.record("all_reduce", log_name, group, t0, work if async_op else None, span,
-                          tensor.dtype, tensor.numel(), 1)
+        slot = REC.enter("all_reduce", group, tensor.dtype, tensor.numel(), 1)   # in flight from here
+        try:
+            work = _real(tensor, op, group, async_op)
+        except BaseException:
+            REC.abandon(slot)
+            raise
+        return REC.complete(slot, log_name, work if async_op else None, span)
 
 The real functions are called from ``torch.distributed.distributed_c10d``,
 which ``collector.hook.attach`` never patches, so nothing is recorded twice.
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from collector.rank import session
+from collector.rank import session, watchdog  # noqa: F401  (watchdog: follows the session from here on)
 from collector.rank.clock import perf_ns
 from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, REC, cuda_start
 
@@ -131,29 +134,34 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
         f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
         f"        return _real({args})\n"
     )
-    facts = f"{dtype}, {numel}, {spec.scale}"
     if spec.kind == "collective":
+        # The in-flight mark: entered (group, seq, size, time) before the call, so a collective
+        # that never returns is still known; cleared if the call raises (zero-cost try).
         body = (
-            f"    span = {span}\n    t0 = perf_ns()\n    work = _real({args})\n"
-            f"    return REC.record({spec.op!r}, log_name, group, t0, work if async_op else None, span, "
-            f"{facts})\n"
+            f"    span = {span}\n"
+            f"    slot = REC.enter({spec.op!r}, group, {dtype}, {numel}, {spec.scale})\n"
+            f"    try:\n        work = _real({args})\n"
+            f"    except BaseException:\n        REC.abandon(slot)\n        raise\n"
+            f"    return REC.complete(slot, log_name, work if async_op else None, span)\n"
         )
-    elif spec.kind == "send":
+        return head + body, defaults
+    facts = f"{dtype}, {spec.numel.format(tensor=tensor)} * {spec.scale}"
+    if spec.kind == "send":
         body = (
             f"    span = {span}\n    t0 = perf_ns()\n    _real({args})\n"
-            f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, {spec.peer})\n"
+            f"    REC.record({spec.op!r}, log_name, t0, None, span, {facts}, {spec.peer})\n"
         )
     elif spec.kind == "recv":
         body = (
             f"    span = {span}\n    t0 = perf_ns()\n    sender = _real({args})\n"
-            f"    REC.record({spec.op!r}, log_name, group, t0, None, span, {facts}, sender, True)\n"
+            f"    REC.record({spec.op!r}, log_name, t0, None, span, {facts}, sender, True)\n"
             f"    return sender\n"
         )
     else:  # isend / irecv: always async, no CUDA events (the future stamps the end)
         from_src = spec.kind == "irecv"
         body = (
             f"    t0 = perf_ns()\n    work = _real({args})\n    if work is not None:\n"
-            f"        work = REC.record({spec.op!r}, log_name, group, t0, work, None, {facts}, {spec.peer}, "
+            f"        work = REC.record({spec.op!r}, log_name, t0, work, None, {facts}, {spec.peer}, "
             f"{from_src})\n    return work\n"
         )
     return head + body, defaults

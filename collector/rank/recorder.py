@@ -3,10 +3,17 @@
 This is DeepSpeed's comms logger rebuilt for live telemetry. Unlike DeepSpeed,
 calls are never synchronised to be timed:
 
-* training thread (the hot path, ~1 us, in collector.rank.ops): two
-  ``perf_counter_ns`` reads around the real call, a cached per-group lookup, and
-  one tuple appended to a bounded deque (``Recorder.record``). No formatting, no
-  bandwidth math, no I/O.
+* training thread (the hot path, ~1 us, in collector.rank.ops): before the real
+  call, ``Recorder.enter`` looks the group up (cached), takes the collective's
+  ``seq`` and writes one in-flight slot (``inflight[id] = slot``); after it,
+  ``Recorder.complete`` turns the slot into one tuple appended to a bounded deque
+  and clears the slot. No formatting, no bandwidth math, no I/O.
+* in flight: a collective is known from the moment it is *entered*, with its
+  group, seq, op, dtype, size, entry time and step, so the watchdog
+  (collector.rank.watchdog) can report a collective that never completes. A
+  synchronous op leaves ``inflight`` when it returns (or raises); an async op when
+  its future or ``wait()`` completes (the drain thread clears it). p2p ops are
+  not marked: their seq is per direction and known only once the peer is.
 * CUDA tensors get a ``torch.cuda.Event`` pair, resolved later; async ops
   (``async_op=True``, isend/irecv) are stamped when their future completes.
 * a daemon thread drains the deque every 100 ms: resolves timings, computes
@@ -103,12 +110,13 @@ def get_world_size(group=None) -> int:
 
 
 class _Group:
-    """What a record needs about its group, computed once per group object."""
+    """What a record needs about its group, computed once per group object.
+    ``members``: the group's global ranks as a range label ("0-3,8"), for in-flight reports."""
 
-    __slots__ = ("name", "seq", "size")
+    __slots__ = ("members", "name", "seq", "size")
 
-    def __init__(self, name: str, size: int) -> None:
-        self.name, self.size, self.seq = name, size, itertools.count(1)
+    def __init__(self, name: str, size: int, members: str = "") -> None:
+        self.name, self.size, self.seq, self.members = name, size, itertools.count(1), members
 
 
 def _ranks_label(ranks: list[int]) -> str:
@@ -157,11 +165,13 @@ class _WaitTimedWork(dist.Work):
     result into the output, so a second wait from another thread can overwrite what
     the caller has done with the output since (seen as wrong ZeRO-1 gradients)."""
 
-    def __init__(self, work, pending: _AsyncEnd) -> None:
+    def __init__(self, work, pending: _AsyncEnd, slot: list | None = None) -> None:
         super().__init__()
-        self._work, self._pending = work, pending
+        self._work, self._pending, self._slot = work, pending, slot
 
     def wait(self, *args, **kwargs):
+        if self._slot is not None and not self._slot[SLOT_SINCE]:
+            self._slot[SLOT_SINCE] = perf_ns()  # the caller waits from here: the hang clock starts
         ok = self._work.wait(*args, **kwargs)
         if self._pending.end is None:
             self._pending.end = perf_ns()
@@ -212,8 +222,22 @@ def cuda_start(tensor):
     return CudaSpan(ev)
 
 
-# record tuple fields
-(_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP) = range(13)
+# record fields: a p2p record is a tuple of them; a collective's record is its in-flight slot itself
+# (a list written at entry and completed in place, so the hot path builds one object, not two)
+_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT, _SINCE = range(15)
+# _SINCE: when the rank began waiting for it: the call for blocking ops and for async ops whose completion
+# is seen (a future); wait() for async ops whose completion only wait() reveals (0 until then: the caller
+# may do other work before it waits, which is no hang). _SLOT: an async slot's key in ``inflight``.
+SLOT_OP, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_T0, SLOT_STEP, SLOT_SINCE = (
+    _OP,
+    _GROUP,
+    _SEQ,
+    _DTYPE,
+    _NUMEL,
+    _T0,
+    _STEP,
+    _SINCE,
+)
 
 
 class Recorder:
@@ -224,6 +248,8 @@ class Recorder:
         self.debug = False
         self.pending: collections.deque = collections.deque()
         self.waiting: list = []  # async / CUDA records not yet complete
+        self.inflight: dict[int, list] = {}  # id(slot) -> slot: collectives entered, not yet complete
+        self.abandoned: collections.deque = collections.deque(maxlen=1024)  # slots whose call raised
         self.dropped = 0
         self.groups: dict = {}
         self.p2p: dict = {}
@@ -252,13 +278,15 @@ class Recorder:
         g = self.groups.get(group)
         if g is None:
             if group is None or group is c10d.GroupMember.WORLD:
-                g = _Group("world", get_world_size())
+                size = get_world_size()
+                g = _Group("world", size, _ranks_label(list(range(size))))
             else:
                 ranks = sorted(c10d.get_process_group_ranks(group))
-                name = f"g[{_ranks_label(ranks)}]"
+                label = _ranks_label(ranks)
+                name = f"g[{label}]"
                 if any(o.name == name for o in self.groups.values()):  # a second communicator, same ranks
                     name += f"#{getattr(group, 'group_name', len(self.groups))}"
-                g = _Group(name, len(ranks))
+                g = _Group(name, len(ranks), label)
             self.groups[group] = g
         return g
 
@@ -270,24 +298,68 @@ class Recorder:
         return g
 
     # ---- hot path ----
-    def record(self, op, log_name, grp, t0, work, span, dtype, numel, scale, peer=-1, peer_is_src=False):
-        """Queue the op's record; returns the Work to hand back to the caller (``work`` itself,
-        or a _WaitTimedWork around it), or None for a synchronous op."""
+    def enter(self, op, grp, dtype, numel, scale) -> list:
+        """A collective is about to be issued: take its seq and mark it in flight. Returns the
+        slot that ``complete`` (or ``abandon``, if the call raised) hands back."""
+        g = self.groups.get(grp) or self._group(grp)
+        if scale == GROUP_SIZE:
+            scale = g.size
+        slot = [op, None, g, next(g.seq), dtype, numel * scale, 0, 0, 0, None, False, -1, state.step, None, 0]
+        self.inflight[id(slot)] = slot
+        slot[_T0] = slot[_SINCE] = perf_ns()
+        return slot
+
+    def abandon(self, slot: list) -> None:
+        """The real call raised (a timeout, a peer gone, a mismatch the backend caught): it is no
+        longer in flight and leaves no comm record; the watchdog reports it as ``failed``."""
+        self.inflight.pop(id(slot), None)
+        self.abandoned.append(slot)
+
+    def complete(self, slot: list, log_name, work, span):
+        """The real call returned: the slot becomes the collective's record (async ones stay in
+        flight until their end is known). Returns the Work to hand back, as ``record`` does."""
         t1 = perf_ns()
         try:
             if span is not None:
                 span.stop = torch.cuda.Event(enable_timing=True)
                 span.stop.record()
-            timing = _AsyncEnd(work, op in P2P_OPS) if work is not None else span
-            if work is not None and timing.timed_at_wait:
-                work = _WaitTimedWork(work, timing)
-            if op in P2P_OPS:
-                me = get_rank()
-                g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)
+            if work is None:
+                del self.inflight[id(slot)]
+                slot[_TIMING] = span
             else:
-                g = self.groups.get(grp) or self._group(grp)
-                if scale == GROUP_SIZE:
-                    scale = g.size
+                timing = slot[_TIMING] = _AsyncEnd(work, False)
+                if timing.timed_at_wait:
+                    slot[_SINCE] = 0
+                    work = _WaitTimedWork(work, timing, slot)
+                slot[_SLOT], slot[_ASYNC] = id(slot), True
+            if self.debug:
+                log_name = f"{log_name or slot[_OP]} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+            slot[_NAME] = log_name or slot[_OP]
+            slot[_ITEMSIZE] = slot[_DTYPE].itemsize
+            slot[_T1] = t1
+            if len(self.pending) < MAX_PENDING:
+                self.pending.append(slot)
+            else:
+                self.inflight.pop(id(slot), None)
+                self.dropped += 1
+        except Exception:  # the collective itself succeeded; losing its record must not fail training
+            self.inflight.pop(id(slot), None)
+            self.dropped += 1
+            if self.dropped == 1:
+                log.exception("rankscope: could not record %s; counting it as dropped", slot[_OP])
+        return work
+
+    def record(self, op, log_name, t0, work, span, dtype, numel, peer=-1, peer_is_src=False):
+        """Queue a p2p op's record (its seq is per direction, known once the peer is); returns
+        the Work to hand back to the caller, or None for a synchronous op."""
+        t1 = perf_ns()
+        try:
+            if span is not None:
+                span.stop = torch.cuda.Event(enable_timing=True)
+                span.stop.record()
+            timing = _AsyncEnd(work, True) if work is not None else span
+            me = get_rank()
+            g = self._p2p(peer, me) if peer_is_src else self._p2p(me, peer)
             if log_name is None:
                 log_name = op
             if self.debug:
@@ -300,7 +372,7 @@ class Recorder:
                         g,
                         next(g.seq),
                         dtype,
-                        numel * scale,
+                        numel,
                         dtype.itemsize,
                         t0,
                         t1,
@@ -308,6 +380,8 @@ class Recorder:
                         work is not None,
                         peer,
                         state.step,
+                        None,
+                        0,
                     )
                 )
             else:
@@ -351,6 +425,8 @@ class Recorder:
                     if end is None:
                         self.waiting.append(r)
                         continue
+                    if r[_SLOT] is not None:  # an async collective: no longer in flight
+                        self.inflight.pop(r[_SLOT], None)
                 g, op, numel = r[_GROUP], r[_OP], r[_NUMEL]
                 nbytes = 0 if op == "barrier" else numel * r[_ITEMSIZE]
                 dur = max(0, end - r[_T0])
@@ -422,6 +498,8 @@ def forget_groups() -> None:
 
 def _forget_in_child() -> None:
     REC.on = False  # a forked child has no drain thread to empty the queue
+    REC.inflight.clear()  # the parent's collectives are not the child's
+    REC.abandoned.clear()
 
 
 # The session tells the recorder when a session starts or ends (recording follows it), asks it

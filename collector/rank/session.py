@@ -23,6 +23,12 @@ else the config's ``telemetry.run``, else the script's name. Endpoint, token and
 TLS CA resolve the same way (argument, ``RANKSCOPE_ENDPOINT`` / ``RANKSCOPE_TOKEN`` /
 ``RANKSCOPE_TLS_CA``, ``telemetry.endpoint`` / ``telemetry.token`` / ``telemetry.tls_ca``,
 default 127.0.0.1:50051 in plaintext).
+
+Liveness settings (collector.rank.watchdog): ``hang_after_s``, how long a collective
+may stay in flight before the rank reports a hang and captures its stacks
+(``start(hang_after_s=...)``, else ``RANKSCOPE_HANG_AFTER_S``, else
+``telemetry.hang_after_s``, default 60 s), and ``heartbeat_s``, the heartbeat period
+(``RANKSCOPE_HEARTBEAT_S``, else ``telemetry.heartbeat_s``, default 1 s).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from collector.data.config import ConfigBlock
+from collector.data.config import ConfigBlock, ConfigError, setting
 from collector.data.layout import new_run_id
 from collector.rank import state
 from collector.rank.clock import CLOCK
@@ -70,6 +76,8 @@ class TelemetryConfig(ConfigBlock):
     token: str | None = None
     tls_ca: str | None = None
     spool_dir: str | None = None
+    hang_after_s: float = setting(60.0, gt=0)
+    heartbeat_s: float = setting(1.0, gt=0, le=60)
 
     def validate(self) -> None:
         for key in ("run", "endpoint", "token", "tls_ca", "spool_dir"):
@@ -154,11 +162,14 @@ class Session:
         config: dict,
         source: str,
         tls_ca: str | None = None,
+        hang_after_s: float = 60.0,
+        heartbeat_s: float = 1.0,
     ) -> None:
         from collector.rank.client import Client, ClientConfig
 
         self.run_name = run_name
         self.source = source
+        self.hang_after_s, self.heartbeat_s = hang_after_s, heartbeat_s
         self.config_json = json.dumps(redacted(config), default=str) if config else ""
         self.run_id: str | None = None
         self.rank = int(os.environ.get("RANK", 0))
@@ -218,6 +229,7 @@ def start(
     source="hook",
     tls_ca=None,
     telemetry: TelemetryConfig | None = None,
+    hang_after_s: float | None = None,
 ) -> Session | None:
     """Start (or return) this process's session. Idempotent. Raises ValueError
     only for a bad config; returns None when the config disables telemetry.
@@ -232,6 +244,8 @@ def start(
         if not cfg.enabled:
             return None
         name = run or os.environ.get("RANKSCOPE_RUN") or cfg.run or _script_name()
+        hang_after = _seconds("hang_after_s", hang_after_s, "RANKSCOPE_HANG_AFTER_S", cfg.hang_after_s)
+        heartbeat = _seconds("heartbeat_s", None, "RANKSCOPE_HEARTBEAT_S", cfg.heartbeat_s)
         session = Session(
             run_name=name,
             endpoint=endpoint or os.environ.get("RANKSCOPE_ENDPOINT") or cfg.endpoint or DEFAULT_ENDPOINT,
@@ -240,6 +254,8 @@ def start(
             spool_dir=cfg.spool_dir,
             config=train_cfg,
             source=source,
+            hang_after_s=hang_after,
+            heartbeat_s=heartbeat,
         )
         _session = session
         _install_exit_hooks()
@@ -251,6 +267,24 @@ def start(
             return None
         _notify(True)
         return session
+
+
+def _seconds(key: str, given: float | None, env: str, configured: float) -> float:
+    """A duration setting: the argument, else the environment variable, else the config."""
+    if given is None:
+        raw = os.environ.get(env)
+        if not raw:
+            return configured
+        try:
+            given = float(raw)
+        except ValueError:
+            raise ConfigError(f"{env}: must be a number of seconds (got {raw!r})") from None
+        where = env
+    else:
+        where = key
+    if not given > 0 or given != given or given == float("inf"):
+        raise ConfigError(f"{where}: must be a positive number of seconds (got {given!r})")
+    return float(given)
 
 
 def _resolve_if_possible(session: Session) -> None:

@@ -19,6 +19,10 @@ Bad input ends only the stream that sent it, with a status naming the problem:
 Envelopes accepted before a bad one are still committed and acked before the
 stream is closed; other streams are unaffected.
 
+Liveness (collector.server.liveness) sees every accepted envelope and every stream's
+end, and may ask a rank for its stacks: such requests ride back on the stream's Acks
+(``Ack.requests``), sent by the handler thread like the acks themselves.
+
 Each stream holds two threads (the handler from the pool and its reader), so
 the pool allows ``max_workers // 2`` concurrent streams; more are refused with
 RESOURCE_EXHAUSTED by gRPC.
@@ -44,6 +48,7 @@ from collector.data import catalog, security
 from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.ledger import DataDirBusy
+from collector.server.liveness import Liveness
 from collector.server.store import Store, StoreClosed, StoreConfig
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
@@ -108,6 +113,7 @@ class CollectorState:
         self.store = Store(self.data_dir, store_config, writer)  # recovers the data dir first
         catalog.ensure_catalog(self.data_dir)
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
+        self.liveness = Liveness(self.store)
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self.open_streams = 0
@@ -119,16 +125,18 @@ class CollectorState:
             self.batches_rejected += rejected
 
     def close(self) -> None:
+        self.liveness.stop()
         self.compactor.stop()
         self.store.close()
 
 
 class _StreamAcks:
-    """What one stream's reader thread tells its handler thread."""
+    """What one stream's reader thread (and liveness) tell its handler thread."""
 
     def __init__(self):
         self.cond = threading.Condition()
         self.acked: list[int] = []
+        self.requests: list[pb.RankRequest] = []  # for the rank, sent with the next Ack
         self.outstanding = 0  # submitted, not yet durable
         self.reading = True
         self.cancelled = False
@@ -167,19 +175,27 @@ class _StreamAcks:
             self.cancelled = True
             self.cond.notify_all()
 
+    def request(self, request: pb.RankRequest) -> None:
+        """Ask the rank something (liveness.RankStream); sent on the next Ack, at once."""
+        with self.cond:
+            self.requests.append(request)
+            self.cond.notify_all()
+
     def _ended(self) -> bool:
         # A storage error ends the stream without waiting for the client to stop sending.
         return (not self.reading or self.error is not None) and self.outstanding == 0
 
-    def next_acks(self) -> list[int] | None:
-        """Seqs to ack now; [] once all is acked and reading ended (or failed); None if cancelled."""
+    def next_acks(self) -> pb.Ack | None:
+        """The next Ack (seqs durable now, requests for the rank); an empty Ack once all is
+        acked and reading ended (or failed); None if cancelled."""
         with self.cond:
-            while not (self.acked or self.cancelled or self._ended()):
+            while not (self.acked or self.requests or self.cancelled or self._ended()):
                 self.cond.wait()
             if self.cancelled:
                 return None
             acked, self.acked = self.acked, []
-            return acked
+            requests, self.requests = self.requests, []
+            return pb.Ack(seqs=acked, requests=requests)
 
 
 class CollectorServicer(pb_grpc.CollectorServicer):
@@ -195,9 +211,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         )
         reader.start()
         try:
-            while seqs := acks.next_acks():
-                yield pb.Ack(seqs=seqs)
-            if seqs is not None and acks.error is not None:
+            while (ack := acks.next_acks()) is not None and (ack.seqs or ack.requests):
+                yield ack
+            if ack is not None and acks.error is not None:
                 err = acks.error
                 if (
                     err.code in REFUSAL_CODES and err.seq
@@ -206,6 +222,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
                 context.abort(err.code, err.message)
         finally:
             self.state.count(streams=-1)
+            self.state.liveness.closed(acks)
 
     def _read(self, request_iterator, acks: _StreamAcks) -> None:
         requests = iter(request_iterator)
@@ -261,6 +278,7 @@ class CollectorServicer(pb_grpc.CollectorServicer):
         except BaseException:
             acks.withdraw()
             raise
+        self.state.liveness.observe(acks, env)  # a resent Hello too: it names the rank's new stream
 
     def Health(self, request, context):
         if isinstance(request, Undecodable):

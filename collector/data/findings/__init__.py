@@ -17,12 +17,21 @@ import pandas as pd
 
 from collector.data import queries
 from collector.data.findings.communication import exposed_communication
+from collector.data.findings.desync import mismatched_collectives
+from collector.data.findings.hang import stuck_collectives
 from collector.data.findings.loss_scale import loss_scale_falls
 from collector.data.findings.messages import engine_of, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
+from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import costly_ranks
 
-__all__ = ["Finding", "duration", "exit_code", "for_run", "pct", "ranked", "summarize"]
+__all__ = ["Finding", "duration", "exit_code", "for_run", "liveness_findings", "pct", "ranked", "summarize"]
+
+
+def liveness_findings(hangs: pd.DataFrame, desyncs: pd.DataFrame, liveness: pd.DataFrame) -> list[Finding]:
+    """The critical, current ones: hangs, collective mismatches, silent and stopped ranks
+    (what the dashboard's banner shows on every page)."""
+    return ranked(stuck_collectives(hangs) + mismatched_collectives(desyncs) + silent_ranks(liveness))
 
 
 def summarize(
@@ -34,14 +43,23 @@ def summarize(
     source: str | None = None,
     config: str | None = None,
     signals: pd.DataFrame | None = None,
+    hangs: pd.DataFrame | None = None,
+    desyncs: pd.DataFrame | None = None,
+    liveness: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``source`` and ``config`` are the run's (they decide which
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
-    a straggler)."""
+    a straggler); the liveness frames are optional (runs without heartbeats have nothing for them)."""
     engine, stage = engine_of(source, config)
+    empty = pd.DataFrame()
     return ranked(
-        costly_ranks(steps, world_size, signals)
+        liveness_findings(
+            hangs if hangs is not None else empty,
+            desyncs if desyncs is not None else empty,
+            liveness if liveness is not None else empty,
+        )
+        + costly_ranks(steps, world_size, signals)
         + exposed_communication(steps)
         + small_messages(log_summary, engine, stage)
         + loss_scale_falls(scales)
@@ -65,4 +83,7 @@ def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, ro
         source=run.source if run is not None else None,
         config=run.config if run is not None else None,
         signals=queries.signals_by_step(cat, run_id),
+        hangs=queries.hangs(cat, run_id),
+        desyncs=queries.desyncs(cat, run_id),
+        liveness=queries.rank_liveness(cat, run_id),
     )

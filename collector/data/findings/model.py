@@ -75,3 +75,16 @@ def duration(ms: float) -> str:
     if ms >= 0.1:
         return f"{ms:.1f} ms"
     return f"{ms * 1e3:.0f} µs"
+
+
+def ranks_label(ranks) -> str:
+    """[0, 1, 2, 3, 8] -> 'ranks 0-3,8'; one rank -> 'rank 8': short for big contiguous sets."""
+    ranks = sorted(int(r) for r in ranks)
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)

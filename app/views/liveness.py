@@ -1,0 +1,57 @@
+"""Liveness: who is stuck where, who never arrived, and their stacks.
+
+The wavefront shows, per rank (or rank range, for worlds too big to show one row per
+rank) and process group, the last collective seq each rank entered and completed: a
+stuck collective is where the entered column runs ahead of the completed one, and the
+ranks missing from it lag behind both. The stacks are each rank's latest capture: the
+ones a rank took itself when a collective crossed ``hang_after_s``, and the ones the
+collector asked of the ranks missing from it (or of silent ranks).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import queries, state
+
+
+def liveness_page() -> None:
+    sel = state.selection()
+
+    def body(version: str) -> None:
+        d, run_id = sel.data_dir, sel.run_id
+        hangs = queries.hangs(d, run_id, version)
+        if not hangs.empty:
+            st.subheader("Stuck collectives")
+            st.dataframe(
+                hangs[["group_name", "seq", "op", "step", "waiting_s", "waiting_ranks", "missing_ranks"]],
+                hide_index=True,
+            )
+        liveness = queries.rank_liveness(d, run_id, version)
+        if liveness.empty:
+            st.info("No heartbeats for this run: it was recorded without the rank-side watchdog.")
+        st.subheader("Wavefront")
+        wave = queries.wavefront(d, run_id, version)
+        if wave.empty:
+            st.info("No collectives recorded for this run yet.")
+        else:
+            if (wave.ranks > 1).any():
+                st.caption("Ranks are binned: each row is a rank range; min/max over the range.")
+            wave = wave.assign(behind=wave.max_entered.max() - wave.min_completed)
+            st.dataframe(wave, hide_index=True)
+        st.subheader("Stacks")
+        stacks = queries.stacks(d, run_id, version)
+        if stacks.empty:
+            st.info("No stacks captured: none is taken until a collective hangs or the collector asks.")
+        for rank, threads in stacks.groupby("rank", sort=True):
+            first = threads.iloc[0]
+            with st.expander(f"rank {rank} · step {first.step} · {first.reason}", expanded=bool(first.is_main)):
+                for t in threads.itertuples(index=False):
+                    st.markdown(f"**{t.thread_name}**{' (main)' if t.is_main else ''} — `{t.innermost}`")
+                    st.code(t.stack, language="text")
+
+    state.live(sel, body)
+
+
+st.title("Liveness")
+liveness_page()

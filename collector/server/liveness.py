@@ -1,0 +1,240 @@
+"""The collector's live view of every rank: who is stuck, who is missing, who went away.
+
+Fed by what the streams deliver (``observe`` for each accepted envelope, ``closed``
+when a stream ends), it keeps per run, in memory:
+
+* each rank's stream (to send it requests), its last heartbeat and period;
+* the collectives each rank reports in flight (collector.rank.watchdog's ``inflight``
+  rows), with their group's members.
+
+A checker thread looks every ``CHECK_INTERVAL_S``:
+
+* a collective some rank has waited in for its ``hang_after_s``: every member that is
+  not waiting in it (missing) is asked for its Python stacks, once per collective;
+* a rank without a heartbeat for ``SILENT_AFTER_PERIODS`` periods is asked once per
+  silence;
+* a rank asked that sends no ``stacks`` rows within ``answer_within_s`` (process
+  stopped, GIL held in native code) gets a ``rank_events`` row ``unresponsive``.
+
+A stream that ends without the rank's RunEnd gets a ``rank_events`` row
+``disconnected`` (the process is gone, or its connection is). These rows go through
+the store like any envelope (under this collector's own client id), so the catalog's
+``rank_liveness`` view and ``rankscope health`` see them.
+
+The service talks to this module through three calls, ``observe(stream, env)``,
+``closed(stream)`` and ``stop()``, and gives it a ``stream`` object with
+``request(pb.RankRequest)``; nothing here knows about gRPC threads, so a port of the
+service to grpc.aio keeps this module as is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pyarrow as pa
+
+from collector.data.codec import decode_batch
+from collector.data.schema import RANK_EVENTS_SCHEMA
+from proto import pb
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 0.25
+SILENT_AFTER_PERIODS = 3
+ANSWER_WITHIN_S = 5.0
+
+
+class RankStream(Protocol):
+    def request(self, request: pb.RankRequest) -> None: ...
+
+
+def members(label: str, size: int) -> list[int]:
+    """'0-3,8' -> [0, 1, 2, 3, 8] (the recorder's group label); '' -> range(size)."""
+    if not label:
+        return list(range(size))
+    out: list[int] = []
+    for part in label.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@dataclass
+class _Rank:
+    stream: RankStream | None = None
+    ended: bool = False
+    last_beat_ns: int = 0  # the rank's clock (wall ns), as its heartbeats say
+    last_seen: float = 0.0  # our monotonic clock, when its last heartbeat arrived
+    period_s: float = 1.0
+    step: int = 0
+    inflight: dict = field(default_factory=dict)  # (group, seq) -> (entered_ns, time_ns, hang_after_s, members, op)
+    asked_at: float | None = None  # our monotonic clock, when we last asked for stacks
+    answered: bool = True
+    silent_asked: bool = False
+
+
+class Liveness:
+    def __init__(self, store, *, answer_within_s: float = ANSWER_WITHIN_S, start: bool = True) -> None:
+        self.store = store
+        self.answer_within_s = answer_within_s
+        self.runs: dict[str, dict[int, _Rank]] = {}
+        self._asked_for: set[tuple] = set()  # (run_id, group, seq, rank): each missing rank asked once per hang
+        self._lock = threading.Lock()
+        self._client_id = f"rankscope-collector.{secrets.token_hex(6)}"
+        self._seq = itertools.count(1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rankscope-liveness", daemon=True)
+        if start:
+            self._thread.start()
+
+    # ---- fed by the service ----
+    def observe(self, stream: RankStream, env: pb.Envelope) -> None:
+        """An accepted envelope; never raises (the live view must not cost a stream)."""
+        try:
+            body = env.WhichOneof("body")
+            if body == "hello":
+                with self._lock:
+                    rank = self._rank(env.hello.run_id, env.hello.rank)
+                    rank.stream, rank.ended = stream, False
+                    rank.last_seen = rank.last_seen or time.monotonic()
+            elif body == "end":
+                with self._lock:
+                    self._rank(env.end.run_id, env.end.rank).ended = True
+            elif body == "table" and env.table.table in ("heartbeats", "inflight", "stacks"):
+                self._table(stream, env.table)
+        except Exception:
+            log.exception("liveness: could not read envelope seq %d", env.seq)
+
+    def closed(self, stream: RankStream) -> None:
+        """A stream ended: ranks it carried that did not end the run are gone."""
+        gone = []
+        with self._lock:
+            for run_id, ranks in self.runs.items():
+                for r, rank in ranks.items():
+                    if rank.stream is stream:
+                        rank.stream = None
+                        if not rank.ended:
+                            gone.append((run_id, r))
+        for run_id, r in gone:
+            self._event(run_id, r, "disconnected", "the stream closed without RunEnd")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+
+    def _rank(self, run_id: str, rank: int) -> _Rank:
+        return self.runs.setdefault(run_id, {}).setdefault(rank, _Rank())
+
+    def _table(self, stream: RankStream, batch: pb.TableBatch) -> None:
+        rows = decode_batch(batch).to_pylist()
+        now = time.monotonic()
+        with self._lock:
+            rank = self._rank(batch.run_id, batch.rank)
+            if rank.stream is None:
+                rank.stream = stream
+            if batch.table == "heartbeats":
+                for row in rows:
+                    if (row["time_ns"] or 0) >= rank.last_beat_ns:
+                        rank.last_beat_ns, rank.step = row["time_ns"] or 0, row["step"] or 0
+                        rank.period_s = row["period_s"] or 1.0
+                rank.last_seen, rank.silent_asked = now, False
+                # a collective not reported since the previous beat has left flight
+                horizon = rank.last_beat_ns - int(1.5e9 * rank.period_s)
+                rank.inflight = {k: v for k, v in rank.inflight.items() if v[1] >= horizon}
+            elif batch.table == "inflight":
+                for row in rows:
+                    key = (row["group_name"], row["seq"])
+                    if row["state"] == "failed":
+                        rank.inflight.pop(key, None)
+                        continue
+                    rank.inflight[key] = (
+                        row["entered_ns"],
+                        row["time_ns"],
+                        row["hang_after_s"] or 60.0,
+                        members(row["group_ranks"] or "", row["group_size"] or 0),
+                        row["op"],
+                    )
+            else:  # stacks: an answer (or a capture of its own, which answers as well)
+                rank.answered = True
+
+    # ---- the checker ----
+    def _run(self) -> None:
+        while not self._stop.wait(CHECK_INTERVAL_S):
+            try:
+                self.check()
+            except Exception:
+                log.exception("liveness: check failed")
+
+    def check(self, now_ns: int | None = None) -> None:
+        """Ask missing and silent ranks for stacks; report those that do not answer."""
+        now_ns = now_ns or time.time_ns()
+        now = time.monotonic()
+        asks: list[tuple[_Rank, str]] = []
+        unresponsive: list[tuple[str, int, str]] = []
+        with self._lock:
+            for run_id, ranks in self.runs.items():
+                for key, (op, waiting, hang_after_s, group_members, oldest_ns) in self._stuck(ranks).items():
+                    if (now_ns - oldest_ns) / 1e9 < hang_after_s:
+                        continue
+                    group, seq = key
+                    for m in group_members:
+                        if m in waiting or (run_id, group, seq, m) in self._asked_for:
+                            continue
+                        self._asked_for.add((run_id, group, seq, m))
+                        rank = ranks.get(m)
+                        if rank is not None and not rank.ended:
+                            asks.append((rank, f"missing from {op} #{seq} of {group}"))
+                for r, rank in ranks.items():
+                    silent = now - rank.last_seen > SILENT_AFTER_PERIODS * rank.period_s
+                    if silent and rank.last_beat_ns and not rank.ended and not rank.silent_asked:
+                        rank.silent_asked = True
+                        asks.append((rank, f"silent for {now - rank.last_seen:.0f} s"))
+                    if not rank.answered and rank.asked_at is not None and now - rank.asked_at > self.answer_within_s:
+                        rank.answered = True  # reported once per request
+                        unresponsive.append((run_id, r, f"no stacks within {self.answer_within_s:g} s of asking"))
+            for rank, _ in asks:
+                rank.asked_at, rank.answered = now, False
+        for rank, reason in asks:
+            if rank.stream is not None:
+                try:
+                    rank.stream.request(pb.RankRequest(kind="stacks", reason=reason))
+                except Exception:
+                    log.exception("liveness: could not send a stack request")
+        for run_id, r, detail in unresponsive:
+            self._event(run_id, r, "unresponsive", detail)
+
+    @staticmethod
+    def _stuck(ranks: dict[int, _Rank]) -> dict:
+        """(group, seq) -> (op, waiting ranks, hang_after_s, members, earliest entry) over in-flight reports."""
+        stuck: dict = {}
+        for r, rank in ranks.items():
+            if rank.ended:
+                continue
+            for key, (entered_ns, _, hang_after_s, group_members, op) in rank.inflight.items():
+                entry = stuck.setdefault(key, [op, set(), hang_after_s, group_members, entered_ns])
+                entry[1].add(r)
+                entry[4] = min(entry[4], entered_ns)
+        return {k: tuple(v) for k, v in stuck.items()}
+
+    def _event(self, run_id: str, rank: int, event: str, detail: str) -> None:
+        row = pa.table(
+            {
+                "run_id": [run_id],
+                "rank": [rank],
+                "event": [event],
+                "time": pa.array([time.time_ns()], pa.timestamp("ns", tz="UTC")),
+                "detail": [detail],
+            },
+            schema=RANK_EVENTS_SCHEMA,
+        )
+        try:
+            self.store.submit(self._client_id, next(self._seq), [("rank_events", run_id, row)], lambda error: None)
+        except Exception:  # the store is closing: the event is lost, the data is not
+            log.warning("liveness: could not store %s of rank %d in %s", event, rank, run_id)

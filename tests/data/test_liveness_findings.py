@@ -1,0 +1,161 @@
+"""The hang, desync and silent-rank rules as pure functions of their query results (fire on the
+fault, silent on healthy frames, one line each at 1,024 ranks), and the catalog views that feed
+them over a 1,024-rank stuck run written by the testing kit."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from collector.data import findings, queries
+from collector.data.findings.desync import mismatched_collectives
+from collector.data.findings.hang import stuck_collectives
+from collector.data.findings.silent import silent_ranks
+from collector.testing.fake_runs import FakeRun, write_run
+from collector.testing.liveness import write_hang
+
+HANG_COLUMNS = ["group_name", "seq", "op", "step", "waiting_ranks", "missing_ranks", "waiting_s", "hang_after_s"]
+
+
+def _hang(waiting, missing, missing_rows=None, **kw) -> pd.DataFrame:
+    row = dict(group_name="world", seq=6, op="all_reduce", step=5, waiting_s=3.2, hang_after_s=2.0, **kw)
+    row.update(waiting_ranks=waiting, missing_ranks=missing)
+    row["missing"] = (
+        missing_rows
+        if missing_rows is not None
+        else [{"rank": r, "last_entered_seq": 5, "last_completed_seq": 5, "step": 5} for r in missing]
+    )
+    return pd.DataFrame([row])
+
+
+def _liveness(n: int, **per_rank) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        {
+            "rank": range(n),
+            "step": 10,
+            "period_s": 1.0,
+            "last_beat_ns": 0,
+            "silent_s": 0.5,
+            "behind_s": 0.0,
+            "ended": False,
+            "gone": False,
+            "unresponsive": False,
+            "run_status": "running",
+        }
+    )
+    for column, values in per_rank.items():
+        for rank, value in values.items():
+            frame.loc[frame["rank"] == rank, column] = value
+    return frame
+
+
+def test_a_hang_names_who_waits_who_is_missing_and_where_it_was_last():
+    [f] = stuck_collectives(_hang([0, 1, 3], [2]))
+    assert (f.kind, f.severity, f.ranks) == ("hang", "critical", (2,))
+    assert f.text == (
+        "hang: ranks 0-1,3 stuck 3 s in all_reduce #6 of world, waiting for rank 2 (rank 2 last completed #5)"
+    )
+    assert findings.exit_code([f]) == 2
+
+
+def test_no_hang_rows_no_hang_finding():
+    assert stuck_collectives(pd.DataFrame(columns=[*HANG_COLUMNS, "missing"])) == []
+
+
+def test_a_hang_at_1024_ranks_is_one_short_line():
+    waiting = [r for r in range(1024) if r != 700]
+    [f] = stuck_collectives(_hang(waiting, [700]))
+    assert "ranks 0-699,701-1023" in f.text and "waiting for rank 700" in f.text and len(f.text) < 200
+
+
+def test_a_mismatch_names_both_sides_and_what_differs():
+    frame = pd.DataFrame(
+        [
+            {
+                "group_name": "world",
+                "seq": 3,
+                "n_sides": 2,
+                "sides": [
+                    {"op": "all_reduce", "dtype": "float32", "numel": 4, "ranks": [0, 2, 3]},
+                    {"op": "all_reduce", "dtype": "float32", "numel": 8, "ranks": [1]},
+                ],
+            }
+        ]
+    )
+    [f] = mismatched_collectives(frame)
+    assert f.ranks == (1,) and f.severity == "critical"
+    assert f.text == (
+        "collective mismatch at world #3 (numel differ): all_reduce float32 x4 on ranks 0,2-3 "
+        "vs all_reduce float32 x8 on rank 1"
+    )
+    assert mismatched_collectives(frame.iloc[0:0]) == []
+
+
+def test_silent_ranks_fire_only_past_three_periods_behind_the_others():
+    healthy = _liveness(1024)
+    assert silent_ranks(healthy) == []
+    # a little behind (a late batch) is no alarm; a loaded reader (silent_s up, behind_s not) neither
+    assert silent_ranks(_liveness(4, behind_s={3: 2.5}, silent_s={0: 6.0, 1: 6.0, 2: 6.0, 3: 8.5})) == []
+    [f] = silent_ranks(_liveness(1024, behind_s={3: 4.0}, silent_s={3: 4.5}))
+    assert (f.kind, f.ranks, f.severity) == ("silent_rank", (3,), "critical")
+    assert f.text == "rank 3 silent for 4 s (no heartbeat since step 10)"
+
+
+def test_a_silent_rank_that_does_not_answer_says_so_and_a_whole_node_is_one_line():
+    node = {r: 5.0 for r in range(8, 16)}
+    [f] = silent_ranks(_liveness(1024, behind_s=node, silent_s=node, unresponsive={9: True}))
+    assert f.ranks == tuple(range(8, 16))
+    assert f.text.startswith("ranks 8-15 silent for 5 s") and "rank 9 did not answer a stack request" in f.text
+
+
+def test_a_rank_gone_without_run_end_is_stopped_and_an_ended_one_is_not():
+    [f] = silent_ranks(_liveness(4, gone={3: True}, step={3: 41}))
+    assert (f.kind, f.text) == ("rank_stopped", "rank 3 stopped at step 41 without ending the run")
+    assert silent_ranks(_liveness(4, ended={3: True}, behind_s={3: 30.0}, silent_s={3: 30.0})) == []
+    # the rest of the run ended and the rank has been quiet long: stopped too
+    over = _liveness(4, run_status={r: "failed" for r in range(4)}, ended={0: True, 1: True, 2: True})
+    assert silent_ranks(over.assign(silent_s=[0.0, 0.0, 0.0, 60.0]))[0].kind == "rank_stopped"
+    assert silent_ranks(over) == []  # its own RunEnd may still be on its way
+
+
+def test_the_views_find_a_1024_rank_hang_and_nothing_in_a_healthy_run(tmp_path):
+    run = FakeRun(run_id="big-stuck", world_size=1024, steps=2, status="running", with_moe=False)
+    seq = write_hang(tmp_path / "d", run, stuck_rank=700)
+    cat = queries.Catalog(tmp_path / "d")
+    try:
+        started = time.perf_counter()
+        hangs = queries.hangs(cat, run.run_id)
+        found = findings.liveness_findings(
+            hangs, queries.desyncs(cat, run.run_id), queries.rank_liveness(cat, run.run_id)
+        )
+        wave = queries.wavefront(cat, run.run_id)
+        elapsed = time.perf_counter() - started
+    finally:
+        cat.close()
+    [row] = hangs.itertuples(index=False)
+    assert (row.group_name, row.seq, list(row.missing_ranks)) == ("world", seq, [700])
+    assert len(row.waiting_ranks) == 1023
+    critical = [f for f in found if f.severity == "critical"]
+    assert [f.kind for f in critical] == ["hang"] and findings.exit_code(found) == 2
+    assert len(wave) <= queries.WAVEFRONT_MAX_ROWS and wave.groupby("group_name").ranks.sum().eq(1024).all()
+    print(f"1,024-rank liveness queries: {elapsed:.2f} s")
+
+    write_run(tmp_path / "h", FakeRun(run_id="healthy", steps=2, with_moe=False))
+    cat = queries.Catalog(tmp_path / "h")
+    try:
+        assert queries.hangs(cat, "healthy").empty and queries.desyncs(cat, "healthy").empty
+        assert not [f for f in findings.for_run(cat, "healthy") if f.severity == "critical"]
+    finally:
+        cat.close()
+
+
+def test_the_sample_runs_report_no_hang_desync_or_silent_rank():
+    from pathlib import Path
+
+    cat = queries.Catalog(Path(__file__).resolve().parents[2] / "sample_runs")
+    try:
+        for run_id in queries.list_runs(cat).run_id:
+            assert not [f for f in findings.for_run(cat, run_id) if f.severity == "critical"], run_id
+    finally:
+        cat.close()
