@@ -3,6 +3,7 @@ the cases where they must stay silent."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from collector.data import findings as health
@@ -29,6 +30,32 @@ def test_no_straggler_when_last_arrivals_are_spread_evenly():
 
 def test_no_straggler_from_too_few_collectives():
     assert stragglers.late_ranks(last_arrivals({3: stragglers.MIN_INSTANCES - 1}), world_size=4) == []
+
+
+def test_chance_alone_names_nobody_at_1024_ranks():
+    # 300 instances over 1,024 ranks: some rank is last 3 or 4 times, 10x its fair share, by chance.
+    rng = np.random.default_rng(0)
+    last = rng.integers(0, 1024, 300)
+    counts = {int(r): int((last == r).sum()) for r in np.unique(last)}
+    assert max(counts.values()) * 1024 / 300 >= stragglers.FAIR_SHARE_FACTOR
+    assert stragglers.late_ranks(last_arrivals(counts), world_size=1024) == []
+
+
+def test_a_few_late_ranks_at_1024_ranks_are_named_worst_first():
+    rng = np.random.default_rng(1)
+    last = np.concatenate([rng.integers(0, 1024, 200), [290] * 250, [17] * 200, [511] * 150])
+    counts = {int(r): int((last == r).sum()) for r in np.unique(last)}
+    (found,) = stragglers.late_ranks(last_arrivals(counts), world_size=1024)
+    share = (counts[290] + counts[17] + counts[511]) / len(last)
+    assert found.ranks == (290, 17, 511)
+    assert found.text.startswith(f"ranks 290, 17 and 511 arrive last in {100 * share:.0f}% of all_reduces")
+
+
+def test_more_late_ranks_than_named_are_counted():
+    counts = {r: 60 for r in (5, 9, 13, 21, 40)} | {r: 1 for r in range(100, 200)}
+    (found,) = stragglers.late_ranks(last_arrivals(counts), world_size=256)
+    assert found.text.startswith("ranks 5, 9, 13 and 2 more arrive last in")
+    assert found.evidence["late_ranks"] == [5, 9, 13, 21, 40]
 
 
 def summary(rows: list[tuple[str, int, float]]) -> pd.DataFrame:
