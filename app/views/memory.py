@@ -22,11 +22,7 @@ def memory_page() -> None:
         shown = st.multiselect("Kind", kinds, default=kinds)
         memory = memory[memory.kind.isin(shown)].assign(GiB=lambda f: f.bytes / 2**30)
         for kind, rows in memory.groupby("kind"):
-            st.plotly_chart(
-                charts.lines(
-                    rows.assign(rank=rows["rank"].astype(str)), "step", "GiB", "rank", f"{kind} per rank", y_title="GiB"
-                )
-            )
+            st.plotly_chart(charts.per_rank_lines(rows, "step", "GiB", f"{kind} per rank", y_title="GiB"))
 
     state.live(sel, body)
 
