@@ -99,6 +99,16 @@ def instances_at(data_dir: str, run_id: str, version: str, step: int, rank: int)
     return q.instances_at(catalog(data_dir), run_id, step, rank)
 
 
+@_cached()
+def retention(data_dir: str, run_id: str, version: str) -> dict | None:
+    return q.retention(catalog(data_dir), run_id)
+
+
+@_cached()
+def raw_steps_near(data_dir: str, run_id: str, version: str, step: int) -> list[int]:
+    return q.raw_steps_near(catalog(data_dir), run_id, step)
+
+
 # --- per-step tables -----------------------------------------------------------
 
 

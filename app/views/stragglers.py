@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
-from collector.data import binning
+from collector.data import binning, retention
 from collector.data.findings.stragglers import late_ranks
 
 HEATMAP_KEY = "delay_heatmap"
@@ -64,7 +64,11 @@ def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims:
     first, last = dims["first_step"], dims["last_step"]
     step = c2.number_input("Step", min_value=first, max_value=last, value=cell[1] if cell else first, step=1)
     instances = queries.instances_at(sel.data_dir, sel.run_id, version, int(step), int(rank))
-    if instances.empty:
+    retained = queries.retention(sel.data_dir, sel.run_id, version)
+    if instances.empty and retained and step <= retained["through"]:
+        near = ", ".join(map(str, queries.raw_steps_near(sel.data_dir, sel.run_id, version, int(step))))
+        st.info(f"The raw records of step {step} were not kept (retention). Steps kept raw near it: {near}.")
+    elif instances.empty:
         st.info(f"Rank {rank} ran no collectives at step {step}.")
     else:
         st.dataframe(instances, hide_index=True)
@@ -157,6 +161,9 @@ def stragglers_page() -> None:
         if last.empty:
             st.info("No collectives match these filters yet.")
             return
+        retained = queries.retention(d, run_id, version)
+        if retained:
+            st.info(f"Retention: {retention.note(retained)}.")
         world = max(len(ranks), int(last["rank"].max()) + 1)
         for sentence in summary_sentences(last, world):
             st.markdown(sentence)

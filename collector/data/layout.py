@@ -30,7 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+from collector.data.schema import COMM_STEPS_SCHEMA, RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
 
 # \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
 # directory name breaks every catalog view (found by tests/server/test_fuzz.py).
@@ -51,6 +51,10 @@ COLLECTOR_TABLES: dict[str, pa.Schema] = {
     "ranks": RANKS_SCHEMA,
     "rank_ends": RANK_ENDS_SCHEMA,
 }
+
+# Tables the collector derives from stored rows (retention's per-step comm rollup); per rank
+# like TABLES: run_id is the partition only.
+DERIVED_TABLES: dict[str, pa.Schema] = {"comm_steps": COMM_STEPS_SCHEMA}
 
 
 def new_run_id(name: str, stable_key: str | None = None) -> str:
@@ -106,6 +110,7 @@ def stored_schemas() -> dict[str, pa.Schema]:
     """Every table stored under D/parquet with the schema of its files."""
     schemas = {name: table.arrow_schema() for name, table in TABLES.items()}
     schemas.update(COLLECTOR_TABLES)
+    schemas.update(DERIVED_TABLES)
     return schemas
 
 

@@ -43,6 +43,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from collector.data import security
     from collector.server.service import serve
 
+    if args.raw_every and args.writer_id:
+        print(
+            "rankscope collect: --raw-every needs every rank of a run in one collector (its rollup compares "
+            "ranks); it cannot be combined with --writer-id",
+            file=sys.stderr,
+        )
+        return 2
     try:
         token = security.check_token(security.resolve_token(args.token))
         tls = security.ServerTLS.from_args(args.tls_cert, args.tls_key)
@@ -62,6 +69,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             flush_interval=args.flush_interval,
             compaction_interval=args.compaction_interval,
             compaction_min_files=args.compaction_min_files,
+            raw_every=args.raw_every,
         )
         or 0
     )
@@ -202,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="merge once this many small segments wait in one partition (default 8)",
+    )
+    p.add_argument(
+        "--raw-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="retention: keep raw comm records only for every Nth step and the steps with findings; "
+        "per-step rollups (comm_steps) keep every step (default: keep every raw record)",
     )
 
     p = add(

@@ -14,16 +14,17 @@ import argparse
 import json
 import sys
 
-from collector.data import findings, queries
+from collector.data import findings, queries, retention
 
 UNREADABLE = 3
 
 
-def report(findings_: list[findings.Finding], run_id: str) -> str:
+def report(findings_: list[findings.Finding], run_id: str, retained_state: dict | None = None) -> str:
     shown = [f for f in findings_ if f.severity != "ok"]
-    if not shown:
-        return f"{run_id}: healthy, nothing to report"
-    return "\n".join(f"{run_id}: {f.severity}: {f.text}" for f in shown)
+    lines = [f"{run_id}: {f.severity}: {f.text}" for f in shown] or [f"{run_id}: healthy, nothing to report"]
+    if retained_state:
+        lines.append(f"{run_id}: note: {retention.note(retained_state)}")
+    return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,6 +36,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         run_id = queries.resolve_run(cat.con, args.run)
         found = findings.for_run(cat, run_id)
+        retained = queries.retention(cat, run_id)
     except queries.UnknownRun as exc:
         print(f"rankscope health: {exc} in {args.data_dir}", file=sys.stderr)
         return UNREADABLE
@@ -43,5 +45,5 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([f.to_json() for f in found], indent=2))
     else:
-        print(report(found, run_id))
+        print(report(found, run_id, retained))
     return findings.exit_code(found)
