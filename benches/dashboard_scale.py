@@ -26,6 +26,8 @@ from pathlib import Path
 from benches._common import code_version
 from benches.dashboard_queries import machine
 from collector.data import layout, queries
+from collector.data.schema import COMM_STEPS_SCHEMA
+from collector.server.store import write_segment
 from collector.testing.dashboard import DashboardProcess, drawn_charts, launch_chromium
 from collector.tools import simulate
 
@@ -73,19 +75,30 @@ def bytes_per_table(data_dir, run_id: str) -> dict[str, int]:
     return out
 
 
-def rollup_seconds(data_dir, run_id: str) -> tuple[float, int]:
+def rollup_cost(data_dir, run_id: str, tmp: Path) -> tuple[float, int, int]:
+    """(seconds to build the comm rollup, its rows, its bytes stored as the retention pass stores it)."""
     cat = queries.Catalog(data_dir)
     try:
         t0 = time.perf_counter()
         rollup = queries.comm_rollup(cat, run_id)
-        return time.perf_counter() - t0, rollup.num_rows
+        took = time.perf_counter() - t0
     finally:
         cat.close()
+    out = tmp / f"rollup-{run_id}.parquet"
+    write_segment(out, COMM_STEPS_SCHEMA, [rollup.cast(COMM_STEPS_SCHEMA)])
+    stored = layout.temp_name(out)
+    size = stored.stat().st_size
+    stored.unlink()
+    return took, rollup.num_rows, size
 
 
-def one_size(ranks: int, steps: int, tmp: Path) -> dict:
+def one_size(ranks: int, steps: int, tmp: Path, per_step: int = 0, browser: bool = True) -> dict:
     sim = simulate.Simulation(
-        ranks=ranks, steps=steps, stragglers=(simulate.Straggler(min(517, ranks - 1), 40_000_000),), name="bench"
+        ranks=ranks,
+        steps=steps,
+        collectives_per_step=per_step,
+        stragglers=(simulate.Straggler(min(517, ranks - 1), 40_000_000),),
+        name="bench",
     )
     data_dir = tmp / f"sim-{ranks}x{steps}"
     t0 = time.perf_counter()
@@ -93,7 +106,7 @@ def one_size(ranks: int, steps: int, tmp: Path) -> dict:
     gen_s = time.perf_counter() - t0
     print(f"{ranks} x {steps}: {records:,} records in {gen_s:.0f} s", flush=True)
     sizes = bytes_per_table(data_dir, sim.run_id)
-    rollup_s, rollup_rows = rollup_seconds(data_dir, sim.run_id)
+    rollup_s, rollup_rows, rollup_bytes = rollup_cost(data_dir, sim.run_id, tmp)
     return {
         "ranks": ranks,
         "steps": steps,
@@ -104,12 +117,17 @@ def one_size(ranks: int, steps: int, tmp: Path) -> dict:
         "bytes": sizes,
         "rollup_s": rollup_s,
         "rollup_rows": rollup_rows,
-        "browser": first_charts(data_dir, sim.run_id),
+        "rollup_bytes": rollup_bytes,
+        "browser": first_charts(data_dir, sim.run_id) if browser else [],
     }
 
 
-def report(baseline, results, load) -> str:
+def report(baseline, results, load, per_step: int = 0) -> str:
     sizes = ",".join(f"{r['ranks']}x{r['steps']}" for r in results)
+    if per_step:
+        sizes += f" --collectives-per-step {per_step}"
+    if not baseline:
+        sizes += " --no-browser"
     lines = [
         "# Thousands of ranks: dashboard and storage",
         "",
@@ -137,9 +155,9 @@ def report(baseline, results, load) -> str:
         "",
         "## Bytes on disk per rank-step (raw, zstd-1 Parquet as the collector writes it)",
         "",
-        "| run | records | generated in s | comm B | timers B | monitor B | memory B | total B | comm rollup rows | "
-        "rollup build s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | records | generated in s | comm B | timers B | monitor B | memory B | total B | comm rollup B | "
+        "comm rollup rows | rollup build s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         rs = r["ranks"] * r["steps"]
@@ -147,12 +165,16 @@ def report(baseline, results, load) -> str:
         lines.append(
             f"| {r['ranks']:,} x {r['steps']} | {r['records']:,} | {r['gen_s']:.0f} | "
             + " | ".join(f"{b[t] / rs:.0f}" for t in ("comm", "timers", "monitor", "memory"))
-            + f" | {sum(b.values()) / rs:.0f} | {r['rollup_rows']:,} | {r['rollup_s']:.1f} |"
+            + f" | {sum(b.values()) / rs:.0f} | {r['rollup_bytes'] / rs:.0f}"
+            + f" | {r['rollup_rows']:,} | {r['rollup_s']:.1f} |"
         )
     big = max(results, key=lambda r: r["records"])
     per_rank_step = sum(big["bytes"].values()) / (big["ranks"] * big["steps"])
     per_record = sum(big["bytes"].values()) / big["records"]
     rank_steps = 8192 * 100_000
+    comm_b = big["bytes"]["comm"] / (big["ranks"] * big["steps"])
+    other_b = per_rank_step - comm_b
+    rollup_b = big["rollup_bytes"] / (big["ranks"] * big["steps"])
     lines += [
         "",
         "## Projection: 8,192 ranks x 100,000 steps",
@@ -163,6 +185,14 @@ def report(baseline, results, load) -> str:
         "",
         f"- raw, every step kept: {rank_steps * per_rank_step / 1e12:.1f} TB, "
         f"{rank_steps * big['per_step'] / 1e9:.0f} G records;",
+        *(
+            f"- `--raw-every {n}` (plus steps with findings, assumed 1%): "
+            f"{rank_steps * (other_b + rollup_b + comm_b * (1 / n + 0.01)) / 1e12:.1f} TB "
+            f"(comm raw {rank_steps * comm_b * (1 / n + 0.01) / 1e12:.2f} TB "
+            f"+ rollup {rank_steps * rollup_b / 1e12:.2f} TB "
+            f"+ timers/monitor/memory {rank_steps * other_b / 1e12:.2f} TB);"
+            for n in (10, 100)
+        ),
         f"- rollup build over it at the measured {big['rollup_rows'] / big['rollup_s'] / 1e6:.2f} M rollup rows/s: "
         f"{rank_steps * big['comm_per_step'] / (big['rollup_rows'] / big['rollup_s']) / 3600:.0f} h on one core, "
         "which is why the rollup must be written once by compaction, not rebuilt per page.",
@@ -173,6 +203,8 @@ def report(baseline, results, load) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1024x500,8192x100", help="RANKSxSTEPS, comma separated")
+    ap.add_argument("--collectives-per-step", type=int, default=0, help="as rankscope simulate's (default 7)")
+    ap.add_argument("--no-browser", action="store_true", help="storage and rollup figures only")
     ap.add_argument("--out", default=str(REPO / "benches" / "RESULTS-scale.md"))
     args = ap.parse_args()
     logging.getLogger("streamlit").setLevel(logging.ERROR)
@@ -182,10 +214,10 @@ def main() -> None:
     sample_id = queries.resolve_run(cat.con, SAMPLE)
     cat.close()
     print("baseline: sample run", flush=True)
-    baseline = first_charts(REPO / "sample_runs", sample_id)
+    baseline = [] if args.no_browser else first_charts(REPO / "sample_runs", sample_id)
     with tempfile.TemporaryDirectory(prefix="rankscope-scale-") as tmp:
-        results = [one_size(r, s, Path(tmp)) for r, s in sizes]
-    text = report(baseline, results, (load0, os.getloadavg()[0]))
+        results = [one_size(r, s, Path(tmp), args.collectives_per_step, not args.no_browser) for r, s in sizes]
+    text = report(baseline, results, (load0, os.getloadavg()[0]), args.collectives_per_step)
     Path(args.out).write_text(text)
     print(text)
 
