@@ -103,6 +103,7 @@ def test_streamed_through_a_collector_arrives_complete(tmp_path):
         (["--ranks", "8", "--steps", "5", "--straggler", "3-40"], "is not RANK:MS"),
         (["--ranks", "8", "--steps", "5", "--straggler", "3:40@5"], "past the last step"),
         (["--ranks", "8", "--steps", "5", "--hosts", "9"], "--hosts must be in"),
+        (["--ranks", "8", "--steps", "5", "--hang", "3:2"], "--hang needs the in-flight collective tables"),
     ],
 )
 def test_bad_arguments_name_the_option(tmp_path, args, message):
