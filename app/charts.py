@@ -164,7 +164,8 @@ def last_rank_bars(df: pd.DataFrame) -> go.Figure:
 
 def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", clickable: bool = False) -> go.Figure:
     """Bin x step grid (binning.bin_grid): colour is the bin's max, hover adds its p95 and the
-    rank behind the max; rows worst first. Clickable as ``heatmap`` is."""
+    rank behind the max; rows worst first. Clickable as ``heatmap`` is. Binned steps are labelled
+    by their first step."""
     grid = binned.pivot(index="order", columns="step", values="max").sort_index()
     p95 = binned.pivot(index="order", columns="step", values="p95").reindex_like(grid)
     worst = binned.pivot(index="order", columns="step", values="worst_rank").reindex_like(grid)

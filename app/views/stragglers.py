@@ -110,6 +110,11 @@ def binned_heatmaps(grid: pd.DataFrame, bins: pd.DataFrame, labels: dict[int, st
     st.caption(
         f"{len(labels):,} ranks in {bins.bin.nunique()} bins by {kind}, worst first: colour is the bin's max "
         "mean arrival delay, hover shows its p95 and the rank behind the max. Click a cell or pick a bin to open it."
+        + (
+            f" Each column is {width} steps (labelled by its first)."
+            if (width := binning.step_width(grid.step)) > 1
+            else ""
+        )
     )
     st.plotly_chart(
         charts.binned_heatmap(delay, "Arrival delay per collective (max per bin, mean ms)", clickable=True),

@@ -22,6 +22,7 @@ import math
 import pandas as pd
 
 MAX_ROWS = 64  # heatmap rows: readable at 12 px a row, far below what a browser struggles with
+MAX_STEPS = 200  # heatmap columns: beyond this, steps are binned too (a column per range of steps)
 TOP_K = 8
 
 
@@ -77,13 +78,25 @@ def bin_ranks(ranks: pd.DataFrame, max_rows: int = MAX_ROWS) -> pd.DataFrame:
     )
 
 
-def bin_grid(grid: pd.DataFrame, bins: pd.DataFrame, value: str) -> pd.DataFrame:
+def step_width(steps: pd.Series, max_steps: int = MAX_STEPS) -> int:
+    """Steps per heatmap column so that at most ``max_steps`` columns are drawn."""
+    if steps.empty:
+        return 1
+    return max(1, math.ceil((int(steps.max()) - int(steps.min()) + 1) / max_steps))
+
+
+def bin_grid(grid: pd.DataFrame, bins: pd.DataFrame, value: str, max_steps: int = MAX_STEPS) -> pd.DataFrame:
     """(bin, label, step, max, p95, worst_rank, ranks) per bin and step of ``grid``'s
     ``value`` (columns rank, step, value), bins ordered worst first (highest max over all
-    steps), as a column ``order``."""
+    steps), as a column ``order``. Beyond ``max_steps`` steps, ``step`` is the first step of
+    a range of ``step_width`` steps, and max/p95 are over the bin's ranks and those steps."""
     if grid.empty:
         return pd.DataFrame(columns=["bin", "label", "step", "max", "p95", "worst_rank", "ranks", "order"])
+    width = step_width(grid.step, max_steps)
     df = grid[["rank", "step", value]].merge(bins[["rank", "bin", "label"]], on="rank")
+    if width > 1:
+        first = int(grid.step.min())
+        df["step"] = first + (df.step - first) // width * width
     df = df.sort_values([value, "rank"], ascending=[False, True], kind="stable")
     per = df.groupby(["bin", "label", "step"], sort=False)
     out = per.agg(max=(value, "first"), worst_rank=("rank", "first"), ranks=("rank", "nunique")).reset_index()

@@ -83,3 +83,14 @@ def test_bad_sizes_are_refused():
         binning.bin_ranks(ranks(4), max_rows=0)
     with pytest.raises(ValueError, match="k must be"):
         binning.top_k(pd.DataFrame({"rank": [0], "x": [1]}), "x", k=0)
+
+
+def test_steps_are_binned_beyond_max_steps():
+    g = grid(32, 500, late={7: 10.0})
+    g.loc[(g["rank"] == 3) & (g.step == 333), "delay"] = 99.0
+    out = binning.bin_grid(g, binning.bin_ranks(ranks(32)), "delay", max_steps=200)
+    assert binning.step_width(g.step, 200) == 3
+    assert out.step.nunique() == 167 and set(out.step) == set(range(0, 500, 3))
+    spike = out[(out.step == 333) & (out.worst_rank == 3)]
+    assert len(spike) == 1 and spike["max"].iloc[0] == 99.0
+    assert (out.groupby("step").size() == 32).all()
