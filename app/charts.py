@@ -57,46 +57,22 @@ def loss_scale(df: pd.DataFrame) -> go.Figure:
     return _tidy(fig, "Loss scale (× = overflow, step skipped)")
 
 
-def step_breakdown(df: pd.DataFrame) -> go.Figure:
-    """Mean time per timer per rank, stacked: where each rank's step goes. Beyond TOP_K ranks,
-    the slowest ranks and the median of the rest."""
-    mean = df.groupby(["rank", "name"], as_index=False).dur_ms.mean()
+def step_breakdown(mean: pd.DataFrame) -> go.Figure:
+    """Mean time per timer per rank (queries.step_breakdown), stacked: where each rank's step
+    goes. Beyond TOP_K ranks, the slowest ranks and the median of the rest."""
     wide = mean.pivot(index="rank", columns="name", values="dur_ms").fillna(0)
     names = list(wide.columns)
     per_rank = wide.assign(total=wide.sum(axis=1)).reset_index()
-    shown = (
-        binning.top_k(per_rank, "total")
-        if len(per_rank) > binning.TOP_K
-        else per_rank.assign(label=per_rank["rank"].map(lambda r: f"rank {r}"))
-    )
+    many = len(per_rank) > binning.TOP_K
+    shown = binning.top_k(per_rank, "total") if many else per_rank.assign(label="rank " + per_rank["rank"].astype(str))
     long = shown.melt(id_vars=["label"], value_vars=names, var_name="name", value_name="dur_ms")
     fig = px.bar(long, x="label", y="dur_ms", color="name", barmode="stack")
     fig.update_yaxes(title="mean ms per step")
     fig.update_xaxes(title="", type="category")
     title = "Step time breakdown per rank"
-    if len(per_rank) > binning.TOP_K:
-        title += f" (the {binning.TOP_K} slowest of {len(per_rank):,})"
+    if many:
+        title += f" (the {binning.TOP_K} slowest of {len(per_rank):,} and the median of the rest)"
     return _tidy(fig, title)
-
-
-def per_rank_lines(df: pd.DataFrame, x: str, y: str, title: str, *, y_title: str) -> go.Figure:
-    """A line per rank while few; beyond TOP_K ranks, the TOP_K with the highest peak, plus
-    the median and the max over all ranks at each x."""
-    ranks = df["rank"].nunique()
-    if ranks <= binning.TOP_K:
-        return lines(df.assign(rank=df["rank"].astype(str)), x, y, "rank", title, y_title=y_title)
-    peaks = df.groupby("rank", as_index=False)[y].max()
-    top = binning.top_k(peaks, y, others=False)
-    shown = df[df["rank"].isin(top["rank"])].assign(series=lambda f: f["rank"].map(lambda r: f"rank {r}"))
-    spread = df.groupby(x)[y].agg(["median", "max"]).reset_index()
-    bands = pd.concat(
-        [
-            spread.assign(series=f"median of {ranks:,} ranks", **{y: spread["median"]}),
-            spread.assign(series=f"max of {ranks:,} ranks", **{y: spread["max"]}),
-        ]
-    )[[x, y, "series"]]
-    fig = lines(pd.concat([bands, shown[[x, y, "series"]]]), x, y, "series", title, y_title=y_title)
-    return fig.update_layout(title=f"{title} (the {len(top)} highest of {ranks:,}, median and max)")
 
 
 def busbw_vs_size(df: pd.DataFrame) -> go.Figure:

@@ -113,8 +113,8 @@ def raw_steps_near(data_dir: str, run_id: str, version: str, step: int) -> list[
 
 
 @_cached()
-def step_times(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.step_times(catalog(data_dir), run_id)
+def step_breakdown(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.step_breakdown(catalog(data_dir), run_id)
 
 
 @_cached()
@@ -138,8 +138,8 @@ def flops_profile(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 
 @_cached()
-def memory_by_step(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.memory_by_step(catalog(data_dir), run_id)
+def memory_lines(data_dir: str, run_id: str, version: str, k: int) -> pd.DataFrame:
+    return q.memory_lines(catalog(data_dir), run_id, k)
 
 
 @_cached()

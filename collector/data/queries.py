@@ -387,12 +387,12 @@ def instances_at(cat: Catalog, run_id: str, step: int, rank: int) -> pd.DataFram
 # --- per-step tables -----------------------------------------------------------
 
 
-def step_times(cat: Catalog, run_id: str) -> pd.DataFrame:
-    """Per rank, step and timer: duration (ms). Timer names are whatever the engine sent."""
+def step_breakdown(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank and timer: mean duration per step (ms) -- a row per rank, not per rank-step."""
     return cat.df(
         """
-        SELECT rank, step, name, sum(dur_ns) / 1e6 AS dur_ms
-        FROM timers WHERE run_id = ? GROUP BY ALL ORDER BY rank, step, name""",
+        WITH per_step AS (SELECT rank, step, name, sum(dur_ns) AS dur_ns FROM timers WHERE run_id = ? GROUP BY ALL)
+        SELECT rank, name, avg(dur_ns) / 1e6 AS dur_ms FROM per_step GROUP BY ALL ORDER BY rank, name""",
         [run_id],
     )
 
@@ -442,12 +442,26 @@ def flops_profile(cat: Catalog, run_id: str) -> pd.DataFrame:
     )
 
 
-def memory_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
+def memory_lines(cat: Catalog, run_id: str, k: int) -> pd.DataFrame:
+    """Per kind, the lines the Memory page draws (kind, step, series, bytes): every rank's while
+    there are at most ``k``; beyond that the ``k`` ranks with the highest peak, and the median
+    and max over all ranks at each step -- never a line per rank of a thousand."""
     return cat.df(
         """
-        SELECT rank, step, kind, max(bytes) AS bytes
-        FROM memory WHERE run_id = ? GROUP BY ALL ORDER BY rank, kind, step""",
-        [run_id],
+        WITH m AS (SELECT rank, step, kind, max(bytes) AS bytes FROM memory WHERE run_id = ? GROUP BY ALL),
+        n AS (SELECT kind, count(DISTINCT rank) AS ranks FROM m GROUP BY kind),
+        top AS (
+            SELECT kind, rank FROM (SELECT kind, rank, max(bytes) AS peak FROM m GROUP BY ALL)
+            QUALIFY row_number() OVER (PARTITION BY kind ORDER BY peak DESC, rank) <= ?)
+        SELECT m.kind, m.step, 'rank ' || m.rank AS series, m.bytes::DOUBLE AS bytes FROM m JOIN top USING (kind, rank)
+        UNION ALL
+        SELECT kind, step, 'median of ' || ranks || ' ranks', median(bytes)::DOUBLE
+        FROM m JOIN n USING (kind) WHERE ranks > ? GROUP BY kind, step, ranks
+        UNION ALL
+        SELECT kind, step, 'max of ' || ranks || ' ranks', max(bytes)::DOUBLE
+        FROM m JOIN n USING (kind) WHERE ranks > ? GROUP BY kind, step, ranks
+        ORDER BY kind, series, step""",
+        [run_id, int(k), int(k), int(k)],
     )
 
 
