@@ -12,8 +12,9 @@ One pass, two ledger commits, in this order:
 
 1. the window's rollup (collector.data.queries.rollup_sql over the raw rows) is added as a
    ``comm_steps`` segment;
-2. the comm segments holding rows of the window are replaced (as a compaction) by one
-   segment without the raw rows of the steps the policy drops.
+2. the comm segments wholly inside the window are replaced (as a compaction) by one segment
+   without the raw rows of the steps the policy drops; a segment reaching past the window is
+   left as it is (it keeps more raw rows than the policy asks), so no row is rewritten twice.
 
 A crash between the two leaves the rollup and all raw rows of the window: readers take
 rolled-up steps from the rollup only (queries.COMM_ROLLUP_SQL), so nothing is counted twice;
@@ -28,7 +29,6 @@ import logging
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -72,24 +72,32 @@ class Retention:
             settled = min(latest.get(r, through) for r in range(world)) - 1
         if settled <= through or (settled - through < self.config.retention_window and not ended):
             return False
-        inputs = [p for p in pending if stats[p][0] <= settled]
-        raw = pa.concat_tables([pq.read_table(p) for p in inputs], promote_options="default")
-        rollup = self._rollup(raw, through, settled)
+        window = [p for p in pending if stats[p][0] <= settled]
+        raw = {p: pq.read_table(p) for p in window}
+        rollup = self._rollup(pa.concat_tables(raw.values(), promote_options="default"), through, settled)
         self._add_rollup(run_id, rollup)
         keep = steps_to_keep(rollup.to_pandas(), self.config.raw_every)
-        step = raw.column("step").to_numpy(zero_copy_only=False)
-        kept_steps = np.fromiter(keep, dtype=np.int64, count=len(keep))
-        mask = (step <= through) | (step > settled) | np.isin(step, kept_steps)  # earlier windows decided theirs
-        kept = raw.filter(pa.array(mask))
-        commit = self.ledger.reserve_commit()
-        output = segment_path(self.data_dir, "comm", run_id, layout.segment_prefix("cmp", self.ledger.writer), commit)
-        write_segment(output, kept.schema, [kept])
-        self.ledger.commit_compaction(commit, inputs, output)
+        # Only segments wholly inside the rolled-up steps are rewritten: one reaching past ``settled``
+        # keeps its rows as they are (more raw rows than the policy asks, never fewer), and so no
+        # row is rewritten by more than one window.
+        inputs = [p for p in window if stats[p][1] <= settled]
+        if inputs:
+            rows = pa.concat_tables([raw[p] for p in inputs], promote_options="default")
+            step = rows.column("step")
+            kept_steps = pa.array(sorted(keep), pa.int64())
+            # rows of earlier windows were decided then; a row without a step stays
+            mask = pc.or_kleene(pc.less_equal(step, through), pc.is_in(step, value_set=kept_steps))
+            kept = rows.filter(pc.fill_null(pc.or_kleene(mask, pc.is_null(step)), True))
+            commit = self.ledger.reserve_commit()
+            prefix = layout.segment_prefix("cmp", self.ledger.writer)
+            output = segment_path(self.data_dir, "comm", run_id, prefix, commit)
+            write_segment(output, kept.schema, [kept])
+            self.ledger.commit_compaction(commit, inputs, output)
+            log.info(
+                "retention %s: steps %d..%d rolled up, raw rows kept for %d of them (%d of %d rows rewritten)",
+                run_id, through + 1, settled, len(keep), kept.num_rows, rows.num_rows,
+            )  # fmt: skip
         self.windows += 1
-        log.info(
-            "retention %s: steps %d..%d rolled up, raw rows kept for %d of them (%d of %d rows)",
-            run_id, through + 1, settled, len(keep), kept.num_rows, raw.num_rows,
-        )  # fmt: skip
         return True
 
     def _rollup(self, raw: pa.Table, through: int, settled: int) -> pa.Table:
