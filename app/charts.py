@@ -3,9 +3,12 @@ returns a figure; none runs a query."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+
+from collector.data import binning
 
 HEIGHT = 320
 
@@ -54,13 +57,22 @@ def loss_scale(df: pd.DataFrame) -> go.Figure:
     return _tidy(fig, "Loss scale (× = overflow, step skipped)")
 
 
-def step_breakdown(df: pd.DataFrame) -> go.Figure:
-    """Mean time per timer per rank, stacked: where each rank's step goes."""
-    mean = df.groupby(["rank", "name"], as_index=False).dur_ms.mean()
-    mean["rank"] = mean["rank"].astype(str)
-    fig = px.bar(mean, x="rank", y="dur_ms", color="name", barmode="stack")
+def step_breakdown(mean: pd.DataFrame) -> go.Figure:
+    """Mean time per timer per rank (queries.step_breakdown), stacked: where each rank's step
+    goes. Beyond TOP_K ranks, the slowest ranks and the median of the rest."""
+    wide = mean.pivot(index="rank", columns="name", values="dur_ms").fillna(0)
+    names = list(wide.columns)
+    per_rank = wide.assign(total=wide.sum(axis=1)).reset_index()
+    many = len(per_rank) > binning.TOP_K
+    shown = binning.top_k(per_rank, "total") if many else per_rank.assign(label="rank " + per_rank["rank"].astype(str))
+    long = shown.melt(id_vars=["label"], value_vars=names, var_name="name", value_name="dur_ms")
+    fig = px.bar(long, x="label", y="dur_ms", color="name", barmode="stack")
     fig.update_yaxes(title="mean ms per step")
-    return _tidy(fig, "Step time breakdown per rank")
+    fig.update_xaxes(title="", type="category")
+    title = "Step time breakdown per rank"
+    if many:
+        title += f" (the {binning.TOP_K} slowest of {len(per_rank):,} and the median of the rest)"
+    return _tidy(fig, title)
 
 
 def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
@@ -111,16 +123,57 @@ def heatmap(
         )
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_xaxes(title="step")
-    return _tidy(fig, title, height=max(HEIGHT, 40 * len(labels) + 120))
+    row_px = 40 if len(labels) <= 16 else 14  # a bin opened at 8,192 ranks still fits a screen or two
+    return _tidy(fig, title, height=max(HEIGHT, row_px * len(labels) + 120))
 
 
 def last_rank_bars(df: pd.DataFrame) -> go.Figure:
-    shown = df.assign(rank=df["rank"].astype(str), percent=100 * df.share)
+    """Per op, the few ranks that arrive last most often (binning.top_k rows: label, op, share)."""
+    shown = df.assign(percent=100 * df.share)
     fig = px.bar(
-        shown, x="op", y="percent", color="rank", barmode="group", hover_data={"n_last": True, "mean_lead_ms": ":.1f"}
+        shown, x="label", y="percent", color="op", barmode="group", hover_data={"n_last": True, "mean_lead_ms": ":.1f"}
     )
     fig.update_yaxes(title="% of collectives arriving last")
-    return _tidy(fig, "Last-arriving rank per collective")
+    fig.update_xaxes(title="", type="category")
+    return _tidy(fig, "Ranks arriving last most often, per collective")
+
+
+def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", clickable: bool = False) -> go.Figure:
+    """Bin x step grid (binning.bin_grid): colour is the bin's max, hover adds its p95 and the
+    rank behind the max; rows worst first. Clickable as ``heatmap`` is. Binned steps are labelled
+    by their first step."""
+    grid = binned.pivot(index="order", columns="step", values="max").sort_index()
+    p95 = binned.pivot(index="order", columns="step", values="p95").reindex_like(grid)
+    worst = binned.pivot(index="order", columns="step", values="worst_rank").reindex_like(grid)
+    labels = binned.drop_duplicates("order").set_index("order").label.reindex(grid.index).tolist()
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.values,
+            x=list(grid.columns),
+            y=labels,
+            customdata=np.dstack([p95.values, worst.values]),
+            colorscale="Viridis",
+            colorbar=dict(title=colorbar, len=1, lenmode="fraction"),
+            hovertemplate="%{y}, step %{x}: max %{z:.2f} "
+            + colorbar
+            + " (rank %{customdata[1]:.0f}), p95 %{customdata[0]:.2f}<extra></extra>",
+        )
+    )
+    if clickable:
+        cells = binned[["order", "step"]]
+        fig.add_trace(
+            go.Scatter(
+                x=cells.step,
+                y=[labels[grid.index.get_loc(o)] for o in cells.order],
+                mode="markers",
+                marker=dict(symbol="square", size=8, opacity=0),
+                showlegend=False,
+                hovertemplate="%{y}, step %{x}: click to open this bin<extra></extra>",
+            )
+        )
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(title="step")
+    return _tidy(fig, title, height=max(HEIGHT, 14 * len(labels) + 120))
 
 
 def _branch_values(tree: pd.DataFrame, column: str) -> str:

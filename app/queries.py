@@ -99,12 +99,22 @@ def instances_at(data_dir: str, run_id: str, version: str, step: int, rank: int)
     return q.instances_at(catalog(data_dir), run_id, step, rank)
 
 
+@_cached()
+def retention(data_dir: str, run_id: str, version: str) -> dict | None:
+    return q.retention(catalog(data_dir), run_id)
+
+
+@_cached()
+def raw_steps_near(data_dir: str, run_id: str, version: str, step: int) -> list[int]:
+    return q.raw_steps_near(catalog(data_dir), run_id, step)
+
+
 # --- per-step tables -----------------------------------------------------------
 
 
 @_cached()
-def step_times(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.step_times(catalog(data_dir), run_id)
+def step_breakdown(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.step_breakdown(catalog(data_dir), run_id)
 
 
 @_cached()
@@ -138,8 +148,8 @@ def flops_profile(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 
 @_cached()
-def memory_by_step(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.memory_by_step(catalog(data_dir), run_id)
+def memory_lines(data_dir: str, run_id: str, version: str, k: int) -> pd.DataFrame:
+    return q.memory_lines(catalog(data_dir), run_id, k)
 
 
 @_cached()

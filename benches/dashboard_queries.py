@@ -93,10 +93,10 @@ def bench_queries(data_dir: str, run_id: str, reps: int) -> tuple[list[tuple], d
         ("stragglers", "ranks", lambda: q.ranks(cat, run_id)),
         ("overview", "monitor_series", lambda: q.monitor_series(cat, run_id)),
         ("overview", "loss_scale", lambda: q.loss_scale(cat, run_id)),
-        ("overview", "step_times", lambda: q.step_times(cat, run_id)),
+        ("overview", "step_breakdown", lambda: q.step_breakdown(cat, run_id)),
         ("overview", "step_wall_ms", lambda: q.step_wall_ms(cat, run_id)),
         ("flops", "flops_profile", lambda: q.flops_profile(cat, run_id)),
-        ("memory", "memory_by_step", lambda: q.memory_by_step(cat, run_id)),
+        ("memory", "memory_lines", lambda: q.memory_lines(cat, run_id, 8)),
         ("moe", "moe_load", lambda: q.moe_load(cat, run_id)),
     ]
     rows = []
@@ -153,8 +153,8 @@ NOTES = """
 - `instances_at` is the Stragglers drill-down (a click, not a page load): it reads the raw
   records of one step, pruned by Parquet min/max statistics but still opening every
   segment's footer.
-- `memory_by_step` returns every (rank, step, kind) point of a 10,000-rank-step run; its
-  cost is mostly the rows handed to pandas.
+- `memory_lines` aggregates every (rank, step, kind) point of the run into the lines the page
+  draws (all ranks' while few; else the highest ranks, median and max).
 - Time to first chart includes the browser loading the page and Plotly, a fresh Streamlit
   session, and (cold) the first queries of the run; it is dominated by CPU share on this
   busy 2-core machine, not by the queries above.

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
+from collector.data import retention
 from collector.data.bandwidth import gbps
 from collector.data.findings.communication import exposed_shares
 from collector.data.findings.stragglers import training_steps
@@ -95,6 +96,9 @@ def comms_page() -> None:
         if summary.empty:
             st.info("No communication records match these filters yet.")
             return
+        retained = queries.retention(d, run_id, version)
+        if retained:
+            st.info(f"Retention: {retention.note(retained)}.")
         over_time = queries.bandwidth_by_step(d, run_id, version, flt)
         over_time["series"] = over_time.op + " · " + over_time.group_name
         left, right = st.columns(2)

@@ -6,6 +6,7 @@ import plotly.express as px
 import streamlit as st
 
 from app import charts, queries, state
+from collector.data import binning
 
 SIZE_BY = {"flops": "flops", "fwd latency": "latency_ns", "params": "params"}
 
@@ -77,10 +78,16 @@ def flops_page() -> None:
         st.dataframe(top_modules(tree, int(k)), hide_index=True)
 
         st.subheader("Per-rank comparison")
-        shallow = profile[profile.depth == 1].assign(
-            latency_ms=lambda f: f.latency_ns / 1e6, rank=lambda f: f["rank"].astype(str)
-        )
-        fig = px.bar(shallow, x="module", y="latency_ms", color="rank", barmode="group")
+        shallow = profile[profile.depth == 1].assign(latency_ms=lambda f: f.latency_ns / 1e6)
+        # the slowest ranks (by their top-level modules' total) and the median of the rest, not a bar per rank
+        totals = shallow.groupby("rank", as_index=False).latency_ms.sum()
+        worst = binning.top_k(totals, "latency_ms", others=False)
+        shown = shallow[shallow["rank"].isin(worst["rank"])].assign(label=lambda f: "rank " + f["rank"].astype(str))
+        rest = shallow[~shallow["rank"].isin(worst["rank"])]
+        if not rest.empty:
+            median = rest.groupby("module", as_index=False).latency_ms.median()
+            shown = pd.concat([shown, median.assign(label=f"median of the other {rest['rank'].nunique()} ranks")])
+        fig = px.bar(shown, x="module", y="latency_ms", color="label", barmode="group")
         fig.update_yaxes(title="fwd latency (ms)")
         st.plotly_chart(fig.update_layout(title="Top-level modules' fwd latency per rank", height=charts.HEIGHT))
 

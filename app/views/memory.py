@@ -1,15 +1,17 @@
-"""Memory: each rank's bytes by kind (params, grads, optimizer, rss, device) over steps."""
+"""Memory: each rank's bytes by kind (params, grads, optimizer, rss, device) over steps; beyond a
+few ranks, the ranks with the highest peak and the median and max over all (queries.memory_lines)."""
 
 import streamlit as st
 
 from app import charts, queries, state
+from collector.data import binning
 
 
 def memory_page() -> None:
     sel = state.selection()
 
     def body(version: str) -> None:
-        memory = queries.memory_by_step(sel.data_dir, sel.run_id, version)
+        memory = queries.memory_lines(sel.data_dir, sel.run_id, version, binning.TOP_K)
         if memory.empty:
             state.missing_data(
                 sel,
@@ -22,11 +24,9 @@ def memory_page() -> None:
         shown = st.multiselect("Kind", kinds, default=kinds)
         memory = memory[memory.kind.isin(shown)].assign(GiB=lambda f: f.bytes / 2**30)
         for kind, rows in memory.groupby("kind"):
-            st.plotly_chart(
-                charts.lines(
-                    rows.assign(rank=rows["rank"].astype(str)), "step", "GiB", "rank", f"{kind} per rank", y_title="GiB"
-                )
-            )
+            many = rows.series.str.startswith("median").any()
+            title = f"{kind} per rank" + (f" (the {binning.TOP_K} highest, median and max)" if many else "")
+            st.plotly_chart(charts.lines(rows, "step", "GiB", "series", title, y_title="GiB"))
 
     state.live(sel, body)
 

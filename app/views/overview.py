@@ -133,7 +133,7 @@ def training_charts(sel: state.Selection, version: str) -> None:
                 )
             )
 
-    timers = queries.step_times(d, run_id, version)
+    timers = queries.step_breakdown(d, run_id, version)
     if timers.empty:
         st.info("No step timers for this run.")
     else:

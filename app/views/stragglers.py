@@ -2,61 +2,149 @@
 
 Arrival delay = a rank's start minus the first rank's start of the same collective
 instance (run, group, seq); wait = the last rank's start minus this rank's start.
-Click a heatmap cell to list the collective instances behind it."""
+
+Readable at any world size (collector/data/binning.py): while the ranks fit, the heatmaps
+have a row per rank; beyond that a row per host or rank range showing the bin's max (hover:
+p95 and the rank behind the max), worst bins first, and any bin opens into its ranks. The
+last-arrival chart shows the few worst ranks per op, and the sentences name the ranks that
+arrive last beyond chance (collector/data/findings/stragglers.py). Click a cell to list the
+collective instances behind it."""
 
 import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
-from collector.data.findings import duration
+from collector.data import binning, retention
+from collector.data.findings.stragglers import late_ranks
 
 HEATMAP_KEY = "delay_heatmap"
+OPEN_BIN_KEY = "open_bin"
 
 
 def rank_labels(ranks: pd.DataFrame) -> dict[int, str]:
     """Rank -> label, ordered by host when the run spans several hosts."""
-    if ranks.empty:
-        return {}
-    if ranks.host.nunique() <= 1:
-        return {int(r): f"rank {int(r)}" for r in ranks["rank"]}
-    ordered = ranks.sort_values(["host", "rank"])
-    return {int(r.rank): f"{r.host} · rank {int(r.rank)}" for r in ordered.itertuples()}
+    bins = binning.bin_ranks(ranks, max_rows=max(1, len(ranks)))
+    return dict(zip(bins["rank"].astype(int), bins.label, strict=True))
 
 
 def clicked_cell(labels: dict[int, str]) -> tuple[int, int] | None:
-    """(rank, step) of the heatmap cell the user clicked, if any."""
+    """(rank, step) of the per-rank heatmap cell the user clicked, if any."""
+    point = _clicked_point()
+    if point is None:
+        return None
+    label, step = point
+    by_label = {label: r for r, label in labels.items()}
+    rank = by_label.get(label)
+    if rank is None and isinstance(label, str) and label.startswith("rank "):
+        rank = int(label.split()[-1])
+    return None if rank is None else (rank, step)
+
+
+def _clicked_point() -> tuple[str, int] | None:
     event = st.session_state.get(HEATMAP_KEY)
     points = event.selection.points if event is not None else []
     if not points:
         return None
-    by_label = {label: r for r, label in labels.items()}
-    label = points[0].get("y")
-    rank = by_label.get(label)
-    if rank is None and isinstance(label, str) and label.startswith("rank "):
-        rank = int(label.split()[-1])
-    return None if rank is None else (rank, int(points[0]["x"]))
+    return points[0].get("y"), int(points[0]["x"])
 
 
-def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims: dict) -> None:
+def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims: dict, cell) -> None:
     st.subheader("Collective instances behind a cell")
     if dims["first_step"] is None:
         return
-    cell = clicked_cell(labels)
     c1, c2 = st.columns(2)
     ranks = dims["ranks"]
-    rank = c1.selectbox(
+    rank = c1.selectbox(  # type to search: thousands of ranks
         "Rank",
         ranks,
+        help="Type to search among the run's ranks.",
         index=ranks.index(cell[0]) if cell and cell[0] in ranks else len(ranks) - 1,
         format_func=lambda r: labels.get(r, f"rank {r}"),
     )
     first, last = dims["first_step"], dims["last_step"]
     step = c2.number_input("Step", min_value=first, max_value=last, value=cell[1] if cell else first, step=1)
     instances = queries.instances_at(sel.data_dir, sel.run_id, version, int(step), int(rank))
-    if instances.empty:
+    retained = queries.retention(sel.data_dir, sel.run_id, version)
+    if instances.empty and retained and step <= retained["through"]:
+        near = ", ".join(map(str, queries.raw_steps_near(sel.data_dir, sel.run_id, version, int(step))))
+        st.info(f"The raw records of step {step} were not kept (retention). Steps kept raw near it: {near}.")
+    elif instances.empty:
         st.info(f"Rank {rank} ran no collectives at step {step}.")
     else:
         st.dataframe(instances, hide_index=True)
+
+
+def summary_sentences(last: pd.DataFrame, world_size: int) -> list[str]:
+    found = {f.evidence["op"]: f.text for f in late_ranks(last, world_size)}
+    return [
+        f"**{op}**: {found.get(op, 'no rank arrives last more often than chance would have it')}"
+        for op in sorted(last.op.unique())
+    ]
+
+
+def worst_last_arrivals(last: pd.DataFrame) -> pd.DataFrame:
+    """Per op, the TOP_K ranks arriving last most often (no 'others' bar: shares of the rest are tiny)."""
+    return pd.concat(
+        [binning.top_k(rows, "share", others=False).assign(op=op) for op, rows in last.groupby("op")],
+        ignore_index=True,
+    )
+
+
+def per_rank_heatmaps(grid: pd.DataFrame, labels: dict[int, str], clickable: bool) -> None:
+    kwargs = dict(key=HEATMAP_KEY, on_select="rerun", selection_mode="points") if clickable else {}
+    st.plotly_chart(
+        charts.heatmap(
+            grid, "arrival_delay_ms", "Arrival delay per collective (mean ms)", y_labels=labels, clickable=clickable
+        ),
+        **kwargs,
+    )
+    st.plotly_chart(
+        charts.heatmap(grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)", y_labels=labels)
+    )
+
+
+def binned_heatmaps(grid: pd.DataFrame, bins: pd.DataFrame, labels: dict[int, str]) -> tuple[int, int] | None:
+    """The heatmaps by bin, and the bin the user opened; returns the (rank, step) a click points at."""
+    kind = "host" if bins.kind.iloc[0] == "host" else "rank range"
+    delay = binning.bin_grid(grid, bins, "arrival_delay_ms")
+    st.caption(
+        f"{len(labels):,} ranks in {bins.bin.nunique()} bins by {kind}, worst first: colour is the bin's max "
+        "mean arrival delay, hover shows its p95 and the rank behind the max. Click a cell or pick a bin to open it."
+        + (
+            f" Each column is {width} steps (labelled by its first)."
+            if (width := binning.step_width(grid.step)) > 1
+            else ""
+        )
+    )
+    st.plotly_chart(
+        charts.binned_heatmap(delay, "Arrival delay per collective (max per bin, mean ms)", clickable=True),
+        key=HEATMAP_KEY,
+        on_select="rerun",
+        selection_mode="points",
+    )
+    st.plotly_chart(
+        charts.binned_heatmap(
+            binning.bin_grid(grid, bins, "wait_ms"), "Time waiting for the last rank (max per bin, mean ms)"
+        )
+    )
+    order = delay.drop_duplicates("order").sort_values("order")
+    cell = None
+    point = _clicked_point()
+    if point is not None:
+        hit = delay[(delay.label == point[0]) & (delay.step == point[1])]
+        if len(hit):
+            st.session_state[OPEN_BIN_KEY] = point[0]
+            cell = (int(hit.worst_rank.iloc[0]), point[1])
+    choices = order.label.tolist()
+    if st.session_state.get(OPEN_BIN_KEY) not in choices:
+        st.session_state[OPEN_BIN_KEY] = choices[0]
+    opened = st.selectbox("Open bin", choices, key=OPEN_BIN_KEY, help="Type to search by host or rank range.")
+    members = set(bins[bins.label == opened]["rank"])
+    inside = grid[grid["rank"].isin(members)]
+    st.plotly_chart(
+        charts.heatmap(inside, "arrival_delay_ms", f"{opened}: arrival delay per rank (mean ms)", y_labels=labels)
+    )
+    return cell
 
 
 def stragglers_page() -> None:
@@ -78,26 +166,21 @@ def stragglers_page() -> None:
         if last.empty:
             st.info("No collectives match these filters yet.")
             return
-        for op, rows in last.groupby("op"):
-            worst = rows.loc[rows.share.idxmax()]
-            st.markdown(
-                f"**{op}**: rank {int(worst['rank'])} arrives last in {100 * worst.share:.0f}% "
-                f"of instances (+{duration(worst.mean_lead_ms)} on average)"
-            )
-        st.plotly_chart(charts.last_rank_bars(last))
+        retained = queries.retention(d, run_id, version)
+        if retained:
+            st.info(f"Retention: {retention.note(retained)}.")
+        world = max(len(ranks), int(last["rank"].max()) + 1)
+        for sentence in summary_sentences(last, world):
+            st.markdown(sentence)
+        st.plotly_chart(charts.last_rank_bars(worst_last_arrivals(last)))
 
         grid = queries.delay_heatmap(d, run_id, version, flt)
-        st.plotly_chart(
-            charts.heatmap(
-                grid, "arrival_delay_ms", "Arrival delay per collective (mean ms)", y_labels=labels, clickable=True
-            ),
-            key=HEATMAP_KEY,
-            on_select="rerun",
-            selection_mode="points",
-        )
-        st.plotly_chart(
-            charts.heatmap(grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)", y_labels=labels)
-        )
+        bins = binning.bin_ranks(ranks if not ranks.empty else grid[["rank"]].drop_duplicates())
+        if bins.kind.iloc[0] == "rank":
+            per_rank_heatmaps(grid, labels, clickable=True)
+            cell = clicked_cell(labels)
+        else:
+            cell = binned_heatmaps(grid, bins, labels)
         if ranks.host.nunique() > 1:
             per_host = (
                 grid.merge(ranks[["rank", "host"]], on="rank")
@@ -108,10 +191,11 @@ def stragglers_page() -> None:
                     wait_ms=("wait_ms", "mean"),
                     times_last=("n_last", "sum"),
                 )
+                .sort_values(["arrival_delay_ms", "host"], ascending=[False, True])
             )
-            st.subheader("By host")
+            st.subheader("By host (slowest first)")
             st.dataframe(per_host, hide_index=True)
-        drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version))
+        drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version), cell)
 
     state.live(sel, body)
 

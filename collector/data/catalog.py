@@ -71,6 +71,9 @@ def view_definitions(root: str = "") -> dict[str, str]:
         cols = table.arrow_schema().names
         views[name] = f'SELECT "run" AS run_id, {_columns(cols)} FROM {_scan(root, name, hive=True)}'
 
+    for name, schema in layout.DERIVED_TABLES.items():
+        views[name] = f'SELECT "run" AS run_id, {_columns(schema.names)} FROM {_scan(root, name, hive=True)}'
+
     for name, schema in layout.COLLECTOR_TABLES.items():
         views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {_scan(root, name, hive=False)}"
 

@@ -30,7 +30,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.data.schema import RANK_ENDS_SCHEMA, RANK_EVENTS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
+from collector.data.schema import (
+    COMM_STEPS_SCHEMA,
+    RANK_ENDS_SCHEMA,
+    RANK_EVENTS_SCHEMA,
+    RANKS_SCHEMA,
+    RUNS_SCHEMA,
+    TABLES,
+)
 
 # \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
 # directory name breaks every catalog view (found by tests/server/test_fuzz.py).
@@ -52,6 +59,10 @@ COLLECTOR_TABLES: dict[str, pa.Schema] = {
     "rank_ends": RANK_ENDS_SCHEMA,
     "rank_events": RANK_EVENTS_SCHEMA,
 }
+
+# Tables the collector derives from stored rows (retention's per-step comm rollup); per rank
+# like TABLES: run_id is the partition only.
+DERIVED_TABLES: dict[str, pa.Schema] = {"comm_steps": COMM_STEPS_SCHEMA}
 
 
 def new_run_id(name: str, stable_key: str | None = None) -> str:
@@ -107,6 +118,7 @@ def stored_schemas() -> dict[str, pa.Schema]:
     """Every table stored under D/parquet with the schema of its files."""
     schemas = {name: table.arrow_schema() for name, table in TABLES.items()}
     schemas.update(COLLECTOR_TABLES)
+    schemas.update(DERIVED_TABLES)
     return schemas
 
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from collector.data import catalog, layout
 from collector.data.instances import instances_sql, join_condition
+from collector.data.schema import COMM_STEPS_SCHEMA
 
 
 class DataDirError(Exception):
@@ -169,13 +170,17 @@ def ranks(cat: Catalog, run_id: str) -> pd.DataFrame:
 
 # --- the comm rollup -----------------------------------------------------------
 
+
 # Arrival delay, wait and "last to arrive" per collective instance (collector.data.instances),
 # computed with a per-instance GROUP BY joined back to the records. Records without a group or
 # seq keep their bandwidth and get no delay (the LEFT JOIN finds no instance).
-COMM_ROLLUP_SQL = f"""
-    WITH c AS (
-        SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs
-        FROM comm WHERE run_id = ?),
+def rollup_sql(records: str) -> str:
+    """The comm rollup (COMM_STEPS_SCHEMA's columns) of ``records``, a relation with the comm
+    columns rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs.
+    The dashboard runs it over the raw rows not yet rolled up; retention (compaction) over the
+    rows of the steps it is about to thin out, and stores the result as ``comm_steps``."""
+    return f"""
+    WITH c AS ({records}),
     inst AS ({instances_sql("c")})
     SELECT c.rank, c.step, c.group_name, c.op, c.bytes,
            count(*) AS n, sum(c.end_ns - c.start_ns)::BIGINT AS dur_ns,
@@ -189,9 +194,54 @@ COMM_ROLLUP_SQL = f"""
     GROUP BY ALL"""
 
 
+ROLLUP_COLUMNS = ", ".join(f'"{f.name}"' for f in COMM_STEPS_SCHEMA)
+
+# Steps retention rolled up come from the stored rollup (their raw rows are thinned out); the
+# steps after them from the raw rows. The two never overlap: raw rows of rolled-up steps that
+# retention kept (every Nth step, steps with findings) are only for the drill-down.
+COMM_ROLLUP_SQL = f"""
+    WITH rolled AS (SELECT coalesce(max(step), -1) AS through FROM comm_steps WHERE run_id = ?),
+    fresh AS ({
+    rollup_sql(
+        "SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs "
+        "FROM comm WHERE run_id = ? AND step > (SELECT through FROM rolled)"
+    )
+})
+    SELECT {ROLLUP_COLUMNS} FROM comm_steps WHERE run_id = ?
+    UNION ALL
+    SELECT {ROLLUP_COLUMNS} FROM fresh"""
+
+
 def comm_rollup(cat: Catalog, run_id: str) -> pa.Table:
     """Per (rank, step, group, op, bytes) sums of a run's comm records (immutable Arrow)."""
-    return cat.arrow(COMM_ROLLUP_SQL, [run_id])
+    return cat.arrow(COMM_ROLLUP_SQL, [run_id, run_id, run_id])
+
+
+def retention(cat: Catalog, run_id: str) -> dict | None:
+    """Where retention thinned a run out: {"through": last rolled-up step, "steps": rolled-up
+    steps, "raw_steps": of those, the ones whose raw rows were kept}; None if it did not."""
+    row = cat.df(
+        """
+        WITH rolled AS (SELECT max(step) AS through, count(DISTINCT step) AS steps FROM comm_steps WHERE run_id = ?)
+        SELECT through, steps,
+               (SELECT count(DISTINCT step) FROM comm WHERE run_id = ? AND step <= through) AS raw_steps
+        FROM rolled""",
+        [run_id, run_id],
+    ).iloc[0]
+    if pd.isna(row.through):
+        return None
+    return {"through": int(row.through), "steps": int(row.steps), "raw_steps": int(row.raw_steps)}
+
+
+def raw_steps_near(cat: Catalog, run_id: str, step: int, k: int = 5) -> list[int]:
+    """The ``k`` steps nearest ``step`` whose raw comm rows are kept (for the drill-down)."""
+    return [
+        int(x)
+        for x in cat.df(
+            "SELECT DISTINCT step FROM comm WHERE run_id = ? ORDER BY abs(step - ?), step LIMIT ?",
+            [run_id, int(step), int(k)],
+        ).step
+    ]
 
 
 class CommFilter:
@@ -337,12 +387,12 @@ def instances_at(cat: Catalog, run_id: str, step: int, rank: int) -> pd.DataFram
 # --- per-step tables -----------------------------------------------------------
 
 
-def step_times(cat: Catalog, run_id: str) -> pd.DataFrame:
-    """Per rank, step and timer: duration (ms). Timer names are whatever the engine sent."""
+def step_breakdown(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank and timer: mean duration per step (ms) -- a row per rank, not per rank-step."""
     return cat.df(
         """
-        SELECT rank, step, name, sum(dur_ns) / 1e6 AS dur_ms
-        FROM timers WHERE run_id = ? GROUP BY ALL ORDER BY rank, step, name""",
+        WITH per_step AS (SELECT rank, step, name, sum(dur_ns) AS dur_ns FROM timers WHERE run_id = ? GROUP BY ALL)
+        SELECT rank, name, avg(dur_ns) / 1e6 AS dur_ms FROM per_step GROUP BY ALL ORDER BY rank, name""",
         [run_id],
     )
 
@@ -392,12 +442,26 @@ def flops_profile(cat: Catalog, run_id: str) -> pd.DataFrame:
     )
 
 
-def memory_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
+def memory_lines(cat: Catalog, run_id: str, k: int) -> pd.DataFrame:
+    """Per kind, the lines the Memory page draws (kind, step, series, bytes): every rank's while
+    there are at most ``k``; beyond that the ``k`` ranks with the highest peak, and the median
+    and max over all ranks at each step -- never a line per rank of a thousand."""
     return cat.df(
         """
-        SELECT rank, step, kind, max(bytes) AS bytes
-        FROM memory WHERE run_id = ? GROUP BY ALL ORDER BY rank, kind, step""",
-        [run_id],
+        WITH m AS (SELECT rank, step, kind, max(bytes) AS bytes FROM memory WHERE run_id = ? GROUP BY ALL),
+        n AS (SELECT kind, count(DISTINCT rank) AS ranks FROM m GROUP BY kind),
+        top AS (
+            SELECT kind, rank FROM (SELECT kind, rank, max(bytes) AS peak FROM m GROUP BY ALL)
+            QUALIFY row_number() OVER (PARTITION BY kind ORDER BY peak DESC, rank) <= ?)
+        SELECT m.kind, m.step, 'rank ' || m.rank AS series, m.bytes::DOUBLE AS bytes FROM m JOIN top USING (kind, rank)
+        UNION ALL
+        SELECT kind, step, 'median of ' || ranks || ' ranks', median(bytes)::DOUBLE
+        FROM m JOIN n USING (kind) WHERE ranks > ? GROUP BY kind, step, ranks
+        UNION ALL
+        SELECT kind, step, 'max of ' || ranks || ' ranks', max(bytes)::DOUBLE
+        FROM m JOIN n USING (kind) WHERE ranks > ? GROUP BY kind, step, ranks
+        ORDER BY kind, series, step""",
+        [run_id, int(k), int(k), int(k)],
     )
 
 

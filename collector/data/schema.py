@@ -195,3 +195,26 @@ RANK_ENDS_SCHEMA = pa.schema(
         ("dropped_records", pa.int64()),
     ]
 )
+
+# Per (rank, step, group, op, message size) sums of a run's comm records, written by the
+# collector's retention pass (collector/server/compaction.py) before raw rows of a step go;
+# the same columns as the dashboard's comm rollup (collector/data/queries.py), so pages read
+# either. run_id is the partition, as for the per-rank tables.
+COMM_STEPS_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int64()),
+        ("step", pa.int64()),
+        ("group_name", pa.string()),
+        ("op", pa.string()),
+        ("bytes", pa.int64()),
+        ("n", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("algbw_sum", pa.float64()),
+        ("busbw_sum", pa.float64()),
+        ("delay_sum_ns", pa.int64()),
+        ("delay_max_ns", pa.int64()),
+        ("wait_sum_ns", pa.int64()),
+        ("n_last", pa.int64()),
+        ("last_delay_sum_ns", pa.int64()),
+    ]
+)

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from collector.data import layout
 from collector.data.config import ConfigBlock, setting
 from collector.server.ledger import Ledger
+from collector.server.retention import Retention
 from collector.server.store import segment_order, segment_path, write_segment
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ class CompactionConfig(ConfigBlock):
     min_files: int = setting(8, ge=2)  # merge once this many small segments are waiting...
     target_bytes: int = setting(64 << 20, ge=1)  # ...into segments of about this size; bigger ones are left alone
     max_files: int = setting(256, ge=2)  # per merge, to bound memory
+    # retention: 0 keeps every raw comm record; N keeps them for every Nth step and every step with
+    # a finding (collector/data/retention.py), the per-step rollup (comm_steps) for every step
+    raw_every: int = setting(0, ge=0)
+    retention_window: int = setting(100, ge=1)  # settled steps to gather before thinning them out
 
     def validate(self) -> None:
         if self.max_files < self.min_files:
@@ -72,6 +77,7 @@ class Compactor:
         self._settled: dict[Path, int] = {}  # partition -> dir mtime when it had nothing to merge
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
+        self.retention = Retention(self.data_dir, ledger, self.config)
 
     def start(self) -> Compactor:
         self._thread.start()
@@ -95,6 +101,11 @@ class Compactor:
 
     def run_once(self) -> int:
         """One pass over every partition; returns how many merges were made."""
+        if self.config.raw_every:
+            for partition in layout.partitions(self.data_dir, "comm"):
+                if self._stop.is_set():
+                    break
+                self.retention.run(partition)
         merges = 0
         for partition in layout.partitions(self.data_dir):
             if self._stop.is_set():

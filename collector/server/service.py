@@ -405,6 +405,7 @@ def serve(
     compaction_min_files: int | None = None,
     metrics_port: int | None = None,
     alert_webhook: str | None = None,
+    raw_every: int | None = None,
 ) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
@@ -422,7 +423,9 @@ def serve(
         return 2
     try:
         store_config = StoreConfig(**_given(flush_interval=flush_interval))
-        compaction_config = CompactionConfig(**_given(interval=compaction_interval, min_files=compaction_min_files))
+        compaction_config = CompactionConfig(
+            **_given(interval=compaction_interval, min_files=compaction_min_files, raw_every=raw_every)
+        )
         server, bound, state = create_server(
             address,
             data_dir,

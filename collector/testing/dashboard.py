@@ -94,3 +94,30 @@ def launch_chromium(playwright):
         executable_path=CHROMIUM,
         args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
     )
+
+
+# What each drawn Plotly chart on a page shows: its title, the rows it draws (heatmap rows, bar
+# categories, or lines), its legend entries, and whether it drew any data at all.
+_DRAWN_CHARTS_JS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(g => {
+    const data = g._fullData || g.data || [];
+    const rows = data.map(t => {
+        if (t.type === 'heatmap') return (t.y || []).length;
+        if (t.type === 'bar') return new Set(Array.from(t.x || [])).size;
+        return 0;
+    });
+    const lines = data.filter(t => t.type === 'scatter' && (t.mode || '').includes('lines')).length;
+    const points = data.reduce((n, t) => n + (t.z || t.y || t.x || t.values || []).length, 0);
+    return {
+        title: (g.layout && g.layout.title && g.layout.title.text) || '',
+        rows: Math.max(lines, ...rows, 0),
+        legend: g.querySelectorAll('.legend .traces').length,
+        blank: points === 0,
+    };
+})
+"""
+
+
+def drawn_charts(tab) -> list[dict]:
+    """Every Plotly chart drawn on a Playwright page: {title, rows, legend, blank}."""
+    return tab.evaluate(_DRAWN_CHARTS_JS)

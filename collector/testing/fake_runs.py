@@ -49,6 +49,7 @@ from collector.data.catalog import ensure_catalog
 from collector.data.codec import encode_batch
 from collector.data.schema import RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, TABLES
 from collector.tools.importers.sink import GrpcSink, envelope, table_batches
+from collector.tools.simulate import hash_uniform
 from proto import pb
 
 START = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
@@ -205,7 +206,7 @@ class FakeRun:
         planned = self.t0_ns + step * period + period // 4 + j * (period // 2 // self.per_step)
         story_delay = np.where(is_allreduce[j] & (self.late_rank is not None), self.delay_ns, 0)
         late = story_delay if rank == self.late_rank else 0
-        jitter = (_uniform(self.seed, rank, i) * self.jitter_ns).astype(np.int64)
+        jitter = (hash_uniform(self.seed, rank, i) * self.jitter_ns).astype(np.int64)
         start = planned + late + jitter
         # every rank finishes together, once the last arrival is in and the data has moved
         transfer = (self.latency_ns + sizes / self.bytes_per_ns).astype(np.int64)
@@ -414,19 +415,6 @@ def uniform_run(
 
 def _unix_ns(moment: datetime) -> int:
     return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
-
-
-def _uniform(seed: int, rank: int, index: np.ndarray) -> np.ndarray:
-    """Floats in [0, 1), a hash of (seed, rank, index): the same for an instance however the run is cut."""
-    with np.errstate(over="ignore"):
-        x = index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        x ^= np.uint64((seed * 0x100000001B3 + rank * 0xBF58476D1CE4E5B9 + 1) % (1 << 64))
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 def _stored(table: str, rank: int, columns: dict) -> pa.Table:

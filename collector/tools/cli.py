@@ -43,6 +43,13 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from collector.data import security
     from collector.server.service import serve
 
+    if args.raw_every and args.writer_id:
+        print(
+            "rankscope collect: --raw-every needs every rank of a run in one collector (its rollup compares "
+            "ranks); it cannot be combined with --writer-id",
+            file=sys.stderr,
+        )
+        return 2
     try:
         token = security.check_token(security.resolve_token(args.token))
         tls = security.ServerTLS.from_args(args.tls_cert, args.tls_key)
@@ -64,6 +71,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             compaction_min_files=args.compaction_min_files,
             metrics_port=args.metrics_port,
             alert_webhook=args.alert_webhook,
+            raw_every=args.raw_every,
         )
         or 0
     )
@@ -114,6 +122,12 @@ def cmd_health(args: argparse.Namespace) -> int:
     from collector.tools.health import main as health_main
 
     return health_main(args)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from collector.tools.simulate import main as simulate_main
+
+    return simulate_main(args)
 
 
 def cmd_nvme_tune(args: argparse.Namespace) -> int:
@@ -213,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="URL",
         help="POST each new finding once to URL as JSON with a Slack-compatible 'text' (at most one post per 2 s)",
+    )
+    p.add_argument(
+        "--raw-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="retention: keep raw comm records only for every Nth step and the steps with findings; "
+        "per-step rollups (comm_steps) keep every step (default: keep every raw record)",
     )
 
     p = add(
@@ -347,6 +369,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="run id, or run name (the newest run of that name)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     p.add_argument("--all", action="store_true", help="print the notes (info findings) as well")
+
+    p = add(
+        "simulate",
+        cmd_simulate,
+        "Generate a synthetic run of many ranks (a real ZeRO-2 step, repeated), into a data dir or a collector.",
+        """
+        rankscope simulate --ranks 1024 --steps 200 --straggler 517:40 --data-dir /tmp/sim
+        rankscope simulate --ranks 256 --steps 1000 --endpoint 127.0.0.1:50051
+        rankscope simulate --ranks 8192 --steps 100 --hosts 1024 --straggler 17:25@50 --data-dir /tmp/sim8k
+    """,
+    )
+    _data_dir_arg(p)
+    p.add_argument("--ranks", type=int, required=True, help="world size")
+    p.add_argument("--steps", type=int, required=True, help="training steps per rank")
+    p.add_argument(
+        "--collectives-per-step",
+        type=int,
+        default=0,
+        metavar="C",
+        help="collectives a step (default: one template step, ZeRO-2's 7); more repeats the pattern",
+    )
+    p.add_argument("--hosts", type=int, default=0, help="hosts the ranks are spread over (default: 8 ranks a host)")
+    p.add_argument(
+        "--straggler",
+        action="append",
+        default=[],
+        metavar="RANK:MS[@STEP]",
+        help="RANK's forward pass is MS slower (from STEP on); may be given several times",
+    )
+    p.add_argument("--hang", default=None, metavar="RANK:STEP", help="RANK stops inside a collective at STEP")
+    p.add_argument("--name", default="simulated", help="run name (default: simulated)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--endpoint", default=None, help="stream through the collector at HOST:PORT instead of --data-dir")
+    p.add_argument("--token", default=None, help="bearer token for --endpoint (default: $RANKSCOPE_TOKEN)")
+    p.add_argument("--streams", type=int, default=128, help="--endpoint: rank streams open at once (default 128)")
 
     p = add(
         "nvme-tune",

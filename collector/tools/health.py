@@ -15,12 +15,14 @@ import argparse
 import json
 import sys
 
-from collector.data import findings, queries
+from collector.data import findings, queries, retention
 
 UNREADABLE = 3
 
 
-def report(findings_: list[findings.Finding], run_id: str, notes: bool = False) -> str:
+def report(
+    findings_: list[findings.Finding], run_id: str, notes: bool = False, retained_state: dict | None = None
+) -> str:
     problems = [f for f in findings_ if f.severity in ("critical", "warning")]
     infos = [f for f in findings_ if f.severity == "info"]
     lines = [f"{run_id}: {f.severity}: {f.text}" for f in problems]
@@ -29,6 +31,8 @@ def report(findings_: list[findings.Finding], run_id: str, notes: bool = False) 
         lines.append(f"{run_id}: healthy, nothing to fix{hint}")
     if notes:
         lines += [f"{run_id}: info: {f.text}" for f in infos]
+    if retained_state:
+        lines.append(f"{run_id}: note: {retention.note(retained_state)}")
     return "\n".join(lines)
 
 
@@ -41,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         run_id = queries.resolve_run(cat.con, args.run)
         found = findings.for_run(cat, run_id)
+        retained = queries.retention(cat, run_id)
     except queries.UnknownRun as exc:
         print(f"rankscope health: {exc} in {args.data_dir}", file=sys.stderr)
         return UNREADABLE
@@ -49,5 +54,5 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([f.to_json() for f in found], indent=2))
     else:
-        print(report(found, run_id, notes=args.all))
+        print(report(found, run_id, notes=args.all, retained_state=retained))
     return findings.exit_code(found)

@@ -3,11 +3,53 @@ the cases where they must stay silent."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from collector.data import findings as health
-from collector.data.findings import loss_scale, messages
+from collector.data.findings import loss_scale, messages, stragglers
 from collector.testing.step_frames import step_rows
+
+
+def last_arrivals(counts: dict[int, int], lead_ms: float = 41.0, op: str = "all_reduce") -> pd.DataFrame:
+    total = sum(counts.values())
+    return pd.DataFrame(
+        [{"op": op, "rank": r, "n_last": n, "share": n / total, "mean_lead_ms": lead_ms} for r, n in counts.items()]
+    )
+
+
+def test_arrival_sentence_names_the_late_rank_with_share_and_lead():
+    found = stragglers.late_ranks(last_arrivals({0: 5, 1: 5, 2: 6, 3: 84}), world_size=4)
+    assert [f.text for f in found] == [
+        "rank 3 arrives last in 84% of all_reduces (+41 ms on average after the first rank)"
+    ]
+    assert stragglers.late_ranks(last_arrivals({0: 24, 1: 26, 2: 25, 3: 25}), world_size=4) == []
+
+
+def test_chance_alone_names_nobody_at_1024_ranks():
+    # 300 instances over 1,024 ranks: some rank is last 3 or 4 times, 10x its fair share, by chance.
+    rng = np.random.default_rng(0)
+    last = rng.integers(0, 1024, 300)
+    counts = {int(r): int((last == r).sum()) for r in np.unique(last)}
+    assert max(counts.values()) * 1024 / 300 >= stragglers.FAIR_SHARE_FACTOR
+    assert stragglers.late_ranks(last_arrivals(counts), world_size=1024) == []
+
+
+def test_a_few_late_ranks_at_1024_ranks_are_named_worst_first():
+    rng = np.random.default_rng(1)
+    last = np.concatenate([rng.integers(0, 1024, 200), [290] * 250, [17] * 200, [511] * 150])
+    counts = {int(r): int((last == r).sum()) for r in np.unique(last)}
+    (found,) = stragglers.late_ranks(last_arrivals(counts), world_size=1024)
+    share = (counts[290] + counts[17] + counts[511]) / len(last)
+    assert found.ranks == (290, 17, 511)
+    assert found.text.startswith(f"ranks 290, 17 and 511 arrive last in {100 * share:.0f}% of all_reduces")
+
+
+def test_more_late_ranks_than_named_are_counted():
+    counts = {r: 60 for r in (5, 9, 13, 21, 40)} | {r: 1 for r in range(100, 200)}
+    (found,) = stragglers.late_ranks(last_arrivals(counts), world_size=256)
+    assert found.text.startswith("ranks 5, 9, 13 and 2 more arrive last in")
+    assert found.evidence["late_ranks"] == [5, 9, 13, 21, 40]
 
 
 def summary(rows: list[tuple[str, int, float]]) -> pd.DataFrame:

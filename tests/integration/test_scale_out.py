@@ -113,3 +113,44 @@ def test_a_writer_id_is_exclusive_and_recovery_touches_only_its_own_files(tmp_pa
     for bad in ("East", "1a", "a-b", "../x", "", "a" * 33):
         with pytest.raises(ValueError, match="writer id"):
             Ledger(data, bad)
+
+
+def test_a_copied_data_dir_reads_without_the_catalog(tmp_path):
+    """The documented recipe (docs/SCALING.md, "Reading a data dir elsewhere"): copy parquet/ to
+    another place, no catalog, no ledger, no rankscope -- plain DuckDB with hive_partitioning
+    gives the same rows, the run as a column, as the catalog does on the original."""
+    import shutil
+
+    import duckdb
+
+    from collector.tools import simulate
+
+    sim = simulate.Simulation(ranks=16, steps=10, stragglers=(simulate.Straggler(5, 30_000_000),), run_id="copied")
+    original = tmp_path / "original"
+    simulate.write_data_dir(sim, original)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(original / "parquet", copy / "parquet")
+    assert not (copy / "catalog.duckdb").exists() and not (copy / "ledger").exists()
+
+    con = duckdb.connect()  # the recipe, verbatim but for the path
+    counts = con.execute(
+        """
+        SELECT run, op, count(*) AS n, count(DISTINCT rank) AS ranks
+        FROM read_parquet(? || '/parquet/comm/*/*.parquet', hive_partitioning = true)
+        GROUP BY run, op ORDER BY op""",
+        [str(copy)],
+    ).fetchall()
+    last = con.execute(
+        """
+        WITH c AS (SELECT * FROM read_parquet(? || '/parquet/comm/*/*.parquet', hive_partitioning = true))
+        SELECT arg_max(rank, start_ns) AS last_rank, count(*) AS n FROM c GROUP BY run, group_name, seq
+        """,
+        [str(copy)],
+    ).df()
+    cat = catalog.connect(str(original))
+    expected = cat.execute(
+        "SELECT run_id, op, count(*), count(DISTINCT rank) FROM comm GROUP BY run_id, op ORDER BY op"
+    ).fetchall()
+    cat.close()
+    assert counts == expected and counts[0][0] == "copied"
+    assert (last.last_rank == 5).all() and (last.n == 16).all()

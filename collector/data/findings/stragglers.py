@@ -11,9 +11,20 @@ bounded by the step time, and it is what the job would save per step without it.
 The first step is left out: it is warm-up (lazy initialisation, first allocations) on every
 rank. The *onset* is where a rank's imposed wait steps up for good: the split of its series
 into a low "before" and a high "after" with the least squared error.
+
+Who *arrives last* is a separate, descriptive statistic (the Stragglers page's sentences,
+``late_ranks``): with n ranks each instance has one last rank, about 1/n of the time each on
+a healthy run, and at 1,024 ranks some rank is last three or four times by pure chance. So a
+rank is named there only when its count is both well above its share (FAIR_SHARE_FACTOR) and
+beyond chance: the Chernoff bound on the binomial tail P(X >= k), X ~ Bin(instances, 1/n),
+times n for looking at every rank, is below CHANCE. The sentence names the few ranks that
+matter, the worst first ("ranks 17, 290 and 511 arrive last in 60% of all_reduces"), and
+counts the rest.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -32,6 +43,10 @@ MIN_STEPS = 4
 # An onset: at least this many steps on each side, and "before" at most this fraction of "after".
 ONSET_MIN_SEGMENT = 3
 ONSET_BEFORE_RATIO = 0.25
+# Arrival statistics (late_ranks): enough instances to judge, how unlikely by chance, ranks named.
+MIN_INSTANCES = 10
+CHANCE = 1e-3  # how unlikely, over all ranks, a healthy run's worst count must be to name it
+NAMED = 3  # ranks named in a sentence; more are counted
 
 
 def training_steps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -146,6 +161,67 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
                 evidence=evidence,
                 page="stragglers",
                 filters={"rank": rank},
+            )
+        )
+    return found
+
+
+def chance_bound(k: int, instances: int, world_size: int) -> float:
+    """Upper bound on the probability that any of ``world_size`` equally likely ranks is
+    last in ``k`` or more of ``instances`` (Chernoff: exp(-N * KL(k/N || 1/n)), times n)."""
+    p, q = 1 / world_size, k / instances
+    if q <= p:
+        return 1.0
+    kl = q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else math.log(1 / (1 - p)))
+    return min(1.0, world_size * math.exp(-instances * kl))
+
+
+def rank_list(ranks: list[int], more: int = 0) -> str:
+    """'rank 3', 'ranks 3 and 7', 'ranks 17, 290 and 511', 'ranks 17, 290, 511 and 4 more'."""
+    words = [str(r) for r in ranks]
+    if more:
+        return f"ranks {', '.join(words)} and {more} more"
+    if len(words) == 1:
+        return f"rank {words[0]}"
+    return f"ranks {', '.join(words[:-1])} and {words[-1]}"
+
+
+def late_ranks(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
+    """From queries.last_arrivals (op, rank, n_last, share, mean_lead_ms)."""
+    found = []
+    if world_size < 2:
+        return found
+    for op, rows in last_arrivals.groupby("op", sort=True):
+        total = int(rows.n_last.sum())
+        if total < MIN_INSTANCES:
+            continue
+        late = rows[
+            (rows.share * world_size >= FAIR_SHARE_FACTOR)
+            & rows.n_last.map(lambda k, n=total: chance_bound(int(k), n, world_size) < CHANCE)
+        ].sort_values(["n_last", "rank"], ascending=[False, True])
+        if late.empty:
+            continue
+        named = late.head(NAMED)
+        ranks = [int(r) for r in named["rank"]]
+        share = float(named.n_last.sum() / total)
+        lead = float((named.mean_lead_ms * named.n_last).sum() / named.n_last.sum())
+        verb = "arrives" if len(late) == 1 else "arrive"
+        found.append(
+            Finding(
+                kind="straggler",
+                severity="warning",
+                ranks=tuple(ranks),
+                text=f"{rank_list(ranks, len(late) - len(named))} {verb} last in {pct(share)} of {op}s "
+                f"(+{duration(lead)} on average after the first rank)",
+                evidence={
+                    "op": op,
+                    "share": share,
+                    "instances": total,
+                    "mean_lead_ms": lead,
+                    "late_ranks": [int(r) for r in late["rank"]],
+                },
+                page="stragglers",
+                filters={"op": op},
             )
         )
     return found

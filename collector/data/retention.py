@@ -1,0 +1,50 @@
+"""Which steps keep their raw comm records once a run is rolled up (``collect --raw-every N``).
+
+At 10,000 ranks a month-long job writes ~10^12 comm records; nobody reads most of them
+one by one, but everyone reads their sums. So the collector keeps, for every step, the
+per-(rank, step, group, op, size) rollup the pages read anyway (``comm_steps``), and the raw
+records only of
+
+- every Nth step (a regular sample to drill into), and
+- every step where something is wrong, so the drill-down is there where it is needed:
+  a rank entering a collective LATE_MS or more after the first one (a straggler step), or a
+  (op, size) whose bandwidth at that step is below SLOW_BANDWIDTH of its median over the
+  window (a slow link, a congested step).
+
+A pure function of the window's rollup, tested both ways (fires on injected faults, keeps
+only the sample on a healthy run).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+LATE_MS = 5.0
+SLOW_BANDWIDTH = 0.5
+
+
+def steps_to_keep(rollup: pd.DataFrame, raw_every: int) -> set[int]:
+    """Steps of ``rollup`` (COMM_STEPS_SCHEMA columns) whose raw rows stay."""
+    if raw_every < 1:
+        raise ValueError(f"raw_every must be >= 1, got {raw_every}")
+    if rollup.empty:
+        return set()
+    steps = set(int(s) for s in rollup.step.unique())
+    keep = {s for s in steps if s % raw_every == 0}
+    late = rollup[rollup.delay_max_ns.fillna(0) >= LATE_MS * 1e6]
+    keep |= set(int(s) for s in late.step.unique())
+    per_step = rollup.groupby(["step", "op", "bytes"], as_index=False)[["busbw_sum", "n"]].sum()
+    per_step["busbw"] = per_step.busbw_sum / per_step.n
+    median = per_step.groupby(["op", "bytes"]).busbw.transform("median")
+    slow = per_step[per_step.busbw < SLOW_BANDWIDTH * median]
+    keep |= set(int(s) for s in slow.step.unique())
+    return keep
+
+
+def note(state: dict) -> str:
+    """What the pages and ``rankscope health`` say where retention thinned a run out
+    (``state`` from queries.retention)."""
+    return (
+        f"steps 0–{state['through']} read from per-step rollups; raw comm records kept for "
+        f"{state['raw_steps']:,} of those {state['steps']:,} steps (every Nth and those with findings)"
+    )

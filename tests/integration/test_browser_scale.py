@@ -1,0 +1,78 @@
+"""The dashboard at scale in a real headless Chromium: a `rankscope simulate` run of 1,024
+ranks (20 steps, so the whole check stays within CI's budget; the 8,192-rank run is
+benches/dashboard_scale.py) with rank 517 injected 40 ms late. Every page draws, no chart
+is blank, none draws more than MAX_DRAWN rows or legend entries, and the straggler is named
+on Stragglers and Overview."""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.testing.dashboard import DashboardProcess, drawn_charts, launch_chromium
+from collector.tools import simulate
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+
+RANKS, STEPS, LATE = 1024, 20, 517
+MAX_DRAWN = 300
+PAGES = {  # url path -> text on the page once it has rendered
+    "overview": f"rank {LATE} arrives last",
+    "comms": "Summary (deepspeed.comm.log_summary)",
+    "stragglers": f"rank {LATE} arrives last",
+    "memory": "per rank",
+}
+
+pytestmark = NEEDS_CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("scale-data")
+    sim = simulate.Simulation(
+        ranks=RANKS, steps=STEPS, hosts=64, stragglers=(simulate.Straggler(LATE, 40_000_000),), name="scale"
+    )
+    simulate.write_data_dir(sim, data_dir)
+    dashboard = DashboardProcess(data_dir)
+    yield dashboard.url, sim.run_id
+    dashboard.stop(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tab(run):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        browser.close()
+
+
+def open_page(tab, run, path: str) -> list[dict]:
+    url, run_id = run
+    tab.goto(f"{url}/{path}?run={run_id}")
+    tab.get_by_text(PAGES[path], exact=False).first.wait_for(timeout=90_000)
+    tab.locator(".js-plotly-plot").first.wait_for(timeout=90_000)
+    tab.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+    assert tab.locator("[data-testid='stException']").count() == 0
+    return drawn_charts(tab)
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_every_chart_draws_a_readable_number_of_rows(tab, run, path):
+    charts = open_page(tab, run, path)
+    assert charts, f"{path}: no chart"
+    for chart in charts:
+        assert not chart["blank"], f"{path}: blank chart {chart['title']!r}"
+        assert chart["rows"] <= MAX_DRAWN, f"{path}: {chart['title']!r} draws {chart['rows']} rows"
+        assert chart["legend"] <= MAX_DRAWN, f"{path}: {chart['title']!r} has {chart['legend']} legend entries"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SCREENSHOTS / f"scale-{path}.png"), full_page=True)
+
+
+def test_stragglers_bins_the_ranks_and_opens_the_straggler_s_host(tab, run):
+    charts = open_page(tab, run, "stragglers")
+    heatmaps = [c for c in charts if "max per bin" in c["title"]]
+    assert heatmaps and all(c["rows"] == 64 for c in heatmaps)  # one row per host
+    # the worst bin is open by default: the straggler's host, a row per rank
+    opened = [c for c in charts if "arrival delay per rank" in c["title"]]
+    assert opened and "node-0032 (ranks 512–527)" in opened[0]["title"] and opened[0]["rows"] == 16
+    assert tab.get_by_text(f"rank {LATE} arrives last in 100% of all_reduces").count() >= 1

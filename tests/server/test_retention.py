@@ -1,0 +1,178 @@
+"""Retention in a live collector (`collect --raw-every N`): a simulated run streamed into a
+collector that thins out raw comm records keeps every Nth step raw plus the steps with
+findings, the per-step rollup for every step, and the Stragglers/Comms queries and
+`rankscope health` agree with the same run kept fully raw (within 5%), saying where they
+read rollups."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from collector.data import catalog, findings, queries
+from collector.server.compaction import CompactionConfig
+from collector.testing.collectors import live_collector
+from collector.tools import simulate
+
+RANKS, STEPS, EVERY, LATE_FROM = 32, 60, 10, 45
+SIM = simulate.Simulation(
+    ranks=RANKS, steps=STEPS, stragglers=(simulate.Straggler(5, 40_000_000, LATE_FROM),), run_id="kept"
+)
+RETAIN = CompactionConfig(interval=0.2, raw_every=EVERY, retention_window=20)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    full = tmp_path_factory.mktemp("full")
+    simulate.write_data_dir(SIM, full)
+    thinned = tmp_path_factory.mktemp("thinned") / "data"
+    with live_collector(thinned, compaction_config=RETAIN) as collector:
+        simulate.stream(SIM, collector.endpoint, streams=RANKS)
+        retention = collector.state.compactor.retention
+        deadline = time.monotonic() + 120
+        while retention._rolled_through(SIM.run_id) < STEPS - 1:
+            assert time.monotonic() < deadline, "retention did not roll the run up within 120 s"
+            time.sleep(0.2)
+        windows = retention.windows
+        while retention.windows == windows and time.monotonic() < deadline:  # the raw rows of the last window go
+            time.sleep(0.2)
+    catalog.ensure_catalog(thinned)
+    return full, thinned
+
+
+def query(d, fn, *args):
+    cat = queries.Catalog(d)
+    try:
+        return fn(cat, *args)
+    finally:
+        cat.close()
+
+
+def test_raw_rows_kept_for_the_sample_and_the_late_steps_rollup_for_every_step(dirs):
+    _, thinned = dirs
+    con = catalog.connect(str(thinned))
+    raw_steps = {s for (s,) in con.execute("SELECT DISTINCT step FROM comm").fetchall()}
+    assert raw_steps == set(range(0, STEPS, EVERY)) | set(range(LATE_FROM, STEPS))
+    per_step = con.execute("SELECT count(DISTINCT step), count(DISTINCT rank) FROM comm_steps").fetchone()
+    assert per_step == (STEPS, RANKS)
+    (n,) = con.execute("SELECT sum(n) FROM comm_steps").fetchone()
+    assert n == RANKS * STEPS * SIM.per_step  # every raw record is counted once in the rollup
+    (raw,) = con.execute("SELECT count(*) FROM comm").fetchone()
+    assert raw == RANKS * SIM.per_step * len(raw_steps)
+    con.close()
+    state = query(thinned, queries.retention, SIM.run_id)
+    assert state == {"through": STEPS - 1, "steps": STEPS, "raw_steps": len(raw_steps)}
+    assert query(dirs[0], queries.retention, SIM.run_id) is None
+
+
+def test_pages_agree_with_the_full_raw_run(dirs):
+    full, thinned = dirs
+    a, b = (query(d, queries.comm_rollup, SIM.run_id) for d in (full, thinned))
+    everything = queries.CommFilter()
+    for name in ("last_arrivals", "delay_heatmap", "log_summary", "bandwidth_by_step", "comm_by_rank"):
+        fa, fb = (getattr(queries, name)(r, everything) for r in (a, b))
+        assert len(fa) == len(fb), name
+        numeric = [c for c in fa.columns if fa[c].dtype.kind in "fi"]
+        for col in numeric:
+            assert fb[col].to_numpy() == pytest.approx(fa[col].to_numpy(), rel=0.05, abs=1e-9, nan_ok=True), (
+                f"{name}.{col}"
+            )
+    fa, fb = (query(d, findings.for_run, SIM.run_id) for d in (full, thinned))
+    assert [f.text for f in fa] == [f.text for f in fb]
+    assert any(f.kind == "straggler" and f.ranks == (5,) for f in fb)
+
+
+def test_health_says_it_read_rollups(dirs):
+    _, thinned = dirs
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", SIM.run_id, "--data-dir", str(thinned)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "rank 5 arrives last" in out.stdout
+    assert f"steps 0–{STEPS - 1} read from per-step rollups" in out.stdout
+
+
+def test_raw_every_with_a_writer_id_is_refused(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(tmp_path), "--raw-every", "10",
+         "--writer-id", "c0", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--raw-every" in out.stderr and "--writer-id" in out.stderr
+
+
+@pytest.mark.parametrize("page", ["views/stragglers.py", "views/comms.py"])
+def test_pages_say_they_read_rollups(dirs, monkeypatch, page):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(dirs[1]))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=60)
+    at.session_state["selected_runs"] = [SIM.run_id]
+    at.run()
+    at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    notes = "\n".join(str(i.value) for i in at.info)
+    assert f"Retention: steps 0–{STEPS - 1} read from per-step rollups" in notes
+    if page.endswith("stragglers.py"):
+        at.number_input[0].set_value(13).run()  # a healthy step off the sample: its raw rows are gone
+        notes = "\n".join(str(i.value) for i in at.info)
+        assert "The raw records of step 13 were not kept (retention). Steps kept raw near it: 10" in notes
+
+
+def test_windows_of_a_live_run_roll_up_each_step_once(tmp_path):
+    """A run arriving ten steps at a time: windows close only once every rank is past them,
+    segments reaching past a window stay raw, and in the end every step is in the rollup
+    exactly once and the pages match the raw run."""
+    from collector.data.codec import envelope_rows
+    from collector.server.retention import Retention
+    from collector.server.store import Store
+    from collector.tools.importers.sink import envelope
+
+    sim = simulate.Simulation(ranks=8, steps=30, stragglers=(simulate.Straggler(2, 20_000_000, 25),), run_id="w")
+    comm = sim.block(0, sim.ranks)["comm"]
+    d = tmp_path / "data"
+    catalog.ensure_catalog(d)
+    store = Store(d)
+    retention = Retention(d, store.ledger, CompactionConfig(raw_every=5, retention_window=10))
+    partition = d / "parquet" / "comm" / f"run={sim.run_id}"
+    seq = iter(range(1, 1000))
+
+    def submit(rows):
+        store.submit("test", next(seq), rows, lambda e: None)
+        store.flush()
+
+    submit([r for rank in range(sim.ranks) for r in envelope_rows(envelope("h", 1, hello=sim.hello(rank)))])
+    rolled = []
+    for first in range(0, 30, 10):
+        step = comm.column("step").to_numpy()
+        submit([("comm", sim.run_id, comm.filter((step >= first) & (step < first + 10)))])
+        retention.run(partition)
+        rolled.append(retention._rolled_through(sim.run_id))
+    assert rolled == [-1, 18, 28]  # each window waits for every rank to move past it
+    submit([r for rank in range(sim.ranks) for r in envelope_rows(envelope("e", 1, end=sim.run_end(rank)))])
+    retention.run(partition)
+    assert retention._rolled_through(sim.run_id) == 29
+    store.close()
+    catalog.ensure_catalog(d)
+    con = catalog.connect(str(d))
+    assert con.execute("SELECT count(*), count(DISTINCT (rank, step, op, bytes)) FROM comm_steps").fetchone() == (
+        8 * 30 * 5,
+        8 * 30 * 5,
+    )
+    raw_steps = {s for (s,) in con.execute("SELECT DISTINCT step FROM comm").fetchall()}
+    con.close()
+    assert raw_steps >= {0, 5, 10, 15, 20, 25, 26, 27, 28, 29} and raw_steps != set(range(30))
+    full = tmp_path / "full"
+    simulate.write_data_dir(sim, full)
+    a, b = (query(x, queries.comm_rollup, sim.run_id) for x in (full, d))
+    for name in ("last_arrivals", "log_summary", "bandwidth_by_step"):
+        fa, fb = (getattr(queries, name)(r, queries.CommFilter()) for r in (a, b))
+        numeric = [c for c in fa.columns if fa[c].dtype.kind in "fi"]
+        for col in numeric:
+            assert fb[col].to_numpy() == pytest.approx(fa[col].to_numpy(), rel=1e-9, nan_ok=True), f"{name}.{col}"

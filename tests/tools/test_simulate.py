@@ -1,0 +1,112 @@
+"""`rankscope simulate`: the shipped template is the sample run's step, the run it writes has
+the shape it claims (counted), an injected straggler is found by `rankscope health` and a
+healthy simulation is not, the same run arrives whether written or streamed, and bad
+arguments are refused naming the option."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collector.data import catalog
+from collector.testing.collectors import live_collector
+from collector.tools import simulate, simulate_template
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_runs"
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_the_shipped_template_is_the_zero2_sample_runs_step():
+    derived = simulate_template.derive(SAMPLES, "zero2-slow-rank3")
+    assert derived == simulate_template.load(), "re-derive: python -m collector.tools.simulate_template"
+    ops = [c.op for c in derived.collectives]
+    assert ops.count("reduce_scatter_tensor") == 3 and ops.count("all_gather_into_tensor") == 3
+    assert {t.name for t in derived.timers} >= {"fwd", "bwd", "step"}
+    assert {k for k, _ in derived.memory} >= {"params", "grads", "optimizer"}
+    assert derived.step_period_ns > sum(t.dur_ns for t in derived.timers if t.name in ("fwd", "bwd", "step")) * 0.9
+
+
+def test_rows_do_not_depend_on_how_ranks_are_blocked():
+    sim = simulate.Simulation(ranks=10, steps=6, stragglers=(simulate.Straggler(7, 30_000_000, 2),), run_id="s")
+    whole = sim.block(0, 10)
+    for table, rows in whole.items():
+        assert rows.slice(7 * rows.num_rows // 10, rows.num_rows // 10).equals(sim.block(7, 1)[table]), table
+
+
+def test_straggler_arrives_late_from_its_step_and_everyone_finishes_together():
+    sim = simulate.Simulation(ranks=16, steps=8, stragglers=(simulate.Straggler.parse("5:40@3"),), run_id="s")
+    comm = sim.block(0, 16)["comm"].to_pandas()
+    per = comm.groupby(["step", "seq"])
+    first = per.start_ns.transform("min")
+    lead = (comm.start_ns - first)[comm["rank"] == 5]
+    steps = comm.step[comm["rank"] == 5]
+    assert (lead[steps >= 3] >= 40e6 - simulate.JITTER_NS).all()
+    assert (lead[steps < 3] <= simulate.JITTER_NS).all()
+    assert (per.end_ns.nunique() == 1).all() and (comm.end_ns > comm.start_ns).all()
+    assert len(comm) == 16 * 8 * 7 and set(comm.group_size) == {16}
+
+
+def test_simulate_into_a_data_dir_then_health_names_the_straggler(tmp_path):
+    d = tmp_path / "sim"
+    out = cli("simulate", "--ranks", "96", "--steps", "30", "--hosts", "12", "--straggler", "61:40", "--name",
+              "sim96", "--data-dir", str(d))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "96/96 ranks" in out.stdout
+    con = catalog.connect(str(d))
+    sim = simulate.Simulation(ranks=96, steps=30, run_id="x")
+    assert con.execute("SELECT world_size, name FROM runs").fetchall() == [(96, "sim96")]
+    assert con.execute("SELECT count(*), count(DISTINCT rank) FROM comm").fetchone() == (96 * 30 * 7, 96)
+    assert con.execute("SELECT count(DISTINCT host) FROM ranks").fetchone() == (12,)
+    total = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("comm", "timers", "monitor", "memory"))
+    assert total == sim.records_per_rank * 96
+    con.close()
+    health = cli("health", "sim96", "--data-dir", str(d), "--json")
+    assert health.returncode == 1, health.stderr
+    late = [f for f in json.loads(health.stdout) if f["kind"] == "straggler"]
+    assert late and all(f["ranks"] == [61] for f in late)
+
+
+def test_a_healthy_simulation_has_no_straggler(tmp_path):
+    d = tmp_path / "sim"
+    assert cli("simulate", "--ranks", "64", "--steps", "20", "--name", "calm", "--data-dir", str(d)).returncode == 0
+    health = cli("health", "calm", "--data-dir", str(d), "--json")
+    assert not [f for f in json.loads(health.stdout) if f["kind"] == "straggler"]
+
+
+def test_streamed_through_a_collector_arrives_complete(tmp_path):
+    sim = simulate.Simulation(ranks=40, steps=12, stragglers=(simulate.Straggler(3, 20_000_000),), run_id="live-sim")
+    with live_collector(tmp_path / "data") as (endpoint, data_dir):
+        acked = simulate.stream(sim, endpoint, streams=16)
+    assert acked == sum(1 for r in range(40) for _ in sim.rank_envelopes(r))
+    catalog.ensure_catalog(data_dir)
+    con = catalog.connect(str(data_dir))
+    counts = dict(con.execute("SELECT rank, count(*) FROM comm GROUP BY rank").fetchall())
+    assert counts == {r: 12 * 7 for r in range(40)}
+    assert con.execute("SELECT count(*) FROM rank_ends WHERE status = 'finished'").fetchone() == (40,)
+    con.close()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ranks", "0", "--steps", "5"], "--ranks must be >= 1"),
+        (["--ranks", "8", "--steps", "5", "--straggler", "9:40"], "--straggler: rank 9 is not a rank"),
+        (["--ranks", "8", "--steps", "5", "--straggler", "3-40"], "is not RANK:MS"),
+        (["--ranks", "8", "--steps", "5", "--straggler", "3:40@5"], "past the last step"),
+        (["--ranks", "8", "--steps", "5", "--hosts", "9"], "--hosts must be in"),
+        (["--ranks", "8", "--steps", "5", "--hang", "3:2"], "--hang needs the in-flight collective tables"),
+    ],
+)
+def test_bad_arguments_name_the_option(tmp_path, args, message):
+    out = cli("simulate", *args, "--data-dir", str(tmp_path / "d"))
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "d").exists()
