@@ -246,7 +246,7 @@ class FakeRun:
         }
 
     def step_columns(self, rank: int) -> dict[str, dict]:
-        """timers, monitor, loss_scale, memory and moe columns of ``rank`` for every step."""
+        """timers, monitor, loss_scale, memory, gc, host and moe columns of ``rank`` for every step."""
         steps = np.arange(self.steps, dtype=np.int64)
         t = self.t0_ns + steps * self.step_period_ns
         rng = np.random.default_rng([self.seed, rank, 1])
@@ -297,6 +297,29 @@ class FakeRun:
             "kind": [k for k, _ in MEMORY] * self.steps,
             "bytes": size.astype(np.int64).ravel(),
             "time_ns": np.repeat(t, len(MEMORY)),
+        }
+
+        # Root-cause signals: a young-generation GC pause or two per step, and the host as the
+        # rank's sampler sees it once a step (busy, no steal, a little run-queue wait).
+        gc_count = rng.integers(1, 3, self.steps)
+        gc_dur = (gc_count * rng.uniform(30e3, 60e3, self.steps)).astype(np.int64)
+        out["gc"] = {
+            "step": steps,
+            "generation": np.zeros(self.steps, dtype=np.int64),
+            "count": gc_count.astype(np.int64),
+            "dur_ns": gc_dur,
+            "max_ns": gc_dur // gc_count,
+            "collected": (gc_count * 10).astype(np.int64),
+        }
+        out["host"] = {
+            "step": steps,
+            "time_ns": t + self.step_period_ns,
+            "interval_ns": np.full(self.steps, self.step_period_ns, dtype=np.int64),
+            "cpu_util": rng.uniform(0.6, 0.9, self.steps),
+            "steal": np.zeros(self.steps),
+            "runqueue_ns": (rng.uniform(0.0, 0.02, self.steps) * self.step_period_ns).astype(np.int64),
+            "cpu_ns": (rng.uniform(0.7, 0.95, self.steps) * self.step_period_ns).astype(np.int64),
+            "rss_bytes": np.full(self.steps, 2**30 + rank * 2**20, dtype=np.int64),
         }
 
         if self.with_moe:

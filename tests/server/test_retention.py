@@ -32,12 +32,17 @@ def dirs(tmp_path_factory):
     with live_collector(thinned, compaction_config=RETAIN) as collector:
         simulate.stream(SIM, collector.endpoint, streams=RANKS)
         retention = collector.state.compactor.retention
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # generous: a loaded machine compacts slowly
         while retention._rolled_through(SIM.run_id) < STEPS - 1:
-            assert time.monotonic() < deadline, "retention did not roll the run up within 120 s"
+            assert time.monotonic() < deadline, "retention did not roll the run up within 300 s"
             time.sleep(0.2)
-        windows = retention.windows
-        while retention.windows == windows and time.monotonic() < deadline:  # the raw rows of the last window go
+        # the last window's raw rows go in the same pass as its rollup: wait for that pass to end
+        # (no new window for a few compaction intervals)
+        windows, quiet_since = retention.windows, time.monotonic()
+        while time.monotonic() - quiet_since < 3.0:
+            assert time.monotonic() < deadline, "retention did not settle within 300 s"
+            if retention.windows != windows:
+                windows, quiet_since = retention.windows, time.monotonic()
             time.sleep(0.2)
     catalog.ensure_catalog(thinned)
     return full, thinned
@@ -81,7 +86,9 @@ def test_pages_agree_with_the_full_raw_run(dirs):
                 f"{name}.{col}"
             )
     fa, fb = (query(d, findings.for_run, SIM.run_id) for d in (full, thinned))
-    assert [f.text for f in fa] == [f.text for f in fb]
+    # The notes on communication shares need the raw intervals (unions within a step), so they are
+    # taken over the raw steps kept, which lean towards steps with findings: only warnings must agree.
+    assert [f.text for f in fa if f.severity != "info"] == [f.text for f in fb if f.severity != "info"]
     assert any(f.kind == "straggler" and f.ranks == (5,) for f in fb)
 
 
@@ -92,7 +99,7 @@ def test_health_says_it_read_rollups(dirs):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr
-    assert "rank 5 arrives last" in out.stdout
+    assert "rank 5 costs" in out.stdout
     assert f"steps 0–{STEPS - 1} read from per-step rollups" in out.stdout
 
 
