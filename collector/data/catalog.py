@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from collector.data import layout
 from collector.data.instances import instances_sql, join_condition
@@ -51,8 +55,11 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _scan(root: str, table: str, *, hive: bool) -> str:
-    """read_parquet over every segment of ``table``; root is '' (relative) or 'D/'."""
+def _scan(root: str | None, table: str, *, hive: bool) -> str:
+    """read_parquet over every segment of ``table``; root is '' (relative) or 'D/'.
+    ``root=None`` names the Arrow dataset the SQL guard registers instead (see ``readonly_connection``)."""
+    if root is None:
+        return quote_ident(_guard_relation(table))
     # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
     glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
     if hive:
@@ -64,8 +71,8 @@ def _columns(names) -> str:
     return ", ".join(quote_ident(n) for n in names)
 
 
-def view_definitions(root: str = "") -> dict[str, str]:
-    """View name -> SELECT text. ``root`` prefixes every Parquet path."""
+def view_definitions(root: str | None = "") -> dict[str, str]:
+    """View name -> SELECT text. ``root`` prefixes every Parquet path (None: the guard's datasets)."""
     views: dict[str, str] = {}
     for name, table in TABLES.items():
         cols = table.arrow_schema().names
@@ -322,25 +329,86 @@ def cursor(con: duckdb.DuckDBPyConnection, data_dir) -> duckdb.DuckDBPyConnectio
     return cur
 
 
+def _guard_relation(table: str) -> str:
+    return f"_segments_{table}"
+
+
+def readable_segments(data_dir, table: str) -> list[str]:
+    """Every committed segment of ``table`` whose Parquet footer reads; one that does not is
+    left out with a warning naming it (the collector quarantines it; until then, or in a copied
+    data dir, it must not fail queries about other runs and tables)."""
+    files = []
+    for path in sorted(layout.table_dir(Path(data_dir), table).glob(f"run=*/*{layout.SEGMENT_SUFFIX}")):
+        if path.parent.name == layout.PLACEHOLDER_PARTITION:
+            continue
+        problem = segment_problem(path)
+        if problem:
+            warnings.warn(f"skipping unreadable segment {path}: {problem}", UnreadableSegmentWarning, stacklevel=2)
+            continue
+        files.append(str(path))
+    return files
+
+
+class UnreadableSegmentWarning(UserWarning):
+    """A segment a reader left out because its footer or schema cannot be read."""
+
+
+def segment_problem(path) -> str | None:
+    """Why the Parquet file at ``path`` cannot be read (footer, schema), or None when it can."""
+    try:
+        pq.read_metadata(path)
+    except FileNotFoundError:
+        return None  # compacted away since it was listed; the retry lists the merged file
+    except (OSError, pa.ArrowException) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _guard_dataset(root: Path, table: str, schema: pa.Schema, *, hive: bool) -> ds.Dataset:
+    files = readable_segments(root, table)
+    if not hive:
+        return ds.dataset(files, schema=schema, format="parquet")
+    run = pa.schema([("run", pa.string())])
+    return ds.dataset(
+        files,
+        schema=pa.schema(list(schema) + list(run)),
+        format="parquet",
+        partitioning=ds.partitioning(run, flavor="hive"),
+        partition_base_dir=str(layout.table_dir(root, table)),
+    )
+
+
 def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
-    """A private in-memory database with the catalog's views, locked so that it can
-    read nothing outside D/parquet, load no extension and change no setting."""
+    """A private in-memory database with the catalog's views that can touch no file at all.
+
+    The views read Arrow datasets over D/parquet that Python opened (read-only by
+    construction) instead of DuckDB's own file access, so external access is off
+    entirely: no COPY target, no ATTACH, no read outside the data, no extension;
+    the configuration is locked so no statement, however wrapped, can turn any of it
+    back on. Opening the connection writes nothing in D."""
     root = Path(data_dir).resolve()
-    if not root.is_dir():
-        raise QueryError(f"data dir {str(root)!r} does not exist")
-    layout.ensure_placeholders(root)
-    con = duckdb.connect(":memory:")
-    # Absolute paths: allowed_directories is checked before file_search_path is applied.
-    _create_views(con, view_definitions(root=f"{root}/"), temporary=False)
-    con.execute("SET allowed_directories = ?", [[f"{root / layout.PARQUET_DIR}/"]])
-    # DuckDB adds its spill directory (<cwd>/.tmp) to the allowed ones: no spilling,
-    # so that nothing under the process's cwd becomes readable.
-    con.execute("SET temp_directory = ''")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET lock_configuration = true")
+    layout.check_data_dir(root, error=QueryError)
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    for table, schema in layout.stored_schemas().items():
+        con.register(_guard_relation(table), _guard_dataset(root, table, schema, hive=table in TABLES))
+    _create_views(con, view_definitions(root=None), temporary=False)
+    for setting, value in _GUARD_SETTINGS.items():
+        con.execute(f"SET {setting} = ?", [value])
     return con
+
+
+# Order matters: the allow lists can only be set while external access is on; the lock goes last.
+_GUARD_SETTINGS = {
+    "allowed_directories": [],
+    "allowed_paths": [],
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "python_enable_replacements": False,
+    "max_temp_directory_size": "0B",
+    "lock_configuration": True,
+}
 
 
 def run_readonly_query(
@@ -357,12 +425,14 @@ def run_readonly_query(
         raise QueryError(str(exc)) from None
     if len(statements) != 1:
         raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
-    kind = statements[0].type
-    if kind not in _QUERY_TYPES:
+    statement = _explained(statements[0])
+    if statement.type not in _QUERY_TYPES:
         raise QueryError(
             f"only queries are allowed here (SELECT, WITH, FROM, DESCRIBE, SHOW, "
-            f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement"
+            f"SUMMARIZE, EXPLAIN); this is a{_statement_name(statement)} statement"
         )
+    # The check above is only the friendly message; what the connection is allowed to do is
+    # the defence (EXPLAIN ANALYZE runs what it wraps, so it passes here and fails there).
 
     def attempt() -> pa.Table:
         # Creating the views lists the segments too, so it is retried with the query.
@@ -388,6 +458,31 @@ def run_readonly_query(
         ) from None
     except duckdb.Error as exc:
         raise QueryError(str(exc)) from None
+
+
+_EXPLAIN_RE = re.compile(r"^\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
+_COMMENT_RE = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _explained(statement):
+    """The statement an EXPLAIN wraps (so the message names it), else ``statement`` itself.
+    Best effort: when the inner text does not parse on its own, the EXPLAIN goes on to DuckDB."""
+    if statement.type != duckdb.StatementType.EXPLAIN:
+        return statement
+    match = _EXPLAIN_RE.match(_COMMENT_RE.sub(" ", statement.query))
+    try:
+        inner = duckdb.extract_statements(match.group(1)) if match else []
+    except duckdb.Error:
+        return statement
+    return _explained(inner[0]) if len(inner) == 1 else statement
+
+
+def _statement_name(statement) -> str:
+    """' COPY', ' INSTALL'...: DuckDB files INSTALL under LOAD; the user typed INSTALL."""
+    name = statement.type.name
+    if name == "LOAD" and statement.query.lstrip().upper().startswith("INSTALL"):
+        name = "INSTALL"
+    return f"{'n' if name[0] in 'AEIOU' else ''} {name}"
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None) -> pa.Table:
