@@ -505,7 +505,8 @@ def with_segment_retry(query: Callable[[], T], attempts: int = 5) -> T:
     for attempt in range(attempts):
         try:
             return query()
-        except duckdb.IOException as exc:
+        except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+            # IOException from DuckDB's own reader, InvalidInputException from an Arrow dataset's
             if "No such file" not in str(exc) or attempt == attempts - 1:
                 raise
             time.sleep(0.01 * (attempt + 1))
