@@ -505,9 +505,11 @@ def with_segment_retry(query: Callable[[], T], attempts: int = 5) -> T:
     for attempt in range(attempts):
         try:
             return query()
-        except (duckdb.IOException, duckdb.InvalidInputException) as exc:
-            # IOException from DuckDB's own reader, InvalidInputException from an Arrow dataset's
-            if "No such file" not in str(exc) or attempt == attempts - 1:
+        except (duckdb.IOException, duckdb.InvalidInputException, FileNotFoundError) as exc:
+            # IOException from DuckDB's own reader; from the guard's Arrow datasets, FileNotFoundError
+            # while opening one and InvalidInputException while scanning it
+            vanished = isinstance(exc, FileNotFoundError) or "No such file" in str(exc)
+            if not vanished or attempt == attempts - 1:
                 raise
             time.sleep(0.01 * (attempt + 1))
     raise AssertionError("unreachable")
