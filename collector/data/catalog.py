@@ -456,7 +456,7 @@ def run_readonly_query(
             f"query stopped after the {timeout_s:g} s time limit; "
             "narrow it (WHERE run_id = ..., LIMIT) and run it again"
         ) from None
-    except duckdb.Error as exc:
+    except (duckdb.Error, OSError, pa.ArrowException) as exc:
         raise QueryError(str(exc)) from None
 
 
