@@ -457,7 +457,30 @@ def run_readonly_query(
             "narrow it (WHERE run_id = ..., LIMIT) and run it again"
         ) from None
     except (duckdb.Error, OSError, pa.ArrowException) as exc:
-        raise QueryError(str(exc)) from None
+        raise QueryError(_naming_bad_segments(data_dir, str(exc))) from None
+
+
+_DATASET_ERROR_RE = re.compile(r"stream registered as '_segments_(\w+)'")
+
+
+def _naming_bad_segments(data_dir, message: str) -> str:
+    """An Arrow dataset's scan error does not say which file: find the segments of that table
+    that do not read (only on this error path) and name them."""
+    match = _DATASET_ERROR_RE.search(message)
+    if not match:
+        return message
+    bad = []
+    for path in readable_segments(data_dir, match.group(1)):
+        try:
+            pq.ParquetFile(path).read()
+        except (OSError, pa.ArrowException) as exc:
+            bad.append(f"{path} ({str(exc).strip() or type(exc).__name__})")
+    if not bad:
+        return message
+    return (
+        f"unreadable segment(s): {'; '.join(bad)}. The collector moves such a segment to "
+        f"{layout.QUARANTINE_DIR}/ at its next compaction pass; queries that do not read it still work."
+    )
 
 
 _EXPLAIN_RE = re.compile(r"^\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?(.*)$", re.IGNORECASE | re.DOTALL)

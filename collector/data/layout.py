@@ -38,6 +38,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 
 PARQUET_DIR = "parquet"
 LEDGER_DIR = "ledger"
+QUARANTINE_DIR = "quarantine"  # segments the collector found unreadable, moved out of every reader's way
 CATALOG_FILE = "catalog.duckdb"
 PLACEHOLDER_PARTITION = "run=@schema"
 PLACEHOLDER_FILE = "schema.parquet"
