@@ -24,10 +24,6 @@ from proto import SCHEMA_VERSION, pb
 MAX_BATCH_ROWS = 1_000_000
 INT64_MAX = 2**63 - 1
 MAX_WORLD_SIZE = 1 << 20
-# Columns every batch with rows must carry: a batch of nothing but a row count would store
-# all-NULL rows (a 31-byte message declaring a million of them). Newer columns stay optional
-# so that older clients keep working.
-REQUIRED_COLUMNS = ("step",)
 _NP_DTYPES = {I64: np.dtype("<i8"), F64: np.dtype("<f8"), BOOL: np.dtype("u1")}
 
 
@@ -116,12 +112,10 @@ def decode_batch(batch: pb.TableBatch) -> pa.Table:
         if col.name in arrays:
             raise CodecError(f"{batch.table}: column {col.name!r} sent twice")
         arrays[col.name] = _decode_column(batch.table, col, types[col.name], rows)
-    missing = [name for name in REQUIRED_COLUMNS if name not in arrays]
-    if rows and missing:
-        raise CodecError(
-            f"{batch.table}: table.rows declares {rows} rows but required column(s) "
-            f"{', '.join(missing)} are missing (the batch carries {len(arrays)} column(s))"
-        )
+    if rows and not arrays:
+        # Missing columns are stored as nulls (older clients), but a batch of nothing but a row
+        # count would store all-NULL rows: 31 bytes on the wire declaring a million of them.
+        raise CodecError(f"{batch.table}: table.rows declares {rows} rows but the batch carries no column")
     schema = spec.arrow_schema()
     data = [pa.array(np.full(rows, batch.rank, dtype=np.int64))]
     for field in list(schema)[1:]:
