@@ -312,9 +312,7 @@ def ensure_catalog(data_dir) -> Path:
 
 def connect(data_dir) -> duckdb.DuckDBPyConnection:
     """A read-only connection to D's catalog; every view works from any cwd."""
-    root = Path(data_dir).resolve()
-    if not root.is_dir():
-        raise FileNotFoundError(f"data dir {str(root)!r} does not exist")
+    root = layout.check_data_dir(Path(data_dir).resolve())  # creates nothing in a folder that is not one
     path = ensure_catalog(root)
     con = duckdb.connect(str(path), read_only=True)
     con.execute("SET file_search_path = ?", [str(root)])
