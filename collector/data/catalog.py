@@ -55,13 +55,15 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _scan(root: str | None, table: str, *, hive: bool) -> str:
-    """read_parquet over every segment of ``table``; root is '' (relative) or 'D/'.
+def _scan(root: str | None, table: str, *, hive: bool, files: list[str] | None = None) -> str:
+    """read_parquet over every segment of ``table`` (or over ``files``); root is '' (relative) or 'D/'.
     ``root=None`` names the Arrow dataset the SQL guard registers instead (see ``readonly_connection``)."""
     if root is None:
         return quote_ident(_guard_relation(table))
     # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
     glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
+    if files is not None:
+        glob = "[" + ", ".join(quote_literal(f) for f in files) + "]"
     if hive:
         return f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, hive_types = {{'run': VARCHAR}})"
     return f"read_parquet({glob}, hive_partitioning = false, union_by_name = true)"
@@ -71,15 +73,22 @@ def _columns(names) -> str:
     return ", ".join(quote_ident(n) for n in names)
 
 
-def view_definitions(root: str | None = "") -> dict[str, str]:
-    """View name -> SELECT text. ``root`` prefixes every Parquet path (None: the guard's datasets)."""
+def _base_views(root: str | None, files: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """The views that read segments: one per stored table (``_<name>_raw`` for the collector's)."""
+    files = files or {}
     views: dict[str, str] = {}
     for name, table in TABLES.items():
-        cols = table.arrow_schema().names
-        views[name] = f'SELECT "run" AS run_id, {_columns(cols)} FROM {_scan(root, name, hive=True)}'
-
+        scan = _scan(root, name, hive=True, files=files.get(name))
+        views[name] = f'SELECT "run" AS run_id, {_columns(table.arrow_schema().names)} FROM {scan}'
     for name, schema in layout.COLLECTOR_TABLES.items():
-        views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {_scan(root, name, hive=False)}"
+        scan = _scan(root, name, hive=False, files=files.get(name))
+        views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {scan}"
+    return views
+
+
+def view_definitions(root: str | None = "") -> dict[str, str]:
+    """View name -> SELECT text. ``root`` prefixes every Parquet path (None: the guard's datasets)."""
+    views = _base_views(root)
 
     # A rank that reconnects says Hello again: keep its latest Hello, and its latest RunEnd.
     views["rank_ends"] = """
@@ -325,6 +334,41 @@ def cursor(con: duckdb.DuckDBPyConnection, data_dir) -> duckdb.DuckDBPyConnectio
     cur = con.cursor()
     cur.execute("SET file_search_path = ?", [str(Path(data_dir).resolve())])
     return cur
+
+
+_SEGMENT_IN_ERROR_RE = re.compile(r"'([^']+\.parquet)'")
+
+
+def damaged_segment(data_dir, message: str) -> str | None:
+    """The segment of D a DuckDB error names, when that file indeed does not read; else None."""
+    parquet = Path(data_dir).resolve() / layout.PARQUET_DIR
+    for match in _SEGMENT_IN_ERROR_RE.finditer(message):
+        path = (parquet.parent / match.group(1)).resolve()
+        if parquet not in path.parents or not path.is_file():
+            continue
+        try:
+            pq.ParquetFile(path).read()
+        except (OSError, pa.ArrowException):
+            return str(path)
+    return None
+
+
+def shadow_segments(con: duckdb.DuckDBPyConnection, data_dir, skipped: set[str]) -> None:
+    """On ``con`` only, TEMP views of the tables holding a ``skipped`` segment over every other
+    segment; the catalog's other views read them in place of the stored ones."""
+    root = Path(data_dir).resolve()
+    tables = {Path(p).parent.parent.name for p in skipped}
+    files = {
+        t: [
+            str(p)
+            for p in sorted(layout.table_dir(root, t).glob(f"run=*/*{layout.SEGMENT_SUFFIX}"))
+            if str(p) not in skipped
+        ]
+        for t in tables
+    }
+    views = _base_views(f"{root}/", files)
+    wanted = {t if t in TABLES else f"_{t}_raw" for t in tables}
+    _create_views(con, {name: views[name] for name in wanted}, temporary=True)
 
 
 def _guard_relation(table: str) -> str:

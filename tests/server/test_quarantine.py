@@ -107,3 +107,22 @@ def test_a_healthy_data_dir_quarantines_nothing(live, caplog):
     assert not (live.data_dir / layout.QUARANTINE_DIR).exists()
     assert not [r for r in caplog.records if "quarantined" in r.getMessage()]
     assert _count(live.data_dir, "fine") == SEGMENTS * ROWS
+
+
+def test_the_dashboards_catalog_skips_a_damaged_segment_with_a_warning_naming_it(live):
+    from collector.data import queries
+
+    for run_id in ("hurt", "fine"):
+        _stream_segments(live, run_id)
+    damaged = sorted(layout.partition_dir(live.data_dir, "comm", "hurt").glob("*.parquet"))[0]
+    _truncate(damaged)
+    cat = queries.Catalog(live.data_dir)
+    try:
+        with pytest.warns(catalog.UnreadableSegmentWarning, match=str(damaged)):
+            fine = cat.df("SELECT count(*) AS n FROM comm WHERE run_id = ?", ["fine"])
+        assert fine["n"][0] == SEGMENTS * ROWS
+        # the damaged run shows what is left of it; views built on comm read the same
+        assert cat.df("SELECT count(*) AS n FROM comm WHERE run_id = ?", ["hurt"])["n"][0] == (SEGMENTS - 1) * ROWS
+        assert cat.df("SELECT count(DISTINCT run_id) AS n FROM comm_instances", [])["n"][0] == 2
+    finally:
+        cat.close()
