@@ -39,3 +39,4 @@ try:
     page.run()
 except duckdb.Error as exc:  # e.g. a damaged segment: say so instead of showing a traceback
     st.error(f"Could not read this run's data: {exc}")
+state.skipped_segments_notice()

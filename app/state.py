@@ -50,6 +50,9 @@ class Selection:
         return self.run(run_id)["status"] == "running"
 
 
+EMPTY_RUN_COLUMNS = ["run_id", "name", "status", "world_size", "n_ranks", "started_at", "ended_at", "duration_s"]
+
+
 def load_runs(directory: str) -> pd.DataFrame | None:
     """The runs table, or None after showing why it cannot be read."""
     if not os.path.isdir(directory):
@@ -58,6 +61,9 @@ def load_runs(directory: str) -> pd.DataFrame | None:
             f"`rankscope collect --data-dir {directory}` or pass `--data-dir` to the dashboard."
         )
         return None
+    if not any(os.scandir(directory)):
+        # A collector not started yet: no runs, and nothing is written here until one is.
+        return pd.DataFrame(columns=EMPTY_RUN_COLUMNS)
     try:
         return queries.list_runs(directory)
     except (queries.DataDirError, OSError, duckdb.Error) as exc:
@@ -130,6 +136,23 @@ def missing_data(sel: Selection, table: str, message: str) -> None:
         if st.button(label(run_id), key=f"switch-{table}-{run_id}"):
             select_runs([run_id])
             st.rerun()
+
+
+def skipped_segments_notice() -> None:
+    """Name the segments the catalog left out because they do not read: the page shows what is
+    left of the run, and says what is missing."""
+    directory = st.session_state.get("rankscope.data_dir") or data_dir()
+    if not os.path.isdir(directory) or not any(os.scandir(directory)):
+        return
+    try:
+        skipped = queries.catalog(directory).skipped
+    except queries.DataDirError:
+        return
+    if skipped:
+        st.warning(
+            "Left out unreadable segment(s); the collector moves them to `quarantine/`: "
+            + ", ".join(f"`{p}`" for p in sorted(skipped))
+        )
 
 
 def _guarded(body: Callable[[str], None], version: str) -> None:

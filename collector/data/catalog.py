@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from collector.data import layout
 from collector.data.instances import instances_sql, join_condition
@@ -51,10 +55,15 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _scan(root: str, table: str, *, hive: bool) -> str:
-    """read_parquet over every segment of ``table``; root is '' (relative) or 'D/'."""
+def _scan(root: str | None, table: str, *, hive: bool, files: list[str] | None = None) -> str:
+    """read_parquet over every segment of ``table`` (or over ``files``); root is '' (relative) or 'D/'.
+    ``root=None`` names the Arrow dataset the SQL guard registers instead (see ``readonly_connection``)."""
+    if root is None:
+        return quote_ident(_guard_relation(table))
     # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
     glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
+    if files is not None:
+        glob = "[" + ", ".join(quote_literal(f) for f in files) + "]"
     if hive:
         return f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, hive_types = {{'run': VARCHAR}})"
     return f"read_parquet({glob}, hive_partitioning = false, union_by_name = true)"
@@ -64,18 +73,25 @@ def _columns(names) -> str:
     return ", ".join(quote_ident(n) for n in names)
 
 
-def view_definitions(root: str = "") -> dict[str, str]:
-    """View name -> SELECT text. ``root`` prefixes every Parquet path."""
+def _base_views(root: str | None, files: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """The views that read segments: one per stored table (``_<name>_raw`` for the collector's)."""
+    files = files or {}
     views: dict[str, str] = {}
     for name, table in TABLES.items():
-        cols = table.arrow_schema().names
-        views[name] = f'SELECT "run" AS run_id, {_columns(cols)} FROM {_scan(root, name, hive=True)}'
-
+        scan = _scan(root, name, hive=True, files=files.get(name))
+        views[name] = f'SELECT "run" AS run_id, {_columns(table.arrow_schema().names)} FROM {scan}'
     for name, schema in layout.DERIVED_TABLES.items():
-        views[name] = f'SELECT "run" AS run_id, {_columns(schema.names)} FROM {_scan(root, name, hive=True)}'
-
+        scan = _scan(root, name, hive=True, files=files.get(name))
+        views[name] = f'SELECT "run" AS run_id, {_columns(schema.names)} FROM {scan}'
     for name, schema in layout.COLLECTOR_TABLES.items():
-        views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {_scan(root, name, hive=False)}"
+        scan = _scan(root, name, hive=False, files=files.get(name))
+        views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {scan}"
+    return views
+
+
+def view_definitions(root: str | None = "") -> dict[str, str]:
+    """View name -> SELECT text. ``root`` prefixes every Parquet path (None: the guard's datasets)."""
+    views = _base_views(root)
 
     # A rank that reconnects says Hello again: keep its latest Hello, and its latest RunEnd.
     views["rank_ends"] = """
@@ -308,9 +324,7 @@ def ensure_catalog(data_dir) -> Path:
 
 def connect(data_dir) -> duckdb.DuckDBPyConnection:
     """A read-only connection to D's catalog; every view works from any cwd."""
-    root = Path(data_dir).resolve()
-    if not root.is_dir():
-        raise FileNotFoundError(f"data dir {str(root)!r} does not exist")
+    root = layout.check_data_dir(Path(data_dir).resolve())  # creates nothing in a folder that is not one
     path = ensure_catalog(root)
     con = duckdb.connect(str(path), read_only=True)
     con.execute("SET file_search_path = ?", [str(root)])
@@ -325,25 +339,122 @@ def cursor(con: duckdb.DuckDBPyConnection, data_dir) -> duckdb.DuckDBPyConnectio
     return cur
 
 
-def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
-    """A private in-memory database with the catalog's views, locked so that it can
-    read nothing outside D/parquet, load no extension and change no setting."""
+_SEGMENT_IN_ERROR_RE = re.compile(r"'([^']+\.parquet)'")
+
+
+def damaged_segment(data_dir, message: str) -> str | None:
+    """The segment of D a DuckDB error names, when that file indeed does not read; else None."""
+    parquet = Path(data_dir).resolve() / layout.PARQUET_DIR
+    for match in _SEGMENT_IN_ERROR_RE.finditer(message):
+        path = (parquet.parent / match.group(1)).resolve()
+        if parquet not in path.parents or not path.is_file():
+            continue
+        try:
+            pq.ParquetFile(path).read()
+        except (OSError, pa.ArrowException):
+            return str(path)
+    return None
+
+
+def shadow_segments(con: duckdb.DuckDBPyConnection, data_dir, skipped: set[str]) -> None:
+    """On ``con`` only, TEMP views of the tables holding a ``skipped`` segment over every other
+    segment; the catalog's other views read them in place of the stored ones."""
     root = Path(data_dir).resolve()
-    if not root.is_dir():
-        raise QueryError(f"data dir {str(root)!r} does not exist")
-    layout.ensure_placeholders(root)
-    con = duckdb.connect(":memory:")
-    # Absolute paths: allowed_directories is checked before file_search_path is applied.
-    _create_views(con, view_definitions(root=f"{root}/"), temporary=False)
-    con.execute("SET allowed_directories = ?", [[f"{root / layout.PARQUET_DIR}/"]])
-    # DuckDB adds its spill directory (<cwd>/.tmp) to the allowed ones: no spilling,
-    # so that nothing under the process's cwd becomes readable.
-    con.execute("SET temp_directory = ''")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET lock_configuration = true")
+    tables = {Path(p).parent.parent.name for p in skipped}
+    files = {
+        t: [
+            str(p)
+            for p in sorted(layout.table_dir(root, t).glob(f"run=*/*{layout.SEGMENT_SUFFIX}"))
+            if str(p) not in skipped
+        ]
+        for t in tables
+    }
+    views = _base_views(f"{root}/", files)
+    wanted = {t if t in TABLES or t in layout.DERIVED_TABLES else f"_{t}_raw" for t in tables}
+    _create_views(con, {name: views[name] for name in wanted}, temporary=True)
+
+
+def _guard_relation(table: str) -> str:
+    return f"_segments_{table}"
+
+
+def readable_segments(data_dir, table: str) -> list[str]:
+    """Every committed segment of ``table`` whose Parquet footer reads; one that does not is
+    left out with a warning naming it (the collector quarantines it; until then, or in a copied
+    data dir, it must not fail queries about other runs and tables)."""
+    files = []
+    for path in sorted(layout.table_dir(Path(data_dir), table).glob(f"run=*/*{layout.SEGMENT_SUFFIX}")):
+        if path.parent.name == layout.PLACEHOLDER_PARTITION:
+            continue
+        problem = segment_problem(path)
+        if problem:
+            warnings.warn(f"skipping unreadable segment {path}: {problem}", UnreadableSegmentWarning, stacklevel=2)
+            continue
+        files.append(str(path))
+    return files
+
+
+class UnreadableSegmentWarning(UserWarning):
+    """A segment a reader left out because its footer or schema cannot be read."""
+
+
+def segment_problem(path) -> str | None:
+    """Why the Parquet file at ``path`` cannot be read (footer, schema), or None when it can."""
+    try:
+        pq.read_metadata(path)
+    except FileNotFoundError:
+        return None  # compacted away since it was listed; the retry lists the merged file
+    except (OSError, pa.ArrowException) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _guard_dataset(root: Path, table: str, schema: pa.Schema, *, hive: bool) -> ds.Dataset:
+    files = readable_segments(root, table)
+    if not hive:
+        return ds.dataset(files, schema=schema, format="parquet")
+    run = pa.schema([("run", pa.string())])
+    return ds.dataset(
+        files,
+        schema=pa.schema(list(schema) + list(run)),
+        format="parquet",
+        partitioning=ds.partitioning(run, flavor="hive"),
+        partition_base_dir=str(layout.table_dir(root, table)),
+    )
+
+
+def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
+    """A private in-memory database with the catalog's views that can touch no file at all.
+
+    The views read Arrow datasets over D/parquet that Python opened (read-only by
+    construction) instead of DuckDB's own file access, so external access is off
+    entirely: no COPY target, no ATTACH, no read outside the data, no extension;
+    the configuration is locked so no statement, however wrapped, can turn any of it
+    back on. Opening the connection writes nothing in D."""
+    root = Path(data_dir).resolve()
+    layout.check_data_dir(root, error=QueryError)
+    con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    for table, schema in layout.stored_schemas().items():
+        hive = table in TABLES or table in layout.DERIVED_TABLES  # partitioned by run=<id>
+        con.register(_guard_relation(table), _guard_dataset(root, table, schema, hive=hive))
+    _create_views(con, view_definitions(root=None), temporary=False)
+    for setting, value in _GUARD_SETTINGS.items():
+        con.execute(f"SET {setting} = ?", [value])
     return con
+
+
+# Order matters: the allow lists can only be set while external access is on; the lock goes last.
+_GUARD_SETTINGS = {
+    "allowed_directories": [],
+    "allowed_paths": [],
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "python_enable_replacements": False,
+    "max_temp_directory_size": "0B",
+    "lock_configuration": True,
+}
 
 
 def run_readonly_query(
@@ -360,12 +471,14 @@ def run_readonly_query(
         raise QueryError(str(exc)) from None
     if len(statements) != 1:
         raise QueryError(f"expected exactly one SQL statement, got {len(statements)}")
-    kind = statements[0].type
-    if kind not in _QUERY_TYPES:
+    statement = _explained(statements[0])
+    if statement.type not in _QUERY_TYPES:
         raise QueryError(
             f"only queries are allowed here (SELECT, WITH, FROM, DESCRIBE, SHOW, "
-            f"SUMMARIZE, EXPLAIN); this is a {kind.name} statement"
+            f"SUMMARIZE, EXPLAIN); this is a{_statement_name(statement)} statement"
         )
+    # The check above is only the friendly message; what the connection is allowed to do is
+    # the defence (EXPLAIN ANALYZE runs what it wraps, so it passes here and fails there).
 
     def attempt() -> pa.Table:
         # Creating the views lists the segments too, so it is retried with the query.
@@ -389,8 +502,56 @@ def run_readonly_query(
             f"query stopped after the {timeout_s:g} s time limit; "
             "narrow it (WHERE run_id = ..., LIMIT) and run it again"
         ) from None
-    except duckdb.Error as exc:
-        raise QueryError(str(exc)) from None
+    except (duckdb.Error, OSError, pa.ArrowException) as exc:
+        raise QueryError(_naming_bad_segments(data_dir, str(exc))) from None
+
+
+_DATASET_ERROR_RE = re.compile(r"stream registered as '_segments_(\w+)'")
+
+
+def _naming_bad_segments(data_dir, message: str) -> str:
+    """An Arrow dataset's scan error does not say which file: find the segments of that table
+    that do not read (only on this error path) and name them."""
+    match = _DATASET_ERROR_RE.search(message)
+    if not match:
+        return message
+    bad = []
+    for path in readable_segments(data_dir, match.group(1)):
+        try:
+            pq.ParquetFile(path).read()
+        except (OSError, pa.ArrowException) as exc:
+            bad.append(f"{path} ({str(exc).strip() or type(exc).__name__})")
+    if not bad:
+        return message
+    return (
+        f"unreadable segment(s): {'; '.join(bad)}. The collector moves such a segment to "
+        f"{layout.QUARANTINE_DIR}/ at its next compaction pass; queries that do not read it still work."
+    )
+
+
+_EXPLAIN_RE = re.compile(r"^\s*EXPLAIN\s+(?:ANALY[SZ]E\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
+_COMMENT_RE = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _explained(statement):
+    """The statement an EXPLAIN wraps (so the message names it), else ``statement`` itself.
+    Best effort: when the inner text does not parse on its own, the EXPLAIN goes on to DuckDB."""
+    if statement.type != duckdb.StatementType.EXPLAIN:
+        return statement
+    match = _EXPLAIN_RE.match(_COMMENT_RE.sub(" ", statement.query))
+    try:
+        inner = duckdb.extract_statements(match.group(1)) if match else []
+    except duckdb.Error:
+        return statement
+    return _explained(inner[0]) if len(inner) == 1 else statement
+
+
+def _statement_name(statement) -> str:
+    """' COPY', ' INSTALL'...: DuckDB files INSTALL under LOAD; the user typed INSTALL."""
+    name = statement.type.name
+    if name == "LOAD" and statement.query.lstrip().upper().startswith("INSTALL"):
+        name = "INSTALL"
+    return f"{'n' if name[0] in 'AEIOU' else ''} {name}"
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None) -> pa.Table:
@@ -413,8 +574,11 @@ def with_segment_retry(query: Callable[[], T], attempts: int = 5) -> T:
     for attempt in range(attempts):
         try:
             return query()
-        except duckdb.IOException as exc:
-            if "No such file" not in str(exc) or attempt == attempts - 1:
+        except (duckdb.IOException, duckdb.InvalidInputException, FileNotFoundError) as exc:
+            # IOException from DuckDB's own reader; from the guard's Arrow datasets, FileNotFoundError
+            # while opening one and InvalidInputException while scanning it
+            vanished = isinstance(exc, FileNotFoundError) or "No such file" in str(exc)
+            if not vanished or attempt == attempts - 1:
                 raise
             time.sleep(0.01 * (attempt + 1))
     raise AssertionError("unreachable")

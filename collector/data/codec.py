@@ -22,6 +22,8 @@ from collector.data.schema import BOOL, F64, I64, RANK_ENDS_SCHEMA, RANKS_SCHEMA
 from proto import SCHEMA_VERSION, pb
 
 MAX_BATCH_ROWS = 1_000_000
+INT64_MAX = 2**63 - 1
+MAX_WORLD_SIZE = 1 << 20
 _NP_DTYPES = {I64: np.dtype("<i8"), F64: np.dtype("<f8"), BOOL: np.dtype("u1")}
 
 
@@ -101,7 +103,7 @@ def decode_batch(batch: pb.TableBatch) -> pa.Table:
         raise CodecError(f"rank {batch.rank} is negative")
     rows = batch.rows
     if rows > MAX_BATCH_ROWS:
-        raise CodecError(f"{rows} rows in one batch; the limit is {MAX_BATCH_ROWS}")
+        raise CodecError(f"table.rows: {rows} rows in one batch; the limit is {MAX_BATCH_ROWS}")
     types = spec.column_types
     arrays: dict[str, pa.Array] = {}
     for col in batch.columns:
@@ -110,6 +112,10 @@ def decode_batch(batch: pb.TableBatch) -> pa.Table:
         if col.name in arrays:
             raise CodecError(f"{batch.table}: column {col.name!r} sent twice")
         arrays[col.name] = _decode_column(batch.table, col, types[col.name], rows)
+    if rows and not arrays:
+        # Missing columns are stored as nulls (older clients), but a batch of nothing but a row
+        # count would store all-NULL rows: 31 bytes on the wire declaring a million of them.
+        raise CodecError(f"{batch.table}: table.rows declares {rows} rows but the batch carries no column")
     schema = spec.arrow_schema()
     data = [pa.array(np.full(rows, batch.rank, dtype=np.int64))]
     for field in list(schema)[1:]:
@@ -134,6 +140,12 @@ def _one_row(schema: pa.Schema, **values) -> pa.Table:
     )
 
 
+def _check_range(field: str, value: int, low: int, high: int) -> None:
+    """Protobuf integers are wider than what is stored (uint64 -> int64) or than makes sense."""
+    if not low <= value <= high:
+        raise CodecError(f"{field} = {value} is out of range [{low}, {high}]")
+
+
 def envelope_rows(env: pb.Envelope) -> list[Rows]:
     """Validate one envelope's body and turn it into (table, run_id, rows) for the store.
     Raises CodecError naming the envelope's seq and the problem."""
@@ -146,6 +158,9 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
         if body == "hello":
             h = env.hello
             check_run_id(h.run_id)
+            _check_range("hello.world_size", h.world_size, 1, MAX_WORLD_SIZE)
+            _check_range("hello.pid", h.pid, 0, INT64_MAX)
+            _check_range("hello.started_at_ns", h.started_at_ns, 0, INT64_MAX)
             if h.world_size < 1 or not 0 <= h.rank < h.world_size:
                 raise CodecError(f"hello: rank {h.rank} is not in [0, world_size={h.world_size})")
             started = _timestamp(h.started_at_ns)
@@ -175,6 +190,8 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
             check_run_id(e.run_id)
             if e.rank < 0:
                 raise CodecError(f"run end: rank {e.rank} is negative")
+            _check_range("end.dropped_records", e.dropped_records, 0, INT64_MAX)
+            _check_range("end.ended_at_ns", e.ended_at_ns, 0, INT64_MAX)
             if e.status not in RUN_END_STATUSES:
                 raise CodecError(f"run end: status {e.status!r} is not one of {', '.join(RUN_END_STATUSES)}")
             end = _one_row(
@@ -203,3 +220,5 @@ def check_header(env: pb.Envelope) -> None:
         raise CodecError(f"envelope seq {seq}: client_id must be 1-{MAX_CLIENT_ID_CHARS} characters")
     if seq == 0:
         raise CodecError("envelope seq 0: seq starts at 1")
+    if seq > INT64_MAX:
+        raise CodecError(f"envelope seq {seq}: envelope.seq is out of range [1, {INT64_MAX}]")

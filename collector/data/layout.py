@@ -45,6 +45,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 
 PARQUET_DIR = "parquet"
 LEDGER_DIR = "ledger"
+QUARANTINE_DIR = "quarantine"  # segments the collector found unreadable, moved out of every reader's way
 CATALOG_FILE = "catalog.duckdb"
 PLACEHOLDER_PARTITION = "run=@schema"
 PLACEHOLDER_FILE = "schema.parquet"
@@ -175,3 +176,21 @@ def ensure_placeholders(data_dir: Path) -> None:
         tmp = temp_name(path).with_suffix(f".{os.getpid()}")
         pq.write_table(schema.empty_table(), tmp)
         os.replace(tmp, path)
+
+
+def is_data_dir(path: Path) -> bool:
+    """A directory the collector (or ``ensure_catalog``) has written: it has parquet/ or the catalog."""
+    return path.is_dir() and ((path / PARQUET_DIR).is_dir() or (path / CATALOG_FILE).is_file())
+
+
+def check_data_dir(path: Path, error: type[Exception] = FileNotFoundError) -> Path:
+    """``path`` itself when it is a data dir; otherwise raise ``error`` saying what it is instead.
+    Commands that only read refuse anything else rather than create a catalog in it."""
+    if not path.exists():
+        raise error(f"data dir {str(path)!r} does not exist")
+    if not is_data_dir(path):
+        raise error(
+            f"{str(path)!r} is not a rankscope data dir (it has no {PARQUET_DIR}/ or {CATALOG_FILE}); "
+            "point --data-dir at the directory the collector writes"
+        )
+    return path

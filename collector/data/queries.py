@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import duckdb
@@ -38,6 +39,9 @@ class DataDirError(Exception):
 # --- connections -------------------------------------------------------------
 
 
+MAX_SKIPPED_PER_QUERY = 8
+
+
 class Catalog:
     """One data dir's catalog, shared by threads: each query runs on its own cursor
     (DuckDB connections are not shared across threads), retried if compaction
@@ -45,6 +49,7 @@ class Catalog:
 
     def __init__(self, data_dir) -> None:
         self.data_dir = str(data_dir)
+        self.skipped: set[str] = set()  # segments found unreadable, left out of every later query
         try:
             self.con = catalog.connect(self.data_dir)
             # Segments never change once renamed into place, so their footers can be cached.
@@ -55,21 +60,34 @@ class Catalog:
     def cursor(self) -> duckdb.DuckDBPyConnection:
         cur = catalog.cursor(self.con, self.data_dir)
         cur.execute("SET enable_progress_bar = false")  # it would print into a server's log
+        if self.skipped:
+            catalog.shadow_segments(cur, self.data_dir, self.skipped)
         return cur
 
     def df(self, sql: str, params: list) -> pd.DataFrame:
-        cur = self.cursor()
-        try:
-            return catalog.with_segment_retry(lambda: cur.execute(sql, params).df())
-        finally:
-            cur.close()
+        return self._run(lambda cur: cur.execute(sql, params).df())
 
     def arrow(self, sql: str, params: list) -> pa.Table:
-        cur = self.cursor()
-        try:
-            return catalog.with_segment_retry(lambda: cur.sql(sql, params=params).to_arrow_table())
-        finally:
-            cur.close()
+        return self._run(lambda cur: cur.sql(sql, params=params).to_arrow_table())
+
+    def _run(self, fetch):
+        """``fetch(cursor)``; a segment that turns out unreadable is left out from then on, with a
+        warning naming it (the collector quarantines it), instead of failing every query."""
+        for _ in range(MAX_SKIPPED_PER_QUERY):
+            cur = self.cursor()
+            try:
+                return catalog.with_segment_retry(lambda cur=cur: fetch(cur))
+            except duckdb.Error as exc:
+                bad = catalog.damaged_segment(self.data_dir, str(exc))
+                if bad is None or bad in self.skipped:
+                    raise
+                warnings.warn(
+                    f"skipping unreadable segment {bad}: {exc}", catalog.UnreadableSegmentWarning, stacklevel=3
+                )
+                self.skipped.add(bad)
+            finally:
+                cur.close()
+        raise DataDirError(f"too many unreadable segments in {self.data_dir!r}: {', '.join(sorted(self.skipped))}")
 
     def close(self) -> None:
         self.con.close()

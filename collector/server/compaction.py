@@ -8,6 +8,11 @@ a temporary name, the commit record names inputs and output, then the inputs are
 unlinked and the output renamed in. Readers may miss those rows for the instant
 between the two, never see them twice; a crash anywhere is rolled forward or
 back by the ledger at start-up (see collector/ledger.py).
+
+Every segment is checked once: its footer when the compactor first sees it, its
+every page when it is merged. One that cannot be read (truncated, bytes flipped)
+is moved to ``D/quarantine/<table>/run=<id>/`` with one log line naming it and
+why, so readers never meet it again; the other partitions are compacted as usual.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import layout
+from collector.data.catalog import segment_problem
 from collector.data.config import ConfigBlock, setting
 from collector.server.ledger import Ledger
 from collector.server.retention import Retention
@@ -75,6 +81,7 @@ class Compactor:
         self.config = config or CompactionConfig()
         self.merges = 0
         self._settled: dict[Path, int] = {}  # partition -> dir mtime when it had nothing to merge
+        self._footers_ok: set[Path] = set()  # segments whose footer was read once already
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
         self.retention = Retention(self.data_dir, ledger, self.config)
@@ -110,44 +117,84 @@ class Compactor:
         for partition in layout.partitions(self.data_dir):
             if self._stop.is_set():
                 break
-            while not self._stop.is_set():
-                try:
-                    mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
-                except FileNotFoundError:
-                    break
-                if self._settled.get(partition) == mtime:
-                    break  # no file came or went since it last had nothing to merge
-                # Only segments the store named: files put there by hand or by git are left alone.
-                ours = [
-                    (order, p)
-                    for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
-                    if (order := segment_order(p, self.ledger.writer)) is not None
-                ]
-                segments = [p for _, p in sorted(ours)]
-                sizes = []
-                for path in segments:
-                    try:
-                        sizes.append((path, path.stat().st_size))
-                    except FileNotFoundError:
-                        pass
-                inputs = pick_inputs(sizes, self.config)
-                if not inputs:
-                    self._settled[partition] = mtime
-                    break
-                self._merge(partition, inputs)
-                merges += 1
+            try:
+                merges += self._compact(partition)
+            except Exception:  # one partition's trouble must not stop the others
+                log.exception("compaction of %s failed; its segments are left as they are", partition)
         self.merges += merges
         return merges
 
-    def _merge(self, partition: Path, inputs: list[Path]) -> None:
+    def _compact(self, partition: Path) -> int:
+        merges = 0
+        while not self._stop.is_set():
+            try:
+                mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
+            except FileNotFoundError:
+                break
+            if self._settled.get(partition) == mtime:
+                break  # no file came or went since it last had nothing to merge
+            # Only segments the store named: files put there by hand or by git are left alone.
+            ours = [
+                (order, p)
+                for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
+                if (order := segment_order(p, self.ledger.writer)) is not None
+            ]
+            segments = [p for _, p in sorted(ours) if self._footer_reads(p)]
+            sizes = []
+            for path in segments:
+                try:
+                    sizes.append((path, path.stat().st_size))
+                except FileNotFoundError:
+                    pass
+            inputs = pick_inputs(sizes, self.config)
+            if not inputs:
+                self._settled[partition] = mtime
+                break
+            if self._merge(partition, inputs):
+                merges += 1
+        return merges
+
+    def _footer_reads(self, path: Path) -> bool:
+        if path in self._footers_ok:
+            return True
+        problem = segment_problem(path)
+        if problem:
+            self._quarantine(path, problem)
+            return False
+        self._footers_ok.add(path)
+        return True
+
+    def _quarantine(self, path: Path, why: str) -> None:
+        self._footers_ok.discard(path)
+        target = self.data_dir / layout.QUARANTINE_DIR / path.relative_to(self.data_dir / layout.PARQUET_DIR)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        except FileNotFoundError:
+            return  # already gone (merged or removed by hand)
+        log.warning("quarantined unreadable segment %s -> %s: %s", path, target, why)
+
+    def _merge(self, partition: Path, inputs: list[Path]) -> bool:
+        """Merge ``inputs``; an input that does not read is quarantined and the merge left for
+        the next pass. Returns whether a merge was made."""
+        tables = []
+        for path in inputs:
+            try:
+                tables.append(pq.ParquetFile(path).read())
+            except (OSError, pa.ArrowException) as exc:
+                self._quarantine(path, str(exc) or type(exc).__name__)
+        if len(tables) < len(inputs):
+            return False
         # A segment written before a column was added lacks it: the merged file has it, as nulls.
-        schema = pa.unify_schemas([pq.read_schema(p) for p in inputs])
+        schema = pa.unify_schemas([t.schema for t in tables])
         table, run_id = partition.parent.name, layout.run_of(partition)
         commit = self.ledger.reserve_commit()
         output = segment_path(self.data_dir, table, run_id, layout.segment_prefix("cmp", self.ledger.writer), commit)
-        write_segment(output, schema, (_conform(pq.ParquetFile(p).read(), schema) for p in inputs))
+        write_segment(output, schema, (_conform(t, schema) for t in tables))
         self.ledger.commit_compaction(commit, inputs, output)
+        self._footers_ok.difference_update(inputs)
         log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
+        return True
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

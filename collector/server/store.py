@@ -116,6 +116,11 @@ def write_segment(final: Path, schema: pa.Schema, tables: Iterable[pa.Table]) ->
         os.fsync(fd)
     finally:
         os.close(fd)
+    # Checked before it is committed: a segment whose footer does not read back would
+    # otherwise be found only by the readers it breaks.
+    stored = pq.read_metadata(tmp).num_rows
+    if stored != rows:
+        raise OSError(f"segment {tmp} reads back {stored} rows, {rows} were written")
     return rows
 
 

@@ -22,6 +22,7 @@ about ranks x CHUNK_ROWS rows of memory.
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 import time
@@ -306,8 +307,8 @@ def replay(
 ) -> dict:
     """Re-send a run as a new one; each rank's rows are read a step range at a time while they
     are sent (CHUNK_ROWS), so memory stays bounded however long the run."""
-    if speed < 0:
-        raise ValueError(f"--speed must be >= 0, got {speed}")
+    if not (math.isfinite(speed) and speed >= 0):  # nan compares false to everything: say so here
+        raise ValueError(f"--speed must be a finite number >= 0 (0 = as fast as possible), got {speed}")
     with tempfile.TemporaryDirectory(prefix="rankscope-replay-") as tmp:
         data_dir, run = open_source(Path(source), run, Path(tmp))
         con = catalog.connect(data_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TextIO
 
 import pyarrow as pa
@@ -40,9 +39,6 @@ def format_table(table: pa.Table) -> str:
 
 def run(data_dir, query: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Print the result of ``query`` over D's catalog; 0 on success, 1 with a message on error."""
-    if not Path(data_dir).is_dir():
-        print(f"rankscope sql: data dir {str(data_dir)!r} does not exist", file=err)
-        return 1
     try:
         # One row past the limit tells us whether the result was cut.
         result = run_readonly_query(data_dir, query, max_rows=MAX_ROWS + 1)

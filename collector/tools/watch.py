@@ -38,10 +38,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
 from tqdm import tqdm
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
+from collector.data.codec import CodecError, check_header, envelope_rows
 from collector.data.layout import new_run_id
 from collector.rank import spool
 from collector.tools.export import is_archive
@@ -49,6 +51,7 @@ from collector.tools.importers import comms_verbose, csv_monitor, tensorboard
 from collector.tools.importers.dispatch import formats_of, parse_path
 from collector.tools.importers.ingest import open_sink
 from collector.tools.importers.sink import SinkError, run_envelopes
+from proto import pb
 
 LEDGER_NAME = ".rankscope-watch.jsonl"
 RESCAN_S = 2.0  # fallback rescan period; watchdog events trigger one at once
@@ -100,6 +103,21 @@ class WatchLedger:
 
     def close(self) -> None:
         self._f.close()
+
+
+def _valid_envelopes(path: Path, envelopes: list[pb.Envelope]) -> tuple[list[pb.Envelope], list[str]]:
+    """The envelopes of a spool file the collector would accept, and a problem for each other
+    one: a damaged envelope costs itself, not the file and not the files beside it."""
+    good, problems = [], []
+    for number, env in enumerate(envelopes, 1):
+        try:
+            check_header(env)
+            envelope_rows(env)
+        except CodecError as exc:
+            problems.append(f"{path}:record {number}: {exc}; skipped")
+            continue
+        good.append(env)
+    return good, problems
 
 
 class Watcher:
@@ -171,9 +189,11 @@ class Watcher:
         file (``before`` is its last ledger entry) only the rows past those already sent."""
         if path.name.endswith(spool.SUFFIX):
             try:
-                return [spool.read(path)], [], {}, False
-            except (spool.SpoolError, OSError, ValueError) as exc:
-                return [], [str(exc)], {}, False
+                envelopes = spool.read(path)
+            except (spool.SpoolError, OSError, ValueError, DecodeError) as exc:
+                return [], [str(exc) if str(path) in str(exc) else f"{path}: {exc}"], {}, False
+            good, problems = _valid_envelopes(path, envelopes)
+            return ([good] if good else []), problems, {}, False
         if is_archive(path):
             from collector.tools.replay import restore_streams
 
@@ -222,7 +242,10 @@ class Watcher:
                     continue
             except FileNotFoundError:
                 continue
-            file_streams, problems, counts, grows = self._streams_for(path, sha, before)
+            try:
+                file_streams, problems, counts, grows = self._streams_for(path, sha, before)
+            except Exception as exc:  # content no parser foresaw: that file is rejected, the watch goes on
+                file_streams, problems, counts, grows = [], [f"{path}: cannot be read ({exc!r})"], {}, False
             for problem in problems:
                 print(f"skipped: {problem}", file=self.err)
             streams += file_streams

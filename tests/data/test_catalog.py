@@ -29,7 +29,7 @@ def store_comm(data, per_rank: dict[int, dict]) -> None:
 
 
 def test_every_view_works_on_a_fresh_data_dir(tmp_path):
-    (tmp_path / "fresh").mkdir()
+    catalog.ensure_catalog(tmp_path / "fresh")  # what a collector does first; connect() creates nothing
     con = catalog.connect(tmp_path / "fresh")
     for table, spec in TABLES.items():
         result = con.execute(f'SELECT * FROM "{table}"')

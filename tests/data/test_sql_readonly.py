@@ -26,7 +26,7 @@ def data(tmp_path):
 
 REFUSED_BY_TYPE = [
     ("LOAD httpfs", "LOAD statement"),
-    ("INSTALL 'https://evil.example/x.duckdb_extension'", "LOAD statement"),
+    ("INSTALL 'https://evil.example/x.duckdb_extension'", "an INSTALL statement"),
     ("PRAGMA database_list", "PRAGMA statement"),
     ("EXPORT DATABASE '/tmp/rankscope-export'", "EXPORT statement"),
     ("UPDATE runs SET name = 'x'", "UPDATE statement"),
@@ -81,14 +81,11 @@ def test_settings_cannot_be_changed_from_inside_a_query(data):
     assert row["v"][0].as_py() is False
 
 
-def test_the_catalog_itself_is_readable(data):
+def test_the_catalog_itself_is_readable_but_not_its_files_by_path(data):
+    # The views read Arrow datasets opened in Python; DuckDB itself may open no file, even in D.
     assert catalog.run_readonly_query(data, "SELECT count(*) AS n FROM comm")["n"][0].as_py() == 0
-    assert (
-        catalog.run_readonly_query(data, f"SELECT count(*) AS n FROM read_parquet('{data}/parquet/comm/*/*.parquet')")[
-            "n"
-        ][0].as_py()
-        == 0
-    )
+    with pytest.raises(catalog.QueryError, match="disabled by configuration"):
+        catalog.run_readonly_query(data, f"SELECT count(*) FROM read_parquet('{data}/parquet/comm/*/*.parquet')")
 
 
 def test_a_runaway_query_is_stopped_by_the_time_limit(data):

@@ -164,3 +164,28 @@ def test_a_file_that_cannot_be_read_is_one_problem_naming_it(parser, tmp_path):
     parsed = parser.parse(path)
     assert not parsed.rows
     assert [(p.path, p.where, p.message) for p in parsed.problems] == [(str(path), "", "cannot read: Is a directory")]
+
+
+def test_hostile_csv_rows_are_file_line_problems_and_the_rest_is_imported(tmp_path, capsys):
+    from collector.tools.importers.dispatch import parse_path
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "Train_Samples_lr.csv").write_text("step,lr\n1,0.1\n2,0.2\n")
+    (folder / "Train_Samples_loss.csv").write_text(
+        "step,loss\n1,0.1\n9223372036854775808,0.2\n-9223372036854775809,1\n3,0.3\n"
+    )
+    (folder / "Train_Samples_big.csv").write_text('step,big\n1,0.5\n2,"' + "x" * (200 << 10) + '"\n3,0.7\n')
+    parsed = parse_path(folder).parsed
+    problems = sorted(str(p) for p in parsed.problems)
+    assert problems == sorted(
+        [
+            f"{folder / 'Train_Samples_big.csv'}:line 3: field larger than field limit (131072); "
+            "the rest of the file is skipped",
+            f"{folder / 'Train_Samples_loss.csv'}:line 3: step = 9223372036854775808 does not fit in a "
+            "64-bit integer; row skipped",
+            f"{folder / 'Train_Samples_loss.csv'}:line 4: step = -9223372036854775809 does not fit in a "
+            "64-bit integer; row skipped",
+        ]
+    )
+    assert parsed.row_count("monitor") == 2 + 2 + 1

@@ -221,3 +221,38 @@ def test_watch_needs_a_folder(tmp_path, bad, capsys):
         target.write_text("")
     assert rankscope("import", "--watch", target, "--data-dir", tmp_path / "d") == 1
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_hostile_files_beside_good_ones_are_reported_once_and_the_watcher_keeps_running(tmp_path):
+    folder, data = tmp_path / "in", tmp_path / "data"
+    folder.mkdir()
+    _drop(folder, range(6))
+    hostile = {
+        folder / "csv" / "huge_step.csv": "step = 9223372036854775808 does not fit in a 64-bit integer",
+        folder / "csv" / "big_field.csv": "field larger than field limit",
+        folder / "undecodable.rsspool": "",
+        folder / "bad_batch.rsspool": "table.rows declares 1000000 rows but the batch carries no column",
+    }
+    (folder / "csv" / "huge_step.csv").write_text("step,huge_step\n9223372036854775808,1.0\n")
+    (folder / "csv" / "big_field.csv").write_text('step,big_field\n8,"' + "x" * (200 << 10) + '"\n')
+    (folder / "undecodable.rsspool").write_bytes(spool.MAGIC + b"\x00" * 4 + b"\x08\x00\x00\x00" + b"\xff" * 8)
+    batch = pb.TableBatch(table="monitor", run_id=SPOOL_RUN, rank=0, rows=1_000_000)  # no columns at all
+    spool.write(folder, "hostile", [envelope("hostile", 1, table=batch)])
+    os.replace(next(folder.glob("*hostile*.rsspool")), folder / "bad_batch.rsspool")
+
+    proc = _watch(folder, data)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while _monitor_rows(data) < 12 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few more scans: nothing is retried or reported again
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        _, err = _stop(proc)
+    _assert_each_file_once(data, range(6))
+    for path, says in hostile.items():
+        lines = [line for line in err.splitlines() if str(path) in line]
+        assert len(lines) == 1 and says in lines[0], (path, lines, err)
+    again = _watch_once(folder, data)
+    assert again.returncode == 0 and "skipped" not in again.stderr, again.stderr
+    _assert_each_file_once(data, range(6))

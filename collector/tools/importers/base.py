@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from collector.data.schema import TABLES
+from collector.data.schema import I64, STR, TABLES
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,16 @@ class Parsed:
     world_size: int | None = None  # when the file says (summary metadata, profiler header)
     sources: list[str] = field(default_factory=list)
 
-    def add(self, table: str, rank: int, **row) -> None:
+    def add(self, table: str, rank: int, where: str = "", **row) -> bool:
+        """Keep one row; a value the store cannot hold (an integer outside int64, a string
+        over MAX_FIELD_CHARS) turns the row into a problem at ``where`` instead. Returns
+        whether it was kept."""
+        problem = _out_of_bounds(table, rank, row)
+        if problem:
+            self.problem(self.sources[0] if self.sources else "?", where, f"{problem}; row skipped")
+            return False
         self.rows[(table, rank)].append(row)
+        return True
 
     def problem(self, path, where: str, message: str) -> None:
         self.problems.append(Problem(str(path), where, message))
@@ -70,6 +78,24 @@ class Parsed:
         for name in schema.names[1:]:
             columns[name] = [r.get(name) for r in rows]
         return pa.table(columns, schema=schema)
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_FIELD_CHARS = 64 << 10  # a tag, module or group name longer than this is no DeepSpeed output
+
+
+def _out_of_bounds(table: str, rank: int, row: dict) -> str | None:
+    """Why ``row`` cannot be stored in ``table``, or None when it can."""
+    if not 0 <= rank <= INT64_MAX:
+        return f"rank {rank} is out of range"
+    types = TABLES[table].column_types
+    for name, value in row.items():
+        kind = types.get(name)
+        if kind == I64 and isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+            return f"{name} = {value} does not fit in a 64-bit integer"
+        if kind == STR and isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+            return f"{name} is {len(value)} characters long; the limit is {MAX_FIELD_CHARS}"
+    return None
 
 
 # -- units as DeepSpeed prints them ------------------------------------------------

@@ -91,5 +91,5 @@ def parse(path: Path, world_size: int | None = None) -> Parsed:
                 continue
             row = comm_row(record_name, size, latency_ms, world, deepspeed_sizes=shape == "deepspeed")
             for _ in range(count):
-                out.add("comm", rank, **row)
+                out.add("comm", rank, where, **row)
     return out

@@ -51,12 +51,23 @@ def parse(path: Path, rank: int = 0) -> Parsed:
         return out.unreadable(path, exc)
     with f:
         reader = csv.reader(f)
-        header = next(reader, None)
+        try:
+            header = next(reader, None)
+        except csv.Error as exc:
+            out.problem(path, "line 1", f"{exc}; file skipped")
+            return out
         if header is None or len(header) != 2 or header[0] != "step":
             out.problem(path, "line 1", f"expected the header 'step,<tag>', got {header!r}")
             return out
         tag = tag_for(path, header[1])
-        for row in reader:
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:  # a field over the csv module's limit, a stray NUL...
+                out.problem(path, f"line {reader.line_num}", f"{exc}; the rest of the file is skipped")
+                break
             where = f"line {reader.line_num}"
             if not row:
                 continue
@@ -69,5 +80,5 @@ def parse(path: Path, rank: int = 0) -> Parsed:
             except ValueError:
                 out.problem(path, where, f"not a number: {row!r}")
                 continue
-            out.add("monitor", rank, step=samples, tag=tag, value=value, samples=samples, time_ns=None)
+            out.add("monitor", rank, where, step=samples, tag=tag, value=value, samples=samples, time_ns=None)
     return out

@@ -80,10 +80,10 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
             if fmt is comms_verbose:
                 verbose_files.append(file)  # parsed last: its sizes need the world size
             else:
-                parsed_by_format.append((fmt, fmt.parse(file)))
+                parsed_by_format.append((fmt, _parse_safely(fmt, file)))
     hints = [p.world_size for _, p in parsed_by_format if p.world_size]
     world = world_size or (max(hints) if hints else None)
-    parsed_by_format += [(comms_verbose, comms_verbose.parse(f, world_size=world)) for f in verbose_files]
+    parsed_by_format += [(comms_verbose, _parse_safely(comms_verbose, f, world_size=world)) for f in verbose_files]
 
     ranks_with_lines = {
         rank for fmt, p in parsed_by_format if fmt is comms_verbose for (table, rank) in p.rows if table == "comm"
@@ -126,3 +126,14 @@ def _drop_csv_duplicates(parsed_by_format, result: ImportResult) -> None:
                     "the tensorboard events hold the same values, with time stamps"
                 )
                 rows[:] = kept
+
+
+def _parse_safely(fmt, file: Path, **kw) -> Parsed:
+    """``fmt.parse(file)``; a parser that trips over content it did not foresee costs that
+    file (reported as a problem), never the import of every other one."""
+    try:
+        return fmt.parse(file, **kw)
+    except Exception as exc:
+        out = Parsed(sources=[str(file)])
+        out.problem(file, "", f"cannot be parsed as {fmt.NAME} ({type(exc).__name__}: {exc}); file skipped")
+        return out

@@ -133,7 +133,7 @@ def parse(path: Path, rank: int = 0) -> Parsed:
     for prof in profiles:
         _apply_summary(prof, out, path)
         for row in prof.modules:
-            out.add("flops", rank, **row)
+            out.add("flops", rank, where, **row)
     return out
 
 

@@ -106,6 +106,7 @@ def main(args) -> int:
     rows = ", ".join(f"{n} {t}" for t, n in report.rows.items())
     print(
         f"imported run {report.run_id} from {report.files} files: {rows}"
-        + (f"; {len(report.problems)} problems" if report.problems else "")
+        + (f"; {len(report.problems)} problems, skipped (listed above)" if report.problems else "")
     )
-    return 0
+    # Imported what it could; non-zero still, so that a script notices what was left out.
+    return 1 if report.problems else 0

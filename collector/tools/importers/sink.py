@@ -21,13 +21,14 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.data import catalog, security
+from collector.data import catalog, layout, security
 from collector.data.codec import CodecError, encode_batch, envelope_rows
 from collector.data.schema import TABLES
 from collector.tools.importers.base import Parsed
@@ -173,6 +174,13 @@ class StoreSink(_Sink):
         from collector.server.store import Store  # the server side: no grpc server needed here
 
         self.data_dir = data_dir
+        # An import may start a data dir (a new or empty folder), never turn some other folder into one.
+        folder = Path(data_dir)
+        if folder.is_dir() and any(folder.iterdir()) and not layout.is_data_dir(folder):
+            raise SinkError(
+                f"{str(folder)!r} is not a rankscope data dir and not empty; "
+                "give --data-dir a new folder or an existing data dir"
+            )
         catalog.ensure_catalog(data_dir)
         self.store = Store(data_dir)
 
