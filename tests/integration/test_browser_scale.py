@@ -15,7 +15,7 @@ from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 RANKS, STEPS, LATE = 1024, 20, 517
 MAX_DRAWN = 300
 PAGES = {  # url path -> text on the page once it has rendered
-    "overview": f"rank {LATE} arrives last",
+    "overview": f"rank {LATE} costs",
     "comms": "Summary (deepspeed.comm.log_summary)",
     "stragglers": f"rank {LATE} arrives last",
     "memory": "per rank",
