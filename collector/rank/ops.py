@@ -127,7 +127,8 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
     tensor = spec.tensor
     numel = spec.numel.format(tensor=tensor)
     dtype = f"{tensor}.dtype" if tensor else "torch.uint8"
-    span = f"cuda_start({tensor})" if tensor else "None"
+    # Without CUDA no tensor can be on a device: leave the per-call device check out entirely.
+    span = f"cuda_start({tensor})" if tensor and torch.cuda.is_available() else "None"
     skip = f" or {spec.skip_if}" if spec.skip_if else ""
     head = (
         f"def {spec.name}({', '.join(params)}, log_name=None):\n"
