@@ -21,6 +21,7 @@ warning for the process, and callers fall back to pure torch.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -34,6 +35,7 @@ from types import ModuleType
 CSRC = Path(__file__).resolve().parent / "csrc"
 EXTENSIONS = ("cpu_adam", "aio")
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
 _warned = False
@@ -114,6 +116,28 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
         return _loaded[name]
 
 
+def extension_dir(name: str) -> Path:
+    """Where extension ``name`` is built: one folder per source version, so worktrees (or installs)
+    with different sources each keep their build instead of rebuilding over each other's."""
+    source = CSRC / f"{name}.cpp"
+    return build_dir() / f"{name}-{hashlib.sha1(source.read_bytes()).hexdigest()[:12]}"
+
+
+# torch's build lock is a plain file that a killed build leaves behind, after which every later
+# build waits on it forever. A build here takes a minute or two: a lock this old has no owner.
+STALE_LOCK_S = 15 * 60
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("rankscope.native: removing %s, left %.0f min ago by a build that did not finish", lock, age / 60)
+        lock.unlink(missing_ok=True)
+
+
 def _build(name: str, verbose: bool) -> ModuleType | None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
@@ -125,11 +149,10 @@ def _build(name: str, verbose: bool) -> ModuleType | None:
     try:
         from torch.utils import cpp_extension
 
-        # One folder per source version: worktrees (or installs) with different sources each keep
-        # their build instead of rebuilding over each other's.
         source = CSRC / f"{name}.cpp"
-        directory = build_dir() / f"{name}-{hashlib.sha1(source.read_bytes()).hexdigest()[:12]}"
+        directory = extension_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(directory / "lock")
         cflags, ldflags = _flags()
         module_name = f"rankscope_{name}" + ("_debug" if debug_build() else "")
         return cpp_extension.load(
