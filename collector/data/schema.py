@@ -218,3 +218,17 @@ COMM_STEPS_SCHEMA = pa.schema(
         ("last_delay_sum_ns", pa.int64()),
     ]
 )
+
+
+def rank_ranges(ranks) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8': how a set of ranks is written in a column (``inflight.group_ranks``)
+    and in sentences; stable, readable, short for big contiguous groups."""
+    ranks = sorted(int(r) for r in ranks)
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(parts)

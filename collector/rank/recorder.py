@@ -49,7 +49,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from collector.data import bandwidth
 from collector.data.config import ConfigBlock
-from collector.data.schema import TABLES
+from collector.data.schema import TABLES, rank_ranges
 from collector.rank import session, state
 from collector.rank.clock import CLOCK, perf_ns
 
@@ -117,18 +117,6 @@ class _Group:
 
     def __init__(self, name: str, size: int, members: str = "") -> None:
         self.name, self.size, self.seq, self.members = name, size, itertools.count(1), members
-
-
-def _ranks_label(ranks: list[int]) -> str:
-    """[0,1,2,3,8] -> '0-3,8': stable, readable, short for big contiguous groups."""
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(parts)
 
 
 class _AsyncEnd:
@@ -279,10 +267,10 @@ class Recorder:
         if g is None:
             if group is None or group is c10d.GroupMember.WORLD:
                 size = get_world_size()
-                g = _Group("world", size, _ranks_label(list(range(size))))
+                g = _Group("world", size, rank_ranges(list(range(size))))
             else:
                 ranks = sorted(c10d.get_process_group_ranks(group))
-                label = _ranks_label(ranks)
+                label = rank_ranges(ranks)
                 name = f"g[{label}]"
                 if any(o.name == name for o in self.groups.values()):  # a second communicator, same ranks
                     name += f"#{getattr(group, 'group_name', len(self.groups))}"

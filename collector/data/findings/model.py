@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collector.data.schema import rank_ranges
+
 SEVERITIES = ("critical", "warning", "info", "ok")
 
 
@@ -79,12 +81,5 @@ def duration(ms: float) -> str:
 
 def ranks_label(ranks) -> str:
     """[0, 1, 2, 3, 8] -> 'ranks 0-3,8'; one rank -> 'rank 8': short for big contiguous sets."""
-    ranks = sorted(int(r) for r in ranks)
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
+    ranks = list(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
