@@ -18,8 +18,8 @@ import os
 import subprocess
 import tempfile
 import time
-import urllib.request
 
+from collector.testing.ports import answers_ok
 from collector.tools.launch import dashboard_command, free_port
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's build; Playwright's bundled browsers are not installed
@@ -59,11 +59,7 @@ class DashboardProcess:
             time.sleep(0.3)
 
     def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=1) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
+        return answers_ok(f"{self.url}/_stcore/health")
 
     def output(self, chars: int = 2000) -> str:
         """The end of what Streamlit printed so far."""

@@ -1,7 +1,18 @@
-"""Free loopback ports. The one definition lives with the process launchers in
-``collector.tools.launch`` (the demo needs it too); tests and benchmarks take it
-from here with the rest of their plumbing."""
+"""Free loopback ports, and whether a local HTTP endpoint answers yet. The free-port
+definition lives with the process launchers in ``collector.tools.launch`` (the demo
+needs it too); tests and benchmarks take it from here with the rest of their plumbing."""
+
+import urllib.request
 
 from collector.tools.launch import free_port
 
-__all__ = ["free_port"]
+__all__ = ["answers_ok", "free_port"]
+
+
+def answers_ok(url: str) -> bool:
+    """Whether ``url`` answers HTTP 200 within a second (a child server's readiness probe)."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as reply:
+            return reply.status == 200
+    except OSError:
+        return False

@@ -18,6 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from collector.testing.ports import answers_ok
 from collector.tools.launch import free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -60,11 +61,7 @@ class PrometheusProcess:
             time.sleep(0.2)
 
     def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
+        return answers_ok(f"{self.url}/-/ready")
 
     def query(self, expr: str) -> list[dict]:
         """The instant query's result list (``[{"metric": {...}, "value": [t, "v"]}, ...]``)."""
