@@ -110,8 +110,12 @@ def worker(rank: int, port: int) -> None:
     )
     torch.set_num_threads(1)
     init_distributed()
-    for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
-        run_cases(rank, moe, stages)
+    try:
+        for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
+            run_cases(rank, moe, stages)
+    finally:
+        # gloo's threads must be joined before interpreter exit, or the rank can die with SIGABRT
+        torch.distributed.destroy_process_group()
 
 
 def run_cases(rank: int, moe: bool, stages) -> None:

@@ -128,6 +128,7 @@ def worker(rank: int, port: int, tmp: str) -> None:
             engine.step()
             assert abs(loss.item() - losses[step]) < 1e-6, ("resumed", ep, stage, clip, step, loss.item(), losses[step])
         engine.close()
+    torch.distributed.destroy_process_group()  # join gloo's threads before exit (else a rare SIGABRT)
 
 
 def check_experts_in_checkpoint(engine, ckpt: str, ep: int) -> None:
