@@ -54,6 +54,12 @@ def versions() -> dict[str, str] | None:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _pip(args: list[str], check: bool = True) -> bool:
+    print(f"[deepspeed venv] {PYTHON.name} -m pip {' '.join(args)}", flush=True)
+    done = subprocess.run([str(PYTHON), "-m", "pip", *args], env=env(DS_BUILD_OPS="0"), check=check, timeout=3600)
+    return done.returncode == 0
+
+
 def ensure() -> Path:
     """Path of the venv's python, creating the venv (and installing torch + DeepSpeed) if needed."""
     have = versions()
@@ -68,14 +74,15 @@ def ensure() -> Path:
             check=True,
             timeout=600,
         )
-    steps = [
-        ["-m", "pip", "install", "--upgrade", "pip"],
-        ["-m", "pip", "install", f"torch=={TORCH}", "--index-url", TORCH_INDEX],
-        ["-m", "pip", "install", f"deepspeed=={DEEPSPEED}"],
-    ]
-    for i, step in enumerate(steps, 1):
-        print(f"[deepspeed venv] ({i}/{len(steps)}) {PYTHON.name} {' '.join(step)}", flush=True)
-        subprocess.run([str(PYTHON), *step], env=env(DS_BUILD_OPS="0"), check=True, timeout=3600)
+    # torch: a CPU wheel pip already has at hand (its find-links) first, without asking any index,
+    # then its dependencies from the usual index; only without such a wheel, PyTorch's CPU index.
+    # So a machine that cannot reach download.pytorch.org does not spend minutes in retries first.
+    _pip(["install", "--upgrade", "pip"])
+    if _pip(["install", f"torch=={TORCH}", "--no-index", "--no-deps"], check=False):
+        _pip(["install", f"torch=={TORCH}"])
+    else:
+        _pip(["install", f"torch=={TORCH}", "--index-url", TORCH_INDEX])
+    _pip(["install", f"deepspeed=={DEEPSPEED}"])
     have = versions()
     if not have:
         raise RuntimeError(f"DeepSpeed venv at {VENV} still cannot import torch and deepspeed")
