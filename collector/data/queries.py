@@ -509,26 +509,19 @@ def live_runs(cat: Catalog, ended_within_s: float) -> pd.DataFrame:
 
 def recent_rank_steps(cat: Catalog, run_id: str, window: int) -> pd.DataFrame:
     """Per rank over its last ``window`` finished steps (the newest step, still running, left out):
-    the newest step seen, the mean step time (between the ends of consecutive steps' last
-    collectives) and the exposed communication share (time in blocking collectives, those not
-    issued with async_op, over step time: what the training thread sat waiting for)."""
+    the newest step seen and the mean step time (between the ends of consecutive steps' last
+    collectives). Exposed communication is step_analysis's (findings.communication.recent_exposed_share)."""
     return cat.df(
         """
-        WITH per_step AS (
-            SELECT rank, step, max(end_ns) AS end_ns,
-                   coalesce(sum(end_ns - start_ns) FILTER (WHERE NOT async_op), 0) AS blocking_ns
-            FROM comm WHERE run_id = ? GROUP BY rank, step),
+        WITH per_step AS (SELECT rank, step, max(end_ns) AS end_ns FROM comm WHERE run_id = ? GROUP BY rank, step),
         timed AS (
-            SELECT rank, step, blocking_ns,
+            SELECT rank, step,
                    end_ns - lag(end_ns) OVER (PARTITION BY rank ORDER BY step) AS step_ns,
                    row_number() OVER (PARTITION BY rank ORDER BY step DESC) AS age
             FROM per_step)
-        SELECT rank, max(step) AS step,
-               avg(step_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1) / 1e9 AS step_time_s,
-               sum(blocking_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1 AND step_ns > 0)
-                   / sum(step_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1 AND step_ns > 0) AS exposed_comm_share
+        SELECT rank, max(step) AS step, avg(step_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1) / 1e9 AS step_time_s
         FROM timed GROUP BY rank ORDER BY rank""",
-        [run_id, int(window), int(window), int(window)],
+        [run_id, int(window)],
     )
 
 

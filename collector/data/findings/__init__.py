@@ -66,8 +66,11 @@ def summarize(
     )
 
 
-def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None) -> list[Finding]:
-    """Run the queries and every rule for one run (``rollup``: its comm rollup, where the caller has it)."""
+def for_run(
+    cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None, steps: pd.DataFrame | None = None
+) -> list[Finding]:
+    """Run the queries and every rule for one run (``rollup``: its comm rollup, ``steps``: its
+    queries.step_analysis, where the caller has them)."""
     runs = queries.list_runs(cat)
     match = runs[runs.run_id == run_id]
     run = match.iloc[0] if len(match) else None
@@ -76,7 +79,7 @@ def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, ro
     if rollup is None:
         rollup = queries.comm_rollup(cat, run_id)
     return summarize(
-        steps=queries.step_analysis(cat, run_id),
+        steps=steps if steps is not None else queries.step_analysis(cat, run_id),
         log_summary=queries.log_summary(rollup, queries.CommFilter()),
         scales=queries.loss_scale(cat, run_id),
         world_size=world_size,
