@@ -284,6 +284,16 @@ class CommFilter:
         return (self.ops, self.groups, self.ranks, self.steps)
 
 
+def training_filter(dims: dict) -> CommFilter:
+    """The traffic of the training steps, from ``comm_dimensions``: every step after the first. The
+    first is the warm-up step, and it carries the start-up traffic too (the parameter broadcast, one
+    small message per tensor, done once): advice about steady-state messages must not count it."""
+    first, last = dims["first_step"], dims["last_step"]
+    if first is None or last <= first:
+        return CommFilter()
+    return CommFilter(steps=(first + 1, last))
+
+
 def _rollup_query(rollup: pa.Table, flt: CommFilter, select: str) -> pd.DataFrame:
     where, params = flt.where()
     return _on_rollup(rollup, select.format(where=where), params)

@@ -48,7 +48,8 @@ def summarize(
     liveness: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
-    queries.step_analysis; ``source`` and ``config`` are the run's (they decide which
+    queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
+    ``source`` and ``config`` are the run's (they decide which
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them)."""
     engine, stage = engine_of(source, config)
@@ -80,7 +81,7 @@ def for_run(
         rollup = queries.comm_rollup(cat, run_id)
     return summarize(
         steps=steps if steps is not None else queries.step_analysis(cat, run_id),
-        log_summary=queries.log_summary(rollup, queries.CommFilter()),
+        log_summary=queries.log_summary(rollup, queries.training_filter(queries.comm_dimensions(rollup))),
         scales=queries.loss_scale(cat, run_id),
         world_size=world_size,
         source=run.source if run is not None else None,
