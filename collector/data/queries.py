@@ -733,7 +733,8 @@ def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
 def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank and step, what may explain a late arrival: gc_ms (Python GC pauses), data_ms (the
     wait for the batch, the engine's ``data`` timer), runqueue_ms and cpu_ms (time the process waited
-    for a CPU and ran on one), cpu_util and steal (host shares). A signal the run did not record is NULL; runs recorded
+    for a CPU and ran on one), cpu_util and steal (host shares), tokens (what the rank trained on).
+    A signal the run did not record is NULL; runs recorded
     before a signal existed have no table for it, so it is not queried at all."""
     parts = [
         "SELECT rank, step, sum(dur_ns) FILTER (WHERE name = 'data') / 1e6 AS data_ms FROM timers"
@@ -757,6 +758,13 @@ def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
         columns += ["h.runqueue_ms", "h.cpu_ms", "h.cpu_util", "h.steal"]
     else:
         columns += [f"NULL::DOUBLE AS {c}" for c in ("runqueue_ms", "cpu_ms", "cpu_util", "steal")]
+    if _has_segments(cat.data_dir, "batches", run_id):
+        joins += """ FULL JOIN (SELECT rank, step, sum(tokens)::DOUBLE AS tokens FROM batches WHERE run_id = ?
+                   GROUP BY rank, step) b USING (rank, step)"""
+        params.append(run_id)
+        columns.append("b.tokens")
+    else:
+        columns.append("NULL::DOUBLE AS tokens")
     return cat.df(
         f"SELECT rank, step, {', '.join(columns)} FROM ({parts[0]}) t{joins} ORDER BY rank, step",
         params,
