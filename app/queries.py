@@ -14,13 +14,13 @@ import pyarrow as pa
 import streamlit as st
 
 from collector.data import queries as q
-from collector.data.queries import CommFilter, DataDirError, data_version
+from collector.data.queries import CommFilter, DataDirError, data_version, training_filter
 
 CACHE_TTL_S = 600
 CACHE_ENTRIES = 256
 _FILTERED = {"hash_funcs": {CommFilter: CommFilter.key}}
 
-__all__ = ["CommFilter", "DataDirError", "data_version"]
+__all__ = ["CommFilter", "DataDirError", "data_version", "training_filter"]
 
 
 @st.cache_resource(show_spinner=False)

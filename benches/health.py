@@ -1,14 +1,17 @@
 """`rankscope health` on a synthetic 10M-comm-record run.
 
-    python -m benches.health [--records 10000000] [--reps 5] [--out benches/RESULTS-health.md]
+    python -m benches.health [--records 10000000] [--reps 5] [--no-baseline] [--out benches/RESULTS-health.md]
 
 Generates the run once (collector.testing.fake_runs: 8 ranks, rank 3 late to every all_reduce,
 step timers on every rank), then times, in one process and on the same run:
 - ``findings.for_run``: every query and rule of the health summary (step analysis: interval
   unions and imposed waits per rank and step; the comm rollup; signals; loss scale);
-- its parts: ``step_analysis`` alone and the comm rollup alone;
-- the baseline: the queries the health rules ran before exposed communication and straggler
-  cost (the rollup and the page queries over it, step_wall_ms, loss_scale);
+- its parts: ``step_analysis`` alone, the comm rollup alone, the desyncs view alone;
+- the same-run baseline of ``step_analysis``: the statement before the one-pass rewrite
+  (benches/_health_baseline.py: window islands, a second join for the runner-up arrival),
+  checked to give the same frame; ``--no-baseline`` leaves it out (it is slow at 10M);
+- the queries the health rules ran before exposed communication and straggler cost (the rollup
+  and the page queries over it, step_wall_ms, loss_scale): what the summary cost before it said more;
 - the whole command, `rankscope health RUN --json`, as a fresh process (Python start-up and
   imports included).
 """
@@ -25,6 +28,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
+from benches import _health_baseline
 from benches._common import code_version
 from benches.dashboard_queries import machine
 from collector.data import findings
@@ -59,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-baseline", action="store_true", help="skip the old step_analysis (slow at 10M)")
     ap.add_argument("--out", default=str(REPO / "benches" / "RESULTS-health.md"))
     args = ap.parse_args()
     steps = max(1, args.records // (WORLD * PER_STEP))
@@ -83,8 +90,23 @@ def main() -> None:
                 *timed(lambda: q.step_analysis(cat, run.run_id), args.reps),
             ),
             ("  comm_rollup", *timed(lambda: q.comm_rollup(cat, run.run_id), args.reps)),
+            ("  desyncs (collective mismatches)", *timed(lambda: q.desyncs(cat, run.run_id), args.reps)),
+        ]
+        if not args.no_baseline:
+            pd.testing.assert_frame_equal(
+                q.step_analysis(cat, run.run_id).drop(columns="late_op"),
+                _health_baseline.step_analysis(cat, run.run_id).drop(columns="late_op"),
+                check_dtype=False,
+            )
+            rows.append(
+                (
+                    "baseline: step_analysis before the one-pass rewrite (same frame)",
+                    *timed(lambda: _health_baseline.step_analysis(cat, run.run_id), args.reps),
+                )
+            )
+        rows += [
             (
-                "baseline: the rules' queries before this change",
+                "the rules' queries before exposed communication and straggler cost",
                 *timed(lambda: old_rules_queries(cat, run.run_id), args.reps),
             ),
         ]
@@ -103,7 +125,8 @@ def main() -> None:
         "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}, shared with other jobs "
         f"(1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end). Code: {code_version(REPO)}.",
-        f"Command: `python -m benches.health --records {args.records} --reps {args.reps}`",
+        f"Command: `python -m benches.health --records {args.records} --reps {args.reps}"
+        f"{' --no-baseline' if args.no_baseline else ''}`",
         "",
         f"Run: {records:,} comm records ({WORLD} ranks x {steps:,} steps x {PER_STEP} collectives), step timers on "
         f'every rank, rank 3 late to every all_reduce. Top finding: "{top}".',

@@ -36,6 +36,7 @@ from torch import nn
 from collector.rank import session
 from collector.rank import signals as _signals  # noqa: F401  (GC pauses and host samples follow the session)
 from trainer import comm
+from trainer.batches import BatchCounter
 from trainer.config import ConfigError, EngineConfig, OptimizerConfig, load_config
 from trainer.loss_scaler import build_loss_scaler
 from trainer.lr_schedules import build_scheduler
@@ -321,6 +322,7 @@ class Engine(nn.Module):
             )
         self.lr_scheduler = _scheduler(lr_scheduler, self.optimizer.master.optimizer, cfg)
         self.timers = Timers(cfg.wall_clock_breakdown or cfg.telemetry.enabled)  # the data loader times its waits
+        self.batches = BatchCounter()
         self.data_sampler = None
         self.training_dataloader = self._dataloader(training_data, collate_fn) if training_data is not None else None
 
@@ -419,6 +421,8 @@ class Engine(nn.Module):
             self.optimizer.begin_forward()
         if self.config.fp16.auto_cast:
             args, kwargs = _cast_floats((args, kwargs), torch.float16)
+        if self.module.training:
+            self.batches.count(args, kwargs)
         self.timers.start("fwd")
         try:
             out = self.module(*args, **kwargs)
@@ -470,12 +474,16 @@ class Engine(nn.Module):
         self.micro_steps += 1
 
     def _report(self, outcome) -> None:
-        """This step's records: timers, memory, loss scale, monitor events; a line every steps_per_print."""
+        """This step's records: timers, memory, batches, loss scale, monitor events; a line every steps_per_print."""
         step, cfg = self.global_steps, self.config
         now = time.perf_counter()
         samples_per_sec = self.train_batch_size() / max(now - self._last_step_end, 1e-9)
         self._last_step_end = now
-        records = {"timers": self.timers.records(step), "memory": self.memory.sample(step)}
+        records = {
+            "timers": self.timers.records(step),
+            "memory": self.memory.sample(step),
+            "batches": self.batches.records(step),
+        }
         if self.loss_scaler is not None:
             records["loss_scale"] = [
                 {

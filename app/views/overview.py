@@ -44,7 +44,9 @@ def health_summary(sel: state.Selection, version: str) -> None:
     steps = queries.step_analysis(d, run_id, version)
     findings = diagnosis.summarize(
         steps=steps,
-        log_summary=queries.log_summary(d, run_id, version, queries.CommFilter()),
+        log_summary=queries.log_summary(
+            d, run_id, version, queries.training_filter(queries.comm_dimensions(d, run_id, version))
+        ),
         scales=queries.loss_scale(d, run_id, version),
         world_size=int(run.world_size),
         source=run.get("source"),

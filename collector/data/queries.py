@@ -284,6 +284,16 @@ class CommFilter:
         return (self.ops, self.groups, self.ranks, self.steps)
 
 
+def training_filter(dims: dict) -> CommFilter:
+    """The traffic of the training steps, from ``comm_dimensions``: every step after the first. The
+    first is the warm-up step, and it carries the start-up traffic too (the parameter broadcast, one
+    small message per tensor, done once): advice about steady-state messages must not count it."""
+    first, last = dims["first_step"], dims["last_step"]
+    if first is None or last <= first:
+        return CommFilter()
+    return CommFilter(steps=(first + 1, last))
+
+
 def _rollup_query(rollup: pa.Table, flt: CommFilter, select: str) -> pd.DataFrame:
     where, params = flt.where()
     return _on_rollup(rollup, select.format(where=where), params)
@@ -509,26 +519,19 @@ def live_runs(cat: Catalog, ended_within_s: float) -> pd.DataFrame:
 
 def recent_rank_steps(cat: Catalog, run_id: str, window: int) -> pd.DataFrame:
     """Per rank over its last ``window`` finished steps (the newest step, still running, left out):
-    the newest step seen, the mean step time (between the ends of consecutive steps' last
-    collectives) and the exposed communication share (time in blocking collectives, those not
-    issued with async_op, over step time: what the training thread sat waiting for)."""
+    the newest step seen and the mean step time (between the ends of consecutive steps' last
+    collectives). Exposed communication is step_analysis's (findings.communication.recent_exposed_share)."""
     return cat.df(
         """
-        WITH per_step AS (
-            SELECT rank, step, max(end_ns) AS end_ns,
-                   coalesce(sum(end_ns - start_ns) FILTER (WHERE NOT async_op), 0) AS blocking_ns
-            FROM comm WHERE run_id = ? GROUP BY rank, step),
+        WITH per_step AS (SELECT rank, step, max(end_ns) AS end_ns FROM comm WHERE run_id = ? GROUP BY rank, step),
         timed AS (
-            SELECT rank, step, blocking_ns,
+            SELECT rank, step,
                    end_ns - lag(end_ns) OVER (PARTITION BY rank ORDER BY step) AS step_ns,
                    row_number() OVER (PARTITION BY rank ORDER BY step DESC) AS age
             FROM per_step)
-        SELECT rank, max(step) AS step,
-               avg(step_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1) / 1e9 AS step_time_s,
-               sum(blocking_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1 AND step_ns > 0)
-                   / sum(step_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1 AND step_ns > 0) AS exposed_comm_share
+        SELECT rank, max(step) AS step, avg(step_ns) FILTER (WHERE age BETWEEN 2 AND ? + 1) / 1e9 AS step_time_s
         FROM timed GROUP BY rank ORDER BY rank""",
-        [run_id, int(window), int(window), int(window)],
+        [run_id, int(window)],
     )
 
 
@@ -581,92 +584,127 @@ def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
 #   timed         whether the run has step timers; without them (a hook run that sends none) a
 #                 step is the span of the rank's communication, enough for the straggler cost
 #                 but not for shares of step time.
-# Relations read more than once are MATERIALIZED: DuckDB would otherwise inline them and
-# scan the Parquet (and redo the instance grouping) once per reference.
+#
+# One pass: the records are read once and grouped into instances once (the second-latest
+# arrival comes out of that grouping). Every union is a sweep, not islands: sorted by start,
+# an interval adds the part of it past the furthest end of the intervals before it, so one
+# sort of a (rank, step) serves all its unions (comm, waiting, compute, comm + compute) as
+# running maxima side by side, and the overlap with compute is |comm| + |compute| - |both|.
 # It reads two relations: ``c`` (rank, step, group_name, seq, op, start_ns, end_ns) and ``t``
 # (rank, step, name, start_ns, end_ns), so the same text runs on the catalog and on Arrow tables.
 
+COMPUTE_TIMERS = ("fwd", "bwd_inner")
 
-def _islands(source: str, start: str, end: str) -> str:
-    """Per (rank, step), the union of the intervals [start, end) of ``source`` as disjoint islands
-    (rank, step, s, e): sorted by start, a new island begins where an interval starts after every
-    earlier one has ended. Window functions over the whole relation, no per-record loop."""
+
+_FAR_PAST = "(-9223372036854775807)::BIGINT"
+
+
+def _union_lengths(
+    partition: str, source: str, sets: dict[str, tuple[str | None, str]], carry: tuple[str, ...] = ()
+) -> str:
+    """Per ``partition`` of ``source``, the union length (ns) of each named set of intervals,
+    as columns ``<name>_ns``. A set is (condition on the row ``x`` or None for every row, the
+    column that ends its intervals); all start at ``s``. The rows are sorted once by (s, e) into a
+    list, which one list_reduce sweeps keeping a running furthest end per set (cheaper here than
+    a window: a GROUP BY sorts each small list, not the whole relation). ``carry``: more columns
+    of ``source`` to put in the list (ones the conditions read)."""
+    fields, start = [], []
+    for name, (cond, end) in sets.items():
+        reach = f"a.{name}_reach"
+        grow, piece = f"greatest({reach}, x.{end})", f"greatest(0, x.{end} - greatest(x.s, {reach}))"
+        if cond:
+            grow, piece = f"CASE WHEN {cond} THEN {grow} ELSE {reach} END", f"CASE WHEN {cond} THEN {piece} ELSE 0 END"
+        fields += [f"'{name}_reach': {grow}", f"'{name}_ns': a.{name}_ns + {piece}"]
+        start += [f"'{name}_reach': {_FAR_PAST}", f"'{name}_ns': 0::BIGINT"]
+    columns = {"s", "e", *(end for _, end in sets.values()), *carry}
+    row = ", ".join(f"'{c}': {c}" for c in sorted(columns))
     return f"""
-        SELECT rank, step, min({start}) AS s, max({end}) AS e FROM (
-            SELECT *, sum(CASE WHEN reach IS NULL OR {start} > reach THEN 1 ELSE 0 END)
-                          OVER (PARTITION BY rank, step ORDER BY {start}, {end} ROWS UNBOUNDED PRECEDING) AS island
-            FROM (SELECT rank, step, {start}, {end},
-                         lag(reach_incl) OVER (PARTITION BY rank, step ORDER BY {start}, {end}) AS reach
-                  FROM (SELECT rank, step, {start}, {end},
-                               max({end}) OVER (PARTITION BY rank, step ORDER BY {start}, {end}
-                                                ROWS UNBOUNDED PRECEDING) AS reach_incl
-                        FROM {source} WHERE {end} > {start})))
-        GROUP BY rank, step, island"""
+        SELECT {partition}, unnest(list_reduce(list({{{row}}} ORDER BY s, e),
+                                             lambda a, x: {{{", ".join(fields)}}}, {{{", ".join(start)}}}))
+        FROM {source} GROUP BY {partition}"""
 
 
-_STEP_ANALYSIS_BODY = f"""
-    timed AS (SELECT EXISTS (SELECT 1 FROM t) AS yes),
-    win AS MATERIALIZED (
-        SELECT rank, step, min(start_ns) AS w0, max(end_ns) AS w1 FROM t GROUP BY rank, step
-        UNION ALL
-        SELECT rank, step, min(start_ns), max(end_ns) FROM c WHERE NOT (SELECT yes FROM timed) GROUP BY rank, step),
+_INSTANCE_STEP_OP = ("any_value(step) AS step", "any_value(op) AS op")
+
+
+def _step_analysis_body(timed: bool) -> str:
+    """The statement after ``WITH`` (``timed``: whether ``t`` has rows; it decides what a step is)."""
+    span_of = "t" if timed else "c"
+    compute = ", ".join(f"'{name}'" for name in COMPUTE_TIMERS)
+    return f"""
+    win AS (SELECT rank, step, min(start_ns) AS w0, max(end_ns) AS w1 FROM {span_of} GROUP BY rank, step),
     cw AS MATERIALIZED (
         SELECT c.rank, c.step, c.group_name, c.seq, c.op, c.start_ns,
                greatest(c.start_ns, w.w0) AS s, least(c.end_ns, w.w1) AS e
         FROM c JOIN win w ON c.rank = w.rank AND c.step = w.step
         WHERE c.end_ns > w.w0 AND c.start_ns < w.w1),
-    inst AS MATERIALIZED ({instances_sql("cw")}),
-    iv AS MATERIALIZED (
-        SELECT cw.rank, cw.step, cw.s, cw.e,
+    inst AS MATERIALIZED ({
+        instances_sql("cw", runner_up=True, extra=("any_value(step) AS step", "any_value(op) AS op"))
+    }),
+    iv AS (
+        SELECT cw.rank, cw.step, true AS is_comm, cw.s, cw.e,
                least(greatest(coalesce(i.last_ns, cw.s), cw.s), cw.e) AS wait_e
-        FROM cw LEFT JOIN inst i ON {join_condition("cw", "i")}),
-    islands AS MATERIALIZED ({_islands("iv", "s", "e")}),
-    comm_u AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM islands GROUP BY rank, step),
-    wait_u AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM ({_islands("iv", "s", "wait_e")}) GROUP BY rank, step),
-    overlap AS (
-        SELECT u.rank, u.step, sum(greatest(0, least(u.e, t.end_ns) - greatest(u.s, t.start_ns))) / 1e6 AS ms
-        FROM islands u JOIN t ON u.rank = t.rank AND u.step = t.step
-        WHERE t.name IN ('fwd', 'bwd_inner')
-        GROUP BY u.rank, u.step),
+        FROM cw LEFT JOIN inst i ON {join_condition("cw", "i")}
+        UNION ALL
+        SELECT rank, step, false, start_ns, end_ns, NULL FROM t WHERE name IN ({compute})),
+    unions AS ({
+        _union_lengths(
+            "rank, step",
+            "iv",
+            {
+                "comm": ("x.is_comm", "e"),
+                "wait": ("x.is_comm", "wait_e"),
+                "compute": ("NOT x.is_comm", "e"),
+                "any": (None, "e"),
+            },
+            carry=("is_comm",),
+        )
+    }),
     late AS MATERIALIZED (
-        SELECT any_value(cw.step) AS step, any_value(i.last_rank) AS rank, any_value(cw.op) AS op,
-               max(cw.start_ns) FILTER (WHERE cw.rank <> i.last_rank) AS s, any_value(i.last_ns) AS e
-        FROM cw JOIN inst i ON {join_condition("cw", "i")}
-        WHERE i.n_ranks > 1
-        GROUP BY cw.group_name, cw.seq),
-    imposed AS (SELECT rank, step, sum(e - s) / 1e6 AS ms FROM ({_islands("late", "s", "e")}) GROUP BY rank, step),
+        SELECT step, last_rank AS rank, op, runner_up_ns AS s, last_ns AS e FROM inst WHERE n_ranks > 1),
+    imposed AS ({_union_lengths("rank, step", "late", {"late": (None, "e")})}),
     late_op AS (SELECT rank, step, arg_max(op, e - s) AS op FROM late GROUP BY rank, step),
-    held AS (
-        SELECT step, sum(e - s) / 1e6 AS ms
-        FROM ({_islands("(SELECT -1 AS rank, step, s, e FROM late)", "s", "e")}) GROUP BY step)
+    held AS ({_union_lengths("step", "late", {"late": (None, "e")})})
     SELECT w.rank, w.step, (w.w1 - w.w0) / 1e6 AS step_ms,
-           coalesce(cu.ms, 0) AS comm_ms, coalesce(wu.ms, 0) AS waiting_ms, coalesce(o.ms, 0) AS overlapped_ms,
-           coalesce(im.ms, 0) AS imposed_ms, lo.op AS late_op, coalesce(h.ms, 0) AS held_ms,
-           (SELECT yes FROM timed) AS timed
+           coalesce(u.comm_ns, 0) / 1e6 AS comm_ms, coalesce(u.wait_ns, 0) / 1e6 AS waiting_ms,
+           coalesce(u.comm_ns + u.compute_ns - u.any_ns, 0) / 1e6 AS overlapped_ms,
+           coalesce(im.late_ns, 0) / 1e6 AS imposed_ms, lo.op AS late_op, coalesce(h.late_ns, 0) / 1e6 AS held_ms,
+           {str(timed).lower()} AS timed
     FROM win w
-    LEFT JOIN comm_u cu ON cu.rank = w.rank AND cu.step = w.step
-    LEFT JOIN wait_u wu ON wu.rank = w.rank AND wu.step = w.step
-    LEFT JOIN overlap o ON o.rank = w.rank AND o.step = w.step
+    LEFT JOIN unions u ON u.rank = w.rank AND u.step = w.step
     LEFT JOIN imposed im ON im.rank = w.rank AND im.step = w.step
     LEFT JOIN late_op lo ON lo.rank = w.rank AND lo.step = w.step
     LEFT JOIN held h ON h.step = w.step
     ORDER BY w.step, w.rank"""
 
 
+_RUN_TIMERS = """
+    offsets AS (SELECT rank, any_value(clock_offset_ns) AS off FROM ranks WHERE run_id = ? GROUP BY rank),
+    t AS MATERIALIZED (
+        SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) AS start_ns,
+               tm.start_ns + tm.dur_ns - coalesce(o.off, 0) AS end_ns
+        FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank
+        WHERE tm.run_id = ? AND tm.start_ns IS NOT NULL AND tm.dur_ns IS NOT NULL)"""
+
+
 def step_analysis(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank and step of a run: step_ms, comm_ms, waiting_ms, overlapped_ms, imposed_ms, late_op
     (see above). Timers are moved onto the collector's clock with the rank's measured offset, as
     the comm records already are."""
+    timed = bool(
+        cat.df(
+            "SELECT EXISTS (SELECT 1 FROM timers WHERE run_id = ? AND start_ns IS NOT NULL AND dur_ns IS NOT NULL)"
+            " AS yes",
+            [run_id],
+        ).yes.iloc[0]
+    )
+    # Without timers the records are read twice (for the step spans too): read them once into memory.
+    records = "c AS MATERIALIZED" if not timed else "c AS"
     return cat.df(
         f"""
-        WITH c AS MATERIALIZED (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm WHERE run_id = ?),
-        offsets AS (SELECT rank, any_value(clock_offset_ns) AS off FROM ranks WHERE run_id = ? GROUP BY rank),
-        t AS MATERIALIZED (
-            SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) AS start_ns,
-                   tm.start_ns + tm.dur_ns - coalesce(o.off, 0) AS end_ns
-            FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank
-            WHERE tm.run_id = ? AND tm.start_ns IS NOT NULL AND tm.dur_ns IS NOT NULL),
-        {_STEP_ANALYSIS_BODY}""",
+        WITH {records} (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm WHERE run_id = ?),
+        {_RUN_TIMERS},
+        {_step_analysis_body(timed)}""",
         [run_id, run_id, run_id],
     )
 
@@ -679,7 +717,7 @@ def step_analysis_of(comm: pa.Table, timers: pa.Table) -> pd.DataFrame:
     try:
         cur.register("c", comm)
         cur.register("t", timers)
-        return cur.execute(f"WITH {_STEP_ANALYSIS_BODY}").df()
+        return cur.execute(f"WITH {_step_analysis_body(timers.num_rows > 0)}").df()
     finally:
         cur.close()
 
@@ -695,7 +733,8 @@ def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
 def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank and step, what may explain a late arrival: gc_ms (Python GC pauses), data_ms (the
     wait for the batch, the engine's ``data`` timer), runqueue_ms and cpu_ms (time the process waited
-    for a CPU and ran on one), cpu_util and steal (host shares). A signal the run did not record is NULL; runs recorded
+    for a CPU and ran on one), cpu_util and steal (host shares), tokens (what the rank trained on).
+    A signal the run did not record is NULL; runs recorded
     before a signal existed have no table for it, so it is not queried at all."""
     parts = [
         "SELECT rank, step, sum(dur_ns) FILTER (WHERE name = 'data') / 1e6 AS data_ms FROM timers"
@@ -719,6 +758,13 @@ def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
         columns += ["h.runqueue_ms", "h.cpu_ms", "h.cpu_util", "h.steal"]
     else:
         columns += [f"NULL::DOUBLE AS {c}" for c in ("runqueue_ms", "cpu_ms", "cpu_util", "steal")]
+    if _has_segments(cat.data_dir, "batches", run_id):
+        joins += """ FULL JOIN (SELECT rank, step, sum(tokens)::DOUBLE AS tokens FROM batches WHERE run_id = ?
+                   GROUP BY rank, step) b USING (rank, step)"""
+        params.append(run_id)
+        columns.append("b.tokens")
+    else:
+        columns.append("NULL::DOUBLE AS tokens")
     return cat.df(
         f"SELECT rank, step, {', '.join(columns)} FROM ({parts[0]}) t{joins} ORDER BY rank, step",
         params,

@@ -115,6 +115,9 @@ TABLES: dict[str, Table] = {
             ("cpu_ns", I64),
             ("rss_bytes", I64),
         ),
+        # ... and what the rank trained on in the step (trainer.batches): samples, and tokens where
+        # the inputs are token ids (NULL otherwise). Input imbalance shows here.
+        _table("batches", ("samples", I64), ("tokens", I64)),
         # Liveness (collector.rank.watchdog): what a rank is waiting in, its sign of life, its stacks.
         _table(
             "inflight",

@@ -7,7 +7,7 @@ that ended in the last ``keep_ended_s``:
 |---|---|
 | ``rankscope_step`` | the newest step the rank has sent comm records for |
 | ``rankscope_step_time_seconds`` | mean step time over the last ``window`` finished steps |
-| ``rankscope_exposed_comm_share`` | blocking collective time / step time over the same steps |
+| ``rankscope_exposed_comm_share`` | communication not beside compute / step time, same steps (timed runs) |
 | ``rankscope_busbw_gbytes_per_second{op}`` | mean bus bandwidth per op over the last ``window`` steps |
 | ``rankscope_last_arrival_share`` | share of the run's collective instances this rank arrived last to |
 | ``rankscope_findings{kind,severity}`` | findings of the run (collector.data.findings), per run |
@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from collector.data import findings, queries
+from collector.data.findings.communication import recent_exposed_share
 from collector.server.alerts import AlertWebhook
 
 log = logging.getLogger("rankscope.metrics")
@@ -56,7 +57,10 @@ class Snapshot:
 GAUGES = {
     "rankscope_step": ("Newest step with comm records", (*RUN_LABELS, "rank")),
     "rankscope_step_time_seconds": ("Mean step time over the recent finished steps", (*RUN_LABELS, "rank")),
-    "rankscope_exposed_comm_share": ("Blocking collective time / step time, recent steps", (*RUN_LABELS, "rank")),
+    "rankscope_exposed_comm_share": (
+        "Communication not overlapped with compute / step time, recent steps",
+        (*RUN_LABELS, "rank"),
+    ),
     "rankscope_busbw_gbytes_per_second": ("Mean bus bandwidth per op, recent steps", (*RUN_LABELS, "rank", "op")),
     "rankscope_last_arrival_share": ("Share of collective instances this rank arrived last to", (*RUN_LABELS, "rank")),
     "rankscope_findings": ("Findings of the run by kind and severity", (*RUN_LABELS, "kind", "severity")),
@@ -155,13 +159,17 @@ class MetricsEndpoint:
                 labels = (*run_labels, int(r.rank))
                 snapshot.add("rankscope_step", labels, r.step)
                 snapshot.add("rankscope_step_time_seconds", labels, r.step_time_s)
-                snapshot.add("rankscope_exposed_comm_share", labels, r.exposed_comm_share)
+            # Exposed communication is the Overview's (collector.data.findings.communication), from the
+            # same per-step analysis the findings below read.
+            steps = queries.step_analysis(cat, run.run_id)
+            for r in recent_exposed_share(steps, self.window).itertuples():
+                snapshot.add("rankscope_exposed_comm_share", (*run_labels, int(r.rank)), r.exposed)
             for r in queries.recent_busbw(cat, run.run_id, self.window).itertuples():
                 snapshot.add("rankscope_busbw_gbytes_per_second", (*run_labels, int(r.rank), r.op), r.busbw_gbs)
             rollup = queries.comm_rollup(cat, run.run_id)
             for r in queries.last_arrival_share(rollup).itertuples():
                 snapshot.add("rankscope_last_arrival_share", (*run_labels, int(r.rank)), r.share)
-            found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup)
+            found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps)
             counts: dict[tuple[str, str], int] = {}
             for f in found:
                 counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1

@@ -48,11 +48,14 @@ def step_rows(
     )
 
 
+TOKENS_PER_STEP = 4096
+
+
 def signal_rows(
     n_ranks: int, n_steps: int, *, rank: int | None = None, column: str = "gc_ms", ms: float = 0.0, seed: int = 1
 ) -> pd.DataFrame:
-    """``queries.signals_by_step``-shaped: every signal small and noisy on every rank, and
-    ``column`` at ``ms`` (+ noise) on ``rank``."""
+    """``queries.signals_by_step``-shaped: every signal small and noisy on every rank (tokens about
+    TOKENS_PER_STEP on each), and ``column`` at ``ms`` (+ noise) more on ``rank``."""
     rng = np.random.default_rng(seed)
     ranks = np.tile(np.arange(n_ranks), n_steps)
     steps = np.repeat(np.arange(n_steps), n_ranks)
@@ -62,6 +65,7 @@ def signal_rows(
     out["cpu_ms"] = rng.uniform(50, 55, len(ranks))
     out["cpu_util"] = np.full(len(ranks), 0.5)
     out["steal"] = np.zeros(len(ranks))
+    out["tokens"] = np.round(rng.uniform(0.95, 1.05, len(ranks)) * TOKENS_PER_STEP)
     frame = pd.DataFrame(out)
     if rank is not None:
         frame.loc[frame["rank"] == rank, column] += ms

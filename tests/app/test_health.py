@@ -114,3 +114,53 @@ def test_summary_puts_warnings_first():
 
 def test_durations_read_naturally():
     assert [health.duration(ms) for ms in (41.2, 0.43, 0.002)] == ["41 ms", "0.4 ms", "2 µs"]
+
+
+def _small_broadcasts(data_dir, run, steps) -> None:
+    """Per rank, 200 broadcasts of 4 KB (one per parameter tensor) in each of ``steps``."""
+    from collector.testing.fake_runs import _stored, _write
+
+    n = 200
+    for rank in range(run.world_size):
+        for step in steps:
+            t0 = run.t0_ns + step * run.step_period_ns + run.step_period_ns // 8
+            start = [t0 + i * 2_000_000 for i in range(n)]
+            columns = {
+                "step": [step] * n,
+                "group_name": ["bcast"] * n,
+                "group_size": [run.world_size] * n,
+                "seq": [step * n + i for i in range(n)],
+                "op": ["broadcast"] * n,
+                "dtype": ["float32"] * n,
+                "numel": [1024] * n,
+                "bytes": [4096] * n,
+                "start_ns": start,
+                "end_ns": [s + 1_000_000 for s in start],
+                "algbw_gbs": [0.004] * n,
+                "busbw_gbs": [0.004] * n,
+            }
+            _write(data_dir, "comm", run.run_id, f"bcast-rank{rank}-{step}", _stored("comm", rank, columns))
+
+
+def test_the_start_up_parameter_broadcast_is_no_small_message_note_but_one_every_step_is(tmp_path):
+    from collector.data import queries
+    from collector.testing.fake_runs import FakeRun, write_data_dir
+
+    big = (("all_reduce", "world", 50 << 20),)
+    once = FakeRun(run_id="once", world_size=4, steps=12, late_rank=None, collectives=big, with_moe=False)
+    every = FakeRun(run_id="every", world_size=4, steps=12, late_rank=None, collectives=big, with_moe=False)
+    write_data_dir(tmp_path, once, every)
+    _small_broadcasts(tmp_path, once, [0])  # at start-up only, in the warm-up step
+    _small_broadcasts(tmp_path, every, range(12))
+    cat = queries.Catalog(tmp_path)
+    try:
+        startup = health.for_run(cat, "once")
+        steady = health.for_run(cat, "every")
+        everything = queries.log_summary(queries.comm_rollup(cat, "once"), queries.CommFilter())
+    finally:
+        cat.close()
+    # the start-up broadcast is in the data (and 100% small), but not in the note's traffic
+    assert "broadcast" in set(everything.op)
+    assert not [f for f in startup if f.kind == "small_messages"]
+    (note,) = [f for f in steady if f.kind == "small_messages"]
+    assert note.evidence["ops"] == ["broadcast"] and note.text.startswith("100% of broadcast transfer time")

@@ -3,6 +3,7 @@ each fires on its injected story and stays silent on a healthy run, at 4 and at 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from collector.data.findings import communication, stragglers
@@ -123,3 +124,67 @@ def test_cpu_waits_sampled_on_a_clock_are_spread_over_the_steps_they_cover():
         signals[column] = signals[column].where(unsampled, None) * 2
     (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
     assert finding.evidence["cause"] == "host_cpu" and finding.evidence["coincidence"] >= 0.9
+
+
+def test_a_rank_given_more_tokens_is_named_for_input_imbalance_and_a_balanced_one_is_not():
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    heavy = signal_rows(4, 30)
+    heavy.loc[heavy["rank"] == 3, "tokens"] *= 1.8
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=heavy)
+    assert finding.evidence["cause"] == "input_imbalance"
+    assert finding.evidence["tokens_ratio"] == pytest.approx(1.8, abs=0.1)
+    assert "it processed 1.8x the median tokens per step on its late steps" in finding.text
+    # balanced inputs explain nothing; a measured wait, where one explains it, is the cause named
+    (balanced,) = stragglers.costly_ranks(steps, world_size=4, signals=signal_rows(4, 30))
+    assert "cause" not in balanced.evidence and "tokens" not in balanced.text
+    both = heavy.copy()
+    both.loc[both["rank"] == 3, "gc_ms"] += 36.0
+    (gc_first,) = stragglers.costly_ranks(steps, world_size=4, signals=both)
+    assert gc_first.evidence["cause"] == "gc"
+    # a rank with more tokens that is not late is no straggler at all
+    assert stragglers.costly_ranks(step_rows(4, 30), world_size=4, signals=heavy) == []
+    # runs that record no tokens (float inputs, hook runs) leave the cause open
+    (unrecorded,) = stragglers.costly_ranks(steps, world_size=4, signals=heavy.assign(tokens=None))
+    assert "cause" not in unrecorded.evidence
+
+
+def test_input_imbalance_among_1024_ranks():
+    steps = step_rows(1024, 20, late_rank=5, late_ms=30.0)
+    signals = signal_rows(1024, 20)
+    signals.loc[signals["rank"] == 5, "tokens"] *= 2.0
+    (finding,) = stragglers.costly_ranks(steps, world_size=1024, signals=signals)
+    assert finding.ranks == (5,) and finding.evidence["cause"] == "input_imbalance"
+
+
+def _write_tokens(data_dir, run, heavy_rank: int | None, factor: float) -> None:
+    """A ``batches`` segment per rank: 32 samples and ~4,096 tokens a step, ``factor`` times that on ``heavy_rank``."""
+    from collector.testing.fake_runs import _stored, _write
+
+    rng = np.random.default_rng(3)
+    for rank in range(run.world_size):
+        tokens = rng.uniform(0.95, 1.05, run.steps) * 4096 * (factor if rank == heavy_rank else 1.0)
+        columns = {"step": list(range(run.steps)), "samples": [32] * run.steps, "tokens": tokens.astype(int).tolist()}
+        _write(data_dir, "batches", run.run_id, f"rank{rank}", _stored("batches", rank, columns))
+
+
+def test_rankscope_health_names_input_imbalance_from_the_batches_table(tmp_path):
+    # The fake run's rank 3 is late to every all_reduce; in "heavy" it also trained on 1.8x the tokens.
+    from collector.data import findings, queries
+    from collector.testing.fake_runs import FakeRun, write_data_dir
+
+    heavy = FakeRun(run_id="heavy", world_size=4, steps=30, late_rank=3, with_moe=False)
+    even = FakeRun(run_id="even", world_size=4, steps=30, late_rank=3, with_moe=False)
+    write_data_dir(tmp_path, heavy, even)
+    _write_tokens(tmp_path, heavy, heavy_rank=3, factor=1.8)
+    _write_tokens(tmp_path, even, heavy_rank=None, factor=1.0)
+    cat = queries.Catalog(tmp_path)
+    try:
+        signals = queries.signals_by_step(cat, "heavy")
+        heavy_found = [f for f in findings.for_run(cat, "heavy") if f.kind == "straggler" and 3 in f.ranks]
+        even_found = [f for f in findings.for_run(cat, "even") if f.kind == "straggler" and 3 in f.ranks]
+    finally:
+        cat.close()
+    assert signals.tokens.notna().all() and signals.groupby("rank").tokens.median()[3] > 7000
+    assert heavy_found and heavy_found[0].evidence.get("cause") == "input_imbalance"
+    assert "1.8x the median tokens per step" in heavy_found[0].text
+    assert even_found and even_found[0].evidence.get("cause") != "input_imbalance"

@@ -159,3 +159,41 @@ def test_the_sample_runs_report_no_hang_desync_or_silent_rank():
             assert not [f for f in findings.for_run(cat, run_id) if f.severity == "critical"], run_id
     finally:
         cat.close()
+
+
+def test_the_desyncs_view_finds_each_odd_instance_and_only_those(tmp_path):
+    # A healthy 4-rank run, plus one segment per rank of three extra instances: seq 900 where
+    # rank 2 sends another numel, seq 901 where rank 1 has no dtype (NULL is a side of its own),
+    # seq 902 where all agree.
+    from collector.testing.fake_runs import _stored, _write
+
+    run = FakeRun(run_id="odd", world_size=4, steps=2, with_moe=False)
+    write_run(tmp_path, run)
+    for rank in range(4):
+        numel = [1024 if rank != 2 else 512, 1024, 1024]
+        dtype = ["float32", "float32" if rank != 1 else None, "float32"]
+        rows = _stored(
+            "comm",
+            rank,
+            {
+                "step": [5, 5, 5],
+                "group_name": ["world"] * 3,
+                "group_size": [4] * 3,
+                "seq": [900, 901, 902],
+                "op": ["all_reduce"] * 3,
+                "dtype": dtype,
+                "numel": numel,
+                "start_ns": [10, 20, 30],
+                "end_ns": [11, 21, 31],
+            },
+        )
+        _write(tmp_path, "comm", run.run_id, f"odd-rank{rank}", rows)
+    cat = queries.Catalog(tmp_path)
+    try:
+        odd = queries.desyncs(cat, run.run_id)
+    finally:
+        cat.close()
+    assert list(odd.seq) == [900, 901]
+    sides = {row.seq: [(s["numel"], s["dtype"], list(s["ranks"])) for s in row.sides] for row in odd.itertuples()}
+    assert sides[900] == [(1024, "float32", [0, 1, 3]), (512, "float32", [2])]
+    assert sides[901] == [(1024, "float32", [0, 2, 3]), (1024, None, [1])]

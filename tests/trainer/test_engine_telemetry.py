@@ -59,6 +59,9 @@ def test_engine_records_land_in_the_catalog(run):
         "Train/Samples/loss_scale",
         "Train/Samples/samples_per_sec",
     } <= tags
+    # what each rank trained on per step: its share of the global batch (float inputs: no tokens)
+    batches = q(f"SELECT rank, step, samples, tokens FROM batches {where} ORDER BY rank, step")
+    assert batches == [(r, s, BATCH // 2, None) for r in range(2) for s in range(STEPS)]
     comm = dict(q(f"SELECT log_name, count(*) FROM comm {where} AND rank = 0 GROUP BY ALL"))
     assert comm["zero2.all_gather_params"] == STEPS * BUCKETS  # one per bucket per step
     assert comm["zero.overflow"] == STEPS  # the fp16 overflow vote, once per step
@@ -66,5 +69,8 @@ def test_engine_records_land_in_the_catalog(run):
 
 def test_engine_gradient_reduce_scatter_records(run):
     q, where = run
+    # what each rank trained on per step: its share of the global batch (float inputs: no tokens)
+    batches = q(f"SELECT rank, step, samples, tokens FROM batches {where} ORDER BY rank, step")
+    assert batches == [(r, s, BATCH // 2, None) for r in range(2) for s in range(STEPS)]
     comm = dict(q(f"SELECT log_name, count(*) FROM comm {where} AND rank = 0 GROUP BY ALL"))
     assert comm.get("zero2.reduce_scatter_grads") == STEPS * 2 * BUCKETS  # per bucket per micro-batch

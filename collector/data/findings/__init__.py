@@ -48,7 +48,8 @@ def summarize(
     liveness: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
-    queries.step_analysis; ``source`` and ``config`` are the run's (they decide which
+    queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
+    ``source`` and ``config`` are the run's (they decide which
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them)."""
     engine, stage = engine_of(source, config)
@@ -66,8 +67,11 @@ def summarize(
     )
 
 
-def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None) -> list[Finding]:
-    """Run the queries and every rule for one run (``rollup``: its comm rollup, where the caller has it)."""
+def for_run(
+    cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None, steps: pd.DataFrame | None = None
+) -> list[Finding]:
+    """Run the queries and every rule for one run (``rollup``: its comm rollup, ``steps``: its
+    queries.step_analysis, where the caller has them)."""
     runs = queries.list_runs(cat)
     match = runs[runs.run_id == run_id]
     run = match.iloc[0] if len(match) else None
@@ -76,8 +80,8 @@ def for_run(cat: queries.Catalog, run_id: str, world_size: int | None = None, ro
     if rollup is None:
         rollup = queries.comm_rollup(cat, run_id)
     return summarize(
-        steps=queries.step_analysis(cat, run_id),
-        log_summary=queries.log_summary(rollup, queries.CommFilter()),
+        steps=steps if steps is not None else queries.step_analysis(cat, run_id),
+        log_summary=queries.log_summary(rollup, queries.training_filter(queries.comm_dimensions(rollup))),
         scales=queries.loss_scale(cat, run_id),
         world_size=world_size,
         source=run.source if run is not None else None,

@@ -11,6 +11,12 @@ explains the lateness when its median excess is a real part of the median latene
 that step's lateness in ``MIN_COINCIDENCE`` of them); of those, the one explaining the most wins.
 Signals a run did not record (NULL columns) are not considered, so an unexplained straggler
 stays unexplained rather than blamed on the wrong thing.
+
+When no measured wait explains it, the work itself may: *input imbalance*, a rank given more
+tokens than the others (variable-length sequences). Tokens are not time, so they are judged by
+ratio: the rank's tokens on a late step over the other ranks' median on that step, at least
+``MIN_TOKEN_RATIO`` in the median and on ``MIN_COINCIDENCE`` of its late steps ("it processed
+1.8x the median tokens per step on its late steps").
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collector.data.findings.model import duration, pct
 
 MIN_EXPLAINED = 0.5
 MIN_COINCIDENCE = 0.6
+MIN_TOKEN_RATIO = 1.2
 
 # cause: (signals_by_step column, how the sentence names it)
 SIGNALS = {
@@ -58,7 +65,7 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | Non
         if explained >= MIN_EXPLAINED and coincidence >= MIN_COINCIDENCE and (best is None or explained > best[0]):
             best = (explained, cause, label, float(np.median(own)), float(others.median()), coincidence)
     if best is None:
-        return None
+        return _input_imbalance(rank, late_steps, signals)
     explained, cause, label, own_median, others_median, coincidence = best
     return {
         "cause": cause,
@@ -70,6 +77,36 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | Non
             "others_median_ms": others_median,
             "coincidence": coincidence,
             "explained": explained,
+        },
+    }
+
+
+def _input_imbalance(rank: int, late_steps: pd.Index, signals: pd.DataFrame) -> dict | None:
+    """The input-imbalance explanation of a rank's late steps, from the ``tokens`` column, or None."""
+    if "tokens" not in signals or signals.tokens.isna().all():
+        return None
+    grid = _grid(signals, "tokens")
+    if rank not in grid.columns or grid.shape[1] < 2:
+        return None
+    own = grid[rank].reindex(late_steps)
+    others = grid.drop(columns=rank).median(axis=1).reindex(late_steps)
+    ratio = (own / others.where(others > 0)).dropna()
+    if ratio.empty:
+        return None
+    median_ratio, coincidence = float(ratio.median()), float((ratio >= MIN_TOKEN_RATIO).mean())
+    if median_ratio < MIN_TOKEN_RATIO or coincidence < MIN_COINCIDENCE:
+        return None
+    return {
+        "cause": "input_imbalance",
+        "clause": f"it processed {median_ratio:.1f}x the median tokens per step on its late steps "
+        f"({own.median():,.0f} vs {others.median():,.0f}), on {pct(coincidence)} of them: input imbalance "
+        "(longer sequences)",
+        "evidence": {
+            "cause": "input_imbalance",
+            "tokens_median": float(own.median()),
+            "others_tokens_median": float(others.median()),
+            "tokens_ratio": median_ratio,
+            "coincidence": coincidence,
         },
     }
 

@@ -30,6 +30,17 @@ def exposed_shares(steps: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def recent_exposed_share(steps: pd.DataFrame, window: int) -> pd.DataFrame:
+    """Per rank (rank, exposed): the exposed share of ``exposed_shares`` over the rank's last
+    ``window`` finished steps (its newest step, maybe still running, left out). What the collector's
+    Prometheus gauge reports live, with the Overview's definition. Empty without step timers."""
+    if steps.empty or not bool(steps.timed.iloc[0]):
+        return pd.DataFrame(columns=["rank", "exposed"])
+    age = steps.groupby("rank").step.rank(method="first", ascending=False)
+    recent = steps[(age >= 2) & (age <= window + 1)]
+    return exposed_shares(recent)[["rank", "exposed"]]
+
+
 def exposed_communication(steps: pd.DataFrame) -> list[Finding]:
     """From queries.step_analysis (rank, step, step_ms, comm_ms, waiting_ms, overlapped_ms, timed)."""
     steps = training_steps(steps)

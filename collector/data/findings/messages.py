@@ -7,6 +7,10 @@ the bundled engine buckets gradient reductions by ``reduce_bucket_size`` and ZeR
 parameter gathers by ``stage3_prefetch_bucket_size``, and accepts ``allgather_bucket_size``
 without acting on it (README, config keys); DeepSpeed honours all three. A plain
 torch.distributed script has no such keys, so the note says what to do, not which key.
+
+The note is about steady-state traffic, so it reads the training steps only
+(queries.training_filter): the start-up parameter broadcast, one small message per tensor, done
+once, is expected and no key makes it bigger.
 """
 
 from __future__ import annotations
