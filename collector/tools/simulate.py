@@ -523,7 +523,11 @@ def main(args: argparse.Namespace) -> int:
     total = sim.records_per_rank * sim.ranks
     began = time.monotonic()
     where = args.endpoint or args.data_dir
-    print(f"simulating {sim.run_id}: {sim.ranks} ranks x {sim.steps} steps, {total:,} records -> {where}", flush=True)
+    hang = f", rank {sim.hang.rank} hung at step {sim.hang.step}" if sim.hang else ""
+    print(
+        f"simulating {sim.run_id}: {sim.ranks} ranks x {sim.steps} steps{hang}, {total:,} records -> {where}",
+        flush=True,
+    )
     last = [began]
 
     def progress(done_ranks: int, _records) -> None:
