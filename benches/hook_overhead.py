@@ -120,6 +120,26 @@ def _time_isolated(fns: dict, t, blocks: int = 50, n: int = 1000) -> dict:
     return {name: statistics.median(v) for name, v in res.items()}
 
 
+def _method_call_wrapper(real):
+    """The same-run "before": the all_reduce wrapper as it was generated before the recorder's
+    enter/complete were inlined into it (two method calls around the real one)."""
+    from collector.rank.recorder import REC
+
+    def all_reduce(tensor, op=None, group=None, async_op=False, log_name=None):
+        if not REC.on or ("all_reduce" not in REC.ops and log_name not in REC.ops):
+            return real(tensor, op, group, async_op)
+        span = None
+        slot = REC.enter("all_reduce", group, tensor.dtype, tensor.numel(), 1)
+        try:
+            work = real(tensor, op, group, async_op)
+        except BaseException:
+            REC.abandon(slot)
+            raise
+        return REC.complete(slot, log_name, work if async_op else None, span)
+
+    return all_reduce
+
+
 def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str) -> None:
     import torch
     import torch.distributed as dist
@@ -155,7 +175,7 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
             wrapper = instrument(SPECS["all_reduce"])
         finally:
             c10d.all_reduce = raw
-        return _time_isolated({"no-op": noop, "wrapper": wrapper}, t)
+        return _time_isolated({"no-op": noop, "wrapper": wrapper, "method calls": _method_call_wrapper(noop)}, t)
 
     def finish():
         left = comm.flush()
@@ -483,8 +503,8 @@ def main(argv: list[str]) -> int:
         "",
         "## Isolated: the wrapper around a no-op collective (us per call, median of 1000-call loops)",
         "",
-        "| pair | rank | no-op | wrapper | added |",
-        "|---|---|---:|---:|---:|",
+        "| pair | rank | no-op | wrapper | added | before: enter/complete as method calls, added |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     iso_added = {}
     for kind, per_rank in res.items():
@@ -495,11 +515,14 @@ def main(argv: list[str]) -> int:
                 lines.append(
                     f"| DeepSpeed logger off -> on | {r} | {iso['no-op']:.3f} | off {iso['logger off']:.3f}, "
                     f"on {iso['logger on']:.3f} (first 500 calls {iso['on first 500']:.3f}, calls "
-                    f"9,501-10,000 {iso['on last 500']:.3f}) | {a:.3f} |"
+                    f"9,501-10,000 {iso['on last 500']:.3f}) | {a:.3f} | |"
                 )
             else:
                 a = iso["wrapper"] - iso["no-op"]
-                lines.append(f"| rankscope {kind} | {r} | {iso['no-op']:.3f} | {iso['wrapper']:.3f} | {a:.3f} |")
+                before = iso["method calls"] - iso["no-op"]
+                lines.append(
+                    f"| rankscope {kind} | {r} | {iso['no-op']:.3f} | {iso['wrapper']:.3f} | {a:.3f} | {before:.3f} |"
+                )
             iso_added.setdefault(kind, []).append(a)
     if "deepspeed" in res:
         ds_e2e, ds_iso = statistics.mean(added["deepspeed"]), statistics.mean(iso_added["deepspeed"])
@@ -541,11 +564,14 @@ NOTES = """
 ## Reading
 
 - The isolated rows are the cost the instrumentation adds to the training thread, free of gloo's
-  jitter: rankscope's wrapper is two `perf_counter_ns` reads, a cached group lookup and one tuple
-  appended to a deque (the rows, bandwidth and summary are computed by a background thread, costed
-  above per record). DeepSpeed's `timed_op` binds the call's signature (`inspect.Signature.bind_partial`),
-  computes the message size and bandwidth, starts/stops a named timer and appends to its dict on
-  the calling thread, and calls `get_accelerator().synchronize()` after every op (a no-op on the CPU
+  jitter: rankscope's wrapper is two `perf_counter_ns` reads, a cached group lookup, the in-flight
+  slot (one list: group, seq, size, entry time, step) put in a dict before the call and, after it,
+  taken out and appended to a deque as the record (the rows, bandwidth and summary are computed by a
+  background thread, costed above per record). "before" is the same work done through two recorder
+  method calls (`REC.enter` / `REC.complete`), as the wrapper did until they were inlined into it.
+  DeepSpeed's `timed_op` binds the call's signature (`inspect.Signature.bind_partial`), computes
+  the message size and bandwidth, starts/stops a named timer and appends to its dict on the calling
+  thread, and calls `get_accelerator().synchronize()` after every op (a no-op on the CPU
   accelerator; on GPU it is a device-wide sync, which this CPU run cannot show).
 - DeepSpeed's timer is read with `elapsed(reset=False)`, which sums every interval recorded under
   that log name so far (plus `inspect.signature` twice in `get_msg_size_from_args`), so its per-call

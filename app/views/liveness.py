@@ -5,14 +5,31 @@ rank) and process group, the last collective seq each rank entered and completed
 stuck collective is where the entered column runs ahead of the completed one, and the
 ranks missing from it lag behind both. The stacks are each rank's latest capture: the
 ones a rank took itself when a collective crossed ``hang_after_s``, and the ones the
-collector asked of the ranks missing from it (or of silent ranks).
+collector asked of the ranks missing from it (or of silent ranks); ranks with the same
+stacks share one entry.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from app import queries, state
+from collector.data.findings.model import ranks_label
+
+EXPANDED_STACK_GROUPS = 3  # the odd ones out (fewest ranks) open; the rest one click away
+
+
+def same_stacks(stacks: pd.DataFrame) -> list[tuple[list[int], pd.DataFrame]]:
+    """Ranks whose latest capture is the same (step, reason and every thread's stack), one group
+    each, fewest ranks first: in a 1,024-rank hang the stuck rank's stack comes first and the
+    1,023 waiting ranks' identical ones are one entry, not a thousand."""
+    groups: dict[tuple, tuple[list[int], pd.DataFrame]] = {}
+    for rank, threads in stacks.groupby("rank", sort=True):
+        first = threads.iloc[0]
+        key = (first["step"], first["reason"], *zip(threads["thread_name"], threads["is_main"], threads["stack"]))
+        groups.setdefault(key, ([], threads))[0].append(int(rank))
+    return sorted(groups.values(), key=lambda g: (len(g[0]), g[0][0]))
 
 
 def liveness_page() -> None:
@@ -43,9 +60,11 @@ def liveness_page() -> None:
         stacks = queries.stacks(d, run_id, version)
         if stacks.empty:
             st.info("No stacks captured: none is taken until a collective hangs or the collector asks.")
-        for rank, threads in stacks.groupby("rank", sort=True):
+        for i, (ranks, threads) in enumerate(same_stacks(stacks)):
             first = threads.iloc[0]
-            with st.expander(f"rank {rank} · step {first.step} · {first.reason}", expanded=bool(first.is_main)):
+            # labels are markdown: op names' underscores would turn into italics
+            label = f"{ranks_label(ranks)} · step {first.step} · {first.reason}".replace("_", "\\_")
+            with st.expander(label, expanded=i < EXPANDED_STACK_GROUPS):
                 for t in threads.itertuples(index=False):
                     st.markdown(f"**{t.thread_name}**{' (main)' if t.is_main else ''} — `{t.innermost}`")
                     st.code(t.stack, language="text")

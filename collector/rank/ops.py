@@ -6,19 +6,36 @@ carries the dtype and device, how many elements the op moves, and how p2p peers
 are named) and from the real function's signature in the installed torch, so
 the wrappers keep torch's parameter names and defaults exactly and follow them
 across torch versions. The generated body is what a hand-written wrapper would
-be, because this is the hot path (~1 us a call, measured by benches/hook_overhead):
+be, because this is the hot path (<= 2 us a call, measured by benches/hook_overhead).
+The recorder's enter/complete are inlined here: two method calls and their attribute
+lookups cost as much as the rest together on a Python of this speed. The names the body
+uses are bound once into the wrapper's globals (``_inflight`` is ``REC.inflight``, ...):
 
     def all_reduce(tensor, op=<SUM>, group=None, async_op=False, log_name=None):
         if not REC.on or ("all_reduce" not in REC.ops and log_name not in REC.ops):
             return _real(tensor, op, group, async_op)
         span = cuda_start(tensor)
-        slot = REC.enter("all_reduce", group, tensor.dtype, tensor.numel(), 1)   # in flight from here
+        g = _groups.get(group) or _group(group)
+        t0 = perf_ns()
+        slot = ["all_reduce", None, g, next(g.seq), tensor.dtype, tensor.numel(), 0, t0, 0, None, False, -1,
+                _state.step, None, t0]
+        key = id(slot)
+        _inflight[key] = slot   # in flight from here
         try:
             work = _real(tensor, op, group, async_op)
         except BaseException:
             REC.abandon(slot)
             raise
-        return REC.complete(slot, log_name, work if async_op else None, span)
+        t1 = perf_ns()
+        if async_op or span is not None or REC.debug or len(_pending) >= MAX_PENDING:
+            return REC.complete(slot, log_name, work if async_op else None, span, t1)
+        del _inflight[key]      # the common case, REC.complete's synchronous branch spelled out
+        slot[1] = log_name or "all_reduce"
+        slot[8] = t1
+        _pending.append(slot)
+
+The slot is the record ``Recorder.enter`` builds (collector.rank.recorder's field order);
+tests/rank/test_comm.py checks the inlined path against enter/complete row for row.
 
 The real functions are called from ``torch.distributed.distributed_c10d``,
 which ``collector.hook.attach`` never patches, so nothing is recorded twice.
@@ -36,9 +53,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from collector.rank import session, watchdog  # noqa: F401  (watchdog: follows the session from here on)
+from collector.rank import session, state, watchdog  # noqa: F401  (watchdog: follows the session from here on)
 from collector.rank.clock import perf_ns
-from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, REC, cuda_start
+from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, MAX_PENDING, REC, SLOT_FIELDS, cuda_start
 
 
 @dataclass(frozen=True)
@@ -136,14 +153,37 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
         f"        return _real({args})\n"
     )
     if spec.kind == "collective":
-        # The in-flight mark: entered (group, seq, size, time) before the call, so a collective
-        # that never returns is still known; cleared if the call raises (zero-cost try).
+        # The in-flight mark, Recorder.enter inlined: the slot is in ``inflight`` (group, seq, size,
+        # time) before the call, so a collective that never returns is still known; cleared if the
+        # call raises (zero-cost try). One clock read per edge; the entry time is also the wait start.
+        size = (
+            numel
+            if spec.scale == "1"
+            else f"({numel}) * g.size"
+            if spec.scale == "GROUP_SIZE"
+            else f"({numel}) * ({spec.scale})"
+        )
+        fields = dict.fromkeys(SLOT_FIELDS, "0")
+        fields.update(op=repr(spec.op), name="None", group="g", seq="next(g.seq)", dtype=dtype, numel=size)
+        fields.update(t0="t0", timing="None", async_="False", peer="-1", step="_state.step", slot="None", since="t0")
+        slot = ", ".join(fields.values())
+        slow = "async_op" + (" or span is not None" if span != "None" else "") + " or REC.debug"
         body = (
             f"    span = {span}\n"
-            f"    slot = REC.enter({spec.op!r}, group, {dtype}, {numel}, {spec.scale})\n"
+            f"    g = _groups.get(group) or _group(group)\n"
+            f"    t0 = perf_ns()\n"
+            f"    slot = [{slot}]\n"
+            f"    key = id(slot)\n"
+            f"    _inflight[key] = slot\n"
             f"    try:\n        work = _real({args})\n"
             f"    except BaseException:\n        REC.abandon(slot)\n        raise\n"
-            f"    return REC.complete(slot, log_name, work if async_op else None, span)\n"
+            f"    t1 = perf_ns()\n"
+            f"    if {slow} or len(_pending) >= MAX_PENDING:\n"
+            f"        return REC.complete(slot, log_name, work if async_op else None, span, t1)\n"
+            f"    del _inflight[key]\n"
+            f"    slot[{SLOT_FIELDS.index('name')}] = log_name or {spec.op!r}\n"
+            f"    slot[{SLOT_FIELDS.index('t1')}] = t1\n"
+            f"    _pending.append(slot)\n"
         )
         return head + body, defaults
     facts = f"{dtype}, {spec.numel.format(tensor=tensor)} * {spec.scale}"
@@ -174,6 +214,13 @@ def instrument(spec: OpSpec):
     text, defaults = _source(spec, real)
     namespace = {
         "REC": REC,
+        # the recorder's containers are cleared, never rebound: the wrappers hold them directly
+        "_inflight": REC.inflight,
+        "_pending": REC.pending,
+        "_groups": REC.groups,
+        "_group": REC._group,
+        "_state": state,
+        "MAX_PENDING": MAX_PENDING,
         "perf_ns": perf_ns,
         "cuda_start": cuda_start,
         "torch": torch,

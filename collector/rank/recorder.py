@@ -3,11 +3,13 @@
 This is DeepSpeed's comms logger rebuilt for live telemetry. Unlike DeepSpeed,
 calls are never synchronised to be timed:
 
-* training thread (the hot path, ~1 us, in collector.rank.ops): before the real
+* training thread (the hot path, <= 2 us, in collector.rank.ops): before the real
   call, ``Recorder.enter`` looks the group up (cached), takes the collective's
   ``seq`` and writes one in-flight slot (``inflight[id] = slot``); after it,
-  ``Recorder.complete`` turns the slot into one tuple appended to a bounded deque
-  and clears the slot. No formatting, no bandwidth math, no I/O.
+  ``Recorder.complete`` turns the slot into the record appended to a bounded deque
+  and clears the slot. No formatting, no bandwidth math, no I/O. The generated
+  wrappers do the same inline (their synchronous case without a method call), so
+  ``inflight``, ``pending`` and ``groups`` are cleared, never rebound.
 * in flight: a collective is known from the moment it is *entered*, with its
   group, seq, op, dtype, size, entry time and step, so the watchdog
   (collector.rank.watchdog) can report a collective that never completes. A
@@ -212,7 +214,12 @@ def cuda_start(tensor):
 
 # record fields: a p2p record is a tuple of them; a collective's record is its in-flight slot itself
 # (a list written at entry and completed in place, so the hot path builds one object, not two)
-_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT, _SINCE = range(15)
+# SLOT_FIELDS names them in order for collector.rank.ops, which writes collective slots inline.
+SLOT_FIELDS = ("op", "name", "group", "seq", "dtype", "numel", "itemsize", "t0", "t1", "timing", "async_", "peer")
+SLOT_FIELDS += ("step", "slot", "since")
+_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT, _SINCE = range(
+    len(SLOT_FIELDS)
+)
 # _SINCE: when the rank began waiting for it: the call for blocking ops and for async ops whose completion
 # is seen (a future); wait() for async ops whose completion only wait() reveals (0 until then: the caller
 # may do other work before it waits, which is no hang). _SLOT: an async slot's key in ``inflight``.
@@ -303,10 +310,13 @@ class Recorder:
         self.inflight.pop(id(slot), None)
         self.abandoned.append(slot)
 
-    def complete(self, slot: list, log_name, work, span):
-        """The real call returned: the slot becomes the collective's record (async ones stay in
-        flight until their end is known). Returns the Work to hand back, as ``record`` does."""
-        t1 = perf_ns()
+    def complete(self, slot: list, log_name, work, span, t1: int | None = None):
+        """The real call returned (at ``t1``, read now if not given): the slot becomes the
+        collective's record (async ones stay in flight until their end is known). Returns the
+        Work to hand back, as ``record`` does. The generated wrappers do the synchronous case
+        inline and come here for the rest."""
+        if t1 is None:
+            t1 = perf_ns()
         try:
             if span is not None:
                 span.stop = torch.cuda.Event(enable_timing=True)

@@ -191,7 +191,7 @@ class Compactor:
         commit = self.ledger.reserve_commit()
         output = segment_path(self.data_dir, table, run_id, layout.segment_prefix("cmp", self.ledger.writer), commit)
         write_segment(output, schema, (_conform(t, schema) for t in tables))
-        self.ledger.commit_compaction(commit, inputs, output)
+        self.ledger.commit_compaction(commit, inputs, [output])
         self._footers_ok.difference_update(inputs)
         log.debug("merged %d segments of %s/%s into %s", len(inputs), table, run_id, output.name)
         return True

@@ -162,9 +162,14 @@ class Ledger:
                     seq_set.add_range(lo, hi)
             self._after_commit()
 
-    def commit_compaction(self, commit: int, inputs: list[Path], output: Path) -> None:
-        """Replace ``inputs`` by ``output`` (written at its temporary name)."""
-        record = {"commit": commit, "compact": {"inputs": [self._rel(p) for p in inputs], "output": self._rel(output)}}
+    def commit_compaction(self, commit: int, inputs: list[Path], outputs: list[Path]) -> None:
+        """Replace ``inputs`` by ``outputs`` (each written at its temporary name; several when the
+        rows are split, none when every row was dropped): one record, so a crash leaves the old
+        segments or the new ones, never both or neither."""
+        record = {
+            "commit": commit,
+            "compact": {"inputs": [self._rel(p) for p in inputs], "outputs": [self._rel(p) for p in outputs]},
+        }
         with self._lock:
             self._append(record)
             self._apply(record)
@@ -235,11 +240,13 @@ class Ledger:
                 if path.exists():
                     path.unlink()
                     dirs.add(path.parent)
-            final = self.data_dir / compact["output"]
-            tmp = layout.temp_name(final)
-            if tmp.exists():
-                os.replace(tmp, final)
-                dirs.add(final.parent)
+            # "output": one output, as records were written before compactions could split rows
+            for rel in compact.get("outputs", [compact.get("output")] if "output" in compact else []):
+                final = self.data_dir / rel
+                tmp = layout.temp_name(final)
+                if tmp.exists():
+                    os.replace(tmp, final)
+                    dirs.add(final.parent)
         for d in dirs:
             layout.fsync_dir(d)
 

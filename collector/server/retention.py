@@ -12,11 +12,15 @@ One pass, two ledger commits, in this order:
 
 1. the window's rollup (collector.data.queries.rollup_sql over the raw rows) is added as a
    ``comm_steps`` segment;
-2. the comm segments wholly inside the window are replaced (as a compaction) by one segment
-   without the raw rows of the steps the policy drops; a segment reaching past the window is
-   left as it is (it keeps more raw rows than the policy asks), so no row is rewritten twice.
+2. the comm segments holding rows of the window are replaced (as one compaction) by a segment
+   without the raw rows of the steps the policy drops and, when some of them reach past the
+   window (a flush that caught ranks on both sides of ``settled``), a second one with the rows
+   past it, as they were: those are decided by a later window. Each row is judged once; a row
+   past the window may be copied again, never dropped early.
 
-A crash between the two leaves the rollup and all raw rows of the window: readers take
+The replacement is one ledger record naming every input and output, so a crash leaves the old
+segments or the new ones (collector.server.ledger). A crash between the two commits leaves the
+rollup and all raw rows of the window: readers take
 rolled-up steps from the rollup only (queries.COMM_ROLLUP_SQL), so nothing is counted twice;
 the window simply keeps more raw rows than the policy asks, never fewer. Only segments this
 writer owns are touched; with several writers a run's ranks are split across them and no
@@ -73,30 +77,30 @@ class Retention:
         if settled <= through or (settled - through < self.config.retention_window and not ended):
             return False
         window = [p for p in pending if stats[p][0] <= settled]
-        raw = {p: pq.read_table(p) for p in window}
-        rollup = self._rollup(pa.concat_tables(raw.values(), promote_options="default"), through, settled)
+        rows = pa.concat_tables([pq.read_table(p) for p in window], promote_options="default")
+        rollup = self._rollup(rows, through, settled)
         self._add_rollup(run_id, rollup)
         keep = steps_to_keep(rollup.to_pandas(), self.config.raw_every)
-        # Only segments wholly inside the rolled-up steps are rewritten: one reaching past ``settled``
-        # keeps its rows as they are (more raw rows than the policy asks, never fewer), and so no
-        # row is rewritten by more than one window.
-        inputs = [p for p in window if stats[p][1] <= settled]
-        if inputs:
-            rows = pa.concat_tables([raw[p] for p in inputs], promote_options="default")
-            step = rows.column("step")
-            kept_steps = pa.array(sorted(keep), pa.int64())
-            # rows of earlier windows were decided then; a row without a step stays
-            mask = pc.or_kleene(pc.less_equal(step, through), pc.is_in(step, value_set=kept_steps))
-            kept = rows.filter(pc.fill_null(pc.or_kleene(mask, pc.is_null(step)), True))
-            commit = self.ledger.reserve_commit()
-            prefix = layout.segment_prefix("cmp", self.ledger.writer)
-            output = segment_path(self.data_dir, "comm", run_id, prefix, commit)
-            write_segment(output, kept.schema, [kept])
-            self.ledger.commit_compaction(commit, inputs, output)
-            log.info(
-                "retention %s: steps %d..%d rolled up, raw rows kept for %d of them (%d of %d rows rewritten)",
-                run_id, through + 1, settled, len(keep), kept.num_rows, rows.num_rows,
-            )  # fmt: skip
+        step = rows.column("step")
+        later = pc.fill_null(pc.greater(step, settled), False)  # a later window's to judge
+        kept_steps = pa.array(sorted(keep), pa.int64())
+        # rows of earlier windows were decided then; a row without a step stays
+        mask = pc.or_kleene(pc.less_equal(step, through), pc.is_in(step, value_set=kept_steps))
+        kept = rows.filter(pc.and_(pc.invert(later), pc.fill_null(pc.or_kleene(mask, pc.is_null(step)), True)))
+        after = rows.filter(later)
+        commit = self.ledger.reserve_commit()
+        prefix = layout.segment_prefix("cmp", self.ledger.writer)
+        outputs = []
+        for table in (kept, after):
+            if table.num_rows:
+                outputs.append(segment_path(self.data_dir, "comm", run_id, prefix, commit, len(outputs)))
+                write_segment(outputs[-1], table.schema, [table])
+        self.ledger.commit_compaction(commit, window, outputs)
+        log.info(
+            "retention %s: steps %d..%d rolled up, raw rows kept for %d of them (%d of %d rows kept, %d past the "
+            "window carried over)", run_id, through + 1, settled, len(keep), kept.num_rows,
+            rows.num_rows - after.num_rows, after.num_rows,
+        )  # fmt: skip
         self.windows += 1
         return True
 

@@ -398,7 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RANK:MS[@STEP]",
         help="RANK's forward pass is MS slower (from STEP on); may be given several times",
     )
-    p.add_argument("--hang", default=None, metavar="RANK:STEP", help="RANK stops inside a collective at STEP")
+    p.add_argument(
+        "--hang",
+        default=None,
+        metavar="RANK:STEP",
+        help="RANK stops before STEP's first collective while the others enter it and wait (a hang, current now)",
+    )
     p.add_argument("--name", default="simulated", help="run name (default: simulated)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--endpoint", default=None, help="stream through the collector at HOST:PORT instead of --data-dir")

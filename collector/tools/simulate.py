@@ -6,7 +6,16 @@ sample run's collectives, timers, monitor tags and memory kinds), on a "world" g
 ranks, with a few hundred microseconds of per-rank jitter. ``--straggler RANK:MS[@STEP]``
 makes one rank's forward pass MS slower from STEP on, so it enters every collective of the
 step MS late and everyone else waits for it -- the story ``rankscope health`` and the
-Stragglers page must tell.
+Stragglers page must tell. ``--hang RANK:STEP`` makes RANK stop before the first collective
+of STEP (a stall in Python, say a data loader that never returns) while every other rank
+enters it and waits: the run is a snapshot ``hang_after_s`` + ``HANG_SEEN_S`` into the hang,
+with what real ranks send while hung (collector.rank.watchdog): a heartbeat a second from
+every rank, the waiting ranks' ``inflight`` reports, their stacks captured at ``hang_after_s``,
+the stuck rank's stack as the collector's request for it gets answered, and no RunEnd. Its
+clock is anchored so that the snapshot is *now*: the hang is current when it is written, as
+``rankscope health`` and the Liveness page judge it; a while later the frozen heartbeats read
+as silent ranks too, which is what a job frozen since looks like. (Streamed, the ranks' streams
+close without RunEnd, so the collector also reports them stopped, as for a hung job killed.)
 
 Values are a pure function of (seed, rank, step), generated for a block of ranks at a time
 with numpy, so memory stays bounded (one block) at any size and the same arguments give the
@@ -23,6 +32,7 @@ same run whichever way it is delivered:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -32,11 +42,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.data import catalog, layout
 from collector.data.bandwidth import bus_factor
 from collector.data.codec import envelope_rows
-from collector.data.schema import TABLES
+from collector.data.schema import TABLES, rank_ranges
 from collector.tools import simulate_template
 from collector.tools.importers.sink import GrpcSink, SinkError, envelope, table_batches
 from proto import pb
@@ -45,6 +56,9 @@ GROUP = "world"
 JITTER_NS = 300_000  # each rank enters a collective up to this much after its planned time
 BLOCK_RANKS = 64  # ranks generated (and submitted) together
 T0_NS = 1_795_000_000_000_000_000  # 2026-11-19: a fixed start, so a simulation is reproducible
+HEARTBEAT_NS = 1_000_000_000  # the ranks' default heartbeat period
+REPORT_AFTER_NS = 500_000_000  # a collective in flight this long is reported (collector.rank.watchdog)
+HANG_SEEN_S = 5.0  # a --hang run ends this long after the waiting ranks crossed hang_after_s
 
 
 class SimulateError(ValueError):
@@ -67,6 +81,20 @@ class Straggler:
         return cls(int(rank), int(float(ms) * 1e6), int(step or 0))
 
 
+@dataclass(frozen=True)
+class Hang:
+    rank: int
+    step: int
+
+    @classmethod
+    def parse(cls, text: str) -> Hang:
+        """``RANK:STEP``."""
+        match = re.fullmatch(r"(\d+):(\d+)", text.strip())
+        if not match:
+            raise SimulateError(f"--hang: {text!r} is not RANK:STEP (e.g. 517:120)")
+        return cls(int(match[1]), int(match[2]))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Simulation:
     ranks: int
@@ -74,6 +102,9 @@ class Simulation:
     collectives_per_step: int = 0  # 0: the template's step once; more repeats it, squeezed into the step
     hosts: int = 0  # 0: 8 ranks a host, as on a DGX node
     stragglers: tuple[Straggler, ...] = ()
+    hang: Hang | None = None
+    hang_after_s: float = 60.0  # the ranks' setting (rankscope's default)
+    start_ns: int = T0_NS
     name: str = "simulated"
     run_id: str = ""
     seed: int = 0
@@ -93,6 +124,13 @@ class Simulation:
                 raise SimulateError(f"--straggler: rank {s.rank} is not a rank of a run of {self.ranks}")
             if s.from_step >= self.steps:
                 raise SimulateError(f"--straggler: step {s.from_step} is past the last step ({self.steps - 1})")
+        if self.hang is not None:
+            if not 0 <= self.hang.rank < self.ranks:
+                raise SimulateError(f"--hang: rank {self.hang.rank} is not a rank of a run of {self.ranks}")
+            if self.hang.step >= self.steps:
+                raise SimulateError(f"--hang: step {self.hang.step} is past the last step ({self.steps - 1})")
+            if self.ranks < 2:
+                raise SimulateError("--hang needs --ranks >= 2: someone has to wait for the stuck rank")
         if not self.run_id:
             object.__setattr__(self, "run_id", layout.new_run_id(self.name))
         try:
@@ -119,9 +157,35 @@ class Simulation:
         return self.template.step_period_ns + max((s.delay_ns for s in self.stragglers), default=0)
 
     @property
+    def steps_run(self) -> int:
+        """Steps every rank completes: all of them, or those before the hang."""
+        return self.steps if self.hang is None else self.hang.step
+
+    @property
     def records_per_rank(self) -> int:
+        """comm, timers, monitor and memory rows of one rank (a hang's liveness rows come on top)."""
         t = self.template
-        return self.steps * (self.per_step + len(t.timers) + len(t.monitor) + len(t.memory))
+        return self.steps_run * (self.per_step + len(t.timers) + len(t.monitor) + len(t.memory))
+
+    @property
+    def hang_seq(self) -> int:
+        """The seq (in the world group) of the collective the stuck rank never enters."""
+        return self.hang.step * self.per_step
+
+    @property
+    def end_ns(self) -> int:
+        """When the run ends: its last step done, or (with a hang) the snapshot's time."""
+        if self.hang is None:
+            return self.start_ns + self.steps * self.step_period_ns
+        # every waiting rank entered by the step's planned first collective + the slowest's lateness + jitter
+        t = self.template
+        hang_step = np.array([self.hang.step], dtype=np.int64)
+        entered = self.hang.step * self.step_period_ns + t.collective_offset_ns + int(self._step_delay(hang_step)[0])
+        return self.start_ns + entered + JITTER_NS + int((self.hang_after_s + HANG_SEEN_S) * 1e9)
+
+    def anchored_now(self) -> Simulation:
+        """The same run, its clock shifted so that it ends now (a hang is then current)."""
+        return dataclasses.replace(self, start_ns=self.start_ns + time.time_ns() - self.end_ns)
 
     def _delay(self, ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """[len(ranks), len(steps)] ns each rank is late at each step."""
@@ -140,7 +204,7 @@ class Simulation:
         t = self.template
         ranks = np.arange(first_rank, first_rank + n_ranks, dtype=np.int64)
         steps = np.arange(self.steps, dtype=np.int64)
-        step_t0 = T0_NS + steps * self.step_period_ns
+        step_t0 = self.start_ns + steps * self.step_period_ns
         late = self._delay(ranks, steps)  # [R, S]
         out = {}
 
@@ -233,7 +297,85 @@ class Simulation:
             bytes=(size * _noise(self.seed, ranks, steps, k, 0.01)).astype(np.int64).ravel(),
             time_ns=np.tile(np.repeat(step_t0, k), n_ranks),
         )
+        if self.hang is not None:
+            out = {table: rows.filter(pc.less(rows["step"], self.hang.step)) for table, rows in out.items()}
+            out.update(self._hang_rows(ranks, start[:, self.hang.step, 0], pattern[0]))
         return out
+
+    def _hang_rows(self, ranks: np.ndarray, entered: np.ndarray, hung_in) -> dict[str, pa.Table]:
+        """What ranks send while one of them is stuck: heartbeats from all, ``inflight`` reports and
+        stacks from those waiting in the hang's collective (``entered``: when each rank entered it),
+        and the stuck rank's stack answering the collector's request."""
+        hang, until = self.hang, self.end_ns
+        hang_after_ns = int(self.hang_after_s * 1e9)
+        members = rank_ranges(range(self.ranks))
+        beats = {"rank": [], "step": [], "time_ns": [], "inflight": []}
+        reports = {"rank": [], "time_ns": [], "entered_ns": []}
+        stacks = {"rank": [], "time_ns": [], "reason": [], "stack": [], "innermost": []}
+        phase = (hash_uniform(self.seed, 0, ranks + (1 << 41)) * HEARTBEAT_NS).astype(np.int64)
+        for r, since, offset in zip(ranks.tolist(), entered.tolist(), phase.tolist()):
+            times = np.arange(self.start_ns + offset, until, HEARTBEAT_NS, dtype=np.int64)
+            waiting = r != hang.rank
+            reported = times[times >= since + REPORT_AFTER_NS] if waiting else times[:0]
+            beats["rank"] += [r] * len(times)
+            beats["step"] += np.minimum(hang.step, (times - self.start_ns) // self.step_period_ns).tolist()
+            beats["time_ns"] += times.tolist()
+            beats["inflight"] += (
+                (times >= since + REPORT_AFTER_NS).astype(np.int64).tolist() if waiting else [0] * len(times)
+            )
+            reports["rank"] += [r] * len(reported)
+            reports["time_ns"] += reported.tolist()
+            reports["entered_ns"] += [since] * len(reported)
+            if waiting:
+                at = since + hang_after_ns
+                reason = f"hang: {hung_in.op} {GROUP} #{self.hang_seq} in flight > {self.hang_after_s:g} s"
+                frames = [("train.py", 31, "main"), ("engine.py", 212, "backward"), ("engine.py", 240, hung_in.op)]
+            else:
+                at = until - int(HANG_SEEN_S * 1e9) + HEARTBEAT_NS  # asked once the hang was seen, answered
+                reason = f"missing from {hung_in.op} #{self.hang_seq} of {GROUP}"
+                frames = [
+                    ("train.py", 31, "main"),
+                    ("train.py", 57, "next_batch"),
+                    ("loader.py", 88, "simulated_stall"),
+                ]
+            stacks["rank"].append(r)
+            stacks["time_ns"].append(at)
+            stacks["reason"].append(reason)
+            stacks["stack"].append("".join(f'  File "{f}", line {line}, in {fn}\n' for f, line, fn in frames))
+            stacks["innermost"].append(f"{frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]}")
+        n_beats, n_reports, n_stacks = len(beats["rank"]), len(reports["rank"]), len(stacks["rank"])
+        return {
+            "heartbeats": _table(
+                "heartbeats",
+                **beats,
+                period_s=np.full(n_beats, HEARTBEAT_NS / 1e9),
+                hang_after_s=np.full(n_beats, self.hang_after_s),
+                ending=np.zeros(n_beats, dtype=bool),
+            ),
+            "inflight": _table(
+                "inflight",
+                **reports,
+                step=np.full(n_reports, hang.step),
+                group_name=[GROUP] * n_reports,
+                group_size=np.full(n_reports, self.ranks),
+                group_ranks=[members] * n_reports,
+                seq=np.full(n_reports, self.hang_seq),
+                op=[hung_in.op] * n_reports,
+                dtype=[hung_in.dtype] * n_reports,
+                numel=np.full(n_reports, hung_in.numel),
+                bytes=np.full(n_reports, hung_in.bytes),
+                hang_after_s=np.full(n_reports, self.hang_after_s),
+                state=["waiting"] * n_reports,
+            ),
+            "stacks": _table(
+                "stacks",
+                **stacks,
+                step=np.full(n_stacks, hang.step),
+                thread_name=["MainThread"] * n_stacks,
+                thread_id=np.full(n_stacks, 1),
+                is_main=np.ones(n_stacks, dtype=bool),
+            ),
+        }
 
     def hello(self, rank: int) -> pb.Hello:
         return pb.Hello(
@@ -243,14 +385,13 @@ class Simulation:
             world_size=self.ranks,
             host=self.host(rank),
             pid=10_000 + rank,
-            started_at_ns=T0_NS,
+            started_at_ns=self.start_ns,
             source="simulate",
             config_json=json.dumps(self.config()),
         )
 
     def run_end(self, rank: int) -> pb.RunEnd:
-        ended = T0_NS + self.steps * self.step_period_ns
-        return pb.RunEnd(run_id=self.run_id, rank=rank, status="finished", ended_at_ns=ended)
+        return pb.RunEnd(run_id=self.run_id, rank=rank, status="finished", ended_at_ns=self.end_ns)
 
     def config(self) -> dict:
         """The DeepSpeed config of the engine run the template came from, at this world size."""
@@ -258,9 +399,11 @@ class Simulation:
             "train_batch_size": 8 * self.ranks,
             "zero_optimization": {"stage": 2},
             "comms_logger": {"enabled": True},
+            "telemetry": {"hang_after_s": self.hang_after_s},
             "rankscope_simulate": {
                 "template": self.template.source_run,
                 "stragglers": [vars(s) for s in self.stragglers],
+                "hang": vars(self.hang) if self.hang else None,
             },
         }
 
@@ -273,7 +416,8 @@ class Simulation:
             yield range(first, first + n), self.block(first, n)
 
     def rank_envelopes(self, rank: int) -> Iterator[pb.Envelope]:
-        """What one rank sends, generated lazily: Hello, its rows of every table, RunEnd."""
+        """What one rank sends, generated lazily: Hello, its rows of every table, RunEnd (none
+        while hung)."""
         client = self.client_id(rank)
         yield envelope(client, 1, hello=self.hello(rank))
         seq = 2
@@ -281,7 +425,8 @@ class Simulation:
             for batch in table_batches(table, self.run_id, rank, rows):
                 yield envelope(client, seq, table=batch)
                 seq += 1
-        yield envelope(client, seq, end=self.run_end(rank))
+        if self.hang is None:
+            yield envelope(client, seq, end=self.run_end(rank))
 
 
 def _table(table: str, /, **columns) -> pa.Table:
@@ -327,7 +472,8 @@ def write_data_dir(sim: Simulation, data_dir, progress=None) -> int:
             rows = []
             for r in ranks:
                 rows += envelope_rows(envelope(sim.client_id(r), 1, hello=sim.hello(r)))
-                rows += envelope_rows(envelope(sim.client_id(r), 2, end=sim.run_end(r)))
+                if sim.hang is None:
+                    rows += envelope_rows(envelope(sim.client_id(r), 2, end=sim.run_end(r)))
             rows += [(table, sim.run_id, t) for table, t in tables.items()]
             store.submit(f"simulate-{sim.run_id}-block{ranks.start}", 1, rows, lambda e: e and errors.append(e))
             written += sum(t.num_rows for t in tables.values())
@@ -357,8 +503,6 @@ def stream(sim: Simulation, endpoint: str, *, token: str | None = None, streams:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        if args.hang is not None:
-            raise SimulateError("--hang needs the in-flight collective tables, which this collector does not store yet")
         if args.streams < 1:
             raise SimulateError(f"--streams must be >= 1, got {args.streams}")
         sim = Simulation(
@@ -367,16 +511,23 @@ def main(args: argparse.Namespace) -> int:
             collectives_per_step=args.collectives_per_step,
             hosts=args.hosts,
             stragglers=tuple(Straggler.parse(s) for s in args.straggler),
+            hang=Hang.parse(args.hang) if args.hang is not None else None,
             name=args.name,
             seed=args.seed,
         )
+        if sim.hang is not None:
+            sim = sim.anchored_now()
     except SimulateError as exc:
         print(f"rankscope simulate: {exc}", file=sys.stderr)
         return 2
     total = sim.records_per_rank * sim.ranks
     began = time.monotonic()
     where = args.endpoint or args.data_dir
-    print(f"simulating {sim.run_id}: {sim.ranks} ranks x {sim.steps} steps, {total:,} records -> {where}", flush=True)
+    hang = f", rank {sim.hang.rank} hung at step {sim.hang.step}" if sim.hang else ""
+    print(
+        f"simulating {sim.run_id}: {sim.ranks} ranks x {sim.steps} steps{hang}, {total:,} records -> {where}",
+        flush=True,
+    )
     last = [began]
 
     def progress(done_ranks: int, _records) -> None:

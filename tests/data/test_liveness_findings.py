@@ -54,7 +54,7 @@ def test_a_hang_names_who_waits_who_is_missing_and_where_it_was_last():
     [f] = stuck_collectives(_hang([0, 1, 3], [2]))
     assert (f.kind, f.severity, f.ranks) == ("hang", "critical", (2,))
     assert f.text == (
-        "hang: ranks 0-1,3 stuck 3 s in all_reduce #6 of world, waiting for rank 2 (rank 2 last completed #5)"
+        "hang: ranks 0-1,3 stuck 3 s in all_reduce #6 of world at step 5, waiting for rank 2 (rank 2 last completed #5)"
     )
     assert findings.exit_code([f]) == 2
 

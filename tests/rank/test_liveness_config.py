@@ -71,3 +71,66 @@ def test_a_collective_is_in_flight_from_entry_and_leaves_when_it_returns_or_rais
         REC.groups.pop(g, None)
         REC.pending.clear()
         REC.abandoned.clear()
+
+
+def test_the_generated_wrapper_marks_and_records_exactly_as_enter_and_complete(monkeypatch):
+    """The wrappers inline enter/complete for speed: same in-flight slot during the call, same
+    record after it, abandoned when the call raises, and the async case still left in flight."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from collector.rank import recorder, state
+    from collector.rank.ops import SPECS, instrument
+
+    seen = []
+
+    def real(tensor, op=None, group=None, async_op=False):
+        seen.extend(list(slot) for slot in REC.inflight.values())
+        if tensor.numel() == 0:
+            raise RuntimeError("backend says no")
+        return "work" if async_op else None
+
+    class Group:
+        pass
+
+    g = Group()
+    REC.groups[g] = recorder._Group("g[0-3]", 4, "0-3")
+    monkeypatch.setattr(c10d, "all_reduce", real)
+    wrapper = instrument(SPECS["all_reduce"])
+    monkeypatch.setattr(c10d, "all_reduce", c10d.all_reduce)
+    monkeypatch.setattr(REC, "on", True)
+    monkeypatch.setattr(state, "step", 7)
+
+    def without_times(slot):
+        return [v for i, v in enumerate(slot) if i not in (recorder._T0, recorder._T1, recorder._SINCE)]
+
+    try:
+        REC.pending.clear()
+        reference = REC.enter("all_reduce", g, torch.float32, 4, 1)
+        REC.complete(reference, "mine", None, None)
+        assert wrapper(torch.ones(4), group=g, log_name="mine") is None
+        assert len(seen) == 1 and not REC.inflight
+        during, record = seen[0], REC.pending[-1]
+        assert during[recorder._SINCE] == during[recorder._T0] > 0 and during[recorder._T1] == 0
+        assert record[recorder._T0] == during[recorder._T0] and record[recorder._SEQ] == reference[recorder._SEQ] + 1
+        reference[recorder._SEQ] += 1  # the next collective of the group
+        assert (
+            without_times(record) == without_times(reference)
+            and without_times(during)[1:] == without_times([None, None, *reference[2:8], 0, *reference[9:]])[1:]
+        )
+        assert record[recorder._T1] >= record[recorder._T0] and record[recorder._STEP] == 7
+
+        with pytest.raises(RuntimeError):
+            wrapper(torch.ones(0), group=g)
+        assert not REC.inflight and REC.abandoned[-1][recorder._OP] == "all_reduce"
+
+        work = wrapper(torch.ones(4), group=g, async_op=True)
+        # an async op leaves flight when its end is known; a Work without a future is timed at wait()
+        assert isinstance(work, recorder._WaitTimedWork) and len(REC.inflight) == 1
+        slot = next(iter(REC.inflight.values()))
+        assert slot[recorder._ASYNC] and slot[recorder._SLOT] == id(slot) and slot is REC.pending[-1]
+        assert slot[recorder._SINCE] == 0  # not waiting until the caller waits
+    finally:
+        REC.groups.pop(g, None)
+        REC.inflight.clear()
+        REC.pending.clear()
+        REC.abandoned.clear()

@@ -96,7 +96,7 @@ def test_a_compaction_interrupted_after_its_commit_is_finished_on_restart(tmp_pa
     output = segment_path(tmp_path, "timers", "r", "cmp", commit)
     write_segment(output, SCHEMA, [pq.read_table(p) for p in inputs])
     crash_after_commit_point(led, monkeypatch)
-    led.commit_compaction(commit, inputs, output)
+    led.commit_compaction(commit, inputs, [output])
     inputs[0].unlink()  # the crash came after the first unlink
     led.close()
 

@@ -1,7 +1,9 @@
 """`rankscope simulate`: the shipped template is the sample run's step, the run it writes has
 the shape it claims (counted), an injected straggler is found by `rankscope health` and a
 healthy simulation is not, the same run arrives whether written or streamed, and bad
-arguments are refused naming the option."""
+arguments are refused naming the option. ``--hang`` writes what hung ranks send, and
+`rankscope health` names the stuck rank, the op and the step, at 1,024 ranks, written or
+streamed; without it, no liveness finding."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from collector.data import catalog
+from collector.data import catalog, queries
 from collector.testing.collectors import live_collector
 from collector.tools import simulate, simulate_template
 
@@ -95,6 +98,64 @@ def test_streamed_through_a_collector_arrives_complete(tmp_path):
     con.close()
 
 
+LIVENESS_KINDS = {"hang", "desync", "silent_rank", "rank_stopped"}
+
+
+def test_a_hang_is_what_hung_ranks_send_whichever_way_ranks_are_blocked():
+    sim = simulate.Simulation(ranks=16, steps=6, hang=simulate.Hang.parse("5:3"), hang_after_s=10, run_id="h")
+    whole = sim.block(0, 16)
+    for table, rows in whole.items():
+        assert pa.concat_tables([sim.block(0, 7)[table], sim.block(7, 9)[table]]).equals(rows), table
+    comm, inflight = whole["comm"].to_pandas(), whole["inflight"].to_pandas()
+    beats, stacks = whole["heartbeats"].to_pandas(), whole["stacks"].to_pandas()
+    assert comm.step.max() == 2 and len(comm) == 16 * 3 * 7  # nobody completes anything from step 3 on
+    assert set(inflight["rank"]) == set(range(16)) - {5} and set(inflight.seq) == {sim.hang_seq} == {21}
+    latest = inflight.groupby("rank").time_ns.max() - inflight.groupby("rank").entered_ns.first()
+    assert (latest / 1e9 >= 10).all() and set(inflight.group_ranks) == {"0-15"}
+    assert set(beats["rank"]) == set(range(16)) and beats[beats["rank"] == 5].inflight.max() == 0
+    assert (beats.groupby("rank").time_ns.max() >= sim.end_ns - 1e9).all()  # everyone beats until the snapshot
+    stuck = stacks[stacks["rank"] == 5].iloc[0]
+    assert (
+        stuck.innermost.endswith("in simulated_stall")
+        and stuck.reason == "missing from reduce_scatter_tensor #21 of world"
+    )
+    assert stacks[stacks["rank"] != 5].reason.str.startswith("hang: reduce_scatter_tensor world #21").all()
+
+
+@pytest.mark.parametrize("hang", [True, False])
+def test_health_names_the_hung_rank_op_and_step_at_1024_ranks_and_nothing_without(tmp_path, hang):
+    d = tmp_path / "sim"
+    extra = ["--hang", "700:3"] if hang else []
+    out = cli("simulate", "--ranks", "1024", "--steps", "6", "--name", "big", *extra, "--data-dir", str(d))
+    assert out.returncode == 0, out.stderr
+    health = cli("health", "big", "--data-dir", str(d), "--json")
+    found = [f for f in json.loads(health.stdout) if f["kind"] in LIVENESS_KINDS]
+    if not hang:
+        assert found == [] and health.returncode != 2
+        return
+    assert health.returncode == 2, health.stderr
+    [f] = [f for f in found if f["kind"] == "hang"]
+    assert f["ranks"] == [700] and f["steps"] == [3, 3] and f["evidence"]["op"] == "reduce_scatter_tensor"
+    assert "at step 3" in f["text"] and "waiting for rank 700" in f["text"]
+    cat = queries.Catalog(d)
+    run_id = queries.resolve_run(cat.con, "big")
+    [row] = queries.hangs(cat, run_id).itertuples()
+    assert list(row.missing_ranks) == [700] and len(row.waiting_ranks) == 1023 and row.seq == 21
+    assert queries.stacks(cat, run_id, [700]).innermost.str.endswith("in simulated_stall").all()
+
+
+def test_a_hang_streamed_through_a_collector_is_found(tmp_path):
+    with live_collector(tmp_path / "data") as (endpoint, data_dir):
+        out = cli("simulate", "--ranks", "48", "--steps", "4", "--hang", "9:2", "--name", "live-hang",
+                  "--endpoint", endpoint)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+    catalog.ensure_catalog(data_dir)
+    health = cli("health", "live-hang", "--data-dir", str(data_dir), "--json")
+    assert health.returncode == 2, health.stderr
+    [f] = [f for f in json.loads(health.stdout) if f["kind"] == "hang"]
+    assert f["ranks"] == [9] and f["steps"] == [2, 2] and len(f["evidence"]["waiting_ranks"]) == 47
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -103,7 +164,10 @@ def test_streamed_through_a_collector_arrives_complete(tmp_path):
         (["--ranks", "8", "--steps", "5", "--straggler", "3-40"], "is not RANK:MS"),
         (["--ranks", "8", "--steps", "5", "--straggler", "3:40@5"], "past the last step"),
         (["--ranks", "8", "--steps", "5", "--hosts", "9"], "--hosts must be in"),
-        (["--ranks", "8", "--steps", "5", "--hang", "3:2"], "--hang needs the in-flight collective tables"),
+        (["--ranks", "8", "--steps", "5", "--hang", "8:2"], "--hang: rank 8 is not a rank"),
+        (["--ranks", "8", "--steps", "5", "--hang", "3"], "is not RANK:STEP"),
+        (["--ranks", "8", "--steps", "5", "--hang", "3:5"], "--hang: step 5 is past the last step"),
+        (["--ranks", "1", "--steps", "5", "--hang", "0:2"], "--hang needs --ranks >= 2"),
     ],
 )
 def test_bad_arguments_name_the_option(tmp_path, args, message):

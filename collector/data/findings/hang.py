@@ -48,7 +48,7 @@ def stuck_collectives(hangs: pd.DataFrame) -> list[Finding]:
                 ranks=tuple(missing_ranks or waiting),
                 steps=(step, step) if step is not None else None,
                 text=f"hang: {ranks_label(waiting)} stuck {row.waiting_s:.0f} s in {row.op} #{row.seq} of "
-                f"{row.group_name}, {who}",
+                f"{row.group_name}{'' if step is None else f' at step {step}'}, {who}",
                 evidence={
                     "group_name": row.group_name,
                     "seq": int(row.seq),
