@@ -32,20 +32,18 @@ import multiprocessing as mp
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benches._common import code_version, cpu_seconds
+from benches._common import BASELINE_COLLECTOR_COMMIT, baseline_tree, code_version, cpu_seconds
 from benches._sections import replace_section
 from collector.testing.collectors import stored_rows
 from collector.tools.launch import CollectorProcess, wait_for_collector
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "RESULTS-scale.md"
-BASELINE_COMMIT = "58f49d5"  # the last commit with the sync grpc.server collector
 STREAMS_PER_CONNECTION = 512
 
 
@@ -214,15 +212,6 @@ def _open_streams(endpoint: str) -> int | None:
         return None
 
 
-def baseline_tree(commit: str, into: Path) -> Path:
-    """``commit`` of this repository exported to ``into`` with its gRPC stubs generated."""
-    into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    subprocess.run([sys.executable, "-m", "proto.generate"], cwd=into, check=True, capture_output=True)
-    return into
-
-
 # ---- report ----
 
 
@@ -247,13 +236,13 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=32, help="comm records per batch")
     p.add_argument("--period", type=float, default=1.0, help="seconds between a rank's batches")
     p.add_argument("--generators", type=int, default=2, help="client processes")
-    p.add_argument("--baseline", default=BASELINE_COMMIT, help="commit of the sync collector ('' to skip)")
+    p.add_argument("--baseline", default=BASELINE_COLLECTOR_COMMIT, help="commit of the sync collector ('' to skip)")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     load0 = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="rs-baseline-") as tmp:
-        tree = baseline_tree(args.baseline, Path(tmp) / "tree") if args.baseline else None
+        tree = baseline_tree(ROOT, args.baseline, Path(tmp) / "tree") if args.baseline else None
         for n in sizes:
             for label, where in (("grpc.aio (this tree)", None), (f"sync baseline ({args.baseline})", tree)):
                 if label.startswith("sync") and tree is None:

@@ -1,7 +1,7 @@
 """The gRPC collector: validates envelopes, hands rows to the store, acks when durable.
 
-One bidi ``Stream`` per rank process. A reader thread per stream validates and
-submits envelopes while the handler thread sends back ``Ack``s as the store's
+One bidi ``Stream`` per rank process. A reader task per stream validates and
+submits envelopes while the handler coroutine sends back ``Ack``s as the store's
 commits complete, so a client never waits for an ack before sending more.
 
 Bad input ends only the stream that sent it, with a status naming the problem:
@@ -21,7 +21,7 @@ stream is closed; other streams are unaffected.
 
 Liveness (collector.server.liveness) sees every accepted envelope and every stream's
 end, and may ask a rank for its stacks: such requests ride back on the stream's Acks
-(``Ack.requests``), sent by the handler thread like the acks themselves.
+(``Ack.requests``), sent by the handler coroutine like the acks themselves.
 
 The service runs on grpc.aio, one event loop in its own thread (``CollectorServer``):
 an open stream is a coroutine, not a thread, so idle streams cannot exhaust anything

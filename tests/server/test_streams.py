@@ -11,6 +11,8 @@ import grpc
 import pytest
 
 from collector.data import security
+from collector.rank.client import Client, ClientConfig
+from collector.rank.records import RecordBuffer
 from collector.server.limits import PeerStreams, StreamBudget, StreamLimits, peer_host
 from collector.testing.collectors import live_collector, stored_rows
 from collector.testing.fake_runs import FakeRun, comm_envelope, hello, stream
@@ -106,6 +108,50 @@ def test_a_flooding_stream_is_held_to_its_row_budget_with_bounded_memory(tmp_pat
         assert not flood.done.is_set()
         flood.cancel()
         calm.finish()
+
+
+def _rank_client(endpoint: str, spool_dir) -> tuple[Client, RecordBuffer]:
+    cfg = ClientConfig(
+        endpoint=endpoint,
+        spool_dir=spool_dir,
+        flush_interval_s=0.05,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        close_timeout_s=10.0,
+    )
+    buf = RecordBuffer(max_rows=100_000)
+    return Client(cfg, "rank.0", buf), buf
+
+
+def _add_timers(buf: RecordBuffer, steps: range) -> None:
+    for i in steps:
+        buf.add_row("timers", {"name": "fwd", "start_ns": i, "dur_ns": 1}, step=i)
+
+
+def test_a_real_rank_refused_by_the_peer_limit_retries_and_loses_nothing(tmp_path):
+    with live_collector(tmp_path / "data", stream_limits=StreamLimits(max_streams_per_peer=1)) as collector:
+        client, buf = _rank_client(collector.endpoint, tmp_path / "spool")
+        with HeldStreams(collector.endpoint, 1):  # the peer's one stream is taken
+            _wait(lambda: collector.state.open_streams == 1, 30, "the held stream")
+            client.start(pb.Hello(run_id="r", rank=0, world_size=1))
+            _add_timers(buf, range(300))
+            time.sleep(1.0)  # refused, retried with backoff, spooled
+            assert client.acked == 0
+        _add_timers(buf, range(300, 600))
+        assert client.close(pb.RunEnd(run_id="r", rank=0, status="finished"))
+    assert stored_rows(tmp_path / "data", "timers") == 600
+
+
+def test_a_real_rank_closed_as_idle_reconnects_and_loses_nothing(tmp_path):
+    with live_collector(tmp_path / "data", stream_limits=StreamLimits(idle_timeout_s=0.5)) as collector:
+        client, buf = _rank_client(collector.endpoint, tmp_path / "spool")
+        client.start(pb.Hello(run_id="r", rank=0, world_size=1))
+        _add_timers(buf, range(300))
+        _wait(lambda: client.acked >= 2 and client.pending == 0, 60, "the first records to be acked")
+        _wait(lambda: collector.state.open_streams == 0, 30, "the silent rank's stream to be closed")
+        _add_timers(buf, range(300, 600))
+        assert client.close(pb.RunEnd(run_id="r", rank=0, status="finished"))
+    assert stored_rows(tmp_path / "data", "timers") == 600
 
 
 def _rss_bytes() -> int:
