@@ -5,8 +5,10 @@
                                         [--baseline COMMIT]
 
 Each simulated rank is one Stream that sends its Hello, then a batch of ``--rows`` comm
-records every ``--period`` seconds (a heartbeat-paced rank) for ``--hold`` seconds, then
-half-closes. The ranks are coroutines of grpc.aio clients in ``--generators`` processes of
+records every ``--period`` seconds for ``--hold`` seconds, then half-closes. Like the real
+client, a rank whose stream breaks or is refused reopens it with backoff and resends what
+is un-acked; the errors column counts those reopenings by the status they met.
+The ranks are coroutines of grpc.aio clients in ``--generators`` processes of
 their own (512 streams per HTTP/2 connection), so one process stands in for many hosts.
 The collector runs as ``rankscope collect`` in its own process; its RSS and thread count
 are sampled every second while every stream is open (the max is reported), its CPU time
@@ -45,6 +47,7 @@ from collector.tools.launch import CollectorProcess, wait_for_collector
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "RESULTS-scale.md"
 STREAMS_PER_CONNECTION = 512
+GIVE_UP_S = 60.0  # a rank still refused this long after its hold stops retrying (the sync baseline)
 
 
 # ---- the simulated ranks (a generator process) ----
@@ -73,56 +76,71 @@ async def _generate(endpoint, first_rank, ranks, args, ready, go, results) -> No
     opened = asyncio.Event()
     open_count = [0]
 
+    def count_open(counted: list) -> None:  # once per rank, when its first stream is open
+        if not counted:
+            counted.append(True)
+            open_count[0] += 1
+            if open_count[0] == ranks:
+                opened.set()
+
     async def rank_stream(i: int) -> None:
+        """One rank as the real client behaves: a broken stream is reopened with backoff and
+        everything un-acked (the Hello first) is resent on the new one."""
         rank = first_rank + i
         client = f"streams-{rank}"
-        call = stubs[i // STREAMS_PER_CONNECTION].Stream()
-        sent: dict[int, float] = {}
+        pending: dict[int, tuple] = {1: (hello(client, 1, "streams", rank, args["world"]), time.monotonic(), 0)}
+        counted: list[bool] = []
+        seq, end, next_send, backoff = 1, None, None, 0.1
 
-        async def read_acks():
+        async def read_acks(call):
             async for ack in call:
                 now = time.monotonic()
-                for seq in ack.seqs:
-                    at = sent.pop(seq, None)
-                    if at is not None and seq > 1:
-                        summary["acked_rows"] += rows
+                for acked in ack.seqs:
+                    held = pending.pop(acked, None)
+                    if held is not None and held[2]:
+                        summary["acked_rows"] += held[2]
                         if random.random() < 0.05:
-                            summary["latency_s"].append(now - at)
+                            summary["latency_s"].append(now - held[1])
                     summary["acked"] += 1
 
-        def count_open():  # once per stream, opened or refused
-            if not counted:
-                counted.append(True)
-                open_count[0] += 1
-                if open_count[0] == ranks:
-                    opened.set()
-
-        counted: list[bool] = []
-        reader = asyncio.create_task(read_acks())
-        try:
-            sent[1] = time.monotonic()
-            await call.write(hello(client, 1, "streams", rank, args["world"]))
-            count_open()
-            await go_event.wait()
-            end = time.monotonic() + args["hold"]
-            await asyncio.sleep(random.uniform(0, args["period"]))  # ranks out of phase, as real ones are
-            seq = 1
-            while time.monotonic() < end:
-                seq += 1
-                batch = pb.TableBatch()
-                batch.CopyFrom(template)
-                batch.rank = rank
-                sent[seq] = time.monotonic()
-                await call.write(pb.Envelope(schema_version=SCHEMA_VERSION, client_id=client, seq=seq, table=batch))
-                summary["sent_rows"] += rows
-                await asyncio.sleep(args["period"])
-            await call.done_writing()
-            await reader
-        except grpc.aio.AioRpcError as exc:
-            summary["errors"][f"{exc.code().name}: {exc.details()}"] += 1
-            count_open()
-        finally:
-            reader.cancel()
+        while True:
+            call = stubs[i // STREAMS_PER_CONNECTION].Stream()
+            reader = asyncio.create_task(read_acks(call))
+            try:
+                for resend in sorted(pending):
+                    await call.write(pending[resend][0])
+                count_open(counted)
+                await go_event.wait()
+                if end is None:
+                    end = time.monotonic() + args["hold"]
+                    next_send = time.monotonic() + random.uniform(0, args["period"])  # ranks out of phase
+                while next_send < end:
+                    await asyncio.sleep(max(0.0, next_send - time.monotonic()))
+                    seq += 1
+                    batch = pb.TableBatch()
+                    batch.CopyFrom(template)
+                    batch.rank = rank
+                    env = pb.Envelope(schema_version=SCHEMA_VERSION, client_id=client, seq=seq, table=batch)
+                    pending[seq] = (env, time.monotonic(), rows)
+                    summary["sent_rows"] += rows
+                    next_send += args["period"]
+                    await call.write(env)
+                await call.done_writing()
+                await reader
+                if not pending:
+                    return
+            except Exception as exc:  # a refused or broken stream: counted by what it said, then reopened
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    summary["errors"][f"{exc.code().name}: {exc.details()}"] += 1
+                else:
+                    summary["errors"][f"{type(exc).__name__}: {exc}"] += 1
+                reader.cancel()
+                count_open(counted)
+                if end is not None and time.monotonic() > end + GIVE_UP_S:
+                    summary["errors"][f"rank gave up {GIVE_UP_S:g} s after the hold, un-acked rows not counted"] += 1
+                    return
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, 5.0)
 
     go_event = asyncio.Event()
     tasks = [asyncio.create_task(rank_stream(i)) for i in range(ranks)]
@@ -172,12 +190,12 @@ def measure(streams: int, args: argparse.Namespace, tree: Path | None, label: st
             rss, threads = proc_status(c.proc.pid)
             peak_rss, peak_threads = max(peak_rss, rss), max(peak_threads, threads)
             time.sleep(1.0)
-        summaries = [results.get(timeout=args.hold + 600) for _ in gens]
+        summaries = [results.get(timeout=args.hold + GIVE_UP_S + 600) for _ in gens]
         cpu = cpu_seconds(c.proc.pid) - cpu0
         took = time.monotonic() - began
         for g in gens:
             g.join(30)
-        c.stop()
+        c.stop(timeout_s=600)
         stored = stored_rows(Path(tmp) / "data")
     errors: collections.Counter = collections.Counter()
     for s in summaries:
@@ -231,10 +249,10 @@ def row(m: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="64,1024,4096")
-    p.add_argument("--hold", type=float, default=20.0, help="seconds every stream sends, per size")
+    p.add_argument("--hold", type=float, default=30.0, help="seconds every stream sends, per size")
     p.add_argument("--accept", type=float, default=120.0, help="seconds of the 4,096-stream acceptance run (0: skip)")
-    p.add_argument("--rows", type=int, default=32, help="comm records per batch")
-    p.add_argument("--period", type=float, default=1.0, help="seconds between a rank's batches")
+    p.add_argument("--rows", type=int, default=100, help="comm records per batch")
+    p.add_argument("--period", type=float, default=10.0, help="seconds between a rank's batches")
     p.add_argument("--generators", type=int, default=2, help="client processes")
     p.add_argument("--baseline", default=BASELINE_COLLECTOR_COMMIT, help="commit of the sync collector ('' to skip)")
     args = p.parse_args()

@@ -70,6 +70,7 @@ REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECON
 # while decoding, and a submit may block on the store's back-pressure: a few threads
 # keep every core busy without one thread per stream.
 INTAKE_THREADS = 8
+PENDING_CALLS = 1 << 16
 
 try:
     SERVER_VERSION = importlib.metadata.version("rankscope")
@@ -430,6 +431,10 @@ class CollectorServer:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # Calls that arrived but that the loop has not taken up yet. gRPC's default (1,000,
+                # then refused) turns thousands of ranks connecting at once into failed streams.
+                ("grpc.server_max_pending_requests", PENDING_CALLS),
+                ("grpc.server_max_pending_requests_hard_limit", PENDING_CALLS),
             ],
         )
         _add_servicer(CollectorServicer(self.state, self.intake), server)
