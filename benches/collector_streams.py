@@ -135,6 +135,8 @@ async def _generate(endpoint, first_rank, ranks, args, ready, go, results) -> No
                 else:
                     summary["errors"][f"{type(exc).__name__}: {exc}"] += 1
                 reader.cancel()
+                if reader.done() and not reader.cancelled():
+                    reader.exception()  # already counted above
                 count_open(counted)
                 if end is not None and time.monotonic() > end + GIVE_UP_S:
                     summary["errors"][f"rank gave up {GIVE_UP_S:g} s after the hold, un-acked rows not counted"] += 1
@@ -233,11 +235,15 @@ def _open_streams(endpoint: str) -> int | None:
 # ---- report ----
 
 
+def held_text(m: dict) -> str:
+    return "no Health answer in 5 s" if m["held"] is None else f"{m['held']:,}"
+
+
 def row(m: dict) -> str:
     mib = 1 << 20
     errors = "; ".join(f"{n} x {e[:60]}" for e, n in m["errors"].items()) or "none"
     per_core = m["acked_rows"] / m["cpu_s"] if m["cpu_s"] else 0
-    held = "Health refused" if m["held"] is None else f"{m['held']:,}"
+    held = held_text(m)
     loss = "ok" if m["stored"] == m["acked_rows"] else f"stored {m['stored']:,} != acked {m['acked_rows']:,}"
     return (
         f"| {m['label']} | {m['streams']:,} | {held} | {m['rss0'] / mib:.0f} -> {m['rss'] / mib:.0f} "
@@ -305,7 +311,7 @@ def main() -> int:
         text += [
             "",
             f"**Acceptance** (4,096 rank streams for {args.accept:g} s into one collector): "
-            f"{'met' if ok else 'NOT met'}: {accept['held']:,} streams held, {accept['acked_rows']:,} records acked "
+            f"{'met' if ok else 'NOT met'}: {held_text(accept)} streams held, {accept['acked_rows']:,} records acked "
             f"and {accept['stored']:,} stored, errors: {accept['errors'] or 'none'}; collector RSS peak "
             f"{accept['rss'] / (1 << 20):.0f} MiB, {accept['threads']} threads.",
             "",
