@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 
 def cpu_seconds(pid: int) -> float:
@@ -33,3 +35,17 @@ def code_version(root) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return f"commit {head}" + (" with uncommitted changes in trainer/ or collector/" if dirty else "")
+
+
+# The last commit whose collector is the sync grpc.server (a thread per stream, at most 256
+# streams): the baseline of the collector benchmarks.
+BASELINE_COLLECTOR_COMMIT = "58f49d5"
+
+
+def baseline_tree(root, commit: str, into: Path) -> Path:
+    """``commit`` of this repository exported to ``into`` with its gRPC stubs generated."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", commit], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "proto.generate"], cwd=into, check=True, capture_output=True)
+    return into

@@ -33,12 +33,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benches._common import cpu_seconds
+from benches._common import BASELINE_COLLECTOR_COMMIT, baseline_tree, cpu_seconds
 from benches._sections import replace_section
 from collector.testing.fake_runs import FakeRun
 from collector.tools.launch import CollectorProcess
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 WINDOW = 8
 TARGET = 2_000_000
 
@@ -152,10 +153,11 @@ def drive_clients(collectors: list[CollectorProcess], clients: int, batches: int
     return {"elapsed": elapsed, "collector_cpu": cpu, "clients_cpu": sum(c for _, _, c in done), "load": load}
 
 
-def run(clients: int, batches: int, rows: int) -> dict:
+def run(clients: int, batches: int, rows: int, tree: Path | None = None) -> dict:
+    """One timed burst into a collector of this tree (or of ``tree``, another commit's)."""
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         data = Path(tmp) / "data"
-        with CollectorProcess(data) as collector:
+        with CollectorProcess(data, tree=tree) as collector:
             burst = drive_clients([collector], clients, batches, rows)
             collector.stop()
         elapsed, (collector_cpu,) = burst["elapsed"], burst["collector_cpu"]
@@ -187,9 +189,19 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=24, help="envelopes per client")
     ap.add_argument("--rows", type=int, default=16384, help="comm records per envelope")
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS-ingest.md")
+    ap.add_argument(
+        "--baseline",
+        default=BASELINE_COLLECTOR_COMMIT,
+        help="also time the collector of this commit in the same run ('' to skip)",
+    )
     args = ap.parse_args()
 
     base = baselines(args.clients, args.rows, 32)
+    before = None
+    if args.baseline:
+        with tempfile.TemporaryDirectory(prefix="rankscope-baseline-") as tmp:
+            before = run(args.clients, args.batches, args.rows, baseline_tree(ROOT, args.baseline, Path(tmp) / "tree"))
+        print(f"collector of {args.baseline}: {before['rate']:,.0f} records/s, {before['rate_per_cpu']:,.0f} per CPU-s")
     res = run(args.clients, args.batches, args.rows)
     ok = res["stored"] == res["distinct"] == res["expected"]
     print(
@@ -223,6 +235,14 @@ def main() -> int:
     print(f"target {TARGET:,} records/s: {'met' if res['rate'] >= TARGET else 'not met'}")
 
     cmd = f"python -m benches.ingest --clients {args.clients} --batches {args.batches} --rows {args.rows}"
+    before_row = ""
+    if before is not None:
+        before_ok = before["stored"] == before["distinct"] == before["expected"]
+        before_row = (
+            f"| baseline: the collector of commit {args.baseline} (sync grpc.server), timed just before "
+            f"({before['expected']:,} records, {before['elapsed']:.2f} s{'' if before_ok else ', **MISMATCH**'}) "
+            f"| {before['rate']:,.0f} | {before['rate_per_cpu']:,.0f} (collector process) |\n"
+        )
     machine = f"{platform.machine()} VM, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}"
     replace_section(
         args.out,
@@ -239,7 +259,7 @@ much of the 2 cores the other jobs left; records per CPU-second of the measured 
 | what (same run, same rows) | records/s (wall) | records per CPU-second |
 |---|---:|---:|
 | **collector, end to end, durable** ({res["expected"]:,} records, {res["elapsed"]:.2f} s) | **{res["rate"]:,.0f}** | {res["rate_per_cpu"]:,.0f} (collector process) |
-| baseline: pyarrow writing zstd Parquet alone (1 thread, store's options) | {base["parquet"]:,.0f} | {base["parquet_cpu"]:,.0f} |
+{before_row}| baseline: pyarrow writing zstd Parquet alone (1 thread, store's options) | {base["parquet"]:,.0f} | {base["parquet_cpu"]:,.0f} |
 | baseline: protobuf parse + `decode_batch` to Arrow (1 thread) | {base["decode"]:,.0f} | {base["decode_cpu"]:,.0f} |
 
 - Count check: {res["stored"]:,} rows stored, {res["distinct"]:,} distinct (rank, seq), {res["expected"]:,} sent:

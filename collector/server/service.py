@@ -1,7 +1,7 @@
 """The gRPC collector: validates envelopes, hands rows to the store, acks when durable.
 
-One bidi ``Stream`` per rank process. A reader thread per stream validates and
-submits envelopes while the handler thread sends back ``Ack``s as the store's
+One bidi ``Stream`` per rank process. A reader task per stream validates and
+submits envelopes while the handler coroutine sends back ``Ack``s as the store's
 commits complete, so a client never waits for an ack before sending more.
 
 Bad input ends only the stream that sent it, with a status naming the problem:
@@ -21,15 +21,21 @@ stream is closed; other streams are unaffected.
 
 Liveness (collector.server.liveness) sees every accepted envelope and every stream's
 end, and may ask a rank for its stacks: such requests ride back on the stream's Acks
-(``Ack.requests``), sent by the handler thread like the acks themselves.
+(``Ack.requests``), sent by the handler coroutine like the acks themselves.
 
-Each stream holds two threads (the handler from the pool and its reader), so
-the pool allows ``max_workers // 2`` concurrent streams; more are refused with
-RESOURCE_EXHAUSTED by gRPC.
+The service runs on grpc.aio, one event loop in its own thread (``CollectorServer``):
+an open stream is a coroutine, not a thread, so idle streams cannot exhaust anything
+``Health`` or a real rank needs. Nothing blocking runs on the loop: decoding, the
+dedupe lookup and the store's submit (which blocks under back-pressure) run on a small
+intake pool (``INTAKE_THREADS``), one envelope per stream at a time; commits run on the
+store's own threads and wake the stream's coroutine when they are durable. The
+limits on what a stream or a peer may hold (idle timeout, streams per peer, rows and
+bytes per second) are collector.server.limits'.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib.metadata
 import logging
@@ -37,7 +43,7 @@ import signal
 import sys
 import threading
 import time
-from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -48,9 +54,10 @@ from collector.data import catalog, security
 from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.ledger import DataDirBusy
+from collector.server.limits import PeerStreams, StreamBudget, StreamLimits, peer_host
 from collector.server.liveness import Liveness
 from collector.server.store import Store, StoreClosed, StoreConfig
-from proto import SCHEMA_VERSION, pb, pb_grpc
+from proto import SCHEMA_VERSION, pb
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,11 @@ log = logging.getLogger(__name__)
 # by gRPC with RESOURCE_EXHAUSTED before they reach the servicer.
 MAX_MESSAGE_BYTES = 64 << 20
 REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+# Threads that decode envelopes and hand them to the store. pyarrow releases the GIL
+# while decoding, and a submit may block on the store's back-pressure: a few threads
+# keep every core busy without one thread per stream.
+INTAKE_THREADS = 8
+PENDING_CALLS = 1 << 16
 
 try:
     SERVER_VERSION = importlib.metadata.version("rankscope")
@@ -100,7 +112,7 @@ def _lenient(message_type):
 
 
 class CollectorState:
-    """The store, the compactor and the counters Health reports."""
+    """The store, the compactor, the stream limits and the counters Health reports."""
 
     def __init__(
         self,
@@ -108,8 +120,11 @@ class CollectorState:
         store_config: StoreConfig | None = None,
         compaction_config: CompactionConfig | None = None,
         writer: str | None = None,
+        stream_limits: StreamLimits | None = None,
     ):
         self.data_dir = Path(data_dir).resolve()
+        self.limits = stream_limits or StreamLimits()
+        self.peers = PeerStreams(self.limits.max_streams_per_peer)
         self.store = Store(self.data_dir, store_config, writer)  # recovers the data dir first
         catalog.ensure_catalog(self.data_dir)
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
@@ -131,29 +146,40 @@ class CollectorState:
 
 
 class _StreamAcks:
-    """What one stream's reader thread (and liveness) tell its handler thread."""
+    """What one stream's reader (on the loop), the store's commits and liveness (on their
+    own threads) tell the stream's writer coroutine. State under a lock; every change
+    wakes the writer through the loop (``call_soon_threadsafe``), whichever thread made it."""
 
-    def __init__(self):
-        self.cond = threading.Condition()
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._changed = asyncio.Event()
         self.acked: list[int] = []
         self.requests: list[pb.RankRequest] = []  # for the rank, sent with the next Ack
         self.outstanding = 0  # submitted, not yet durable
+        self.handling = False  # the reader holds a message (throttled or being submitted)
         self.reading = True
-        self.cancelled = False
         self.error: StreamError | None = None
+        self.last_message = loop.time()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._changed.set)
+        except RuntimeError:  # the loop is closed: the collector has stopped, nobody is waiting
+            pass
 
     def submitted(self) -> None:
-        with self.cond:
+        with self._lock:
             self.outstanding += 1
 
     def withdraw(self) -> None:
         """A submission that did not happen after all."""
-        with self.cond:
+        with self._lock:
             self.outstanding -= 1
-            self.cond.notify_all()
+        self._wake()
 
     def durable(self, seq: int, error: BaseException | None) -> None:
-        with self.cond:
+        with self._lock:
             self.outstanding -= 1
             if error is None:
                 self.acked.append(seq)
@@ -161,108 +187,135 @@ class _StreamAcks:
                 self.error = StreamError(
                     grpc.StatusCode.UNAVAILABLE, f"envelope seq {seq} could not be stored ({error}); resend it", seq
                 )
-            self.cond.notify_all()
+        self._wake()
 
     def stop_reading(self, error: StreamError | None = None) -> None:
-        with self.cond:
+        with self._lock:
             self.reading = False
             if error is not None and self.error is None:
                 self.error = error
-            self.cond.notify_all()
-
-    def cancel(self) -> None:
-        with self.cond:
-            self.cancelled = True
-            self.cond.notify_all()
+        self._wake()
 
     def request(self, request: pb.RankRequest) -> None:
         """Ask the rank something (liveness.RankStream); sent on the next Ack, at once."""
-        with self.cond:
+        with self._lock:
             self.requests.append(request)
-            self.cond.notify_all()
+        self._wake()
 
     def _ended(self) -> bool:
         # A storage error ends the stream without waiting for the client to stop sending.
         return (not self.reading or self.error is not None) and self.outstanding == 0
 
-    def next_acks(self) -> pb.Ack | None:
+    async def next_acks(self, idle_timeout_s: float) -> pb.Ack:
         """The next Ack (seqs durable now, requests for the rank); an empty Ack once all is
-        acked and reading ended (or failed); None if cancelled."""
-        with self.cond:
-            while not (self.acked or self.requests or self.cancelled or self._ended()):
-                self.cond.wait()
-            if self.cancelled:
-                return None
-            acked, self.acked = self.acked, []
-            requests, self.requests = self.requests, []
-            return pb.Ack(seqs=acked, requests=requests)
-
-
-class CollectorServicer(pb_grpc.CollectorServicer):
-    def __init__(self, state: CollectorState):
-        self.state = state
-
-    def Stream(self, request_iterator, context):
-        acks = _StreamAcks()
-        context.add_callback(acks.cancel)
-        self.state.count(streams=1)
-        reader = threading.Thread(
-            target=self._read, args=(request_iterator, acks), name="rankscope-stream-reader", daemon=True
-        )
-        reader.start()
-        try:
-            while (ack := acks.next_acks()) is not None and (ack.seqs or ack.requests):
-                yield ack
-            if ack is not None and acks.error is not None:
-                err = acks.error
-                if (
-                    err.code in REFUSAL_CODES and err.seq
-                ):  # seq 0 names no real envelope  # the client must not resend this one as is
-                    context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(err.seq)),))
-                context.abort(err.code, err.message)
-        finally:
-            self.state.count(streams=-1)
-            self.state.liveness.closed(acks)
-
-    def _read(self, request_iterator, acks: _StreamAcks) -> None:
-        requests = iter(request_iterator)
-        received = 0
-        while not (acks.cancelled or acks.error is not None):
-            try:
-                env = next(requests)
-            except StopIteration:
-                break
-            except Exception as exc:  # the client went away mid-stream; what it sent is kept
-                log.debug("stream ended: %r", exc)
-                break
-            received += 1
-            if isinstance(env, Undecodable):
-                self.state.count(rejected=1)
-                acks.stop_reading(
+        acked and reading ended (or failed, or the stream was idle for ``idle_timeout_s``)."""
+        while True:
+            self._changed.clear()  # before looking: a change made after the look sets it again
+            with self._lock:
+                if self.acked or self.requests or self._ended():
+                    acked, self.acked = self.acked, []
+                    requests, self.requests = self.requests, []
+                    return pb.Ack(seqs=acked, requests=requests)
+                busy = self.handling or self.outstanding
+            idle_left = idle_timeout_s - (self._loop.time() - self.last_message)
+            if not busy and idle_left <= 0:
+                self.stop_reading(
                     StreamError(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"message {received} on this stream: {env.problem}", 0
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"no message for {idle_timeout_s:g} s (--stream-idle-timeout); reconnect to send more",
+                        0,
                     )
                 )
-                return
+                continue
             try:
-                self._accept(env, acks)
-            except StreamError as rejected:
-                self.state.count(rejected=1)
-                log.info("rejected: %s", rejected.message)
-                acks.stop_reading(rejected)
-                return
-            except StoreClosed as exc:
-                acks.stop_reading(StreamError(grpc.StatusCode.UNAVAILABLE, str(exc), env.seq))
-                return
-            except Exception as exc:  # a collector bug, not bad input: say so, keep serving others
-                log.exception("envelope seq %d", env.seq)
-                acks.stop_reading(
-                    StreamError(grpc.StatusCode.INTERNAL, f"envelope seq {env.seq}: collector error {exc!r}", env.seq)
-                )
-                return
+                await asyncio.wait_for(self._changed.wait(), idle_left if not busy else idle_timeout_s)
+            except TimeoutError:
+                pass
+
+
+class CollectorServicer:
+    """The Collector service's two methods, as grpc.aio handlers."""
+
+    def __init__(self, state: CollectorState, intake: ThreadPoolExecutor):
+        self.state = state
+        self.intake = intake
+
+    async def Stream(self, request_iterator, context):
+        peer = peer_host(context.peer() or "unknown")
+        refusal = self.state.peers.open(peer)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        loop = asyncio.get_running_loop()
+        acks = _StreamAcks(loop)
+        self.state.count(streams=1)
+        reader = asyncio.create_task(self._read(request_iterator, acks))
+        try:
+            while (ack := await acks.next_acks(self.state.limits.idle_timeout_s)).seqs or ack.requests:
+                await context.write(ack)
+            if acks.error is not None:
+                err = acks.error
+                if err.code in REFUSAL_CODES and err.seq:  # seq 0 names no real envelope
+                    # the client must not resend this one as is
+                    context.set_trailing_metadata(((REJECTED_SEQ_KEY, str(err.seq)),))
+                await context.abort(err.code, err.message)
+        finally:
+            reader.cancel()
+            self.state.count(streams=-1)
+            self.state.peers.close(peer)
+            # closed() may store a rank event, and a store submit can block: not on the loop
+            try:
+                self.intake.submit(self.state.liveness.closed, acks)
+            except RuntimeError:  # the intake pool is shut down: the collector is stopping
+                self.state.liveness.closed(acks)
+
+    async def _read(self, request_iterator, acks: _StreamAcks) -> None:
+        loop = asyncio.get_running_loop()
+        budget = StreamBudget(self.state.limits, loop.time())
+        received = 0
+        try:
+            async for env in request_iterator:
+                acks.last_message = loop.time()
+                received += 1
+                if isinstance(env, Undecodable):
+                    self.state.count(rejected=1)
+                    acks.stop_reading(
+                        StreamError(
+                            grpc.StatusCode.INVALID_ARGUMENT, f"message {received} on this stream: {env.problem}", 0
+                        )
+                    )
+                    return
+                acks.handling = True
+                if (wait := budget.wait_s(loop.time())) > 0:
+                    await asyncio.sleep(wait)  # over budget: stop reading, flow control holds the sender
+                budget.spend(env.table.rows if env.HasField("table") else 1, env.ByteSize(), loop.time())
+                error = await loop.run_in_executor(self.intake, self._accept, env, acks)
+                acks.handling, acks.last_message = False, loop.time()
+                if error is not None:
+                    acks.stop_reading(error)
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client went away mid-stream; what it sent is kept
+            log.debug("stream ended: %r", exc)
         acks.stop_reading()
 
-    def _accept(self, env: pb.Envelope, acks: _StreamAcks) -> None:
+    def _accept(self, env: pb.Envelope, acks: _StreamAcks) -> StreamError | None:
+        """Check, decode and submit one envelope (on an intake thread); the error that
+        ends the stream, if any."""
+        try:
+            self._submit(env, acks)
+        except StreamError as rejected:
+            self.state.count(rejected=1)
+            log.info("rejected: %s", rejected.message)
+            return rejected
+        except StoreClosed as exc:
+            return StreamError(grpc.StatusCode.UNAVAILABLE, str(exc), env.seq)
+        except Exception as exc:  # a collector bug, not bad input: say so, keep serving others
+            log.exception("envelope seq %d", env.seq)
+            return StreamError(grpc.StatusCode.INTERNAL, f"envelope seq {env.seq}: collector error {exc!r}", env.seq)
+        return None
+
+    def _submit(self, env: pb.Envelope, acks: _StreamAcks) -> None:
         store = self.state.store
         try:
             check_header(env)
@@ -280,9 +333,9 @@ class CollectorServicer(pb_grpc.CollectorServicer):
             raise
         self.state.liveness.observe(acks, env)  # a resent Hello too: it names the rank's new stream
 
-    def Health(self, request, context):
+    async def Health(self, request, context):
         if isinstance(request, Undecodable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"health request: {request.problem}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"health request: {request.problem}")
         s = self.state
         return pb.HealthReply(
             schema_version=SCHEMA_VERSION,
@@ -297,24 +350,24 @@ class CollectorServicer(pb_grpc.CollectorServicer):
 # -- auth ----------------------------------------------------------------------
 
 
-class BearerTokenInterceptor(grpc.ServerInterceptor):
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every call whose ``authorization`` metadata is not ``Bearer <token>``."""
 
     def __init__(self, token: str):
         self._expected = f"Bearer {token}".encode()
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        sent = dict(handler_call_details.invocation_metadata).get("authorization", "")
+        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
         if hmac.compare_digest(sent.encode() if isinstance(sent, str) else sent, self._expected):
             return handler
         return _refusing_handler(handler)
 
 
-def _refuse(request_or_iterator, context):
-    context.abort(
+async def _refuse(request_or_iterator, context):
+    await context.abort(
         grpc.StatusCode.UNAUTHENTICATED,
         "missing or wrong bearer token: send metadata 'authorization: Bearer <token>' (RANKSCOPE_TOKEN)",
     )
@@ -333,7 +386,7 @@ def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     return make(_refuse, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
-def _add_servicer(servicer: CollectorServicer, server: grpc.Server) -> None:
+def _add_servicer(servicer: CollectorServicer, server: grpc.aio.Server) -> None:
     """Like pb_grpc.add_CollectorServicer_to_server, with lenient request decoding."""
     handlers = {
         "Stream": grpc.stream_stream_rpc_method_handler(
@@ -349,6 +402,85 @@ def _add_servicer(servicer: CollectorServicer, server: grpc.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
 
 
+class CollectorServer:
+    """The grpc.aio server on its own event loop thread, driven from synchronous code
+    like a ``grpc.Server``: ``start()``, ``stop(grace)`` (returns an event that is set,
+    for ``.wait()``), ``wait_for_termination()``."""
+
+    def __init__(
+        self, state: CollectorState, address: str, token: str | None, credentials: grpc.ServerCredentials | None
+    ):
+        self.state = state
+        self.intake = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="rankscope-intake")
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="rankscope-grpc", daemon=True)
+        self._thread.start()
+        self._stopped = threading.Event()
+        try:
+            self.server, self.port = self._call(self._build(address, token, credentials))
+        except BaseException:
+            self._shut_down()
+            raise
+
+    def _call(self, coro, timeout: float | None = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _build(self, address, token, credentials) -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(
+            interceptors=[BearerTokenInterceptor(token)] if token else [],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # Calls that arrived but that the loop has not taken up yet. gRPC's default (1,000,
+                # then refused) turns thousands of ranks connecting at once into failed streams.
+                ("grpc.server_max_pending_requests", PENDING_CALLS),
+                ("grpc.server_max_pending_requests_hard_limit", PENDING_CALLS),
+            ],
+        )
+        _add_servicer(CollectorServicer(self.state, self.intake), server)
+        try:
+            port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise OSError(f"cannot listen on {address}: address in use or invalid")
+        return server, port
+
+    def start(self) -> None:
+        self._call(self.server.start())
+
+    def stop(self, grace: float | None = None) -> threading.Event:
+        """Refuse new calls, give open ones ``grace`` seconds, cancel the rest; returns once stopped."""
+        if not self._stopped.is_set():
+            try:
+                self._call(self.server.stop(grace), timeout=None if grace is None else grace + 30)
+            finally:
+                self._shut_down()
+        return self._stopped
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def _shut_down(self) -> None:
+        async def cancel_tasks():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self._call(cancel_tasks(), timeout=10)
+        except Exception:  # a task that will not end must not keep the collector from stopping
+            log.warning("collector: tasks still running at shutdown", exc_info=True)
+        # submissions in flight finish (their acks are dropped) before the loop goes away
+        self.intake.shutdown(wait=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+        self._stopped.set()
+
+
 # -- entry points ----------------------------------------------------------------
 
 
@@ -359,36 +491,21 @@ def create_server(
     *,
     store_config: StoreConfig | None = None,
     compaction_config: CompactionConfig | None = None,
+    stream_limits: StreamLimits | None = None,
     tls: security.ServerTLS | None = None,
     writer: str | None = None,
-    max_workers: int = 512,
-) -> tuple[grpc.Server, int, CollectorState]:
+) -> tuple[CollectorServer, int, CollectorState]:
     """A collector bound to ``address`` (port 0 picks one), not yet started; with
     ``tls`` it speaks TLS only. The bind policy is serve()'s (security.check_bind).
     ``writer``: this collector's id when several share ``data_dir`` (docs/SCALING.md)."""
     credentials = tls.credentials() if tls is not None else None  # bad files fail before the data dir is taken
-    state = CollectorState(data_dir, store_config, compaction_config, writer)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rankscope-rpc"),
-        interceptors=[BearerTokenInterceptor(token)] if token else [],
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
-        maximum_concurrent_rpcs=max_workers // 2,
-    )
-    _add_servicer(CollectorServicer(state), server)
+    state = CollectorState(data_dir, store_config, compaction_config, writer, stream_limits)
     try:
-        if credentials is not None:
-            port = server.add_secure_port(address, credentials)
-        else:
-            port = server.add_insecure_port(address)
-    except RuntimeError:
-        port = 0
-    if port == 0:
+        server = CollectorServer(state, address, token, credentials)
+    except BaseException:
         state.close()
-        raise OSError(f"cannot listen on {address}: address in use or invalid")
-    return server, port, state
+        raise
+    return server, server.port, state
 
 
 def serve(
@@ -406,12 +523,17 @@ def serve(
     metrics_port: int | None = None,
     alert_webhook: str | None = None,
     raw_every: int | None = None,
+    stream_idle_timeout: float | None = None,
+    max_streams_per_peer: int | None = None,
+    stream_rows_per_s: float | None = None,
+    stream_bytes_per_s: float | None = None,
 ) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
     A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
     the warnings of collector.data.security.check_bind go to stderr. The flush and compaction
-    settings default to StoreConfig's and CompactionConfig's; a bad one is exit code 2.
+    settings default to StoreConfig's and CompactionConfig's, the stream limits to
+    StreamLimits' (collector.server.limits); a bad one is exit code 2.
     ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics);
     ``alert_webhook``: post each new finding to this URL (collector.server.alerts)."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
@@ -426,6 +548,14 @@ def serve(
         compaction_config = CompactionConfig(
             **_given(interval=compaction_interval, min_files=compaction_min_files, raw_every=raw_every)
         )
+        stream_limits = StreamLimits(
+            **_given(
+                idle_timeout_s=stream_idle_timeout,
+                max_streams_per_peer=max_streams_per_peer,
+                rows_per_s=stream_rows_per_s,
+                bytes_per_s=stream_bytes_per_s,
+            )
+        )
         server, bound, state = create_server(
             address,
             data_dir,
@@ -434,6 +564,7 @@ def serve(
             writer=writer,
             store_config=store_config,
             compaction_config=compaction_config,
+            stream_limits=stream_limits,
         )
     except (security.SecurityConfigError, ValueError) as exc:
         print(f"rankscope collect: {exc}", file=sys.stderr)

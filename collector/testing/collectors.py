@@ -29,6 +29,7 @@ import grpc
 
 from collector.data import security
 from collector.server.compaction import CompactionConfig
+from collector.server.limits import StreamLimits
 from collector.server.service import CollectorState, create_server
 from collector.server.store import StoreConfig
 
@@ -65,6 +66,7 @@ def live_collector(
     store_config: StoreConfig = FAST_STORE,
     compaction_config: CompactionConfig = NO_COMPACTION,
     writer: str | None = None,
+    stream_limits: StreamLimits | None = None,
     grace_s: float = 2.0,
 ) -> Iterator[LiveCollector]:
     """A started collector on 127.0.0.1 over ``data_dir`` (created if missing); with ``token``
@@ -77,6 +79,7 @@ def live_collector(
         tls=tls,
         store_config=store_config,
         compaction_config=compaction_config,
+        stream_limits=stream_limits,
         writer=writer,
     )
     server.start()

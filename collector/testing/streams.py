@@ -10,10 +10,14 @@ seqs were acked and how the stream ended.
 Acks are read on a thread of their own, so a test can wait for some seqs while the
 stream stays open (``wait_acked``); a stream the collector aborts leaves its
 ``grpc.RpcError`` in ``error``.
+
+``HeldStreams`` holds many streams open at once (idle, or after a first message),
+for the collector's limits and scale tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Iterable
@@ -73,3 +77,69 @@ class RawStream:
     def cancel(self) -> None:
         self._call.cancel()
         self._outbox.put(None)
+
+
+class HeldStreams:
+    """``n`` Stream calls held open on one grpc.aio channel, from an event loop thread of
+    their own: thousands of ranks' streams at the cost of one thread. Each stream sends
+    ``first`` (a list of envelopes per stream, e.g. its Hello) or nothing at all, then stays
+    silent; ``errors`` collects how the streams the collector ended were ended.
+
+        with HeldStreams(endpoint, 1000, metadata=security.auth_metadata(token)) as held:
+            ...                               # the collector now holds 1000 idle streams
+    """
+
+    def __init__(self, endpoint: str, n: int, *, metadata=None, first=None, timeout_s: float = 120.0):
+        self.endpoint, self.n, self.metadata = endpoint, n, metadata
+        self.errors: list[grpc.aio.AioRpcError] = []
+        self.acked = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="held-streams", daemon=True)
+        self._thread.start()
+        self._run(self._open(first or [[] for _ in range(n)]), timeout_s)
+
+    def _run(self, coro, timeout_s: float | None = 60.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    async def _open(self, first) -> None:
+        self._channel = grpc.aio.insecure_channel(self.endpoint)
+        stub = pb_grpc.CollectorStub(self._channel)
+        self._calls = [stub.Stream(metadata=self.metadata) for _ in range(self.n)]
+        self._readers = [asyncio.create_task(self._read(call)) for call in self._calls]
+        for call, envelopes in zip(self._calls, first, strict=True):
+            for env in envelopes:
+                await call.write(env)
+
+    async def _read(self, call) -> None:
+        try:
+            async for ack in call:
+                self.acked += len(ack.seqs)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                self.errors.append(exc)
+        except asyncio.CancelledError:
+            pass
+
+    def ended(self) -> int:
+        """Streams the collector has ended so far."""
+        return sum(task.done() for task in self._readers)
+
+    def close(self) -> None:
+        async def cancel():
+            for call in self._calls:
+                call.cancel()
+            await asyncio.gather(*self._readers, return_exceptions=True)
+            await self._channel.close()
+
+        try:
+            self._run(cancel(), 60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> HeldStreams:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -72,6 +72,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             alert_webhook=args.alert_webhook,
             raw_every=args.raw_every,
+            stream_idle_timeout=args.stream_idle_timeout,
+            max_streams_per_peer=args.max_streams_per_peer,
+            stream_rows_per_s=args.stream_rows_per_s,
+            stream_bytes_per_s=args.stream_bytes_per_s,
         )
         or 0
     )
@@ -235,6 +239,37 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="retention: keep raw comm records only for every Nth step and the steps with findings; "
         "per-step rollups (comm_steps) keep every step (default: keep every raw record)",
+    )
+    p.add_argument(
+        "--stream-idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="close a rank stream that sends nothing for S seconds; the rank reconnects when it has more "
+        "(default 300, longer than any heartbeat period)",
+    )
+    p.add_argument(
+        "--max-streams-per-peer",
+        type=int,
+        default=None,
+        metavar="N",
+        help="streams one client address may hold open; more are refused with RESOURCE_EXHAUSTED and retried "
+        "(default 8192: every rank of a host shares its address)",
+    )
+    p.add_argument(
+        "--stream-rows-per-s",
+        type=float,
+        default=None,
+        metavar="R",
+        help="rows per second one stream may send; above it the collector reads that stream more slowly "
+        "(default 4000000)",
+    )
+    p.add_argument(
+        "--stream-bytes-per-s",
+        type=float,
+        default=None,
+        metavar="B",
+        help="bytes per second one stream may send, on the wire (default 268435456 = 256 MiB)",
     )
 
     p = add(

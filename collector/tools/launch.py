@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import grpc
 
@@ -72,18 +73,24 @@ class CollectorProcess:
     """``rankscope collect`` in a child process (a GIL of its own), started and waited for.
 
     ``port`` 0 lets the collector pick one; ``args`` are more ``collect`` options
-    (``--flush-interval 0.02``, ``--writer-id east``, ``--token ...``). Raises
-    RuntimeError with the collector's stderr if it exits before listening."""
+    (``--flush-interval 0.02``, ``--writer-id east``, ``--token ...``); ``tree`` runs the
+    collector from another source tree (a benchmark's baseline: another commit, exported).
+    Raises RuntimeError with the collector's stderr if it exits before listening."""
 
     _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
 
-    def __init__(self, data_dir, *args: str, port: int = 0) -> None:
+    def __init__(self, data_dir, *args: str, port: int = 0, tree: Path | None = None) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")
+        env = None
+        if tree is not None:  # `python -m` puts the working directory first on the path: run from there
+            env = {**os.environ, "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(
-            collector_command(str(data_dir), port=port) + list(args),
+            collector_command(str(Path(data_dir).resolve()), port=port) + list(args),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
+            cwd=tree,
+            env=env,
         )
         line = self.proc.stdout.readline()
         match = self._LISTENING.match(line)
