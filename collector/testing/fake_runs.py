@@ -87,6 +87,7 @@ MOE_LAYERS, MOE_EXPERTS, MOE_CAPACITY, MOE_TOKENS = 2, 8, 96, 512
 BAD_PARAM = "layers.1.mlp.fc1.weight"  # what an overflow step blames
 OVERFLOW_FIRST_RANK = 1
 SAMPLES_PER_RANK_STEP = 32
+TOKENS_PER_SAMPLE = 128
 
 
 class FakeRunError(ValueError):
@@ -104,6 +105,7 @@ class FakeRun:
     # the story
     late_rank: int | None = -1  # enters every all_reduce delay_ns late; -1: the last rank; None: nobody
     delay_ns: int = 40_000_000
+    late_rank_tokens: float = 1.0  # the late rank trains on this many times the others' tokens (input imbalance)
     overflow_steps: tuple[int, ...] = (5, 12, 20, 21, 33, 40)
     with_moe: bool = True
     # what the comm records look like
@@ -246,7 +248,7 @@ class FakeRun:
         }
 
     def step_columns(self, rank: int) -> dict[str, dict]:
-        """timers, monitor, loss_scale, memory, gc, host and moe columns of ``rank`` for every step."""
+        """timers, monitor, loss_scale, memory, gc, host, batches and moe columns of ``rank`` for every step."""
         steps = np.arange(self.steps, dtype=np.int64)
         t = self.t0_ns + steps * self.step_period_ns
         rng = np.random.default_rng([self.seed, rank, 1])
@@ -320,6 +322,16 @@ class FakeRun:
             "runqueue_ns": (rng.uniform(0.0, 0.02, self.steps) * self.step_period_ns).astype(np.int64),
             "cpu_ns": (rng.uniform(0.7, 0.95, self.steps) * self.step_period_ns).astype(np.int64),
             "rss_bytes": np.full(self.steps, 2**30 + rank * 2**20, dtype=np.int64),
+        }
+
+        # What the rank trained on: sequences of about the same length on every rank (+-5%), but
+        # late_rank_tokens times as many tokens on the late rank.
+        heavier = self.late_rank_tokens if rank == self.late_rank else 1.0
+        tokens = rng.uniform(0.95, 1.05, self.steps) * SAMPLES_PER_RANK_STEP * TOKENS_PER_SAMPLE * heavier
+        out["batches"] = {
+            "step": steps,
+            "samples": np.full(self.steps, SAMPLES_PER_RANK_STEP, dtype=np.int64),
+            "tokens": tokens.astype(np.int64),
         }
 
         if self.with_moe:

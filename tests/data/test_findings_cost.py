@@ -3,7 +3,6 @@ each fires on its injected story and stays silent on a healthy run, at 4 and at 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from collector.data.findings import communication, stragglers
@@ -156,27 +155,14 @@ def test_input_imbalance_among_1024_ranks():
     assert finding.ranks == (5,) and finding.evidence["cause"] == "input_imbalance"
 
 
-def _write_tokens(data_dir, run, heavy_rank: int | None, factor: float) -> None:
-    """A ``batches`` segment per rank: 32 samples and ~4,096 tokens a step, ``factor`` times that on ``heavy_rank``."""
-    from collector.testing.fake_runs import _stored, _write
-
-    rng = np.random.default_rng(3)
-    for rank in range(run.world_size):
-        tokens = rng.uniform(0.95, 1.05, run.steps) * 4096 * (factor if rank == heavy_rank else 1.0)
-        columns = {"step": list(range(run.steps)), "samples": [32] * run.steps, "tokens": tokens.astype(int).tolist()}
-        _write(data_dir, "batches", run.run_id, f"rank{rank}", _stored("batches", rank, columns))
-
-
 def test_rankscope_health_names_input_imbalance_from_the_batches_table(tmp_path):
     # The fake run's rank 3 is late to every all_reduce; in "heavy" it also trained on 1.8x the tokens.
     from collector.data import findings, queries
     from collector.testing.fake_runs import FakeRun, write_data_dir
 
-    heavy = FakeRun(run_id="heavy", world_size=4, steps=30, late_rank=3, with_moe=False)
+    heavy = FakeRun(run_id="heavy", world_size=4, steps=30, late_rank=3, with_moe=False, late_rank_tokens=1.8)
     even = FakeRun(run_id="even", world_size=4, steps=30, late_rank=3, with_moe=False)
     write_data_dir(tmp_path, heavy, even)
-    _write_tokens(tmp_path, heavy, heavy_rank=3, factor=1.8)
-    _write_tokens(tmp_path, even, heavy_rank=None, factor=1.0)
     cat = queries.Catalog(tmp_path)
     try:
         signals = queries.signals_by_step(cat, "heavy")
