@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import queries, state
+from app import charts, queries, state
 
 
 def liveness_page() -> None:
@@ -21,8 +21,10 @@ def liveness_page() -> None:
     def body(version: str) -> None:
         d, run_id = sel.data_dir, sel.run_id
         hangs = queries.hangs(d, run_id, version)
-        if not hangs.empty:
-            st.subheader("Stuck collectives")
+        st.subheader("Stuck collectives")
+        if hangs.empty:
+            state.missing_data(sel, "stacks", "No collective is stuck in this run.")
+        else:
             st.dataframe(
                 hangs[["group_name", "seq", "op", "step", "waiting_s", "waiting_ranks", "missing_ranks"]],
                 hide_index=True,
@@ -37,6 +39,7 @@ def liveness_page() -> None:
         else:
             if (wave.ranks > 1).any():
                 st.caption("Ranks are binned: each row is a rank range; min/max over the range.")
+            st.plotly_chart(charts.wavefront(wave))
             wave = wave.assign(behind=wave.max_entered.max() - wave.min_completed)
             st.dataframe(wave, hide_index=True)
         st.subheader("Stacks")
