@@ -49,8 +49,8 @@ from collector.tools.launch import collector_command, free_port, torchrun_comman
 RUN_TIMEOUT_S = 900
 HANG_VISIBLE_TIMEOUT_S = 300  # from the job's start until its hang must show in the data
 JOB_STOP_GRACE_S = 60  # torchrun's own SIGTERM -> SIGKILL grace for its workers is 30 s
-# The shipped many-rank run: big enough to need the dashboard's rank binning, small enough to ship.
 TEMPLATE_RUN = "zero2-slow-rank3"  # the run whose step `rankscope simulate` repeats
+# The shipped many-rank run: big enough to need the dashboard's rank binning, small enough to ship.
 SIMULATED = dict(name="simulated-256-ranks", ranks=256, steps=30, stragglers=(simulate.Straggler(117, 40_000_000),))
 # Shipped files are read many times and written once: compress harder than the live store does.
 ARCHIVE_COMPRESSION_LEVEL = 9
