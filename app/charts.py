@@ -138,6 +138,27 @@ def last_rank_bars(df: pd.DataFrame) -> go.Figure:
     return _tidy(fig, "Ranks arriving last most often, per collective")
 
 
+def wavefront(wave: pd.DataFrame) -> go.Figure:
+    """Per rank (or rank range), the last collective seq entered and completed in the group whose
+    ranks are furthest apart (queries.wavefront rows): a stuck collective is where "entered" runs
+    ahead of "completed", and the ranks missing from it lag behind both."""
+    per_group = wave.groupby("group_name").agg(entered=("max_entered", "max"), completed=("min_completed", "min"))
+    name = (per_group.entered - per_group.completed).idxmax()
+    group = wave[wave.group_name == name]
+    ranges = zip(group.first_rank, group.last_rank, strict=True)
+    labels = [f"rank {lo}" if lo == hi else f"ranks {lo}–{hi}" for lo, hi in ranges]
+    fig = go.Figure(
+        [
+            go.Bar(x=labels, y=group.max_entered, name="last entered"),
+            go.Bar(x=labels, y=group.min_completed, name="last completed"),
+        ]
+    )
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="", type="category")
+    fig.update_yaxes(title=f"collective seq in {name}")
+    return _tidy(fig, f"Wavefront: how far each rank got in {name}")
+
+
 def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", clickable: bool = False) -> go.Figure:
     """Bin x step grid (binning.bin_grid): colour is the bin's max, hover adds its p95 and the
     rank behind the max; rows worst first. Clickable as ``heatmap`` is. Binned steps are labelled

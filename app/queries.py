@@ -90,6 +90,13 @@ def delay_heatmap(data_dir: str, run_id: str, version: str, flt: CommFilter) -> 
 
 
 @_cached(**_FILTERED)
+def binned_delay(
+    data_dir: str, run_id: str, version: str, flt: CommFilter, bins: pd.DataFrame, value: str
+) -> pd.DataFrame:
+    return q.binned_delay(comm_rollup(data_dir, run_id, version), flt, bins, value)
+
+
+@_cached(**_FILTERED)
 def last_arrivals(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
     return q.last_arrivals(comm_rollup(data_dir, run_id, version), flt)
 

@@ -133,9 +133,9 @@ def missing_data(sel: Selection, table: str, message: str) -> None:
     st.caption("Runs that have it:")
     label = _label(sel.runs)
     for run_id in others.run_id:
-        if st.button(label(run_id), key=f"switch-{table}-{run_id}"):
-            select_runs([run_id])
-            st.rerun()
+        # A callback: it runs before the next script run creates the run picker, the only
+        # moment Streamlit lets the picker's state change.
+        st.button(label(run_id), key=f"switch-{table}-{run_id}", on_click=select_runs, args=([run_id],))
 
 
 def skipped_segments_notice() -> None:

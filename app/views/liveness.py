@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import queries, state
+from app import charts, queries, state
 from collector.data.findings.model import ranks_label
 
 EXPANDED_STACK_GROUPS = 3  # the odd ones out (fewest ranks) open; the rest one click away
@@ -38,8 +38,10 @@ def liveness_page() -> None:
     def body(version: str) -> None:
         d, run_id = sel.data_dir, sel.run_id
         hangs = queries.hangs(d, run_id, version)
-        if not hangs.empty:
-            st.subheader("Stuck collectives")
+        st.subheader("Stuck collectives")
+        if hangs.empty:
+            state.missing_data(sel, "stacks", "No collective is stuck in this run.")
+        else:
             st.dataframe(
                 hangs[["group_name", "seq", "op", "step", "waiting_s", "waiting_ranks", "missing_ranks"]],
                 hide_index=True,
@@ -54,6 +56,7 @@ def liveness_page() -> None:
         else:
             if (wave.ranks > 1).any():
                 st.caption("Ranks are binned: each row is a rank range; min/max over the range.")
+            st.plotly_chart(charts.wavefront(wave))
             wave = wave.assign(behind=wave.max_entered.max() - wave.min_completed)
             st.dataframe(wave, hide_index=True)
         st.subheader("Stacks")

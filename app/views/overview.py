@@ -99,18 +99,20 @@ def monitor_chart(series: pd.DataFrame, title: str):
 def training_charts(sel: state.Selection, version: str) -> None:
     d, run_id = sel.data_dir, sel.run_id
     series = queries.monitor_series(d, run_id, version)
+    if series.empty:
+        state.missing_data(sel, "monitor", "No monitor events (loss, learning rate, samples) in this run.")
     left, right = st.columns(2)
     loss_tags = [t for t in series.tag.unique() if _is_loss(t)]
     lr_tags = [t for t in series.tag.unique() if _is_lr(t)]
     with left:
         if loss_tags:
             st.plotly_chart(monitor_chart(series[series.tag.isin(loss_tags)], "Loss"))
-        else:
+        elif not series.empty:
             st.info("No loss in the monitor events yet.")
     with right:
         if lr_tags:
             st.plotly_chart(monitor_chart(series[series.tag.isin(lr_tags)], "Learning rate"))
-        else:
+        elif not series.empty:
             st.info("No learning rate in the monitor events yet.")
     # what else the script logs (hook.log, a monitor's own tags): grad norm, tokens, accuracy...
     other_tags = [t for t in series.tag.unique() if t not in loss_tags and t not in lr_tags]
@@ -121,7 +123,9 @@ def training_charts(sel: state.Selection, version: str) -> None:
     with left:
         scales = queries.loss_scale(d, run_id, version)
         if scales.empty:
-            st.info("No loss-scale records: this run does not use fp16 dynamic loss scaling.")
+            state.missing_data(
+                sel, "loss_scale", "No loss-scale records: this run does not use fp16 dynamic loss scaling."
+            )
         else:
             st.plotly_chart(charts.loss_scale(scales))
     with right:

@@ -103,10 +103,13 @@ def per_rank_heatmaps(grid: pd.DataFrame, labels: dict[int, str], clickable: boo
     )
 
 
-def binned_heatmaps(grid: pd.DataFrame, bins: pd.DataFrame, labels: dict[int, str]) -> tuple[int, int] | None:
-    """The heatmaps by bin, and the bin the user opened; returns the (rank, step) a click points at."""
+def binned_heatmaps(
+    sel: state.Selection, version: str, flt: queries.CommFilter, grid: pd.DataFrame, bins: pd.DataFrame, labels
+) -> tuple[int, int] | None:
+    """The heatmaps by bin (binned in SQL: queries.binned_delay), and the bin the user opened;
+    returns the (rank, step) a click points at."""
     kind = "host" if bins.kind.iloc[0] == "host" else "rank range"
-    delay = binning.bin_grid(grid, bins, "arrival_delay_ms")
+    delay = queries.binned_delay(sel.data_dir, sel.run_id, version, flt, bins, "arrival_delay_ms")
     st.caption(
         f"{len(labels):,} ranks in {bins.bin.nunique()} bins by {kind}, worst first: colour is the bin's max "
         "mean arrival delay, hover shows its p95 and the rank behind the max. Click a cell or pick a bin to open it."
@@ -124,7 +127,8 @@ def binned_heatmaps(grid: pd.DataFrame, bins: pd.DataFrame, labels: dict[int, st
     )
     st.plotly_chart(
         charts.binned_heatmap(
-            binning.bin_grid(grid, bins, "wait_ms"), "Time waiting for the last rank (max per bin, mean ms)"
+            queries.binned_delay(sel.data_dir, sel.run_id, version, flt, bins, "wait_ms"),
+            "Time waiting for the last rank (max per bin, mean ms)",
         )
     )
     order = delay.drop_duplicates("order").sort_values("order")
@@ -180,7 +184,7 @@ def stragglers_page() -> None:
             per_rank_heatmaps(grid, labels, clickable=True)
             cell = clicked_cell(labels)
         else:
-            cell = binned_heatmaps(grid, bins, labels)
+            cell = binned_heatmaps(sel, version, flt, grid, bins, labels)
         if ranks.host.nunique() > 1:
             per_host = (
                 grid.merge(ranks[["rank", "host"]], on="rank")

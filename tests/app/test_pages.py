@@ -152,9 +152,14 @@ def test_memory_and_moe_pages(open_page):
     assert len(frames(at)[0]) == 8  # experts
 
 
-def test_moe_page_empty_state(open_page):
+def test_moe_page_empty_state_offers_the_run_that_has_moe_records_one_click_away(open_page):
     at = open_page("views/moe.py", [LIVE.run_id])
     assert "No MoE records" in texts(at.info)
+    (switch,) = [b for b in at.button if FINISHED.run_id in b.label]
+    switch.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["selected_runs"] == [FINISHED.run_id]
+    assert len(at.get("plotly_chart")) == 2 and "No MoE records" not in texts(at.info)
 
 
 def _console(open_page, sql: str) -> AppTest:

@@ -94,3 +94,48 @@ def test_steps_are_binned_beyond_max_steps():
     spike = out[(out.step == 333) & (out.worst_rank == 3)]
     assert len(spike) == 1 and spike["max"].iloc[0] == 99.0
     assert (out.groupby("step").size() == 32).all()
+
+
+@pytest.fixture(scope="module")
+def simulated_rollup(tmp_path_factory):
+    """A real comm rollup: a simulated 96-rank run (12 hosts) of 40 steps, rank 41 late from step 10."""
+    from collector.data import queries
+    from collector.tools import simulate
+
+    data_dir = tmp_path_factory.mktemp("binned-sql")
+    sim = simulate.Simulation(ranks=96, steps=40, stragglers=(simulate.Straggler(41, 20_000_000, 10),), name="b")
+    simulate.write_data_dir(sim, data_dir)
+    cat = queries.Catalog(data_dir)
+    try:
+        yield queries.comm_rollup(cat, sim.run_id), queries.ranks(cat, sim.run_id)
+    finally:
+        cat.close()
+
+
+@pytest.mark.parametrize("max_rows", [16, 5])  # by host (12 hosts), by rank range
+@pytest.mark.parametrize("max_steps", [200, 7])  # a column per step, per range of 6 steps
+@pytest.mark.parametrize("value", ["arrival_delay_ms", "wait_ms"])
+def test_the_sql_binning_matches_the_pure_one(simulated_rollup, max_rows, max_steps, value):
+    """queries.binned_delay (what the Stragglers page draws at scale) gives bin_grid's cells."""
+    from collector.data import queries
+
+    rollup, rank_frame = simulated_rollup
+    flt = queries.CommFilter()
+    bins = binning.bin_ranks(rank_frame, max_rows=max_rows)
+    assert bins.kind.iloc[0] == ("host" if max_rows == 16 else "range")
+    want = binning.bin_grid(queries.delay_heatmap(rollup, flt), bins, value, max_steps=max_steps)
+    got = queries.binned_delay(rollup, flt, bins, value, max_steps=max_steps)
+    assert list(got.columns) == list(want.columns)
+    pd.testing.assert_frame_equal(
+        got.reset_index(drop=True), want.reset_index(drop=True), check_dtype=False, rtol=1e-9, atol=1e-12
+    )
+    if value == "arrival_delay_ms":
+        worst = got[got.order == 0]
+        assert 41 in set(worst.worst_rank) and worst["max"].max() > 15  # the straggler's bin comes first
+
+
+def test_the_sql_binning_names_a_value_it_does_not_know():
+    from collector.data import queries
+
+    with pytest.raises(ValueError, match="value must be one of"):
+        queries.binned_delay(None, queries.CommFilter(), binning.bin_ranks(ranks(4)), "step")

@@ -150,13 +150,18 @@ def test_the_views_find_a_1024_rank_hang_and_nothing_in_a_healthy_run(tmp_path):
         cat.close()
 
 
-def test_the_sample_runs_report_no_hang_desync_or_silent_rank():
+def test_the_sample_runs_report_a_hang_only_in_the_hang_run():
+    """The shipped hang run (killed while hung) is critical; every other sample run is silent."""
     from pathlib import Path
 
     cat = queries.Catalog(Path(__file__).resolve().parents[2] / "sample_runs")
     try:
-        for run_id in queries.list_runs(cat).run_id:
-            assert not [f for f in findings.for_run(cat, run_id) if f.severity == "critical"], run_id
+        for run in queries.list_runs(cat).itertuples():
+            critical = {f.kind for f in findings.for_run(cat, run.run_id) if f.severity == "critical"}
+            if run.name == "zero2-hang-rank2":
+                assert "hang" in critical and "desync" not in critical, critical
+            else:
+                assert not critical, (run.name, critical)
     finally:
         cat.close()
 

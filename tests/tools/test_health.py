@@ -32,6 +32,23 @@ def test_a_slow_rank_is_a_warning_naming_it():
     assert any("rank 3 costs" in line and "per step" in line for line in lines)
 
 
+def test_the_hang_run_is_critical_naming_the_missing_rank():
+    out = health("zero2-hang-rank2", "--json")
+    assert out.returncode == 2, out.stderr
+    hangs = [f for f in json.loads(out.stdout) if f["kind"] == "hang"]
+    assert len(hangs) == 1 and hangs[0]["severity"] == "critical", hangs
+    assert "waiting for rank 2" in hangs[0]["text"], hangs[0]["text"]
+
+
+def test_the_simulated_run_names_its_straggler_with_a_cost():
+    out = health("simulated-256-ranks", "--json")
+    assert out.returncode == 1, out.stderr
+    found = json.loads(out.stdout)
+    stragglers = [f for f in found if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[117]], found
+    assert stragglers[0]["cost_ms_per_step"] > 20
+
+
 def test_the_other_sample_runs_raise_no_straggler_or_communication_warning():
     for run in ("moe-skewed-expert", "zero3-fp16-overflows"):
         out = health(run, "--json")

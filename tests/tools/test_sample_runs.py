@@ -14,7 +14,16 @@ import pytest
 from collector.data import catalog, layout
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
-RUN_NAMES = ("zero2-slow-rank3", "zero3-fp16-overflows", "moe-skewed-expert")
+# How each run ended: the hang run was killed once its hang was recorded, so no rank ended it.
+STATUS = {
+    "zero2-hang-rank2": "running",
+    "zero2-slow-rank3": "finished",
+    "zero3-fp16-overflows": "finished",
+    "moe-skewed-expert": "finished",
+    "simulated-256-ranks": "finished",
+}
+RUN_NAMES = tuple(STATUS)
+ENGINE_RUNS = tuple(name for name in RUN_NAMES if not name.startswith("simulated"))
 MAX_BYTES = 5_000_000
 
 pytestmark = pytest.mark.skipif(
@@ -44,7 +53,7 @@ def _run_id(q, name: str) -> str:
 
 
 @pytest.mark.parametrize("where", ["in place", "copy"])
-def test_opens_from_another_cwd_with_every_run_finished(where, copied, tmp_path, monkeypatch):
+def test_opens_from_another_cwd_with_every_run_as_it_ended(where, copied, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data_dir = SAMPLE_RUNS if where == "in place" else copied
     con = catalog.connect(data_dir)
@@ -53,7 +62,7 @@ def test_opens_from_another_cwd_with_every_run_finished(where, copied, tmp_path,
         per_rank = con.execute("SELECT count(*) FROM comm").fetchone()[0]
     finally:
         con.close()
-    assert runs == {name: "finished" for name in RUN_NAMES}
+    assert runs == STATUS
     assert per_rank > 0
 
 
@@ -95,6 +104,42 @@ def test_the_stragglers_view_names_rank_3_at_the_gradient_reductions(q):
     assert last, "no gradient reductions recorded"
     assert last[0][0] == 3, last
     assert last[0][1] > 0.5 * sum(n for _, n in last), last  # most of them, not just the plurality
+
+
+def test_every_engine_run_carries_a_flops_profile(q):
+    """The FLOPS page has something to show whichever engine run is open (the newest included)."""
+    for name in ENGINE_RUNS:
+        run = _run_id(q, name)
+        assert q("SELECT count(*) FROM flops WHERE run_id = ?", [run])[0][0] > 0, name
+
+
+def test_the_hang_run_still_shows_rank_2_missing_and_its_stack():
+    """Killed while hung: the in-flight table keeps ranks 0, 1 and 3 waiting in step 20's first
+    gradient reduction, rank 2 missing from it, and rank 2's stack in the scenario's stall."""
+    from collector.data import queries
+
+    cat = queries.Catalog(SAMPLE_RUNS)
+    try:
+        run = queries.resolve_run(cat.cursor(), "zero2-hang-rank2")
+        hangs = queries.hangs(cat, run)
+        stacks = queries.stacks(cat, run, [2])
+    finally:
+        cat.close()
+    assert len(hangs) == 1, hangs
+    row = hangs.iloc[0]
+    assert list(row.waiting_ranks) == [0, 1, 3] and list(row.missing_ranks) == [2]
+    assert row.step == 20 and row.waiting_s >= row.hang_after_s
+    main = stacks[stacks.is_main]
+    assert len(main) == 1 and "wait_for_a_batch_that_never_comes" in main.iloc[0].stack
+
+
+def test_the_simulated_run_has_many_ranks_and_one_late(q):
+    run = _run_id(q, "simulated-256-ranks")
+    assert q("SELECT world_size FROM runs WHERE run_id = ?", [run])[0][0] == 256
+    last = q(
+        "SELECT last_rank, count(*) AS n FROM stragglers WHERE run_id = ? GROUP BY ALL ORDER BY n DESC LIMIT 1", [run]
+    )
+    assert last[0][0] == 117, last
 
 
 def test_fp16_run_overflows_and_the_scale_backs_off(q):

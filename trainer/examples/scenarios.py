@@ -12,6 +12,11 @@ that the dashboard should make obvious. They are what ``sample_runs/`` holds
 - ``moe-skewed-expert``: the GPT with MoE blocks (``GPT(moe=...)``), 4 experts over
   ep_size 2, whose routers are biased toward expert 0: that expert gets most tokens
   and overflows its capacity, so tokens are dropped.
+- ``zero2-hang-rank2``: ZeRO-2 on 4 ranks; at step 20 rank 2 waits forever for a batch,
+  so the other three wait in the step's first gradient reduction: a hang
+  (``hang_after_s`` 5 s) with the missing rank's stack. The job never ends on its
+  own; ``collector.tools.sample_runs`` kills it once the hang is recorded, as a
+  scheduler's job timeout would, so the recorded run still shows the hang.
 
 Each scenario starts from a shipped config (trainer/examples/configs/) and
 changes only what the scenario is about.
@@ -53,6 +58,9 @@ class Scenario:
     model: Callable[[], nn.Module]
     prepare: Callable[[nn.Module, int], None] = lambda model, rank: None  # (model, rank), before training
     loss: Callable[[object, torch.Tensor], torch.Tensor] = _lm_loss  # (model output, targets)
+    # (rank, step): that rank never gets its batch for that step, so the job never ends on its own
+    # and whoever runs it must end it once the hang is recorded.
+    hang: tuple[int, int] | None = None
 
     def config(self) -> dict:
         with open(CONFIG_DIR / self.base_config) as f:
@@ -76,6 +84,15 @@ def _slow_down(model: nn.Module, rank: int) -> None:
     backward, so every one of rank 3's is issued ~40 ms after the others'."""
     if rank == SLOW_RANK:
         model.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_SECONDS))
+
+
+# ---------------------------------------------------------------- zero2-hang-rank2
+
+
+def wait_for_a_batch_that_never_comes() -> None:
+    """Where the stuck rank is: its stack, captured on the collector's request, names this."""
+    while True:
+        time.sleep(1.0)
 
 
 # ---------------------------------------------------------------- moe-skewed-expert
@@ -107,7 +124,16 @@ def _moe_loss(out, targets: torch.Tensor) -> torch.Tensor:
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
+    # In the order they are recorded: the last is the newest run, the one the dashboard opens on.
     for s in (
+        Scenario(
+            name="zero2-hang-rank2",
+            nproc=4,
+            base_config="zero2.json",
+            model=GPT,
+            hang=(2, 20),
+            overrides={"flops_profiler": {"enabled": True, "profile_step": 2}, "telemetry": {"hang_after_s": 5.0}},
+        ),
         Scenario(
             name="zero2-slow-rank3",
             nproc=4,
@@ -153,12 +179,15 @@ SCENARIOS: dict[str, Scenario] = {
 def main() -> None:
     p = argparse.ArgumentParser(description="Run one scenario of the shipped sample runs under torchrun.")
     p.add_argument("--scenario", choices=sorted(SCENARIOS))
-    p.add_argument("--list", action="store_true", help="print {scenario: ranks} as JSON and exit")
+    p.add_argument(
+        "--list", action="store_true", help='print {scenario: {"ranks": N, "hang_step": S or null}} as JSON and exit'
+    )
     p.add_argument("--steps", type=int, default=30, help="optimizer steps")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     if args.list:  # how collector.tools.sample_runs learns the scenarios without importing the engine
-        print(json.dumps({name: s.nproc for name, s in SCENARIOS.items()}))
+        listing = {name: {"ranks": s.nproc, "hang_step": s.hang and s.hang[1]} for name, s in SCENARIOS.items()}
+        print(json.dumps(listing))
         return
     if args.scenario is None:
         p.error("--scenario is required")
@@ -171,6 +200,8 @@ def main() -> None:
     engine, *_ = trainer.initialize(model=model, config=scenario.config())
 
     def batches(step, micro):
+        if scenario.hang == (rank, step):
+            wait_for_a_batch_that_never_comes()
         x, y = synthetic_batch(
             step, micro, rank, engine.train_micro_batch_size_per_gpu(), VOCAB, BLOCK_SIZE, engine.device
         )
