@@ -14,6 +14,7 @@ needs only the object ``sync_playwright()`` yields.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -90,6 +91,19 @@ def launch_chromium(playwright):
         executable_path=CHROMIUM,
         args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
     )
+
+
+@contextlib.contextmanager
+def browser_tab(width: int = 1400, height: int = 1000):
+    """One page of a headless Chromium, closed on exit: what a browser test drives."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
 
 
 # What each drawn Plotly chart on a page shows: its title, the rows it draws (heatmap rows, bar

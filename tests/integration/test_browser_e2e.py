@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from collector.data.catalog import connect
-from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.tools.launch import CollectorProcess, torchrun_command
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 
@@ -64,12 +64,8 @@ def live_stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tab(live_stack):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        browser.close()
+    with browser_tab() as page:
+        yield page
 
 
 def open_page(tab, base: str, run_id: str, path: str) -> None:

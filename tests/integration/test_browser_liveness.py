@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.testing.fake_runs import FINISHED, FakeRun
 from collector.testing.liveness import write_hang
 from collector.tools import simulate
@@ -37,12 +37,8 @@ def dashboard(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tab(dashboard):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        browser.close()
+    with browser_tab() as page:
+        yield page
 
 
 @pytest.mark.parametrize("path", ["overview", "comms", "flops"])

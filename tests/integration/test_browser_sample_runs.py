@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from collector.data import catalog
-from collector.testing.dashboard import DashboardProcess, drawn_charts, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab, drawn_charts
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
@@ -51,12 +51,8 @@ def dashboard(runs):
 
 @pytest.fixture(scope="module")
 def tab(dashboard):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        browser.close()
+    with browser_tab() as page:
+        yield page
 
 
 def _settled(tab) -> None:

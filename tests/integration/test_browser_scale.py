@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.dashboard import DashboardProcess, drawn_charts, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab, drawn_charts
 from collector.tools import simulate
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 
@@ -38,12 +38,8 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tab(run):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        browser.close()
+    with browser_tab() as page:
+        yield page
 
 
 def open_page(tab, run, path: str) -> list[dict]:
