@@ -1,21 +1,21 @@
 """``rankscope simulate``: a synthetic run of thousands of ranks, to try the dashboard at
 scale and to load-test a collector.
 
-Every rank repeats a real engine step (collector/tools/simulate_template.py: the ZeRO-2
-sample run's collectives, timers, monitor tags and memory kinds), on a "world" group of all
-ranks, with a few hundred microseconds of per-rank jitter. ``--straggler RANK:MS[@STEP]``
-makes one rank's forward pass MS slower from STEP on, so it enters every collective of the
-step MS late and everyone else waits for it -- the story ``rankscope health`` and the
-Stragglers page must tell. ``--hang RANK:STEP`` makes RANK stop before the first collective
-of STEP (a stall in Python, say a data loader that never returns) while every other rank
-enters it and waits: the run is a snapshot ``hang_after_s`` + ``HANG_SEEN_S`` into the hang,
-with what real ranks send while hung (collector.rank.watchdog): a heartbeat a second from
-every rank, the waiting ranks' ``inflight`` reports, their stacks captured at ``hang_after_s``,
-the stuck rank's stack as the collector's request for it gets answered, and no RunEnd. Its
-clock is anchored so that the snapshot is *now*: the hang is current when it is written, as
-``rankscope health`` and the Liveness page judge it; a while later the frozen heartbeats read
-as silent ranks too, which is what a job frozen since looks like. (Streamed, the ranks' streams
-close without RunEnd, so the collector also reports them stopped, as for a hung job killed.)
+Every rank repeats a real engine step (collector/tools/simulate_template.py: the ZeRO-2 sample run's
+collectives, timers, monitor tags and memory kinds), on a "world" group of all ranks, with a few
+hundred microseconds of per-rank jitter. ``--straggler RANK:MS[@STEP]`` makes one rank's forward
+pass MS slower from STEP on, so it enters the step's first collective MS late and everyone else
+waits for it there; the rest of the step runs MS later on every rank -- the story ``rankscope
+health`` and the Stragglers page must tell. ``--hang RANK:STEP`` makes RANK stop before the first
+collective of STEP (a stall in Python, say a data loader that never returns) while every other rank
+enters it and waits: the run is a snapshot ``hang_after_s`` + ``HANG_SEEN_S`` into the hang, with
+what real ranks send while hung (collector.rank.watchdog): a heartbeat a second from every rank, the
+waiting ranks' ``inflight`` reports, their stacks captured at ``hang_after_s``, the stuck rank's
+stack as the collector's request for it gets answered, and no RunEnd. Its clock is anchored so that
+the snapshot is *now*: the hang is current when it is written, as ``rankscope health`` and the
+Liveness page judge it; a while later the frozen heartbeats read as silent ranks too, which is what
+a job frozen since looks like. (Streamed, the ranks' streams close without RunEnd, so the collector
+also reports them stopped, as for a hung job killed.)
 
 Values are a pure function of (seed, rank, step), generated for a block of ranks at a time
 with numpy, so memory stays bounded (one block) at any size and the same arguments give the
@@ -219,8 +219,14 @@ class Simulation:
         planned = step_t0[:, None] + t.collective_offset_ns + offset[None, :]  # [S, P]
         index = (steps[:, None] * self.per_step + np.arange(self.per_step)[None, :]).ravel()
         jitter = np.stack([(hash_uniform(self.seed, int(r), index) * JITTER_NS).astype(np.int64) for r in ranks])
-        start = planned[None] + late[:, :, None] + jitter.reshape(n_ranks, self.steps, self.per_step)
-        end = planned + self._step_delay(steps)[:, None] + JITTER_NS + transfer[None, :]
+        # A slow forward pass makes its rank late to the step's first collective only: everyone
+        # waits for it there, and from then on the whole step runs that much later on every rank
+        # (nobody waits again), so the step costs the delay once, as on real ranks.
+        step_delay = self._step_delay(steps)
+        first = (np.arange(self.per_step) == 0)[None, None, :]
+        behind = np.where(first, late[:, :, None], step_delay[None, :, None])
+        start = planned[None] + behind + jitter.reshape(n_ranks, self.steps, self.per_step)
+        end = planned + step_delay[:, None] + JITTER_NS + transfer[None, :]
         end = np.broadcast_to(end[None], start.shape)
         nbytes = np.array([c.bytes for c in pattern])
         algbw = nbytes[None, None, :] / (end - start)  # bytes/ns == GB/s

@@ -131,7 +131,9 @@ def test_the_sql_binning_matches_the_pure_one(simulated_rollup, max_rows, max_st
     )
     if value == "arrival_delay_ms":
         worst = got[got.order == 0]
-        assert 41 in set(worst.worst_rank) and worst["max"].max() > 15  # the straggler's bin comes first
+        # the straggler's bin comes first: 20 ms late at one collective of 7 is ~2.9 ms a step on
+        # average, against ~0.2 ms of jitter on the others
+        assert 41 in set(worst.worst_rank) and worst["max"].max() > 2
 
 
 def test_the_sql_binning_names_a_value_it_does_not_know():
