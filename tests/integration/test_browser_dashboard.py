@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.testing.fake_runs import COLLECTIVES, FINISHED, LIVE, write_data_dir
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 
@@ -37,13 +37,8 @@ def dashboard(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(dashboard):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with browser_tab() as tab:
         yield tab
-        browser.close()
 
 
 def open_page(tab, base: str, path: str) -> None:

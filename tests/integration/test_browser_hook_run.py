@@ -6,7 +6,7 @@ metric under "Other metrics", each over the script's optimizer steps."""
 from __future__ import annotations
 
 from collector.testing.collectors import live_collector
-from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 from tests.rank import _hook_run_workers as script
 from tests.rank._rank_util import spawn
@@ -15,17 +15,13 @@ pytestmark = NEEDS_CHROMIUM
 
 
 def test_overview_plots_what_the_script_logged(tmp_path):
-    from playwright.sync_api import sync_playwright
-
     with live_collector(tmp_path / "data") as (endpoint, data_dir):
         results = spawn(script.ddp_accumulation_worker, script.WORLD, endpoint, tmp_path)
     run_id = results[0]["run_id"]
 
     dashboard = DashboardProcess(data_dir)
     try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p)
-            tab = browser.new_page(viewport={"width": 1400, "height": 1400})
+        with browser_tab(height=1400) as tab:
             tab.goto(f"{dashboard.url}/overview?run={run_id}")
             for title in ("Loss", "Learning rate", "Other metrics"):
                 tab.locator("text.gtitle", has_text=title).first.wait_for(timeout=60_000)
@@ -37,6 +33,5 @@ def test_overview_plots_what_the_script_logged(tmp_path):
             assert ticks and all(1 <= float(t) <= script.STEPS for t in ticks), ticks
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             tab.screenshot(path=str(SCREENSHOTS / "hook-run-overview.png"), full_page=True)
-            browser.close()
     finally:
         dashboard.stop(timeout=10)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from collector.testing.collectors import live_collector
-from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.testing.fake_runs import comm_envelope, hello, run_end
 from collector.testing.streams import RawStream
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
@@ -44,8 +44,6 @@ def send_batch(streams: list[RawStream], batch: int) -> None:
 
 
 def test_live_run_updates_in_place_and_stops_when_ended(collector):
-    from playwright.sync_api import sync_playwright
-
     channel, data_dir = collector
     streams = [RawStream(channel) for _ in range(WORLD)]
     for rank, stream in enumerate(streams):
@@ -54,9 +52,7 @@ def test_live_run_updates_in_place_and_stops_when_ended(collector):
 
     dashboard = DashboardProcess(data_dir)
     try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p)
-            tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        with browser_tab() as tab:
             tab.goto(f"{dashboard.url}/stragglers?run={RUN}")
             tab.get_by_text("latest step 9").wait_for(timeout=60_000)
             tab.get_by_text(f"rank {LATE_RANK} arrives last in 100%").wait_for(timeout=30_000)
@@ -75,6 +71,5 @@ def test_live_run_updates_in_place_and_stops_when_ended(collector):
             tab.wait_for_timeout(2500)  # two refresh periods: nothing brings it back
             assert tab.get_by_text("Live: refreshing").count() == 0
             assert tab.get_by_text(f"rank {LATE_RANK} arrives last in 100%").count() >= 1
-            browser.close()
     finally:
         dashboard.stop(timeout=10)

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from collector.testing.dashboard import DashboardProcess, launch_chromium
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.testing.ports import free_port
 from collector.tools.launch import CollectorProcess
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
@@ -139,13 +139,9 @@ def test_the_onset_is_where_the_rank_turned_slow(runs):
 
 @pytest.fixture(scope="module")
 def tab(runs):
-    from playwright.sync_api import sync_playwright
-
     data_dir, _ = runs
-    with DashboardProcess(data_dir) as dashboard, sync_playwright() as p:
-        browser = launch_chromium(p)
-        yield dashboard.url, browser.new_page(viewport={"width": 1400, "height": 1000})
-        browser.close()
+    with DashboardProcess(data_dir) as dashboard, browser_tab() as page:
+        yield dashboard.url, page
 
 
 @pytest.mark.parametrize("fault", list(CAUSES))
