@@ -244,6 +244,13 @@ del _name
 
 @functools.wraps(c10d.init_process_group)
 def init_process_group(*args, **kwargs):
+    # torch.distributed.nn.functional binds group.WORLD into its functions' defaults when first
+    # imported, and building the first torch optimizer imports it. Imported after this call, it
+    # pins the world group and its gloo threads past destroy_process_group to interpreter exit,
+    # where their teardown now and then aborts a finished rank ("terminate called without an
+    # active exception"). Imported before, it binds None.
+    import torch.distributed.nn.functional  # noqa: F401
+
     c10d.init_process_group(*args, **kwargs)
     REC.forget_groups()
     session.on_process_group()

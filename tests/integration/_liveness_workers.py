@@ -112,7 +112,7 @@ def engine_worker(rank: int, port: int, endpoint: str, out: str, steps: int, com
         RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    trainer.init_distributed("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     cfg = engine_config(stage=2, batch=8, gas=1)
     cfg["telemetry"] = {"run": "healthy-engine", "endpoint": endpoint, "hang_after_s": 2.0}
     engine, *_ = trainer.initialize(model=make_model(), config=cfg)

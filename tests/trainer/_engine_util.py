@@ -105,7 +105,9 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn, args) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    from trainer import comm
+
+    comm.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         result = fn(rank, world, *args)
     except BaseException:

@@ -270,3 +270,45 @@ def test_save_16bit_model_loads_into_the_plain_model_and_train_eval_switch_the_m
     x = torch.randn(3, D_IN)
     with torch.no_grad():
         assert torch.equal(plain(x), engine(x))
+
+
+_TEARDOWN_SCRIPT = """
+import os, sys, weakref, torch
+import trainer as deepspeed
+deepspeed.init_distributed(dist_backend="gloo")  # as DeepSpeed scripts do: before the engine
+from tests.trainer._engine_util import make_model
+engine, *_ = deepspeed.initialize(model=make_model(), config={"train_batch_size": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+world = weakref.ref(torch.distributed.group.WORLD)
+del engine, _
+torch.distributed.destroy_process_group()
+import gc; gc.collect()
+threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+print("world group alive:", world() is not None, "gloo threads:", [t for t in threads if "gloo" in t])
+"""
+
+
+def test_destroy_process_group_ends_the_world_group_an_engine_used(tmp_path):
+    """Its gloo threads must not outlive destroy_process_group: left to interpreter exit, their
+    teardown sometimes aborts a finished rank (seen as SIGABRT in CI)."""
+    import os
+    import subprocess
+    import sys
+
+    from collector.testing.ports import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TEARDOWN_SCRIPT],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for r, proc in enumerate(ranks):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"rank {r}: {err[-2000:]}"
+        assert "world group alive: False gloo threads: []" in out, f"rank {r}: {out}"
