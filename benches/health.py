@@ -35,6 +35,9 @@ from benches._common import code_version
 from benches.dashboard_queries import machine
 from collector.data import findings
 from collector.data import queries as q
+from collector.server.compaction import CompactionConfig
+from collector.testing import fake_runs
+from collector.testing.collectors import live_collector
 from collector.testing.fake_runs import FakeRun, write_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,11 +64,49 @@ def old_rules_queries(cat: q.Catalog, run_id: str) -> None:
     q.loss_scale(cat, run_id)
 
 
+def through_collector(run: FakeRun, data_dir: Path, reps: int) -> list[tuple[str, float, float]]:
+    """The same run streamed into a live collector, whose compaction stores each settled window's
+    rollup and step analysis: the health queries read those and compute only the unsettled tail."""
+    config = CompactionConfig(interval=1.0)
+    t0 = time.perf_counter()
+    with live_collector(data_dir, compaction_config=config) as collector:
+        fake_runs.stream(collector.endpoint, run)
+        streamed = time.perf_counter() - t0
+        retention = collector.state.compactor.retention
+        while retention._analysed_through(run.run_id) < run.steps - 1:
+            time.sleep(0.5)
+        settled = time.perf_counter() - t0 - streamed
+        busy = retention.busy_s
+    print(f"streamed in {streamed:.0f} s, rollups stored {settled:.0f} s later", flush=True)
+    cat = q.Catalog(data_dir)
+    findings.for_run(cat, run.run_id)  # warm, as above
+    rows = [
+        ("**recorded by a collector** (rollups stored as steps settle): findings.for_run",
+         *timed(lambda: findings.for_run(cat, run.run_id), reps)),
+        ("  step_analysis", *timed(lambda: q.step_analysis(cat, run.run_id), reps)),
+        ("  comm_rollup", *timed(lambda: q.comm_rollup(cat, run.run_id), reps)),
+        ("  desyncs", *timed(lambda: q.desyncs(cat, run.run_id), reps)),
+        ("  the collector's compaction storing them (wall time of its rollup passes, once per run)", busy, busy),
+    ]  # fmt: skip
+    cat.close()
+    cli = [sys.executable, "-m", "collector.tools.cli", "health", run.run_id, "--data-dir", str(data_dir), "--json"]
+    rows.append(
+        (
+            "  `rankscope health RUN --json` (fresh process)",
+            *timed(lambda: subprocess.run(cli, capture_output=True, timeout=600), max(2, reps // 2)),
+        )
+    )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true", help="skip the old step_analysis (slow at 10M)")
+    ap.add_argument(
+        "--through-collector", action="store_true", help="also stream it into a live collector and time health there"
+    )
     ap.add_argument("--out", default=str(REPO / "benches" / "RESULTS-health.md"))
     args = ap.parse_args()
     steps = max(1, args.records // (WORLD * PER_STEP))
@@ -118,6 +159,8 @@ def main() -> None:
                 *timed(lambda: subprocess.run(cli, capture_output=True, timeout=600), max(2, args.reps // 2)),
             )
         )
+        if args.through_collector:
+            rows += through_collector(run, Path(tmp) / "collected", args.reps)
         load.append(os.getloadavg()[0])
     top = next((f.text for f in found if f.severity == "warning"), "none")
     lines = [
@@ -126,7 +169,7 @@ def main() -> None:
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}, shared with other jobs "
         f"(1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end). Code: {code_version(REPO)}.",
         f"Command: `python -m benches.health --records {args.records} --reps {args.reps}"
-        f"{' --no-baseline' if args.no_baseline else ''}`",
+        f"{' --no-baseline' if args.no_baseline else ''}{' --through-collector' if args.through_collector else ''}`",
         "",
         f"Run: {records:,} comm records ({WORLD} ranks x {steps:,} steps x {PER_STEP} collectives), step timers on "
         f'every rank, rank 3 late to every all_reduce. Top finding: "{top}".',

@@ -89,6 +89,31 @@ def _base_views(root: str | None, files: dict[str, list[str]] | None = None) -> 
     return views
 
 
+def desyncs_sql(completed: str) -> str:
+    """The ``desyncs`` statement over ``completed`` (run_id, rank, group_name, seq, op, dtype, numel:
+    the collective rows that completed) and the in-flight ones. queries.desyncs runs it over the
+    instances compaction could not settle plus the raw rows after them."""
+    return f"""
+        WITH entered AS (
+            {completed}
+            UNION ALL
+            SELECT run_id, rank, group_name, seq, op, dtype, numel FROM inflight_latest),
+        -- Almost every instance agrees: find the few that do not with one cheap aggregate (a hash of
+        -- the signature, NULLs included), and list the sides of those alone.
+        odd AS (
+            SELECT run_id, group_name, seq FROM entered GROUP BY ALL
+            HAVING min(hash(op, dtype, numel)) <> max(hash(op, dtype, numel))),
+        per_rank AS (SELECT DISTINCT * FROM entered SEMI JOIN odd USING (run_id, group_name, seq)),
+        sides AS (
+            SELECT run_id, group_name, seq, op, dtype, numel, list(rank ORDER BY rank) AS ranks
+            FROM per_rank GROUP BY ALL)
+        SELECT run_id, group_name, seq,
+               list({{'op': op, 'dtype': dtype, 'numel': numel, 'ranks': ranks}} ORDER BY len(ranks) DESC, ranks)
+                   AS sides,
+               count(*) AS n_sides
+        FROM sides GROUP BY run_id, group_name, seq HAVING count(*) > 1"""
+
+
 def view_definitions(root: str | None = "") -> dict[str, str]:
     """View name -> SELECT text. ``root`` prefixes every Parquet path (None: the guard's datasets)."""
     views = _base_views(root)
@@ -239,26 +264,10 @@ def liveness_views() -> dict[str, str]:
         SELECT j.run_id, j.group_name, j.seq, j.op, j.step, j.waiting_ranks, j.missing_ranks, j.waiting_s,
                j.hang_after_s, coalesce(m.missing, []) AS missing
         FROM judged j LEFT JOIN missing m USING (run_id, group_name, seq)"""
-    views["desyncs"] = """
-        WITH entered AS (
-            SELECT run_id, rank, group_name, seq, op, dtype, numel FROM comm
-            WHERE seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')
-            UNION ALL
-            SELECT run_id, rank, group_name, seq, op, dtype, numel FROM inflight_latest),
-        -- Almost every instance agrees: find the few that do not with one cheap aggregate (a hash of
-        -- the signature, NULLs included), and list the sides of those alone.
-        odd AS (
-            SELECT run_id, group_name, seq FROM entered GROUP BY ALL
-            HAVING min(hash(op, dtype, numel)) <> max(hash(op, dtype, numel))),
-        per_rank AS (SELECT DISTINCT * FROM entered SEMI JOIN odd USING (run_id, group_name, seq)),
-        sides AS (
-            SELECT run_id, group_name, seq, op, dtype, numel, list(rank ORDER BY rank) AS ranks
-            FROM per_rank GROUP BY ALL)
-        SELECT run_id, group_name, seq,
-               list({'op': op, 'dtype': dtype, 'numel': numel, 'ranks': ranks} ORDER BY len(ranks) DESC, ranks)
-                   AS sides,
-               count(*) AS n_sides
-        FROM sides GROUP BY run_id, group_name, seq HAVING count(*) > 1"""
+    views["desyncs"] = desyncs_sql(
+        """SELECT run_id, rank, group_name, seq, op, dtype, numel FROM comm
+           WHERE seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')"""
+    )
     views["rank_liveness"] = """
         WITH beats AS (
             SELECT run_id, rank, max(time_ns) AS last_beat_ns, arg_max(step, time_ns) AS step,

@@ -36,7 +36,9 @@ from collector.data.schema import (
     RANK_EVENTS_SCHEMA,
     RANKS_SCHEMA,
     RUNS_SCHEMA,
+    STEP_ANALYSIS_SCHEMA,
     TABLES,
+    UNSETTLED_INSTANCES_SCHEMA,
 )
 
 # \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
@@ -61,9 +63,13 @@ COLLECTOR_TABLES: dict[str, pa.Schema] = {
     "rank_events": RANK_EVENTS_SCHEMA,
 }
 
-# Tables the collector derives from stored rows (retention's per-step comm rollup); per rank
-# like TABLES: run_id is the partition only.
-DERIVED_TABLES: dict[str, pa.Schema] = {"comm_steps": COMM_STEPS_SCHEMA}
+# Tables the collector derives from stored rows once their steps settle (compaction's per-step
+# comm rollup and step analysis); per rank like TABLES: run_id is the partition only.
+DERIVED_TABLES: dict[str, pa.Schema] = {
+    "comm_steps": COMM_STEPS_SCHEMA,
+    "step_analysis": STEP_ANALYSIS_SCHEMA,
+    "unsettled_instances": UNSETTLED_INSTANCES_SCHEMA,
+}
 
 
 def new_run_id(name: str, stable_key: str | None = None) -> str:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from collector.data import binning, catalog, layout
 from collector.data.instances import instances_sql, join_condition
-from collector.data.schema import COMM_STEPS_SCHEMA
+from collector.data.schema import COMM_STEPS_SCHEMA, STEP_ANALYSIS_SCHEMA
 
 
 class DataDirError(Exception):
@@ -246,8 +246,8 @@ def retention(cat: Catalog, run_id: str) -> dict | None:
         FROM rolled""",
         [run_id, run_id],
     ).iloc[0]
-    if pd.isna(row.through):
-        return None
+    if pd.isna(row.through) or row.raw_steps >= row.steps:
+        return None  # rolled up, nothing thinned out
     return {"through": int(row.through), "steps": int(row.steps), "raw_steps": int(row.raw_steps)}
 
 
@@ -732,13 +732,31 @@ _RUN_TIMERS = """
         SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) AS start_ns,
                tm.start_ns + tm.dur_ns - coalesce(o.off, 0) AS end_ns
         FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank
-        WHERE tm.run_id = ? AND tm.start_ns IS NOT NULL AND tm.dur_ns IS NOT NULL)"""
+        WHERE tm.run_id = ? AND tm.step > ? AND tm.step <= ? AND tm.start_ns IS NOT NULL AND tm.dur_ns IS NOT NULL)"""
 
 
 def step_analysis(cat: Catalog, run_id: str) -> pd.DataFrame:
-    """Per rank and step of a run: step_ms, comm_ms, waiting_ms, overlapped_ms, imposed_ms, late_op
-    (see above). Timers are moved onto the collector's clock with the rank's measured offset, as
-    the comm records already are."""
+    """Per rank and step of a run: step_ms, comm_ms, waiting_ms, overlapped_ms, imposed_ms, late_op,
+    held_ms, timed (see above). The steps the collector already analysed as they settled (the
+    ``step_analysis`` table, written by compaction) are read back; only the steps after the last of
+    them are computed from the raw records, so the cost follows the unsettled tail, not the run."""
+    stored = cat.df(
+        f"SELECT {_STEP_ANALYSIS_COLUMNS} FROM step_analysis WHERE run_id = ? ORDER BY step, rank", [run_id]
+    )
+    if stored.empty:
+        return analyse_steps(cat, run_id)
+    fresh = analyse_steps(cat, run_id, after=int(stored.step.max()))
+    return stored if fresh.empty else pd.concat([stored, fresh], ignore_index=True)
+
+
+_STEP_ANALYSIS_COLUMNS = ", ".join(f'"{f.name}"' for f in STEP_ANALYSIS_SCHEMA)
+_LAST_STEP = 2**62
+
+
+def analyse_steps(cat: Catalog, run_id: str, after: int = -1, through: int | None = None) -> pd.DataFrame:
+    """``step_analysis`` computed from the raw records of the steps in (``after``, ``through``]
+    (``through`` None: every later step). Timers are moved onto the collector's clock with the
+    rank's measured offset, as the comm records already are."""
     timed = bool(
         cat.df(
             "SELECT EXISTS (SELECT 1 FROM timers WHERE run_id = ? AND start_ns IS NOT NULL AND dur_ns IS NOT NULL)"
@@ -748,12 +766,14 @@ def step_analysis(cat: Catalog, run_id: str) -> pd.DataFrame:
     )
     # Without timers the records are read twice (for the step spans too): read them once into memory.
     records = "c AS MATERIALIZED" if not timed else "c AS"
+    steps = [after, _LAST_STEP if through is None else through]
     return cat.df(
         f"""
-        WITH {records} (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm WHERE run_id = ?),
+        WITH {records} (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm
+                        WHERE run_id = ? AND step > ? AND step <= ?),
         {_RUN_TIMERS},
         {_step_analysis_body(timed)}""",
-        [run_id, run_id, run_id],
+        [run_id, *steps, run_id, run_id, *steps],
     )
 
 
@@ -822,19 +842,41 @@ def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
 # --- liveness: hangs, mismatches, silent ranks (catalog.liveness_views) --------
 
 
+HANG_COLUMNS = ["group_name", "seq", "op", "step", "waiting_ranks", "missing_ranks", "waiting_s", "hang_after_s"]
+
+
 def hangs(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Collectives some ranks have waited in for at least hang_after_s, longest wait first."""
+    # The view reads every comm record (how far each rank completed); a run no rank ever reported
+    # a long enough wait for, the usual case, is answered from the small inflight table alone.
+    waited = cat.df(
+        """SELECT EXISTS (SELECT 1 FROM inflight WHERE run_id = ? AND coalesce(state, 'waiting') = 'waiting'
+                          AND (time_ns - entered_ns) / 1e9 >= hang_after_s) AS yes""",
+        [run_id],
+    ).yes.iloc[0]
+    if not waited:
+        return pd.DataFrame(columns=[*HANG_COLUMNS, "missing"])
     return cat.df(
-        """SELECT group_name, seq, op, step, waiting_ranks, missing_ranks, waiting_s, hang_after_s, missing
+        f"""SELECT {", ".join(HANG_COLUMNS)}, missing
            FROM hangs WHERE run_id = ? ORDER BY waiting_s DESC, group_name, seq""",
         [run_id],
     )
 
 
 def desyncs(cat: Catalog, run_id: str) -> pd.DataFrame:
-    """Collective instances entered with different op/dtype/numel on different ranks."""
+    """Collective instances entered with different op/dtype/numel on different ranks (the ``desyncs``
+    view's rows). Of the steps compaction analysed, only the instances it could not settle are read
+    (the ``unsettled_instances`` table); the raw records after them as they are."""
+    through = cat.df("SELECT coalesce(max(step), -1) AS s FROM step_analysis WHERE run_id = ?", [run_id]).s.iloc[0]
+    completed = """
+        SELECT ?::VARCHAR AS run_id, rank, group_name, seq, op, dtype, numel FROM unsettled_instances WHERE run_id = ?
+        UNION ALL
+        SELECT run_id, rank, group_name, seq, op, dtype, numel FROM comm
+        WHERE run_id = ? AND step > ? AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')"""
     return cat.df(
-        "SELECT group_name, seq, sides, n_sides FROM desyncs WHERE run_id = ? ORDER BY group_name, seq", [run_id]
+        f"""SELECT group_name, seq, sides, n_sides FROM ({catalog.desyncs_sql(completed)})
+            WHERE run_id = ? ORDER BY group_name, seq""",
+        [run_id, run_id, run_id, int(through), run_id],
     )
 
 

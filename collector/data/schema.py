@@ -223,6 +223,42 @@ COMM_STEPS_SCHEMA = pa.schema(
 )
 
 
+# Per (rank, step) of a run: exposed communication and straggler cost (queries.step_analysis's
+# columns), written by the collector's compaction once a step has settled (every rank moved past
+# it), so a health summary or a page reads stored rows and computes only the steps after them.
+STEP_ANALYSIS_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int64()),
+        ("step", pa.int64()),
+        ("step_ms", pa.float64()),
+        ("comm_ms", pa.float64()),
+        ("waiting_ms", pa.float64()),
+        ("overlapped_ms", pa.float64()),
+        ("imposed_ms", pa.float64()),
+        ("late_op", pa.string()),
+        ("held_ms", pa.float64()),
+        ("timed", pa.bool_()),
+    ]
+)
+
+
+# The completed collective rows of the instances compaction could not settle within a window of
+# steps: entered with more than one (op, dtype, numel), or by fewer ranks than the group has (the
+# rest may come in a later window). Every other instance is whole and agrees, so the desync check
+# reads these plus the raw rows after the last analysed step, not every record.
+UNSETTLED_INSTANCES_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int64()),
+        ("step", pa.int64()),
+        ("group_name", pa.string()),
+        ("seq", pa.int64()),
+        ("op", pa.string()),
+        ("dtype", pa.string()),
+        ("numel", pa.int64()),
+    ]
+)
+
+
 def rank_ranges(ranks) -> str:
     """[0, 1, 2, 3, 8] -> '0-3,8': how a set of ranks is written in a column (``inflight.group_ranks``)
     and in sentences; stable, readable, short for big contiguous groups."""

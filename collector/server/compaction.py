@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import layout
 from collector.data.catalog import segment_problem
 from collector.data.config import ConfigBlock, setting
+from collector.data.queries import DataDirError
 from collector.server.ledger import Ledger
 from collector.server.retention import Retention
 from collector.server.store import segment_order, segment_path, write_segment
@@ -45,9 +47,10 @@ class CompactionConfig(ConfigBlock):
     target_bytes: int = setting(64 << 20, ge=1)  # ...into segments of about this size; bigger ones are left alone
     max_files: int = setting(256, ge=2)  # per merge, to bound memory
     # retention: 0 keeps every raw comm record; N keeps them for every Nth step and every step with
-    # a finding (collector/data/retention.py), the per-step rollup (comm_steps) for every step
+    # a finding (collector/data/retention.py). Either way settled steps get their per-step rollup
+    # (comm_steps) and step analysis (step_analysis), so queries read those instead of raw records
     raw_every: int = setting(0, ge=0)
-    retention_window: int = setting(100, ge=1)  # settled steps to gather before thinning them out
+    retention_window: int = setting(100, ge=1)  # settled steps to gather before rolling them up
 
     def validate(self) -> None:
         if self.max_files < self.min_files:
@@ -108,11 +111,20 @@ class Compactor:
 
     def run_once(self) -> int:
         """One pass over every partition; returns how many merges were made."""
-        if self.config.raw_every:
+        # Rollups need every rank's records of a step: with several writers none sees them all.
+        if self.ledger.writer is None:
             for partition in layout.partitions(self.data_dir, "comm"):
                 if self._stop.is_set():
                     break
-                self.retention.run(partition)
+                try:
+                    self.retention.run(partition)
+                except (
+                    OSError,
+                    pa.ArrowException,
+                    duckdb.Error,
+                    DataDirError,
+                ) as exc:  # a damaged segment: quarantined below
+                    log.warning("rollups of %s wait for the next pass: %s", partition, exc)
         merges = 0
         for partition in layout.partitions(self.data_dir):
             if self._stop.is_set():

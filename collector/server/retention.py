@@ -1,5 +1,7 @@
-"""Retention: thin out a run's raw comm records once their steps are settled, keeping a
-per-step rollup of everything (``collect --raw-every N``; the policy is collector/data/retention.py).
+"""Rollups and retention: once a run's steps are settled, store per step what queries would
+otherwise compute from every raw record -- the comm rollup (``comm_steps``) and the step analysis
+(``step_analysis``: exposed communication, straggler cost) -- and, with ``collect --raw-every N``,
+thin out the raw comm records of those steps (the policy is collector/data/retention.py).
 
 Runs in the compaction thread, per comm partition, on a window of *settled* steps: steps
 every rank has moved past (each rank reported a later step) or, once the run ended, all of
@@ -8,11 +10,15 @@ when no more of its records can come. The window starts after the last rolled-up
 max step of the run's ``comm_steps``) and is processed once it holds ``retention_window``
 steps, or when the run has ended.
 
-One pass, two ledger commits, in this order:
+One pass, up to four ledger commits, in this order:
 
+0. the rows of the window's instances it cannot settle (odd, or not every rank of the group in it)
+   as an ``unsettled_instances`` segment, then the window's step analysis
+   (collector.data.queries.analyse_steps over the raw records of the steps after the last analysed
+   one) as a ``step_analysis`` segment: its last step says how far both go;
 1. the window's rollup (collector.data.queries.rollup_sql over the raw rows) is added as a
    ``comm_steps`` segment;
-2. the comm segments holding rows of the window are replaced (as one compaction) by a segment
+2. (``raw_every`` only) the comm segments holding rows of the window are replaced (as one compaction) by a segment
    without the raw rows of the steps the policy drops and, when some of them reach past the
    window (a flush that caught ranks on both sides of ``settled``), a second one with the rows
    past it, as they were: those are decided by a later window. Each row is judged once; a row
@@ -30,6 +36,7 @@ writer sees a whole instance, so retention refuses to run with a writer id (the 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import duckdb
@@ -38,9 +45,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collector.data import layout
-from collector.data.queries import rollup_sql
+from collector.data.queries import Catalog, analyse_steps, rollup_sql
 from collector.data.retention import steps_to_keep
-from collector.data.schema import COMM_STEPS_SCHEMA
+from collector.data.schema import COMM_STEPS_SCHEMA, STEP_ANALYSIS_SCHEMA, UNSETTLED_INSTANCES_SCHEMA
 from collector.server.ledger import Ledger
 from collector.server.store import segment_order, segment_path, write_segment
 
@@ -55,10 +62,19 @@ class Retention:
         self.ledger = ledger
         self.config = config  # CompactionConfig: raw_every, retention_window
         self.windows = 0
+        self.busy_s = 0.0  # wall time spent in windows (benches/health.py reports it)
         self._engine = duckdb.connect(":memory:", config={"threads": 1})
+        self._catalog: Catalog | None = None  # opened on the first window (it makes D's catalog)
 
     def run(self, partition: Path) -> bool:
-        """Thin out one window of ``partition`` (a comm run=<id> folder) if one is ready."""
+        """Roll up (and thin out) one window of ``partition`` (a comm run=<id> folder) if one is ready."""
+        t0 = time.perf_counter()
+        try:
+            return self._run(partition)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _run(self, partition: Path) -> bool:
         run_id = layout.run_of(partition)
         through = self._rolled_through(run_id)
         stats = {p: _step_range(p) for p in self._segments(partition)}
@@ -78,8 +94,16 @@ class Retention:
             return False
         window = [p for p in pending if stats[p][0] <= settled]
         rows = pa.concat_tables([pq.read_table(p) for p in window], promote_options="default")
+        analysed = self._analysed_through(run_id)
+        if settled > analysed:  # before the rollup: a crash between the two redoes this window's, never twice
+            self._add(run_id, "unsettled_instances", self._unsettled(run_id, analysed, settled))
+            self._add(run_id, "step_analysis", self._analysis(run_id, analysed, settled))  # marks the window done
         rollup = self._rollup(rows, through, settled)
-        self._add_rollup(run_id, rollup)
+        self._add(run_id, "comm_steps", rollup)
+        if not self.config.raw_every:
+            log.info("rollups %s: steps %d..%d rolled up and analysed", run_id, through + 1, settled)
+            self.windows += 1
+            return True
         keep = steps_to_keep(rollup.to_pandas(), self.config.raw_every)
         step = rows.column("step")
         later = pc.fill_null(pc.greater(step, settled), False)  # a later window's to judge
@@ -114,12 +138,43 @@ class Retention:
             cur.close()
         return rows.select(COMM_STEPS_SCHEMA.names).cast(COMM_STEPS_SCHEMA)
 
-    def _add_rollup(self, run_id: str, rollup: pa.Table) -> None:
+    def _analysis(self, run_id: str, after: int, through: int) -> pa.Table:
+        """queries.step_analysis's rows of the steps in (after, through], from the raw records."""
+        frame = analyse_steps(self._catalog_of(), run_id, after=after, through=through)
+        return pa.Table.from_pandas(frame, schema=STEP_ANALYSIS_SCHEMA, preserve_index=False)
+
+    def _unsettled(self, run_id: str, after: int, through: int) -> pa.Table:
+        """The completed rows of the window's instances that are odd or not whole (UNSETTLED_INSTANCES_SCHEMA)."""
+        frame = self._catalog_of().df(
+            """
+            WITH entered AS (
+                SELECT rank, step, group_name, seq, op, dtype, numel, group_size FROM comm
+                WHERE run_id = ? AND step > ? AND step <= ?
+                  AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')),
+            unsettled AS (
+                SELECT group_name, seq FROM entered GROUP BY ALL
+                HAVING min(hash(op, dtype, numel)) <> max(hash(op, dtype, numel))
+                    OR count(DISTINCT rank) < coalesce(max(group_size), 0))
+            SELECT rank, step, group_name, seq, op, dtype, numel FROM entered
+            SEMI JOIN unsettled USING (group_name, seq) ORDER BY group_name, seq, rank""",
+            [run_id, after, through],
+        )
+        return pa.Table.from_pandas(frame, schema=UNSETTLED_INSTANCES_SCHEMA, preserve_index=False)
+
+    def _catalog_of(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = Catalog(self.data_dir)
+        return self._catalog
+
+    def _add(self, run_id: str, table: str, rows: pa.Table) -> None:
         commit = self.ledger.reserve_commit()
         prefix = layout.segment_prefix("cmp", self.ledger.writer)
-        final = segment_path(self.data_dir, "comm_steps", run_id, prefix, commit)
-        write_segment(final, COMM_STEPS_SCHEMA, [rollup])
+        final = segment_path(self.data_dir, table, run_id, prefix, commit)
+        write_segment(final, layout.DERIVED_TABLES[table], [rows])
         self.ledger.commit_segments(commit, [final], {})
+
+    def _analysed_through(self, run_id: str) -> int:
+        return max((_step_range(p)[1] for p in self._files("step_analysis", run_id)), default=-1)
 
     def _segments(self, partition: Path) -> list[Path]:
         ours = [
