@@ -136,6 +136,17 @@ class Compactor:
         self.merges += merges
         return merges
 
+    def catch_up(self) -> None:
+        """Everything the background thread would have done by now, at once (for data dirs written
+        without a collector running, e.g. ``rankscope simulate --data-dir``): every window of settled
+        steps rolled up, then the small segments merged."""
+        if self.ledger.writer is None:
+            for partition in layout.partitions(self.data_dir, "comm"):
+                while self.retention.run(partition):
+                    pass
+        for partition in layout.partitions(self.data_dir):
+            self.merges += self._compact(partition)
+
     def _compact(self, partition: Path) -> int:
         merges = 0
         while not self._stop.is_set():

@@ -465,9 +465,13 @@ def _noise(seed: int, ranks: np.ndarray, steps: np.ndarray, k: int, spread: floa
 # ---- delivery ----------------------------------------------------------------------------
 
 
-def write_data_dir(sim: Simulation, data_dir, progress=None) -> int:
-    """Write ``sim`` into ``data_dir`` through the collector's Store; returns the records written."""
-    from collector.server.store import Store  # the server side: only this delivery needs it
+def write_data_dir(sim: Simulation, data_dir, progress=None, *, rollups: bool = True) -> int:
+    """Write ``sim`` into ``data_dir`` through the collector's Store; returns the records written.
+    ``rollups``: then store what a collector's compaction would have by the end (per-step rollups
+    and step analysis of the settled steps, small segments merged), as a recorded run has them."""
+    # the server side: only this delivery needs it
+    from collector.server.compaction import Compactor
+    from collector.server.store import Store
 
     catalog.ensure_catalog(data_dir)
     store = Store(data_dir)
@@ -486,6 +490,10 @@ def write_data_dir(sim: Simulation, data_dir, progress=None) -> int:
             if progress:
                 progress(ranks.stop, written)
         store.flush()
+        if rollups:
+            if progress:
+                progress(sim.ranks, written, note="storing per-step rollups and step analysis, as a collector does")
+            Compactor(data_dir, store.ledger).catch_up()
     finally:
         store.close()
     if errors:
@@ -536,9 +544,11 @@ def main(args: argparse.Namespace) -> int:
     )
     last = [began]
 
-    def progress(done_ranks: int, _records) -> None:
+    def progress(done_ranks: int, _records, note: str = "") -> None:
         now = time.monotonic()
-        if now - last[0] >= 2 or done_ranks == sim.ranks:
+        if note:
+            print(f"  {note} ({now - began:.1f} s)", flush=True)
+        elif now - last[0] >= 2 or done_ranks == sim.ranks:
             last[0] = now
             print(f"  {done_ranks}/{sim.ranks} ranks ({now - began:.1f} s)", flush=True)
 

@@ -47,8 +47,8 @@ def desync_run() -> list[list]:
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     raw = tmp_path_factory.mktemp("raw")
-    simulate.write_data_dir(DONE, raw)
-    simulate.write_data_dir(HUNG, raw)
+    simulate.write_data_dir(DONE, raw, rollups=False)
+    simulate.write_data_dir(HUNG, raw, rollups=False)
     live = tmp_path_factory.mktemp("live") / "data"
     with live_collector(live, compaction_config=ROLLUPS) as collector:
         simulate.stream(DONE, collector.endpoint, streams=DONE.ranks)
