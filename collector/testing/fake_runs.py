@@ -335,8 +335,9 @@ class FakeRun:
         }
 
         # The wait before each step's first forward, as a hook run records it: a couple of ms, alike
-        # on every rank (the late rank is late in its all_reduce, not in its data loading).
-        gap = rng.uniform(1e6, 3e6, self.steps).astype(np.int64)
+        # on every rank (the late rank is late in its all_reduce, not in its data loading). Drawn from
+        # a generator of their own, so the tables drawn after them keep their values.
+        gap = np.random.default_rng([self.seed, rank, 2]).uniform(1e6, 3e6, self.steps).astype(np.int64)
         out["between_steps"] = {"step": steps, "start_ns": t - gap, "dur_ns": gap}
 
         if self.with_moe:
