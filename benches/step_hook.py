@@ -1,12 +1,15 @@
-"""What counting steps costs a hook run: ``optimizer.step()`` with the hook attached (torch's global
-optimizer post-hook: the step counter, this rank's memory sample, the memory rows buffered for a live
-collector) against the same ``optimizer.step()`` with nothing attached, in one process, interleaved.
+"""What counting steps costs a hook run: a training step (forward, backward, ``optimizer.step()``,
+``zero_grad``) with the hook attached against the same step with nothing attached, in one process,
+interleaved. Attached, torch's global optimizer post-hook counts the step, samples this rank's memory,
+buffers the memory rows for a live collector and arms the wait between steps (one global forward
+pre-hook, collector.rank.between_steps), which the next forward takes the time of, removes and
+buffers as a row.
 
     python -m benches.step_hook [--steps 2000 --rounds 12]
 
-A tiny model (Linear(4, 4), AdamW), so the optimizer's own work is small and the added cost shows.
-Reports the median per-step time of each variant over rounds and the difference. Writes
-benches/RESULTS-steps.md.
+A tiny model (Linear(4, 4), AdamW), so the step's own work is small and the added cost shows.
+Reports the median per-step time of each variant over rounds and the difference, and the hooks'
+work measured alone. Writes benches/RESULTS-steps.md.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _per_step_us(optimizer, steps: int) -> float:
+def _per_step_us(model, optimizer, x, steps: int) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(steps):
+        model(x).sum().backward()
         optimizer.step()
+        optimizer.zero_grad()
     return (time.perf_counter_ns() - t0) / steps / 1e3
 
 
@@ -43,6 +48,19 @@ def _post_hook_us(optimizer, steps: int) -> float:
     return (time.perf_counter_ns() - t0) / steps / 1e3
 
 
+def _between_steps_us(model, steps: int) -> float:
+    """The wait between steps by itself: arm at a step's end (register the global forward pre-hook)
+    and its first call (take the time, remove it, buffer the row), called as torch calls it."""
+    from collector.rank import steps as step_source
+
+    between = step_source._counter.between
+    t0 = time.perf_counter_ns()
+    for _ in range(steps):
+        between.step_ended()
+        between._first_forward(model, ())
+    return (time.perf_counter_ns() - t0) / steps / 1e3
+
+
 def measure(steps: int, rounds: int) -> dict[str, list[float]]:
     import torch
 
@@ -51,23 +69,24 @@ def measure(steps: int, rounds: int) -> dict[str, list[float]]:
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
-    model(torch.ones(1, 4)).sum().backward()
+    x = torch.ones(1, 4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    results: dict[str, list[float]] = {"raw": [], "attached": [], "post_hook_alone": []}
+    results: dict[str, list[float]] = {"raw": [], "attached": [], "post_hook_alone": [], "between_steps_alone": []}
     for var in ("RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
     with tempfile.TemporaryDirectory() as tmp, live_collector(Path(tmp) / "data") as (endpoint, _):
-        _per_step_us(optimizer, steps)  # warm-up
+        _per_step_us(model, optimizer, x, steps)  # warm-up
         for r in range(rounds):
             order = ("raw", "attached") if r % 2 == 0 else ("attached", "raw")
             for variant in order:
                 if variant == "attached":
                     hook.attach(run="bench-step-hook", endpoint=endpoint)
-                    results[variant].append(_per_step_us(optimizer, steps))
+                    results[variant].append(_per_step_us(model, optimizer, x, steps))
                     results["post_hook_alone"].append(_post_hook_us(optimizer, steps))
+                    results["between_steps_alone"].append(_between_steps_us(model, steps))
                     hook.detach()
                 else:
-                    results[variant].append(_per_step_us(optimizer, steps))
+                    results[variant].append(_per_step_us(model, optimizer, x, steps))
             print(f"round {r + 1}/{rounds}: raw {results['raw'][-1]:.2f} us, attached {results['attached'][-1]:.2f} us")
     return results
 
@@ -87,21 +106,26 @@ def report(results: dict[str, list[float]], argv: list[str], elapsed_s: float, l
             f"1-minute load average {' -> '.join(f'{x:.1f}' for x in load)} (start -> end); "
             f"Python {platform.python_version()}",
             f"- rankscope code: {code_version(ROOT)}",
-            "- what: `optimizer.step()` of AdamW over Linear(4, 4), one process; baseline: the same step with "
-            "nothing attached, measured in the same rounds (alternating order). Attached: torch's global optimizer "
-            "post-hook counts the step, samples this rank's RSS and buffers the memory row for a live collector.",
+            "- what: a training step (forward, backward, `optimizer.step()`, `zero_grad`) of AdamW over Linear(4, 4), "
+            "one process; baseline: the same step with nothing attached, measured in the same rounds (alternating "
+            "order). Attached: torch's global optimizer post-hook counts the step, samples this rank's RSS, buffers "
+            "the memory row for a live collector and arms the wait between steps (a global forward pre-hook), which "
+            "the next forward times, removes and buffers as a `between_steps` row.",
             "",
-            "| variant | median µs per optimizer step |",
+            "| variant | median µs per training step |",
             "|---|---|",
             f"| raw (baseline) | {raw:.2f} |",
             f"| hook attached | {attached:.2f} |",
             f"| added per step (median of per-round differences) | {statistics.median(diffs):.2f} |",
-            f"| the post-hook alone (counter, RSS read, memory row buffered) | "
+            f"| the post-hook alone (counter, RSS read, memory row buffered, wait re-armed) | "
             f"{statistics.median(results['post_hook_alone']):.2f} |",
+            f"| the wait between steps alone (pre-hook registered, first forward: time, remove, row buffered) | "
+            f"{statistics.median(results['between_steps_alone']):.2f} |",
             "",
             f"Rounds: {len(diffs)}; per-round differences from {min(diffs):.2f} to {max(diffs):.2f} µs. "
             "The step-to-step difference is within this shared machine's noise; the post-hook measured alone "
-            "is the cost attach adds, once per optimizer step (not per collective).",
+            "and the wait between steps measured alone are what attach adds, once per step (not per collective, "
+            "not per module call).",
         ]
     )
 
