@@ -248,7 +248,7 @@ class FakeRun:
         }
 
     def step_columns(self, rank: int) -> dict[str, dict]:
-        """timers, monitor, loss_scale, memory, gc, host, batches, between_steps and moe columns of ``rank`` for every step."""
+        """Per-step tables of ``rank``: timers, monitor, loss_scale, memory, gc, host, batches, between_steps, moe."""
         steps = np.arange(self.steps, dtype=np.int64)
         t = self.t0_ns + steps * self.step_period_ns
         rng = np.random.default_rng([self.seed, rank, 1])

@@ -49,7 +49,9 @@ def _train(run: str, rank: int, endpoint: str) -> str:
     model = DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
-    data = TensorDataset(torch.randn(STEPS * 8, 32, generator=generator), torch.randn(STEPS * 8, 1, generator=generator))
+    data = TensorDataset(
+        torch.randn(STEPS * 8, 32, generator=generator), torch.randn(STEPS * 8, 1, generator=generator)
+    )
     for x, y in DataLoader(data, batch_size=8, collate_fn=collate):
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
