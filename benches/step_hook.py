@@ -143,9 +143,10 @@ def report(results: dict[str, list[float]], argv: list[str], elapsed_s: float, l
             "",
             f"Rounds: {len(diffs)}; attached less raw from {min(diffs):.2f} to {max(diffs):.2f} µs, attached less "
             f"never armed from {min(wait_diffs):.2f} to {max(wait_diffs):.2f} µs. The per-step hooks measured alone "
-            "are what they add, once per step (not per collective, not per module call); the rest of the difference "
-            "to raw is the live session around the step (its background threads and GC callback on a 2-core "
-            "machine shared with other jobs), not the hooks.",
+            "are their cost on the training thread, once per step (not per collective, not per module call). The "
+            "in-step differences also carry the live session around the step (its background threads, which ship "
+            "the rows, and its GC callback, on a 2-core machine shared with other jobs) and that machine's noise: "
+            "see their ranges.",
         ]
     )
 

@@ -15,7 +15,9 @@ How the next forward is seen: at the step's end one global forward pre-hook is r
 first call (the outermost module of the forward: DDP's or FSDP's wrapper, DeepSpeed's engine,
 the model itself) takes the time and removes it. One register and one remove a step, nothing
 per module call after. Any module called between steps (an eval pass, an ``nn.Module``
-transform in the main process) ends the gap there: it then reads short, never long.
+transform in the main process) ends the gap there: it then reads short, never long. A collective
+the script makes between steps (an all_reduce of the loss for logging) puts the wait for a late
+rank into the others' gaps, not the late rank's, so it cannot make a straggler look data-bound.
 
 Runs on the training thread: a clock read, a dict insert and delete, one buffered row; never
 raises into training, never blocks.
