@@ -5,7 +5,8 @@
   naming rank 3, its cause data loading, worded as the wait between steps it measures;
 - compute: rank 3 busy 40 ms inside its forward pass -> a straggler too, but its cause is not
   data loading (the wait between steps ends where the forward begins);
-- healthy: nobody slowed -> no straggler and no data-loading cause.
+- healthy: nobody slowed -> no straggler and no data-loading cause;
+- the Overview, in headless Chromium, says the same sentence for the data run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import sys
 import pytest
 
 from collector.testing.collectors import live_collector
+from collector.testing.dashboard import DashboardProcess, browser_tab
 from tests.integration import _hook_causes_workers as script
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 from tests.rank._rank_util import spawn
 
 
@@ -64,3 +67,17 @@ def test_a_healthy_hook_run_has_no_straggler_and_no_data_cause(runs):
     found = health(data_dir, run_ids["healthy"])
     assert not [f for f in found if f["kind"] == "straggler"], found
     assert not [f for f in found if f["evidence"].get("cause") == "data" or "data loading" in f["text"]], found
+
+
+@NEEDS_CHROMIUM[0]
+@NEEDS_CHROMIUM[1]
+def test_the_overview_names_the_wait_between_steps(runs):
+    data_dir, run_ids = runs
+    with DashboardProcess(data_dir) as dashboard, browser_tab() as page:
+        page.goto(f"{dashboard.url}/overview?run={run_ids['data']}")
+        try:
+            page.get_by_text(f"rank {script.SLOW_RANK} costs", exact=False).first.wait_for(timeout=90_000)
+            assert page.get_by_text("waits between steps (data loading and host work)", exact=False).count() >= 1
+        finally:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / "causes-hook-data.png"), full_page=True)
