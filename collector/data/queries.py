@@ -800,8 +800,10 @@ def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
 
 def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank and step, what may explain a late arrival: gc_ms (Python GC pauses), data_ms (the
-    wait for the batch, the engine's ``data`` timer), runqueue_ms and cpu_ms (time the process waited
-    for a CPU and ran on one), cpu_util and steal (host shares), tokens (what the rank trained on).
+    wait for the batch, the engine's ``data`` timer), between_steps_ms (a hook run's wait from the
+    step before's end to this step's first forward: data loading and host work), runqueue_ms and
+    cpu_ms (time the process waited for a CPU and ran on one), cpu_util and steal (host shares),
+    tokens (what the rank trained on).
     A signal the run did not record is NULL; runs recorded
     before a signal existed have no table for it, so it is not queried at all."""
     parts = [
@@ -818,6 +820,13 @@ def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
         columns.append("coalesce(g.gc_ms, 0) AS gc_ms")
     else:
         columns.append("NULL::DOUBLE AS gc_ms")
+    if _has_segments(cat.data_dir, "between_steps", run_id):
+        joins += " FULL JOIN (SELECT rank, step, sum(dur_ns) / 1e6 AS between_steps_ms FROM between_steps"
+        joins += " WHERE run_id = ? GROUP BY rank, step) bs USING (rank, step)"
+        params.append(run_id)
+        columns.append("bs.between_steps_ms")
+    else:
+        columns.append("NULL::DOUBLE AS between_steps_ms")
     if _has_segments(cat.data_dir, "host", run_id):
         joins += """ FULL JOIN (SELECT rank, step, sum(runqueue_ns) / 1e6 AS runqueue_ms, sum(cpu_ns) / 1e6 AS cpu_ms,
                    avg(cpu_util) AS cpu_util, avg(steal) AS steal FROM host WHERE run_id = ? GROUP BY rank, step) h

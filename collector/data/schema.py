@@ -118,6 +118,9 @@ TABLES: dict[str, Table] = {
         # ... and what the rank trained on in the step (trainer.batches): samples, and tokens where
         # the inputs are token ids (NULL otherwise). Input imbalance shows here.
         _table("batches", ("samples", I64), ("tokens", I64)),
+        # ... and, in hook runs (collector.rank.between_steps), the wait from the end of the step
+        # before to this step's first forward pass: data loading and host work between steps.
+        _table("between_steps", ("start_ns", I64), ("dur_ns", I64)),
         # Liveness (collector.rank.watchdog): what a rank is waiting in, its sign of life, its stacks.
         _table(
             "inflight",

@@ -23,6 +23,10 @@ moves on. ``hook.log`` without ``step=`` stamps the step that ended last (the W&
 after ``optimizer.step()``), or the step in progress where none has ended yet or where the
 script sets steps itself.
 
+When a step ends (by any source: in manual mode, at each ``optimizer.step()``) the wait until the
+next forward pass starts: collector.rank.between_steps records it, the hook run's stand-in for
+the engine's data-loading timer.
+
 Everything here runs on the training thread inside ``optimizer.step()``: a counter, a
 ``/proc`` read and a few dict appends, never I/O that can block, never an exception.
 """
@@ -38,6 +42,7 @@ import time
 import torch
 
 from collector.rank import session, state
+from collector.rank.between_steps import BetweenSteps
 
 log = logging.getLogger("rankscope.steps")
 
@@ -77,11 +82,14 @@ class _Counter:
         self.handle = None  # torch's optimizer post-hook registration
         self.lock = threading.Lock()
         self._rss = _ResidentSetSize()
+        self.between = BetweenSteps()
 
     # ---------------------------------------------------------------- sources
 
     def on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.source > Source.OPTIMIZER:
+            if self.source == Source.MANUAL:  # the script numbers its steps; the optimizer still ends them
+                self._between_steps()
             return
         try:
             with self.lock:
@@ -112,6 +120,13 @@ class _Counter:
         state.set_step(step)
         session.emit_rows("memory", self.memory_rows(step))
         state.set_step(step + 1)
+        self.between.step_ended()
+
+    def _between_steps(self) -> None:
+        try:
+            self.between.step_ended()
+        except Exception:
+            log.exception("rankscope: timing the wait after a step failed")
 
     def memory_rows(self, step: int) -> list[dict]:
         if session.active() is None:
@@ -149,6 +164,7 @@ def uninstall() -> None:
     if _counter.handle is not None:
         _counter.handle.remove()
         state.set_step(0)
+    _counter.between.disarm()
     _counter = _Counter()
 
 

@@ -248,7 +248,7 @@ class FakeRun:
         }
 
     def step_columns(self, rank: int) -> dict[str, dict]:
-        """timers, monitor, loss_scale, memory, gc, host, batches and moe columns of ``rank`` for every step."""
+        """Per-step tables of ``rank``: timers, monitor, loss_scale, memory, gc, host, batches, between_steps, moe."""
         steps = np.arange(self.steps, dtype=np.int64)
         t = self.t0_ns + steps * self.step_period_ns
         rng = np.random.default_rng([self.seed, rank, 1])
@@ -333,6 +333,12 @@ class FakeRun:
             "samples": np.full(self.steps, SAMPLES_PER_RANK_STEP, dtype=np.int64),
             "tokens": tokens.astype(np.int64),
         }
+
+        # The wait before each step's first forward, as a hook run records it: a couple of ms, alike
+        # on every rank (the late rank is late in its all_reduce, not in its data loading). Drawn from
+        # a generator of their own, so the tables drawn after them keep their values.
+        gap = np.random.default_rng([self.seed, rank, 2]).uniform(1e6, 3e6, self.steps).astype(np.int64)
+        out["between_steps"] = {"step": steps, "start_ns": t - gap, "dur_ns": gap}
 
         if self.with_moe:
             # Dirichlet weights falling from expert 0 to the last: a popular expert that drops tokens.

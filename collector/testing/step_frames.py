@@ -66,6 +66,7 @@ def signal_rows(
     out["cpu_util"] = np.full(len(ranks), 0.5)
     out["steal"] = np.zeros(len(ranks))
     out["tokens"] = np.round(rng.uniform(0.95, 1.05, len(ranks)) * TOKENS_PER_STEP)
+    out["between_steps_ms"] = rng.uniform(0, 0.5, len(ranks))  # drawn last: the others keep their values
     frame = pd.DataFrame(out)
     if rank is not None:
         frame.loc[frame["rank"] == rank, column] += ms

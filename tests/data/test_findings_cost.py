@@ -69,7 +69,12 @@ def test_exposed_communication_is_a_note_and_never_over_100_percent():
 
 @pytest.mark.parametrize(
     ("column", "cause", "words"),
-    [("gc_ms", "gc", "GC pauses"), ("data_ms", "data", "data loading"), ("runqueue_ms", "host_cpu", "host CPU")],
+    [
+        ("gc_ms", "gc", "GC pauses"),
+        ("data_ms", "data", "waits for the next batch (data loading)"),
+        ("between_steps_ms", "data", "waits between steps (data loading and host work)"),
+        ("runqueue_ms", "host_cpu", "host CPU"),
+    ],
 )
 def test_the_signal_that_explains_a_straggler_is_named(column, cause, words):
     steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
@@ -94,11 +99,26 @@ def test_no_cause_when_no_signal_stands_out_or_none_was_recorded():
     assert "cause" not in unknown.evidence
 
 
-def test_a_cause_among_1024_ranks():
+@pytest.mark.parametrize("column", ["data_ms", "between_steps_ms"])
+def test_a_cause_among_1024_ranks(column):
     steps = step_rows(1024, 20, late_rank=5, late_ms=30.0)
-    signals = signal_rows(1024, 20, rank=5, column="data_ms", ms=29.0)
+    signals = signal_rows(1024, 20, rank=5, column=column, ms=29.0)
     (finding,) = stragglers.costly_ranks(steps, world_size=1024, signals=signals)
     assert finding.ranks == (5,) and finding.evidence["cause"] == "data"
+
+
+def test_a_hook_runs_wait_between_steps_is_data_loading_and_host_work():
+    """A hook run records no loader timer (data_ms NULL), only the wait between steps: the sentence
+    says what that wait holds; a wait the other ranks have as much of explains nothing."""
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    hook_run = signal_rows(4, 30, rank=3, column="between_steps_ms", ms=36.0).assign(data_ms=None)
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=hook_run)
+    assert finding.evidence["cause"] == "data" and "waits between steps (data loading and host work)" in finding.text
+    assert "waits for the next batch" not in finding.text
+    shared = signal_rows(4, 30).assign(data_ms=None)
+    shared["between_steps_ms"] += 36.0
+    (quiet,) = stragglers.costly_ranks(steps, world_size=4, signals=shared)
+    assert "cause" not in quiet.evidence
 
 
 def test_a_rank_that_computes_more_waits_more_for_a_cpu_without_a_neighbour_to_blame():

@@ -102,3 +102,15 @@ def test_monitor_rows_match_deepspeeds_csv_monitor(ds_run):
         assert [x for x, _ in got] == [x for x, _ in written], f.stem
         assert [v for _, v in got] == pytest.approx([v for _, v in written], rel=1e-6), f.stem
     assert con.execute("SELECT count(*) FROM monitor WHERE run_id = ? AND rank = 1", [run_id]).fetchone() == (0,)
+
+
+def test_the_wait_between_steps_starts_at_deepspeeds_step_end(ds_run):
+    """``engine.step()`` at a boundary ends the step (its ``global_steps``), the engine's next
+    forward (DeepSpeedEngine is the outermost module) ends the wait: one row per step but the
+    first; the micro-batch between two boundaries is inside the step, not a wait."""
+    con, run_id, _, _ = ds_run
+    rows = con.execute(
+        "SELECT rank, step, dur_ns FROM between_steps WHERE run_id = ? ORDER BY rank, step", [run_id]
+    ).fetchall()
+    assert [(r, s) for r, s, _ in rows] == [(r, s) for r in range(WORLD) for s in range(2, STEPS + 1)], rows
+    assert all(0 <= d < 10**9 for *_, d in rows), rows

@@ -53,6 +53,16 @@ def _query(data_dir: Path, sql: str, params: list) -> list[tuple]:
         con.close()
 
 
+def _assert_a_wait_before_every_step_but_the_first(data_dir: Path, run_id: str, steps: int) -> None:
+    """The framework's step end (its callback) starts the wait, its next forward ends it: one
+    between_steps row per rank for steps 2..steps, none left over from micro-batches."""
+    rows = _query(
+        data_dir, "SELECT rank, step, dur_ns FROM between_steps WHERE run_id = ? ORDER BY rank, step", [run_id]
+    )
+    assert [(r, s) for r, s, _ in rows] == [(r, s) for r in range(WORLD) for s in range(2, steps + 1)], rows
+    assert all(0 <= d < 10**9 for *_, d in rows), rows
+
+
 def test_huggingface_trainer(tmp_path):
     pytest.importorskip("transformers", reason="the huggingface extra (transformers) is not installed")
     from tests.rank import _hf_trainer_script as script
@@ -79,6 +89,7 @@ def test_huggingface_trainer(tmp_path):
             [run_id, rank],
         )
         assert {(s, t): v for s, t, v in rows} == pytest.approx(logged, rel=1e-6)
+    _assert_a_wait_before_every_step_but_the_first(data_dir, run_id, script.STEPS)
 
 
 def test_lightning(tmp_path):
@@ -104,3 +115,4 @@ def test_lightning(tmp_path):
         )
         expected = {int(k): v for k, v in seen["last_loss"].items()}
         assert dict(rows) == pytest.approx(expected, rel=1e-6)
+    _assert_a_wait_before_every_step_but_the_first(data_dir, run_id, script.STEPS)

@@ -1,6 +1,7 @@
 """Why a straggler is late: its lateness set against the root-cause signals every rank records.
 
-For each signal (Python GC pauses, the wait for the next batch, the time the process waited for
+For each signal (Python GC pauses; the wait for the next batch, as the engine's loader times it or,
+in a hook run, the wait from a step's end to the next forward; the time the process waited for
 a CPU), take the straggler's value on each of its late steps less what the other ranks had on
 the same step (their median): the *excess*, what this rank went through that the others did
 not. CPU waits are judged against the rank's own CPU use: a rank that simply computes more on
@@ -30,12 +31,15 @@ MIN_EXPLAINED = 0.5
 MIN_COINCIDENCE = 0.6
 MIN_TOKEN_RATIO = 1.2
 
-# cause: (signals_by_step column, how the sentence names it)
-SIGNALS = {
-    "gc": ("gc_ms", "GC pauses"),
-    "data": ("data_ms", "waits for the next batch (data loading)"),
-    "host_cpu": ("runqueue_ms", "waits for a CPU (host CPU contention)"),
-}
+# (cause, signals_by_step column, how the sentence names it). Data loading is measured two ways:
+# the engine times its loader; a hook run has only the gap between a step's end and the next
+# forward, which holds the script's other host work too, and the sentence says so.
+SIGNALS = (
+    ("gc", "gc_ms", "GC pauses"),
+    ("data", "data_ms", "waits for the next batch (data loading)"),
+    ("data", "between_steps_ms", "waits between steps (data loading and host work)"),
+    ("host_cpu", "runqueue_ms", "waits for a CPU (host CPU contention)"),
+)
 
 
 def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | None:
@@ -46,7 +50,7 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | Non
         return None
     late_steps = lateness.index
     best = None
-    for cause, (column, label) in SIGNALS.items():
+    for cause, column, label in SIGNALS:
         if column not in signals or signals[column].isna().all():
             continue
         grid = _grid(signals, column)
