@@ -90,6 +90,13 @@ class Retention:
             settled = max(latest.values())
         else:  # a rank that has not reported past ``through`` (or not at all yet) holds everything back
             settled = min(latest.get(r, through) for r in range(world)) - 1
+            # A rank's timers of a step may land a flush after its next step's collectives: in a run
+            # with step timers, a step settles once every rank's timers of it are stored too.
+            timed = self._latest_step_per_rank(
+                [p for p in self._files("timers", run_id) if _step_range(p)[1] > through]
+            )
+            if timed:
+                settled = min(settled, min(timed.get(r, through) for r in range(world)))
         if settled <= through or (settled - through < self.config.retention_window and not ended):
             return False
         window = [p for p in pending if stats[p][0] <= settled]
@@ -188,6 +195,8 @@ class Retention:
         return max((_step_range(p)[1] for p in self._files("comm_steps", run_id)), default=-1)
 
     def _latest_step_per_rank(self, segments: list[Path]) -> dict[int, int]:
+        if not segments:
+            return {}
         cols = pa.concat_tables([pq.read_table(p, columns=["rank", "step"]) for p in segments])
         per = cols.group_by("rank").aggregate([("step", "max")])
         return dict(zip(per["rank"].to_pylist(), per["step_max"].to_pylist(), strict=True))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pandas as pd
+import pyarrow.compute as pc
 import pytest
 
 from collector.data import catalog, findings, queries
@@ -23,6 +24,27 @@ DONE = simulate.Simulation(
 HUNG = simulate.Simulation(ranks=8, steps=40, hang=simulate.Hang(3, 30), run_id="hung", seed=2)
 ROLLUPS = CompactionConfig(interval=0.2, retention_window=10)
 SPLIT_RANK, SPLIT_SEQ, SPLIT_STEPS = 2, 17, 10  # the desync run: rank 2 enters seq 17 with another size
+
+
+LAGGING = fake_runs.FakeRun(run_id="lagging", world_size=4, steps=60, collectives_per_step=10, status="running")
+TIMERS_THROUGH = 20  # rank 1's timers have only arrived up to this step
+
+
+def lagging_timers_run() -> list[list]:
+    """A live run whose rank 1 has sent its collectives up to step 59 but its timers only to step 20."""
+    per_rank = []
+    for rank in range(LAGGING.world_size):
+        client = LAGGING.client_id(rank)
+        out = [fake_runs.envelope(client, 1, hello=LAGGING.hello(rank))]
+        tables = [("comm", LAGGING.comm_arrow(rank, first, n)) for first, n in LAGGING.comm_chunks(50)]
+        others = LAGGING.other_tables(rank)
+        if rank == 1:
+            others["timers"] = others["timers"].filter(pc.less_equal(others["timers"]["step"], TIMERS_THROUGH))
+        for table, rows in [*tables, *others.items()]:
+            for batch in fake_runs.table_batches(table, LAGGING.run_id, rank, rows):
+                out.append(fake_runs.envelope(client, len(out) + 1, table=batch))
+        per_rank.append(out)
+    return per_rank
 
 
 def desync_run() -> list[list]:
@@ -55,12 +77,14 @@ def dirs(tmp_path_factory):
         simulate.stream(HUNG, collector.endpoint, streams=HUNG.ranks)
         with GrpcSink(collector.endpoint) as sink:
             sink.send(desync_run())
+            sink.send(lagging_timers_run())
         retention = collector.state.compactor.retention
         deadline = time.monotonic() + 300  # generous: a loaded machine compacts slowly
         while (
             retention._analysed_through(DONE.run_id) < DONE.steps - 1
             or retention._analysed_through(HUNG.run_id) < 0
             or retention._analysed_through("desync") < SPLIT_STEPS - 1
+            or retention._analysed_through(LAGGING.run_id) < 0
         ):
             assert time.monotonic() < deadline, "compaction did not analyse the runs within 300 s"
             time.sleep(0.2)
@@ -140,3 +164,15 @@ def test_a_desync_is_found_from_the_instances_compaction_could_not_settle(dirs):
     assert found.seq.tolist() == everything.seq.tolist() == [SPLIT_SEQ]
     assert [list(side["ranks"]) for side in found.sides.iloc[0]] == [[0, 1, 3], [SPLIT_RANK]]
     assert query(live, queries.desyncs, DONE.run_id).empty
+
+
+def test_a_step_is_not_stored_before_every_ranks_timers_of_it(dirs):
+    """Rank 1's collectives reached step 59, its timers step 20: steps after 20 stay unsettled (the
+    analysis of a step without a rank's timers would be stored wrong for good), and are computed."""
+    _, live = dirs
+    _, through, _ = stored_steps(live, LAGGING.run_id)
+    assert through == TIMERS_THROUGH
+    analysis = query(live, queries.step_analysis, LAGGING.run_id)
+    # the steps after it are computed from what has arrived: every rank's, and rank 1's up to its timers
+    assert analysis.step.max() == LAGGING.steps - 1
+    assert analysis[analysis["rank"] == 1].step.max() == TIMERS_THROUGH
