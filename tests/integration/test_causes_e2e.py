@@ -32,6 +32,7 @@ from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.testing.ports import free_port
 from collector.tools.launch import CollectorProcess
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from tests.integration._health import health
 
 RANK, STEPS = 3, 32
 RUNS = ["sleep:0", "sleep:30", "sleep:80", "gc:40", "data:40", "cpu:0", "sleep:40@40x80"]
@@ -80,17 +81,6 @@ def runs(tmp_path_factory):
         )
         assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     return data_dir, json.loads(times_file.read_text())
-
-
-def health(data_dir, run: str) -> list[dict]:
-    out = subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", "health", run, "--data-dir", str(data_dir), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode in (0, 1), out.stderr
-    return json.loads(out.stdout)
 
 
 def median_step_ms(times: list[float]) -> float:

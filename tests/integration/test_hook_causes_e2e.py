@@ -11,16 +11,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from collector.testing.collectors import live_collector
 from collector.testing.dashboard import DashboardProcess, browser_tab
 from tests.integration import _hook_causes_workers as script
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from tests.integration._health import health
 from tests.rank._rank_util import spawn
 
 
@@ -31,17 +28,6 @@ def runs(tmp_path_factory):
         ranks = spawn(script.hook_runs_worker, script.WORLD, endpoint, tmp)
     assert all(r == ranks[0] for r in ranks), ranks  # every rank in the same runs
     return data_dir, ranks[0]
-
-
-def health(data_dir, run_id: str) -> list[dict]:
-    out = subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", "health", run_id, "--data-dir", str(data_dir), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode in (0, 1), out.stderr
-    return json.loads(out.stdout)
 
 
 def test_a_slow_data_loader_is_named_as_the_cause(runs):
