@@ -43,7 +43,20 @@ def test_onset_is_found_where_the_rank_turned_slow():
     (finding,) = stragglers.costly_ranks(step_rows(4, 80, late_rank=2, late_ms=40.0, late_from=40), world_size=4)
     assert finding.evidence["onset_step"] == 40 and finding.steps == (40, 79)
     assert "slow since step 40 (+40 ms per step from then)" in finding.text
-    assert finding.cost_ms_per_step == pytest.approx(40.0 * 40 / 79, rel=0.05)
+    assert finding.cost_ms_per_step == pytest.approx(40.0, rel=0.05)  # what it costs since, not diluted
+
+
+@pytest.mark.parametrize("n_ranks", [4, 1024])
+def test_a_rank_slow_only_lately_is_judged_on_its_slow_steps(n_ranks):
+    # 40 ms on 400 ms steps for the last 50 of 500: 4 ms per step over the whole run, under the
+    # 5% bar, but 10% of every step since it turned slow.
+    rows = step_rows(n_ranks, 500, step_ms=400.0, late_rank=1, late_ms=40.0, late_from=450, jitter_ms=3.0)
+    (finding,) = stragglers.costly_ranks(rows, world_size=n_ranks)
+    assert finding.ranks == (1,) and finding.evidence["onset_step"] == 450 and finding.steps == (450, 499)
+    assert finding.cost_ms_per_step == pytest.approx(40.0, rel=0.05)
+    # Too few slow steps to judge alone (under WINDOW_MIN_STEPS) and diluted over the run: silent.
+    brief = step_rows(n_ranks, 500, step_ms=400.0, late_rank=1, late_ms=40.0, late_from=495, jitter_ms=3.0)
+    assert stragglers.costly_ranks(brief, world_size=n_ranks) == []
 
 
 def test_onset_of_a_pure_series():

@@ -43,6 +43,8 @@ MIN_STEPS = 4
 # An onset: at least this many steps on each side, and "before" at most this fraction of "after".
 ONSET_MIN_SEGMENT = 3
 ONSET_BEFORE_RATIO = 0.25
+# A rank is judged on its steps since an onset only when there are this many of them.
+WINDOW_MIN_STEPS = 8
 # Arrival statistics (late_ranks): enough instances to judge, how unlikely by chance, ranks named.
 MIN_INSTANCES = 10
 CHANCE = 1e-3  # how unlikely, over all ranks, a healthy run's worst count must be to name it
@@ -81,89 +83,121 @@ def rank_costs(steps: pd.DataFrame) -> pd.DataFrame:
     return per_rank.reset_index()
 
 
-def onset(series: np.ndarray) -> tuple[int, float, float] | None:
-    """Where a series of per-step costs steps up for good: (index of the first slow step,
-    mean before, mean after), or None if it does not. Every split at once from cumulative sums."""
-    n = len(series)
-    if n < 2 * ONSET_MIN_SEGMENT:
-        return None
+def onsets(series: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each column of a (steps x ranks) matrix of per-step costs steps up for good, all
+    columns and all splits at once from cumulative sums: (index of the first slow step, or -1
+    where a column does not step up; mean before; mean after)."""
     x = np.asarray(series, dtype=float)
-    csum, csq = np.cumsum(x), np.cumsum(x * x)
+    n = x.shape[0]
+    none = np.full(x.shape[1], -1), np.zeros(x.shape[1]), np.zeros(x.shape[1])
+    if n < 2 * ONSET_MIN_SEGMENT:
+        return none
+    csum, csq = np.cumsum(x, axis=0), np.cumsum(x * x, axis=0)
     k = np.arange(ONSET_MIN_SEGMENT, n - ONSET_MIN_SEGMENT + 1)  # first index of "after"
     before_sum, after_sum = csum[k - 1], csum[-1] - csum[k - 1]
     before_sq, after_sq = csq[k - 1], csq[-1] - csq[k - 1]
-    sse = (before_sq - before_sum**2 / k) + (after_sq - after_sum**2 / (n - k))
-    best = int(np.argmin(sse))
-    split = int(k[best])
-    before, after = before_sum[best] / split, after_sum[best] / (n - split)
-    if after <= 0 or before > ONSET_BEFORE_RATIO * after:
-        return None
-    return split, float(before), float(after)
+    kk = k[:, None]
+    sse = (before_sq - before_sum**2 / kk) + (after_sq - after_sum**2 / (n - kk))
+    best = np.argmin(sse, axis=0)
+    cols = np.arange(x.shape[1])
+    split = k[best]
+    before, after = before_sum[best, cols] / split, after_sum[best, cols] / (n - split)
+    stepped = (after > 0) & (before <= ONSET_BEFORE_RATIO * after)
+    return np.where(stepped, split, -1), before, after
+
+
+def onset(series) -> tuple[int, float, float] | None:
+    """Where one series of per-step costs steps up for good: (index of the first slow step,
+    mean before, mean after), or None if it does not."""
+    split, before, after = onsets(np.asarray(series, dtype=float)[:, None])
+    return None if split[0] < 0 else (int(split[0]), float(before[0]), float(after[0]))
 
 
 def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | None = None) -> list[Finding]:
     """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms) and, to say
-    why, queries.signals_by_step (see findings.causes)."""
+    why, queries.signals_by_step (see findings.causes).
+
+    A rank that turned slow is judged on the steps since its onset, not diluted by the healthy
+    steps before it: a rank slow for the last 500 of 10,000 steps costs what it costs now."""
     steps = training_steps(steps)
     if world_size < 2 or steps.empty or steps.step.nunique() < MIN_STEPS:
         return []
-    median_step = float(steps.groupby("step").step_ms.median().median())
+    step_ms = steps.groupby("step").step_ms.median()
+    bounded = steps.assign(cost=np.minimum(steps.imposed_ms, steps.step.map(step_ms)))
+    cost = bounded.pivot_table(index="step", columns="rank", values="cost", aggfunc="sum", fill_value=0.0)
+    step_ms = step_ms.reindex(cost.index)
+    matrix = cost.to_numpy()
+    split, before, after = onsets(matrix)
+    # Judge each rank over the whole run and, if it turned slow long enough ago and has been
+    # late on most steps since (which rules out the chance "onsets" of healthy jitter), since then.
+    windows = {0} | {
+        int(s)
+        for col, s in enumerate(split)
+        if 0 < s <= len(cost) - WINDOW_MIN_STEPS and np.median(matrix[s:, col]) >= MIN_COST_MS
+    }
+    judged = {}
+    for start in sorted(windows):
+        window = steps[steps.step >= cost.index[start]]
+        judged[start] = (float(step_ms.iloc[start:].median()), rank_costs(window).set_index("rank"))
     concentration = min(MAX_CONCENTRATION, FAIR_SHARE_FACTOR / world_size)
     found = []
-    for row in rank_costs(steps).itertuples():
-        cost = float(row.cost_ms_per_step)
-        if cost < MIN_COST_MS or cost < MIN_COST_SHARE * median_step or row.share_of_waiting < concentration:
-            continue
-        rank = int(row.rank)
-        mine = steps[steps["rank"] == rank].sort_values("step")
-        imposed = np.minimum(mine.imposed_ms.to_numpy(), mine.step_ms.to_numpy())
-        turned = onset(imposed)
-        slow_part = imposed[turned[0] :] if turned is not None else imposed
-        # Late on most of its (slow) steps, not a few de-scheduled ones: a rank every rank
-        # waits for now and then on a busy host is noise, not a straggler.
-        if float(np.median(slow_part)) < max(MIN_COST_MS, MIN_COST_SHARE * median_step):
-            continue
-        first, last = int(mine.step.iloc[0]), int(mine.step.iloc[-1])
-        text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
-        text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
-        evidence = {
-            "cost_ms_per_step": cost,
-            "share_of_run": float(row.share_of_run),
-            "share_of_waiting": float(row.share_of_waiting),
-            "median_step_ms": median_step,
-            "what_if_step_ms": median_step - cost,
-            "op": row.late_op if isinstance(row.late_op, str) else None,
-            "steps": int(row.steps),
-            "late_steps": int((imposed >= max(MIN_COST_MS, MIN_COST_SHARE * median_step)).sum()),
-        }
-        if turned is not None:
-            split, before, after = turned
-            first = int(mine.step.iloc[split])
-            text += f"; slow since step {first} (+{duration(after - before)} per step from then)"
-            evidence |= {"onset_step": first, "before_ms": before, "after_ms": after}
-        late = imposed >= max(MIN_COST_MS, MIN_COST_SHARE * median_step)
-        why = (
-            causes.explain(rank, pd.Series(imposed[late], index=mine.step.to_numpy()[late]), signals)
-            if (signals is not None)
-            else None
-        )
-        if why is not None:
-            text += f": {why['clause']}"
-            evidence |= why["evidence"]
-        found.append(
-            Finding(
-                kind="straggler",
-                severity="warning",
-                ranks=(rank,),
-                steps=(first, last),
-                text=text,
-                cost_ms_per_step=cost,
-                evidence=evidence,
-                page="stragglers",
-                filters={"rank": rank},
-            )
-        )
+    for col, rank in enumerate(cost.columns):
+        turned = int(split[col])
+        series = cost.iloc[:, col]
+        for start in [turned, 0] if turned in judged else [0]:
+            median_step, per_rank = judged[start]
+            row = per_rank.loc[rank]
+            floor = max(MIN_COST_MS, MIN_COST_SHARE * median_step)
+            # Late on most of its (slow) steps, not a few de-scheduled ones: a rank every rank
+            # waits for now and then on a busy host is noise, not a straggler.
+            slow = series.iloc[max(start, turned, 0) :]
+            if row.cost_ms_per_step >= floor and row.share_of_waiting >= concentration and slow.median() >= floor:
+                found.append(
+                    straggler(int(rank), row, start, median_step, series, (turned, before[col], after[col]), signals)
+                )
+                break
     return found
+
+
+def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signals) -> Finding:
+    """The finding for a rank judged costly over the steps from index ``start`` of ``imposed``
+    (its bounded imposed wait per step); ``onset_at`` is (onset index or -1, mean before, after)."""
+    turned, before, after = onset_at
+    cost = float(row.cost_ms_per_step)
+    text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
+    text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
+    floor = max(MIN_COST_MS, MIN_COST_SHARE * median_step)
+    evidence = {
+        "cost_ms_per_step": cost,
+        "share_of_run": float(row.share_of_run),
+        "share_of_waiting": float(row.share_of_waiting),
+        "median_step_ms": median_step,
+        "what_if_step_ms": median_step - cost,
+        "op": row.late_op if isinstance(row.late_op, str) else None,
+        "steps": int(row.steps),
+        "late_steps": int((imposed.iloc[start:] >= floor).sum()),
+    }
+    first = int(imposed.index[start])
+    if turned >= 0:
+        first = int(imposed.index[turned])
+        text += f"; slow since step {first} (+{duration(after - before)} per step from then)"
+        evidence |= {"onset_step": first, "before_ms": float(before), "after_ms": float(after)}
+    late = imposed[imposed >= floor]
+    why = causes.explain(rank, late, signals) if signals is not None else None
+    if why is not None:
+        text += f": {why['clause']}"
+        evidence |= why["evidence"]
+    return Finding(
+        kind="straggler",
+        severity="warning",
+        ranks=(rank,),
+        steps=(first, int(imposed.index[-1])),
+        text=text,
+        cost_ms_per_step=cost,
+        evidence=evidence,
+        page="stragglers",
+        filters={"rank": rank},
+    )
 
 
 def chance_bound(k: int, instances: int, world_size: int) -> float:
