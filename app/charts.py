@@ -159,10 +159,18 @@ def wavefront(wave: pd.DataFrame) -> go.Figure:
     return _tidy(fig, f"Wavefront: how far each rank got in {name}")
 
 
+# A clickable binned heatmap carries one invisible marker per cell up to this many cells; SVG
+# draws each marker as a node, and 10k of them held the Stragglers page ~3 s at 1,024 ranks.
+MAX_CLICK_CELLS = 2_500
+
+
 def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", clickable: bool = False) -> go.Figure:
     """Bin x step grid (binning.bin_grid): colour is the bin's max, hover adds its p95 and the
-    rank behind the max; rows worst first. Clickable as ``heatmap`` is. Binned steps are labelled
-    by their first step."""
+    rank behind the max; rows worst first. Binned steps are labelled by their first step.
+
+    Clickable as ``heatmap`` is, one marker per cell, while the grid has at most MAX_CLICK_CELLS;
+    beyond, one handle per row right of the map (x one column past the last step): clicking it
+    selects (that x, the row's label), which the page opens at the bin's worst cell."""
     grid = binned.pivot(index="order", columns="step", values="max").sort_index()
     p95 = binned.pivot(index="order", columns="step", values="p95").reindex_like(grid)
     worst = binned.pivot(index="order", columns="step", values="worst_rank").reindex_like(grid)
@@ -180,7 +188,7 @@ def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", cl
             + " (rank %{customdata[1]:.0f}), p95 %{customdata[0]:.2f}<extra></extra>",
         )
     )
-    if clickable:
+    if clickable and grid.size <= MAX_CLICK_CELLS:
         cells = binned[["order", "step"]]
         fig.add_trace(
             go.Scatter(
@@ -190,6 +198,19 @@ def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", cl
                 marker=dict(symbol="square", size=8, opacity=0),
                 showlegend=False,
                 hovertemplate="%{y}, step %{x}: click to open this bin<extra></extra>",
+            )
+        )
+    elif clickable:
+        steps = list(grid.columns)
+        past_last = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
+        fig.add_trace(
+            go.Scatter(
+                x=[past_last] * len(labels),
+                y=labels,
+                mode="markers",
+                marker=dict(symbol="triangle-left", size=9, color="#888"),
+                showlegend=False,
+                hovertemplate="%{y}: click to open this bin at its worst cell<extra></extra>",
             )
         )
     fig.update_yaxes(type="category", autorange="reversed")

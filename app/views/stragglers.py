@@ -112,7 +112,8 @@ def binned_heatmaps(
     delay = queries.binned_delay(sel.data_dir, sel.run_id, version, flt, bins, "arrival_delay_ms")
     st.caption(
         f"{len(labels):,} ranks in {bins.bin.nunique()} bins by {kind}, worst first: colour is the bin's max "
-        "mean arrival delay, hover shows its p95 and the rank behind the max. Click a cell or pick a bin to open it."
+        "mean arrival delay, hover shows its p95 and the rank behind the max. Click a cell (on a large map, a row's "
+        "◂ at the right: the bin's worst cell) or pick a bin to open it."
         + (
             f" Each column is {width} steps (labelled by its first)."
             if (width := binning.step_width(grid.step)) > 1
@@ -135,10 +136,9 @@ def binned_heatmaps(
     cell = None
     point = _clicked_point()
     if point is not None:
-        hit = delay[(delay.label == point[0]) & (delay.step == point[1])]
-        if len(hit):
+        cell = binning.cell_at(delay, *point)
+        if cell is not None:
             st.session_state[OPEN_BIN_KEY] = point[0]
-            cell = (int(hit.worst_rank.iloc[0]), point[1])
     choices = order.label.tolist()
     if st.session_state.get(OPEN_BIN_KEY) not in choices:
         st.session_state[OPEN_BIN_KEY] = choices[0]

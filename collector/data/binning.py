@@ -121,3 +121,14 @@ def top_k(per_rank: pd.DataFrame, value: str, k: int = TOP_K, *, others: bool = 
     median = rest.median(numeric_only=True).to_frame().T.assign(label=f"median of the other {len(rest)} ranks")
     median["rank"] = -1
     return pd.concat([top, median[top.columns]], ignore_index=True)
+
+
+def cell_at(binned: pd.DataFrame, label: str, step: int) -> tuple[int, int] | None:
+    """(rank, step) behind a click on a bin_grid heatmap at (``step``, the row ``label``): the
+    cell's worst rank; off the grid's steps (a row's handle, app.charts.binned_heatmap) the row's
+    worst cell. None for a label that is no row."""
+    row = binned[binned.label == label]
+    hit = row[row.step == step]
+    if hit.empty:
+        hit = row.nlargest(1, "max")
+    return None if hit.empty else (int(hit.worst_rank.iloc[0]), int(hit.step.iloc[0]))

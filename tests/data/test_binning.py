@@ -141,3 +141,30 @@ def test_the_sql_binning_names_a_value_it_does_not_know():
 
     with pytest.raises(ValueError, match="value must be one of"):
         queries.binned_delay(None, queries.CommFilter(), binning.bin_ranks(ranks(4)), "step")
+
+
+def test_a_click_on_a_bin_cell_or_on_a_row_s_handle_points_at_a_rank_and_step():
+    binned = binning.bin_grid(grid(1024, 10, late={517: 40.0}), binning.bin_ranks(ranks(1024, per_host=16)), "delay")
+    label = binned[binned.worst_rank == 517].label.iloc[0]
+    assert binning.cell_at(binned, label, 4) == (517, 4)  # the cell: its worst rank
+    other = binned[binned.label != label].label.iloc[0]
+    worst = binned[binned.label == other].nlargest(1, "max")
+    assert binning.cell_at(binned, other, 10) == (int(worst.worst_rank.iloc[0]), int(worst.step.iloc[0]))
+    assert binning.cell_at(binned, "no such bin", 4) is None
+
+
+def test_a_large_binned_heatmap_is_clickable_by_row_handles_not_a_marker_per_cell():
+    from app import charts
+
+    bins = binning.bin_ranks(ranks(1024, per_host=16))  # 64 hosts
+    small = binning.bin_grid(grid(1024, 10), bins, "delay")
+    (markers,) = charts.binned_heatmap(small, "t", clickable=True).data[1:]
+    assert len(markers.x) == 640 and markers.marker.opacity == 0  # one per cell
+    large = binning.bin_grid(grid(1024, 300), bins, "delay")
+    assert large.label.nunique() * large.step.nunique() > charts.MAX_CLICK_CELLS
+    (handles,) = charts.binned_heatmap(large, "t", clickable=True).data[1:]
+    steps = sorted(large.step.unique())  # binned by 2: 0, 2, ..., 298; the handles one column past
+    assert len(handles.x) == large.label.nunique() and set(handles.x) == {steps[-1] + steps[-1] - steps[-2]}
+    assert list(handles.y) == large.drop_duplicates("order").sort_values("order").label.tolist()
+    assert binning.cell_at(large, handles.y[0], handles.x[0]) is not None
+    assert len(charts.binned_heatmap(large, "t").data) == 1  # not clickable: no markers

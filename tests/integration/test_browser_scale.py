@@ -75,3 +75,21 @@ def test_stragglers_bins_the_ranks_and_opens_the_straggler_s_host(tab, run):
     assert opened and "node-0032 (ranks 512–527)" in opened[0]["title"] and opened[0]["rows"] == 16
     # late to each step's first collective (the first of its three reduce_scatters): a third of them
     assert tab.get_by_text(re.compile(rf"rank {LATE} arrives last in 3\d% of reduce_scatter")).count() >= 1
+
+
+def test_clicking_a_bin_s_cell_opens_that_bin(tab, run):
+    open_page(tab, run, "stragglers")
+    heatmap = tab.locator(".js-plotly-plot").filter(has_text="max per bin").first
+    # the bottom row (autorange reversed: the least late bin), a cell mid-run
+    ticks = heatmap.locator(".ytick text")
+    bottom = max((ticks.nth(i) for i in range(ticks.count())), key=lambda t: t.bounding_box()["y"])
+    label = bottom.text_content()
+    cells = heatmap.locator(".scatterlayer .point")
+    assert cells.count() == 64 * STEPS  # one click marker per cell at this size
+    boxes = [cells.nth(i).bounding_box() for i in range(cells.count())]
+    row_y = max(b["y"] for b in boxes)
+    target = sorted((i for i, b in enumerate(boxes) if abs(b["y"] - row_y) < 1), key=lambda i: boxes[i]["x"])
+    cells.nth(target[len(target) // 2]).click(force=True)  # plotly's drag layer takes the click
+    tab.get_by_text(f"{label}: arrival delay per rank").first.wait_for(timeout=60_000)
+    opened = [c for c in drawn_charts(tab) if "arrival delay per rank" in c["title"]]
+    assert opened and label in opened[0]["title"] and "node-0032" not in label
