@@ -10,6 +10,7 @@ SQL and archived runs depend on the names.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,6 +29,7 @@ class Table:
     def column_types(self) -> dict[str, str]:
         return dict(self.columns)
 
+    @functools.cache  # noqa: B019 - tables are module-level constants; asked per decoded batch
     def arrow_schema(self) -> pa.Schema:
         """Schema of the stored Parquet files (run_id lives in the path)."""
         fields = [pa.field("rank", pa.int64())]
