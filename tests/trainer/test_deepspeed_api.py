@@ -283,10 +283,10 @@ world = weakref.ref(torch.distributed.group.WORLD)
 del engine, _
 torch.distributed.destroy_process_group()
 import gc; gc.collect()
-def name(task):  # a thread may end between the listing and the read
+def name(task):  # a thread may end between the listing and the read (ENOENT or ESRCH)
     try:
         return open(f"/proc/self/task/{task}/comm").read().strip()
-    except FileNotFoundError:
+    except OSError:
         return ""
 threads = sorted(name(t) for t in os.listdir("/proc/self/task"))
 print("world group alive:", world() is not None, "gloo threads:", [t for t in threads if "gloo" in t])
