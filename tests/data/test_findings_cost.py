@@ -57,6 +57,10 @@ def test_a_rank_slow_only_lately_is_judged_on_its_slow_steps(n_ranks):
     # Too few slow steps to judge alone (under WINDOW_MIN_STEPS) and diluted over the run: silent.
     brief = step_rows(n_ranks, 500, step_ms=400.0, late_rank=1, late_ms=40.0, late_from=495, jitter_ms=3.0)
     assert stragglers.costly_ranks(brief, world_size=n_ranks) == []
+    # Late on 3 of every 5 steps since (a busy host's contention, not a slowdown): silent.
+    patchy = rows.copy()
+    patchy.loc[(patchy["rank"] == 1) & (patchy.step >= 450) & (patchy.step % 5 < 2), "imposed_ms"] = 0.0
+    assert stragglers.costly_ranks(patchy, world_size=n_ranks) == []
 
 
 def test_onset_of_a_pure_series():
