@@ -25,21 +25,23 @@ def _rows(data, table: str, run_id: str) -> list[tuple]:
 
 
 def _settled_rows(data, table: str, run_id: str, want: list[tuple] | None = None) -> list[tuple]:
-    """The rows, read again for up to 5 s until they are ``want``: the collector compacts this data
-    dir every 0.05 s here, and a compaction removes its inputs just before its output appears
-    (ledger._apply), so a read at that instant misses those rows."""
+    """The rows once they are ``want`` (without it: once two reads in a row agree), reading again
+    for up to 5 s: the collector compacts this data dir every 0.05 s here, and a compaction removes
+    its inputs just before its output appears (ledger._apply), so a read at that instant misses
+    those rows."""
     deadline = time.monotonic() + 5
     rows = _rows(data, table, run_id)
-    while want is not None and rows != want and time.monotonic() < deadline:
+    while rows != want and time.monotonic() < deadline:
         time.sleep(0.1)
-        rows = _rows(data, table, run_id)
+        previous, rows = rows, _rows(data, table, run_id)
+        if want is None and rows == previous:
+            break
     return rows
 
 
 def _assert_same_run(data, original: str, replayed: str) -> None:
     for table in set(TABLES) - LIVENESS_TABLES:  # the fake runs carry no watchdog rows
         rows = _settled_rows(data, table, original)
-        rows = _settled_rows(data, table, original, rows)  # read twice: the first may be mid-swap
         assert rows, table
         assert _settled_rows(data, table, replayed, rows) == rows, table
     cols = "name, world_size, status, config, epoch_ns(started_at), epoch_ns(ended_at), n_ranks"

@@ -116,6 +116,11 @@ def onset(series) -> tuple[int, float, float] | None:
     return None if split[0] < 0 else (int(split[0]), float(before[0]), float(after[0]))
 
 
+def late_floor(median_step_ms: float) -> float:
+    """The wait a rank must impose on a step to count as late on it."""
+    return max(MIN_COST_MS, MIN_COST_SHARE * median_step_ms)
+
+
 def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | None = None) -> list[Finding]:
     """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms) and, to say
     why, queries.signals_by_step (see findings.causes).
@@ -131,19 +136,19 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
     step_ms = step_ms.reindex(cost.index)
     matrix = cost.to_numpy()
     split, before, after = onsets(matrix)
+    median_since = {s: float(step_ms.iloc[s:].median()) for s in {0, *map(int, split[split > 0])}}
     # Judge each rank over the whole run and, if it turned slow long enough ago and has been
     # late on nearly every step since (not the chance "onsets" of healthy jitter), since then.
     windows = {0} | {
         int(s)
         for col, s in enumerate(split)
         if 0 < s <= len(cost) - WINDOW_MIN_STEPS
-        and np.mean(matrix[s:, col] >= max(MIN_COST_MS, MIN_COST_SHARE * step_ms.iloc[s:].median()))
-        >= WINDOW_LATE_SHARE
+        and np.mean(matrix[s:, col] >= late_floor(median_since[s])) >= WINDOW_LATE_SHARE
     }
-    judged = {}
-    for start in sorted(windows):
-        window = steps[steps.step >= cost.index[start]]
-        judged[start] = (float(step_ms.iloc[start:].median()), rank_costs(window).set_index("rank"))
+    judged = {
+        start: (median_since[start], rank_costs(steps[steps.step >= cost.index[start]]).set_index("rank"))
+        for start in windows
+    }
     concentration = min(MAX_CONCENTRATION, FAIR_SHARE_FACTOR / world_size)
     found = []
     for col, rank in enumerate(cost.columns):
@@ -152,7 +157,7 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
         for start in [turned, 0] if turned in judged else [0]:
             median_step, per_rank = judged[start]
             row = per_rank.loc[rank]
-            floor = max(MIN_COST_MS, MIN_COST_SHARE * median_step)
+            floor = late_floor(median_step)
             # Late on most of its (slow) steps, not a few de-scheduled ones: a rank every rank
             # waits for now and then on a busy host is noise, not a straggler.
             slow = series.iloc[max(start, turned, 0) :]
@@ -171,7 +176,7 @@ def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signa
     cost = float(row.cost_ms_per_step)
     text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
     text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
-    floor = max(MIN_COST_MS, MIN_COST_SHARE * median_step)
+    floor = late_floor(median_step)
     evidence = {
         "cost_ms_per_step": cost,
         "share_of_run": float(row.share_of_run),
