@@ -51,6 +51,9 @@ class CompactionConfig(ConfigBlock):
     # (comm_steps) and step analysis (step_analysis), so queries read those instead of raw records
     raw_every: int = setting(0, ge=0)
     retention_window: int = setting(100, ge=1)  # settled steps to gather before rolling them up
+    # raw comm rows one window may read into memory (~100 B each in Arrow): at 8,192 ranks a
+    # 100-step window would be 80 M of them, so a window then ends after fewer steps
+    max_window_rows: int = setting(8_000_000, ge=1)
 
     def validate(self) -> None:
         if self.max_files < self.min_files:

@@ -100,7 +100,13 @@ class Retention:
         if settled <= through or (settled - through < self.config.retention_window and not ended):
             return False
         window = [p for p in pending if stats[p][0] <= settled]
-        rows = pa.concat_tables([pq.read_table(p) for p in window], promote_options="default")
+        if self.config.raw_every:  # thinning rewrites whole segments: it needs all their rows
+            rows = pa.concat_tables([pq.read_table(p) for p in window], promote_options="default")
+        else:
+            settled = bounded_window(window, stats, through, settled, self.config.max_window_rows)
+            window = [p for p in window if stats[p][0] <= settled]
+            step_in = [("step", ">", through), ("step", "<=", settled)]
+            rows = pa.concat_tables([pq.read_table(p, filters=step_in) for p in window], promote_options="default")
         analysed = self._analysed_through(run_id)
         if settled > analysed:  # before the rollup: a crash between the two redoes this window's, never twice
             self._add(run_id, "unsettled_instances", self._unsettled(run_id, analysed, settled))
@@ -213,6 +219,22 @@ class Retention:
 
     def _distinct_ranks(self, table: str, run_id: str) -> set[int]:
         return {r for f in self._files(table, run_id) for r in pq.read_table(f, columns=["rank"])["rank"].to_pylist()}
+
+
+def bounded_window(
+    segments: list[Path], stats: dict[Path, tuple[int, int]], through: int, settled: int, max_rows: int
+) -> int:
+    """The last step of a window after ``through`` that holds about ``max_rows`` raw rows at most
+    (at least one step), estimated from each segment's row count spread evenly over its steps."""
+    spans = [(lo, hi, pq.ParquetFile(p).metadata.num_rows / (hi - lo + 1)) for p in segments
+             for lo, hi in [stats[p]] if hi >= lo]  # fmt: skip
+    end = settled
+    while end > through + 1:
+        rows = sum(per_step * max(0, min(hi, end) - max(lo, through + 1) + 1) for lo, hi, per_step in spans)
+        if rows <= max_rows:
+            break
+        end = through + max(1, int((end - through) * max_rows / rows))  # fewer steps, in proportion
+    return end
 
 
 def _step_range(path: Path) -> tuple[int, int]:

@@ -176,3 +176,39 @@ def test_a_step_is_not_stored_before_every_ranks_timers_of_it(dirs):
     # the steps after it are computed from what has arrived: every rank's, and rank 1's up to its timers
     assert analysis.step.max() == LAGGING.steps - 1
     assert analysis[analysis["rank"] == 1].step.max() == TIMERS_THROUGH
+
+
+def test_a_backlog_is_rolled_up_in_windows_of_bounded_rows(dirs, tmp_path):
+    """Rows of a whole run waiting at once (a collector that fell behind, or a data dir written
+    without one) are read a window of at most ``max_window_rows`` at a time, and store exactly
+    what one big window would have."""
+    from collector.server.compaction import Compactor
+    from collector.server.store import Store
+
+    raw, _ = dirs
+    count = "SELECT count(*) FROM comm WHERE run_id = ?"
+    rows_per_step = query(raw, lambda cat: cat.con.execute(count, [DONE.run_id]).fetchone()[0]) // DONE.steps
+    backlog = tmp_path / "backlog"
+    simulate.write_data_dir(DONE, backlog, rollups=False)
+    store = Store(backlog)
+    try:
+        compactor = Compactor(backlog, store.ledger, CompactionConfig(max_window_rows=5 * rows_per_step))
+        compactor.catch_up()
+    finally:
+        store.close()
+    assert compactor.retention.windows >= DONE.steps // 5  # five steps' rows a window at most
+    assert stored_steps(backlog, DONE.run_id) == (DONE.steps, DONE.steps - 1, DONE.steps * DONE.ranks)
+    stored = sorted_frame(query(backlog, queries.step_analysis, DONE.run_id))
+    from_raw = sorted_frame(query(raw, queries.analyse_steps, DONE.run_id))
+    pd.testing.assert_frame_equal(stored, from_raw, check_exact=False, rtol=1e-9)
+    rollup = "SELECT * FROM comm_steps WHERE run_id = ? ORDER BY ALL"
+    assert query(backlog, lambda cat: cat.df(rollup, [DONE.run_id])).equals(
+        query(_whole_window(tmp_path), lambda cat: cat.df(rollup, [DONE.run_id]))
+    )
+
+
+def _whole_window(tmp_path):
+    """DONE rolled up as one window (the default bound is far above its rows)."""
+    whole = tmp_path / "whole"
+    simulate.write_data_dir(DONE, whole)
+    return whole
