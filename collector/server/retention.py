@@ -105,8 +105,8 @@ class Retention:
     def _run(self, partition: Path) -> bool:
         run_id = layout.run_of(partition)
         through = self._rolled_through(run_id)
-        stats = {p: _step_range(p) for p in self._segments(partition)}
-        pending = [p for p, (_, hi) in stats.items() if hi > through]
+        stats = {p: _segment_stats(p) for p in self._segments(partition)}
+        pending = [p for p, (_, hi, _) in stats.items() if hi > through]
         if not pending:
             return False
         world = self._world_size(run_id)
@@ -127,14 +127,14 @@ class Retention:
                 settled = min(settled, min(timed.get(r, through) for r in range(world)))
         if settled <= through or (settled - through < self.config.retention_window and not ended):
             return False
-        window = [p for p in pending if stats[p][0] <= settled]
-        if self.config.raw_every:  # thinning rewrites whole segments: it needs all their rows
-            rows = pa.concat_tables([pq.read_table(p) for p in window], promote_options="default")
-        else:
-            settled = bounded_window(window, stats, through, settled, self.config.max_window_rows)
-            window = [p for p in window if stats[p][0] <= settled]
+        # Thinning rewrites whole segments, so it reads them whole; a rollup-only window is bounded
+        # in rows and reads only its steps.
+        step_in = None
+        if not self.config.raw_every:
+            settled = bounded_window([stats[p] for p in pending], through, settled, self.config.max_window_rows)
             step_in = [("step", ">", through), ("step", "<=", settled)]
-            rows = pa.concat_tables([pq.read_table(p, filters=step_in) for p in window], promote_options="default")
+        window = [p for p in pending if stats[p][0] <= settled]
+        rows = pa.concat_tables([pq.read_table(p, filters=step_in) for p in window], promote_options="default")
         analysed = self._analysed_through(run_id)
         if settled > analysed:  # before the rollup: a crash between the two redoes this window's, never twice
             self._add(run_id, "unsettled_instances", self._unsettled(run_id, analysed, settled))
@@ -249,13 +249,11 @@ class Retention:
         return {r for f in self._files(table, run_id) for r in pq.read_table(f, columns=["rank"])["rank"].to_pylist()}
 
 
-def bounded_window(
-    segments: list[Path], stats: dict[Path, tuple[int, int]], through: int, settled: int, max_rows: int
-) -> int:
+def bounded_window(segments: list[tuple[int, int, int]], through: int, settled: int, max_rows: int) -> int:
     """The last step of a window after ``through`` that holds about ``max_rows`` raw rows at most
-    (at least one step), estimated from each segment's row count spread evenly over its steps."""
-    spans = [(lo, hi, pq.ParquetFile(p).metadata.num_rows / (hi - lo + 1)) for p in segments
-             for lo, hi in [stats[p]] if hi >= lo]  # fmt: skip
+    (at least one step), estimated from each segment's (min step, max step, rows) with its rows
+    spread evenly over its steps."""
+    spans = [(lo, hi, rows / (hi - lo + 1)) for lo, hi, rows in segments if hi >= lo]
     end = settled
     while end > through + 1:
         rows = sum(per_step * max(0, min(hi, end) - max(lo, through + 1) + 1) for lo, hi, per_step in spans)
@@ -267,6 +265,12 @@ def bounded_window(
 
 def _step_range(path: Path) -> tuple[int, int]:
     """(min, max) step of a segment from its Parquet statistics; (0, -1) if it has no rows."""
+    lo, hi, _ = _segment_stats(path)
+    return lo, hi
+
+
+def _segment_stats(path: Path) -> tuple[int, int, int]:
+    """(min step, max step, rows) of a segment, from its footer."""
     meta = pq.ParquetFile(path).metadata
     index = meta.schema.to_arrow_schema().get_field_index("step")
     lo, hi = None, None
@@ -274,7 +278,7 @@ def _step_range(path: Path) -> tuple[int, int]:
         st = meta.row_group(g).column(index).statistics
         if st is None or not st.has_min_max:
             table = pq.read_table(path, columns=["step"])["step"]
-            return (pc.min(table).as_py() or 0, pc.max(table).as_py() or -1)
+            return (pc.min(table).as_py() or 0, pc.max(table).as_py() or -1, meta.num_rows)
         lo = st.min if lo is None else min(lo, st.min)
         hi = st.max if hi is None else max(hi, st.max)
-    return (0, -1) if lo is None else (int(lo), int(hi))
+    return (0, -1, meta.num_rows) if lo is None else (int(lo), int(hi), meta.num_rows)
