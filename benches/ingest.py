@@ -274,28 +274,28 @@ def main() -> int:
         f"({base['decode_cpu']:,.0f} per CPU-s)"
     )
 
-    cores_needed = TARGET / res["rate_per_cpu"]
+    # CPU-µs per record: the collector's ingest, the clients' sending (same cores), settle-time work
+    ingest_us = 1e6 / res["rate_per_cpu"]
+    clients_us = 1e6 * res["clients_cpu"] / res["expected"]
+    background_us = 1e6 * res["background_cpu"] / res["expected"]
     if res["rate"] >= TARGET:
         verdict = f"**met** ({res['rate']:,.0f} records/s)."
     else:
         verdict = (
             f"**not met in this run** ({res['rate']:,.0f} records/s). At the collector's measured cost of "
-            f"{1e6 / res['rate_per_cpu']:.2f} CPU-µs per record, {TARGET:,} records/s needs "
-            f"{cores_needed:.2f} cores, and the {args.clients} client processes sending it, on the same cores, "
-            f"{TARGET * res['clients_cpu'] / res['expected']:.2f} more at their measured "
-            f"{1e6 * res['clients_cpu'] / res['expected']:.2f} CPU-µs per record: "
-            f"{TARGET * (res['collector_cpu'] + res['clients_cpu']) / res['expected']:.2f} cores in all, "
+            f"{ingest_us:.2f} CPU-µs per record, {TARGET:,} records/s needs "
+            f"{TARGET * ingest_us / 1e6:.2f} cores, and the {args.clients} client processes sending it, on the "
+            f"same cores, {TARGET * clients_us / 1e6:.2f} more at their measured {clients_us:.2f} CPU-µs per record: "
+            f"{TARGET * (ingest_us + clients_us) / 1e6:.2f} cores in all, "
             f"of the {os.cpu_count()} here. With the clients on other machines the collector's "
             f"{res['rate_per_cpu']:,.0f} records per CPU-second would be {os.cpu_count() * res['rate_per_cpu']:,.0f} "
             f"records/s on {os.cpu_count()} cores."
         )
     print(f"target {TARGET:,} records/s: {'met' if res['rate'] >= TARGET else 'not met'}")
 
-    # Settle-time work per record, and what one core sustains when it also keeps up with it.
-    background_us = 1e6 * res["background_cpu"] / res["expected"]
+    # Settle-time work per rank-step, and what one core sustains when it also keeps up with it.
     rank_steps = args.clients * args.batches * (args.rows // FAKE.per_step)
     per_rank_step_us = 1e6 * res["background_cpu"] / rank_steps
-    ingest_us = 1e6 / res["rate_per_cpu"]
     print(
         f"settle-time work after the last ack: {res['background_cpu']:.1f} CPU-s over {res['background_s']:.0f} s "
         f"= {background_us:.2f} CPU-us per record, {per_rank_step_us:.0f} per rank-step "
