@@ -461,12 +461,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell tool killed by a closed pipe reports
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (``rankscope health RUN | head``): stop quietly. What is
+    still buffered can never be delivered; pointing stdout at /dev/null keeps the interpreter's
+    exit-time flush from printing a second BrokenPipeError."""
     try:
-        return int(args.func(args) or 0)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout already closed or not a file: nothing left to flush
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every command's entry: a closed stdout (a pipe into ``head``) ends the command quietly,
+    whichever command was printing; Ctrl-C exits 130 without a traceback."""
+    try:
+        args = build_parser().parse_args(argv)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a small output is still buffered: a closed pipe shows up here
+        return rc
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_gone()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The `rankscope` entry point: every command answers --help with examples."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,34 @@ def test_collect_rejects_a_bad_setting_naming_its_key(tmp_path, flags, message):
     assert out.returncode == 2
     assert f"rankscope collect: {message}" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "data").exists()  # refused before anything was created
+
+
+SAMPLES = str(Path(__file__).resolve().parents[2] / "sample_runs")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["health", "zero2-slow-rank3", "--data-dir", SAMPLES, "--all"],
+        ["health", "zero2-slow-rank3", "--data-dir", SAMPLES, "--json"],
+        ["sql", "--data-dir", SAMPLES, "select * from comm"],
+    ],
+    ids=["health", "health-json", "sql"],
+)
+def test_a_reader_that_went_away_ends_the_command_quietly(args):
+    """`rankscope health RUN | head`: the reader closed the pipe, so every write fails with EPIPE.
+    The read end is closed before the command starts, so the failure is certain, not a race."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "collector.tools.cli", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert out.stderr == "", out.stderr  # no BrokenPipeError traceback, no "Exception ignored" either
+    assert out.returncode == 141  # 128 + SIGPIPE, as a shell tool killed by the closed pipe
