@@ -172,14 +172,25 @@ def attached(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m collector.hook [--run NAME] [--endpoint E] [--token T] script.py [args...]``:
-    run an unmodified script attached (works under torchrun: ``torchrun ... -m collector.hook train.py``)."""
+    """``python -m collector.hook [--run-name NAME] [--endpoint E] [--token T] script.py [args...]``:
+    run an unmodified script attached (works under torchrun: ``torchrun ... -m collector.hook train.py``).
+
+    The run's name is ``--run-name``: torchrun reads every option on its command line, the
+    script's too, and refuses ``--run`` as an abbreviation of its own ``--run-path``.
+    ``--run`` still works without torchrun (``python -m collector.hook --run NAME ...``), and
+    ``RANKSCOPE_RUN`` works everywhere."""
     import argparse
     import runpy
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m collector.hook", description=main.__doc__.split("\n")[0])
-    parser.add_argument("--run", help="run name (default: RANKSCOPE_RUN, else the script's name)")
+    parser.add_argument(
+        "--run-name",
+        "--run",  # kept for `python -m collector.hook --run NAME`; torchrun refuses it (its --run-path)
+        dest="run",
+        metavar="NAME",
+        help="run name (default: RANKSCOPE_RUN, else the script's name); under torchrun use --run-name",
+    )
     parser.add_argument("--endpoint", help="collector host:port (default: RANKSCOPE_ENDPOINT or 127.0.0.1:50051)")
     parser.add_argument("--token", help="bearer token (default: RANKSCOPE_TOKEN)")
     parser.add_argument(
