@@ -17,7 +17,7 @@ uses are bound once into the wrapper's globals (``_inflight`` is ``REC.inflight`
         span = cuda_start(tensor)
         g = _groups.get(group) or _group(group)
         t0 = perf_ns()
-        slot = ["all_reduce", None, g, next(g.seq), tensor.dtype, tensor.numel(), 0, t0, 0, None, False, -1,
+        slot = ["all_reduce", None, g, g.last() + g.offset, tensor.dtype, tensor.numel(), 0, t0, 0, None, False, -1,
                 _state.step, None, t0]
         key = id(slot)
         _inflight[key] = slot   # in flight from here
@@ -152,6 +152,14 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
         f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
         f"        return _real({args})\n"
     )
+    if spec.kind != "collective":  # gloo's collective counter counts p2p too, recorded or not
+        head = (
+            f"def {spec.name}({', '.join(params)}, log_name=None):\n"
+            f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
+            f"        out = _real({args})\n"
+            f"        REC.count_p2p(group)\n"
+            f"        return out\n"
+        )
     if spec.kind == "collective":
         # The in-flight mark, Recorder.enter inlined: the slot is in ``inflight`` (group, seq, size,
         # time) before the call, so a collective that never returns is still known; cleared if the
@@ -164,7 +172,7 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
             else f"({numel}) * ({spec.scale})"
         )
         fields = dict.fromkeys(SLOT_FIELDS, "0")
-        fields.update(op=repr(spec.op), name="None", group="g", seq="next(g.seq)", dtype=dtype, numel=size)
+        fields.update(op=repr(spec.op), name="None", group="g", seq="g.last() + g.offset", dtype=dtype, numel=size)
         fields.update(t0="t0", timing="None", async_="False", peer="-1", step="_state.step", slot="None", since="t0")
         slot = ", ".join(fields.values())
         slow = "async_op" + (" or span is not None" if span != "None" else "") + " or REC.debug"
@@ -189,19 +197,19 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
     facts = f"{dtype}, {spec.numel.format(tensor=tensor)} * {spec.scale}"
     if spec.kind == "send":
         body = (
-            f"    span = {span}\n    t0 = perf_ns()\n    _real({args})\n"
+            f"    span = {span}\n    t0 = perf_ns()\n    _real({args})\n    REC.count_p2p(group)\n"
             f"    REC.record({spec.op!r}, log_name, t0, None, span, {facts}, {spec.peer})\n"
         )
     elif spec.kind == "recv":
         body = (
-            f"    span = {span}\n    t0 = perf_ns()\n    sender = _real({args})\n"
+            f"    span = {span}\n    t0 = perf_ns()\n    sender = _real({args})\n    REC.count_p2p(group)\n"
             f"    REC.record({spec.op!r}, log_name, t0, None, span, {facts}, sender, True)\n"
             f"    return sender\n"
         )
     else:  # isend / irecv: always async, no CUDA events (the future stamps the end)
         from_src = spec.kind == "irecv"
         body = (
-            f"    t0 = perf_ns()\n    work = _real({args})\n    if work is not None:\n"
+            f"    t0 = perf_ns()\n    work = _real({args})\n    REC.count_p2p(group)\n    if work is not None:\n"
             f"        work = REC.record({spec.op!r}, log_name, t0, work, None, {facts}, {spec.peer}, "
             f"{from_src})\n    return work\n"
         )

@@ -26,8 +26,10 @@ calls are never synchronised to be timed:
 Recording is on when ``comms_logger.enabled`` is set or a telemetry session is
 active: the recorder registers with collector.rank.session, which tells it when
 a session starts or ends, asks it to flush at stop and reads its dropped count.
-``seq`` counts collectives per group and is the same on every rank of the group
-for the same collective, so rows join across ranks on (run_id, group_name, seq).
+``seq`` is the process group's own collective sequence number (``_Group``: what Flight
+Recorder records as ``collective_seq_id``), the same on every rank of the group for the same
+collective whichever thread or framework issued it, so rows join across ranks on
+(run_id, group_name, seq); collectives issued where no wrapper sees them leave gaps.
 Point-to-point ops count per direction in a pseudo-group ``p2p[src->dst]`` of
 size 2, so a send joins its matching recv. The recorder owns its group cache:
 ``forget_groups`` after a process group is created or destroyed.
@@ -113,12 +115,41 @@ def get_world_size(group=None) -> int:
 
 class _Group:
     """What a record needs about its group, computed once per group object.
-    ``members``: the group's global ranks as a range label ("0-3,8"), for in-flight reports."""
+    ``members``: the group's global ranks as a range label ("0-3,8"), for in-flight reports.
 
-    __slots__ = ("members", "name", "seq", "size")
+    A collective's seq is ``last() + offset``, read on the calling thread just before the call:
+    ``last`` is the process group's own counter (the backend's ``getSequenceNumberForGroup``:
+    the number Flight Recorder records as ``collective_seq_id``), so a collective issued where
+    no wrapper sees it (DDP's start-up broadcasts, its C++ reducer) leaves a gap in the rows,
+    never a shift, and every thread's ops share one numbering. gloo's counter also counts
+    point-to-point ops, which Flight Recorder numbers apart: each p2p op this process issues on
+    the group takes one off ``offset`` (``count_p2p``). Without a backend counter (a backend
+    that has none), ``last`` is a counter of our own and ``offset`` 0."""
 
-    def __init__(self, name: str, size: int, members: str = "") -> None:
-        self.name, self.size, self.seq, self.members = name, size, itertools.count(1), members
+    __slots__ = ("last", "members", "name", "offset", "p2p_in_seq", "size")
+
+    def __init__(self, name: str, size: int, members: str = "", pg=None) -> None:
+        self.name, self.size, self.members = name, size, members
+        self.last, self.offset, self.p2p_in_seq = _backend_counter(pg)
+
+    def count_p2p(self) -> None:
+        if self.p2p_in_seq:
+            self.offset -= 1
+
+
+def _backend_counter(pg):
+    """(last, offset, p2p_in_seq) for a group: its backend's collective counter where it has
+    one, else a counter of our own (p2p pseudo-groups, backends without sequence numbers)."""
+    if pg is not None:
+        try:
+            last = pg._get_sequence_number_for_group
+            last()
+            backend = c10d.get_backend(pg)
+        except Exception:  # no backend counter here: number the collectives we see
+            pass
+        else:
+            return last, 1, backend == "gloo"  # NCCL counts collectives only (seqCollective_)
+    return itertools.count(1).__next__, 0, False
 
 
 class _AsyncEnd:
@@ -272,16 +303,23 @@ class Recorder:
     def _group(self, group) -> _Group:
         g = self.groups.get(group)
         if g is None:
-            if group is None or group is c10d.GroupMember.WORLD:
-                size = get_world_size()
-                g = _Group("world", size, rank_ranges(list(range(size))))
+            world = c10d.GroupMember.WORLD
+            if group is None or group is world:
+                # None and the WORLD object are one group: one entry under both keys
+                g = self.groups.get(world) if group is None and world is not None else None
+                if g is None:
+                    size = get_world_size()
+                    pg = world if world is not None and c10d.is_initialized() else None
+                    g = _Group("world", size, rank_ranges(list(range(size))), pg)
+                    if world is not None:
+                        self.groups[world] = g
             else:
                 ranks = sorted(c10d.get_process_group_ranks(group))
                 label = rank_ranges(ranks)
                 name = f"g[{label}]"
                 if any(o.name == name for o in self.groups.values()):  # a second communicator, same ranks
                     name += f"#{getattr(group, 'group_name', len(self.groups))}"
-                g = _Group(name, len(ranks), label)
+                g = _Group(name, len(ranks), label, group)
             self.groups[group] = g
         return g
 
@@ -299,7 +337,7 @@ class Recorder:
         g = self.groups.get(grp) or self._group(grp)
         if scale == GROUP_SIZE:
             scale = g.size
-        slot = [op, None, g, next(g.seq), dtype, numel * scale, 0, 0, 0, None, False, -1, state.step, None, 0]
+        slot = [op, None, g, g.last() + g.offset, dtype, numel * scale, 0, 0, 0, None, False, -1, state.step, None, 0]
         self.inflight[id(slot)] = slot
         slot[_T0] = slot[_SINCE] = perf_ns()
         return slot
@@ -346,6 +384,13 @@ class Recorder:
                 log.exception("rankscope: could not record %s; counting it as dropped", slot[_OP])
         return work
 
+    def count_p2p(self, group) -> None:
+        """A p2p op was issued on ``group`` (recorded or not): gloo's counter moved past it."""
+        try:
+            (self.groups.get(group) or self._group(group)).count_p2p()
+        except Exception:  # telemetry never fails training; the numbering falls back to FR's gaps
+            log.debug("rankscope: could not count a p2p op", exc_info=True)
+
     def record(self, op, log_name, t0, work, span, dtype, numel, peer=-1, peer_is_src=False):
         """Queue a p2p op's record (its seq is per direction, known once the peer is); returns
         the Work to hand back to the caller, or None for a synchronous op."""
@@ -367,7 +412,7 @@ class Recorder:
                         op,
                         log_name,
                         g,
-                        next(g.seq),
+                        g.last(),
                         dtype,
                         numel,
                         0,  # _ITEMSIZE: unused, the drain reads the dtype's itemsize off the training thread
