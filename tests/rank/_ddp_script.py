@@ -9,6 +9,7 @@ own time). Rank 0 writes ``OUT/times.json`` (seconds between consecutive step en
 ``OUT/fr<rank>.json`` (Flight Recorder, when ``TORCH_FR_BUFFER_SIZE`` is set).
 """
 
+import itertools
 import json
 import os
 import sys
@@ -62,7 +63,7 @@ def main(out: Path, slow: str | None) -> None:
     if os.environ.get("TORCH_FR_BUFFER_SIZE"):
         flight_recorder.dump(out)
     if rank == 0:
-        (out / "times.json").write_text(json.dumps([b - a for a, b in zip(ends, ends[1:], strict=False)]))
+        (out / "times.json").write_text(json.dumps([b - a for a, b in itertools.pairwise(ends)]))
     dist.destroy_process_group()
 
 
