@@ -5,6 +5,8 @@ library deprecation warnings, nothing printed once per rank; and the run is in t
 from __future__ import annotations
 
 import collections
+import os
+import signal
 import subprocess
 import sys
 
@@ -49,3 +51,47 @@ def test_the_demo_console_is_short_and_clean(tmp_path):
     finally:
         con.close()
     assert (name, status, world) == ("demo", "finished", 4) and comm > 0
+
+
+def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
+    """Ctrl-C is how a person stops the demo: the terminal sends SIGINT to the foreground process
+    group, here the demo's own. Exit 0 (so `make demo` reports no "Error 130"), a line saying so,
+    no traceback of the demo's or of the training ranks'."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "demo",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--nproc",
+            "2",
+            "--steps",
+            "100000",
+            "--no-dashboard",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    )
+    console = []
+    try:
+        for line in proc.stdout:  # training under way: its first step is printed
+            console.append(line)
+            if "step 1 loss" in line:
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        console.append(proc.stdout.read())
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = "".join(console)
+    assert rc == 0, text
+    assert "[demo] stopped (Ctrl-C)" in text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
