@@ -58,6 +58,10 @@ def main(out: Path) -> None:
     from collector.rank import session
 
     run_id = session.active().run_id
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_deepspeed_hook.py)
+        from collector.testing import flight_recorder
+
+        flight_recorder.dump(out)
     hook.detach()
     (out / f"rank{rank}.json").write_text(json.dumps({"run_id": run_id, "after_steps": after_steps}))
 

@@ -4,6 +4,7 @@ Run by tests/rank/test_integrations.py: ``torchrun --nproc-per-node 2 _hf_traine
 Each rank writes ``OUT/rank<r>.json``: the run id, the Trainer's global_step and log history."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 from collector.integrations.huggingface import RankscopeCallback
 from collector.rank import session
+from collector.testing import flight_recorder
 
 STEPS, ACCUM, VOCAB, LENGTH = 6, 2, 64, 16
 
@@ -55,6 +57,8 @@ def main(out: Path) -> None:
     rank = torch.distributed.get_rank()
     result = {"run_id": RunId.run_id, "global_step": trainer.state.global_step, "log": trainer.state.log_history}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_integrations.py)
+        flight_recorder.dump(out)
 
 
 if __name__ == "__main__":

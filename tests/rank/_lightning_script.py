@@ -4,6 +4,7 @@
 the run id, the trainer's global_step and the loss it logged last in each optimizer step."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from collector.integrations.lightning import RankscopeCallback
 from collector.rank import session
+from collector.testing import flight_recorder
 
 STEPS, ACCUM = 5, 2
 
@@ -54,6 +56,8 @@ def main(out: Path) -> None:
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
     result = {"run_id": module.run_id, "global_step": trainer.global_step, "last_loss": module.last_loss}
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_integrations.py)
+        flight_recorder.dump(out)
 
 
 if __name__ == "__main__":

@@ -95,10 +95,14 @@ def collectives_worker(rank: int, port: int, endpoint: str, out: str) -> None:
 
 def two_rank_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     """One pair of processes for three checks (process start-up is the slow part)."""
+    from collector.testing import flight_recorder
+
     _env(rank, 2, port)
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "20000"  # Flight Recorder: the oracle of collective identity
     dist.init_process_group("gloo", rank=rank, world_size=2)
     result = {"clock_offset": _clock_part(rank), "ddp_run_id": _ddp_part(rank, endpoint)}
     result.update(_fsdp_part(endpoint))
+    flight_recorder.dump(out)
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from collector.data import catalog
+from collector.testing import flight_recorder
 from collector.testing.collectors import live_collector
 from collector.testing.ports import free_port
 
@@ -37,6 +38,7 @@ def ds_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ds_zero2")
     with live_collector(out / "data") as (endpoint, data_dir):
         env["RANKSCOPE_ENDPOINT"] = endpoint
+        env["TORCH_FR_BUFFER_SIZE"] = "20000"  # Flight Recorder: the oracle of collective identity
         torchrun = [str(venv.VENV / "bin" / "torchrun"), "--nproc-per-node", str(WORLD)]
         done = subprocess.run(
             [*torchrun, "--master-port", str(free_port()), str(SCRIPT), str(out)],
@@ -114,3 +116,14 @@ def test_the_wait_between_steps_starts_at_deepspeeds_step_end(ds_run):
     ).fetchall()
     assert [(r, s) for r, s, _ in rows] == [(r, s) for r in range(WORLD) for s in range(2, STEPS + 1)], rows
     assert all(0 <= d < 10**9 for *_, d in rows), rows
+
+
+def test_every_collective_is_flight_recorders_entry_at_the_same_seq(ds_run):
+    """DeepSpeed's ZeRO-2 collectives (through deepspeed.comm: reduce_scatter / all_gather of
+    partitions, its overflow all_reduce, its own start-up broadcasts) equal torch's Flight
+    Recorder entries at the same (process group, collective_seq_id) on every rank."""
+    con, run_id, _, out = ds_run
+    for rank in range(WORLD):
+        cur = con.execute("SELECT group_name, seq, op, numel FROM comm WHERE run_id = ? AND rank = ?", [run_id, rank])
+        rows = [dict(zip(("group_name", "seq", "op", "numel"), r, strict=True)) for r in cur.fetchall()]
+        assert rows and flight_recorder.mismatches(rows, flight_recorder.load(out, rank)) == [], rank

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from collector.data import catalog
+from collector.testing import flight_recorder
 from collector.testing.collectors import live_collector
 from collector.testing.ports import free_port
 
@@ -29,6 +30,7 @@ def torchrun(script: str, out: Path) -> tuple[list[dict], Path]:
             RANKSCOPE_ENDPOINT=endpoint,
             HF_HUB_OFFLINE="1",
             OMP_NUM_THREADS="1",
+            TORCH_FR_BUFFER_SIZE="20000",  # Flight Recorder: the oracle of collective identity
             CUDA_VISIBLE_DEVICES="",
         )
         launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD)]
@@ -63,6 +65,26 @@ def _assert_a_wait_before_every_step_but_the_first(data_dir: Path, run_id: str, 
     assert all(0 <= d < 10**9 for *_, d in rows), rows
 
 
+def _assert_flight_recorder_agrees_and_health_is_quiet(data_dir: Path, run_id: str, out: Path) -> None:
+    """Every comm row is Flight Recorder's entry at the same (group, seq) on its rank (the framework's
+    own collectives, e.g. the Trainer's all_gather of metrics, and DDP's buckets interleave); so a
+    healthy run has no mismatch and `rankscope health` names nothing."""
+    for rank in range(WORLD):
+        rows = _query(
+            data_dir, "SELECT group_name, seq, op, numel FROM comm WHERE run_id = ? AND rank = ?", [run_id, rank]
+        )
+        rows = [dict(zip(("group_name", "seq", "op", "numel"), r, strict=True)) for r in rows]
+        assert rows and flight_recorder.mismatches(rows, flight_recorder.load(out, rank)) == [], rank
+    done = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", run_id, "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    found = json.loads(done.stdout)
+    assert done.returncode == 0 and not [f for f in found if f["severity"] in ("warning", "critical")], found
+
+
 def test_huggingface_trainer(tmp_path):
     pytest.importorskip("transformers", reason="the huggingface extra (transformers) is not installed")
     from tests.rank import _hf_trainer_script as script
@@ -90,6 +112,7 @@ def test_huggingface_trainer(tmp_path):
         )
         assert {(s, t): v for s, t, v in rows} == pytest.approx(logged, rel=1e-6)
     _assert_a_wait_before_every_step_but_the_first(data_dir, run_id, script.STEPS)
+    _assert_flight_recorder_agrees_and_health_is_quiet(data_dir, run_id, tmp_path)
 
 
 def test_lightning(tmp_path):
@@ -116,3 +139,4 @@ def test_lightning(tmp_path):
         expected = {int(k): v for k, v in seen["last_loss"].items()}
         assert dict(rows) == pytest.approx(expected, rel=1e-6)
     _assert_a_wait_before_every_step_but_the_first(data_dir, run_id, script.STEPS)
+    _assert_flight_recorder_agrees_and_health_is_quiet(data_dir, run_id, tmp_path)

@@ -3,10 +3,13 @@ then timers, memory, loss_scale, monitor and comm rows are read back through Duc
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import trainer
 from collector.data import catalog
+from collector.testing import flight_recorder
 from collector.testing.collectors import live_collector
 from tests.trainer._engine_util import engine_config, make_model, spawn, train
 
@@ -24,6 +27,7 @@ def _train_with_telemetry(rank, world, endpoint, spool_dir):
     )
     engine, *_ = trainer.initialize(model=make_model(), config=cfg)
     train(engine, steps=STEPS, batch=BATCH)
+    flight_recorder.dump(os.path.dirname(spool_dir))
     engine.close()
     return {"ok": True}
 
@@ -32,17 +36,21 @@ def _train_with_telemetry(rank, world, endpoint, spool_dir):
 def run(tmp_path_factory):
     """One 2-rank training run streamed into a live collector; yields a query function and the run filter."""
     tmp = tmp_path_factory.mktemp("engine_telemetry")
-    with live_collector(tmp / "data") as (endpoint, _):
-        spawn(_train_with_telemetry, 2, tmp / "out", endpoint, str(tmp / "spool"))
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "20000"  # the ranks record Flight Recorder: the identity oracle
+    try:
+        with live_collector(tmp / "data") as (endpoint, _):
+            spawn(_train_with_telemetry, 2, tmp / "out", endpoint, str(tmp / "spool"))
+    finally:
+        del os.environ["TORCH_FR_BUFFER_SIZE"]
     con = catalog.connect(tmp / "data")
     q = lambda sql: con.execute(sql).fetchall()
     [(run_id, world, status)] = q("SELECT run_id, world_size, status FROM runs WHERE name = 'engine-e2e'")
     assert world == 2 and status == "finished"
-    yield q, f"WHERE run_id = '{run_id}'"
+    yield q, f"WHERE run_id = '{run_id}'", tmp
 
 
 def test_engine_records_land_in_the_catalog(run):
-    q, where = run
+    q, where, _ = run
     timers = q(f"SELECT rank, name, count(DISTINCT step), min(dur_ns) FROM timers {where} GROUP BY ALL ORDER BY ALL")
     assert {(r, n) for r, n, _, _ in timers} == {
         (r, n) for r in range(2) for n in ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
@@ -68,9 +76,20 @@ def test_engine_records_land_in_the_catalog(run):
 
 
 def test_engine_gradient_reduce_scatter_records(run):
-    q, where = run
+    q, where, _ = run
     # what each rank trained on per step: its share of the global batch (float inputs: no tokens)
     batches = q(f"SELECT rank, step, samples, tokens FROM batches {where} ORDER BY rank, step")
     assert batches == [(r, s, BATCH // 2, None) for r in range(2) for s in range(STEPS)]
     comm = dict(q(f"SELECT log_name, count(*) FROM comm {where} AND rank = 0 GROUP BY ALL"))
     assert comm.get("zero2.reduce_scatter_grads") == STEPS * 2 * BUCKETS  # per bucket per micro-batch
+
+
+def test_engine_collectives_are_flight_recorders_entries_at_the_same_seq(run):
+    """The bundled engine's collectives (ZeRO-2 with overlap_comm: bucketed reduce_scatter, the
+    parameter all_gather, the fp16 overflow check) equal torch's Flight Recorder entries at the
+    same (process group, collective_seq_id) on every rank, in op and size."""
+    q, where, tmp = run
+    for rank in range(2):
+        rows = q(f"SELECT group_name, seq, op, numel FROM comm {where} AND rank = {rank}")
+        rows = [dict(zip(("group_name", "seq", "op", "numel"), r, strict=True)) for r in rows]
+        assert rows and flight_recorder.mismatches(rows, flight_recorder.load(tmp, rank)) == [], rank
