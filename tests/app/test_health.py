@@ -26,6 +26,14 @@ def test_arrival_sentence_names_the_late_rank_with_share_and_lead():
     assert stragglers.late_ranks(last_arrivals({0: 24, 1: 26, 2: 25, 3: 25}), world_size=4) == []
 
 
+def test_at_two_ranks_the_rank_last_in_59_of_60_is_named():
+    """Twice the fair share is 100% at 2 ranks: the bar is capped (MAX_CONCENTRATION) so a rank last
+    in 59 of 60 all_reduces is named, and a coin-flip 33 of 60 is not."""
+    (found,) = stragglers.late_ranks(last_arrivals({0: 1, 1: 59}), world_size=2)
+    assert found.ranks == (1,) and found.text.startswith("rank 1 arrives last in 98% of all_reduces")
+    assert stragglers.late_ranks(last_arrivals({0: 27, 1: 33}), world_size=2) == []
+
+
 def test_chance_alone_names_nobody_at_1024_ranks():
     # 300 instances over 1,024 ranks: some rank is last 3 or 4 times, 10x its fair share, by chance.
     rng = np.random.default_rng(0)

@@ -240,7 +240,7 @@ def late_ranks(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
         if total < MIN_INSTANCES:
             continue
         late = rows[
-            (rows.share * world_size >= FAIR_SHARE_FACTOR)
+            (rows.share >= min(MAX_CONCENTRATION, FAIR_SHARE_FACTOR / world_size))
             & rows.n_last.map(lambda k, n=total: chance_bound(int(k), n, world_size) < CHANCE)
         ].sort_values(["n_last", "rank"], ascending=[False, True])
         if late.empty:
