@@ -55,6 +55,7 @@ def health_summary(sel: state.Selection, version: str) -> None:
         hangs=queries.hangs(d, run_id, version),
         desyncs=queries.desyncs(d, run_id, version),
         liveness=queries.rank_liveness(d, run_id, version),
+        moe=queries.moe_load(d, run_id, version),
     )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]

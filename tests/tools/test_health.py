@@ -11,9 +11,9 @@ from pathlib import Path
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_runs"
 
 
-def health(*args: str) -> subprocess.CompletedProcess:
+def health(*args: str, data_dir=SAMPLES) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", "health", "--data-dir", str(SAMPLES), *args],
+        [sys.executable, "-m", "collector.tools.cli", "health", "--data-dir", str(data_dir), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -50,12 +50,12 @@ def test_the_simulated_run_names_its_straggler_with_a_cost():
 
 
 def test_the_other_sample_runs_raise_no_straggler_or_communication_warning():
-    for run in ("moe-skewed-expert", "zero3-fp16-overflows"):
+    for run, expected in (("moe-skewed-expert", "moe_imbalance"), ("zero3-fp16-overflows", "loss_scale")):
         out = health(run, "--json")
         assert out.returncode in (0, 1), out.stderr
         found = json.loads(out.stdout)
         warned = [f for f in found if f["severity"] in ("warning", "critical")]
-        assert all(f["kind"] == "loss_scale" for f in warned), (run, warned)
+        assert warned and all(f["kind"] == expected for f in warned), (run, warned)
         for f in found:
             shares = [v for k, v in f["evidence"].items() if k in ("comm", "waiting", "transfer", "exposed", "share")]
             assert all(0 <= v <= 1 for v in shares), (run, f)
@@ -63,12 +63,28 @@ def test_the_other_sample_runs_raise_no_straggler_or_communication_warning():
             assert "allgather_bucket_size" not in f["text"], f["text"]
 
 
-def test_a_healthy_run_says_so_in_one_line_and_notes_on_request():
-    out = health("moe-skewed-expert")
+def test_the_skewed_expert_is_named_with_its_dropped_tokens():
+    out = health("moe-skewed-expert", "--json")
+    assert out.returncode == 1, out.stderr
+    found = [f for f in json.loads(out.stdout) if f["kind"] == "moe_imbalance"]
+    assert [(f["evidence"]["layer"], f["evidence"]["expert"]) for f in found] == [(0, 0), (1, 0)], found
+    assert all(f["evidence"]["share"] > 0.5 and f["evidence"]["dropped"] > 9000 for f in found), found
+
+
+def test_a_healthy_run_says_so_in_one_line_and_notes_on_request(tmp_path):
+    made = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "simulate", "--ranks", "8", "--steps", "30"]
+        + ["--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    out = health("simulated", data_dir=tmp_path)
     assert out.returncode == 0
     (line,) = out.stdout.splitlines()
     assert "healthy, nothing to fix" in line and "--all" in line
-    noted = health("moe-skewed-expert", "--all").stdout.splitlines()
+    noted = health("simulated", "--all", data_dir=tmp_path).stdout.splitlines()
     assert len(noted) > 1 and any("communication is in flight" in n for n in noted)
 
 

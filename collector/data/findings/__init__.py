@@ -22,6 +22,7 @@ from collector.data.findings.hang import stuck_collectives
 from collector.data.findings.loss_scale import loss_scale_falls
 from collector.data.findings.messages import engine_of, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
+from collector.data.findings.moe import expert_imbalance
 from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import costly_ranks
 
@@ -46,12 +47,14 @@ def summarize(
     hangs: pd.DataFrame | None = None,
     desyncs: pd.DataFrame | None = None,
     liveness: pd.DataFrame | None = None,
+    moe: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
     ``source`` and ``config`` are the run's (they decide which
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
-    a straggler); the liveness frames are optional (runs without heartbeats have nothing for them)."""
+    a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
+    ``moe`` is queries.moe_load (runs without MoE layers have none)."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
     return ranked(
@@ -64,6 +67,7 @@ def summarize(
         + exposed_communication(steps)
         + small_messages(log_summary, engine, stage)
         + loss_scale_falls(scales)
+        + expert_imbalance(moe)
     )
 
 
@@ -90,4 +94,5 @@ def for_run(
         hangs=queries.hangs(cat, run_id),
         desyncs=queries.desyncs(cat, run_id),
         liveness=queries.rank_liveness(cat, run_id),
+        moe=queries.moe_load(cat, run_id),
     )
