@@ -57,10 +57,19 @@ def loss_scale(df: pd.DataFrame) -> go.Figure:
     return _tidy(fig, "Loss scale (× = overflow, step skipped)")
 
 
+def leaf_timers(names) -> list[str]:
+    """The timers that do not contain others: DeepSpeed's ``bwd`` is ``bwd_inner`` + ``bwd_allreduce``
+    (a timer X with X_* beside it holds them), so stacking all three would count the backward twice."""
+    names = list(names)
+    return [n for n in names if not any(o != n and o.startswith(n + "_") for o in names)]
+
+
 def step_breakdown(mean: pd.DataFrame) -> go.Figure:
     """Mean time per timer per rank (queries.step_breakdown), stacked: where each rank's step
-    goes. Beyond TOP_K ranks, the slowest ranks and the median of the rest."""
+    goes (timers that hold others left out, ``leaf_timers``). Beyond TOP_K ranks, the slowest
+    ranks and the median of the rest."""
     wide = mean.pivot(index="rank", columns="name", values="dur_ms").fillna(0)
+    wide = wide[leaf_timers(wide.columns)]
     names = list(wide.columns)
     per_rank = wide.assign(total=wide.sum(axis=1)).reset_index()
     many = len(per_rank) > binning.TOP_K
@@ -80,6 +89,25 @@ def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title="message size (bytes, log)")
     fig.update_yaxes(title="busbw (GB/s)")
     return _tidy(fig, "Bus bandwidth vs message size")
+
+
+def colour_ceiling(grid: pd.DataFrame) -> float | None:
+    """The top of a rank x step heatmap's colour scale: the largest value after the first step, when
+    the first step (warm-up: allocator, first collectives, often 5-10x a later step) is larger, so
+    one warm-up column does not wash every later straggler out to the bottom colour. None: auto."""
+    if grid.shape[1] < 3:
+        return None
+    later = np.nanmax(grid.iloc[:, 1:].to_numpy(dtype=float)) if grid.iloc[:, 1:].notna().any().any() else np.nan
+    first = np.nanmax(grid.iloc[:, 0].to_numpy(dtype=float)) if grid.iloc[:, 0].notna().any() else np.nan
+    return float(later) if np.isfinite(later) and np.isfinite(first) and first > later > 0 else None
+
+
+def _colour_range(grid: pd.DataFrame) -> dict:
+    top = colour_ceiling(grid)
+    if top is None:
+        return {}
+    bottom = float(np.nanmin(grid.to_numpy(dtype=float)))
+    return dict(zmin=min(bottom, top), zmax=top)
 
 
 def heatmap(
@@ -107,6 +135,7 @@ def heatmap(
             colorscale="Viridis",
             colorbar=dict(title=colorbar),
             hovertemplate="%{y}, step %{x}: %{z:.2f} " + colorbar + "<extra></extra>",
+            **_colour_range(grid),
         )
     )
     if clickable:
@@ -186,6 +215,7 @@ def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", cl
             hovertemplate="%{y}, step %{x}: max %{z:.2f} "
             + colorbar
             + " (rank %{customdata[1]:.0f}), p95 %{customdata[0]:.2f}<extra></extra>",
+            **_colour_range(grid),
         )
     )
     if clickable and grid.size <= MAX_CLICK_CELLS:

@@ -113,8 +113,15 @@ def comms_page() -> None:
         st.caption("Counts add up every selected rank's records; tput is algbw. Gbps = 8 × GB/s.")
         st.table(log_summary_table(summary).style.format(precision=2, thousands=","), hide_index=True)
 
-        per_rank = queries.comm_by_rank(d, run_id, version, flt)
+        # Per-rank totals leave the warm-up step out unless a step range is picked: its start-up
+        # waits (5-10x a later step's) otherwise make the earliest rank look like the worst waiter.
+        rank_flt = flt
+        if flt.steps is None and queries.training_filter(dims).steps is not None:
+            rank_flt = queries.CommFilter(flt.ops, flt.groups, flt.ranks, queries.training_filter(dims).steps)
+        per_rank = queries.comm_by_rank(d, run_id, version, rank_flt)
         st.subheader("Per rank")
+        if rank_flt is not flt:
+            st.caption(f"Steps {rank_flt.steps[0]}-{rank_flt.steps[1]}: the warm-up step is left out.")
         totals = per_rank.groupby("rank", as_index=False)[["total_latency_ms", "wait_ms"]].sum()
         steps = training_steps(queries.step_analysis(d, run_id, version))
         if flt.ranks:
