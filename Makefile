@@ -38,6 +38,11 @@ ds-venv: install
 test: install native lint ds-venv
 	$(PY) -m pytest -q -m "not slow" tests
 
+# The timing-sensitive tests (marker `timing`) again beside two busy-loop processes, which it always stops.
+.PHONY: test-stress
+test-stress: install native
+	$(PY) -m tests.stress
+
 # ruff lint + format check (pyproject.toml [tool.ruff]); `make format` rewrites.
 lint: install
 	.venv/bin/ruff check .

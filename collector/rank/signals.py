@@ -3,8 +3,9 @@
 - ``gc`` rows: Python garbage-collector pauses per step and generation (count, total and
   longest pause, objects collected), from ``gc.callbacks``.
 - ``host`` rows, about every ``SAMPLE_INTERVAL_S``: host CPU busy and steal shares
-  (``/proc/stat``), the time this process waited in the run queue for a CPU and the time it ran
-  (``/proc/self/schedstat``: a noisy neighbour shows as run-queue wait), its resident memory.
+  (``/proc/stat``), the time this process's main thread (the training loop's) waited in the run
+  queue for a CPU and the time it ran (``/proc/self/schedstat``, which is the main thread's alone:
+  a noisy neighbour on its core shows as run-queue wait), its resident memory.
 
 Cost on the training thread: the GC callback is all that runs there, and it only stamps a
 clock reading into preallocated arrays (a ring of ``GC_SLOTS``); nothing is allocated, locked

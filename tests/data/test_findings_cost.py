@@ -3,6 +3,7 @@ each fires on its injected story and stays silent on a healthy run, at 4 and at 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from collector.data.findings import communication, stragglers
@@ -154,6 +155,22 @@ def test_cpu_waits_sampled_on_a_clock_are_spread_over_the_steps_they_cover():
     # The sampler reads /proc every 0.1 s: with shorter steps, some steps get no sample and the
     # next one covers them. Half the steps sampled, each sample covering two steps' worth.
     steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    signals = signal_rows(4, 30, rank=3, column="runqueue_ms", ms=36.0)
+    unsampled = signals.step % 2 == 0
+    for column in ("runqueue_ms", "cpu_ms"):
+        signals[column] = signals[column].where(unsampled, None) * 2
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    assert finding.evidence["cause"] == "host_cpu" and finding.evidence["coincidence"] >= 0.9
+
+
+def test_bursty_lateness_is_judged_per_sample_of_a_clock_sampled_signal():
+    # CPU contention makes a rank late in bursts (here 74 ms, then 6 ms, alternating: 40 ms a step)
+    # while the sampler, reading every 0.1 s, sees two steps' waits as one sample (72 ms, spread
+    # 36 a step): per sample it covers the 40 ms mean lateness; against the 74 ms steps alone it
+    # would miss the 50% on half the late steps and the cause would go unnamed.
+    steps = step_rows(4, 30, step_ms=60.0, late_rank=3, late_ms=40.0)
+    burst = np.where(steps.step % 2 == 0, 34.0, -34.0)
+    steps["imposed_ms"] = np.where(steps["rank"] == 3, steps.imposed_ms + burst, steps.imposed_ms)
     signals = signal_rows(4, 30, rank=3, column="runqueue_ms", ms=36.0)
     unsampled = signals.step % 2 == 0
     for column in ("runqueue_ms", "cpu_ms"):

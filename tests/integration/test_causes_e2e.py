@@ -12,7 +12,7 @@ process; then `rankscope health --json` on every run and the Overview in headles
   taken around that interval; with a core per rank the two agree and it is the plain 25% bound;
 - no false alarms: the d = 0 run has no straggler or communication warning, no share over 100%;
 - causes: cyclic garbage collected each step -> GC; a data loader that sleeps -> data loading;
-  a CPU hog on the rank's core -> host CPU;
+  busy loops taking ~90% of the rank's core (trainer.examples.faults.HOG_NICE) -> host CPU;
 - onset: a rank that turns slow at step 40 of 80 is reported slow from step 40 (+-2).
 
 All runs are trained by one torchrun job, one after the other, so they share the start-up cost.
@@ -33,6 +33,8 @@ from collector.testing.ports import free_port
 from collector.tools.launch import CollectorProcess
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 from tests.integration._health import health
+
+pytestmark = pytest.mark.timing  # CPU sharing between ranks or wall-clock gaps: `make test-stress`
 
 RANK, STEPS = 3, 32
 RUNS = ["sleep:0", "sleep:30", "sleep:80", "gc:40", "data:40", "cpu:0", "sleep:40@40x80"]

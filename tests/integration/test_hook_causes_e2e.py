@@ -20,6 +20,8 @@ from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 from tests.integration._health import health
 from tests.rank._rank_util import spawn
 
+pytestmark = pytest.mark.timing  # CPU sharing between ranks or wall-clock gaps: `make test-stress`
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

@@ -174,6 +174,7 @@ def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind)
     assert "rank 1" in desync[0].text and " vs " in desync[0].text
 
 
+@pytest.mark.timing
 def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

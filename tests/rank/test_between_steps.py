@@ -59,6 +59,7 @@ def _pre_hooks() -> int:
     return len(torch_module._global_forward_pre_hooks)
 
 
+@pytest.mark.timing
 def test_a_sleep_before_the_next_forward_is_the_steps_wait(collector):
     model, optimizer = _model()
     hooks_before = _pre_hooks()
@@ -85,6 +86,7 @@ def test_a_sleep_before_the_next_forward_is_the_steps_wait(collector):
     assert all(0 <= ms < EMPTY_GAP_MS for s, ms in gaps.items() if s != 4), gaps
 
 
+@pytest.mark.timing
 def test_manual_steps_take_the_wait_from_the_optimizer_and_stamp_the_scripts_step(collector):
     """``hook.step(n)`` at the top of the loop, as such scripts do: the gap still starts at
     ``optimizer.step()`` and lands on the step the script set before its forward."""
@@ -103,6 +105,7 @@ def test_manual_steps_take_the_wait_from_the_optimizer_and_stamp_the_scripts_ste
     assert SLEEP_S * 1e3 <= gaps[30] < SLEEP_S * 1e3 + SLEEP_SLACK_MS and gaps[20] < EMPTY_GAP_MS, gaps
 
 
+@pytest.mark.timing
 def test_an_engines_step_end_starts_the_wait(collector):
     """An engine counter (DeepSpeed, the HF Trainer, Lightning) ends the step: the gap starts there,
     not at the inner optimizer's step before it."""

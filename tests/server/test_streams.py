@@ -86,6 +86,7 @@ def test_the_stream_over_the_per_peer_limit_is_refused_with_the_limit_named(tmp_
         assert again.error is None and again.acked == {1}
 
 
+@pytest.mark.timing
 def test_a_flooding_stream_is_held_to_its_row_budget_with_bounded_memory(tmp_path):
     rows_per_s, batch = 20_000, 2_000
     limits = StreamLimits(rows_per_s=rows_per_s)

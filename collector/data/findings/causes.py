@@ -9,7 +9,8 @@ a busy host also waits more in the run queue, in proportion; only the wait beyon
 wait-per-CPU-ms is contention aimed at it (a noisy neighbour on its core). A signal
 explains the lateness when its median excess is a real part of the median lateness
 (``MIN_EXPLAINED``) and it coincides with most late steps (excess at least ``MIN_EXPLAINED`` of
-that step's lateness in ``MIN_COINCIDENCE`` of them); of those, the one explaining the most wins.
+that step's lateness in ``MIN_COINCIDENCE`` of them; for a signal sampled on a clock, of the mean
+lateness over the steps its sample covers); of those, the one explaining the most wins.
 Signals a run did not record (NULL columns) are not considered, so an unexplained straggler
 stays unexplained rather than blamed on the wrong thing.
 
@@ -42,10 +43,17 @@ SIGNALS = (
 )
 
 
-def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | None:
-    """``lateness``: the rank's imposed wait (ms) on its late steps, indexed by step;
+def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.Series | None = None) -> dict | None:
+    """``lateness``: the rank's imposed wait (ms) on its late steps, indexed by step; ``imposed``:
+    its imposed wait on every step (late or not; without it, 0 off the late steps);
     ``signals``: queries.signals_by_step. Returns the cause, a clause for the sentence and the
-    evidence, or None if no recorded signal explains it."""
+    evidence, or None if no recorded signal explains it.
+
+    A signal sampled on a clock (SAMPLED) is known per sample, not per step, so its coincidence
+    is judged at that resolution: each late step's excess (the sample's, spread evenly) against
+    the rank's mean lateness over the steps the same sample covers. Against the step's own
+    lateness, a rank whose lateness comes in bursts (15 ms on one step, 3 on the next, as CPU
+    contention makes it) would miss the 50% on the bursty steps though the waits cover it."""
     if lateness.empty or signals.empty:
         return None
     late_steps = lateness.index
@@ -56,6 +64,9 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | Non
         grid = _grid(signals, column)
         if rank not in grid.columns or grid.shape[1] < 2:
             continue
+        judged = lateness
+        if column in SAMPLED:
+            judged = _per_sample(rank, lateness, imposed, signals, column, grid.index)
         own = grid[rank].reindex(late_steps).fillna(0.0)
         if cause == "host_cpu" and "cpu_ms" in signals and not signals.cpu_ms.isna().all():
             cpu = _grid(signals, "cpu_ms")
@@ -65,7 +76,7 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame) -> dict | Non
             others = grid.drop(columns=rank).median(axis=1).reindex(late_steps).fillna(0.0)
         excess = (own - others).clip(lower=0.0)
         explained = float(excess.median() / lateness.median()) if lateness.median() > 0 else 0.0
-        coincidence = float((excess >= MIN_EXPLAINED * lateness).mean())
+        coincidence = float((excess >= MIN_EXPLAINED * judged).mean())
         if explained >= MIN_EXPLAINED and coincidence >= MIN_COINCIDENCE and (best is None or explained > best[0]):
             best = (explained, cause, label, float(np.median(own)), float(others.median()), coincidence)
     if best is None:
@@ -128,6 +139,21 @@ def _grid(signals: pd.DataFrame, column: str) -> pd.DataFrame:
     return grid.apply(_spread)
 
 
+def _owners(col: pd.Series) -> pd.Series:
+    """Per step, which sample covers it: the first at or after it (steps after the last: none, 0)."""
+    return col.notna()[::-1].cumsum()[::-1]
+
+
 def _spread(col: pd.Series) -> pd.Series:
-    owner = col.notna()[::-1].cumsum()[::-1]  # each step belongs to the first sample at or after it
+    owner = _owners(col)
     return col.fillna(0.0).groupby(owner).transform("sum") / col.groupby(owner).transform("size")
+
+
+def _per_sample(
+    rank: int, lateness: pd.Series, imposed: pd.Series | None, signals: pd.DataFrame, column: str, steps: pd.Index
+) -> pd.Series:
+    """The rank's lateness on each late step, as the mean over the steps the same sample of
+    ``column`` covers (the resolution the signal has)."""
+    raw = signals[signals["rank"] == rank].groupby("step")[column].sum(min_count=1).reindex(steps)
+    every = (imposed if imposed is not None else lateness).reindex(steps).fillna(0.0)
+    return every.groupby(_owners(raw)).transform("mean").reindex(lateness.index).fillna(lateness)

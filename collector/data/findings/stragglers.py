@@ -193,7 +193,7 @@ def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signa
         text += f"; slow since step {first} (+{duration(after - before)} per step from then)"
         evidence |= {"onset_step": first, "before_ms": float(before), "after_ms": float(after)}
     late = imposed[imposed >= floor]
-    why = causes.explain(rank, late, signals) if signals is not None else None
+    why = causes.explain(rank, late, signals, imposed) if signals is not None else None
     if why is not None:
         text += f": {why['clause']}"
         evidence |= why["evidence"]
