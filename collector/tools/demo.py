@@ -31,14 +31,31 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.kill()
 
 
+def _stop_group(proc: subprocess.Popen | None) -> None:
+    """Stops a child started in its own session (torchrun and its ranks) as Ctrl-C would."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
 class OnceFilter:
     """Copies lines to ``out``, each distinct non-blank line once."""
 
     def __init__(self, out) -> None:
         self.out = out
         self.seen: set[str] = set()
+        self.muted = False  # after Ctrl-C: the ranks' and torchrun's KeyboardInterrupt tracebacks are noise
 
     def write_line(self, line: str) -> None:
+        if self.muted:
+            return
         key = line.rstrip()
         if key and key in self.seen:
             return
@@ -54,7 +71,7 @@ class OnceFilter:
 def run_demo(args: argparse.Namespace) -> int:
     data_dir = os.path.abspath(args.data_dir)
     os.makedirs(data_dir, exist_ok=True)
-    collector = dashboard = None
+    collector = dashboard = train_proc = once = None
     try:
         try:
             collector = CollectorProcess(data_dir, port=args.port)
@@ -90,7 +107,17 @@ def run_demo(args: argparse.Namespace) -> int:
             "streaming into the collector",
             flush=True,
         )
-        proc = subprocess.Popen(train, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        # Its own session: Ctrl-C reaches the demo alone, which stops the training quietly (the
+        # ranks' KeyboardInterrupt tracebacks would bury the console) and exits 0.
+        proc = train_proc = subprocess.Popen(
+            train,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         once = OnceFilter(sys.stdout)
         pump = threading.Thread(target=once.pump, args=(proc.stdout,), daemon=True)
         pump.start()
@@ -109,8 +136,14 @@ def run_demo(args: argparse.Namespace) -> int:
         dashboard.wait()
         return rc
     except KeyboardInterrupt:
-        return 130
+        # Ctrl-C is how a person ends the demo ("Ctrl-C to stop"): a normal end, exit 0, so that
+        # `make demo` does not report "Error 130" for it.
+        if once is not None:
+            once.muted = True
+        print("\n[demo] stopped (Ctrl-C); the run so far is in the data dir.", flush=True)
+        return 0
     finally:
+        _stop_group(train_proc)
         _stop(dashboard)
         if collector is not None:
             collector.stop()
