@@ -19,7 +19,9 @@ real configs are full of them and ignoring them changes nothing that matters
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,11 +60,40 @@ class BF16Config(ConfigBlock):
 
 OPTIMIZER_TYPES = ("Adam", "AdamW", "SGD")
 
+# DeepSpeed's own keys in optimizer.params, taken by the engine (trainer.engine.optimizer_factory)
+# before the rest go to the torch optimizer.
+_DEEPSPEED_OPTIMIZER_KEYS = {
+    "Adam": ("adam_w_mode", "torch_adam", "bias_correction"),
+    "AdamW": ("torch_adam", "bias_correction"),
+}
+# Ranges torch checks with a raw IndexError/TypeError, or later, mid-step.
+_NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "dampening")
+
+
+def _torch_optimizer_defaults(type_: str, params: Mapping) -> dict:
+    """The keyword arguments (and their defaults) of the torch optimizer ``type_`` becomes."""
+    import inspect
+
+    import torch
+
+    cls = {"AdamW": torch.optim.AdamW, "SGD": torch.optim.SGD}.get(type_)
+    if cls is None:  # DeepSpeed's Adam: AdamW unless adam_w_mode is false
+        cls = torch.optim.Adam if params.get("adam_w_mode", True) is False else torch.optim.AdamW
+    sig = inspect.signature(cls.__init__).parameters
+    keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return {n: p.default for n, p in sig.items() if n not in ("self", "params") and p.kind in keyword}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
 
 @dataclass(kw_only=True)
 class OptimizerConfig(ConfigBlock):
     """``optimizer``: {type, params}. DeepSpeed's ``Adam`` is AdamW unless params.adam_w_mode is false.
-    ``params`` go to the torch optimizer, which checks them (its refusal names ``optimizer.params``)."""
+    Each of ``params`` is checked here under its dotted key (``optimizer.params.betas``): a key the
+    optimizer does not take (with the closest one it does), a value of the wrong type or out of range;
+    the torch optimizer then checks how they combine (its refusal names ``optimizer.params``)."""
 
     SECTION: ClassVar[str] = "optimizer"
     type: str = "AdamW"  # any case, as DeepSpeed matches it
@@ -78,6 +109,37 @@ class OptimizerConfig(ConfigBlock):
                 self.type,
             )
         self.type = canonical[self.type.lower()]
+        self._check_params()
+
+    def _check_params(self) -> None:
+        defaults = _torch_optimizer_defaults(self.type, self.params)
+        for name in _DEEPSPEED_OPTIMIZER_KEYS.get(self.type, ()):
+            defaults[name] = True if name != "torch_adam" else False
+        for name, value in self.params.items():
+            key = f"params.{name}"
+            if name not in defaults:
+                close = difflib.get_close_matches(str(name), list(defaults), n=1, cutoff=0.75)
+                hint = f"did you mean {self.key('params.' + close[0])}? " if close else ""
+                self.fail(key, f"not a parameter of {self.type} ({hint}it takes: {', '.join(defaults)})", value)
+            default = defaults[name]
+            if name == "betas":
+                if not (
+                    isinstance(value, (list, tuple))
+                    and len(value) == 2
+                    and all(_is_number(b) and 0 <= b < 1 for b in value)
+                ):
+                    self.fail(key, "must be a list of 2 numbers, each >= 0 and < 1, e.g. [0.9, 0.999]", value)
+            elif isinstance(default, bool):
+                if not isinstance(value, bool):
+                    self.fail(key, "must be true or false", value)
+            elif default is None:
+                if value is not None and not isinstance(value, bool):
+                    self.fail(key, "must be true, false or null", value)
+            elif isinstance(default, (int, float)) or name in _NON_NEGATIVE:
+                if not _is_number(value):
+                    self.fail(key, "must be a finite number", value)
+                if name in _NON_NEGATIVE and value < 0:
+                    self.fail(key, "must be >= 0", value)
 
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

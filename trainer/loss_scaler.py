@@ -88,7 +88,7 @@ class FP16Config(ConfigBlock):
     enabled: bool = False
     auto_cast: bool = False
     loss_scale: float = setting(0.0, ge=0)  # 0: dynamic
-    initial_scale_power: int = setting(16, ge=0)
+    initial_scale_power: int = setting(16, ge=0, le=127)  # 2**127: the top of float32 (the scale is a float)
     loss_scale_window: int = setting(1000, ge=1)
     # DeepSpeed only backs off when the counter is exactly 1, so 0 would never back off.
     hysteresis: int = setting(2, ge=1)

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import difflib
 import math
+import os
 import types
 import typing
 import warnings
@@ -201,7 +203,7 @@ class ConfigBlock:
         names = {f.name for f in fields}
         unknown = sorted(k for k in d if k not in names and k not in cls.ACCEPTED)
         if unknown:
-            warn_unknown(key, unknown)
+            warn_unknown(key, unknown, known=sorted(names | cls.ACCEPTED | set(cls.ALIASES)))
         missing = [
             f.name
             for f in fields
@@ -326,11 +328,37 @@ _BOUND_CHECKS = {
 }
 
 
-def warn_unknown(key: str, names: list[str]) -> None:
-    """The one unknown-key rule: one warning naming each key by its dotted path."""
-    warnings.warn(
-        "ignoring unknown config keys: " + ", ".join(_join(key, n) for n in names), ConfigWarning, stacklevel=4
-    )
+def warn_unknown(key: str, names: list[str], known: typing.Iterable[str] = ()) -> None:
+    """The one unknown-key rule: one warning naming each key by its dotted path, with the known key
+    it is closest to where there is one (a typo: ``zero_optimisation (did you mean zero_optimization?)``)."""
+    known = [k for k in known if isinstance(k, str)]
+    described = []
+    for name in names:
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.75)
+        hint = f" (did you mean {_join(key, close[0])}?)" if close else ""
+        described.append(_join(key, str(name)) + hint)
+    warnings.warn("ignoring unknown config keys: " + ", ".join(described), ConfigWarning, stacklevel=4)
+
+
+_plain_formatwarning = warnings.formatwarning
+_shown: set[str] = set()  # the ConfigWarnings already printed by this process
+
+
+def _formatwarning(message, category, filename, lineno, line=None) -> str:
+    """How a ConfigWarning reads on the console: its message alone, no file:line and no echoed
+    source line (the config's author has nothing to do with the line that read it); on a
+    distributed job's rank 0 only, as every rank reads the same config. Other warnings as before;
+    a warning recorded by ``catch_warnings`` is unaffected."""
+    if isinstance(category, type) and issubclass(category, ConfigWarning):
+        text = f"{category.__name__}: {message}\n"
+        if os.environ.get("RANK", "0") not in ("", "0") or text in _shown:
+            return ""
+        _shown.add(text)  # once per process, however many times the config is read
+        return text
+    return _plain_formatwarning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _formatwarning
 
 
 def _join(prefix: str | None, name: str) -> str:

@@ -147,8 +147,8 @@ def test_unknown_keys_warn_once_per_block_by_dotted_path_and_accepted_keys_pass(
         warnings.simplefilter("always")
         cfg = Outer.from_dict({"enabld": True, "colour": 1, "leaf": {"sise": 3, "harmless": 1}, "count": 2})
     assert [str(w.message) for w in caught] == [
-        "ignoring unknown config keys: outer.colour, outer.enabld",
-        "ignoring unknown config keys: outer.leaf.sise",
+        "ignoring unknown config keys: outer.colour, outer.enabld (did you mean outer.enabled?)",
+        "ignoring unknown config keys: outer.leaf.sise (did you mean outer.leaf.size?)",
     ]
     assert all(w.category is ConfigWarning and issubclass(w.category, UserWarning) for w in caught)
     assert cfg.count == 2 and not cfg.enabled and cfg.leaf.size == 4  # the rest still applies

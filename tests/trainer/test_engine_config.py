@@ -4,17 +4,23 @@ unknown-key warnings, and that initialize fails early with one clear message."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import trainer
 from collector.data.config import ConfigWarning
 from collector.rank import session
+from collector.testing.ports import free_port
 from tests.trainer._engine_util import make_model
 from trainer.config import ConfigError, EngineConfig, load_config
 
+ROOT = Path(__file__).resolve().parents[2]
 OPT = {"type": "Adam", "params": {"lr": 1e-3}}
 
 
@@ -92,7 +98,23 @@ def test_engine_config_defaults_follow_deepspeed():
         (_cfg(gradient_clipping="big"), "gradient_clipping: must be a finite number"),
         (
             _cfg(optimizer={"type": "AdamW", "params": {"lr": 1e-3, "momentum_typo": 0.9}}),
-            "optimizer.params: AdamW rejects",
+            "optimizer.params.momentum_typo: not a parameter of AdamW",
+        ),
+        (
+            _cfg(optimizer={"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9]}}),
+            "optimizer.params.betas: must be a list of 2 numbers, each >= 0 and < 1, e.g. [0.9, 0.999] (got [0.9])",
+        ),
+        (
+            _cfg(optimizer={"type": "Adam", "params": {"lr": "1e-3"}}),
+            "optimizer.params.lr: must be a finite number (got '1e-3')",
+        ),
+        (
+            _cfg(optimizer={"type": "SGD", "params": {"lr": 0.1, "nesterov": "yes"}}),
+            "optimizer.params.nesterov: must be true or false (got 'yes')",
+        ),
+        (
+            _cfg(optimizer={"type": "AdamW", "params": {"lr": 1e-3, "weight_decy": 0.1}}),
+            "optimizer.params.weight_decy: not a parameter of AdamW (did you mean optimizer.params.weight_decay?",
         ),
         ({"train_micro_batch_size_per_gpu": 2}, "optimizer: the config needs an optimizer block"),
         ({"optimizer": OPT}, "train_batch_size or train_micro_batch_size_per_gpu must be given"),
@@ -119,6 +141,71 @@ def test_engine_config_unknown_keys_warn_with_dotted_path():
     text = " ".join(str(w.message) for w in caught)
     assert "zero_optimizaton" in text and "zero_optimization.bucket" in text and "fp16.scale" in text
     assert "prescale_gradients" not in text  # a known DeepSpeed key, accepted
+    assert "zero_optimizaton (did you mean zero_optimization?)" in text
+
+
+def _leaves(d, path=()):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, (*path, k))
+        else:
+            yield (*path, k)
+
+
+BAD_VALUES = [[0.9], [], "x", None, {}, {"a": 1}, -1, 1e400, True, [None], 10**30]
+
+
+def test_every_value_of_a_whole_config_is_checked_under_its_dotted_key():
+    """Each value of DeepSpeed's reference config, replaced by values of the wrong type or length:
+    the config is refused with a ConfigError naming the key, or taken; never a raw IndexError,
+    TypeError, KeyError or AttributeError from deep inside (``"betas": [0.9]`` was an IndexError)."""
+    from trainer.engine import optimizer_factory
+
+    base = _reference()
+    EngineConfig.from_dict(base, world_size=4)  # as given, it is taken
+    raw_errors, unnamed = [], []
+    for path in _leaves(base):
+        for bad in BAD_VALUES:
+            cfg = json.loads(json.dumps(base))
+            node = cfg
+            for k in path[:-1]:
+                node = node[k]
+            node[path[-1]] = bad
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    built = EngineConfig.from_dict(cfg, world_size=4)
+                    if built.optimizer is not None:
+                        optimizer_factory(built.optimizer)([{"params": [torch.nn.Parameter(torch.ones(2))]}])
+                except ConfigError as e:
+                    if not any(part in str(e) for part in path):  # the key, or its block
+                        unnamed.append((".".join(path), bad, str(e)))
+                except Exception as e:
+                    raw_errors.append((".".join(path), bad, f"{type(e).__name__}: {e}"))
+    assert raw_errors == []
+    assert unnamed == []
+
+
+def test_a_misspelt_section_warns_once_on_the_console_with_a_hint_and_no_source_line(tmp_path):
+    """What a person sees: one line, the key's dotted path and the key it is close to; not the
+    warnings module's file:line and echoed source line."""
+    script = tmp_path / "typo.py"
+    script.write_text(
+        "import torch, trainer\n"
+        "cfg = {'train_micro_batch_size_per_gpu': 2, 'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}},\n"
+        "       'zero_optimisation': {'stage': 2}, 'telemetry': {'enabled': False}}\n"
+        "trainer.initialize(model=torch.nn.Linear(4, 4), config=cfg)\n"
+        "trainer.initialize(model=torch.nn.Linear(4, 4), config=cfg)\n"
+    )
+    env = dict(os.environ, WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env.pop("PYTHONWARNINGS", None)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if "zero_optimisation" in line]
+    assert lines == [
+        "ConfigWarning: ignoring unknown config keys: zero_optimisation (did you mean zero_optimization?)"
+    ], out.stderr
+    assert "EngineConfig.from_dict" not in out.stderr and "engine.py" not in out.stderr
 
 
 def test_engine_config_from_json_file_and_bad_files(tmp_path):
@@ -153,12 +240,13 @@ EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "trainer" / "exa
 def _warned_keys(caught) -> list[str]:
     """Every dotted key named by an unknown-key warning, in order."""
     prefix = "ignoring unknown config keys: "
-    return [
+    keys = [
         k
         for w in caught
         if issubclass(w.category, ConfigWarning)
         for k in str(w.message).removeprefix(prefix).split(", ")
     ]
+    return [k.split(" (did you mean ")[0] for k in keys]
 
 
 def _reference(deepspeed_only: bool = False) -> dict:
