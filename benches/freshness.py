@@ -91,6 +91,7 @@ def measure(data: Path, address: str, seconds: float, rate: float, run_id: str) 
     con = catalog.connect(data)
     deadline = time.monotonic() + seconds + 30
     while seen < n and time.monotonic() < deadline:
+        catalog.pin(con, data)  # a connection reads the snapshot it was pinned to: take the newest
         newest = catalog.with_segment_retry(
             lambda: con.execute("SELECT max(step) FROM monitor WHERE run_id = ?", [run_id]).fetchone()[0]
         )

@@ -10,6 +10,22 @@ fresh file under a temporary name and renames it over the old one, so readers
 in other processes (dashboard, ``rankscope sql``) are never locked out; a
 reader that already had the old file open keeps reading the same Parquet.
 
+Readers see snapshots. A collector publishes, after every commit, the list of files readers
+take per table (``D/ledger/manifest.json``, one per writer; collector/server/ledger.py): hard
+links under ``D/snapshot/`` that stay readable a grace period after a merge replaced them. The
+views read ``read_parquet`` over the list in the connection's ``rankscope_segments`` variable,
+which ``pin`` sets from the manifests: every view of one query sees the same commit, whatever
+flush, compaction, rollup or retention pass runs meanwhile, and no file it names is deleted
+under it. ``connect`` pins once (a short-lived connection: export, tools); ``queries.Catalog``
+pins every query's cursor (the dashboard, health, /metrics); the SQL guard reads the manifest
+for each query. Without the variable -- a data dir with no manifest (written before, or copied
+without its ledger), or a plain DuckDB session on the catalog -- the views list the partition
+folders with a glob, as before. Why not an open table format (Delta Lake, Iceberg): they solve
+the same problem with a log readers replay and a vacuum after a retention period -- what this
+is, in ~150 lines -- but would add a dependency to every reader, rewrite the layout plain
+DuckDB and the archives read (``parquet/<table>/run=<id>/``), and put a log replay in front of
+each dashboard query; a manifest rename keeps the layout and costs one small file read.
+
 ``run_readonly_query`` is the guard for user-typed SQL (``rankscope sql``, the
 dashboard console): one query statement, run in a private in-memory database
 whose only readable directory is D/parquet.
@@ -18,6 +34,7 @@ whose only readable directory is D/parquet.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
@@ -55,15 +72,19 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _scan(root: str | None, table: str, *, hive: bool, files: list[str] | None = None) -> str:
-    """read_parquet over every segment of ``table`` (or over ``files``); root is '' (relative) or 'D/'.
-    ``root=None`` names the Arrow dataset the SQL guard registers instead (see ``readonly_connection``)."""
+SEGMENTS_VARIABLE = "rankscope_segments"  # table -> the snapshot's files, newline-separated (see ``pin``)
+
+
+def _scan(root: str | None, table: str, *, hive: bool) -> str:
+    """read_parquet over the pinned snapshot's files of ``table`` or, with none pinned, over every
+    segment in its partition folders; root is '' (relative to D). ``root=None`` names the Arrow
+    dataset the SQL guard registers instead (see ``readonly_connection``)."""
     if root is None:
         return quote_ident(_guard_relation(table))
     # run=* only: a stray folder dropped under parquet/<table>/ by hand must not break the hive scan
     glob = quote_literal(f"{root}{layout.PARQUET_DIR}/{table}/run=*/*{layout.SEGMENT_SUFFIX}")
-    if files is not None:
-        glob = "[" + ", ".join(quote_literal(f) for f in files) + "]"
+    pinned = f"string_split(getvariable({quote_literal(SEGMENTS_VARIABLE)})[{quote_literal(table)}], chr(10))"
+    glob = f"coalesce({pinned}, [{glob}])"
     if hive:
         return f"read_parquet({glob}, hive_partitioning = true, union_by_name = true, hive_types = {{'run': VARCHAR}})"
     return f"read_parquet({glob}, hive_partitioning = false, union_by_name = true)"
@@ -73,18 +94,17 @@ def _columns(names) -> str:
     return ", ".join(quote_ident(n) for n in names)
 
 
-def _base_views(root: str | None, files: dict[str, list[str]] | None = None) -> dict[str, str]:
+def _base_views(root: str | None) -> dict[str, str]:
     """The views that read segments: one per stored table (``_<name>_raw`` for the collector's)."""
-    files = files or {}
     views: dict[str, str] = {}
     for name, table in TABLES.items():
-        scan = _scan(root, name, hive=True, files=files.get(name))
+        scan = _scan(root, name, hive=True)
         views[name] = f'SELECT "run" AS run_id, {_columns(table.arrow_schema().names)} FROM {scan}'
     for name, schema in layout.DERIVED_TABLES.items():
-        scan = _scan(root, name, hive=True, files=files.get(name))
+        scan = _scan(root, name, hive=True)
         views[name] = f'SELECT "run" AS run_id, {_columns(schema.names)} FROM {scan}'
     for name, schema in layout.COLLECTOR_TABLES.items():
-        scan = _scan(root, name, hive=False, files=files.get(name))
+        scan = _scan(root, name, hive=False)
         views[f"_{name}_raw"] = f"SELECT {_columns(schema.names)} FROM {scan}"
     return views
 
@@ -337,20 +357,104 @@ def ensure_catalog(data_dir) -> Path:
 
 
 def connect(data_dir) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to D's catalog; every view works from any cwd."""
+    """A read-only connection to D's catalog; every view works from any cwd. Its views read the
+    snapshot of D as it is now (``pin``): use it for a while, not for ever, or ``pin`` it again."""
     root = layout.check_data_dir(Path(data_dir).resolve())  # creates nothing in a folder that is not one
     path = ensure_catalog(root)
     con = duckdb.connect(str(path), read_only=True)
     con.execute("SET file_search_path = ?", [str(root)])
+    pin(con, root)
     return con
 
 
-def cursor(con: duckdb.DuckDBPyConnection, data_dir) -> duckdb.DuckDBPyConnection:
+def cursor(con: duckdb.DuckDBPyConnection, data_dir, skip: set[str] | frozenset[str] = frozenset()):
     """A cursor of ``con`` for another thread. Settings are per cursor, so it gets the
-    catalog's relative-path root again."""
+    catalog's relative-path root again, and the snapshot of D as it is now (``pin``)."""
     cur = con.cursor()
     cur.execute("SET file_search_path = ?", [str(Path(data_dir).resolve())])
+    pin(cur, data_dir, skip)
     return cur
+
+
+def snapshot_files(data_dir) -> dict[str, list[str]] | None:
+    """table -> the files (relative to D) of the latest commit, from the writers' manifests; None
+    when D has none (a data dir written before manifests, copied without its ledger, or never
+    written by a collector): then the partition folders are the list."""
+    root = Path(data_dir)
+    ledger = root / layout.LEDGER_DIR
+    if not (root / layout.SNAPSHOT_DIR).is_dir() or not ledger.is_dir():
+        return None
+    tables: dict[str, set[str]] = {}
+    unlisted: list[str | None] = []  # writers whose ledger has no manifest (an older collector's)
+    found = False
+    for folder in [ledger, *sorted(ledger.glob("writer=*"))]:
+        writer = folder.name.removeprefix("writer=") if folder != ledger else None
+        try:
+            manifest = json.loads((folder / layout.MANIFEST_FILE).read_text())
+        except FileNotFoundError:
+            if any(folder.glob("log-*.jsonl")):
+                unlisted.append(writer)
+            continue
+        except (OSError, ValueError):
+            return None  # damaged (a crash before the next start rewrites it): list the folders
+        found = True
+        for table, files in manifest["tables"].items():
+            tables.setdefault(table, set()).update(files)
+    if not found:
+        return None
+    # Files under parquet/ are ones no writer deletes (put there by hand or by git: only a person
+    # removes them, and the manifest learns of it at the compactor's next pass) or, on a filesystem
+    # without hard links, segments themselves: take those that are still there.
+    snapshot_prefix = f"{layout.SNAPSHOT_DIR}/"
+    for files in tables.values():
+        files.difference_update([f for f in files if not f.startswith(snapshot_prefix) and not (root / f).exists()])
+    if unlisted:
+        names = [layout.segment_name_re(w) for w in unlisted]
+        for seg in (root / layout.PARQUET_DIR).glob(f"*/{layout.PARTITION_PREFIX}*/*{layout.SEGMENT_SUFFIX}"):
+            if any(n.match(seg.stem) for n in names):
+                tables.setdefault(seg.parent.parent.name, set()).add(seg.relative_to(root).as_posix())
+    return {t: sorted(files) for t, files in tables.items()}
+
+
+def _listed_files(root: Path, table: str) -> list[str]:
+    """Every segment in ``table``'s partition folders, relative to D (the list without a manifest)."""
+    return [
+        p.relative_to(root).as_posix()
+        for p in sorted(layout.table_dir(root, table).glob(f"run=*/*{layout.SEGMENT_SUFFIX}"))
+        if p.parent.name != layout.PLACEHOLDER_PARTITION
+    ]
+
+
+def partition_path_of(data_dir, path) -> Path:
+    """The name a user knows a file by: ``D/parquet/...`` for the snapshot link ``D/snapshot/...``
+    of a segment (the same file), ``path`` itself otherwise."""
+    root, path = Path(data_dir).resolve(), Path(path)
+    try:
+        return root / layout.PARQUET_DIR / path.relative_to(root / layout.SNAPSHOT_DIR)
+    except ValueError:
+        return path
+
+
+def _placeholder(table: str) -> str:
+    return f"{layout.PARQUET_DIR}/{table}/{layout.PLACEHOLDER_PARTITION}/{layout.PLACEHOLDER_FILE}"
+
+
+def pin(con: duckdb.DuckDBPyConnection, data_dir, skip: set[str] | frozenset[str] = frozenset()) -> None:
+    """Point ``con``'s views at the snapshot of D as it is now (one read of each manifest),
+    leaving out the ``skip`` segments (absolute paths of files found unreadable). Without a
+    manifest and nothing to skip, the views keep listing the partition folders."""
+    root = Path(data_dir).resolve()
+    files = snapshot_files(root)
+    if files is None and not skip:
+        con.execute(f"RESET VARIABLE {SEGMENTS_VARIABLE}")
+        return
+    value = {}
+    for table in layout.stored_schemas():
+        listed = files.get(table, []) if files is not None else _listed_files(root, table)
+        if skip:
+            listed = [f for f in listed if str(partition_path_of(root, root / f)) not in skip]
+        value[table] = "\n".join([_placeholder(table), *listed])
+    con.execute(f"SET VARIABLE {SEGMENTS_VARIABLE} = ?", [value])
 
 
 _SEGMENT_IN_ERROR_RE = re.compile(r"'([^']+\.parquet)'")
@@ -358,51 +462,38 @@ _SEGMENT_IN_ERROR_RE = re.compile(r"'([^']+\.parquet)'")
 
 def damaged_segment(data_dir, message: str) -> str | None:
     """The segment of D a DuckDB error names, when that file indeed does not read; else None."""
-    parquet = Path(data_dir).resolve() / layout.PARQUET_DIR
+    root = Path(data_dir).resolve()
+    trees = (root / layout.PARQUET_DIR, root / layout.SNAPSHOT_DIR)
     for match in _SEGMENT_IN_ERROR_RE.finditer(message):
-        path = (parquet.parent / match.group(1)).resolve()
-        if parquet not in path.parents or not path.is_file():
+        path = (root / match.group(1)).resolve()
+        if not any(tree in path.parents for tree in trees) or not path.is_file():
             continue
         try:
             pq.ParquetFile(path).read()
         except (OSError, pa.ArrowException):
-            return str(path)
+            return str(partition_path_of(root, path))
     return None
-
-
-def shadow_segments(con: duckdb.DuckDBPyConnection, data_dir, skipped: set[str]) -> None:
-    """On ``con`` only, TEMP views of the tables holding a ``skipped`` segment over every other
-    segment; the catalog's other views read them in place of the stored ones."""
-    root = Path(data_dir).resolve()
-    tables = {Path(p).parent.parent.name for p in skipped}
-    files = {
-        t: [
-            str(p)
-            for p in sorted(layout.table_dir(root, t).glob(f"run=*/*{layout.SEGMENT_SUFFIX}"))
-            if str(p) not in skipped
-        ]
-        for t in tables
-    }
-    views = _base_views(f"{root}/", files)
-    wanted = {t if t in TABLES or t in layout.DERIVED_TABLES else f"_{t}_raw" for t in tables}
-    _create_views(con, {name: views[name] for name in wanted}, temporary=True)
 
 
 def _guard_relation(table: str) -> str:
     return f"_segments_{table}"
 
 
-def readable_segments(data_dir, table: str) -> list[str]:
-    """Every committed segment of ``table`` whose Parquet footer reads; one that does not is
-    left out with a warning naming it (the collector quarantines it; until then, or in a copied
-    data dir, it must not fail queries about other runs and tables)."""
+def readable_segments(data_dir, table: str, snapshot: dict[str, list[str]] | None = None) -> list[str]:
+    """Every segment of ``table`` in D's snapshot (``snapshot_files``, read now unless given)
+    whose Parquet footer reads; one that does not is left out with a warning naming it (the
+    collector quarantines it; until then, or in a copied data dir, it must not fail queries
+    about other runs and tables)."""
+    root = Path(data_dir).resolve()
+    if snapshot is None:
+        snapshot = snapshot_files(root)
+    listed = snapshot.get(table, []) if snapshot is not None else _listed_files(root, table)
     files = []
-    for path in sorted(layout.table_dir(Path(data_dir), table).glob(f"run=*/*{layout.SEGMENT_SUFFIX}")):
-        if path.parent.name == layout.PLACEHOLDER_PARTITION:
-            continue
+    for path in (root / f for f in listed):
         problem = segment_problem(path)
         if problem:
-            warnings.warn(f"skipping unreadable segment {path}: {problem}", UnreadableSegmentWarning, stacklevel=2)
+            named = partition_path_of(root, path)
+            warnings.warn(f"skipping unreadable segment {named}: {problem}", UnreadableSegmentWarning, stacklevel=2)
             continue
         files.append(str(path))
     return files
@@ -423,8 +514,10 @@ def segment_problem(path) -> str | None:
     return None
 
 
-def _guard_dataset(root: Path, table: str, schema: pa.Schema, *, hive: bool) -> ds.Dataset:
-    files = readable_segments(root, table)
+def _guard_dataset(
+    root: Path, table: str, schema: pa.Schema, *, hive: bool, snapshot: dict[str, list[str]] | None
+) -> ds.Dataset:
+    files = readable_segments(root, table, snapshot)
     if not hive:
         return ds.dataset(files, schema=schema, format="parquet")
     run = pa.schema([("run", pa.string())])
@@ -432,8 +525,10 @@ def _guard_dataset(root: Path, table: str, schema: pa.Schema, *, hive: bool) -> 
         files,
         schema=pa.schema(list(schema) + list(run)),
         format="parquet",
+        # D itself: segments are under parquet/<table>/ or snapshot/<table>/, and the hive
+        # partitioning takes run=<id> from the folders below D, whatever D's own path holds
         partitioning=ds.partitioning(run, flavor="hive"),
-        partition_base_dir=str(layout.table_dir(root, table)),
+        partition_base_dir=str(root),
     )
 
 
@@ -448,9 +543,10 @@ def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
     root = Path(data_dir).resolve()
     layout.check_data_dir(root, error=QueryError)
     con = duckdb.connect(":memory:", config={"temp_directory": ""})
+    snapshot = snapshot_files(root)  # one read of the manifests: every table of this query from one commit
     for table, schema in layout.stored_schemas().items():
         hive = table in TABLES or table in layout.DERIVED_TABLES  # partitioned by run=<id>
-        con.register(_guard_relation(table), _guard_dataset(root, table, schema, hive=hive))
+        con.register(_guard_relation(table), _guard_dataset(root, table, schema, hive=hive, snapshot=snapshot))
     _create_views(con, view_definitions(root=None), temporary=False)
     for setting, value in _GUARD_SETTINGS.items():
         con.execute(f"SET {setting} = ?", [value])
@@ -534,7 +630,7 @@ def _naming_bad_segments(data_dir, message: str) -> str:
         try:
             pq.ParquetFile(path).read()
         except (OSError, pa.ArrowException) as exc:
-            bad.append(f"{path} ({str(exc).strip() or type(exc).__name__})")
+            bad.append(f"{partition_path_of(data_dir, path)} ({str(exc).strip() or type(exc).__name__})")
     if not bad:
         return message
     return (

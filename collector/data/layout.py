@@ -49,6 +49,11 @@ PARQUET_DIR = "parquet"
 LEDGER_DIR = "ledger"
 QUARANTINE_DIR = "quarantine"  # segments the collector found unreadable, moved out of every reader's way
 CATALOG_FILE = "catalog.duckdb"
+# Readers' view of the committed segments (collector/server/ledger.py): each writer publishes
+# D/ledger[/writer=<w>]/manifest.json naming, per table, the files of its latest commit, as hard
+# links under D/snapshot/<table>/run=<id>/ that outlive a merge by a grace period.
+SNAPSHOT_DIR = "snapshot"
+MANIFEST_FILE = "manifest.json"
 PLACEHOLDER_PARTITION = "run=@schema"
 PLACEHOLDER_FILE = "schema.parquet"
 SEGMENT_SUFFIX = ".parquet"
@@ -114,6 +119,16 @@ def segment_name_re(writer: str | None) -> re.Pattern:
     """Matches the stems of exactly this writer's segments: groups (kind, commit, part)."""
     middle = f"-{re.escape(writer)}" if writer else ""
     return re.compile(rf"^(seg|cmp){middle}-(\d+)-(\d+)\Z")
+
+
+# Any writer's segment name (seg-/cmp-, with or without a writer id): what no writer calls foreign.
+ANY_WRITER_SEGMENT_RE = re.compile(r"^(seg|cmp)(-[a-z][a-z0-9_]{0,31})?-(\d+)-(\d+)\Z")
+
+
+def snapshot_link(data_dir: Path, segment: Path) -> Path:
+    """Where readers find committed segment ``D/parquet/<table>/run=<id>/<name>``: its hard link
+    ``D/snapshot/<table>/run=<id>/<name>``."""
+    return data_dir / SNAPSHOT_DIR / segment.relative_to(data_dir / PARQUET_DIR)
 
 
 def ledger_dir(data_dir: Path, writer: str | None) -> Path:

@@ -44,8 +44,10 @@ MAX_SKIPPED_PER_QUERY = 8
 
 class Catalog:
     """One data dir's catalog, shared by threads: each query runs on its own cursor
-    (DuckDB connections are not shared across threads), retried if compaction
-    unlinked a segment under it."""
+    (DuckDB connections are not shared across threads), pinned to the snapshot of D
+    as the query starts (``catalog.pin``: every view of it sees one commit), and run
+    again on the next snapshot if a file of its snapshot was deleted under it (a query
+    slower than the collector's ``delete_after_s``)."""
 
     def __init__(self, data_dir) -> None:
         self.data_dir = str(data_dir)
@@ -58,10 +60,8 @@ class Catalog:
             raise DataDirError(f"cannot open the catalog in {self.data_dir!r}: {exc}") from None
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        cur = catalog.cursor(self.con, self.data_dir)
+        cur = catalog.cursor(self.con, self.data_dir, self.skipped)
         cur.execute("SET enable_progress_bar = false")  # it would print into a server's log
-        if self.skipped:
-            catalog.shadow_segments(cur, self.data_dir, self.skipped)
         return cur
 
     def df(self, sql: str, params: list) -> pd.DataFrame:
@@ -74,9 +74,8 @@ class Catalog:
         """``fetch(cursor)``; a segment that turns out unreadable is left out from then on, with a
         warning naming it (the collector quarantines it), instead of failing every query."""
         for _ in range(MAX_SKIPPED_PER_QUERY):
-            cur = self.cursor()
-            try:
-                return catalog.with_segment_retry(lambda cur=cur: fetch(cur))
+            try:  # each attempt on a fresh cursor: a retry takes the snapshot of D as it is then
+                return catalog.with_segment_retry(lambda: self._once(fetch))
             except duckdb.Error as exc:
                 bad = catalog.damaged_segment(self.data_dir, str(exc))
                 if bad is None or bad in self.skipped:
@@ -85,9 +84,14 @@ class Catalog:
                     f"skipping unreadable segment {bad}: {exc}", catalog.UnreadableSegmentWarning, stacklevel=3
                 )
                 self.skipped.add(bad)
-            finally:
-                cur.close()
         raise DataDirError(f"too many unreadable segments in {self.data_dir!r}: {', '.join(sorted(self.skipped))}")
+
+    def _once(self, fetch):
+        cur = self.cursor()
+        try:
+            return fetch(cur)
+        finally:
+            cur.close()
 
     def close(self) -> None:
         self.con.close()

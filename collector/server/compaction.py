@@ -5,9 +5,11 @@ Every ``interval`` seconds the compactor looks at each partition and merges the
 oldest small segments (smaller than ``target_bytes``) into one ``cmp-*``
 segment, through the same ledger commit as a flush: the output is written under
 a temporary name, the commit record names inputs and output, then the inputs are
-unlinked and the output renamed in. Readers may miss those rows for the instant
-between the two, never see them twice; a crash anywhere is rolled forward or
-back by the ledger at start-up (see collector/ledger.py).
+unlinked and the output renamed in, and the ledger publishes the new manifest.
+Readers read the manifest, so they see the inputs or the output, never neither or
+both; the inputs' snapshot links are deleted ``delete_after_s`` later, by this
+thread (collector/server/ledger.py). A crash anywhere is rolled forward or back by
+the ledger at start-up.
 
 Every segment is checked once: its footer when the compactor first sees it, its
 every page when it is merged. One that cannot be read (truncated, bytes flipped)
@@ -32,7 +34,7 @@ from collector.data import layout
 from collector.data.catalog import segment_problem
 from collector.data.config import ConfigBlock, setting
 from collector.data.queries import DataDirError
-from collector.server.ledger import Ledger
+from collector.server.ledger import DELETE_AFTER_S, Ledger
 from collector.server.retention import Retention
 from collector.server.store import segment_order, segment_path, write_segment
 
@@ -54,6 +56,9 @@ class CompactionConfig(ConfigBlock):
     # raw comm rows one window may read into memory (~100 B each in Arrow): at 8,192 ranks a
     # 100-step window would be 80 M of them, so a window then ends after fewer steps
     max_window_rows: int = setting(8_000_000, ge=1)
+    # s a merged (or thinned, or quarantined) segment stays readable after the manifest stops naming it:
+    # longer than any read (user queries stop at 30 s), so no reader ever finds a file gone
+    delete_after_s: float = setting(DELETE_AFTER_S, ge=0)
 
     def validate(self) -> None:
         if self.max_files < self.min_files:
@@ -111,6 +116,10 @@ class Compactor:
                 self.run_once()
             except Exception:  # a failed merge leaves its inputs in place; try again next scan
                 log.exception("compaction failed")
+            try:
+                self.ledger.collect_garbage(self.config.delete_after_s)
+            except OSError:
+                log.exception("deleting retired segments failed; trying again next scan")
 
     def run_once(self) -> int:
         """One pass over every partition; returns how many merges were made."""
@@ -159,12 +168,11 @@ class Compactor:
                 break
             if self._settled.get(partition) == mtime:
                 break  # no file came or went since it last had nothing to merge
-            # Only segments the store named: files put there by hand or by git are left alone.
-            ours = [
-                (order, p)
-                for p in partition.glob(f"*{layout.SEGMENT_SUFFIX}")
-                if (order := segment_order(p, self.ledger.writer)) is not None
-            ]
+            # Only segments the store named: files put there by hand or by git are left alone
+            # (and listed to readers as they are).
+            files = list(partition.glob(f"*{layout.SEGMENT_SUFFIX}"))
+            self.ledger.note_foreign(partition, [p for p in files if not layout.ANY_WRITER_SEGMENT_RE.match(p.stem)])
+            ours = [(order, p) for p in files if (order := segment_order(p, self.ledger.writer)) is not None]
             segments = [p for _, p in sorted(ours) if self._footer_reads(p)]
             sizes = []
             for path in segments:
@@ -192,6 +200,7 @@ class Compactor:
 
     def _quarantine(self, path: Path, why: str) -> None:
         self._footers_ok.discard(path)
+        self.ledger.withdraw(path)  # readers stop taking it first
         target = self.data_dir / layout.QUARANTINE_DIR / path.relative_to(self.data_dir / layout.PARQUET_DIR)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,24 @@ row is in exactly one visible segment. The dedupe state -- per client, the seqs
 already durable -- is rebuilt from the same records; a resent envelope is acked
 again without being written twice.
 
+Readers see snapshots. Listing the partition folders cannot give one: a flush renames several
+files and a compaction swaps several, one by one, so a reader listing them mid-commit would miss
+rows or count them twice, and a file it listed may be gone by the time it opens it. So after each
+commit the ledger publishes ``manifest.json`` in its folder (written aside, then renamed: readers
+see the old list or the new one): per table, the files readers take. A committed segment is
+listed by a hard link ``D/snapshot/<table>/run=<id>/<name>`` made to it at commit time; when a
+compaction (or retention, or quarantine) retires a segment, its partition name goes at once (so
+the partition folders keep meaning "the live segments" for every tool that lists them) while its
+link stays ``DELETE_AFTER_S`` (longer than any read: user queries stop at 30 s) after the
+manifest stopped naming it, so a reader that read the previous manifest still finds every file.
+A read slower than that fails to open a file and is run again on the new manifest
+(``catalog.with_segment_retry``). Files no writer named (put there by hand or by git) are listed
+as they are (found at start-up and by the compactor as partitions change). A filesystem without
+hard links gets the partition paths in the manifest (consistent lists, but a slow reader may
+need the retry). Data dirs without a manifest are read by listing, as before
+(collector.data.catalog). After a crash the links of segments no longer committed are retired
+at start-up, after the new manifest is published.
+
 The log is compacted into ``checkpoint-<gen>.json`` (just the dedupe state and
 the commit counter) at start-up and every ``CHECKPOINT_EVERY`` records. Each log
 line is ``<crc32 hex> <json>``; a torn last line (crash mid-append) fails its
@@ -31,6 +49,7 @@ import json
 import math
 import os
 import threading
+import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +57,7 @@ from pathlib import Path
 from collector.data import layout
 
 CHECKPOINT_EVERY = 2000
+DELETE_AFTER_S = 60.0  # a retired segment's snapshot link outlives the last manifest naming it this long
 
 
 class DataDirBusy(RuntimeError):
@@ -127,8 +147,14 @@ class Ledger:
         self._gen = 0
         self._records_in_log = 0
         self._broken = False
+        # table -> {segment path (relative to D): the path readers take}; published as the manifest
+        self._visible: dict[str, dict[str, str]] = {}
+        self._foreign: dict[str, list[str]] = {}  # partition (relative) -> files no writer named
+        self._retired: list[tuple[float, Path]] = []  # (monotonic time retired, snapshot link)
+        self._linkable = True  # False once the filesystem refused a hard link
         self._recover()
         self._checkpoint()
+        self._scan_visible()
 
     # -- queries ---------------------------------------------------------
 
@@ -155,7 +181,9 @@ class Ledger:
         }
         with self._lock:
             self._append(record)
+            self._show(finals)
             self._apply(record)
+            self._publish()
             for client, ranges in record["acked"].items():
                 seq_set = self._clients.setdefault(client, SeqSet())
                 for lo, hi in ranges:
@@ -172,14 +200,137 @@ class Ledger:
         }
         with self._lock:
             self._append(record)
+            self._show(outputs)
             self._apply(record)
+            retired = self._hide(inputs)
+            self._publish()
+            self._retire(retired)
             self._after_commit()
 
-    def close(self) -> None:
-        """Release the data dir for another collector."""
+    def withdraw(self, segment: Path) -> None:
+        """Stop showing ``segment`` to readers (it is about to be quarantined); readers that still
+        hold the previous manifest keep reading its snapshot link until it is deleted."""
+        with self._lock:
+            retired = self._hide([segment])
+            self._publish()
+            self._retire(retired)
+
+    def note_foreign(self, partition: Path, files: list[Path]) -> None:
+        """The files in ``partition`` that no writer named (the compactor lists them as it goes)."""
+        rel = self._rel(partition)
+        names = sorted(self._rel(p) for p in files)
+        with self._lock:
+            if self._foreign.get(rel, []) == names:
+                return
+            if names:
+                self._foreign[rel] = names
+            else:
+                self._foreign.pop(rel, None)
+            self._publish()
+
+    def collect_garbage(self, after_s: float = DELETE_AFTER_S) -> int:
+        """Delete the snapshot links retired more than ``after_s`` ago; returns how many."""
+        cutoff = time.monotonic() - after_s
+        with self._lock:
+            due = [p for t, p in self._retired if t <= cutoff]
+            self._retired = [(t, p) for t, p in self._retired if t > cutoff]
+        for path in due:
+            path.unlink(missing_ok=True)
+        return len(due)
+
+    def visible_segments(self) -> dict[str, list[str]]:
+        """What the manifest lists: table -> paths relative to D."""
+        with self._lock:
+            return self._manifest_tables()
+
+    def close(self, after_s: float = DELETE_AFTER_S) -> None:
+        """Release the data dir for another collector (deleting the links retired long enough ago;
+        the next start retires any left)."""
+        self.collect_garbage(after_s)
         self._owner.close()
 
     # -- internals -------------------------------------------------------
+
+    def _show(self, segments: list[Path]) -> None:
+        """Link each committed segment (still at its temporary name) into the snapshot tree and list it."""
+        for seg in segments:
+            rel = self._rel(seg)
+            self._visible.setdefault(Path(rel).parts[1], {})[rel] = self._link(layout.temp_name(seg), seg)
+
+    def _link(self, source: Path, segment: Path) -> str:
+        """The path (relative to D) readers take for ``segment``, whose bytes are at ``source`` now."""
+        if self._linkable:
+            link = layout.snapshot_link(self.data_dir, segment)
+            try:
+                try:
+                    os.link(source, link)
+                except FileNotFoundError:
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(source, link)
+                return self._rel(link)
+            except FileExistsError:
+                if not os.path.samefile(source, link):  # a leftover of another file: names are unique, so
+                    link.unlink()  # only by hand; link it again
+                    os.link(source, link)
+                return self._rel(link)  # made before a crash
+            except OSError:  # no hard links here: readers get the partition path
+                self._linkable = False
+        return self._rel(segment)
+
+    def _hide(self, segments: list[Path]) -> list[Path]:
+        """Unlist ``segments``; returns their snapshot links, to be retired once the manifest is out."""
+        links = []
+        for seg in segments:
+            rel = self._rel(seg)
+            shown = self._visible.get(Path(rel).parts[1], {}).pop(rel, None)
+            if shown is not None and shown != rel:
+                links.append(self.data_dir / shown)
+        return links
+
+    def _retire(self, links: list[Path]) -> None:
+        now = time.monotonic()
+        self._retired.extend((now, p) for p in links)
+
+    def _manifest_tables(self) -> dict[str, list[str]]:
+        tables: dict[str, set[str]] = {t: set(v.values()) for t, v in self._visible.items()}
+        for partition, names in self._foreign.items():
+            tables.setdefault(Path(partition).parts[1], set()).update(names)
+        return {t: sorted(v) for t, v in sorted(tables.items()) if v}
+
+    def _publish(self) -> None:
+        """Write the manifest aside and rename it into place: readers see this commit whole or not at all.
+        Not fsync'd: after a crash the next start rebuilds it from the segments in place."""
+        body = json.dumps(
+            {"version": 1, "commit": self._next_commit - 1, "tables": self._manifest_tables()}, separators=(",", ":")
+        )
+        path = self.dir / layout.MANIFEST_FILE
+        tmp = path.with_name(f".{path.name}{layout.TEMP_SUFFIX}")
+        tmp.write_text(body)
+        os.replace(tmp, path)
+
+    def _scan_visible(self) -> None:
+        """After recovery every committed segment is in place: list them, link the ones not linked
+        yet, publish, then retire this writer's links to anything no longer committed."""
+        parquet = self.data_dir / layout.PARQUET_DIR
+        self._visible, self._foreign = {}, {}
+        linked: set[Path] = set()
+        for seg in sorted(parquet.glob(f"*/{layout.PARTITION_PREFIX}*/*{layout.SEGMENT_SUFFIX}")):
+            if layout.run_of(seg.parent) is None:
+                continue  # the schema placeholders: readers add them
+            if self._own_name.match(seg.stem):
+                shown = self._link(seg, seg)
+                self._visible.setdefault(seg.parent.parent.name, {})[self._rel(seg)] = shown
+                linked.add(self.data_dir / shown)
+            elif not layout.ANY_WRITER_SEGMENT_RE.match(seg.stem):
+                self._foreign.setdefault(self._rel(seg.parent), []).append(self._rel(seg))
+        self._publish()
+        snapshot = self.data_dir / layout.SNAPSHOT_DIR
+        stale = [
+            p
+            for p in snapshot.glob(f"*/{layout.PARTITION_PREFIX}*/*{layout.SEGMENT_SUFFIX}")
+            if self._own_name.match(p.stem) and p not in linked
+        ]
+        self._retire(stale)
 
     def _lock_data_dir(self):
         # Two collectors committing into one data dir would corrupt each other's ledger.

@@ -128,6 +128,7 @@ def test_the_log_is_folded_into_checkpoints(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "ledger").iterdir()) == [
         f"checkpoint-{again._gen}.json",
         f"log-{again._gen}.jsonl",
+        "manifest.json",  # what readers read (collector.data.catalog.snapshot_files)
         "owner.lock",
     ]
     assert all(again.is_durable("a", s) for s in range(1, 24)) and not again.is_durable("a", 24)

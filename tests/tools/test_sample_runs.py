@@ -73,7 +73,8 @@ def test_views_read_parquet_by_relative_paths():
     finally:
         con.close()
     scans = [s for s in sqls if "read_parquet" in s]
-    assert scans and all(f"read_parquet('{layout.PARQUET_DIR}/" in s for s in scans)
+    # the pinned snapshot's files (relative to D too), or without one the partition folders
+    assert scans and all(f"('{layout.PARQUET_DIR}/" in s and "getvariable('rankscope_segments')" in s for s in scans)
 
 
 def test_holds_only_what_readers_need_and_is_small():

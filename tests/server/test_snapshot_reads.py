@@ -1,0 +1,125 @@
+"""Readers see snapshots: while a collector process flushes and compacts every 0.1 s under
+streaming load, every read -- ``rankscope sql``'s guarded path, the dashboard's catalog (which
+health and /metrics use too) and ``catalog.connect`` (export, the tools) --
+sees per-run rows that are exactly a set of whole acknowledged-or-in-flight envelopes: every
+envelope acked before the read began, no envelope twice or in part, no error.
+
+Each envelope k of run r carries ROWS comm rows with ``seq`` in [k*ROWS, (k+1)*ROWS), so a read's
+``GROUP BY run_id, seq // ROWS`` says which envelopes it saw and whether each was whole.
+``RANKSCOPE_SNAPSHOT_TEST_S`` lengthens the read loop (default 20 s)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import grpc
+import pyarrow as pa
+
+from collector.data import catalog, queries
+from collector.testing.fake_runs import comm_envelope
+from collector.testing.streams import RawStream
+from collector.tools.launch import CollectorProcess
+
+RUNS = ("snap-a", "snap-b", "snap-c")
+ROWS = 200  # rows per envelope
+WINDOW = 16  # envelopes in flight per stream
+READ_FOR_S = float(os.environ.get("RANKSCOPE_SNAPSHOT_TEST_S", "20"))
+SQL = f"""SELECT run_id, seq // {ROWS} AS env, count(*) AS n, count(DISTINCT seq) AS d
+          FROM comm GROUP BY ALL"""
+
+
+class Sender(threading.Thread):
+    """One client streaming envelopes 1, 2, ... of one run, at most WINDOW unacked at a time."""
+
+    def __init__(self, endpoint: str, run_id: str, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.run_id, self.stop = run_id, stop
+        self.channel = grpc.insecure_channel(endpoint)
+        self.stream = RawStream(self.channel)
+        self.sent = 0
+
+    def acked(self) -> set[int]:
+        with self.stream._cond:
+            return set(self.stream.acked)
+
+    def run(self) -> None:
+        while not self.stop.is_set() and not self.stream.done.is_set():
+            if self.sent - len(self.acked()) >= WINDOW:
+                time.sleep(0.002)
+                continue
+            self.sent += 1
+            k = self.sent
+            self.stream.send(comm_envelope(f"c-{self.run_id}", k, self.run_id, 0, k * ROWS, ROWS))
+        self.stream.finish(60)
+        self.channel.close()
+
+
+def _check(rows: pa.Table | list[tuple], acked_before: dict[str, set[int]], sent_after: dict[str, int]) -> list[str]:
+    problems = []
+    seen: dict[str, set[int]] = {r: set() for r in RUNS}
+    for run_id, env, n, d in rows:
+        if run_id not in seen:
+            problems.append(f"unknown run {run_id}")
+            continue
+        seen[run_id].add(env)
+        if n != ROWS or d != ROWS:
+            problems.append(f"{run_id} envelope {env}: {n} rows ({d} distinct), expected {ROWS}")
+        if not 1 <= env <= sent_after[run_id]:
+            problems.append(f"{run_id} envelope {env} was never sent")
+    for run_id in RUNS:
+        missing = acked_before[run_id] - seen[run_id]
+        if missing:
+            problems.append(f"{run_id}: {len(missing)} acked envelopes missing ({len(missing) * ROWS} rows)")
+    return problems
+
+
+def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(tmp_path):
+    data = tmp_path / "data"
+    args = ("--flush-interval", "0.05", "--compaction-interval", "0.1", "--compaction-min-files", "2")
+    with CollectorProcess(data, *args) as collector:
+        stop = threading.Event()
+        senders = [Sender(collector.address, r, stop) for r in RUNS]
+        for s in senders:
+            s.start()
+        while any(not s.acked() for s in senders):  # the partitions (and the catalog) exist
+            time.sleep(0.05)
+        catalog.ensure_catalog(data)
+        cat = queries.Catalog(data)
+        reads, failures = {"sql": 0, "catalog": 0, "connect": 0}, []
+        deadline = time.monotonic() + READ_FOR_S
+        while time.monotonic() < deadline:
+            for kind in reads:
+                acked = {s.run_id: s.acked() for s in senders}
+                try:
+                    if kind == "sql":
+                        table = catalog.run_readonly_query(data, SQL, max_rows=None)
+                        rows = list(zip(*(table[c].to_pylist() for c in ("run_id", "env", "n", "d")), strict=True))
+                    elif kind == "catalog":
+                        rows = list(cat.df(SQL, []).itertuples(index=False, name=None))
+                    else:
+                        con = catalog.connect(data)
+                        try:
+                            rows = con.execute(SQL).fetchall()
+                        finally:
+                            con.close()
+                except Exception as exc:
+                    failures.append(f"{kind} read {reads[kind]}: {type(exc).__name__}: {str(exc)[:300]}")
+                    reads[kind] += 1
+                    continue
+                sent = {s.run_id: s.sent for s in senders}
+                failures += [f"{kind} read {reads[kind]}: {p}" for p in _check(rows, acked, sent)]
+                reads[kind] += 1
+        stop.set()
+        for s in senders:
+            s.join(60)
+        cat.close()
+        merges = collector.stderr()
+    merged = list((data / "parquet" / "comm").glob("run=*/cmp-*.parquet"))
+    acked_total = sum(len(s.acked()) for s in senders)
+    print(f"reads {reads}, envelopes acked {acked_total}, rows {acked_total * ROWS}, failures {len(failures)}")
+    assert acked_total > 100, f"the load did not flow: {acked_total} envelopes acked; {merges}"
+    assert min(reads.values()) >= 10, reads
+    assert merged, "no compaction ran"
+    assert not failures, f"{len(failures)} bad reads of {sum(reads.values())}:\n" + "\n".join(failures[:20])
