@@ -160,6 +160,11 @@ def memory_lines(data_dir: str, run_id: str, version: str, k: int) -> pd.DataFra
 
 
 @_cached()
+def loss_series(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.loss_series(catalog(data_dir), run_id)
+
+
+@_cached()
 def moe_load(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.moe_load(catalog(data_dir), run_id)
 

@@ -499,6 +499,19 @@ def monitor_series(cat: Catalog, run_id: str) -> pd.DataFrame:
     )
 
 
+def loss_series(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Every logged loss per step (tags naming a loss, not the loss scale): the mean of the finite
+    values over ranks, and the ranks whose value was NaN or infinite (findings.loss)."""
+    return cat.df(
+        """
+        SELECT tag, step, avg(value) FILTER (WHERE isfinite(value)) AS value,
+               list(DISTINCT rank ORDER BY rank) FILTER (WHERE NOT isfinite(value)) AS bad_ranks
+        FROM monitor WHERE run_id = ? AND lower(tag) LIKE '%loss%' AND lower(tag) NOT LIKE '%scale%'
+        GROUP BY tag, step ORDER BY tag, step""",
+        [run_id],
+    )
+
+
 def loss_scale(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Loss scale per step; a step overflowed if any rank said so."""
     return cat.df(

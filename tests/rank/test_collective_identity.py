@@ -8,8 +8,8 @@ bucket all_reduce (issued on the WORLD object) and the script's own ``dist.all_r
 (``group=None``) were numbered by two counters of ours and met at the same seq: 40 false
 "collective mismatch" findings on a healthy run.
 
-The plain DDP script (tests/rank/_ddp_script.py: AdamW, ``no_sync`` accumulation, a logging
-all_reduce) runs twice under ``torchrun -m collector.hook``: healthy, then with rank 1 50 ms late
+The plain DDP script (collector/testing/workloads/ddp_train.py: AdamW, ``no_sync`` accumulation,
+a logging all_reduce) runs twice under ``torchrun -m collector.hook``: healthy, then with rank 1 50 ms late
 before every step. Healthy: `rankscope health` exits 0 and names nothing. Slow: rank 1 is named,
 its cost per step within 25% of the rise in median step time the script measured itself.
 """
@@ -84,9 +84,9 @@ def health(data_dir: Path, run: str) -> tuple[int, list[dict]]:
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    script = HERE / "_ddp_script.py"
+    script = ROOT / "collector" / "testing" / "workloads" / "ddp_train.py"
     with live_collector(tmp / "data") as (endpoint, _):
-        for run, args in (("ddp-healthy", ()), ("ddp-slow", (f"{SLOW_RANK}:{SLOW_MS}",))):
+        for run, args in (("ddp-healthy", ()), ("ddp-slow", ("--fault", f"sleep:{SLOW_RANK}:{SLOW_MS}"))):
             (tmp / run).mkdir()
             torchrun_hooked(script, tmp / run, endpoint, run, *args)
     return tmp

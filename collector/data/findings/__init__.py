@@ -19,6 +19,7 @@ from collector.data import queries
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
 from collector.data.findings.hang import stuck_collectives
+from collector.data.findings.loss import loss_anomalies
 from collector.data.findings.loss_scale import loss_scale_falls
 from collector.data.findings.messages import engine_of, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
@@ -48,13 +49,14 @@ def summarize(
     desyncs: pd.DataFrame | None = None,
     liveness: pd.DataFrame | None = None,
     moe: pd.DataFrame | None = None,
+    losses: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
     ``source`` and ``config`` are the run's (they decide which
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
-    ``moe`` is queries.moe_load (runs without MoE layers have none)."""
+    ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
     return ranked(
@@ -68,6 +70,7 @@ def summarize(
         + small_messages(log_summary, engine, stage)
         + loss_scale_falls(scales)
         + expert_imbalance(moe)
+        + loss_anomalies(losses)
     )
 
 
@@ -95,4 +98,5 @@ def for_run(
         desyncs=queries.desyncs(cat, run_id),
         liveness=queries.rank_liveness(cat, run_id),
         moe=queries.moe_load(cat, run_id),
+        losses=queries.loss_series(cat, run_id),
     )

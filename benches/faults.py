@@ -1,0 +1,537 @@
+"""The fault-injection suite: how well `rankscope health` diagnoses, scored the way papers score it.
+
+    python -m benches.faults [--only NAME,...] [--quick] [--out benches/RESULTS-faults.md]
+
+Target (issue 27): F1 >= 0.97 overall and >= 0.9 per class; no warning on any healthy case;
+stragglers named with the right onset; cost within +-25% of the measured step-time rise; hangs,
+desyncs and crashes named within hang_after_s + 1 s of onset (p90).
+
+Method. Each case is a real run with one fault injected on purpose (or none: the healthy shapes
+users write), then `rankscope health RUN --json` as a user runs it:
+- ``ddp``: collector/testing/workloads/ddp_train.py, plain DDP as people write it (AdamW, no_sync
+  accumulation, a logging all_reduce), on 2 gloo ranks under ``torchrun -m collector.hook``,
+  streaming into one real collector process;
+- ``engine``: the bundled engine's example GPT with ZeRO-2 on 4 ranks (trainer.examples.faults);
+- ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/rank, healthy;
+- ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks;
+- ``sample``: the archived sample runs (sample_runs/).
+Live faults (hang, crash, desync) are polled: `rankscope health` from the fault's own timestamp
+(the rank writes it when it injects) until the expected finding appears; the delay is the time
+to detect. The job is then stopped.
+
+Scoring. A case states what must be found: (class, ranks), with an onset for stragglers that turn
+slow. Every warning or critical finding is a prediction; it is a true positive when its class and
+ranks match an expected one (each expected finding counted once), else a false positive; an
+expected finding with no match is a false negative. Per class and overall: precision, recall, F1.
+Straggler cost error: |cost - measured rise| / rise, the rise being the case's median step time
+(measured by the script) minus the healthy case's. The table goes to benches/RESULTS-faults.md
+and README's "How well it diagnoses".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = REPO / "collector" / "testing" / "workloads" / "ddp_train.py"
+HANG_AFTER_S = 5.0
+POLL_TIMEOUT_S = 60.0
+
+# a finding kind -> the class it scores in
+CLASSES = {
+    "straggler": "straggler",
+    "hang": "hang",
+    "desync": "desync",
+    "rank_stopped": "crash",
+    "silent_rank": "silent",
+    "loss_scale": "loss_scale",
+    "moe_imbalance": "moe_imbalance",
+    "loss_anomaly": "loss",
+    "memory_growth": "memory",
+}
+
+
+@dataclass(frozen=True)
+class Expect:
+    cls: str
+    ranks: tuple[int, ...] | None = None  # None: any ranks
+    onset: int | None = None  # stragglers that turn slow: the step they do
+    window: tuple[int, int] | None = None  # transient ones: the steps they were slow in
+
+
+@dataclass
+class Case:
+    name: str
+    source: str  # ddp, engine, hf, lightning, simulate, sample
+    args: tuple[str, ...] = ()
+    expect: tuple[Expect, ...] = ()
+    live: str | None = None  # poll for this class while the job runs (hang, crash, desync)
+    ranks: int = 2
+    quick: bool = False  # part of the subset `make test` runs (tests/integration/test_fault_suite.py)
+
+
+@dataclass
+class Outcome:
+    case: Case
+    found: list[dict] = field(default_factory=list)
+    tp: list[tuple[Expect, dict]] = field(default_factory=list)
+    fp: list[dict] = field(default_factory=list)
+    fn: list[Expect] = field(default_factory=list)
+    detect_s: float | None = None
+    cost_error: float | None = None
+    onset_error: int | None = None
+    median_step_ms: float | None = None
+    seconds: float = 0.0
+
+
+S = "straggler"
+
+
+def cases() -> list[Case]:
+    slow = (Expect(S, (1,)),)
+    ddp = [
+        Case("ddp-healthy", "ddp", quick=True),
+        Case("ddp-eval-pass", "ddp", ("--eval-every", "5")),
+        Case("ddp-jitter", "ddp", ("--jitter-ms", "4")),
+        Case("ddp-checkpoint", "ddp", ("--save-every", "10")),
+        Case("ddp-slow-first-step", "ddp", ("--first-step-ms", "400")),
+        Case("ddp-accumulation-4", "ddp", ("--accum", "4")),
+        Case("ddp-straggler-50ms", "ddp", ("--fault", "sleep:1:50"), slow, quick=True),
+        Case("ddp-straggler-20ms", "ddp", ("--fault", "sleep:1:20"), slow),
+        Case("ddp-straggler-rank0", "ddp", ("--fault", "sleep:0:40"), (Expect(S, (0,)),)),
+        # hook steps count from 1 (the optimizer's): the script's loop index i is step i + 1
+        Case("ddp-late-onset", "ddp", ("--steps", "40", "--fault", "sleep:1:50@20"), (Expect(S, (1,), onset=21),)),
+        Case("ddp-intermittent", "ddp", ("--steps", "40", "--fault", "sleep:1:80/4"), slow),
+        Case(
+            "ddp-transient",
+            "ddp",
+            ("--steps", "40", "--fault", "sleep:1:60@10-19"),
+            (Expect(S, (1,), window=(11, 20)),),
+        ),
+        Case("ddp-data-loader", "ddp", ("--fault", "data:1:25"), slow),
+        Case("ddp-gc-pauses", "ddp", ("--fault", "gc:1:40"), slow),
+        Case("ddp-hang", "ddp", ("--steps", "60", "--fault", "hang:1@10"), (Expect("hang"),), live="hang", quick=True),
+        Case("ddp-crash", "ddp", ("--steps", "60", "--fault", "exit:1@10"), (Expect("crash"),), live="crash"),
+        Case("ddp-desync", "ddp", ("--steps", "60", "--fault", "desync:1@10"), (Expect("desync"),), live="desync"),
+        Case("ddp-nan-loss", "ddp", ("--fault", "nan:0@15"), (Expect("loss"),)),
+        Case("ddp-loss-spike", "ddp", ("--fault", "spike:0:20@15-15"), (Expect("loss"),)),
+        Case("ddp-memory-growth", "ddp", ("--steps", "40", "--fault", "leak:1:8"), (Expect("memory", (1,)),)),
+        Case("ddp-4-ranks-healthy", "ddp", (), ranks=4),
+        Case("ddp-4-ranks-straggler", "ddp", ("--fault", "sleep:2:50"), (Expect(S, (2,)),), ranks=4),
+    ]
+    engine = [
+        Case("engine-healthy", "engine", ("sleep:0",), ranks=4),
+        Case("engine-straggler-40ms", "engine", ("sleep:40",), (Expect(S, (3,)),), ranks=4),
+        Case("engine-late-onset", "engine", ("sleep:40@20x40",), (Expect(S, (3,), onset=20),), ranks=4),
+        Case("engine-gc-pauses", "engine", ("gc:40",), (Expect(S, (3,)),), ranks=4),
+        Case("engine-data-loader", "engine", ("data:40",), (Expect(S, (3,)),), ranks=4),
+    ]
+    frameworks = [Case("hf-trainer-healthy", "hf"), Case("lightning-healthy", "lightning")]
+    sim = []
+    for n, hosts in ((1024, 128), (8192, 1024)):
+        steps = "60" if n == 1024 else "30"
+        base = ("--ranks", str(n), "--steps", steps, "--hosts", str(hosts))
+        sim += [
+            Case(f"sim{n}-healthy", "simulate", base, ranks=n),
+            Case(f"sim{n}-straggler", "simulate", (*base, "--straggler", "517:40"), (Expect(S, (517,)),), ranks=n),
+            Case(f"sim{n}-hang", "simulate", (*base, "--hang", "77:20"), (Expect("hang"),), ranks=n),
+        ]
+    sim += [
+        Case(
+            "sim1024-late-onset",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--straggler", "300:40@30"),
+            (Expect(S, (300,), onset=30),),
+            ranks=1024,
+        ),
+        Case(
+            "sim1024-two-stragglers",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--straggler", "12:40", "--straggler", "900:40"),
+            (Expect(S, (12,)), Expect(S, (900,))),
+            ranks=1024,
+        ),
+    ]
+    sample = [
+        Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4),
+        Case("sample-zero2-hang-rank2", "sample", ("zero2-hang-rank2",), (Expect("hang"), Expect("crash")), ranks=4),
+        Case("sample-zero3-fp16-overflows", "sample", ("zero3-fp16-overflows",), (Expect("loss_scale"),), ranks=4),
+        Case(
+            "sample-moe-skewed-expert",
+            "sample",
+            ("moe-skewed-expert",),
+            (Expect("moe_imbalance"), Expect("moe_imbalance")),
+            ranks=4,
+        ),
+        Case("sample-simulated-256", "sample", ("simulated-256-ranks",), (Expect(S, (117,)),), ranks=256),
+    ]
+    return ddp + engine + frameworks + sim + sample
+
+
+# ---- running a case ----
+
+
+def health(data_dir: Path, run: str) -> list[dict]:
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", run, "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode not in (0, 1, 2):
+        raise RuntimeError(f"rankscope health {run}: exit {out.returncode}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def _env(endpoint: str, run: str) -> dict:
+    return dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        RANKSCOPE_ENDPOINT=endpoint,
+        RANKSCOPE_RUN=run,
+        RANKSCOPE_HANG_AFTER_S=str(HANG_AFTER_S),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        CUDA_VISIBLE_DEVICES="",
+    )
+
+
+def _torchrun(ranks: int) -> list[str]:
+    from collector.testing.ports import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(free_port()),
+    ]
+
+
+def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
+    out = work / case.name
+    cmd = [*_torchrun(case.ranks), "-m", "collector.hook", str(WORKLOAD), str(out), *case.args]
+    outcome = Outcome(case)
+    if case.live is None:
+        done = subprocess.run(cmd, env=_env(endpoint, case.name), capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{case.name}: exit {done.returncode}: {done.stderr[-3000:]}")
+        _step_time(outcome, out)
+        outcome.found = health(data_dir, case.name)
+        return outcome
+    # live: start, wait for the fault's timestamp, poll health until the expected class shows
+    job = subprocess.Popen(
+        cmd,
+        env=_env(endpoint, case.name),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        onset = None
+        while onset is None and time.monotonic() < deadline:
+            marks = list(out.glob("onset*.json")) if out.exists() else []
+            if marks:
+                onset = min(json.loads(m.read_text())["time"] for m in marks)
+            else:
+                time.sleep(0.2)
+        if onset is None:
+            raise RuntimeError(f"{case.name}: the fault never fired")
+        while time.time() - onset < POLL_TIMEOUT_S:
+            try:
+                found = health(data_dir, case.name)
+            except RuntimeError:
+                found = []
+            if any(CLASSES.get(f["kind"]) == case.live and f["severity"] in ("warning", "critical") for f in found):
+                outcome.detect_s = time.time() - onset
+                outcome.found = found  # what a user polling health saw then; stopping the job comes after
+                break
+            time.sleep(0.25)
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    if outcome.detect_s is None:
+        outcome.found = health(data_dir, case.name)
+    return outcome
+
+
+def run_engine(batch: list[Case], work: Path, endpoint: str, data_dir: Path) -> list[Outcome]:
+    """The engine's cases in one torchrun job (start-up shared), run by trainer.examples.faults."""
+    times = work / "engine-times.json"
+    specs = [c.args[0] for c in batch]
+    cmd = [*_torchrun(4), "-m", "trainer.examples.faults", "--slow-rank", "3", "--steps", "32"]
+    cmd += ["--name", "engine", "--times", str(times), "--runs", *specs]
+    done = subprocess.run(cmd, env=_env(endpoint, "engine"), capture_output=True, text=True, timeout=1200)
+    if done.returncode != 0:
+        raise RuntimeError(f"engine cases: exit {done.returncode}: {done.stderr[-3000:]}")
+    measured = json.loads(times.read_text())
+    outcomes = []
+    for case, spec in zip(batch, specs, strict=True):
+        run = "engine-" + spec.replace(":", "").replace("@", "from")
+        outcome = Outcome(case)
+        outcome.median_step_ms = 1e3 * statistics.median(measured[run][2:])
+        outcome.found = health(data_dir, run)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def run_framework(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
+    script = REPO / "tests" / "rank" / ("_hf_trainer_script.py" if case.source == "hf" else "_lightning_script.py")
+    out = work / case.name
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [*_torchrun(2), str(script), str(out)],
+        env=_env(endpoint, case.name),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{case.name}: exit {done.returncode}: {done.stderr[-3000:]}")
+    run_id = json.loads((out / "rank0.json").read_text())["run_id"]
+    outcome = Outcome(case)
+    outcome.found = health(data_dir, run_id)
+    return outcome
+
+
+def run_simulated(case: Case, work: Path) -> Outcome:
+    data_dir = work / case.name
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "simulate",
+            *case.args,
+            "--name",
+            case.name,
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{case.name}: exit {done.returncode}: {done.stderr[-3000:]}")
+    outcome = Outcome(case)
+    t0 = time.perf_counter()
+    outcome.found = health(data_dir, case.name)
+    outcome.detect_s = None
+    outcome.seconds = time.perf_counter() - t0  # the health command's own time at this scale
+    return outcome
+
+
+def _step_time(outcome: Outcome, out: Path) -> None:
+    times = out / "times.json"
+    if times.exists():
+        outcome.median_step_ms = 1e3 * statistics.median(json.loads(times.read_text())[2:])
+
+
+# ---- scoring ----
+
+
+def score(outcome: Outcome, healthy_ms: dict[str, float]) -> Outcome:
+    predictions = [f for f in outcome.found if f["severity"] in ("warning", "critical")]
+    unmatched = list(outcome.case.expect)
+    for f in predictions:
+        cls = CLASSES.get(f["kind"], f["kind"])
+        match = next(
+            (
+                e
+                for e in unmatched
+                if e.cls == cls and (e.ranks is None or tuple(sorted(f["ranks"])) == tuple(sorted(e.ranks)))
+            ),
+            None,
+        )
+        if match is None:
+            outcome.fp.append(f)
+            continue
+        unmatched.remove(match)
+        outcome.tp.append((match, f))
+        if match.onset is not None:
+            onset = f["evidence"].get("onset_step")
+            outcome.onset_error = None if onset is None else int(onset) - match.onset
+        base = healthy_ms.get(outcome.case.source)
+        if cls == S and base and outcome.median_step_ms and match.onset is None and match.window is None:
+            rise = outcome.median_step_ms - base
+            if rise > 0 and f.get("cost_ms_per_step"):
+                outcome.cost_error = abs(f["cost_ms_per_step"] - rise) / rise
+    outcome.fn = unmatched
+    return outcome
+
+
+def table(outcomes: list[Outcome]) -> tuple[str, dict]:
+    per: dict[str, dict] = {}
+    for o in outcomes:
+        for e, _ in o.tp:
+            per.setdefault(e.cls, dict(tp=0, fp=0, fn=0, cases=set(), detect=[]))["tp"] += 1
+        for f in o.fp:
+            per.setdefault(CLASSES.get(f["kind"], f["kind"]), dict(tp=0, fp=0, fn=0, cases=set(), detect=[]))["fp"] += 1
+        for e in o.fn:
+            per.setdefault(e.cls, dict(tp=0, fp=0, fn=0, cases=set(), detect=[]))["fn"] += 1
+        for e in o.case.expect:
+            per.setdefault(e.cls, dict(tp=0, fp=0, fn=0, cases=set(), detect=[]))["cases"].add(o.case.name)
+            if o.detect_s is not None and e.cls == o.case.live:
+                per[e.cls]["detect"].append(o.detect_s)
+
+    def prf(tp, fp, fn):
+        p = tp / (tp + fp) if tp + fp else 1.0
+        r = tp / (tp + fn) if tp + fn else 1.0
+        return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+
+    lines = [
+        "| class | cases | TP | FP | FN | precision | recall | F1 | time to detect (p50 / p90) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    total = dict(tp=0, fp=0, fn=0)
+    for cls in sorted(per):
+        row = per[cls]
+        p, r, f1 = prf(row["tp"], row["fp"], row["fn"])
+        for k in total:
+            total[k] += row[k]
+        d = sorted(row["detect"])
+        det = f"{statistics.median(d):.1f} s / {d[min(len(d) - 1, int(0.9 * len(d)))]:.1f} s" if d else "-"
+        lines.append(
+            f"| {cls} | {len(row['cases'])} | {row['tp']} | {row['fp']} | {row['fn']} "
+            f"| {p:.2f} | {r:.2f} | {f1:.2f} | {det} |"
+        )
+    p, r, f1 = prf(total["tp"], total["fp"], total["fn"])
+    healthy = [o for o in outcomes if not o.case.expect]
+    lines.append(
+        f"| **all** | {len(outcomes)} | {total['tp']} | {total['fp']} | {total['fn']} "
+        f"| {p:.2f} | {r:.2f} | **{f1:.2f}** | |"
+    )
+    summary = {
+        "f1": f1,
+        "precision": p,
+        "recall": r,
+        "cases": len(outcomes),
+        "healthy_warned": sum(1 for o in healthy if o.fp),
+    }
+    return "\n".join(lines), summary
+
+
+def run_suite(selected: list[Case], work: Path, log=print) -> list[Outcome]:
+    from collector.tools.launch import CollectorProcess
+
+    outcomes: list[Outcome] = []
+    data_dir = work / "data"
+    live = [c for c in selected if c.source in ("ddp", "engine", "hf", "lightning")]
+    if live:
+        with CollectorProcess(data_dir) as collector:
+            for case in [c for c in live if c.source == "ddp"] + [c for c in live if c.source in ("hf", "lightning")]:
+                t0 = time.perf_counter()
+                o = (
+                    run_ddp(case, work, collector.address, data_dir)
+                    if case.source == "ddp"
+                    else run_framework(case, work, collector.address, data_dir)
+                )
+                o.seconds = time.perf_counter() - t0
+                outcomes.append(o)
+                log(f"  {case.name}: {len(o.found)} findings in {o.seconds:.0f} s")
+            batch = [c for c in live if c.source == "engine"]
+            if batch:
+                t0 = time.perf_counter()
+                for o in run_engine(batch, work, collector.address, data_dir):
+                    o.seconds = (time.perf_counter() - t0) / len(batch)
+                    outcomes.append(o)
+                    log(f"  {o.case.name}: {len(o.found)} findings")
+    for case in selected:
+        if case.source == "simulate":
+            o = run_simulated(case, work)
+            outcomes.append(o)
+            log(f"  {case.name}: {len(o.found)} findings, health {o.seconds:.1f} s")
+        elif case.source == "sample":
+            o = Outcome(case, found=health(REPO / "sample_runs", case.args[0]))
+            outcomes.append(o)
+    healthy_ms = {}
+    for o in outcomes:
+        if not o.case.expect and o.median_step_ms and o.case.name in ("ddp-healthy", "engine-healthy"):
+            healthy_ms[o.case.source] = o.median_step_ms
+    return [score(o, healthy_ms) for o in outcomes]
+
+
+def report(outcomes: list[Outcome], wall_s: float) -> str:
+    from benches._common import code_version
+    from benches.dashboard_queries import machine
+
+    text, summary = table(outcomes)
+    rows = [
+        "| case | expected | found (warning/critical) | verdict | detect | cost err | onset err |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for o in outcomes:
+        exp = ", ".join(f"{e.cls}{list(e.ranks) if e.ranks else ''}" for e in o.case.expect) or "nothing"
+        got = (
+            "; ".join(f"{f['kind']}{f['ranks'] or ''}" for f in o.found if f["severity"] in ("warning", "critical"))
+            or "nothing"
+        )
+        verdict = "ok" if not o.fp and not o.fn else f"{len(o.fp)} FP, {len(o.fn)} FN"
+        det = f"{o.detect_s:.1f} s" if o.detect_s is not None else ""
+        cost = f"{100 * o.cost_error:.0f}%" if o.cost_error is not None else ""
+        onset = f"{o.onset_error:+d}" if o.onset_error is not None else ""
+        rows.append(f"| {o.case.name} | {exp} | {got} | {verdict} | {det} | {cost} | {onset} |")
+    costs = [o.cost_error for o in outcomes if o.cost_error is not None]
+    load = os.getloadavg()
+    head = (
+        f"# Fault-injection suite\n\nMeasured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}; "
+        f"{code_version(REPO)}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. "
+        f"Command: `python -m benches.faults`; {len(outcomes)} cases in {wall_s / 60:.1f} min.\n\n"
+        f"Overall F1 {summary['f1']:.2f} (precision {summary['precision']:.2f}, recall {summary['recall']:.2f}); "
+        f"healthy cases with a warning: {summary['healthy_warned']}; straggler cost error median "
+        f"{100 * statistics.median(costs):.0f}% (max {100 * max(costs):.0f}%) over {len(costs)} cases.\n\n"
+        if costs
+        else ""
+    )
+    return head + text + "\n\n## Per case\n\n" + "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    p = argparse.ArgumentParser(description="The fault-injection suite, scored.")
+    p.add_argument("--only", default="", help="comma-separated case names (or sources: ddp, engine, simulate, ...)")
+    p.add_argument("--quick", action="store_true", help="the subset make test runs")
+    p.add_argument("--out", default=str(REPO / "benches" / "RESULTS-faults.md"))
+    p.add_argument("--work", default=None, help="keep the runs here (default: a temporary directory)")
+    args = p.parse_args(argv)
+    selected = cases()
+    if args.quick:
+        selected = [c for c in selected if c.quick]
+    if args.only:
+        names = set(args.only.split(","))
+        selected = [c for c in selected if c.name in names or c.source in names]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rankscope-faults-") as tmp:
+        work = Path(args.work) if args.work else Path(tmp)
+        outcomes = run_suite(selected, work)
+    text = report(outcomes, time.perf_counter() - t0)
+    print(text)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
