@@ -58,6 +58,11 @@ _OPERATOR_ERRORS = (
     grpc.StatusCode.UNIMPLEMENTED,
 )
 _CLOSE_STREAM = object()
+# How long the collector may be out of reach before the rank says so (once per outage), and how long
+# ``close`` still tries a collector that has been out of reach: it spools at once rather than waiting
+# close_timeout_s for acks that cannot come (the exit stays prompt).
+UNREACHABLE_WARN_S = 3.0
+UNREACHABLE_CLOSE_S = 0.5
 
 
 @dataclass(kw_only=True)
@@ -164,9 +169,12 @@ class Client:
         self._stream: _Stream | None = None
         self._connected_at: float | None = None
         self._disconnected_since = time.monotonic()
+        self._outage_since = self._disconnected_since  # no ack since then (retries do not reset it)
         self._backoff = config.backoff_initial_s
         self._next_connect = 0.0
         self._operator_error_logged: set = set()
+        self._outage_warned = False  # the collector's current outage has been reported
+        self._last_error: str | None = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._done = threading.Event()
@@ -182,6 +190,7 @@ class Client:
         self.run_id, self.rank = hello.run_id, hello.rank
         self._hello = self._envelope(hello=hello)
         self._track(self._hello, 0)
+        self._outage_since = time.monotonic()  # the first try is about to be made
         self._thread = threading.Thread(target=self._run, name="rankscope-client", daemon=True)
         self._thread.start()
 
@@ -233,15 +242,20 @@ class Client:
     def _finish(self) -> None:
         start = time.monotonic()
         deadline = start + self.cfg.close_timeout_s
+        # Out of reach for a while already: one more try (now, whatever the backoff says) for a
+        # short grace, then spool, instead of waiting the whole close_timeout_s for acks.
+        give_up = start + UNREACHABLE_CLOSE_S if self._unreachable() else None
+        if give_up is not None:
+            self._next_connect = 0.0
         for env in self._encode(self.buffer.take()):
             self._enqueue(env)
         # RunEnd goes last, once the data is acked (or most of the wait is spent),
         # so its dropped count includes batches the collector rejected.
-        self._wait_acked(start + 0.8 * self.cfg.close_timeout_s)
+        self._wait_acked(start + 0.8 * self.cfg.close_timeout_s, give_up)
         end = self._end
         end.dropped_records += self.buffer.dropped + self.dropped_rejected
         self._enqueue(self._envelope(end=end))
-        self._wait_acked(deadline)
+        self._wait_acked(deadline, give_up)
         if self._stream is not None:
             self._stream.close()
         with self._lock:
@@ -257,11 +271,39 @@ class Client:
         if self._channel is not None:
             self._channel.close()
 
-    def _wait_acked(self, deadline: float) -> None:
+    def _wait_acked(self, deadline: float, give_up: float | None = None) -> None:
+        """Until every envelope is acked or ``deadline``; past ``give_up`` too, while the collector
+        has not acked anything since its outage began."""
         while time.monotonic() < deadline and (self._unacked or self._spooled):
+            if give_up is not None and self._connected_at is None and time.monotonic() >= give_up:
+                return
             self._maintain_connection()
             self._wake.wait(0.05)
             self._wake.clear()
+
+    def _unreachable(self) -> bool:
+        """No ack since the last connection broke (or ever), for longer than spool_after_s."""
+        return self._connected_at is None and time.monotonic() - self._outage_since > max(
+            self.cfg.spool_after_s, UNREACHABLE_CLOSE_S
+        )
+
+    def _warn_if_unreachable(self) -> None:
+        """Once per outage, UNREACHABLE_WARN_S after it began: the endpoint, why, and where the
+        records wait, while the run goes on (not only at exit)."""
+        if self._outage_warned or self._connected_at is not None or self._stopping.is_set():
+            return
+        away = time.monotonic() - self._outage_since
+        if away < UNREACHABLE_WARN_S:
+            return
+        self._outage_warned = True
+        log.warning(
+            "rankscope: collector at %s has not answered for %.0f s (%s); training goes on, its records are "
+            "spooled in %s and resent when the collector is back",
+            self.cfg.endpoint,
+            away,
+            self._last_error or "no answer",
+            self.cfg.spool_dir,
+        )
 
     def _envelope(self, **body) -> pb.Envelope:
         self._seq += 1
@@ -331,6 +373,9 @@ class Client:
                     self._spool_unacked()
             if time.monotonic() >= self._next_connect:
                 self._connect()
+            self._warn_if_unreachable()
+        elif self._connected_at is None:
+            self._warn_if_unreachable()  # a stream is open but nothing has been acked on it
         elif self._unacked_bytes > self.cfg.max_unacked_bytes:
             # Connected but the collector is slow: keep memory bounded.
             with self._lock:
@@ -390,6 +435,9 @@ class Client:
                 )
             self._next_connect = now + self.cfg.operator_error_retry_s
             return
+        self._last_error = code.name if code else str(err)[:200]
+        if self._connected_at is not None:  # an outage begins
+            self._outage_since = now
         if self._connected_at is None and self._backoff <= self.cfg.backoff_initial_s:
             log.info(
                 "rankscope: collector at %s unreachable (%s); retrying with backoff, spooling to %s",
@@ -430,6 +478,11 @@ class Client:
         if self._connected_at is None:
             self._connected_at = time.monotonic()
             self._backoff = self.cfg.backoff_initial_s
+            if self._outage_warned:
+                self._outage_warned = False
+                log.warning(
+                    "rankscope: collector at %s is answering again; resending what was spooled", self.cfg.endpoint
+                )
             if not self._orphans_started:
                 # The collector is reachable: deliver what dead processes on this host left behind.
                 self._orphans_started = True
