@@ -64,6 +64,17 @@ def test_a_rank_slow_only_lately_is_judged_on_its_slow_steps(n_ranks):
     assert stragglers.costly_ranks(patchy, world_size=n_ranks) == []
 
 
+def test_a_late_stretch_must_be_beyond_the_runs_own_chance_of_lateness():
+    # Beside two busy loops on 2 cores, healthy ranks were late on about a third of their steps,
+    # and one was then late on 7 of the last 9: chance on that run, not a slowdown. The same 7 of
+    # 9 on a quiet run (ranks late on 1 step in 30), or 40 of 40 on the loaded one, is not.
+    stretch = np.array([1, 1, 1, 1, 0, 0, 1, 1, 1], dtype=bool)
+    assert not stragglers.late_beyond_chance(stretch, base_rate=0.34, world_size=4)
+    assert stragglers.late_beyond_chance(stretch, base_rate=1 / 30, world_size=4)
+    assert stragglers.late_beyond_chance(np.ones(40, dtype=bool), base_rate=0.34, world_size=4)
+    assert not stragglers.late_beyond_chance(np.array([1, 0] * 10, dtype=bool), base_rate=1 / 30, world_size=4)
+
+
 def test_onset_of_a_pure_series():
     assert stragglers.onset([0.1] * 10 + [30.0] * 10)[0] == 10
     assert stragglers.onset([30.0] * 20) is None

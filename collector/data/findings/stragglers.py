@@ -46,6 +46,10 @@ ONSET_BEFORE_RATIO = 0.25
 # A rank is judged on its steps since an onset only when there are this many of them and it was
 # late on this share of them: a host's CPU contention makes a healthy rank late for a stretch now
 # and then (CI: 9 of 17 steps), an injected or real slowdown nearly always (measured: 88% of 40).
+# The share must also be beyond chance given how often ranks are late on this run anyway (the
+# median rank's late share over the run): on a loaded host a healthy rank is late on a third of
+# its steps, and then 7 of the last 9 happens (measured beside two busy loops on 2 cores); the
+# binomial tail of that count (Chernoff), times the ranks looked at, must be under CHANCE.
 WINDOW_MIN_STEPS = 8
 WINDOW_LATE_SHARE = 0.75
 # Arrival statistics (late_ranks): enough instances to judge, how unlikely by chance, ranks named.
@@ -139,11 +143,12 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
     median_since = {s: float(step_ms.iloc[s:].median()) for s in {0, *map(int, split[split > 0])}}
     # Judge each rank over the whole run and, if it turned slow long enough ago and has been
     # late on nearly every step since (not the chance "onsets" of healthy jitter), since then.
+    base_rate = max(float(np.median(np.mean(matrix >= late_floor(median_since[0]), axis=0))), 1 / len(cost))
     windows = {0} | {
         int(s)
         for col, s in enumerate(split)
         if 0 < s <= len(cost) - WINDOW_MIN_STEPS
-        and np.mean(matrix[s:, col] >= late_floor(median_since[s])) >= WINDOW_LATE_SHARE
+        and late_beyond_chance(matrix[s:, col] >= late_floor(median_since[s]), base_rate, world_size)
     }
     judged = {
         start: (median_since[start], rank_costs(steps[steps.step >= cost.index[start]]).set_index("rank"))
@@ -167,6 +172,21 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
                 )
                 break
     return found
+
+
+def late_beyond_chance(late: np.ndarray, base_rate: float, world_size: int) -> bool:
+    """Whether a rank late on these steps (booleans) since its onset was late on most of them
+    (WINDOW_LATE_SHARE) and more often than chance allows when ranks are late at ``base_rate``:
+    P(X >= k), X ~ Bin(steps, base_rate), bounded by exp(-steps * KL(k/steps || base_rate)) and
+    times ``world_size`` for looking at every rank, under CHANCE."""
+    n, k = len(late), int(np.sum(late))
+    if n == 0 or k < WINDOW_LATE_SHARE * n:
+        return False
+    p, q = min(base_rate, 1 - 1e-9), k / n
+    if q <= p:
+        return False
+    kl = q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
+    return world_size * math.exp(-n * kl) < CHANCE
 
 
 def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signals) -> Finding:
