@@ -36,7 +36,7 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -273,10 +273,13 @@ class Client:
 
     def _wait_acked(self, deadline: float, give_up: float | None = None) -> None:
         """Until every envelope is acked or ``deadline``; past ``give_up`` too, while the collector
-        has not acked anything since its outage began."""
+        has not acked anything since its outage began and no stream is open (a stream still
+        open may be a collector that just came back: its acks are waited for)."""
         while time.monotonic() < deadline and (self._unacked or self._spooled):
             if give_up is not None and self._connected_at is None and time.monotonic() >= give_up:
-                return
+                stream = self._stream
+                if stream is None or stream.dead.is_set():
+                    return
             self._maintain_connection()
             self._wake.wait(0.05)
             self._wake.clear()
@@ -530,7 +533,7 @@ class Client:
     def _spooled_envelopes(self, path: Path):
         """Called by the request iterator: the file's envelopes not yet acked."""
         try:
-            envs = spool.read(path)
+            envs, _ = spool.scan(path)  # an undecodable record stays in the file: resend_spooled sets it aside
         except (OSError, spool.SpoolError) as e:
             log.error("rankscope: cannot read spool file: %s", e)
             return []
@@ -557,11 +560,32 @@ def resend_spooled(
     unambiguous, deleting each file once all its envelopes are acked. Each file is
     claimed first (spool.claim), so processes racing for the same orphans never
     send one twice, and a file another process took is skipped without a word.
-    Says in one line what it resent, for which runs, to where. Returns
-    (files delivered, files left). Never raises."""
-    groups = spool.orphans(Path(directory), endpoint)
-    delivered = left = records = 0
-    runs: set[str] = set()
+
+    A record that cannot be delivered costs only itself: one that does not decode, or an
+    envelope the collector refuses (INVALID_ARGUMENT naming its seq), is set aside in the
+    file's side file (spool.quarantine: kept for inspection, never resent), counted and
+    logged once per file, and the rest of the file is still delivered, each envelope once
+    (the collector acks a resend of a durable one without storing it again). One writer's
+    failure never stops the others. Says in one line what it resent, for which runs, to
+    where. Returns (files delivered, files left). Never raises."""
+    try:
+        return _resend_spooled(Path(directory), endpoint, token, timeout_s, tls_ca)
+    except Exception:
+        log.exception("rankscope: resending the spool files in %s failed", directory)
+        return 0, 0
+
+
+@dataclass
+class _Resent:
+    delivered: int = 0
+    left: int = 0
+    records: int = 0
+    quarantined: int = 0
+    runs: set = field(default_factory=set)
+
+
+def _resend_spooled(directory: Path, endpoint: str, token, timeout_s: float, tls_ca) -> tuple[int, int]:
+    groups = spool.orphans(directory, endpoint)
     if not groups:
         return 0, 0
     metadata = security.auth_metadata(token)
@@ -570,63 +594,107 @@ def resend_spooled(
     except security.SecurityConfigError as e:
         log.error("rankscope: cannot resend spool files: %s", e)
         return 0, sum(len(paths) for paths in groups.values())
+    tally = _Resent()
     with channel:
         stub = pb_grpc.CollectorStub(channel)
         for client_id, paths in groups.items():
-            per_file: dict[Path, set[int]] = {}
-            envs = []
-            for path in paths:
-                claimed = spool.claim(path)
-                if claimed is None:
-                    continue  # another process on this host is delivering it
-                try:
-                    got = spool.read(claimed)
-                except (OSError, spool.SpoolError) as e:
-                    log.error("rankscope: skipping spool file: %s", e)
-                    spool.release(claimed)
-                    continue
-                per_file[claimed] = {e.seq for e in got}
-                envs += got
-            if not envs:
+            claimed = [c for c in (spool.claim(p) for p in paths) if c is not None]  # None: another process has it
+            if not claimed:
                 continue
-            need = set().union(*per_file.values()) if per_file else set()
-            acked: set[int] = set()
-            call = stub.Stream(iter(envs), metadata=metadata, timeout=timeout_s)
             try:
-                for ack in call:
-                    acked.update(ack.seqs)
-                    if need <= acked:
-                        break
-            except grpc.RpcError as e:
-                log.warning(
-                    "rankscope: resending spool of %s stopped: %s",
-                    client_id,
-                    e.details() if hasattr(e, "details") else e,
-                )
-            finally:
-                call.cancel()
-            for path, seqs in per_file.items():
-                if seqs <= acked:
-                    path.unlink(missing_ok=True)
-                    delivered += 1
-                else:
-                    spool.release(path)
-                    left += 1
-            for env in envs:
-                if env.seq in acked:
-                    body = env.WhichOneof("body")
-                    if body == "table":
-                        records += env.table.rows
-                        runs.add(env.table.run_id)
-                    elif body in ("hello", "end"):
-                        runs.add(getattr(env, body).run_id)
-    if delivered:
+                _resend_files(stub, metadata, timeout_s, client_id, claimed, endpoint, tally)
+            except Exception:  # a bug or a disk error on one writer's files: the others still go
+                log.exception("rankscope: resending the spool files of %s failed", client_id)
+                for path in claimed:
+                    if path.exists():
+                        spool.release(path)
+                        tally.left += 1
+    if tally.delivered:
         log.warning(
             "rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
             "to the collector at %s",
-            records,
-            ", ".join(sorted(runs)) or "?",
+            tally.records,
+            ", ".join(sorted(tally.runs)) or "?",
             directory,
             endpoint,
         )
-    return delivered, left
+    return tally.delivered, tally.left
+
+
+def _resend_files(stub, metadata, timeout_s: float, client_id: str, claimed: list[Path], endpoint: str, tally) -> None:
+    """One writer's claimed files, on as many streams as refusals need (see resend_spooled)."""
+    per_file: dict[Path, list[pb.Envelope]] = {}
+    aside: dict[Path, list[bytes]] = {}
+    why: dict[Path, list[str]] = {}
+    for path in claimed:
+        try:
+            got, bad = spool.scan(path)
+        except spool.SpoolError as e:  # not a spool file at all: set the whole file aside
+            got, bad = [], [(path.read_bytes(), str(e))]
+        if bad:
+            aside[path] = [raw for raw, _ in bad]
+            why[path] = [f"{len(bad)} undecodable ({bad[0][1]})"]
+        per_file[path] = got
+    envs = [env for got in per_file.values() for env in got]
+    file_of = {env.seq: path for path, got in per_file.items() for env in got}
+    acked: set[int] = set()
+    refused: dict[int, str] = {}
+    for _ in range(len(envs) + 1):  # a stream ends at each refusal: at most one per envelope, plus the last
+        to_send = [env for env in envs if env.seq not in acked and env.seq not in refused]
+        if not to_send:
+            break
+        need = {env.seq for env in to_send}
+        call = stub.Stream(iter(to_send), metadata=metadata, timeout=timeout_s)
+        try:
+            for ack in call:
+                acked.update(ack.seqs)
+                if need <= acked:
+                    break
+        except grpc.RpcError as e:
+            detail = e.details() if hasattr(e, "details") else str(e)
+            seq = _rejected_seq(e) if getattr(e, "code", lambda: None)() == grpc.StatusCode.INVALID_ARGUMENT else None
+            if seq in file_of and seq not in acked and seq not in refused:
+                refused[seq] = detail  # set it aside; the rest goes again on a new stream
+                continue
+            log.warning("rankscope: resending spool of %s stopped: %s", client_id, detail)
+            break
+        finally:
+            call.cancel()
+        if not need <= acked:
+            break  # the stream ended without an error and without every ack: try another time
+    for seq, detail in refused.items():
+        path = file_of[seq]
+        aside.setdefault(path, [])
+        why.setdefault(path, [])
+        env = next(env for env in per_file[path] if env.seq == seq)
+        aside[path].append(env.SerializeToString())
+        why[path].append(f"seq {seq} refused by the collector: {detail}")
+    for path, got in per_file.items():
+        if path in aside:
+            side = spool.quarantine(path, aside[path], endpoint)
+            tally.quarantined += len(aside[path])
+            log.error(
+                "rankscope: set aside %d record(s) of spool file %s that cannot be delivered (%s); they are kept "
+                "in %s, the file's other records are delivered",
+                len(aside[path]),
+                spool.unclaimed_name(path),
+                "; ".join(why[path]),
+                side,
+            )
+        rest = [env for env in got if env.seq not in acked and env.seq not in refused]
+        if not rest:
+            path.unlink(missing_ok=True)
+            tally.delivered += 1
+        else:
+            if len(rest) < len(got) or path in aside:  # whoever takes it next sends only what is left
+                spool.rewrite(path, rest, endpoint)
+            spool.release(path)
+            tally.left += 1
+        for env in got:
+            if env.seq in acked:
+                body = env.WhichOneof("body")
+                if body == "table":
+                    tally.records += env.table.rows
+                    tally.runs.add(env.table.run_id)
+                elif body in ("hello", "end"):
+                    tally.runs.add(getattr(env, body).run_id)

@@ -35,6 +35,8 @@ import struct
 import tempfile
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
 from proto import pb
 
 MAGIC = b"RSSPOOL2"
@@ -81,22 +83,76 @@ def write(directory: Path, client_id: str, envelopes: list[pb.Envelope], endpoin
 
 
 def read(path: Path) -> list[pb.Envelope]:
+    """Every envelope of the file; SpoolError (naming the file and the byte) for a damaged one."""
+    envelopes, bad = scan(path)
+    if bad:
+        raise SpoolError(f"{path}: {bad[0][1]}")
+    return envelopes
+
+
+def scan(path: Path) -> tuple[list[pb.Envelope], list[tuple[bytes, str]]]:
+    """The file's envelopes that decode, and the records that do not, as (raw bytes, what is wrong):
+    one damaged record costs only itself. A file that is not a spool file at all (bad magic or
+    endpoint header) raises SpoolError; a cut-short tail is one bad record."""
     with open(path, "rb") as f:
         data = f.read()
     at = _records_start(path, data)
-    out = []
+    out: list[pb.Envelope] = []
+    bad: list[tuple[bytes, str]] = []
     while at < len(data):
         if at + _LEN.size > len(data):
-            raise SpoolError(f"{path}: truncated length prefix at byte {at}")
+            bad.append((data[at:], f"truncated length prefix at byte {at}"))
+            break
         (n,) = _LEN.unpack_from(data, at)
         at += _LEN.size
         if at + n > len(data):
-            raise SpoolError(f"{path}: record at byte {at} needs {n} bytes, file ends first")
+            bad.append((data[at:], f"record at byte {at} needs {n} bytes, file ends first"))
+            break
         env = pb.Envelope()
-        env.ParseFromString(data[at : at + n])
-        out.append(env)
+        try:
+            env.ParseFromString(data[at : at + n])
+        except DecodeError as e:
+            bad.append((data[at : at + n], f"record at byte {at} ({n} bytes) is no Envelope: {e}"))
+        else:
+            out.append(env)
         at += n
-    return out
+    return out, bad
+
+
+QUARANTINE_SUFFIX = ".quarantined"
+
+
+def quarantine(path: Path, records: list[bytes], endpoint: str = "") -> Path:
+    """Sets ``records`` (raw, as they were in the spool file ``path``) aside in a side file beside it,
+    ``<spool file name>.quarantined``, in the spool format (``scan`` reads it back), appended to
+    when the same file sets more aside. It is never resent (its name does not end in ``.rsspool``)
+    and never deleted by rankscope: it is kept for inspection."""
+    side = path.with_name(unclaimed_name(path) + QUARANTINE_SUFFIX)
+    new = not side.exists()
+    with open(side, "ab") as f:
+        if new:
+            target = endpoint.encode()
+            f.write(MAGIC + _LEN.pack(len(target)) + target)
+        for data in records:
+            f.write(_LEN.pack(len(data)) + data)
+        f.flush()
+        os.fsync(f.fileno())
+    return side
+
+
+def rewrite(path: Path, envelopes: list[pb.Envelope], endpoint: str) -> None:
+    """Replaces the (claimed) file ``path`` by one holding only ``envelopes``, atomically: what was
+    set aside or delivered is not sent again by whoever takes the file next."""
+    tmp = path.with_name(unclaimed_name(path) + ".rewrite-tmp")  # neither a spool file nor a claim
+    with open(tmp, "wb") as f:
+        target = endpoint.encode()
+        f.write(MAGIC + _LEN.pack(len(target)) + target)
+        for env in envelopes:
+            data = env.SerializeToString()
+            f.write(_LEN.pack(len(data)) + data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def endpoint_of(path: Path) -> str | None:
