@@ -165,6 +165,11 @@ def loss_series(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 
 @_cached()
+def memory_trend(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.memory_trend(catalog(data_dir), run_id)
+
+
+@_cached()
 def moe_load(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.moe_load(catalog(data_dir), run_id)
 

@@ -57,6 +57,7 @@ def health_summary(sel: state.Selection, version: str) -> None:
         liveness=queries.rank_liveness(d, run_id, version),
         moe=queries.moe_load(d, run_id, version),
         losses=queries.loss_series(d, run_id, version),
+        memory=queries.memory_trend(d, run_id, version),
     )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]

@@ -815,6 +815,30 @@ def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
     return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
 
 
+def memory_trend(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank, its resident memory's trend over the second half of its steps (the first half holds
+    start-up and the warm-up's allocations; the last step's samples, taken as the session ends after
+    the script let go of its objects, are left out): the least-squares slope per second and its r2, the RSS at both ends, the steps per
+    second, the host's available memory at the end (findings.memory). Empty without host samples."""
+    if not _has_segments(cat.data_dir, "host", run_id):
+        return pd.DataFrame()
+    return cat.df(
+        """
+        WITH h AS (SELECT rank, step, time_ns, rss_bytes, mem_available_bytes FROM host
+                   WHERE run_id = ? AND rss_bytes > 0),
+        span AS (SELECT rank, min(step) AS lo, max(step) AS hi FROM h GROUP BY rank),
+        w AS (SELECT h.* FROM h JOIN span s USING (rank) WHERE h.step >= s.lo + (s.hi - s.lo) / 2
+              AND h.step > s.lo AND h.step < s.hi)
+        SELECT rank, regr_slope(rss_bytes, time_ns) * 1e9 AS bytes_per_s, regr_r2(rss_bytes, time_ns) AS r2,
+               arg_min(rss_bytes, time_ns) AS first_rss, arg_max(rss_bytes, time_ns) AS last_rss,
+               arg_max(mem_available_bytes, time_ns) AS available, min(step) AS first_step,
+               max(step) AS last_step, (max(step) - min(step)) / nullif((max(time_ns) - min(time_ns)) / 1e9, 0)
+               AS steps_per_s, count(*) AS samples
+        FROM w GROUP BY rank ORDER BY rank""",
+        [run_id],
+    )
+
+
 def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank and step, what may explain a late arrival: gc_ms (Python GC pauses), data_ms (the
     wait for the batch, the engine's ``data`` timer), between_steps_ms (a hook run's wait from the

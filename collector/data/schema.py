@@ -116,6 +116,7 @@ TABLES: dict[str, Table] = {
             ("runqueue_ns", I64),
             ("cpu_ns", I64),
             ("rss_bytes", I64),
+            ("mem_available_bytes", I64),  # the host's MemAvailable: how far an OOM is
         ),
         # ... and what the rank trained on in the step (trainer.batches): samples, and tokens where
         # the inputs are token ids (NULL otherwise). Input imbalance shows here.

@@ -5,7 +5,8 @@
 - ``host`` rows, about every ``SAMPLE_INTERVAL_S``: host CPU busy and steal shares
   (``/proc/stat``), the time this process's main thread (the training loop's) waited in the run
   queue for a CPU and the time it ran (``/proc/self/schedstat``, which is the main thread's alone:
-  a noisy neighbour on its core shows as run-queue wait), its resident memory.
+  a noisy neighbour on its core shows as run-queue wait), its resident memory and the host's
+  available memory (``/proc/meminfo``'s MemAvailable: how far an OOM is).
 
 Cost on the training thread: the GC callback is all that runs there, and it only stamps a
 clock reading into preallocated arrays (a ring of ``GC_SLOTS``); nothing is allocated, locked
@@ -89,6 +90,18 @@ def _read_ints(path: str) -> list[int] | None:
         return None
 
 
+def _mem_available() -> int | None:
+    """The host's MemAvailable (bytes), from /proc/meminfo: how much more it can hand out."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _host_cpu() -> tuple[int, int, int] | None:
     """(busy, steal, total) jiffies of the whole host since boot, from /proc/stat's cpu line."""
     try:
@@ -104,7 +117,7 @@ def _host_cpu() -> tuple[int, int, int] | None:
 
 class HostSampler:
     """One ``host`` row per interval: deltas of the host's CPU counters and of this process's
-    scheduler counters, and its resident memory."""
+    scheduler counters, its resident memory and the host's available memory."""
 
     def __init__(self) -> None:
         self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -130,6 +143,7 @@ class HostSampler:
             "runqueue_ns": sched1[1] - sched0[1],
             "cpu_ns": sched1[0] - sched0[0],
             "rss_bytes": statm[1] * self.page if statm and len(statm) > 1 else 0,
+            "mem_available_bytes": _mem_available(),
         }
 
 

@@ -322,6 +322,7 @@ class FakeRun:
             "runqueue_ns": (rng.uniform(0.0, 0.02, self.steps) * self.step_period_ns).astype(np.int64),
             "cpu_ns": (rng.uniform(0.7, 0.95, self.steps) * self.step_period_ns).astype(np.int64),
             "rss_bytes": np.full(self.steps, 2**30 + rank * 2**20, dtype=np.int64),
+            "mem_available_bytes": np.full(self.steps, 16 * 2**30, dtype=np.int64),
         }
 
         # What the rank trained on: sequences of about the same length on every rank (+-5%), but

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from collector.data import findings as health
-from collector.data.findings import loss, loss_scale, messages, moe, stragglers
+from collector.data.findings import loss, loss_scale, memory, messages, moe, stragglers
 from collector.testing.step_frames import step_rows
 
 
@@ -228,3 +228,34 @@ def test_a_loss_spike_is_named_and_a_healthy_falling_curve_is_not():
     spiked[40] = 46.0
     (found,) = loss.loss_anomalies(loss_frame(spiked))
     assert found.severity == "warning" and found.evidence["step"] == 40 and "spiked to 46 at step 40" in found.text
+
+
+def memory_rows(rank: int, per_step: float, steps: int = 100, start: float = 800e6) -> dict:
+    return {
+        "rank": rank,
+        "bytes_per_s": per_step * 50,
+        "r2": 0.99 if per_step else 0.1,
+        "first_rss": start,
+        "last_rss": start + per_step * steps / 2,
+        "available": 20 * 2**30,
+        "first_step": steps // 2,
+        "last_step": steps,
+        "steps_per_s": 50.0,
+        "samples": 20,
+    }
+
+
+def test_a_leaking_rank_is_named_with_its_growth_and_the_step_it_runs_out():
+    trend = pd.DataFrame([memory_rows(0, 0.0), memory_rows(1, 3 * 2**20)])
+    (found,) = memory.memory_growth(trend)
+    assert found.kind == "memory_growth" and found.ranks == (1,)
+    assert "grows 3.0 MiB per step" in found.text and "runs out in ~6,827 steps" in found.text
+    assert found.evidence["oom_step"] == 100 + 6826
+
+
+def test_flat_or_small_or_stepwise_memory_is_not_growth():
+    assert memory.memory_growth(pd.DataFrame([memory_rows(0, 0.0), memory_rows(1, 0.0)])) == []
+    small = memory_rows(1, 0.5 * 2**20)  # 25 MiB over the window: under MIN_GROWTH_BYTES
+    assert memory.memory_growth(pd.DataFrame([small])) == []
+    jump = dict(memory_rows(1, 3 * 2**20), r2=0.4)  # one step up, not a line
+    assert memory.memory_growth(pd.DataFrame([jump])) == []

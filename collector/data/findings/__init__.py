@@ -21,6 +21,7 @@ from collector.data.findings.desync import mismatched_collectives
 from collector.data.findings.hang import stuck_collectives
 from collector.data.findings.loss import loss_anomalies
 from collector.data.findings.loss_scale import loss_scale_falls
+from collector.data.findings.memory import memory_growth
 from collector.data.findings.messages import engine_of, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
 from collector.data.findings.moe import expert_imbalance
@@ -50,13 +51,15 @@ def summarize(
     liveness: pd.DataFrame | None = None,
     moe: pd.DataFrame | None = None,
     losses: pd.DataFrame | None = None,
+    memory: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
     ``source`` and ``config`` are the run's (they decide which
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
-    ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series."""
+    ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
+    ``memory`` queries.memory_trend."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
     return ranked(
@@ -71,6 +74,7 @@ def summarize(
         + loss_scale_falls(scales)
         + expert_imbalance(moe)
         + loss_anomalies(losses)
+        + memory_growth(memory)
     )
 
 
@@ -99,4 +103,5 @@ def for_run(
         liveness=queries.rank_liveness(cat, run_id),
         moe=queries.moe_load(cat, run_id),
         losses=queries.loss_series(cat, run_id),
+        memory=queries.memory_trend(cat, run_id),
     )
