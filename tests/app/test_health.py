@@ -259,3 +259,13 @@ def test_flat_or_small_or_stepwise_memory_is_not_growth():
     assert memory.memory_growth(pd.DataFrame([small])) == []
     jump = dict(memory_rows(1, 3 * 2**20), r2=0.4)  # one step up, not a line
     assert memory.memory_growth(pd.DataFrame([jump])) == []
+
+
+def test_a_hung_rank_is_told_once_by_the_hang_not_again_as_a_straggler():
+    from collector.data.findings import Finding, _one_story
+
+    hang = Finding(kind="hang", severity="critical", ranks=(1,), text="hang", evidence={"missing_ranks": [1]})
+    late = Finding(kind="straggler", severity="warning", ranks=(1,), text="rank 1 costs", cost_ms_per_step=3.0)
+    other = Finding(kind="straggler", severity="warning", ranks=(2,), text="rank 2 costs", cost_ms_per_step=3.0)
+    assert _one_story([late, hang, other]) == [hang, other]
+    assert _one_story([late, other]) == [late, other]

@@ -62,7 +62,7 @@ def summarize(
     ``memory`` queries.memory_trend."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
-    return ranked(
+    return _one_story(
         liveness_findings(
             hangs if hangs is not None else empty,
             desyncs if desyncs is not None else empty,
@@ -76,6 +76,13 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
     )
+
+
+def _one_story(found: list[Finding]) -> list[Finding]:
+    """Most urgent first, and each rank's trouble told once: a rank a hang waits for is named
+    by the hang, not again as a straggler for the steps it was late before it stopped."""
+    hung = {r for f in found if f.kind == "hang" for r in f.evidence.get("missing_ranks", ())}
+    return ranked([f for f in found if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)])
 
 
 def for_run(
