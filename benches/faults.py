@@ -101,7 +101,7 @@ S = "straggler"
 def cases() -> list[Case]:
     slow = (Expect(S, (1,)),)
     ddp = [
-        Case("ddp-healthy", "ddp", quick=True),
+        Case("ddp-healthy", "ddp"),
         Case("ddp-eval-pass", "ddp", ("--eval-every", "5")),
         Case("ddp-jitter", "ddp", ("--jitter-ms", "4")),
         Case("ddp-checkpoint", "ddp", ("--save-every", "10")),
@@ -121,10 +121,17 @@ def cases() -> list[Case]:
         ),
         Case("ddp-data-loader", "ddp", ("--fault", "data:1:25"), slow),
         Case("ddp-gc-pauses", "ddp", ("--fault", "gc:1:40"), slow),
-        Case("ddp-hang", "ddp", ("--steps", "60", "--fault", "hang:1@10"), (Expect("hang"),), live="hang", quick=True),
-        Case("ddp-crash", "ddp", ("--steps", "60", "--fault", "exit:1@10"), (Expect("crash"),), live="crash"),
-        Case("ddp-desync", "ddp", ("--steps", "60", "--fault", "desync:1@10"), (Expect("desync"),), live="desync"),
-        Case("ddp-nan-loss", "ddp", ("--fault", "nan:0@15"), (Expect("loss"),)),
+        Case("ddp-hang", "ddp", ("--steps", "60", "--fault", "hang:1@25"), (Expect("hang"),), live="hang", quick=True),
+        Case("ddp-crash", "ddp", ("--steps", "60", "--fault", "exit:1@25"), (Expect("crash"),), live="crash"),
+        Case(
+            "ddp-desync",
+            "ddp",
+            ("--steps", "60", "--fault", "desync:1@25"),
+            (Expect("desync"),),
+            live="desync",
+            quick=True,
+        ),
+        Case("ddp-nan-loss", "ddp", ("--fault", "nan:0@15"), (Expect("loss"),), quick=True),
         Case("ddp-loss-spike", "ddp", ("--fault", "spike:0:20@15-15"), (Expect("loss"),)),
         Case(
             "ddp-memory-growth",
@@ -169,8 +176,15 @@ def cases() -> list[Case]:
         ),
     ]
     sample = [
-        Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4),
-        Case("sample-zero2-hang-rank2", "sample", ("zero2-hang-rank2",), (Expect("hang"), Expect("crash")), ranks=4),
+        Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4, quick=True),
+        Case(
+            "sample-zero2-hang-rank2",
+            "sample",
+            ("zero2-hang-rank2",),
+            (Expect("hang"), Expect("crash")),
+            ranks=4,
+            quick=True,
+        ),
         Case("sample-zero3-fp16-overflows", "sample", ("zero3-fp16-overflows",), (Expect("loss_scale"),), ranks=4),
         Case(
             "sample-moe-skewed-expert",
