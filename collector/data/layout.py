@@ -6,6 +6,8 @@
     D/ledger/writer=<w>/                               the log of writer <w>, when several collectors
                                                        share D (docs/SCALING.md)
     D/catalog.duckdb                                   views only (collector/catalog.py)
+    D/ledger[/writer=<w>]/manifest.json                the files readers take, per table (snapshot reads)
+    D/snapshot/<table>/run=<run_id>/<segment>.parquet  hard links to committed segments, which readers read
 
 Segments are written as ``.<name>.tmp`` and renamed into place; the view globs
 (``run=*/*.parquet``) never match a temporary name, so readers never see a

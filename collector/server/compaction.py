@@ -151,13 +151,16 @@ class Compactor:
     def catch_up(self) -> None:
         """Everything the background thread would have done by now, at once (for data dirs written
         without a collector running, e.g. ``rankscope simulate --data-dir``): every window of settled
-        steps rolled up, then the small segments merged."""
+        steps rolled up, then the small segments merged, and what they replaced deleted."""
         if self.ledger.writer is None:
             for partition in layout.partitions(self.data_dir, "comm"):
                 while self.retention.run(partition):
                     pass
         for partition in layout.partitions(self.data_dir):
             self.merges += self._compact(partition)
+        # Offline, nobody is expected to be reading: the merged-away files go now rather than
+        # hold their disk space until a collector next runs here (a reader that was is retried).
+        self.ledger.collect_garbage(0)
 
     def _compact(self, partition: Path) -> int:
         merges = 0

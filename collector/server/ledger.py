@@ -46,6 +46,7 @@ from __future__ import annotations
 import bisect
 import fcntl
 import json
+import logging
 import math
 import os
 import threading
@@ -55,6 +56,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from collector.data import layout
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 2000
 DELETE_AFTER_S = 60.0  # a retired segment's snapshot link outlives the last manifest naming it this long
@@ -113,6 +116,20 @@ def _ranges(seqs: Iterable[int]) -> list[list[int]]:
     return out
 
 
+def _hard_link(source: Path, link: Path) -> None:
+    """``link`` -> the file at ``source``, creating its folder; one already there is kept if it is
+    that file (made before a crash) and replaced otherwise (names are unique: only by hand)."""
+    try:
+        os.link(source, link)
+    except FileNotFoundError:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.link(source, link)
+    except FileExistsError:
+        if not os.path.samefile(source, link):
+            link.unlink()
+            os.link(source, link)
+
+
 def _encode_line(record: dict) -> bytes:
     body = json.dumps(record, separators=(",", ":")).encode()
     return b"%08x %s\n" % (zlib.crc32(body), body)
@@ -152,6 +169,7 @@ class Ledger:
         self._foreign: dict[str, list[str]] = {}  # partition (relative) -> files no writer named
         self._retired: list[tuple[float, Path]] = []  # (monotonic time retired, snapshot link)
         self._linkable = True  # False once the filesystem refused a hard link
+        self._published = False  # whether the manifest on disk is the current one
         self._recover()
         self._checkpoint()
         self._scan_visible()
@@ -232,6 +250,8 @@ class Ledger:
         """Delete the snapshot links retired more than ``after_s`` ago; returns how many."""
         cutoff = time.monotonic() - after_s
         with self._lock:
+            if not self._published:  # a stale manifest may still name them
+                return 0
             due = [p for t, p in self._retired if t <= cutoff]
             self._retired = [(t, p) for t, p in self._retired if t > cutoff]
         for path in due:
@@ -262,18 +282,10 @@ class Ledger:
         if self._linkable:
             link = layout.snapshot_link(self.data_dir, segment)
             try:
-                try:
-                    os.link(source, link)
-                except FileNotFoundError:
-                    link.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(source, link)
+                _hard_link(source, link)
                 return self._rel(link)
-            except FileExistsError:
-                if not os.path.samefile(source, link):  # a leftover of another file: names are unique, so
-                    link.unlink()  # only by hand; link it again
-                    os.link(source, link)
-                return self._rel(link)  # made before a crash
-            except OSError:  # no hard links here: readers get the partition path
+            except OSError as exc:  # no hard links here: readers get the partition path
+                log.warning("no hard link %s (%s): readers now read segments in place until a restart", link, exc)
                 self._linkable = False
         return self._rel(segment)
 
@@ -299,19 +311,29 @@ class Ledger:
 
     def _publish(self) -> None:
         """Write the manifest aside and rename it into place: readers see this commit whole or not at all.
-        Not fsync'd: after a crash the next start rebuilds it from the segments in place."""
+        Not fsync'd: after a crash the next start rebuilds it from the segments in place. A failure
+        (disk full) does not undo the commit: readers keep the previous manifest, and no retired link
+        is deleted until one is published again."""
         body = json.dumps(
             {"version": 1, "commit": self._next_commit - 1, "tables": self._manifest_tables()}, separators=(",", ":")
         )
         path = self.dir / layout.MANIFEST_FILE
         tmp = path.with_name(f".{path.name}{layout.TEMP_SUFFIX}")
-        tmp.write_text(body)
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(body)
+            os.replace(tmp, path)
+        except OSError:
+            log.exception("publishing the readers' manifest failed; they read the previous commit until the next")
+            self._published = False
+        else:
+            self._published = True
 
     def _scan_visible(self) -> None:
         """After recovery every committed segment is in place: list them, link the ones not linked
         yet, publish, then retire this writer's links to anything no longer committed."""
         parquet = self.data_dir / layout.PARQUET_DIR
+        # before the first manifest: readers take a manifest only once this folder exists
+        (self.data_dir / layout.SNAPSHOT_DIR).mkdir(exist_ok=True)
         self._visible, self._foreign = {}, {}
         linked: set[Path] = set()
         for seg in sorted(parquet.glob(f"*/{layout.PARTITION_PREFIX}*/*{layout.SEGMENT_SUFFIX}")):

@@ -87,3 +87,44 @@ def test_settings_that_cannot_work_are_refused_naming_the_key():
     ):
         StoreConfig(flush_bytes=1024, max_buffered_bytes=512)
     assert StoreConfig(flush_interval=1).flush_interval == 1.0
+
+
+def test_a_merge_swaps_the_readers_list_at_once_and_deletes_the_inputs_only_later(tmp_path):
+    store = commit_batches(tmp_path, 6, 10)
+    before = catalog.snapshot_files(tmp_path)["comm"]
+    assert len(before) == 6 and all(f.startswith("snapshot/comm/run=r/seg-") for f in before)
+    Compactor(tmp_path, store.ledger, CompactionConfig(min_files=4)).run_once()
+    (after,) = catalog.snapshot_files(tmp_path)["comm"]
+    assert after.startswith("snapshot/comm/run=r/cmp-")
+    assert [p.name for p in (tmp_path / "parquet" / "comm" / "run=r").glob("*.parquet")] == [after.split("/")[-1]]
+    # a reader that took the list before the merge still reads every file of it, the same rows
+    con = catalog.connect(tmp_path)
+    assert con.execute("SELECT count(*), count(DISTINCT seq) FROM read_parquet(?)", [before]).fetchone() == (60, 60)
+    con.close()
+    assert store.ledger.collect_garbage(60) == 0  # within the grace period: kept
+    assert store.ledger.collect_garbage(0) == 6
+    assert not any((tmp_path / f).exists() for f in before)
+    store.close()
+
+
+def test_links_left_by_a_collector_that_stopped_are_retired_at_the_next_start(tmp_path):
+    store = commit_batches(tmp_path, 6, 10)
+    before = catalog.snapshot_files(tmp_path)["comm"]
+    Compactor(tmp_path, store.ledger, CompactionConfig(min_files=4)).run_once()
+    store.close()  # within the grace period: the inputs' links stay
+    assert all((tmp_path / f).exists() for f in before)
+    again = Store(tmp_path)
+    (after,) = catalog.snapshot_files(tmp_path)["comm"]
+    assert after.startswith("snapshot/comm/run=r/cmp-")
+    assert again.ledger.collect_garbage(0) == 6
+    assert catalog.connect(tmp_path).execute("SELECT count(*) FROM comm").fetchone() == (60,)
+    again.close()
+
+
+def test_a_data_dir_without_a_manifest_is_read_by_listing_its_partitions(tmp_path):
+    store = commit_batches(tmp_path, 3, 10)
+    store.close()
+    (tmp_path / "ledger" / "manifest.json").unlink()  # as a collector before manifests left it
+    assert catalog.snapshot_files(tmp_path) is None
+    assert catalog.connect(tmp_path).execute("SELECT count(*) FROM comm").fetchone() == (30,)
+    assert catalog.run_readonly_query(tmp_path, "SELECT count(*) AS n FROM comm")["n"][0].as_py() == 30

@@ -6,7 +6,7 @@ envelope acked before the read began, no envelope twice or in part, no error.
 
 Each envelope k of run r carries ROWS comm rows with ``seq`` in [k*ROWS, (k+1)*ROWS), so a read's
 ``GROUP BY run_id, seq // ROWS`` says which envelopes it saw and whether each was whole.
-``RANKSCOPE_SNAPSHOT_TEST_S`` lengthens the read loop (default 20 s)."""
+``RANKSCOPE_SNAPSHOT_TEST_S`` sets the read loop's length (default 30 s)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from collector.tools.launch import CollectorProcess
 RUNS = ("snap-a", "snap-b", "snap-c")
 ROWS = 200  # rows per envelope
 WINDOW = 16  # envelopes in flight per stream
-READ_FOR_S = float(os.environ.get("RANKSCOPE_SNAPSHOT_TEST_S", "20"))
+READ_FOR_S = float(os.environ.get("RANKSCOPE_SNAPSHOT_TEST_S", "30"))
 SQL = f"""SELECT run_id, seq // {ROWS} AS env, count(*) AS n, count(DISTINCT seq) AS d
           FROM comm GROUP BY ALL"""
 
