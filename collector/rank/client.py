@@ -376,13 +376,11 @@ class Client:
                     self._spool_unacked()
             if time.monotonic() >= self._next_connect:
                 self._connect()
-            self._warn_if_unreachable()
-        elif self._connected_at is None:
-            self._warn_if_unreachable()  # a stream is open but nothing has been acked on it
         elif self._unacked_bytes > self.cfg.max_unacked_bytes:
             # Connected but the collector is slow: keep memory bounded.
             with self._lock:
                 self._spool_unacked()
+        self._warn_if_unreachable()  # no stream, or one on which nothing has been acked
 
     def _connect(self) -> None:
         try:
@@ -437,6 +435,7 @@ class Client:
                     self.cfg.operator_error_retry_s,
                 )
             self._next_connect = now + self.cfg.operator_error_retry_s
+            self._outage_warned = True  # the refusal was just reported, with the endpoint and the spool dir
             return
         self._last_error = code.name if code else str(err)[:200]
         if self._connected_at is not None:  # an outage begins
@@ -612,11 +611,12 @@ def _resend_spooled(directory: Path, endpoint: str, token, timeout_s: float, tls
     if tally.delivered:
         log.warning(
             "rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
-            "to the collector at %s",
+            "to the collector at %s%s",
             tally.records,
             ", ".join(sorted(tally.runs)) or "?",
             directory,
             endpoint,
+            f"; {tally.quarantined} record(s) set aside in *{spool.QUARANTINE_SUFFIX}" if tally.quarantined else "",
         )
     return tally.delivered, tally.left
 

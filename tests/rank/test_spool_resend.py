@@ -74,8 +74,11 @@ def test_a_refused_envelope_is_set_aside_and_the_rest_of_the_file_delivered_once
     (side,) = spool_dir.glob(f"*{spool.QUARANTINE_SUFFIX}")
     kept, bad = spool.scan(side)
     assert [e.seq for e in kept] == [3] and kept[0].table.table == "no_such_table" and bad == []
-    aside = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    aside = [r.getMessage() for r in caplog.records if "cannot be delivered" in r.getMessage()]
     assert len(aside) == 1 and "seq 3 refused by the collector" in aside[0] and str(side) in aside[0], aside
+    summary = [r.getMessage() for r in caplog.records if "resent" in r.getMessage()]
+    assert len(summary) == 1 and "resent 30 record(s) of run(s) old-run" in summary[0], summary
+    assert "1 record(s) set aside" in summary[0], summary
 
 
 def test_an_undecodable_record_is_set_aside_and_another_writers_file_still_delivers(tmp_path, caplog):
@@ -99,7 +102,7 @@ def test_an_undecodable_record_is_set_aside_and_another_writers_file_still_deliv
     assert spool.unclaimed_name(side).startswith(damaged)
     kept, bad = spool.scan(side)
     assert kept == [] and [raw for raw, _ in bad] == [b"\xff\xff\xff\xff not an envelope"]
-    aside = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    aside = [r.getMessage() for r in caplog.records if "cannot be delivered" in r.getMessage()]
     assert len(aside) == 1 and "1 undecodable" in aside[0], aside
 
 
