@@ -145,6 +145,12 @@ def export_perfetto(data_dir, run: str, out) -> dict:
 
 
 def _run_segments(data_dir: Path, run_id: str) -> list[Path]:
+    """The run's segments as of one commit (the collector's manifest; catalog.snapshot_files), or
+    in a data dir without one, those its partition folders hold."""
+    snapshot = catalog.snapshot_files(data_dir)
+    if snapshot is not None:
+        partition = f"{layout.PARTITION_PREFIX}{run_id}"
+        return [data_dir / f for files in snapshot.values() for f in files if Path(f).parent.name == partition]
     found = []
     for table in layout.stored_schemas():
         part = layout.partition_dir(data_dir, table, run_id)
@@ -153,6 +159,11 @@ def _run_segments(data_dir: Path, run_id: str) -> list[Path]:
                 p for p in part.iterdir() if p.name.endswith(layout.SEGMENT_SUFFIX) and not p.name.startswith(".")
             )
     return found
+
+
+def _archived_name(data_dir: Path, path: Path) -> str:
+    """parquet/<table>/run=<id>/<name>, also for the snapshot link of a segment."""
+    return str(catalog.partition_path_of(data_dir, path).relative_to(data_dir))
 
 
 def export_archive(data_dir, run: str, out) -> dict:
@@ -177,14 +188,14 @@ def export_archive(data_dir, run: str, out) -> dict:
                     "world_size": run_row[1],
                     "source": run_row[2],
                     "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "files": [str(p.relative_to(data_dir)) for p in segments],
+                    "files": [_archived_name(data_dir, p) for p in segments],
                 }
                 data = json.dumps(manifest, indent=1).encode()
                 info = tarfile.TarInfo(MANIFEST)
                 info.size, info.mtime = len(data), int(time.time())
                 tar.addfile(info, io.BytesIO(data))
                 for path in tqdm(segments, desc="archive", unit="file", disable=None, leave=False):
-                    tar.add(path, arcname=str(path.relative_to(data_dir)))
+                    tar.add(path, arcname=_archived_name(data_dir, path))
             break
         except FileNotFoundError:
             if attempt == 2:
