@@ -15,6 +15,7 @@ def step_rows(
     late_rank: int | None = None,
     late_ms: float = 0.0,
     late_from: int = 0,
+    late_steps=None,
     late_op: str = "reduce_scatter_tensor",
     jitter_ms: float = 0.3,
     comm_ms: float = 40.0,
@@ -22,11 +23,12 @@ def step_rows(
 ) -> pd.DataFrame:
     """Every rank's steps take ``step_ms`` (+ the late rank's lateness, which every rank waits
     out); each step some rank imposes up to ``jitter_ms`` at random, and ``late_rank`` imposes
-    ``late_ms`` on the steps from ``late_from`` on."""
+    ``late_ms`` on the steps from ``late_from`` on (or on ``late_steps``, when given)."""
     rng = np.random.default_rng(seed)
     rank = np.tile(np.arange(n_ranks), n_steps)
     step = np.repeat(np.arange(n_steps), n_ranks)
-    late = np.where(step >= late_from, late_ms, 0.0) if late_rank is not None else np.zeros(len(step))
+    on = np.isin(step, list(late_steps)) if late_steps is not None else step >= late_from
+    late = np.where(on, late_ms, 0.0) if late_rank is not None else np.zeros(len(step))
     jitter_rank = np.repeat(rng.integers(0, n_ranks, n_steps), n_ranks)
     imposed = np.where(rank == jitter_rank, rng.uniform(0, jitter_ms, len(rank)), 0.0)
     imposed = np.where(rank == late_rank, imposed + late, imposed)

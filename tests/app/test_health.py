@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from collector.data import findings as health
 from collector.data.findings import loss, loss_scale, memory, messages, moe, stragglers
@@ -269,3 +270,23 @@ def test_a_hung_rank_is_told_once_by_the_hang_not_again_as_a_straggler():
     other = Finding(kind="straggler", severity="warning", ranks=(2,), text="rank 2 costs", cost_ms_per_step=3.0)
     assert _one_story([late, hang, other]) == [hang, other]
     assert _one_story([late, other]) == [late, other]
+
+
+def test_a_burst_that_ended_is_told_as_was_slow_not_is_slow():
+    steps = step_rows(4, 60, late_rank=2, late_ms=60.0, late_steps=range(20, 32))
+    (found,) = stragglers.costly_ranks(steps, world_size=4)
+    assert found.ranks == (2,) and found.evidence["pattern"] == "transient"
+    assert "was slow in steps 20-31" in found.text and "slow since" not in found.text
+
+
+def test_every_kth_step_is_told_as_intermittent():
+    steps = step_rows(4, 60, late_rank=1, late_ms=80.0, late_steps=range(3, 60, 4))
+    (found,) = stragglers.costly_ranks(steps, world_size=4)
+    assert found.ranks == (1,) and "slow every 4 steps" in found.text
+    assert found.cost_ms_per_step == pytest.approx(80.0 / 4, rel=0.15)
+
+
+def test_a_short_burst_on_a_healthy_rank_is_not_a_straggler():
+    """A loaded host holds a healthy rank back for a few steps in a row now and then."""
+    steps = step_rows(4, 60, late_rank=2, late_ms=60.0, late_steps=range(20, 25))
+    assert stragglers.costly_ranks(steps, world_size=4) == []

@@ -51,6 +51,15 @@ ONSET_BEFORE_RATIO = 0.25
 # its steps, and then 7 of the last 9 happens (measured beside two busy loops on 2 cores); the
 # binomial tail of that count (Chernoff), times the ranks looked at, must be under CHANCE.
 WINDOW_MIN_STEPS = 8
+# A burst that ended (transient) or every k-th step (intermittent): late on this share of the
+# burst's span / of those steps, a burst at least this long and this many steps before the end.
+BURST_DENSITY = 0.75
+BURST_MIN_STEPS = 3
+# A transient burst is at least this long: a loaded host holds a healthy rank back for a few
+# steps in a row now and then (seen: 5 steps of +61 ms at load 10), which no step-independent
+# chance model forbids; a throttled or contended rank that matters stays slow for longer.
+TRANSIENT_MIN_STEPS = 8
+MIN_BASE_RATE = 0.05  # the chance model's floor for how often a healthy rank is slow
 WINDOW_LATE_SHARE = 0.75
 # Arrival statistics (late_ranks): enough instances to judge, how unlikely by chance, ranks named.
 MIN_INSTANCES = 10
@@ -167,11 +176,68 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
             # waits for now and then on a busy host is noise, not a straggler.
             slow = series.iloc[max(start, turned, 0) :]
             if row.cost_ms_per_step >= floor and row.share_of_waiting >= concentration and slow.median() >= floor:
+                pattern = late_pattern(series.to_numpy(), np.delete(matrix, col, axis=1), floor, world_size)
                 found.append(
-                    straggler(int(rank), row, start, median_step, series, (turned, before[col], after[col]), signals)
+                    straggler(
+                        int(rank), row, start, median_step, series, (turned, before[col], after[col]), signals, pattern
+                    )
                 )
                 break
+        else:
+            # Not late on most steps: late in one burst that ended, or on every k-th step?
+            median_step, per_rank = judged[0]
+            row, floor = per_rank.loc[rank], late_floor(median_step)
+            pattern = late_pattern(series.to_numpy(), np.delete(matrix, col, axis=1), floor, world_size)
+            if pattern and row.share_of_waiting >= concentration and row.cost_ms_per_step >= MIN_COST_MS:
+                found.append(straggler(int(rank), row, 0, median_step, series, (-1, 0.0, 0.0), signals, pattern))
     return found
+
+
+def late_pattern(values: np.ndarray, others: np.ndarray, floor: float, world_size: int) -> dict | None:
+    """How a rank's slow steps fall, when it is not slow on most of them. ``values``: its imposed
+    wait per step; ``others``: the other ranks' (steps x ranks). A step is slow when its wait is at
+    least half the rank's 90th percentile (and the floor): the fault's steps, not the noise around
+    them. Judged beyond what chance gives a rank slow at the others' typical share of such steps
+    (``p``), times ``world_size`` for looking at every rank, under CHANCE:
+
+    - ``transient``: one burst of at least TRANSIENT_MIN_STEPS (slow on BURST_DENSITY of its span)
+      that ended at least BURST_MIN_STEPS before the last step; chance: such a run anywhere,
+      n * p^length;
+    - ``intermittent``: every k-th step (k >= 2 the common gap), late on BURST_DENSITY of those
+      steps; chance: the binomial tail of that count at ``base_rate``.
+    Returns the pattern (indexes into the series) or None."""
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    if n < 2 * BURST_MIN_STEPS:
+        return None
+    threshold = max(floor, 0.5 * float(np.quantile(values, 0.9)))
+    late = values >= threshold
+    base = float(np.median(np.mean(others >= threshold, axis=0))) if others.size else 0.0
+    p = min(max(base, MIN_BASE_RATE), 1 - 1e-9)
+    idx = np.flatnonzero(late)
+    if len(idx) < BURST_MIN_STEPS:
+        return None
+    span = int(idx[-1] - idx[0] + 1)
+    if len(idx) >= BURST_DENSITY * span and idx[-1] <= n - 1 - BURST_MIN_STEPS and idx[0] > 0:
+        if len(idx) < TRANSIENT_MIN_STEPS:
+            return None
+        if n * world_size * p ** len(idx) < CHANCE:
+            return {"pattern": "transient", "first": int(idx[0]), "last": int(idx[-1]), "late": len(idx)}
+        return None
+    gaps = np.diff(idx)
+    k = int(np.median(gaps))
+    if k < 2:
+        return None
+    positions = np.arange(idx[0], n, k)
+    hits = int(late[positions].sum())
+    m = len(positions)
+    if m < 4 or hits < BURST_DENSITY * m or hits / m <= p:
+        return None
+    q = hits / m
+    kl = q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
+    if world_size * math.exp(-m * kl) >= CHANCE:
+        return None
+    return {"pattern": "intermittent", "every": k, "late": hits, "of": m}
 
 
 def late_beyond_chance(late: np.ndarray, base_rate: float, world_size: int) -> bool:
@@ -189,10 +255,13 @@ def late_beyond_chance(late: np.ndarray, base_rate: float, world_size: int) -> b
     return world_size * math.exp(-n * kl) < CHANCE
 
 
-def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signals) -> Finding:
+def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signals, pattern=None) -> Finding:
     """The finding for a rank judged costly over the steps from index ``start`` of ``imposed``
-    (its bounded imposed wait per step); ``onset_at`` is (onset index or -1, mean before, after)."""
+    (its bounded imposed wait per step); ``onset_at`` is (onset index or -1, mean before, after);
+    ``pattern`` is late_pattern's, when its late steps were a burst that ended or every k-th step."""
     turned, before, after = onset_at
+    if pattern is not None:
+        turned = -1  # the pattern says when, not an onset
     cost = float(row.cost_ms_per_step)
     text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
     text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
@@ -212,6 +281,15 @@ def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signa
         first = int(imposed.index[turned])
         text += f"; slow since step {first} (+{duration(after - before)} per step from then)"
         evidence |= {"onset_step": first, "before_ms": float(before), "after_ms": float(after)}
+    if pattern is not None and pattern["pattern"] == "transient":
+        a, b = int(imposed.index[pattern["first"]]), int(imposed.index[pattern["last"]])
+        burst = float(imposed.iloc[pattern["first"] : pattern["last"] + 1].mean())
+        text += f"; was slow in steps {a}-{b} (+{duration(burst)} per step then), not since"
+        evidence |= {"pattern": "transient", "first_step": a, "last_step": b, "burst_ms": burst}
+        first = a
+    elif pattern is not None:
+        text += f"; slow every {pattern['every']} steps ({pattern['late']} of {pattern['of']} such steps)"
+        evidence |= {"pattern": "intermittent", "every": pattern["every"]}
     late = imposed[imposed >= floor]
     why = causes.explain(rank, late, signals, imposed) if signals is not None else None
     if why is not None:
@@ -259,6 +337,7 @@ def late_ranks(last_arrivals: pd.DataFrame, world_size: int) -> list[Finding]:
         total = int(rows.n_last.sum())
         if total < MIN_INSTANCES:
             continue
+        # FAIR_SHARE_FACTOR x the fair share, capped: at 2 ranks twice the fair share is every instance
         late = rows[
             (rows.share >= min(MAX_CONCENTRATION, FAIR_SHARE_FACTOR / world_size))
             & rows.n_last.map(lambda k, n=total: chance_bound(int(k), n, world_size) < CHANCE)
