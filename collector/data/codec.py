@@ -7,10 +7,22 @@ and ``envelope_rows`` turn a whole Envelope into the rows the store keeps (the
 collector, and importers writing a data dir directly, both use them), raising
 ``CodecError`` naming the envelope's seq. ``REJECTED_SEQ_KEY`` is the trailing
 metadata key in which the collector names an envelope it refused.
+
+Bounded decoding. An envelope's size on the wire says little about what it decodes to: a string
+column's codes are 4 bytes a row whatever entry they point at, so 20,000 codes into one 10 KB
+dictionary entry would decode to 200 MB (and past 2 GiB, Arrow's take overflows). Before anything
+is allocated, ``decode_batch`` bounds what a batch will take: the fixed-width part (rows x the
+table's row width, columns not sent included, as they are stored as nulls) and each string
+column's bytes (its longest dictionary entry x rows; only when that bound is over the budget are
+the codes looked at, as one numpy take over the entries' lengths). Over ``MAX_COLUMN_BYTES`` for
+a string column or ``MAX_DECODED_BYTES`` for the envelope, or one string over
+``MAX_STRING_BYTES``, the batch is refused naming the column. Hello's strings are capped too
+(``HELLO_LIMITS``): they end up in every /metrics label and every runs query.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from array import array
@@ -26,6 +38,15 @@ from collector.data.schema import ARROW_TYPES, BOOL, F64, I64, RANK_ENDS_SCHEMA,
 from proto import SCHEMA_VERSION, pb
 
 MAX_BATCH_ROWS = 1_000_000
+# What one envelope may decode to. A legitimate batch decodes to about its size on the wire plus
+# its rank column and the nulls of columns it left out: a client's 8,192-row comm batch to ~1 MB,
+# an importer's 50,000-row one to ~6 MB (a comm row is 113 bytes fixed-width, so 64 MiB is ~590k
+# rows; such a batch is ~60 MB on the wire, at the collector's message limit anyway).
+MAX_DECODED_BYTES = 64 << 20
+MAX_COLUMN_BYTES = 32 << 20  # the string bytes of one column of one batch
+MAX_STRING_BYTES = 1 << 20  # one value of a batch's string column (a deep stack is ~100 KB)
+# Hello's strings, in characters (run_id has its own rule, layout.check_run_id)
+HELLO_LIMITS = {"run_name": 1024, "host": 255, "source": 64, "config_json": 1 << 20}
 INT64_MAX = 2**63 - 1
 MAX_WORLD_SIZE = 1 << 20
 _NP_DTYPES = {I64: np.dtype("<i8"), F64: np.dtype("<f8"), BOOL: np.dtype("u1")}
@@ -75,7 +96,18 @@ def encode_batch(table: str, run_id: str, rank: int, columns: Mapping[str, Seque
     return out
 
 
-def _decode_column(table: str, col: pb.Column, kind: str, rows: int) -> pa.Array:
+def _string_bytes(where: str, lengths: list[int], codes: bytes) -> int:
+    """The bytes a string column decodes to: the lengths of the entries its codes point at, summed."""
+    picks = np.frombuffer(codes, dtype="<u4")
+    if picks.size and int(picks.max()) >= len(lengths):
+        raise CodecError(f"{where}: string code out of range (dictionary has {len(lengths)} entries)")
+    return int(np.take(np.asarray(lengths, dtype=np.int64), picks).sum())
+
+
+def _decode_column(
+    table: str, col: pb.Column, kind: str, rows: int, budget: list[int], wire: dict | None = None
+) -> pa.Array:
+    """One column as Arrow; ``wire``, if given, also gets the column's bytes as the wire had them."""
     where = f"{table}.{col.name}"
     present = col.WhichOneof("values")
     if present != kind:
@@ -85,14 +117,37 @@ def _decode_column(table: str, col: pb.Column, kind: str, rows: int) -> pa.Array
         if len(codes) != rows * 4:
             raise CodecError(f"{where}: {len(codes)} code bytes, expected {rows * 4} ({rows} rows x 4)")
         dictionary = col.str.dictionary
+        encoded = [v.encode() for v in dictionary]  # protobuf strings are valid UTF-8
+        lengths = list(map(len, encoded))
+        longest = max(lengths, default=0)
+        if longest > MAX_STRING_BYTES:
+            entry = lengths.index(longest)
+            raise CodecError(
+                f"{where}: dictionary entry {entry} is {longest} bytes; the limit is {MAX_STRING_BYTES} per value"
+            )
+        size = longest * rows  # a bound, exact enough for every ordinary batch
+        if size > min(MAX_COLUMN_BYTES, budget[0]):
+            size = _string_bytes(where, lengths, codes)
+            if size > MAX_COLUMN_BYTES:
+                raise CodecError(
+                    f"{where}: {rows} rows decode to {size} string bytes; the limit is {MAX_COLUMN_BYTES} per column"
+                )
+            if size > budget[0]:
+                raise CodecError(
+                    f"{where}: {rows} rows decode to {size} string bytes, over what is left of the "
+                    f"envelope's {MAX_DECODED_BYTES} decoded bytes ({budget[0]})"
+                )
+        budget[0] -= size
         try:  # take checks every code against the dictionary
-            return _TAKE.call([_strings(dictionary), _wrap(_CODES, rows, codes)])
+            return _TAKE.call([_strings(encoded, lengths), _wrap(_CODES, rows, codes)])
         except IndexError:
             raise CodecError(f"{where}: string code out of range (dictionary has {len(dictionary)} entries)") from None
     data = getattr(col, kind)
     width = _NP_DTYPES[kind].itemsize
     if len(data) != rows * width:
         raise CodecError(f"{where}: {len(data)} bytes, expected {rows * width} ({rows} rows x {width})")
+    if wire is not None:
+        wire[col.name] = data  # the same bytes the array wraps: no copy
     if kind == BOOL:
         data = np.packbits(np.frombuffer(data, dtype="u1").astype(bool), bitorder="little")
     return _wrap(ARROW_TYPES[kind], rows, data)
@@ -113,12 +168,98 @@ def _wrap(arrow_type: pa.DataType, rows: int, data) -> pa.Array:
     return pa.Array.from_buffers(arrow_type, rows, [None, pa.py_buffer(data)])
 
 
-def _strings(values: Sequence[str]) -> pa.Array:
-    encoded = [v.encode() for v in values]  # protobuf strings are valid UTF-8
-    offsets = array("i", accumulate(map(len, encoded), initial=0))
+def _strings(encoded: list[bytes], lengths: list[int]) -> pa.Array:
+    offsets = array("i", accumulate(lengths, initial=0))
     return pa.Array.from_buffers(
         pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
     )
+
+
+# Values no clock or counter can produce, refused by column and row rather than stored silently:
+# negative times and durations, a collective ending before it started, a bandwidth that is not a
+# number (collector.data.bandwidth gives 0 for a zero duration). NaN or inf stay legal where a
+# run may really produce them (a diverged loss in monitor.value).
+NON_NEGATIVE = ("start_ns", "end_ns", "time_ns", "dur_ns", "entered_ns")
+ORDERED = (("start_ns", "end_ns"),)
+FINITE = ("algbw_gbs", "busbw_gbs")
+
+
+@functools.cache
+def _plausibility(table: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """(columns that must be >= 0, (start, end) pairs, columns that must be finite) of ``table``;
+    an end checked against its start is not checked on its own (end >= start >= 0)."""
+    kinds = TABLES[table].column_types
+    ordered = tuple((a, b) for a, b in ORDERED if kinds.get(a) == kinds.get(b) == I64)
+    return (
+        tuple(c for c in NON_NEGATIVE if kinds.get(c) == I64),
+        ordered,
+        tuple(c for c in FINITE if kinds.get(c) == F64),
+    )
+
+
+@functools.cache
+def _checked(table: str) -> frozenset[str]:
+    non_negative, _, finite = _plausibility(table)
+    return frozenset((*non_negative, *finite))
+
+
+def _check_plausible(table: str, sent: dict[str, bytes]) -> None:
+    """``sent``: the wire's bytes of the batch's columns that ``_plausibility`` names (the buffers
+    the decoded arrays wrap: viewed here, not copied). One reduction per column that must not be
+    negative, per (start, end) pair and per finite column, each without a temporary as large as the
+    column (a 16k-row column is 128 KB: malloc maps and unmaps such blocks, page faults each time);
+    ~5 us a comm batch of up to a few thousand rows. The bad row is searched only once something is
+    wrong."""
+    non_negative, ordered, finite = _plausibility(table)
+    ints = {name: np.frombuffer(sent[name], dtype="<i8") for name in non_negative if name in sent}
+    paired = set()
+    for a, b in ordered:
+        if a in ints and b in ints:
+            paired.add(b)  # end >= start >= 0
+            if _ANY(np.less(ints[b], ints[a])):
+                _refuse_implausible(table, sent)
+    for name, values in ints.items():
+        if name not in paired and _MIN(values) < 0:
+            _refuse_implausible(table, sent)
+    for name in finite:
+        if name in sent and not _ALL(np.isfinite(np.frombuffer(sent[name], dtype="<f8"))):
+            _refuse_implausible(table, sent)
+
+
+_MIN, _ANY, _ALL = np.minimum.reduce, np.logical_or.reduce, np.logical_and.reduce  # ~1 us less than ndarray.min
+
+
+def _refuse_implausible(table: str, sent: dict[str, bytes]) -> None:
+    """The first implausible value of ``sent``, as a CodecError naming its column and row."""
+    non_negative, ordered, finite = _plausibility(table)
+    for name in non_negative:
+        if name in sent:
+            values = np.frombuffer(sent[name], dtype="<i8")
+            if (values < 0).any():
+                row = int(np.argmax(values < 0))
+                raise CodecError(f"{table}.{name}: row {row} is {values[row]}; a time or duration cannot be negative")
+    for a, b in ordered:
+        if a in sent and b in sent:
+            start, end = np.frombuffer(sent[a], dtype="<i8"), np.frombuffer(sent[b], dtype="<i8")
+            if (end < start).any():
+                row = int(np.argmax(end < start))
+                raise CodecError(f"{table}.{b}: row {row} ends at {end[row]}, before its {a} {start[row]}")
+    for name in finite:
+        if name in sent:
+            values = np.frombuffer(sent[name], dtype="<f8")
+            bad = ~np.isfinite(values)
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise CodecError(f"{table}.{name}: row {row} is {values[row]}; expected a finite number")
+
+
+_ROW_WIDTH = {I64: 8, F64: 8, BOOL: 1, STR: 4}  # bytes a row of a column takes decoded (strings: the offset)
+
+
+@functools.cache
+def _row_bytes(table: str) -> int:
+    """A decoded row's fixed-width bytes: the rank column and every column of the table."""
+    return 8 + sum(_ROW_WIDTH[kind] for _, kind in TABLES[table].columns)
 
 
 def decode_batch(batch: pb.TableBatch) -> pa.Table:
@@ -133,17 +274,31 @@ def decode_batch(batch: pb.TableBatch) -> pa.Table:
     if rows > MAX_BATCH_ROWS:
         raise CodecError(f"table.rows: {rows} rows in one batch; the limit is {MAX_BATCH_ROWS}")
     types = spec.column_types
+    fixed = rows * _row_bytes(batch.table)
+    if fixed > MAX_DECODED_BYTES:
+        raise CodecError(
+            f"table.rows: {rows} rows of {batch.table} decode to {fixed} bytes before any string; "
+            f"the limit is {MAX_DECODED_BYTES} per envelope"
+        )
+    budget = [MAX_DECODED_BYTES - fixed]  # what the string columns may still take
+    checked = _checked(batch.table)
     arrays: dict[str, pa.Array] = {}
+    plausible: dict[str, bytes] = {}  # the wire's bytes of the columns _check_plausible reads
     for col in batch.columns:
-        if col.name not in types:
-            raise CodecError(f"{batch.table}: unknown column {col.name!r}")
-        if col.name in arrays:
-            raise CodecError(f"{batch.table}: column {col.name!r} sent twice")
-        arrays[col.name] = _decode_column(batch.table, col, types[col.name], rows)
+        name = col.name
+        if name not in types:
+            raise CodecError(f"{batch.table}: unknown column {name!r}")
+        if name in arrays:
+            raise CodecError(f"{batch.table}: column {name!r} sent twice")
+        arrays[name] = _decode_column(
+            batch.table, col, types[name], rows, budget, plausible if name in checked else None
+        )
     if rows and not arrays:
         # Missing columns are stored as nulls (older clients), but a batch of nothing but a row
         # count would store all-NULL rows: 31 bytes on the wire declaring a million of them.
         raise CodecError(f"{batch.table}: table.rows declares {rows} rows but the batch carries no column")
+    if rows and plausible:
+        _check_plausible(batch.table, plausible)
     data = [_wrap(ARROW_TYPES[I64], rows, np.full(rows, batch.rank, dtype=np.int64))]
     for name, kind in spec.columns:
         # Columns a client did not send (an older client) are stored as nulls.
@@ -185,6 +340,14 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
         if body == "hello":
             h = env.hello
             check_run_id(h.run_id)
+            for field, limit in HELLO_LIMITS.items():
+                if len(value := getattr(h, field)) > limit:
+                    raise CodecError(f"hello.{field} is {len(value)} characters; the limit is {limit}")
+            if h.linked_run_id:
+                try:
+                    check_run_id(h.linked_run_id)
+                except CodecError as exc:
+                    raise CodecError(f"hello.linked_run_id: {exc}") from None
             _check_range("hello.world_size", h.world_size, 1, MAX_WORLD_SIZE)
             _check_range("hello.pid", h.pid, 0, INT64_MAX)
             _check_range("hello.started_at_ns", h.started_at_ns, 0, INT64_MAX)

@@ -303,6 +303,14 @@ def _rollup_query(rollup: pa.Table, flt: CommFilter, select: str) -> pd.DataFram
     return _on_rollup(rollup, select.format(where=where), params)
 
 
+def _listed(value) -> list:
+    """A DuckDB list aggregate's value as a list. Over no rows it is NULL, which pandas hands back
+    as ``pd.NA`` (nullable dtypes) or ``None``: a run with no comm rows yet has no ops, not an error."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return []
+    return list(value)
+
+
 def comm_dimensions(rollup: pa.Table) -> dict:
     """Ops, groups, ranks and step range present in a run's comm records."""
     df = _on_rollup(
@@ -315,9 +323,9 @@ def comm_dimensions(rollup: pa.Table) -> dict:
     )
     row = df.iloc[0]
     return {
-        "ops": list(row.ops if row.ops is not None else []),
-        "groups": list(row.groups if row.groups is not None else []),
-        "ranks": [int(x) for x in (row.ranks if row.ranks is not None else [])],
+        "ops": _listed(row.ops),
+        "groups": _listed(row.groups),
+        "ranks": [int(x) for x in _listed(row.ranks)],
         "first_step": None if pd.isna(row.first_step) else int(row.first_step),
         "last_step": None if pd.isna(row.last_step) else int(row.last_step),
     }

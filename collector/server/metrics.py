@@ -11,23 +11,39 @@ that ended in the last ``keep_ended_s``:
 | ``rankscope_busbw_gbytes_per_second{op}`` | mean bus bandwidth per op over the last ``window`` steps |
 | ``rankscope_last_arrival_share`` | share of the run's collective instances this rank arrived last to |
 | ``rankscope_findings{kind,severity}`` | findings of the run (collector.data.findings), per run |
+| ``rankscope_ranks_omitted`` | ranks of the run whose per-rank series are left out (``max_ranks``) |
 
 and the collector's own counters: ``rankscope_collector_records_durable_total``,
 ``rankscope_collector_batches_rejected_total``, ``rankscope_collector_open_streams``,
 ``rankscope_collector_uptime_seconds``, and ``rankscope_metrics_refresh_seconds`` /
-``rankscope_metrics_refresh_errors_total`` for this endpoint's own work.
+``rankscope_metrics_refresh_errors_total`` / ``rankscope_metrics_run_errors_total{run_id}``
+for this endpoint's own work.
+
+Access: with the collector's token, /metrics answers only a request carrying
+``Authorization: Bearer <token>`` (401 otherwise), as every RPC does; Prometheus sends it with
+``authorization: {credentials: <token>}`` in its scrape config.
+
+Cardinality: per run, the per-rank series are those of the ``max_ranks`` worst ranks (most often
+last to arrive, then slowest step; all of them for runs up to that size), and
+``rankscope_ranks_omitted`` says how many were left out; the ``run`` and ``op`` labels are cut to
+``MAX_LABEL_CHARS`` characters.
 
 Threads. Ingest never waits on this: the per-run figures are computed by a thread of their own
 every ``refresh_s`` with read-only catalog queries (the same ones the dashboard runs) and kept
 as a snapshot; a scrape only reads the snapshot and the collector's counters. A refresh that
 fails (a segment compacted away under it, a bad run) is logged and counted, and the previous
-snapshot stays. Each refresh also hands the runs' findings to the alert webhook, if one is set
-(collector.server.alerts), which posts the new ones.
+snapshot stays. One run's failure stays with that run: its series keep their previous values,
+``rankscope_metrics_run_errors_total{run_id}`` counts it (logged with its traceback the first time,
+in one line after), and every other run is refreshed and alerted on as usual. Each refresh also
+hands the runs' findings to the alert webhook, if one is set (collector.server.alerts), which posts
+the new ones.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +55,13 @@ from collector.server.alerts import AlertWebhook
 log = logging.getLogger("rankscope.metrics")
 
 RUN_LABELS = ("run_id", "run")
+MAX_LABEL_CHARS = 64  # a run's name or an op, as a label value
+MAX_RANKS = 256  # per-rank series per run (the worst ranks)
+
+
+def label(value, limit: int = MAX_LABEL_CHARS) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -48,9 +71,13 @@ class Snapshot:
     gauges: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
 
     def add(self, name: str, labels: tuple, value) -> None:
-        if value is None or value != value:  # unknown yet (NaN, NULL): no sample rather than a made-up one
+        try:
+            number = float(value)
+        except (TypeError, ValueError):  # None, pd.NA: unknown yet
             return
-        self.gauges.setdefault(name, []).append((tuple(str(v) for v in labels), float(value)))
+        if number != number:  # NaN: unknown yet; no sample rather than a made-up one
+            return
+        self.gauges.setdefault(name, []).append((tuple(str(v) for v in labels), number))
 
 
 # name -> (help, label names); every per-run gauge the refresh fills
@@ -64,6 +91,7 @@ GAUGES = {
     "rankscope_busbw_gbytes_per_second": ("Mean bus bandwidth per op, recent steps", (*RUN_LABELS, "rank", "op")),
     "rankscope_last_arrival_share": ("Share of collective instances this rank arrived last to", (*RUN_LABELS, "rank")),
     "rankscope_findings": ("Findings of the run by kind and severity", (*RUN_LABELS, "kind", "severity")),
+    "rankscope_ranks_omitted": ("Ranks of the run whose per-rank series are left out (max_ranks)", RUN_LABELS),
 }
 
 
@@ -81,13 +109,18 @@ class MetricsEndpoint:
         window: int = 10,
         keep_ended_s: float = 600.0,
         webhook: AlertWebhook | None = None,
+        token: str | None = None,
+        max_ranks: int = MAX_RANKS,
     ) -> None:
         self.state = state
         self.refresh_s, self.window, self.keep_ended_s = refresh_s, window, keep_ended_s
         self.webhook = webhook
+        self.max_ranks = max_ranks
+        self._expected_auth = f"Bearer {token}".encode() if token else None
         self.snapshot = Snapshot()
         self.refresh_seconds = 0.0
         self.refresh_errors = 0
+        self.run_errors: dict[str, int] = {}  # run_id -> refreshes of that run that failed
         self._catalog: queries.Catalog | None = None
         self._stop = threading.Event()
         self._server = None
@@ -99,17 +132,35 @@ class MetricsEndpoint:
 
     def _serve(self, host: str, port: int) -> None:
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
+            from prometheus_client import CollectorRegistry, make_wsgi_app
+            from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
         except ImportError:
             raise RuntimeError(
                 "--metrics-port needs the prometheus_client package: pip install 'rankscope[collector]'"
             ) from None
+        from wsgiref.simple_server import make_server
+
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
+        app = make_wsgi_app(registry)
+
+        def guarded(environ, start_response):
+            if self._expected_auth is not None:
+                sent = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+                if not hmac.compare_digest(sent, self._expected_auth):
+                    headers = [("Content-Type", "text/plain; charset=utf-8"), ("WWW-Authenticate", "Bearer")]
+                    start_response("401 Unauthorized", headers)
+                    return [b"missing or wrong bearer token: send 'Authorization: Bearer <the collector's token>'\n"]
+            return app(environ, start_response)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
         try:
-            self._server, _ = start_http_server(port, addr=host, registry=registry)
+            self._server = make_server(host, port, guarded, Server, handler_class=_SilentHandler)
         except OSError as exc:
             raise OSError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        threading.Thread(target=self._server.serve_forever, name="rankscope-metrics-http", daemon=True).start()
         self.port = self._server.server_address[1]
 
     # ---------------------------------------------------------------- scrape (prometheus_client calls this)
@@ -128,6 +179,12 @@ class MetricsEndpoint:
         )
         for family, name, help_text, value in own:
             yield family(name, help_text, value=value)
+        run_errors = CounterMetricFamily(
+            "rankscope_metrics_run_errors", "Refreshes of a run's figures that failed", labels=("run_id",)
+        )
+        for run_id, n in list(self.run_errors.items()):
+            run_errors.add_metric((run_id,), n)
+        yield run_errors
         snapshot = self.snapshot
         for name, (help_text, labels) in GAUGES.items():
             family = GaugeMetricFamily(name, help_text, labels=labels)
@@ -151,33 +208,86 @@ class MetricsEndpoint:
     def refresh(self) -> Snapshot:
         if self._catalog is None:
             self._catalog = queries.Catalog(self.state.data_dir)
-        cat = self._catalog
-        snapshot = Snapshot()
-        for run in queries.live_runs(cat, self.keep_ended_s).itertuples():
-            run_labels = (run.run_id, run.name)
-            for r in queries.recent_rank_steps(cat, run.run_id, self.window).itertuples():
-                labels = (*run_labels, int(r.rank))
-                snapshot.add("rankscope_step", labels, r.step)
-                snapshot.add("rankscope_step_time_seconds", labels, r.step_time_s)
-            # Exposed communication is the Overview's (collector.data.findings.communication), from the
-            # same per-step analysis the findings below read.
-            steps = queries.step_analysis(cat, run.run_id)
-            for r in recent_exposed_share(steps, self.window).itertuples():
-                snapshot.add("rankscope_exposed_comm_share", (*run_labels, int(r.rank)), r.exposed)
-            for r in queries.recent_busbw(cat, run.run_id, self.window).itertuples():
-                snapshot.add("rankscope_busbw_gbytes_per_second", (*run_labels, int(r.rank), r.op), r.busbw_gbs)
-            rollup = queries.comm_rollup(cat, run.run_id)
-            for r in queries.last_arrival_share(rollup).itertuples():
-                snapshot.add("rankscope_last_arrival_share", (*run_labels, int(r.rank)), r.share)
-            found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps)
-            counts: dict[tuple[str, str], int] = {}
-            for f in found:
-                counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
-            for (kind, severity), n in counts.items():
-                snapshot.add("rankscope_findings", (*run_labels, kind, severity), n)
-            if self.webhook is not None:
-                self.webhook.offer(run.run_id, run.name, found)
+        previous, snapshot = self.snapshot, Snapshot()
+        live = set()
+        for run in queries.live_runs(self._catalog, self.keep_ended_s).itertuples():
+            live.add(run.run_id)
+            try:
+                self._refresh_run(run, snapshot)
+            except Exception:
+                # one run's problem stays with it: its previous figures stay, the other runs go on
+                failures = self.run_errors[run.run_id] = self.run_errors.get(run.run_id, 0) + 1
+                if failures == 1:
+                    log.exception("rankscope: /metrics figures of run %s failed; its previous ones stay", run.run_id)
+                else:
+                    log.warning("rankscope: /metrics figures of run %s failed again (%d times)", run.run_id, failures)
+                for name, samples in previous.gauges.items():
+                    for labels, value in samples:
+                        if labels[0] == run.run_id:
+                            snapshot.gauges.setdefault(name, []).append((labels, value))
+        for run_id in [r for r in self.run_errors if r not in live]:  # bounded by the live runs
+            del self.run_errors[run_id]
         return snapshot
+
+    def _refresh_run(self, run, snapshot: Snapshot) -> None:
+        """One run's figures into a snapshot of their own, merged only once all are computed."""
+        cat = self._catalog
+        mine = Snapshot()
+        run_labels = (run.run_id, label(run.name))
+        per_rank: dict[str, dict[int, list]] = {}  # gauge -> rank -> [(extra labels, value)]
+
+        def rank_sample(name: str, rank, value, *extra) -> None:
+            per_rank.setdefault(name, {}).setdefault(int(rank), []).append((extra, value))
+
+        for r in queries.recent_rank_steps(cat, run.run_id, self.window).itertuples():
+            rank_sample("rankscope_step", r.rank, r.step)
+            rank_sample("rankscope_step_time_seconds", r.rank, r.step_time_s)
+        # Exposed communication is the Overview's (collector.data.findings.communication), from the
+        # same per-step analysis the findings below read.
+        steps = queries.step_analysis(cat, run.run_id)
+        for r in recent_exposed_share(steps, self.window).itertuples():
+            rank_sample("rankscope_exposed_comm_share", r.rank, r.exposed)
+        for r in queries.recent_busbw(cat, run.run_id, self.window).itertuples():
+            rank_sample("rankscope_busbw_gbytes_per_second", r.rank, r.busbw_gbs, label(r.op))
+        rollup = queries.comm_rollup(cat, run.run_id)
+        for r in queries.last_arrival_share(rollup).itertuples():
+            rank_sample("rankscope_last_arrival_share", r.rank, r.share)
+        ranks = {rank for samples in per_rank.values() for rank in samples}
+        shown = self._worst(ranks, per_rank)
+        for name, samples in per_rank.items():
+            for rank in sorted(shown & samples.keys()):
+                for extra, value in samples[rank]:
+                    mine.add(name, (*run_labels, rank, *extra), value)
+        mine.add("rankscope_ranks_omitted", run_labels, len(ranks) - len(shown))
+        found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps)
+        counts: dict[tuple[str, str], int] = {}
+        for f in found:
+            counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
+        for (kind, severity), n in counts.items():
+            mine.add("rankscope_findings", (*run_labels, kind, severity), n)
+        for name, samples in mine.gauges.items():
+            snapshot.gauges.setdefault(name, []).extend(samples)
+        if self.webhook is not None:
+            self.webhook.offer(run.run_id, run.name, found)
+
+    def _worst(self, ranks: set[int], per_rank: dict) -> set[int]:
+        """The ``max_ranks`` ranks to export: most often last to arrive, then slowest steps."""
+        if len(ranks) <= self.max_ranks:
+            return ranks
+
+        def value(name: str, rank: int) -> float:
+            samples = per_rank.get(name, {}).get(rank)
+            v = samples[0][1] if samples else None
+            return -1.0 if v is None or v != v else float(v)
+
+        def badness(rank: int) -> tuple:
+            return (
+                value("rankscope_last_arrival_share", rank),
+                value("rankscope_step_time_seconds", rank),
+                -rank,
+            )
+
+        return set(sorted(ranks, key=badness, reverse=True)[: self.max_ranks])
 
     def close(self) -> None:
         self._stop.set()

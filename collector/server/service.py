@@ -8,8 +8,12 @@ Bad input ends only the stream that sent it, with a status naming the problem:
 
 - schema_version other than 1          -> FAILED_PRECONDITION (both versions named)
 - undecodable batch, bad run_id/rank,
-  unknown table or column, empty body  -> INVALID_ARGUMENT, message names the seq;
-                                          trailing metadata ``rankscope-rejected-seq``
+  unknown table or column, empty body,
+  a batch decoding past its bound,
+  an impossible value, an over-long
+  Hello string (collector.data.codec),
+  a run or rank not this stream's      -> INVALID_ARGUMENT, message names the seq (and the column,
+                                          row or field); trailing metadata ``rankscope-rejected-seq``
 - bytes that are no Envelope at all    -> INVALID_ARGUMENT ("message N ... cannot be decoded"),
   (also for Health's request)             no seq to name; decoded by us, not by gRPC, which
                                           would answer INTERNAL (and wedge server.stop)
@@ -18,6 +22,16 @@ Bad input ends only the stream that sent it, with a status naming the problem:
 
 Envelopes accepted before a bad one are still committed and acked before the
 stream is closed; other streams are unaffected.
+
+Stream identity. A stream speaks for one rank of one run: the (run_id, rank) its Hello
+declared (the Hello itself checks rank < world_size). Its batches and its RunEnd must name
+that run and rank, and a second Hello on it the same ones; anything else is refused with
+INVALID_ARGUMENT naming both (so the client drops that envelope, as for any refused one) and
+nothing of it is stored. A stream that sends no Hello (a spool file of a dead rank resent by
+another process, written after its Hello was acked) speaks for the (run, rank) that its
+client_id's Hello declared, when this collector has seen that Hello (``CLIENT_IDENTITIES`` are
+remembered); otherwise for the first (run, rank) it sends, whose rank must be inside the run's
+world size when a Hello of the run was seen.
 
 Liveness (collector.server.liveness) sees every accepted envelope and every stream's
 end, and may ask a rank for its stacks: such requests ride back on the stream's Acks
@@ -36,6 +50,7 @@ bytes per second) are collector.server.limits'.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import importlib.metadata
 import logging
@@ -72,6 +87,7 @@ REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECON
 INTAKE_THREADS = 8
 PENDING_CALLS = 1 << 16
 PENDING_CALL_MAX_S = 600  # a rank waits this long to be taken up in a connect storm, not 30 s
+CLIENT_IDENTITIES = 1 << 18  # client_id -> (run, rank) of its Hello, newest kept (~100 bytes each)
 
 try:
     SERVER_VERSION = importlib.metadata.version("rankscope")
@@ -134,6 +150,28 @@ class CollectorState:
         self._lock = threading.Lock()
         self.open_streams = 0
         self.batches_rejected = 0
+        self._identities: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
+        self._world_sizes: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    def said_hello(self, client_id: str, hello: pb.Hello) -> None:
+        """Remember who a client is (its Hello), for its streams that send none."""
+        with self._lock:
+            for known, key, value in (
+                (self._identities, client_id, (hello.run_id, hello.rank)),
+                (self._world_sizes, hello.run_id, hello.world_size),
+            ):
+                known[key] = value
+                known.move_to_end(key)
+                if len(known) > CLIENT_IDENTITIES:
+                    known.popitem(last=False)
+
+    def identity_of(self, client_id: str) -> tuple[str, int] | None:
+        with self._lock:
+            return self._identities.get(client_id)
+
+    def world_size_of(self, run_id: str) -> int | None:
+        with self._lock:
+            return self._world_sizes.get(run_id)
 
     def count(self, streams: int = 0, rejected: int = 0) -> None:
         with self._lock:
@@ -162,6 +200,10 @@ class _StreamAcks:
         self.reading = True
         self.error: StreamError | None = None
         self.last_message = loop.time()
+        # (run_id, rank) this stream speaks for, and what said so; set by the intake thread
+        # handling its envelopes (one at a time)
+        self.identity: tuple[str, int] | None = None
+        self.identity_from = ""
 
     def _wake(self) -> None:
         try:
@@ -316,16 +358,54 @@ class CollectorServicer:
             return StreamError(grpc.StatusCode.INTERNAL, f"envelope seq {env.seq}: collector error {exc!r}", env.seq)
         return None
 
+    def _check_identity(self, env: pb.Envelope, acks: _StreamAcks) -> None:
+        """The envelope speaks for the run and rank this stream does (see the module's docstring)."""
+        body = env.WhichOneof("body")
+        if body not in ("hello", "table", "end"):
+            return  # no body: the codec refuses it
+        part = getattr(env, body)
+        claimed = (part.run_id, part.rank)
+        if acks.identity is None:
+            if body == "hello":
+                return  # bound once the Hello is accepted
+            known = self.state.identity_of(env.client_id)
+            if known is not None:
+                acks.identity, acks.identity_from = known, f"the Hello of client {env.client_id!r}"
+            else:
+                world = self.state.world_size_of(part.run_id)
+                if world is not None and not 0 <= part.rank < world:
+                    raise StreamError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"envelope seq {env.seq}: {body} for rank {part.rank} of run {part.run_id!r}, "
+                        f"whose Hello declared world_size {world}",
+                        env.seq,
+                    )
+                acks.identity, acks.identity_from = claimed, "its first envelope (no Hello)"
+        if claimed != acks.identity:
+            run, rank = acks.identity
+            raise StreamError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"envelope seq {env.seq}: this stream speaks for run {run!r} rank {rank} (by {acks.identity_from}); "
+                f"its {body} names run {part.run_id!r} rank {part.rank}: one stream per rank and run, "
+                "each opened by that rank's Hello",
+                env.seq,
+            )
+
     def _submit(self, env: pb.Envelope, acks: _StreamAcks) -> None:
         store = self.state.store
         try:
             check_header(env)
             # A resend of something durable is acked without decoding it again.
             rows = [] if store.is_durable(env.client_id, env.seq) else envelope_rows(env)
+            self._check_identity(env, acks)  # after the codec: a malformed run_id is named as such
         except SchemaVersionError as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc), env.seq) from None
         except CodecError as exc:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), env.seq) from None
+        if env.HasField("hello"):
+            self.state.said_hello(env.client_id, env.hello)
+            if acks.identity is None:
+                acks.identity, acks.identity_from = (env.hello.run_id, env.hello.rank), "its Hello"
         acks.submitted()
         try:
             store.submit(env.client_id, env.seq, rows, partial(acks.durable, env.seq))
@@ -537,7 +617,8 @@ def serve(
     the warnings of collector.data.security.check_bind go to stderr. The flush and compaction
     settings default to StoreConfig's and CompactionConfig's, the stream limits to
     StreamLimits' (collector.server.limits); a bad one is exit code 2.
-    ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics);
+    ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics; with
+    ``token``, only to requests bearing it, as every RPC);
     ``alert_webhook``: post each new finding to this URL (collector.server.alerts)."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
@@ -583,7 +664,7 @@ def serve(
 
         try:
             webhook = AlertWebhook(alert_webhook) if alert_webhook else None
-            metrics = MetricsEndpoint(state, metrics_port, host.strip("[]"), webhook=webhook)
+            metrics = MetricsEndpoint(state, metrics_port, host.strip("[]"), webhook=webhook, token=token)
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"rankscope collect: {exc}", file=sys.stderr)
             state.close()

@@ -4,7 +4,8 @@
         prom.query('rankscope_step_time_seconds{run="job"}')          # the API's result list
 
 It scrapes every second into a TSDB under the given directory; its output goes to a file
-there, and an error from a failed start carries its end.
+there, and an error from a failed start carries its end. With ``bearer_token`` it sends
+``Authorization: Bearer <token>`` with every scrape, as a collector with a token requires.
 """
 
 from __future__ import annotations
@@ -29,14 +30,27 @@ def prometheus_installed() -> bool:
 
 
 class PrometheusProcess:
-    def __init__(self, targets: list[str], workdir, timeout_s: float = 60.0, scrape_interval: str = "1s") -> None:
+    def __init__(
+        self,
+        targets: list[str],
+        workdir,
+        timeout_s: float = 60.0,
+        scrape_interval: str = "1s",
+        bearer_token: str | None = None,
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         quoted = ", ".join(f"'{t}'" for t in targets)
+        auth = ""
+        if bearer_token is not None:
+            token_file = self.workdir / "token"
+            token_file.write_text(bearer_token)
+            token_file.chmod(0o600)
+            auth = f"    authorization:\n      type: Bearer\n      credentials_file: '{token_file}'\n"
         config.write_text(
             f"global:\n  scrape_interval: {scrape_interval}\n  evaluation_interval: {scrape_interval}\n"
-            f"scrape_configs:\n  - job_name: rankscope\n    static_configs:\n      - targets: [{quoted}]\n"
+            f"scrape_configs:\n  - job_name: rankscope\n{auth}    static_configs:\n      - targets: [{quoted}]\n"
         )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -7,9 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from collector.data.codec import CodecError, decode_batch, encode_batch
+from collector.data.codec import CodecError, decode_batch, encode_batch, envelope_rows
 from collector.data.schema import ARROW_TYPES, TABLES
 from collector.testing.fake_runs import FakeRun
+from proto import pb
 
 
 def reference(table: str, rank: int, columns: dict) -> pa.Table:
@@ -52,3 +53,106 @@ def test_a_string_code_past_the_dictionary_is_refused_by_column():
     op.str.codes = b"\0" * 5
     with pytest.raises(CodecError, match=r"comm\.op: 5 code bytes, expected 8"):
         decode_batch(batch)
+
+
+def _one_long_entry(rows: int, entry_bytes: int) -> pb.TableBatch:
+    """A comm batch whose op codes all point at one long dictionary entry: a few bytes a row on
+    the wire, ``entry_bytes`` a row decoded."""
+    batch = encode_batch("comm", "r", 0, {"op": ["x"] * rows})
+    batch.columns[0].str.dictionary[0] = "y" * entry_bytes
+    return batch
+
+
+def test_a_string_column_decoding_past_its_bound_is_refused_before_anything_is_allocated():
+    # 90 KB on the wire, 200 MB decoded: refused by column, with no Arrow memory taken for it
+    batch = _one_long_entry(20_000, 10_000)
+    assert batch.ByteSize() < 100_000
+    before = pa.total_allocated_bytes()
+    with pytest.raises(CodecError, match=r"comm\.op: 20000 rows decode to 200000000 string bytes; the limit is"):
+        decode_batch(batch)
+    assert pa.total_allocated_bytes() - before < 1 << 20
+    # the same entry, a few rows: fine
+    assert decode_batch(_one_long_entry(100, 10_000)).column("op")[99].as_py() == "y" * 10_000
+
+
+def test_the_bound_counts_what_the_codes_point_at_not_the_longest_entry():
+    """Only when the cheap bound (longest entry x rows) is over the budget are the codes summed:
+    many rows of a short entry beside one long entry used once decode as they should."""
+    rows = 100_000
+    batch = encode_batch("comm", "r", 0, {"step": np.zeros(rows, dtype=np.int64), "op": ["a"] * (rows - 1) + ["b"]})
+    op = next(c for c in batch.columns if c.name == "op")
+    op.str.dictionary[1] = "z" * 500_000  # bound: 50 GB; what the codes take: 600 KB
+    got = decode_batch(batch)
+    assert got.column("op")[rows - 1].as_py() == "z" * 500_000 and got.column("op")[0].as_py() == "a"
+    # codes past the dictionary are still named as such on that path
+    op.str.codes = np.full(rows, 9, dtype="<u4").tobytes()
+    with pytest.raises(CodecError, match=r"comm\.op: string code out of range \(dictionary has 2 entries\)"):
+        decode_batch(batch)
+
+
+def test_the_envelope_bound_sums_its_columns_and_names_the_one_over_it():
+    # each string column under the per-column bound, together over the envelope's
+    rows, entry = 2_000, 9_000  # 18 MB per column
+    columns = {"step": np.zeros(rows, dtype=np.int64)}
+    columns.update({name: ["x"] * rows for name in ("group_name", "op", "log_name", "dtype")})
+    batch = encode_batch("comm", "r", 0, columns)
+    for col in batch.columns:
+        if col.WhichOneof("values") == "str":
+            col.str.dictionary[0] = "y" * entry
+    with pytest.raises(CodecError, match=r"comm\.(log_name|dtype): 2000 rows decode to 18000000 string bytes, over"):
+        decode_batch(batch)
+
+
+def test_rows_with_no_strings_are_bounded_too_and_one_value_is_capped():
+    # a bool column costs 1 byte a row on the wire; every other column of those rows is stored as null
+    rows = 1_000_000
+    batch = encode_batch("comm", "r", 0, {"async_op": np.zeros(rows, dtype=bool)})
+    with pytest.raises(CodecError, match=r"table\.rows: 1000000 rows of comm decode to \d+ bytes before any string"):
+        decode_batch(batch)
+    with pytest.raises(CodecError, match=r"comm\.op: dictionary entry 0 is 1048577 bytes; the limit is 1048576"):
+        decode_batch(_one_long_entry(1, (1 << 20) + 1))
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("run_name", "n" * 1_000_000),
+        ("host", "h" * 256),
+        ("source", "s" * 65),
+        ("config_json", "{" + " " * (1 << 20) + "}"),
+        ("linked_run_id", "../elsewhere"),
+    ],
+)
+def test_hello_strings_are_capped_by_name(field, value):
+    env = pb.Envelope(
+        schema_version=1, client_id="c", seq=1, hello=pb.Hello(run_id="r", rank=0, world_size=1, **{field: value})
+    )
+    with pytest.raises(CodecError, match=rf"envelope seq 1: hello\.{field}"):
+        envelope_rows(env)
+    setattr(env.hello, field, value[:10].replace(".", "x").replace("/", "x"))
+    assert [t for t, _, _ in envelope_rows(env)] == ["runs", "ranks"]
+
+
+@pytest.mark.parametrize(
+    "table, column, bad, message",
+    [
+        ("timers", "dur_ns", -5, r"timers\.dur_ns: row 2 is -5; a time or duration cannot be negative"),
+        ("monitor", "time_ns", -1, r"monitor\.time_ns: row 2 is -1; a time or duration cannot be negative"),
+        ("comm", "end_ns", 999, r"comm\.end_ns: row 2 ends at 999, before its start_ns 1000"),
+        ("comm", "busbw_gbs", float("nan"), r"comm\.busbw_gbs: row 2 is nan; expected a finite number"),
+        ("comm", "algbw_gbs", float("-inf"), r"comm\.algbw_gbs: row 2 is -inf; expected a finite number"),
+    ],
+)
+def test_impossible_values_are_refused_by_column_and_row(table, column, bad, message):
+    columns = {"step": [1, 2, 3, 4]}
+    if table == "timers":
+        columns.update(name=["fwd"] * 4, start_ns=[1000] * 4, dur_ns=[10, 20, 30, 40])
+    elif table == "monitor":
+        columns.update(tag=["loss"] * 4, value=[float("nan"), 1.0, 0.5, float("inf")], time_ns=[1, 2, 3, 4])
+    else:
+        columns.update(start_ns=[1000] * 4, end_ns=[1000, 1001, 1002, 1003], algbw_gbs=[1.0] * 4, busbw_gbs=[1e308] * 4)
+    assert decode_batch(encode_batch(table, "r", 0, columns)).num_rows == 4  # a NaN loss is a real signal
+    columns[column] = list(columns[column])
+    columns[column][2] = bad
+    with pytest.raises(CodecError, match=message):
+        decode_batch(encode_batch(table, "r", 0, columns))

@@ -21,6 +21,7 @@ from tests.rank import _hook_run_workers as script
 from tests.rank._rank_util import spawn
 
 RUN = "metrics-job"
+TOKEN = "metrics-token-" + "x" * 20
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -66,12 +67,12 @@ def test_prometheus_scrapes_a_live_run_and_the_webhook_gets_each_finding_once(tm
     url, posts = webhook_server
     with live_collector(tmp_path / "data") as collector:
         webhook = AlertWebhook(url, min_interval_s=0.1)
-        metrics = MetricsEndpoint(collector.state, 0, refresh_s=0.5, webhook=webhook)
+        metrics = MetricsEndpoint(collector.state, 0, refresh_s=0.5, webhook=webhook, token=TOKEN)
         ranks = threading.Thread(
             target=spawn, args=(script.straggler_until_stopped_worker, script.WORLD, collector.endpoint, tmp_path)
         )
         try:
-            with PrometheusProcess([f"127.0.0.1:{metrics.port}"], tmp_path / "prometheus") as prom:
+            with PrometheusProcess([f"127.0.0.1:{metrics.port}"], tmp_path / "prometheus", bearer_token=TOKEN) as prom:
                 ranks.start()
                 series = _wait(
                     lambda: (r := prom.query(f'rankscope_step_time_seconds{{run="{RUN}"}}')) and len(r) == 2 and r,
@@ -178,14 +179,23 @@ def test_metrics_at_1024_ranks(tmp_path):
     from collector.testing.fake_runs import FakeRun, write_data_dir
 
     world = 1024
-    run = FakeRun(run_id="big", world_size=world, steps=6, status="running", with_moe=False)
+    run = FakeRun(run_id="big", name="n" * 300, world_size=world, steps=6, status="running", with_moe=False)
     write_data_dir(tmp_path / "data", run)
     with live_collector(tmp_path / "data") as collector:
-        metrics = MetricsEndpoint(collector.state, None, refresh_s=3600)
+        metrics = MetricsEndpoint(collector.state, None, refresh_s=3600, max_ranks=world)
+        bounded = MetricsEndpoint(collector.state, None, refresh_s=3600)  # the default: the 256 worst ranks
         try:
             snapshot = metrics.refresh()
+            worst = bounded.refresh()
         finally:
             metrics.close()
+            bounded.close()
+    for name, samples in worst.gauges.items():
+        if name not in ("rankscope_findings", "rankscope_ranks_omitted"):
+            ranks = {int(labels[2]) for labels, _ in samples}
+            assert len(ranks) == 256 and world - 1 in ranks, name
+    assert worst.gauges["rankscope_ranks_omitted"] == [(("big", "n" * 63 + "…"), world - 256.0)]
+    assert snapshot.gauges["rankscope_ranks_omitted"] == [(("big", "n" * 63 + "…"), 0.0)]
     for name in (
         "rankscope_step",
         "rankscope_step_time_seconds",
@@ -218,3 +228,108 @@ def test_the_exposed_comm_gauge_is_the_overviews_definition_over_the_recent_step
     assert share.to_dict() == pytest.approx(same.to_dict())
     # without step timers a step is the span of its communication: no share to report
     assert recent_exposed_share(steps.assign(timed=False), window=5).empty
+
+
+def _hook_log_only(collector, run_id: str) -> None:
+    """A hook run that has only called ``hook.log`` so far: Hello and monitor rows, no comm."""
+    from collector.data.codec import encode_batch
+    from collector.testing.fake_runs import envelope, hello
+    from collector.testing.streams import RawStream
+
+    rank = RawStream(collector.channel())
+    monitor = {"step": [1, 2], "tag": ["loss", "loss"], "value": [2.0, 1.5], "samples": [8, 8], "time_ns": [1, 2]}
+    rank.send(hello(run_id, 1, run_id, 0, 1), envelope(run_id, 2, table=encode_batch("monitor", run_id, 0, monitor)))
+    assert rank.wait_acked({1, 2})
+    rank.finish()
+
+
+def test_a_run_without_comm_rows_yet_freezes_neither_its_figures_nor_the_others(tmp_path):
+    """The first seconds of every job (and a hook run that only logs): no comm rows. The refresh
+    and ``rankscope health`` on it raised TypeError ('NAType' object is not iterable), so every
+    run's series froze and the webhook stopped."""
+    import subprocess
+    import sys
+
+    from collector.testing.fake_runs import FakeRun, stream
+
+    busy = FakeRun(run_id="busy", world_size=2, steps=5, status="running", with_moe=False)
+    with live_collector(tmp_path / "data") as collector:
+        stream(collector.endpoint, busy)
+        _hook_log_only(collector, "only-logs")
+        metrics = MetricsEndpoint(collector.state, None, refresh_s=3600)
+        try:
+            snapshot = metrics.refresh()
+        finally:
+            metrics.close()
+    assert metrics.run_errors == {}
+    assert sorted(labels[2] for labels, _ in snapshot.gauges["rankscope_step"]) == ["0", "1"]
+    assert {labels[0] for labels, _ in snapshot.gauges["rankscope_ranks_omitted"]} == {"busy", "only-logs"}
+    health = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", "only-logs", "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in health.stderr, health.stderr
+    assert health.returncode in (0, 1), (health.returncode, health.stdout, health.stderr)
+    assert health.stdout.startswith("only-logs: ")
+
+
+def test_one_failing_run_keeps_its_previous_figures_and_counts_its_errors_the_others_go_on(tmp_path, monkeypatch):
+    """A run whose figures cannot be computed (here its step analysis raises) keeps its previous
+    series, is counted in rankscope_metrics_run_errors_total{run_id}, and the other run refreshes
+    and still reaches the webhook."""
+    import urllib.request
+
+    from collector.data import queries
+    from collector.testing.fake_runs import FakeRun, write_data_dir
+
+    runs = [FakeRun(run_id=r, world_size=2, steps=6, status="running", with_moe=False) for r in ("good", "bad")]
+    write_data_dir(tmp_path / "data", *runs)
+    with live_collector(tmp_path / "data") as collector:
+        metrics = MetricsEndpoint(collector.state, 0, refresh_s=3600)
+        try:
+            first = metrics.refresh()
+            metrics.snapshot = first
+            real = queries.step_analysis
+
+            def failing_for_bad(cat, run_id):
+                if run_id == "bad":
+                    raise RuntimeError("a segment of run 'bad' cannot be read")
+                return real(cat, run_id)
+
+            monkeypatch.setattr(queries, "step_analysis", failing_for_bad)
+            second = metrics.refresh()
+            metrics.snapshot = second
+            metrics.refresh()
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics", timeout=10) as reply:
+                text = reply.read().decode()
+        finally:
+            metrics.close()
+
+    def of(snapshot, run_id):
+        return sorted((n, labels, v) for n, s in snapshot.gauges.items() for labels, v in s if labels[0] == run_id)
+
+    assert of(second, "bad") == of(first, "bad") and of(first, "bad")
+    assert of(second, "good") and metrics.run_errors == {"bad": 2}
+    assert 'rankscope_metrics_run_errors_total{run_id="bad"} 2.0' in text
+
+
+def test_metrics_answer_only_with_the_collectors_token(tmp_path):
+    """``rankscope collect --token T --metrics-port P``: /metrics wants ``Authorization: Bearer T``
+    like every RPC (it answered anyone before)."""
+    import urllib.error
+    import urllib.request
+
+    from collector.tools.launch import CollectorProcess, free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with CollectorProcess(tmp_path / "data", "--token", TOKEN, "--metrics-port", str(port)):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+            assert refused.value.code == 401
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert "rankscope_collector_records_durable_total" in reply.read().decode()
