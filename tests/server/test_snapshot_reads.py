@@ -1,5 +1,5 @@
-"""Readers see snapshots: while a collector process flushes and compacts every 0.1 s under
-streaming load, every read -- ``rankscope sql``'s guarded path, the dashboard's catalog (which
+"""Readers see snapshots: while a collector process flushes, compacts and rolls up steps every
+0.1 s under streaming load, every read -- ``rankscope sql``'s guarded path, the dashboard's catalog (which
 health and /metrics use too) and ``catalog.connect`` (export, the tools) --
 sees per-run rows that are exactly a set of whole acknowledged-or-in-flight envelopes: every
 envelope acked before the read began, no envelope twice or in part, no error.
@@ -18,7 +18,7 @@ import grpc
 import pyarrow as pa
 
 from collector.data import catalog, queries
-from collector.testing.fake_runs import comm_envelope
+from collector.testing.fake_runs import comm_envelope, hello
 from collector.testing.streams import RawStream
 from collector.tools.launch import CollectorProcess
 
@@ -41,17 +41,20 @@ class Sender(threading.Thread):
         self.sent = 0
 
     def acked(self) -> set[int]:
+        """The comm envelopes acked (envelope k is the stream's seq k + 1, after the Hello)."""
         with self.stream._cond:
-            return set(self.stream.acked)
+            return {seq - 1 for seq in self.stream.acked if seq > 1}
 
     def run(self) -> None:
+        # a one-rank run: its steps settle as it goes, so the collector rolls them up meanwhile
+        self.stream.send(hello(f"c-{self.run_id}", 1, self.run_id, 0, 1))
         while not self.stop.is_set() and not self.stream.done.is_set():
             if self.sent - len(self.acked()) >= WINDOW:
                 time.sleep(0.002)
                 continue
             self.sent += 1
             k = self.sent
-            self.stream.send(comm_envelope(f"c-{self.run_id}", k, self.run_id, 0, k * ROWS, ROWS))
+            self.stream.send(comm_envelope(f"c-{self.run_id}", k + 1, self.run_id, 0, k * ROWS, ROWS, group_size=1))
         self.stream.finish(60)
         self.channel.close()
 
@@ -98,6 +101,7 @@ def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(t
                         rows = list(zip(*(table[c].to_pylist() for c in ("run_id", "env", "n", "d")), strict=True))
                     elif kind == "catalog":
                         rows = list(cat.df(SQL, []).itertuples(index=False, name=None))
+                        cat.df("SELECT count(*) FROM comm_steps JOIN runs USING (run_id)", [])  # rollups: no error
                     else:
                         con = catalog.connect(data)
                         try:
@@ -117,9 +121,11 @@ def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(t
         cat.close()
         merges = collector.stderr()
     merged = list((data / "parquet" / "comm").glob("run=*/cmp-*.parquet"))
+    rolled = list((data / "parquet" / "comm_steps").glob("run=*/*.parquet"))
     acked_total = sum(len(s.acked()) for s in senders)
     print(f"reads {reads}, envelopes acked {acked_total}, rows {acked_total * ROWS}, failures {len(failures)}")
     assert acked_total > 100, f"the load did not flow: {acked_total} envelopes acked; {merges}"
     assert min(reads.values()) >= 10, reads
     assert merged, "no compaction ran"
+    assert rolled, "no rollup ran"
     assert not failures, f"{len(failures)} bad reads of {sum(reads.values())}:\n" + "\n".join(failures[:20])
