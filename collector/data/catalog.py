@@ -300,6 +300,7 @@ def liveness_views() -> dict[str, str]:
                (max(b.last_beat_ns) OVER (PARTITION BY b.run_id) - b.last_beat_ns) / 1e9 AS behind_s,
                e.rank IS NOT NULL OR b.ending AS ended,
                coalesce(g.at_ns > b.last_beat_ns, false) AS gone,
+               CASE WHEN g.at_ns > b.last_beat_ns THEN g.at_ns END AS gone_ns,
                coalesce(u.at_ns > b.last_beat_ns, false) AS unresponsive,
                r.status AS run_status
         FROM beats b

@@ -941,7 +941,8 @@ def desyncs(cat: Catalog, run_id: str) -> pd.DataFrame:
 def rank_liveness(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Each rank's last heartbeat and how it ended (or did not), one row per rank that beat."""
     return cat.df(
-        """SELECT rank, step, period_s, last_beat_ns, silent_s, behind_s, ended, gone, unresponsive, run_status
+        """SELECT rank, step, period_s, last_beat_ns, silent_s, behind_s, ended, gone, gone_ns, unresponsive,
+                  run_status
            FROM rank_liveness WHERE run_id = ? ORDER BY rank""",
         [run_id],
     )

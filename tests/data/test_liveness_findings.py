@@ -40,6 +40,7 @@ def _liveness(n: int, **per_rank) -> pd.DataFrame:
             "behind_s": 0.0,
             "ended": False,
             "gone": False,
+            "gone_ns": None,
             "unresponsive": False,
             "run_status": "running",
         }
@@ -117,6 +118,21 @@ def test_a_rank_gone_without_run_end_is_stopped_and_an_ended_one_is_not():
     over = _liveness(4, run_status={r: "failed" for r in range(4)}, ended={0: True, 1: True, 2: True})
     assert silent_ranks(over.assign(silent_s=[0.0, 0.0, 0.0, 60.0]))[0].kind == "rank_stopped"
     assert silent_ranks(over) == []  # its own RunEnd may still be on its way
+
+
+def test_the_rank_whose_connection_closed_first_is_named_as_the_one_that_crashed():
+    """A crash closes its own connection at once, the others' when torchrun or their next collective
+    notices (127 ms later in the DDP crash case); a job killed whole closes them within a few ms."""
+    gone = {r: True for r in range(4)}
+    crashed = _liveness(
+        4, gone=gone, step={2: 26}, gone_ns={0: 10_130_000_000, 1: 10_128_000_000, 2: 10_000_000_000, 3: 10_131_000_000}
+    )
+    [f] = silent_ranks(crashed)
+    assert f.evidence["first_ranks"] == [2] and f.text.startswith("rank 2 stopped first, at step 26")
+    assert "128 ms before the others'" in f.text and "ranks 0-1,3 stopped after it" in f.text
+    killed = _liveness(4, gone=gone, gone_ns={r: 10_000_000_000 + 3_000_000 * r for r in range(4)})
+    [f] = silent_ranks(killed)
+    assert "first_ranks" not in f.evidence and f.text == "ranks 0-3 stopped at step 10 without ending the run"
 
 
 def test_the_views_find_a_1024_rank_hang_and_nothing_in_a_healthy_run(tmp_path):
