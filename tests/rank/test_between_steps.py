@@ -1,14 +1,15 @@
 """The wait between steps of a hook run (collector.rank.between_steps), in one process against a
 live collector, read back from the catalog: a known sleep between ``optimizer.step()`` and the
-next forward is what the rank records for the step it precedes; without one the wait is short (a
-few ms typically; see EMPTY_GAP_MS); no forward pre-hook is left registered once a step's first
-forward has run, and none after detach. The multi-rank DDP run that makes a straggler out of it
-is tests/integration/test_hook_causes_e2e.py."""
+next forward is what the rank records for the step it precedes; without one the wait is short;
+each gap lies within the test's own clock readings around where it starts and ends (Brackets);
+no forward pre-hook is left registered once a step's first forward has run, and none after
+detach. The multi-rank DDP run that makes a straggler out of it is
+tests/integration/test_hook_causes_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import statistics
 import time
 
 import pytest
@@ -22,13 +23,38 @@ from collector.testing.collectors import live_collector
 
 SLEEP_S = 0.1
 SLEEP_MS = SLEEP_S * 1e3
-# A gap with nothing in it (zero_grad and a loop iteration on a tiny model) takes well under a
-# ms, but a loaded host may deschedule the process inside any gap (28 ms seen beside two busy
-# loops on 2 cores). So the bounds are set by the sleep, not by the host's speed: a gap that held
-# the sleep is at least SLEEP_MS and under two of it (one sleep, not two); one that held none is
-# under half of it (told apart from one that did); and the empty gaps' median (the typical gap,
-# which one descheduling does not move) is at most EMPTY_GAP_MS.
-EMPTY_GAP_MS = 20.0
+
+
+class Brackets:
+    """The test's own clock around where each gap starts (the call that ends a step) and ends (the
+    step's first forward). The gap the rank records must lie between the inner span (the ending
+    call returned -> the forward was called) and the outer one (the ending call was made -> the
+    forward returned), both measured in the same run: a loaded host that deschedules the process
+    inside a gap (200 ms seen at load 16 on 2 cores) moves the bounds with it, so no wall-clock
+    threshold is involved, and a sleep outside the outer span (inside the step) cannot be in it."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, tuple[float, float]] = {}
+        self.forwards: dict[int, tuple[float, float]] = {}
+
+    @contextlib.contextmanager
+    def ending(self, step: int):
+        began = time.perf_counter()
+        yield
+        self.ends[step] = (began, time.perf_counter())
+
+    @contextlib.contextmanager
+    def forward(self, step: int):
+        began = time.perf_counter()
+        yield
+        self.forwards.setdefault(step, (began, time.perf_counter()))  # the step's first forward
+
+    def check(self, gaps: dict[int, float], after: dict[int, int]) -> None:
+        """``after``: each gap's step -> the step whose end starts it."""
+        for step, ended in after.items():
+            inner = 1e3 * (self.forwards[step][0] - self.ends[ended][1])
+            outer = 1e3 * (self.forwards[step][1] - self.ends[ended][0])
+            assert inner - 1e-3 <= gaps[step] <= outer + 1e-3, (step, inner, gaps[step], outer)
 
 
 @pytest.fixture
@@ -68,14 +94,17 @@ def test_a_sleep_before_the_next_forward_is_the_steps_wait(collector):
     model, optimizer = _model()
     hooks_before = _pre_hooks()
     session_ = hook.attach(run="gaps", endpoint=collector.endpoint)
-    armed_after_step, hooks_after_forward = [], []
+    armed_after_step, hooks_after_forward, clock = [], [], Brackets()
     for step in range(1, 7):
         if step == 4:
             time.sleep(SLEEP_S)  # the "data loader" of step 4
         for _ in range(2):  # two micro-batches: the second forward is inside the step, not a gap
-            model(torch.randn(4, 8)).sum().backward()
+            with clock.forward(step):
+                out = model(torch.randn(4, 8))
+            out.sum().backward()
             hooks_after_forward.append(_pre_hooks())
-        optimizer.step()
+        with clock.ending(step):
+            optimizer.step()
         armed_after_step.append(_pre_hooks())
         optimizer.zero_grad()
     run_id = session_.run_id
@@ -86,9 +115,8 @@ def test_a_sleep_before_the_next_forward_is_the_steps_wait(collector):
 
     gaps = _gaps(collector.data_dir, run_id)
     assert sorted(gaps) == [2, 3, 4, 5, 6]  # nothing ends before step 1: no wait precedes it
-    assert SLEEP_MS <= gaps[4] < 2 * SLEEP_MS, gaps
-    empty = [ms for s, ms in gaps.items() if s != 4]
-    assert all(0 <= ms < SLEEP_MS / 2 for ms in empty) and statistics.median(empty) < EMPTY_GAP_MS, gaps
+    clock.check(gaps, {s: s - 1 for s in gaps})  # each from the step before's end to its first forward
+    assert gaps[4] >= SLEEP_MS, gaps
 
 
 @pytest.mark.timing
@@ -97,17 +125,22 @@ def test_manual_steps_take_the_wait_from_the_optimizer_and_stamp_the_scripts_ste
     ``optimizer.step()`` and lands on the step the script set before its forward."""
     model, optimizer = _model()
     session_ = hook.attach(run="gaps-manual", endpoint=collector.endpoint)
+    clock = Brackets()
     for step in (10, 20, 30):
         hook.step(step)
-        model(torch.randn(4, 8)).sum().backward()
-        optimizer.step()
+        with clock.forward(step):
+            out = model(torch.randn(4, 8))
+        out.sum().backward()
+        with clock.ending(step):
+            optimizer.step()
         optimizer.zero_grad()
         time.sleep(SLEEP_S if step == 20 else 0)
     run_id = session_.run_id
     hook.detach()
     gaps = _gaps(collector.data_dir, run_id)
     assert sorted(gaps) == [20, 30]
-    assert SLEEP_MS <= gaps[30] < 2 * SLEEP_MS and gaps[20] < SLEEP_MS / 2, gaps
+    clock.check(gaps, {20: 10, 30: 20})
+    assert gaps[30] >= SLEEP_MS, gaps
 
 
 @pytest.mark.timing
@@ -117,15 +150,20 @@ def test_an_engines_step_end_starts_the_wait(collector):
     model, optimizer = _model()
     session_ = hook.attach(run="gaps-engine", endpoint=collector.endpoint)
     steps.engine_in_use()  # as the integrations say before the first step
+    clock = Brackets()
     for step in (1, 2, 3):
-        model(torch.randn(4, 8)).sum().backward()
+        with clock.forward(step):
+            out = model(torch.randn(4, 8))
+        out.sum().backward()
         optimizer.step()
         time.sleep(SLEEP_S)  # the engine's own work after the optimizer: inside the step
-        steps.engine_stepped(step)
+        with clock.ending(step):
+            steps.engine_stepped(step)
     run_id = session_.run_id
     hook.detach()
     gaps = _gaps(collector.data_dir, run_id)
-    assert sorted(gaps) == [2, 3] and all(ms < SLEEP_MS / 2 for ms in gaps.values()), gaps  # the sleep is not in it
+    assert sorted(gaps) == [2, 3], gaps
+    clock.check(gaps, {2: 1, 3: 2})  # from engine_stepped: the sleep before it is outside the bounds
 
 
 def test_a_failure_to_record_never_reaches_the_forward(collector, monkeypatch, caplog):
