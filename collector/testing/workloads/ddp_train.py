@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from collector import hook
+from collector.rank import hook
 from collector.testing import flight_recorder
 
 KINDS = ("sleep", "data", "gc", "hang", "exit", "desync", "nan", "spike", "leak")
