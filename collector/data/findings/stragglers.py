@@ -47,7 +47,7 @@ ONSET_BEFORE_RATIO = 0.25
 # late on this share of them: a host's CPU contention makes a healthy rank late for a stretch now
 # and then (CI: 9 of 17 steps), an injected or real slowdown nearly always (measured: 88% of 40).
 # The share must also be beyond chance given how often ranks are late on this run anyway (the
-# median rank's late share over the run): on a loaded host a healthy rank is late on a third of
+# other ranks' median late share over the run): on a loaded host a healthy rank is late on a third of
 # its steps, and then 7 of the last 9 happens (measured beside two busy loops on 2 cores); the
 # binomial tail of that count (Chernoff), times the ranks looked at, must be under CHANCE.
 WINDOW_MIN_STEPS = 8
@@ -152,12 +152,16 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
     median_since = {s: float(step_ms.iloc[s:].median()) for s in {0, *map(int, split[split > 0])}}
     # Judge each rank over the whole run and, if it turned slow long enough ago and has been
     # late on nearly every step since (not the chance "onsets" of healthy jitter), since then.
-    base_rate = max(float(np.median(np.mean(matrix >= late_floor(median_since[0]), axis=0))), 1 / len(cost))
+    late_shares = np.mean(matrix >= late_floor(median_since[0]), axis=0)
+
+    def base_rate(col: int) -> float:  # how often the other ranks were late over the run
+        return max(float(np.median(np.delete(late_shares, col))), 1 / len(cost))
+
     windows = {0} | {
         int(s)
         for col, s in enumerate(split)
         if 0 < s <= len(cost) - WINDOW_MIN_STEPS
-        and late_beyond_chance(matrix[s:, col] >= late_floor(median_since[s]), base_rate, world_size)
+        and late_beyond_chance(matrix[s:, col] >= late_floor(median_since[s]), base_rate(col), world_size)
     }
     judged = {
         start: (median_since[start], rank_costs(steps[steps.step >= cost.index[start]]).set_index("rank"))
