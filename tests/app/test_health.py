@@ -290,3 +290,42 @@ def test_a_short_burst_on_a_healthy_rank_is_not_a_straggler():
     """A loaded host holds a healthy rank back for a few steps in a row now and then."""
     steps = step_rows(4, 60, late_rank=2, late_ms=60.0, late_steps=range(20, 25))
     assert stragglers.costly_ranks(steps, world_size=4) == []
+
+
+def _late_together(n_ranks: int, late: set[int], n_steps: int = 30, late_ms: float = 40.0) -> pd.DataFrame:
+    """Ranks in ``late`` arrive ``late_ms`` late together: every other rank waits that long, they
+    wait ~0, and each imposes only the jitter between them (the second-latest is one of them)."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for step in range(n_steps):
+        last = sorted(late)[step % len(late)] if late else None
+        for r in range(n_ranks):
+            waiting = 0.2 if r in late else late_ms
+            imposed = rng.uniform(0, 0.4) if r == last else 0.0
+            rows.append(
+                dict(
+                    rank=r,
+                    step=step,
+                    step_ms=100.0 + late_ms,
+                    comm_ms=waiting + 10,
+                    waiting_ms=waiting,
+                    overlapped_ms=5.0,
+                    imposed_ms=imposed,
+                    late_op="all_reduce" if imposed else None,
+                    held_ms=imposed,
+                    timed=True,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_ranks_late_together_are_named_together_with_what_the_others_wait():
+    (found,) = stragglers.costly_ranks(_late_together(16, {3, 9}), world_size=16)
+    assert found.ranks == (3, 9) and found.evidence["late_together"] == [3, 9]
+    assert found.cost_ms_per_step == pytest.approx(40.0, rel=0.05)
+    assert found.text.startswith("ranks 3 and 9 cost 40 ms per step")
+
+
+def test_nobody_late_together_in_a_healthy_frame():
+    healthy = _late_together(16, set(), late_ms=0.3)
+    assert stragglers.costly_ranks(healthy, world_size=16) == []

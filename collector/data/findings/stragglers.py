@@ -60,6 +60,7 @@ BURST_MIN_STEPS = 3
 # chance model forbids; a throttled or contended rank that matters stays slow for longer.
 TRANSIENT_MIN_STEPS = 8
 MIN_BASE_RATE = 0.05  # the chance model's floor for how often a healthy rank is slow
+GROUP_MAX_SHARE = 0.25  # ranks late together: at most this share of the world
 WINDOW_LATE_SHARE = 0.75
 # Arrival statistics (late_ranks): enough instances to judge, how unlikely by chance, ranks named.
 MIN_INSTANCES = 10
@@ -194,7 +195,56 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
             pattern = late_pattern(series.to_numpy(), np.delete(matrix, col, axis=1), floor, world_size)
             if pattern and row.share_of_waiting >= concentration and row.cost_ms_per_step >= MIN_COST_MS:
                 found.append(straggler(int(rank), row, 0, median_step, series, (-1, 0.0, 0.0), signals, pattern))
+    if not found:
+        group = late_together(steps, world_size, step_ms)
+        if group is not None:
+            found.append(group)
     return found
+
+
+def late_together(steps: pd.DataFrame, world_size: int, step_ms: pd.Series) -> Finding | None:
+    """Several ranks late together mask each other: at each collective the wait a rank imposes is
+    the span from the second-latest arrival to its own, so two ranks 40 ms late impose ~0 each
+    while everyone else waits 40 ms (no single what-if helps; removing both would). Seen from the
+    waiting side instead: on most steps where a typical rank waits (its median ``waiting_ms`` at
+    least the late floor), the same few ranks barely wait (at most a quarter of that). Those ranks,
+    at least 2 and at most GROUP_MAX_SHARE of the world (beyond it the "late" ones are simply most
+    ranks), cost what the typical rank waits, bounded by the step."""
+    if "waiting_ms" not in steps or world_size < 3:
+        return None
+    wait = steps.pivot_table(index="step", columns="rank", values="waiting_ms", aggfunc="sum", fill_value=0.0)
+    typical = wait.median(axis=1)
+    floor = late_floor(float(step_ms.median()))
+    busy = typical >= floor
+    if busy.sum() < MIN_STEPS or busy.mean() < WINDOW_LATE_SHARE:
+        return None
+    barely = wait[busy].le(0.25 * typical[busy], axis=0).mean()
+    group = sorted(int(r) for r in barely[barely >= WINDOW_LATE_SHARE].index)
+    if not 2 <= len(group) <= max(2, GROUP_MAX_SHARE * world_size):
+        return None
+    cost = float(np.minimum(typical, step_ms.reindex(typical.index)).mean())
+    median_step = float(step_ms.median())
+    late_op = steps[steps["rank"].isin(group)].late_op.dropna()
+    op = late_op.mode().iloc[0] if len(late_op) else None
+    at = f" at {op}" if isinstance(op, str) else ""
+    return Finding(
+        kind="straggler",
+        severity="warning",
+        ranks=tuple(group),
+        steps=(int(wait.index[0]), int(wait.index[-1])),
+        text=f"{rank_list(group, 0)} cost {duration(cost)} per step ({pct(cost / median_step)} of step time) by "
+        f"arriving late together{at}: the other ranks wait for them on {pct(float(busy.mean()))} of steps; "
+        "each alone imposes little, as the rest of them arrive as late (removing one would not help, all would)",
+        cost_ms_per_step=cost,
+        evidence={
+            "cost_ms_per_step": cost,
+            "median_step_ms": median_step,
+            "what_if_step_ms": median_step - cost,
+            "late_together": group,
+            "op": op,
+        },
+        page="stragglers",
+    )
 
 
 def late_pattern(values: np.ndarray, others: np.ndarray, floor: float, world_size: int) -> dict | None:
