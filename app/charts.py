@@ -38,9 +38,55 @@ def lines(
     return _tidy(fig, title)
 
 
+BYTE_UNITS = (("bytes", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+
+
+def byte_unit(values) -> tuple[str, int]:
+    """The unit a byte axis reads in, chosen from the data's largest magnitude: 441 KB reads
+    "430.7 KiB", not a flat line at 0.0004 GiB."""
+    top = float(np.nanmax(np.abs(np.asarray(values, dtype=float)))) if len(values) else 0.0
+    unit = BYTE_UNITS[0]
+    for name, size in BYTE_UNITS:
+        if np.isfinite(top) and top >= size:
+            unit = (name, size)
+    return unit
+
+
+def memory_lines(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Bytes per series over steps (queries.memory_lines rows), in the unit that fits them, on an
+    axis from 0 that holds every value: a constant buffer draws as a level line, not at 0."""
+    unit, size = byte_unit(rows["bytes"])
+    fig = lines(rows.assign(**{unit: rows["bytes"] / size}), "step", unit, "series", title, y_title=unit)
+    top = float((rows["bytes"] / size).max()) if len(rows) else 0.0
+    fig.update_yaxes(rangemode="tozero", range=[0, top * 1.1 if top > 0 else 1], tickformat=",.4~g")
+    return fig
+
+
+def power_of_two_ticks(values, most: int = 10) -> tuple[list[float], list[str]]:
+    """Tick values and labels (``2^24``) for a log2 axis over ``values``: one per power of two
+    between their min and max (every k-th beyond ``most``), each exact."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return [], []
+    lo, hi = int(np.floor(np.log2(v.min()))), int(np.ceil(np.log2(v.max())))
+    step = max(1, -(-(hi - lo + 1) // most))
+    exps = list(range(lo, hi + 1, step))
+    return [float(2.0**e) for e in exps], [f"2^{e}" for e in exps]
+
+
 def loss_scale(df: pd.DataFrame) -> go.Figure:
     """The scale as a step line (log2 axis) with a red marker at every overflow."""
-    fig = go.Figure(go.Scatter(x=df.step, y=df.scale, mode="lines", line_shape="hv", name="loss scale"))
+    fig = go.Figure(
+        go.Scatter(
+            x=df.step,
+            y=df.scale,
+            mode="lines",
+            line_shape="hv",
+            name="loss scale",
+            hovertemplate="step %{x}: scale %{y:,.0f}<extra></extra>",
+        )
+    )
     over = df[df.overflow]
     fig.add_trace(
         go.Scatter(
@@ -50,10 +96,12 @@ def loss_scale(df: pd.DataFrame) -> go.Figure:
             name="overflow",
             marker=dict(color="red", symbol="x", size=10),
             customdata=over.bad_params,
-            hovertemplate="step %{x}: overflow, scale → %{y}<br>%{customdata}<extra></extra>",
+            hovertemplate="step %{x}: overflow, scale → %{y:,.0f}<br>%{customdata}<extra></extra>",
         )
     )
-    fig.update_yaxes(type="log", dtick=0.30103, tickformat=",.0f", title="scale")  # a tick per power of two
+    # a tick on each power of two (a log axis' dtick of log10(2) lands on 16,777,220, not 2^24)
+    tickvals, ticktext = power_of_two_ticks(df.scale)
+    fig.update_yaxes(type="log", tickmode="array", tickvals=tickvals, ticktext=ticktext, title="scale (log2)")
     return _tidy(fig, "Loss scale (× = overflow, step skipped)")
 
 
@@ -110,6 +158,36 @@ def _colour_range(grid: pd.DataFrame) -> dict:
     return dict(zmin=min(bottom, top), zmax=top)
 
 
+ROW_LABEL_FONT = 10  # px: a heatmap row is 14 px tall at the least, so every row's label fits
+MAX_ROW_LABELS = binning.MAX_ROWS
+WORST_ROWS_LABELLED = binning.TOP_K
+
+
+def row_ticks(grid: pd.DataFrame, labels: list[str], most: int = MAX_ROW_LABELS) -> list[str]:
+    """Which rows of a heatmap get a label: every row while they fit (``most``), else the
+    WORST_ROWS_LABELLED rows with the highest value and evenly spaced others; the worst rows are
+    always named (plotly's own category ticks skip every other row, the worst one included)."""
+    if len(labels) <= most:
+        return list(labels)
+    peak = np.nan_to_num(np.nanmax(grid.to_numpy(dtype=float), axis=1, initial=-np.inf), nan=-np.inf)
+    keep = set(np.argsort(-peak, kind="stable")[:WORST_ROWS_LABELLED].tolist())
+    spacing = max(1, len(labels) // max(1, most - len(keep)))
+    keep |= set(range(0, len(labels), spacing))
+    return [labels[i] for i in sorted(keep)]
+
+
+def _label_rows(fig: go.Figure, grid: pd.DataFrame, labels: list[str]) -> None:
+    shown = row_ticks(grid, labels)
+    fig.update_yaxes(
+        type="category",
+        autorange="reversed",
+        tickmode="array",
+        tickvals=shown,
+        ticktext=shown,
+        tickfont=dict(size=ROW_LABEL_FONT),
+    )
+
+
 def heatmap(
     df: pd.DataFrame,
     z: str,
@@ -150,7 +228,7 @@ def heatmap(
                 hovertemplate="%{y}, step %{x}: click to list its collectives<extra></extra>",
             )
         )
-    fig.update_yaxes(type="category", autorange="reversed")
+    _label_rows(fig, grid, labels)
     fig.update_xaxes(title="step")
     row_px = 40 if len(labels) <= 16 else 14  # a bin opened at 8,192 ranks still fits a screen or two
     return _tidy(fig, title, height=max(HEIGHT, row_px * len(labels) + 120))
@@ -243,7 +321,7 @@ def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", cl
                 hovertemplate="%{y}: click to open this bin at its worst cell<extra></extra>",
             )
         )
-    fig.update_yaxes(type="category", autorange="reversed")
+    _label_rows(fig, grid, labels)
     fig.update_xaxes(title="step")
     return _tidy(fig, title, height=max(HEIGHT, 14 * len(labels) + 120))
 
@@ -299,7 +377,38 @@ def moe_heatmap(df: pd.DataFrame, title: str) -> go.Figure:
     return _tidy(fig, title)
 
 
+ID_COLUMNS = ("run_id", "name", "run", "host", "group_name")
+X_PREFERRED = ("step", "time_ns", "ts_ns", "samples", "seq", "bytes", "rank", "expert", "depth")
+
+
+def custom_defaults(df: pd.DataFrame) -> tuple[str, str, str, str | None]:
+    """(kind, x, y, colour) the SQL console's chart opens with: a line over a step-like column,
+    else bars over the first label column (never the run id while one run is shown), y the last
+    numeric column that is not x, coloured by a label column with a few values."""
+    numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    labels = [c for c in df.columns if c not in numeric]
+    ordered = [c for c in X_PREFERRED if c in df.columns]
+    if ordered:
+        x = ordered[0]
+    else:
+        useful = [c for c in labels if c not in ID_COLUMNS or df[c].nunique() > 1]
+        x = (useful or labels or list(df.columns))[0]
+    ys = [c for c in numeric if c != x and c not in ("rank", "step", "seq")] or [c for c in numeric if c != x]
+    y = ys[-1] if ys else x
+    kind = "line" if x in ("step", "time_ns", "ts_ns", "samples", "seq") else "bar"
+    colours = [c for c in df.columns if c not in (x, y) and c not in numeric and 1 < df[c].nunique() <= 20]
+    if kind == "line" and not colours and "rank" in df.columns and x != "rank" and 1 < df["rank"].nunique() <= 20:
+        colours = ["rank"]
+    return kind, x, y, (colours[0] if colours else None)
+
+
 def custom(df: pd.DataFrame, kind: str, x: str, y: str, color: str | None) -> go.Figure:
     """The SQL console's chart builder."""
     builder = {"line": px.line, "bar": px.bar, "scatter": px.scatter}[kind]
-    return _tidy(builder(df, x=x, y=y, color=color), f"{y} by {x}")
+    shown = df.assign(**{color: df[color].astype(str)}) if color else df  # a rank colours by category
+    fig = builder(shown.sort_values(x) if kind == "line" else shown, x=x, y=y, color=color)
+    if kind == "bar":
+        fig.update_layout(barmode="group")  # side by side: stacked busbw of two ops means nothing
+        if not pd.api.types.is_numeric_dtype(df[x]):
+            fig.update_xaxes(type="category")
+    return _tidy(fig, f"{y} by {x}")

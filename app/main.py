@@ -13,7 +13,9 @@ from app import state
 # Not "pages/": Streamlit would also serve that folder as a legacy multipage app.
 PAGES = Path(__file__).parent / "views"
 
-st.set_page_config(page_title="rankscope", page_icon=":material/monitoring:", layout="wide")
+# An emoji favicon is drawn in the page (a data: URL); a ":material/...:" one is fetched from
+# fonts.gstatic.com, which fails offline and tells a third party who opened the dashboard.
+st.set_page_config(page_title="rankscope", page_icon="📈", layout="wide")
 page = st.navigation(
     {
         "Runs": [

@@ -184,6 +184,13 @@ def console_query(data_dir: str, sql: str, max_rows: int) -> pd.DataFrame:
     return q.console_query(data_dir, sql, max_rows)
 
 
+@st.cache_data(ttl=60, show_spinner=False)
+def console_views(data_dir: str) -> list[str]:
+    """The views the SQL console can read, from the catalog itself (internal ``_...`` ones left out)."""
+    names = q.console_query(data_dir, "SHOW TABLES", 10_000).iloc[:, 0].astype(str)
+    return sorted(n for n in names if not n.startswith("_"))
+
+
 # --- liveness: a second's cache, since silence grows with time even when no data lands ------
 
 

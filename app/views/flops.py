@@ -51,6 +51,14 @@ def top_modules(tree: pd.DataFrame, k: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measured(modules: pd.DataFrame) -> pd.DataFrame:
+    """The modules with a fwd latency of their own on some rank: a container (ModuleList,
+    ModuleDict) is never called itself, so the profiler times nothing for it and its bar would be
+    empty; its children are timed where they run."""
+    timed = modules.groupby("module").latency_ns.transform("max") > 0
+    return modules[timed]
+
+
 def flops_page() -> None:
     sel = state.selection()
 
@@ -78,7 +86,7 @@ def flops_page() -> None:
         st.dataframe(top_modules(tree, int(k)), hide_index=True)
 
         st.subheader("Per-rank comparison")
-        shallow = profile[profile.depth == 1].assign(latency_ms=lambda f: f.latency_ns / 1e6)
+        shallow = measured(profile[profile.depth == 1]).assign(latency_ms=lambda f: f.latency_ns / 1e6)
         # the slowest ranks (by their top-level modules' total) and the median of the rest, not a bar per rank
         totals = shallow.groupby("rank", as_index=False).latency_ms.sum()
         worst = binning.top_k(totals, "latency_ms", others=False)

@@ -32,6 +32,14 @@ def same_stacks(stacks: pd.DataFrame) -> list[tuple[list[int], pd.DataFrame]]:
     return sorted(groups.values(), key=lambda g: (len(g[0]), g[0][0]))
 
 
+def behind(wave: pd.DataFrame) -> pd.DataFrame:
+    """The wavefront with ``behind``: per row, how many collective seqs its slowest rank has yet to
+    enter to reach the group's furthest rank (its own group's: seqs of two groups do not compare).
+    In a hang the ranks waiting in the stuck collective are 0 behind, the one missing from it 1."""
+    furthest = wave.groupby("group_name").max_entered.transform("max")
+    return wave.assign(behind=(furthest - wave.min_entered).astype(int))
+
+
 def liveness_page() -> None:
     sel = state.selection()
 
@@ -57,8 +65,11 @@ def liveness_page() -> None:
             if (wave.ranks > 1).any():
                 st.caption("Ranks are binned: each row is a rank range; min/max over the range.")
             st.plotly_chart(charts.wavefront(wave))
-            wave = wave.assign(behind=wave.max_entered.max() - wave.min_completed)
-            st.dataframe(wave, hide_index=True)
+            st.caption(
+                "behind: how many collectives the row's slowest rank has yet to enter "
+                "to reach the furthest rank of its group."
+            )
+            st.dataframe(behind(wave), hide_index=True)
         st.subheader("Stacks")
         stacks = queries.stacks(d, run_id, version)
         if stacks.empty:

@@ -22,11 +22,11 @@ def memory_page() -> None:
             return
         kinds = sorted(memory.kind.unique())
         shown = st.multiselect("Kind", kinds, default=kinds)
-        memory = memory[memory.kind.isin(shown)].assign(GiB=lambda f: f.bytes / 2**30)
+        memory = memory[memory.kind.isin(shown)]
         for kind, rows in memory.groupby("kind"):
             many = rows.series.str.startswith("median").any()
             title = f"{kind} per rank" + (f" (the {binning.TOP_K} highest, median and max)" if many else "")
-            st.plotly_chart(charts.lines(rows, "step", "GiB", "series", title, y_title="GiB"))
+            st.plotly_chart(charts.memory_lines(rows, title))  # KiB, MiB or GiB: whichever fits the data
 
     state.live(sel, body)
 

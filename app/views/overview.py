@@ -21,6 +21,48 @@ def _is_lr(tag: str) -> bool:
     return t in ("lr", "learning_rate") or t.endswith("_lr")
 
 
+def _is_loss_scale(tag: str) -> bool:
+    return "scale" in tag.lower().rsplit("/", 1)[-1]
+
+
+def _is_throughput(tag: str) -> bool:
+    t = tag.lower().rsplit("/", 1)[-1].replace("/", "_")
+    return t in ("samples_per_sec", "samples_per_s", "samples_per_second", "throughput")
+
+
+def split_tags(tags) -> dict[str, list[str]]:
+    """Each monitor tag in the one chart that draws it: loss, lr, loss scale (its own log2 chart),
+    throughput (the samples/s chart) and the rest ("Other metrics", one chart each)."""
+    out: dict[str, list[str]] = {"loss": [], "lr": [], "scale": [], "throughput": [], "other": []}
+    for tag in tags:
+        kind = (
+            "scale"
+            if _is_loss_scale(tag)
+            else "loss"
+            if _is_loss(tag)
+            else "lr"
+            if _is_lr(tag)
+            else "throughput"
+            if _is_throughput(tag)
+            else "other"
+        )
+        out[kind].append(tag)
+    return out
+
+
+def no_throughput_message(series: pd.DataFrame, live: bool) -> str:
+    """Why the samples/s chart is missing: a live run may still get there; a finished one will not."""
+    counted = series.dropna(subset=["samples"]).step.nunique() if not series.empty else 0
+    if live:
+        return "No throughput yet: needs sample counts in the monitor events of two steps."
+    if counted == 1:
+        return "No throughput: this run's monitor events carry a sample count at one step only."
+    return (
+        "No throughput: this run has no samples/s and no sample counts in its monitor events "
+        "(the engine's monitor logs them; a script with the hook logs what it passes to `hook.log`)."
+    )
+
+
 def samples_per_second(series: pd.DataFrame) -> pd.DataFrame:
     """Throughput between consecutive steps from the monitor's cumulative sample counts."""
     per_step = series.groupby("step", as_index=False).agg(samples=("samples", "max"), time_ns=("time_ns", "max"))
@@ -104,27 +146,32 @@ def training_charts(sel: state.Selection, version: str) -> None:
     series = queries.monitor_series(d, run_id, version)
     if series.empty:
         state.missing_data(sel, "monitor", "No monitor events (loss, learning rate, samples) in this run.")
+    tags = split_tags(series.tag.unique())
     left, right = st.columns(2)
-    loss_tags = [t for t in series.tag.unique() if _is_loss(t)]
-    lr_tags = [t for t in series.tag.unique() if _is_lr(t)]
     with left:
-        if loss_tags:
-            st.plotly_chart(monitor_chart(series[series.tag.isin(loss_tags)], "Loss"))
+        if tags["loss"]:
+            st.plotly_chart(monitor_chart(series[series.tag.isin(tags["loss"])], "Loss"))
         elif not series.empty:
-            st.info("No loss in the monitor events yet.")
+            st.info("No loss in the monitor events" + (" yet." if sel.is_live() else "."))
     with right:
-        if lr_tags:
-            st.plotly_chart(monitor_chart(series[series.tag.isin(lr_tags)], "Learning rate"))
+        if tags["lr"]:
+            st.plotly_chart(monitor_chart(series[series.tag.isin(tags["lr"])], "Learning rate"))
         elif not series.empty:
-            st.info("No learning rate in the monitor events yet.")
+            st.info("No learning rate in the monitor events" + (" yet." if sel.is_live() else "."))
     # what else the script logs (hook.log, a monitor's own tags): grad norm, tokens, accuracy...
-    other_tags = [t for t in series.tag.unique() if t not in loss_tags and t not in lr_tags]
-    if other_tags:
-        st.plotly_chart(monitor_chart(series[series.tag.isin(other_tags)], "Other metrics"))
+    # one chart each, so a metric in the millions does not flatten one in the tens
+    if tags["other"]:
+        columns = st.columns(2)
+        for i, tag in enumerate(tags["other"]):
+            with columns[i % 2]:
+                st.plotly_chart(monitor_chart(series[series.tag == tag], f"Other metrics: {tag}"))
 
     left, right = st.columns(2)
     with left:
         scales = queries.loss_scale(d, run_id, version)
+        if scales.empty and tags["scale"]:  # a monitor's own loss_scale tag (an imported csv_monitor)
+            logged = series[series.tag == tags["scale"][0]]
+            scales = pd.DataFrame({"step": logged.step, "scale": logged.value, "overflow": False, "bad_params": ""})
         if scales.empty:
             state.missing_data(
                 sel, "loss_scale", "No loss-scale records: this run does not use fp16 dynamic loss scaling."
@@ -132,15 +179,35 @@ def training_charts(sel: state.Selection, version: str) -> None:
         else:
             st.plotly_chart(charts.loss_scale(scales))
     with right:
-        throughput = samples_per_second(series) if not series.empty else pd.DataFrame()
-        if throughput.empty:
-            st.info("No throughput yet: needs monitor events from two steps.")
-        else:
+        if tags["throughput"]:
+            rate = series[series.tag.isin(tags["throughput"])]
             st.plotly_chart(
                 charts.lines(
-                    throughput, "step", "samples_per_s", None, "Samples per second", x_title=monitor_axis(series)
+                    rate,
+                    "step",
+                    "value",
+                    "tag" if len(tags["throughput"]) > 1 else None,
+                    "Samples per second",
+                    y_title="samples/s",
+                    x_title=monitor_axis(series),
                 )
             )
+        else:
+            throughput = samples_per_second(series) if not series.empty else pd.DataFrame()
+            if throughput.empty:
+                st.info(no_throughput_message(series, sel.is_live()))
+            else:
+                st.plotly_chart(
+                    charts.lines(
+                        throughput,
+                        "step",
+                        "samples_per_s",
+                        None,
+                        "Samples per second",
+                        y_title="samples/s",
+                        x_title=monitor_axis(series),
+                    )
+                )
 
     timers = queries.step_breakdown(d, run_id, version)
     if timers.empty:

@@ -43,10 +43,18 @@ def _comparison(sel: state.Selection) -> pd.DataFrame:
 def runs_page() -> None:
     sel = state.selection()
     runs = sel.runs
-    st.caption("Select rows to pick runs for every page (two at most: the first is the primary one).")
+    st.caption(
+        "Select rows to pick runs for every page (two at most: the first is the primary one). "
+        "Runs of the same name differ by their run id and start time."
+    )
     shown = runs[
         ["name", "run_id", "status", "world_size", "n_ranks", "started_at", "ended_at", "duration_s", "source"]
     ]
+    # the table's ticks follow the picked runs (the sidebar's, a link's ?run=), not only its own clicks
+    picked = [runs.run_id.tolist().index(r) for r in sel.run_ids if r in set(runs.run_id)]
+    current = st.session_state.get(TABLE_KEY)
+    if current is None or sorted(current.get("selection", {}).get("rows", [])) != sorted(picked):
+        st.session_state[TABLE_KEY] = {"selection": {"rows": picked, "columns": [], "cells": []}}
     st.dataframe(
         shown,
         hide_index=True,
@@ -55,8 +63,8 @@ def runs_page() -> None:
         key=TABLE_KEY,
         column_config={
             "duration_s": st.column_config.NumberColumn("duration (s)", format="%.0f"),
-            "started_at": st.column_config.DatetimeColumn("started"),
-            "ended_at": st.column_config.DatetimeColumn("ended"),
+            "started_at": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm:ss"),
+            "ended_at": st.column_config.DatetimeColumn("ended", format="YYYY-MM-DD HH:mm:ss"),
         },
     )
 
@@ -65,9 +73,10 @@ def runs_page() -> None:
         st.dataframe(_comparison(sel).astype(str))
     for run_id in sel.run_ids:
         run = sel.run(run_id)
-        with st.expander(f"Config of {run['name']} ({run_id})", expanded=len(sel.run_ids) == 1):
-            try:
-                st.json(json.loads(run.config) if run.config else {})
+        started = pd.Timestamp(run.started_at).strftime("%Y-%m-%d %H:%M:%S") if pd.notna(run.started_at) else "?"
+        with st.expander(f"Config of {run['name']} ({run_id}, started {started})", expanded=len(sel.run_ids) == 1):
+            try:  # the top level shown, its sections one click away: a ZeRO config is a long page
+                st.json(json.loads(run.config) if run.config else {}, expanded=1)
             except json.JSONDecodeError:
                 st.error("This run's config is not valid JSON; showing it as sent.")
                 st.code(run.config)

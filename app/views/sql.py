@@ -13,34 +13,53 @@ import streamlit as st
 from app import charts, queries, state
 from collector.data.catalog import QueryError
 
+# {run}: the run picked in the sidebar (quoted); "Runs" lists them all
 EXAMPLES = {
     "Runs": "SELECT run_id, name, status, world_size, started_at, ended_at FROM runs ORDER BY started_at DESC",
     "Bus bandwidth per op and rank": (
-        "SELECT run_id, op, rank, count(*) AS n, round(avg(busbw_gbs), 3) AS busbw_gbs\n"
-        "FROM comm GROUP BY ALL ORDER BY run_id, op, rank"
+        "SELECT op, rank, count(*) AS n, round(avg(busbw_gbs), 3) AS busbw_gbs\n"
+        "FROM comm WHERE run_id = {run} GROUP BY ALL ORDER BY op, rank"
+    ),
+    "Bus bandwidth per step": (
+        "SELECT step, op, round(avg(busbw_gbs), 3) AS busbw_gbs\n"
+        "FROM comm WHERE run_id = {run} GROUP BY ALL ORDER BY step, op"
     ),
     "Who arrives last": (
-        "SELECT run_id, op, last_rank, count(*) AS times_last,\n"
+        "SELECT op, last_rank, count(*) AS times_last,\n"
         "       round(median(max_delay_ns) / 1e6, 2) AS median_delay_ms\n"
-        "FROM stragglers GROUP BY ALL ORDER BY times_last DESC"
+        "FROM stragglers WHERE run_id = {run} GROUP BY ALL ORDER BY times_last DESC"
     ),
     "Loss-scale overflows": (
-        "SELECT run_id, step, scale_before, scale, bad_params FROM loss_scale\n"
-        "WHERE overflow AND rank = 0 ORDER BY run_id, step"
+        "SELECT step, scale_before, scale, bad_params FROM loss_scale\n"
+        "WHERE run_id = {run} AND overflow AND rank = 0 ORDER BY step"
     ),
     "Slowest modules": (
-        "SELECT run_id, module, module_type, latency_ns / 1e6 AS fwd_ms, flops / latency_ns / 1e3 AS tflops\n"
-        "FROM flops WHERE rank = 0 ORDER BY latency_ns DESC LIMIT 20"
+        "SELECT module, module_type, latency_ns / 1e6 AS fwd_ms, flops / latency_ns / 1e3 AS tflops\n"
+        "FROM flops WHERE run_id = {run} AND rank = 0 ORDER BY latency_ns DESC LIMIT 20"
     ),
     "Step time per rank": (
-        "SELECT rank, name, round(avg(dur_ns) / 1e6, 2) AS mean_ms FROM timers GROUP BY ALL ORDER BY rank, name"
+        "SELECT rank, name, round(avg(dur_ns) / 1e6, 2) AS mean_ms FROM timers\n"
+        "WHERE run_id = {run} GROUP BY ALL ORDER BY rank, name"
     ),
+    "Stuck collectives": "SELECT * FROM hangs WHERE run_id = {run}",
 }
+DEFAULT_EXAMPLE = "Bus bandwidth per op and rank"
 SQL_KEY, RESULT_KEY = "sql.text", "sql.result"
 
 
+def example(name: str, run_id: str | None) -> str:
+    """An example's SQL for the picked run (a quoted literal: run ids are ours, but quote anyway)."""
+    quoted = "'" + (run_id or "").replace("'", "''") + "'"
+    return EXAMPLES[name].replace("{run}", quoted)
+
+
+def _selected_run() -> str | None:
+    chosen = st.session_state.get(state.SELECTION_KEY) or []
+    return chosen[0] if chosen else None
+
+
 def _use_example() -> None:
-    st.session_state[SQL_KEY] = EXAMPLES[st.session_state["sql.example"]]
+    st.session_state[SQL_KEY] = example(st.session_state["sql.example"], _selected_run())
 
 
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
@@ -53,12 +72,15 @@ def chart_builder(result: pd.DataFrame) -> None:
     numeric = [c for c in result.columns if pd.api.types.is_numeric_dtype(result[c])]
     if not numeric or len(result.columns) < 2:
         return
+    kinds, columns = ["line", "bar", "scatter"], list(result.columns)
+    kind0, x0, y0, colour0 = charts.custom_defaults(result)
     with st.expander("Chart", expanded=True):
         c1, c2, c3, c4 = st.columns(4)
-        kind = c1.selectbox("Kind", ["line", "bar", "scatter"])
-        x = c2.selectbox("x", list(result.columns))
-        y = c3.selectbox("y", numeric, index=len(numeric) - 1)
-        color = c4.selectbox("Colour", [None] + [c for c in result.columns if c not in (x, y)])
+        kind = c1.selectbox("Kind", kinds, index=kinds.index(kind0))
+        x = c2.selectbox("x", columns, index=columns.index(x0))
+        y = c3.selectbox("y", numeric, index=numeric.index(y0) if y0 in numeric else len(numeric) - 1)
+        colours = [None] + [c for c in columns if c not in (x, y)]
+        color = c4.selectbox("Colour", colours, index=colours.index(colour0) if colour0 in colours else 0)
         st.plotly_chart(charts.custom(result, kind, x, y, color))
 
 
@@ -72,16 +94,23 @@ def sql_page() -> None:
         index=None,
         placeholder="Pick an example query…",
     )
-    st.session_state.setdefault(SQL_KEY, EXAMPLES["Bus bandwidth per op and rank"])
+    run_id = _selected_run()
+    if st.session_state.get("sql.default_for") != run_id and st.session_state.get(SQL_KEY) in (
+        None,
+        example(DEFAULT_EXAMPLE, st.session_state.get("sql.default_for")),
+    ):  # the untouched default follows the run picked in the sidebar
+        st.session_state[SQL_KEY] = example(DEFAULT_EXAMPLE, run_id)
+        st.session_state["sql.default_for"] = run_id
     with st.form("sql"):
         sql = st.text_area(
             "SQL (read-only: one SELECT / WITH / FROM / DESCRIBE / SHOW statement)", key=SQL_KEY, height=140
         )
         max_rows = st.number_input("Max rows", min_value=1, max_value=1_000_000, value=10_000)
         submitted = st.form_submit_button("Run", type="primary")
+    views = queries.console_views(directory)
     st.caption(
-        "Views: runs, ranks, comm, timers, monitor, loss_scale, flops, memory, moe, "
-        "comm_instances, stragglers (columns: `DESCRIBE comm`)."
+        f"Views: {', '.join(views)} (columns: `DESCRIBE comm`)."
+        + (f" The examples read the run picked in the sidebar, `{run_id}`." if run_id else "")
     )
     if submitted:
         try:

@@ -28,6 +28,10 @@ def test_overview_plots_what_the_script_logged(tmp_path):
             for tag in ("train_loss", "lr", "grad_norm"):
                 assert tab.locator("text.legendtext", has_text=tag).count() >= 1, f"{tag} is not on the Overview"
             assert tab.get_by_text("No loss in the monitor events yet.").count() == 0
+            # #29: the finished run logged no samples/s and no sample counts: it will never have a
+            # throughput, so the Overview says it has none (it said "No throughput yet")
+            tab.get_by_text("No throughput: this run has no samples/s", exact=False).first.wait_for(timeout=60_000)
+            assert tab.get_by_text("No throughput yet", exact=False).count() == 0
             # the x axis is the optimizer step: STEPS points, ticks within 1..STEPS
             ticks = [t.strip() for t in tab.locator(".xtick text").all_text_contents() if t.strip()]
             assert ticks and all(1 <= float(t) <= script.STEPS for t in ticks), ticks
