@@ -360,7 +360,8 @@ def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signa
         first = a
     elif pattern is not None:
         text += f"; slow every {pattern['every']} steps ({pattern['late']} of {pattern['of']} such steps)"
-        evidence |= {"pattern": "intermittent", "every": pattern["every"]}
+        # the median step is one of its normal steps: without it, every step would be that
+        evidence |= {"pattern": "intermittent", "every": pattern["every"], "what_if_step_ms": median_step}
     late = imposed[imposed >= floor]
     why = causes.explain(rank, late, signals, imposed) if signals is not None else None
     if why is not None:
