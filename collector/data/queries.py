@@ -826,8 +826,9 @@ def _has_segments(data_dir: str, table: str, run_id: str) -> bool:
 def memory_trend(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank, its resident memory's trend over the second half of its steps (the first half holds
     start-up and the warm-up's allocations; the last step's samples, taken as the session ends after
-    the script let go of its objects, are left out): the least-squares slope per second and its r2, the RSS at both ends, the steps per
-    second, the host's available memory at the end (findings.memory). Empty without host samples."""
+    the script let go of its objects, are left out): the least-squares slope per second and its r2,
+    the RSS at both ends, the steps per second, the host's available memory at the end
+    (findings.memory). Empty without host samples."""
     if not _has_segments(cat.data_dir, "host", run_id):
         return pd.DataFrame()
     return cat.df(

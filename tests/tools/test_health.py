@@ -73,8 +73,18 @@ def test_the_skewed_expert_is_named_with_its_dropped_tokens():
 
 def test_a_healthy_run_says_so_in_one_line_and_notes_on_request(tmp_path):
     made = subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", "simulate", "--ranks", "8", "--steps", "30"]
-        + ["--data-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "collector.tools.cli",
+            "simulate",
+            "--ranks",
+            "8",
+            "--steps",
+            "30",
+            "--data-dir",
+            tmp_path,
+        ],
         capture_output=True,
         text=True,
         timeout=120,
