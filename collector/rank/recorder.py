@@ -43,6 +43,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from array import array
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -142,12 +143,18 @@ def _backend_counter(pg):
     one, else a counter of our own (p2p pseudo-groups, backends without sequence numbers)."""
     if pg is not None:
         try:
-            last = pg._get_sequence_number_for_group
-            last()
+            pg._get_sequence_number_for_group()
             backend = c10d.get_backend(pg)
         except Exception:  # no backend counter here: number the collectives we see
             pass
         else:
+            # through a weak reference: records still queued hold this object, and they must not
+            # keep the group (and gloo's threads) alive past destroy_process_group
+            ref = weakref.ref(pg)
+
+            def last() -> int:
+                return ref()._get_sequence_number_for_group()
+
             return last, 1, backend == "gloo"  # NCCL counts collectives only (seqCollective_)
     return itertools.count(1).__next__, 0, False
 
@@ -305,14 +312,13 @@ class Recorder:
         if g is None:
             world = c10d.GroupMember.WORLD
             if group is None or group is world:
-                # None and the WORLD object are one group: one entry under both keys
-                g = self.groups.get(world) if group is None and world is not None else None
+                # None and the WORLD object are one group (one offset for gloo's p2p): one entry
+                # under each key seen; the WORLD key only once a caller passes it (a key holds it)
+                g = self.groups.get(world if group is None else None)
                 if g is None:
                     size = get_world_size()
                     pg = world if world is not None and c10d.is_initialized() else None
                     g = _Group("world", size, rank_ranges(list(range(size))), pg)
-                    if world is not None:
-                        self.groups[world] = g
             else:
                 ranks = sorted(c10d.get_process_group_ranks(group))
                 label = rank_ranges(ranks)

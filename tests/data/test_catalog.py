@@ -101,7 +101,9 @@ def test_straggler_views_name_the_rank_that_arrived_late(tmp_path):
     n = 20
     per_rank = {rank: comm_columns(rank, 0, n, delay_ns=5000 if rank == 2 else 0) for rank in range(4)}
     per_rank[1]["start_ns"] = per_rank[1]["start_ns"].copy()
-    per_rank[1]["start_ns"][7] += 9000  # instance 7: rank 1 is even later than rank 2
+    per_rank[1]["start_ns"][7] += 9000  # instance 7: rank 1 is even later than rank 2 ...
+    per_rank[1]["end_ns"] = per_rank[1]["end_ns"].copy()
+    per_rank[1]["end_ns"][7] += 9000  # ... and ends no earlier than it started (the collector refuses that)
     store_comm(data, per_rank)
     con = catalog.connect(data)
 

@@ -48,9 +48,16 @@ def stall_before_collective(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def _write_base(rank: int, out: str) -> None:
+    """The world group's collective count before the loop (the session's and torch's own set-up
+    collectives): a comm row's seq is the group's own number, so the loop's i-th is base + i."""
+    Path(out, f"base{rank}").write_text(str(dist.group.WORLD._get_sequence_number_for_group()))
+
+
 def hang_worker(rank: int, port: int, endpoint: str, out: str, k: int, stall_rank: int, stall_s: float) -> None:
     """Rank ``stall_rank`` sleeps ``stall_s`` before the k-th all_reduce; the others block inside it."""
     _start(rank, port, endpoint, "hang", hang_after_s=2.0)
+    _write_base(rank, out)
     total = 0.0
     for i in range(1, k + 2):
         if i == k:
@@ -67,6 +74,7 @@ def desync_worker(rank: int, port: int, endpoint: str, out: str, k: int, odd_ran
     """At the k-th collective rank ``odd_rank`` issues a different element count (kind 'numel')
     or a different op (kind 'op'); the backend then hangs, fails or garbles, all allowed."""
     _start(rank, port, endpoint, f"desync-{kind}", hang_after_s=2.0, pg_timeout_s=5)
+    _write_base(rank, out)
     error = None
     try:
         for i in range(1, k + 1):

@@ -67,6 +67,13 @@ def _query(data_dir, fn, *args):
         cat.close()
 
 
+def _base(out: Path) -> int:
+    """The world group's collective count before the workers' loop, the same on every rank."""
+    bases = {int(p.read_text()) for p in out.glob("base*")}
+    assert len(bases) == 1, bases
+    return bases.pop()
+
+
 def _health(data_dir) -> subprocess.CompletedProcess:
     run_id = _query(data_dir, lambda cat, run_id: run_id)
     return subprocess.run(
@@ -103,9 +110,10 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             assert frame is not None, "no hang reported"
             assert seen_after <= HANG_AFTER_S + 3, f"hang visible only {seen_after:.1f} s after entering"
             row = frame.iloc[0]
-            assert (row.group_name, int(row.seq), row.op) == ("world", K, "all_reduce")
+            base = _base(out)
+            assert (row.group_name, int(row.seq), row.op) == ("world", base + K, "all_reduce")
             assert list(row.waiting_ranks) == [0, 1, 3] and list(row.missing_ranks) == [2]
-            assert [int(m["last_completed_seq"]) for m in row.missing] == [K - 1]
+            assert [int(m["last_completed_seq"]) for m in row.missing] == [base + K - 1]
 
             health = _health(collector.data_dir)
             assert health.returncode == 2, health.stdout + health.stderr
@@ -123,7 +131,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             assert stack is not None, "rank 2 was not asked for (or did not send) its stacks"
             assert "stall_before_collective" in stack.stack and "_liveness_workers.py" in stack.stack
             assert "in stall_before_collective" in stack.innermost or "in sleep" in stack.innermost
-            assert stack.reason.startswith("missing from all_reduce #6 of world")
+            assert stack.reason.startswith(f"missing from all_reduce #{base + K} of world")
             # the waiting ranks captured their own stacks when the hang began: inside all_reduce
             waiting = _query(collector.data_dir, queries.stacks, [0])
             assert any("all_reduce" in s for s in waiting[waiting.is_main]["stack"])
@@ -161,7 +169,7 @@ def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind)
         frame = _wait(mismatch, 20)
     assert frame is not None, "no collective mismatch reported"
     row = frame.iloc[0]
-    assert (row.group_name, int(row.seq)) == ("world", k)
+    assert (row.group_name, int(row.seq)) == ("world", _base(out) + k)
     sides = {tuple(side["ranks"]): side for side in row.sides}
     assert (1,) in sides, sides
     others = [r for ranks in sides if ranks != (1,) for r in ranks]

@@ -93,10 +93,13 @@ def test_four_ranks_every_collective_recorded_and_joinable(live_collector, tmp_p
         run_id,
     )
     assert bad == []
+    # seq is the world group's own collective number: the session's set-up collectives and ops issued
+    # inside torch (all_gather_object's size exchange) take numbers too, so the rows have gaps
     n_world = sum(workers.WORLD_OPS.values())
-    assert q(
-        "SELECT min(seq), max(seq), count(DISTINCT seq) FROM comm WHERE run_id = ? AND group_name = 'world'", run_id
-    ) == [(1, n_world, n_world)]
+    [(first, count)] = q(
+        "SELECT min(seq), count(DISTINCT seq) FROM comm WHERE run_id = ? AND group_name = 'world'", run_id
+    )
+    assert first >= 1 and count == n_world
 
     # log_summary on every rank agrees with the stored rows
     for rank, res in enumerate(results):
