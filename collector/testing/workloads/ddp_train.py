@@ -18,6 +18,10 @@ and the usual ``dist.all_reduce(loss)`` to log the mean loss through ``hook.log`
 - ``nan``: the loss it logs is NaN; ``spike``: it logs the loss x MS (default 10);
 - ``leak``: keeps MS MiB more every step (memory growth towards an OOM).
 
+Every step also waits ``--device-ms`` (default 30) on every rank, asleep, as a GPU job's host waits
+for its kernels: a step of realistic length, so a few ms of scheduler noise on a shared CPU host is
+noise against it, as it is on a real job, not half a 5 ms CPU step.
+
 Healthy shapes users write (no warning may come of them): ``--eval-every K`` (an eval pass on
 all ranks with its own all_reduce), ``--save-every K`` (rank 0 saves a checkpoint, all ranks
 barrier), ``--jitter-ms J`` (every rank busy 0..J ms at random each step), ``--first-step-ms M``
@@ -118,6 +122,12 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=0)
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--first-step-ms", type=float, default=0.0)
+    p.add_argument(
+        "--device-ms",
+        type=float,
+        default=30.0,
+        help="each step waits this long on every rank, as for a device's kernels (a sleep: the CPU stays free)",
+    )
     args = p.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -156,6 +166,8 @@ def main() -> None:
             busy_wait(args.first_step_ms / 1e3)
         if args.jitter_ms:
             busy_wait(jitter.uniform(0, args.jitter_ms) / 1e3)
+        if args.device_ms:
+            time.sleep(args.device_ms / 1e3)
         total = torch.zeros(())
         for micro in range(args.accum):
             x, y = batch(step)
