@@ -48,6 +48,7 @@ def dump(out: str | os.PathLike) -> None:
 
     groups = {}
     for pg, g in list(REC.groups.items()):
+        pg = pg if pg is not None else dist.group.WORLD  # the recorder keys the world group by None too
         if pg is not None:
             groups[str(getattr(pg, "group_name", ""))] = g.name
     trace = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, True))

@@ -92,4 +92,6 @@ def test_engine_collectives_are_flight_recorders_entries_at_the_same_seq(run):
     for rank in range(2):
         rows = q(f"SELECT group_name, seq, op, numel FROM comm {where} AND rank = {rank}")
         rows = [dict(zip(("group_name", "seq", "op", "numel"), r, strict=True)) for r in rows]
-        assert rows and flight_recorder.mismatches(rows, flight_recorder.load(tmp, rank)) == [], rank
+        assert rows, f"rank {rank}: no comm rows"
+        problems = flight_recorder.mismatches(rows, flight_recorder.load(tmp, rank))
+        assert problems == [], (rank, problems[:5], len(problems), len(rows))
