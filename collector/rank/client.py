@@ -62,7 +62,7 @@ _CLOSE_STREAM = object()
 # ``close`` still tries a collector that has been out of reach: it spools at once rather than waiting
 # close_timeout_s for acks that cannot come (the exit stays prompt).
 UNREACHABLE_WARN_S = 3.0
-UNREACHABLE_CLOSE_S = 0.5
+UNREACHABLE_CLOSE_S = 1.0
 
 
 @dataclass(kw_only=True)
@@ -247,6 +247,11 @@ class Client:
         give_up = start + UNREACHABLE_CLOSE_S if self._unreachable() else None
         if give_up is not None:
             self._next_connect = 0.0
+            # a fresh channel: the old one may sit in gRPC's own reconnect backoff (about a second
+            # after an outage), which would fail the last try against a collector that is back
+            if self._channel is not None and (self._stream is None or self._stream.dead.is_set()):
+                self._channel.close()
+                self._channel = None
         for env in self._encode(self.buffer.take()):
             self._enqueue(env)
         # RunEnd goes last, once the data is acked (or most of the wait is spent),
