@@ -147,19 +147,15 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
     # Without CUDA no tensor can be on a device: leave the per-call device check out entirely.
     span = f"cuda_start({tensor})" if tensor and torch.cuda.is_available() else "None"
     skip = f" or {spec.skip_if}" if spec.skip_if else ""
+    passthrough = (
+        f"        return _real({args})\n"
+        if spec.kind == "collective"  # gloo's collective counter counts p2p too, recorded or not:
+        else f"        out = _real({args})\n        REC.count_p2p(group)\n        return out\n"
+    )
     head = (
         f"def {spec.name}({', '.join(params)}, log_name=None):\n"
-        f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
-        f"        return _real({args})\n"
+        f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n" + passthrough
     )
-    if spec.kind != "collective":  # gloo's collective counter counts p2p too, recorded or not
-        head = (
-            f"def {spec.name}({', '.join(params)}, log_name=None):\n"
-            f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n"
-            f"        out = _real({args})\n"
-            f"        REC.count_p2p(group)\n"
-            f"        return out\n"
-        )
     if spec.kind == "collective":
         # The in-flight mark, Recorder.enter inlined: the slot is in ``inflight`` (group, seq, size,
         # time) before the call, so a collective that never returns is still known; cleared if the

@@ -304,9 +304,7 @@ def late_pattern(values: np.ndarray, others: np.ndarray, floor: float, world_siz
     m = len(positions)
     if m < 4 or hits < BURST_DENSITY * m or hits / m <= p:
         return None
-    q = hits / m
-    kl = q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
-    if world_size * math.exp(-m * kl) >= CHANCE:
+    if world_size * math.exp(-m * _kl(hits / m, p)) >= CHANCE:
         return None
     return {"pattern": "intermittent", "every": k, "late": hits, "of": m}
 
@@ -322,8 +320,12 @@ def late_beyond_chance(late: np.ndarray, base_rate: float, world_size: int) -> b
     p, q = min(base_rate, 1 - 1e-9), k / n
     if q <= p:
         return False
-    kl = q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
-    return world_size * math.exp(-n * kl) < CHANCE
+    return world_size * math.exp(-n * _kl(q, p)) < CHANCE
+
+
+def _kl(q: float, p: float) -> float:
+    """KL(q || p) of two Bernoulli shares, q > p: the exponent of the binomial tail's Chernoff bound."""
+    return q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
 
 
 def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signals, pattern=None) -> Finding:
