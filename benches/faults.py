@@ -224,6 +224,13 @@ def health(data_dir: Path, run: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
+def _checked(what: str, cmd: list[str], **kwargs) -> None:
+    """Run a case's job to its end; a job that fails stops the suite, saying which and why."""
+    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what}: exit {done.returncode}: {done.stderr[-3000:]}")
+
+
 def _env(endpoint: str, run: str) -> dict:
     return dict(
         os.environ,
@@ -256,9 +263,7 @@ def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
     cmd = [*_torchrun(case.ranks), "-m", "collector.hook", str(WORKLOAD), str(out), *case.args]
     outcome = Outcome(case)
     if case.live is None:
-        done = subprocess.run(cmd, env=_env(endpoint, case.name), capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"{case.name}: exit {done.returncode}: {done.stderr[-3000:]}")
+        _checked(case.name, cmd, env=_env(endpoint, case.name), timeout=600)
         _step_time(outcome, out)
         outcome.found = health(data_dir, case.name)
         return outcome
@@ -313,9 +318,7 @@ def run_engine(batch: list[Case], work: Path, endpoint: str, data_dir: Path) -> 
     specs = [c.args[0] for c in batch]
     cmd = [*_torchrun(4), "-m", "trainer.examples.faults", "--slow-rank", "3", "--steps", "32"]
     cmd += ["--name", "engine", "--times", str(times), "--runs", *specs]
-    done = subprocess.run(cmd, env=_env(endpoint, "engine"), capture_output=True, text=True, timeout=1200)
-    if done.returncode != 0:
-        raise RuntimeError(f"engine cases: exit {done.returncode}: {done.stderr[-3000:]}")
+    _checked("engine cases", cmd, env=_env(endpoint, "engine"), timeout=1200)
     measured = json.loads(times.read_text())
     outcomes = []
     for case, spec in zip(batch, specs, strict=True):
@@ -332,15 +335,7 @@ def run_framework(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outc
     script = REPO / "tests" / "rank" / ("_hf_trainer_script.py" if case.source == "hf" else "_lightning_script.py")
     out = work / case.name
     out.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [*_torchrun(2), str(script), str(out)],
-        env=_env(endpoint, case.name),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{case.name}: exit {done.returncode}: {done.stderr[-3000:]}")
+    _checked(case.name, [*_torchrun(2), str(script), str(out)], env=_env(endpoint, case.name), timeout=600)
     run_id = json.loads((out / "rank0.json").read_text())["run_id"]
     outcome = Outcome(case)
     outcome.found = health(data_dir, run_id)
@@ -349,24 +344,8 @@ def run_framework(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outc
 
 def run_simulated(case: Case, work: Path) -> Outcome:
     data_dir = work / case.name
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "collector.tools.cli",
-            "simulate",
-            *case.args,
-            "--name",
-            case.name,
-            "--data-dir",
-            str(data_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{case.name}: exit {done.returncode}: {done.stderr[-3000:]}")
+    cmd = [sys.executable, "-m", "collector.tools.cli", "simulate", *case.args, "--name", case.name]
+    _checked(case.name, [*cmd, "--data-dir", str(data_dir)], timeout=1200)
     outcome = Outcome(case)
     t0 = time.perf_counter()
     outcome.found = health(data_dir, case.name)
