@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from app import charts, queries, state
-from collector.data.catalog import QueryError
+from collector.data.catalog import QueryError, SqlLimits, format_byte_size
 
 # {run}: the run picked in the sidebar (quoted); "Runs" lists them all
 EXAMPLES = {
@@ -84,6 +84,17 @@ def chart_builder(result: pd.DataFrame) -> None:
         st.plotly_chart(charts.custom(result, kind, x, y, color))
 
 
+def _limits_caption() -> str:
+    """The limits a query runs under (``rankscope dashboard --sql-memory-limit / --sql-time-limit``)."""
+    try:
+        limits = SqlLimits.resolve()
+    except ValueError:
+        return ""  # a bad value in the environment: running a query says which
+    memory = format_byte_size(limits.memory_bytes) if limits.memory_bytes else "no memory limit"
+    time_s = f"{limits.time_s:g} s" if limits.time_s else "no time limit"
+    return f" Limits per query: {memory}, {time_s}."
+
+
 def sql_page() -> None:
     directory = st.session_state.get("rankscope.data_dir") or state.data_dir()
     st.selectbox(
@@ -111,6 +122,7 @@ def sql_page() -> None:
     st.caption(
         f"Views: {', '.join(views)} (columns: `DESCRIBE comm`)."
         + (f" The examples read the run picked in the sidebar, `{run_id}`." if run_id else "")
+        + _limits_caption()
     )
     if submitted:
         try:

@@ -41,6 +41,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -58,6 +59,9 @@ VERSION_VIEW = "rankscope_catalog_version"
 # Statement types a user query may have; DESCRIBE/SHOW/SUMMARIZE/FROM parse as SELECT.
 _QUERY_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 QUERY_TIMEOUT_S = 30.0  # a user query running longer is interrupted (a runaway recursive CTE, a huge join)
+SQL_MEMORY_LIMIT = 1 << 30  # what one user query may hold (DuckDB's own default is 80% of the machine's RAM)
+SQL_MEMORY_LIMIT_ENV = "RANKSCOPE_SQL_MEMORY_LIMIT"
+SQL_TIME_LIMIT_ENV = "RANKSCOPE_SQL_TIME_LIMIT"
 
 
 class QueryError(Exception):
@@ -533,14 +537,15 @@ def _guard_dataset(
     )
 
 
-def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
+def readonly_connection(data_dir, memory_limit: int | None = None) -> duckdb.DuckDBPyConnection:
     """A private in-memory database with the catalog's views that can touch no file at all.
 
     The views read Arrow datasets over D/parquet that Python opened (read-only by
     construction) instead of DuckDB's own file access, so external access is off
     entirely: no COPY target, no ATTACH, no read outside the data, no extension;
     the configuration is locked so no statement, however wrapped, can turn any of it
-    back on. Opening the connection writes nothing in D."""
+    back on, memory_limit (``memory_limit`` bytes; None: DuckDB's default) included.
+    Opening the connection writes nothing in D."""
     root = Path(data_dir).resolve()
     layout.check_data_dir(root, error=QueryError)
     con = duckdb.connect(":memory:", config={"temp_directory": ""})
@@ -549,6 +554,8 @@ def readonly_connection(data_dir) -> duckdb.DuckDBPyConnection:
         hive = table in TABLES or table in layout.DERIVED_TABLES  # partitioned by run=<id>
         con.register(_guard_relation(table), _guard_dataset(root, table, schema, hive=hive, snapshot=snapshot))
     _create_views(con, view_definitions(root=None), temporary=False)
+    if memory_limit is not None:
+        con.execute("SET memory_limit = ?", [f"{memory_limit}B"])
     for setting, value in _GUARD_SETTINGS.items():
         con.execute(f"SET {setting} = ?", [value])
     return con
@@ -568,14 +575,105 @@ _GUARD_SETTINGS = {
 }
 
 
+# -- limits on user SQL ------------------------------------------------------------
+
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_BYTE_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_NO_LIMIT = ("none", "off", "unlimited")
+
+
+def parse_byte_size(text: str) -> int:
+    """'1GiB', '512MB', '1.5 G', '4096' -> bytes. K/M/G/T are powers of 1024 with or without
+    the 'i' (as DeepSpeed and the rest of rankscope print sizes)."""
+    m = _BYTE_SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (e.g. 512MiB, 2GiB)")
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).upper()])
+
+
+def format_byte_size(n: int) -> str:
+    """1073741824 -> '1 GiB', 314572800 -> '300 MiB' (whole units where exact)."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class SqlLimits:
+    """What one user query may use: DuckDB's memory_limit (and the result it hands back) and
+    wall time. None: no limit. ``resolve`` takes a flag's text, else the environment, else the default."""
+
+    memory_bytes: int | None = SQL_MEMORY_LIMIT
+    time_s: float | None = QUERY_TIMEOUT_S
+
+    @classmethod
+    def resolve(cls, memory: str | None = None, time_s: str | None = None) -> SqlLimits:
+        """Raises ValueError naming the flag or variable whose value is bad."""
+        memory_text = memory if memory is not None else os.environ.get(SQL_MEMORY_LIMIT_ENV) or None
+        time_text = time_s if time_s is not None else os.environ.get(SQL_TIME_LIMIT_ENV) or None
+        where_memory = "--sql-memory-limit" if memory is not None else SQL_MEMORY_LIMIT_ENV
+        where_time = "--sql-time-limit" if time_s is not None else SQL_TIME_LIMIT_ENV
+        return cls(
+            memory_bytes=SQL_MEMORY_LIMIT if memory_text is None else _memory_limit(memory_text, where_memory),
+            time_s=QUERY_TIMEOUT_S if time_text is None else _time_limit(time_text, where_time),
+        )
+
+
+def _memory_limit(text: str, where: str) -> int | None:
+    if text.strip().lower() in _NO_LIMIT:
+        return None
+    try:
+        value = parse_byte_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if value < 1 << 20:
+        raise ValueError(f"{where}: {text!r} is under 1 MiB; give a size such as 512MiB or 2GiB (or 'none')")
+    return value
+
+
+def _time_limit(text: str, where: str) -> float | None:
+    if text.strip().lower() in _NO_LIMIT:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: not a number of seconds: {text!r} (e.g. 30, or 'none')") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{where}: {text!r} must be a positive number of seconds (or 'none')")
+    return value
+
+
+class _ResultTooLarge(Exception):
+    pass
+
+
+_UNSET = object()
+
+
 def run_readonly_query(
-    data_dir, sql: str, max_rows: int | None = 10_000, timeout_s: float | None = QUERY_TIMEOUT_S
+    data_dir,
+    sql: str,
+    max_rows: int | None = 10_000,
+    timeout_s: float | None = _UNSET,  # type: ignore[assignment]
+    memory_limit: int | None = _UNSET,  # type: ignore[assignment]
 ) -> pa.Table:
     """Run one user query read-only and return (at most max_rows rows of) its result,
-    interrupting it after ``timeout_s`` seconds (None: no limit).
+    interrupting it after ``timeout_s`` seconds and stopping it when it needs more than
+    ``memory_limit`` bytes (DuckDB's operators, and the result handed back). Either left
+    out: ``$RANKSCOPE_SQL_TIME_LIMIT`` / ``$RANKSCOPE_SQL_MEMORY_LIMIT``, else 30 s / 1 GiB;
+    None: no limit.
 
     Raises QueryError with a message fit to show the user: DuckDB's own error
-    text for bad SQL, or why the statement was refused or stopped."""
+    text for bad SQL, or why the statement was refused or stopped (naming the limit hit)."""
+    if timeout_s is _UNSET or memory_limit is _UNSET:
+        try:
+            limits = SqlLimits.resolve()
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+        timeout_s = limits.time_s if timeout_s is _UNSET else timeout_s
+        memory_limit = limits.memory_bytes if memory_limit is _UNSET else memory_limit
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -593,25 +691,31 @@ def run_readonly_query(
 
     def attempt() -> pa.Table:
         # Creating the views lists the segments too, so it is retried with the query.
-        con = readonly_connection(data_dir)
+        con = readonly_connection(data_dir, memory_limit=memory_limit)
         # interrupt() is DuckDB's documented way to stop a running query from another thread.
         timer = threading.Timer(timeout_s, con.interrupt) if timeout_s is not None else None
         try:
             if timer is not None:
                 timer.daemon = True
                 timer.start()
-            return _fetch(con, sql, max_rows)
+            return _fetch(con, sql, max_rows, memory_limit)
         finally:
             if timer is not None:
                 timer.cancel()
             con.close()
 
+    narrow = "narrow it (WHERE run_id = ..., fewer columns, LIMIT) and run it again"
     try:
         return with_segment_retry(attempt)
     except duckdb.InterruptException:
         raise QueryError(
-            f"query stopped after the {timeout_s:g} s time limit; "
-            "narrow it (WHERE run_id = ..., LIMIT) and run it again"
+            f"query stopped after {timeout_s:g} s (the time limit: --sql-time-limit or ${SQL_TIME_LIMIT_ENV}); {narrow}"
+        ) from None
+    except (duckdb.OutOfMemoryException, _ResultTooLarge) as exc:
+        what = "its result is larger than" if isinstance(exc, _ResultTooLarge) else "it needed more than"
+        raise QueryError(
+            f"query stopped: {what} the {format_byte_size(memory_limit or 0)} memory limit "
+            f"(--sql-memory-limit or ${SQL_MEMORY_LIMIT_ENV}); {narrow}"
         ) from None
     except (duckdb.Error, OSError, pa.ArrowException) as exc:
         raise QueryError(_naming_bad_segments(data_dir, str(exc))) from None
@@ -665,10 +769,15 @@ def _statement_name(statement) -> str:
     return f"{'n' if name[0] in 'AEIOU' else ''} {name}"
 
 
-def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None) -> pa.Table:
-    reader = con.sql(sql).to_arrow_reader(min(max_rows or 65_536, 65_536))
-    batches, rows = [], 0
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None, memory_limit: int | None = None) -> pa.Table:
+    # DuckDB's memory_limit covers its operators, not the batches handed to Python: count those.
+    # Small batches (one DuckDB vector) keep what is read past the limit to one vector.
+    reader = con.sql(sql).to_arrow_reader(min(max_rows or 2048, 2048))
+    batches, rows, nbytes = [], 0, 0
     for batch in reader:
+        nbytes += batch.nbytes
+        if memory_limit is not None and nbytes > memory_limit:
+            raise _ResultTooLarge
         if max_rows is not None and rows + batch.num_rows >= max_rows:
             batches.append(batch.slice(0, max_rows - rows))
             break

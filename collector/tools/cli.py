@@ -81,15 +81,53 @@ def cmd_collect(args: argparse.Namespace) -> int:
     )
 
 
+def _sql_limits(args: argparse.Namespace, command: str):
+    """The SQL console's limits from --sql-memory-limit / --sql-time-limit, else the
+    environment, else the defaults; None after printing why a value is bad."""
+    from collector.data.catalog import SqlLimits
+
+    try:
+        return SqlLimits.resolve(args.sql_memory_limit, args.sql_time_limit)
+    except ValueError as exc:
+        print(f"rankscope {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def _sql_limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sql-memory-limit",
+        default=None,
+        metavar="SIZE",
+        help="memory one query may use, e.g. 512MiB, 4GiB, or 'none' "
+        "(default: $RANKSCOPE_SQL_MEMORY_LIMIT, else 1GiB); a query that needs more is stopped",
+    )
+    p.add_argument(
+        "--sql-time-limit",
+        default=None,
+        metavar="S",
+        help="seconds one query may run, or 'none' (default: $RANKSCOPE_SQL_TIME_LIMIT, else 30)",
+    )
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from collector.tools.sql import run
 
-    return run(args.data_dir, args.query)
+    limits = _sql_limits(args, "sql")
+    if limits is None:
+        return 2
+    return run(args.data_dir, args.query, limits=limits)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
+    from collector.data.catalog import SQL_MEMORY_LIMIT_ENV, SQL_TIME_LIMIT_ENV
     from collector.tools.launch import dashboard_command
 
+    if _sql_limits(args, "dashboard") is None:
+        return 2
+    # the console reads its limits from the environment the dashboard process inherits
+    for value, env in ((args.sql_memory_limit, SQL_MEMORY_LIMIT_ENV), (args.sql_time_limit, SQL_TIME_LIMIT_ENV)):
+        if value is not None:
+            os.environ[env] = value
     cmd = dashboard_command(args.data_dir, port=args.port, host=args.host)
     os.execv(cmd[0], cmd)
 
@@ -284,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_dir_arg(p)
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    _sql_limit_args(p)  # the SQL console's
 
     p = add(
         "demo",
@@ -310,9 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
         """
         rankscope sql "select * from runs"
         rankscope sql --data-dir sample_runs "select rank, avg(busbw_gbs) from comm group by rank"
+        rankscope sql --sql-memory-limit 4GiB --sql-time-limit 120 "select op, count(*) from comm group by op"
     """,
     )
     _data_dir_arg(p)
+    _sql_limit_args(p)
     p.add_argument("query", help="a SELECT / WITH / DESCRIBE / SHOW query")
 
     p = add(

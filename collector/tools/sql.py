@@ -7,7 +7,7 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from collector.data.catalog import QueryError, run_readonly_query
+from collector.data.catalog import QueryError, SqlLimits, run_readonly_query
 
 MAX_ROWS = 10_000
 MAX_CELL_CHARS = 80
@@ -37,11 +37,21 @@ def format_table(table: pa.Table) -> str:
     return "\n".join(out)
 
 
-def run(data_dir, query: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Print the result of ``query`` over D's catalog; 0 on success, 1 with a message on error."""
+def run(
+    data_dir, query: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr, limits: SqlLimits | None = None
+) -> int:
+    """Print the result of ``query`` over D's catalog; 0 on success, 1 with a message on error
+    (a query stopped by a limit says which). ``limits``: None resolves them from the environment."""
+    try:
+        limits = limits or SqlLimits.resolve()
+    except ValueError as exc:
+        print(f"rankscope sql: {exc}", file=err)
+        return 2
     try:
         # One row past the limit tells us whether the result was cut.
-        result = run_readonly_query(data_dir, query, max_rows=MAX_ROWS + 1)
+        result = run_readonly_query(
+            data_dir, query, max_rows=MAX_ROWS + 1, timeout_s=limits.time_s, memory_limit=limits.memory_bytes
+        )
     except QueryError as exc:
         print(f"rankscope sql: {exc}", file=err)
         return 1

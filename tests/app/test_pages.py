@@ -200,6 +200,29 @@ def test_sql_console_refuses_writes_and_outside_files(open_page, sql):
     assert not frames(at)
 
 
+@pytest.mark.parametrize(
+    "env, sql, says",
+    [
+        (
+            ("RANKSCOPE_SQL_MEMORY_LIMIT", "128MiB"),  # ~1 GB of strings in one list
+            "SELECT count(*) FROM (SELECT unnest(list(repeat('x', 1000))) AS x FROM range(1000000))",
+            "it needed more than the 128 MiB memory limit (--sql-memory-limit",
+        ),
+        (
+            ("RANKSCOPE_SQL_TIME_LIMIT", "0.5"),  # never ends by itself
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
+            "query stopped after 0.5 s (the time limit: --sql-time-limit",
+        ),
+    ],
+)
+def test_sql_console_stops_a_query_at_its_limit_and_says_which(open_page, monkeypatch, env, sql, says):
+    monkeypatch.setenv(*env)  # what `rankscope dashboard --sql-memory-limit / --sql-time-limit` sets
+    at = _console(open_page, sql)
+    assert says in texts(at.error), texts(at.error)
+    assert not frames(at)
+    assert "per query" in texts(at.caption)
+
+
 def test_missing_data_dir_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(tmp_path / "nope"))
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
