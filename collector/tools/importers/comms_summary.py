@@ -15,18 +15,23 @@ computed from the entry's average latency. So ``count(*)`` and ``sum(bytes)``
 per op are exact, ``avg(algbw_gbs)`` is the summary's average, and the rows are
 never mistaken for timed instances (every timeline and the straggler views need
 ``start_ns``). ``log_name`` carries the record name as DeepSpeed printed it.
+
+A count costs a file nothing to claim, so the counts of one file together may claim at
+most ``MAX_CLAIMED_ROWS`` rows (checked before any row is made; a file over it is skipped
+whole, naming the entry that crossed it), and the rows of one entry share one dict.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from collector.tools.importers.base import Parsed
+from collector.tools.importers import base
+from collector.tools.importers.base import FileTooCostly, Parsed, load_json
 from collector.tools.importers.comms import comm_row
 
 NAME = "comms_summary"
+MAX_BYTES = base.MAX_JSON_BYTES
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -43,10 +48,14 @@ def _shape(doc) -> str | None:
 
 
 def detect(path: Path) -> bool:
-    if path.suffix != ".json" or path.stat().st_size > 256 << 20:
+    """A .json holding a summary; also one too large or too deeply nested to look inside
+    (parse then reports it by name rather than the import leaving it out unsaid)."""
+    if path.suffix != ".json":
         return False
     try:
-        return _shape(json.loads(path.read_text(errors="replace"))) is not None
+        return _shape(load_json(path, MAX_BYTES)) is not None
+    except FileTooCostly:
+        return True
     except (OSError, ValueError):
         return False
 
@@ -54,9 +63,11 @@ def detect(path: Path) -> bool:
 def parse(path: Path, world_size: int | None = None) -> Parsed:
     out = Parsed(sources=[str(path)])
     try:
-        doc = json.loads(path.read_text())
+        doc = load_json(path, MAX_BYTES)
     except OSError as exc:
         return out.unreadable(path, exc)
+    except FileTooCostly as exc:
+        return out.refuse("", f"{exc}; file skipped")
     except ValueError as exc:
         where = f"line {exc.lineno}" if hasattr(exc, "lineno") else ""
         out.problem(path, where, f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}")
@@ -76,6 +87,7 @@ def parse(path: Path, world_size: int | None = None) -> Parsed:
         world = world_size or rank + 1
         summary = doc
     out.world_size = world
+    entries, claimed = [], 0
     for record_name, sizes in summary.items():
         if not isinstance(sizes, dict):
             out.problem(path, f"summary[{record_name!r}]", "expected {msg_size: stats}; skipped")
@@ -86,10 +98,22 @@ def parse(path: Path, world_size: int | None = None) -> Parsed:
                 size = int(stats.get("msg_size_bytes", size_key))
                 count = int(stats["count"])
                 latency_ms = float(stats["avg_latency_ms"])
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 out.problem(path, where, f"bad entry ({exc!r}); skipped")
                 continue
-            row = comm_row(record_name, size, latency_ms, world, deepspeed_sizes=shape == "deepspeed")
-            for _ in range(count):
-                out.add("comm", rank, where, **row)
+            if count < 0:
+                out.problem(path, where, f"bad entry (count {count} is negative); skipped")
+                continue
+            claimed += count
+            if claimed > base.MAX_CLAIMED_ROWS:
+                return out.refuse(
+                    f"{where}.count",
+                    f"claims {count:,} collectives"
+                    + (f", {claimed:,} with the entries before it" if claimed != count else "")
+                    + f": one summary file may expand to at most {base.MAX_CLAIMED_ROWS:,} rows; file skipped",
+                )
+            entries.append((record_name, size, count, latency_ms, where))
+    for record_name, size, count, latency_ms, where in entries:
+        row = comm_row(record_name, size, latency_ms, world, deepspeed_sizes=shape == "deepspeed")
+        out.add_repeated("comm", rank, where, count, row)
     return out

@@ -17,7 +17,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collector.tools.importers import comms_summary, comms_verbose, csv_monitor, flops_text, parquet_table, tensorboard
+from collector.data.codec import MAX_WORLD_SIZE
+from collector.tools.importers import (
+    base,
+    comms_summary,
+    comms_verbose,
+    csv_monitor,
+    flops_text,
+    parquet_table,
+    tensorboard,
+)
 from collector.tools.importers.base import Parsed
 
 # Order matters only for reporting; text formats may both claim a console log.
@@ -50,6 +59,8 @@ def formats_of(path: Path) -> list:
                 found.append(fmt)
         except OSError:
             continue
+        except Exception:  # content a detector did not foresee: parse() reports it for this file alone
+            found.append(fmt)
     return found
 
 
@@ -129,11 +140,21 @@ def _drop_csv_duplicates(parsed_by_format, result: ImportResult) -> None:
 
 
 def _parse_safely(fmt, file: Path, **kw) -> Parsed:
-    """``fmt.parse(file)``; a parser that trips over content it did not foresee costs that
-    file (reported as a problem), never the import of every other one."""
+    """``fmt.parse(file)`` within the bounds (collector/tools/importers/base.py: size, rows,
+    world size); a file over one, or a parser that trips over content it did not foresee,
+    costs that file (reported as a problem), never the import of every other one."""
+    out = Parsed(sources=[str(file)])
     try:
-        return fmt.parse(file, **kw)
+        base.check_size(file, getattr(fmt, "MAX_BYTES", base.MAX_FILE_BYTES))
+        parsed = fmt.parse(file, **kw)
+    except base.FileTooCostly as exc:
+        return out.refuse("", f"{exc}; file skipped")
+    except OSError as exc:
+        return out.unreadable(file, exc)
     except Exception as exc:
-        out = Parsed(sources=[str(file)])
         out.problem(file, "", f"cannot be parsed as {fmt.NAME} ({type(exc).__name__}: {exc}); file skipped")
         return out
+    if parsed.world_size is not None and not 0 < parsed.world_size <= MAX_WORLD_SIZE:
+        claimed, parsed.world_size = parsed.world_size, None
+        return parsed.refuse("", f"a world size of {claimed:,} is over {MAX_WORLD_SIZE:,}; file skipped")
+    return parsed

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data.schema import TABLES
+from collector.tools.importers import base
 from collector.tools.importers.base import Parsed
 
 NAME = "parquet"
@@ -40,6 +41,20 @@ def table_name(path: Path, schema: pa.Schema) -> str | None:
 def parse(path: Path) -> Parsed:
     out = Parsed(sources=[str(path)])
     try:
+        # the footer first: a constant column compresses to almost nothing, so a small file may
+        # decode to any number of rows; refuse it before reading them
+        meta = pq.ParquetFile(path).metadata
+        if meta.num_rows > base.MAX_FILE_ROWS:
+            return out.refuse(
+                "",
+                f"holds {meta.num_rows:,} rows, more than the {base.MAX_FILE_ROWS:,} one file may become; file skipped",
+            )
+        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if decoded > base.MAX_FILE_BYTES:
+            return out.refuse(
+                "",
+                f"decodes to {base.size_text(decoded)}, more than {base.size_text(base.MAX_FILE_BYTES)}; file skipped",
+            )
         data = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         out.problem(path, "", f"unreadable Parquet ({exc}); skipped")
