@@ -154,3 +154,27 @@ def test_json_depth_is_measured_outside_strings(depth, deep):
     text = '{"a": "[[[[{{{{"' + ', "b": [' * (depth - 1) + "1" + "]" * (depth - 1) + "}"
     assert base.json_depth(text.encode()) == depth
     assert (base.json_depth(text.encode()) > base.MAX_JSON_DEPTH) is deep
+
+
+def test_a_claimed_world_size_over_the_bound_is_refused_not_given_a_stream_per_rank(tmp_path):
+    path = tmp_path / "comms_summary_rank0.json"
+    path.write_text(
+        json.dumps(
+            {
+                "summary": {"all_reduce": {"8": {"count": 1, "avg_latency_ms": 1.0}}},
+                "metadata": {"rank": 0, "world_size": 40_000_000},
+            }
+        )
+    )
+    result = parse_path(path)
+    assert not result.parsed.rows and result.parsed.world_size is None
+    assert ["world size of 40,000,000" in p.message for p in result.parsed.problems] == [True]
+
+
+def test_a_file_of_bad_lines_lists_a_bounded_number_of_problems(tmp_path):
+    path = tmp_path / "Train_Samples_loss.csv"
+    path.write_text("step,loss\n" + "x,1\n" * 1000 + "8,1.0\n")
+    parsed = parse_path(path).parsed
+    assert len(parsed.problems) == base.MAX_PROBLEMS + 1
+    assert "the rest are not listed" in parsed.problems[-1].message
+    assert len(parsed.rows[("monitor", 0)]) == 1
