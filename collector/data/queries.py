@@ -27,7 +27,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from collector.data import binning, catalog, layout
+from collector.data import binning, catalog, clocks, layout
 from collector.data.instances import instances_sql, join_condition
 from collector.data.schema import COMM_STEPS_SCHEMA, STEP_ANALYSIS_SCHEMA
 
@@ -200,9 +200,12 @@ def rollup_sql(records: str) -> str:
     """The comm rollup (COMM_STEPS_SCHEMA's columns) of ``records``, a relation with the comm
     columns rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs.
     The dashboard runs it over the raw rows not yet rolled up; retention (compaction) over the
-    rows of the steps it is about to thin out, and stores the result as ``comm_steps``."""
+    rows of the steps it is about to thin out, and stores the result as ``comm_steps``. A rank
+    whose clock is still off beyond clocks.BOUND_NS has its times moved first (collector.data.clocks)."""
     return f"""
-    WITH c AS ({records}),
+    WITH raw AS MATERIALIZED ({records}),
+    fix AS MATERIALIZED ({clocks.fixes_sql("raw")}),
+    c AS ({clocks.fixed_sql("raw", "fix")}),
     inst AS ({instances_sql("c")})
     SELECT c.rank, c.step, c.group_name, c.op, c.bytes,
            count(*) AS n, sum(c.end_ns - c.start_ns)::BIGINT AS dur_ns,
@@ -237,6 +240,21 @@ COMM_ROLLUP_SQL = f"""
 def comm_rollup(cat: Catalog, run_id: str) -> pa.Table:
     """Per (rank, step, group, op, bytes) sums of a run's comm records (immutable Arrow)."""
     return cat.arrow(COMM_ROLLUP_SQL, [run_id, run_id, run_id])
+
+
+def clock_skew(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """Per rank of a run: ``hello_offset_ns`` (the clock offset to rank 0 it measured at start)
+    and ``residual_ns`` (what its clock is off beyond that, from when its synchronising collectives
+    ended; collector.data.clocks), with the ``instances`` it rests on. For findings.clock."""
+    return cat.df(
+        f"""
+        WITH c AS (SELECT rank, group_name, seq, op, end_ns FROM comm WHERE run_id = ?),
+        r AS ({clocks.residuals_sql("c")}),
+        h AS (SELECT rank, any_value(clock_offset_ns) AS hello_offset_ns FROM ranks WHERE run_id = ? GROUP BY rank)
+        SELECT r.rank, coalesce(h.hello_offset_ns, 0) AS hello_offset_ns, r.residual_ns, r.instances
+        FROM r LEFT JOIN h USING (rank) ORDER BY r.rank""",
+        [run_id, run_id],
+    )
 
 
 def retention(cat: Catalog, run_id: str) -> dict | None:
@@ -751,12 +769,14 @@ def _step_analysis_body(timed: bool) -> str:
     ORDER BY w.step, w.rank"""
 
 
+# Timers are on the rank's own clock: moved by its Hello offset and by what clocks.fixes_sql
+# found left over (``fix``, over the same steps' comm rows), as the comm rows ``c`` are.
 _RUN_TIMERS = """
     offsets AS (SELECT rank, any_value(clock_offset_ns) AS off FROM ranks WHERE run_id = ? GROUP BY rank),
     t AS MATERIALIZED (
-        SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) AS start_ns,
-               tm.start_ns + tm.dur_ns - coalesce(o.off, 0) AS end_ns
-        FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank
+        SELECT tm.rank, tm.step, tm.name, tm.start_ns - coalesce(o.off, 0) - coalesce(f.fix_ns, 0) AS start_ns,
+               tm.start_ns + tm.dur_ns - coalesce(o.off, 0) - coalesce(f.fix_ns, 0) AS end_ns
+        FROM timers tm LEFT JOIN offsets o ON o.rank = tm.rank LEFT JOIN fix f ON f.rank = tm.rank
         WHERE tm.run_id = ? AND tm.step > ? AND tm.step <= ? AND tm.start_ns IS NOT NULL AND tm.dur_ns IS NOT NULL)"""
 
 
@@ -781,7 +801,8 @@ _LAST_STEP = 2**62
 def analyse_steps(cat: Catalog, run_id: str, after: int = -1, through: int | None = None) -> pd.DataFrame:
     """``step_analysis`` computed from the raw records of the steps in (``after``, ``through``]
     (``through`` None: every later step). Timers are moved onto the collector's clock with the
-    rank's measured offset, as the comm records already are."""
+    rank's measured offset, as the comm records already are; a rank whose clock is still off
+    beyond clocks.BOUND_NS (measured over these steps) has both moved by what is left."""
     timed = bool(
         cat.df(
             "SELECT EXISTS (SELECT 1 FROM timers WHERE run_id = ? AND start_ns IS NOT NULL AND dur_ns IS NOT NULL)"
@@ -789,13 +810,15 @@ def analyse_steps(cat: Catalog, run_id: str, after: int = -1, through: int | Non
             [run_id],
         ).yes.iloc[0]
     )
-    # Without timers the records are read twice (for the step spans too): read them once into memory.
-    records = "c AS MATERIALIZED" if not timed else "c AS"
+    # The records are read twice (for the clock check, and for the step spans without timers):
+    # read them once into memory.
     steps = [after, _LAST_STEP if through is None else through]
     return cat.df(
         f"""
-        WITH {records} (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm
-                        WHERE run_id = ? AND step > ? AND step <= ?),
+        WITH raw AS MATERIALIZED (SELECT rank, step, group_name, seq, op, start_ns, end_ns FROM comm
+                                  WHERE run_id = ? AND step > ? AND step <= ?),
+        fix AS MATERIALIZED ({clocks.fixes_sql("raw")}),
+        c AS ({clocks.fixed_sql("raw", "fix")}),
         {_RUN_TIMERS},
         {_step_analysis_body(timed)}""",
         [run_id, *steps, run_id, run_id, *steps],

@@ -116,6 +116,9 @@ class FakeRun:
     latency_ns: int = 600_000  # per-collective fixed cost: small messages are latency bound
     bytes_per_ns: float = 2.0  # the link: 2 GB/s
     sparse_comm_rows: int = 0  # per rank, barriers with most columns left out (stored as NULLs)
+    # (rank, ns): that rank's clock runs ns ahead of rank 0's and its Hello's offset missed it (the
+    # estimate was skipped or wrong), so every time it records (comm, timers, samples) is ns off
+    skewed_clocks: tuple[tuple[int, int], ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -146,6 +149,9 @@ class FakeRun:
             )
         if self.bytes_per_ns <= 0:
             raise FakeRunError(f"FakeRun.bytes_per_ns must be > 0, got {self.bytes_per_ns}")
+        for rank, _ in self.skewed_clocks:
+            if not 0 <= rank < self.world_size:
+                raise FakeRunError(f"FakeRun.skewed_clocks: {rank} is not a rank of a world of {self.world_size}")
 
     # ---- shape --------------------------------------------------------------------------
     @property
@@ -168,6 +174,10 @@ class FakeRun:
     @property
     def end(self) -> datetime:
         return self.start + timedelta(microseconds=self.steps * self.step_period_ns // 1000)
+
+    def skew_ns(self, rank: int) -> int:
+        """How far ``rank``'s recorded times are off rank 0's time line (skewed_clocks)."""
+        return sum(ns for r, ns in self.skewed_clocks if r == rank)
 
     def client_id(self, rank: int) -> str:
         return f"fake-{self.run_id}-{rank}"
@@ -209,10 +219,10 @@ class FakeRun:
         story_delay = np.where(is_allreduce[j] & (self.late_rank is not None), self.delay_ns, 0)
         late = story_delay if rank == self.late_rank else 0
         jitter = (hash_uniform(self.seed, rank, i) * self.jitter_ns).astype(np.int64)
-        start = planned + late + jitter
+        start = planned + late + jitter + self.skew_ns(rank)
         # every rank finishes together, once the last arrival is in and the data has moved
         transfer = (self.latency_ns + sizes / self.bytes_per_ns).astype(np.int64)
-        end = planned + story_delay + self.jitter_ns + transfer[j]
+        end = planned + story_delay + self.jitter_ns + transfer[j] + self.skew_ns(rank)
         nbytes = sizes[j]
         algbw = nbytes / (end - start)  # bytes/ns == GB/s
         factors = np.array([bus_factor(op, self.world_size) for op in ops])
@@ -238,7 +248,7 @@ class FakeRun:
         """``sparse_comm_rows`` barriers with only step, op, times and bytes: a producer that
         leaves columns out, which the collector stores as NULLs."""
         k = np.arange(self.sparse_comm_rows, dtype=np.int64)
-        start = self.t0_ns + (k % self.steps) * self.step_period_ns + rank * 1000
+        start = self.t0_ns + (k % self.steps) * self.step_period_ns + rank * 1000 + self.skew_ns(rank)
         return {
             "step": k % self.steps,
             "op": ["barrier"] * len(k),
@@ -250,7 +260,7 @@ class FakeRun:
     def step_columns(self, rank: int) -> dict[str, dict]:
         """Per-step tables of ``rank``: timers, monitor, loss_scale, memory, gc, host, batches, between_steps, moe."""
         steps = np.arange(self.steps, dtype=np.int64)
-        t = self.t0_ns + steps * self.step_period_ns
+        t = self.t0_ns + steps * self.step_period_ns + self.skew_ns(rank)
         rng = np.random.default_rng([self.seed, rank, 1])
         out = {}
 

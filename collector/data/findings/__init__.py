@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from collector.data import queries
+from collector.data.findings.clock import implausible_clocks
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
 from collector.data.findings.hang import stuck_collectives
@@ -52,6 +53,7 @@ def summarize(
     moe: pd.DataFrame | None = None,
     losses: pd.DataFrame | None = None,
     memory: pd.DataFrame | None = None,
+    clock: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -59,7 +61,7 @@ def summarize(
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
     ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
-    ``memory`` queries.memory_trend."""
+    ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off)."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
     return _one_story(
@@ -75,6 +77,7 @@ def summarize(
         + expert_imbalance(moe)
         + loss_anomalies(losses)
         + memory_growth(memory)
+        + implausible_clocks(clock)
     )
 
 
@@ -111,4 +114,5 @@ def for_run(
         moe=queries.moe_load(cat, run_id),
         losses=queries.loss_series(cat, run_id),
         memory=queries.memory_trend(cat, run_id),
+        clock=queries.clock_skew(cat, run_id),
     )
