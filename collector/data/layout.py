@@ -2,6 +2,8 @@
 
     D/parquet/<table>/run=<run_id>/<segment>.parquet   committed segments
     D/parquet/<table>/run=@schema/schema.parquet      empty placeholder (see below)
+    D/parquet/<runs|ranks|rank_ends|rank_events>/run=@all/<segment>.parquet
+                                                       those tables' rows of many runs (see below)
     D/ledger/                                          the store's commit log (collector/ledger.py)
     D/ledger/writer=<w>/                               the log of writer <w>, when several collectors
                                                        share D (docs/SCALING.md)
@@ -18,6 +20,13 @@ DuckDB refuses to bind a view over a glob that matches nothing, and the
 placeholder also carries the current schema so ``union_by_name`` fills columns
 that older segments lack with nulls. ``@`` is not allowed in a run_id, so the
 placeholder partition can never collide with a real run, and it holds no rows.
+
+The collector's own tables (``COLLECTOR_TABLES``: a row or two per rank per run, from Hello and
+RunEnd) are written into their run's partition like any other, then folded by compaction into
+the shared partition ``run=@all`` (collector/server/compaction.py): 10,000 runs are a few files
+there, not a file per table per run, so ``runs`` and ``ranks`` read a compact table and the
+collector's periodic passes do not walk a folder per run. ``run_id`` is a column of those
+tables, so nothing reads the run from their folder names.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ CATALOG_FILE = "catalog.duckdb"
 SNAPSHOT_DIR = "snapshot"
 MANIFEST_FILE = "manifest.json"
 PLACEHOLDER_PARTITION = "run=@schema"
+SHARED_RUN = "@all"  # the partition of the collector tables' rows of many runs (see above)
+SHARED_PARTITION = f"run={SHARED_RUN}"
 PLACEHOLDER_FILE = "schema.parquet"
 SEGMENT_SUFFIX = ".parquet"
 TEMP_SUFFIX = ".tmp"
@@ -165,8 +176,14 @@ def run_of(partition: Path) -> str | None:
     return name.removeprefix(PARTITION_PREFIX)
 
 
+def is_shared(partition: Path) -> bool:
+    """Whether ``partition`` is a collector table's ``run=@all``, which holds rows of many runs."""
+    return partition.name == SHARED_PARTITION
+
+
 def partitions(data_dir: Path, table: str | None = None) -> list[Path]:
-    """Every run partition (not the placeholder) of ``table``, or of every table, sorted."""
+    """Every run partition (not the placeholder; the shared ``run=@all`` of the collector tables
+    included) of ``table``, or of every table, sorted."""
     base = data_dir / PARQUET_DIR
     pattern = f"{table if table else '*'}/{PARTITION_PREFIX}*"
     return sorted(p for p in base.glob(pattern) if p.is_dir() and run_of(p) is not None)

@@ -132,7 +132,9 @@ def runs_with(data_dir, table: str) -> set[str]:
     """The runs that have at least one committed segment of ``table`` (a directory listing,
     not a scan: cheap on any data dir)."""
     return {
-        layout.run_of(p) for p in layout.partitions(Path(data_dir), table) if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))
+        layout.run_of(p)
+        for p in layout.partitions(Path(data_dir), table)
+        if not layout.is_shared(p) and any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))
     }
 
 
@@ -598,12 +600,12 @@ def moe_load(cat: Catalog, run_id: str) -> pd.DataFrame:
 
 
 def live_runs(cat: Catalog, ended_within_s: float) -> pd.DataFrame:
-    """Runs still running, and those that ended less than ``ended_within_s`` seconds ago."""
+    """Runs still running, and those that ended less than ``ended_within_s`` seconds ago, newest first."""
     return cat.df(
         """
-        SELECT run_id, name, status, world_size FROM runs
+        SELECT run_id, name, status, world_size, started_at FROM runs
         WHERE status = 'running' OR ended_at::TIMESTAMPTZ >= now() - to_seconds(?::DOUBLE)
-        ORDER BY started_at, run_id""",
+        ORDER BY started_at DESC, run_id""",
         [float(ended_within_s)],
     )
 

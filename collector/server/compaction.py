@@ -11,6 +11,13 @@ both; the inputs' snapshot links are deleted ``delete_after_s`` later, by this
 thread (collector/server/ledger.py). A crash anywhere is rolled forward or back by
 the ledger at start-up.
 
+The collector's own tables (runs, ranks, rank_ends, rank_events: a few rows per rank, one small
+segment per run per table) are folded across runs: every pass merges the segments waiting in
+their runs' partitions into one segment of the shared partition ``run=@all`` (collector.data.layout)
+and removes the emptied folders, and that partition is then merged like any other. 10,000 runs
+are then a few files, not 20,000-30,000: the ``runs`` and ``ranks`` views read those, and the
+passes of an idle collector walk a handful of folders.
+
 Every segment is checked once: its footer when the compactor first sees it, its
 every page when it is merged. One that cannot be read (truncated, bytes flipped)
 is moved to ``D/quarantine/<table>/run=<id>/`` with one log line naming it and
@@ -59,6 +66,8 @@ class CompactionConfig(ConfigBlock):
     # s a merged (or thinned, or quarantined) segment stays readable after the manifest stops naming it:
     # longer than any read (user queries stop at 30 s), so no reader ever finds a file gone
     delete_after_s: float = setting(DELETE_AFTER_S, ge=0)
+    # collector-table segments one fold merges (they are tiny: a row or two per rank)
+    fold_max_files: int = setting(4096, ge=2)
 
     def validate(self) -> None:
         if self.max_files < self.min_files:
@@ -137,7 +146,7 @@ class Compactor:
                     DataDirError,
                 ) as exc:  # a damaged segment: quarantined below
                     log.warning("rollups of %s wait for the next pass: %s", partition, exc)
-        merges = 0
+        merges = self.fold()
         for partition in layout.partitions(self.data_dir):
             if self._stop.is_set():
                 break
@@ -156,11 +165,56 @@ class Compactor:
             for partition in layout.partitions(self.data_dir, "comm"):
                 while self.retention.run(partition):
                     pass
+        self.merges += self.fold()
         for partition in layout.partitions(self.data_dir):
             self.merges += self._compact(partition)
         # Offline, nobody is expected to be reading: the merged-away files go now rather than
         # hold their disk space until a collector next runs here (a reader that was is retried).
         self.ledger.collect_garbage(0)
+
+    def fold(self) -> int:
+        """Merge the collector tables' segments waiting in their runs' partitions into the shared
+        partition (one segment per table and pass, ``fold_max_files`` inputs at most each), then
+        remove the folders left empty; returns how many merges were made."""
+        merges = 0
+        for table in layout.COLLECTOR_TABLES:
+            if self._stop.is_set():
+                break
+            try:
+                entries = [e for e in os.scandir(layout.table_dir(self.data_dir, table)) if e.is_dir()]
+            except FileNotFoundError:
+                continue
+            waiting: list[tuple[tuple[int, int], Path]] = []
+            partitions = []
+            for entry in entries:
+                partition = Path(entry.path)
+                if layout.run_of(partition) is None or layout.is_shared(partition):
+                    continue
+                partitions.append(partition)
+                files = list(partition.glob(f"*{layout.SEGMENT_SUFFIX}"))
+                self.ledger.note_foreign(
+                    partition, [p for p in files if not layout.ANY_WRITER_SEGMENT_RE.match(p.stem)]
+                )
+                for path in files:
+                    order = segment_order(path, self.ledger.writer)
+                    if order is not None and self._footer_reads(path):
+                        waiting.append((order, path))
+            waiting.sort()
+            inputs = [p for _, p in waiting]
+            for start in range(0, len(inputs), self.config.fold_max_files):
+                if self._stop.is_set():
+                    break
+                chunk = inputs[start : start + self.config.fold_max_files]
+                if self._merge(layout.partition_dir(self.data_dir, table, layout.SHARED_RUN), chunk):
+                    merges += 1
+                    self.retention.changed({layout.run_of(p.parent) for p in chunk})
+            for partition in partitions:
+                try:  # only an empty folder goes (a store write recreates it: store.write_segment)
+                    partition.rmdir()
+                except OSError:
+                    continue
+                self._settled.pop(partition, None)
+        return merges
 
     def _compact(self, partition: Path) -> int:
         merges = 0
@@ -168,6 +222,7 @@ class Compactor:
             try:
                 mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
             except FileNotFoundError:
+                self._settled.pop(partition, None)
                 break
             if self._settled.get(partition) == mtime:
                 break  # no file came or went since it last had nothing to merge
@@ -213,7 +268,8 @@ class Compactor:
         log.warning("quarantined unreadable segment %s -> %s: %s", path, target, why)
 
     def _merge(self, partition: Path, inputs: list[Path]) -> bool:
-        """Merge ``inputs``; an input that does not read is quarantined and the merge left for
+        """Merge ``inputs`` into a segment of ``partition`` (theirs, or the shared one for a fold);
+        an input that does not read is quarantined and the merge left for
         the next pass. Returns whether a merge was made."""
         tables = []
         for path in inputs:

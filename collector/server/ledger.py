@@ -256,6 +256,14 @@ class Ledger:
             self._retired = [(t, p) for t, p in self._retired if t > cutoff]
         for path in due:
             path.unlink(missing_ok=True)
+        # A folded run's snapshot folders are left empty (compaction.Compactor.fold): remove them, under
+        # the lock, so that no commit is linking a file into one meanwhile (``_show``).
+        with self._lock:
+            for folder in {path.parent for path in due}:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass  # not empty
         return len(due)
 
     def visible_segments(self) -> dict[str, list[str]]:

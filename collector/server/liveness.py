@@ -16,6 +16,11 @@ A checker thread looks every ``CHECK_INTERVAL_S``:
 * a rank asked that sends no ``stacks`` rows within ``answer_within_s`` (process
   stopped, GIL held in native code) gets a ``rank_events`` row ``unresponsive``.
 
+A run is forgotten once nothing about it can happen any more without new data: none of its ranks
+has a stream open here, a request unanswered, a silence not yet asked about or (not ended) a
+collective in flight. Its next envelope brings it back. So the checker walks the runs that are
+live, not every run the collector has seen (10,000 finished runs cost it nothing).
+
 A stream that ends without the rank's RunEnd gets a ``rank_events`` row
 ``disconnected`` (the process is gone, or its connection is). These rows go through
 the store like any envelope (under this collector's own client id), so the catalog's
@@ -124,6 +129,11 @@ class Liveness:
         for run_id, r in gone:
             self._event(run_id, r, "disconnected", "the stream closed without RunEnd")
 
+    def streaming_runs(self) -> set[str]:
+        """The runs with a rank whose stream is open here now."""
+        with self._lock:
+            return {run_id for run_id, ranks in self.runs.items() if any(r.stream is not None for r in ranks.values())}
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -201,6 +211,7 @@ class Liveness:
                         unresponsive.append((run_id, r, f"no stacks within {self.answer_within_s:g} s of asking"))
             for rank, _ in asks:
                 rank.asked_at, rank.answered = now, False
+            self._forget_quiet_runs()
         for rank, reason in asks:
             if rank.stream is not None:
                 try:
@@ -209,6 +220,23 @@ class Liveness:
                     log.exception("liveness: could not send a stack request")
         for run_id, r, detail in unresponsive:
             self._event(run_id, r, "unresponsive", detail)
+
+    def _forget_quiet_runs(self) -> None:
+        """Drop the runs nothing can happen to any more without new data (see the module's docstring)."""
+
+        def quiet(rank: _Rank) -> bool:
+            return (
+                rank.stream is None
+                and rank.answered
+                and (rank.ended or (not rank.inflight and (not rank.last_beat_ns or rank.silent_asked)))
+            )
+
+        done = [run_id for run_id, ranks in self.runs.items() if all(quiet(r) for r in ranks.values())]
+        for run_id in done:
+            del self.runs[run_id]
+        if done:
+            gone = set(done)
+            self._asked_for = {key for key in self._asked_for if key[0] not in gone}
 
     @staticmethod
     def _stuck(ranks: dict[int, _Rank]) -> dict:

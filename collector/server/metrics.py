@@ -23,14 +23,21 @@ Access: with the collector's token, /metrics answers only a request carrying
 ``Authorization: Bearer <token>`` (401 otherwise), as every RPC does; Prometheus sends it with
 ``authorization: {credentials: <token>}`` in its scrape config.
 
-Cardinality: per run, the per-rank series are those of the ``max_ranks`` worst ranks (most often
+Cardinality: at most ``max_runs`` runs are exported: those with a rank streaming to this collector
+now first, then the most recently started; ``rankscope_runs_omitted`` says how many live runs were
+left out (a data dir with 10,000 runs that never sent RunEnd exports ``max_runs`` of them, not
+10,000). Per run, the per-rank series are those of the ``max_ranks`` worst ranks (most often
 last to arrive, then slowest step; all of them for runs up to that size), and
 ``rankscope_ranks_omitted`` says how many were left out; the ``run`` and ``op`` labels are cut to
-``MAX_LABEL_CHARS`` characters.
+``MAX_LABEL_CHARS`` characters (run ids are at most 128 by the layout's rule).
 
 Threads. Ingest never waits on this: the per-run figures are computed by a thread of their own
 every ``refresh_s`` with read-only catalog queries (the same ones the dashboard runs) and kept
-as a snapshot; a scrape only reads the snapshot and the collector's counters. A refresh that
+as a snapshot; a scrape only reads the snapshot and the collector's counters. A run's figures are
+computed again when its data changed (its segments' ``queries.data_version``), when a rank of it
+streams here (its silence or hang is a matter of time, not of data), after its last attempt
+failed, or ``idle_refresh_s`` after they were computed; otherwise the previous ones stay, so an
+idle collector's refresh is one ``runs`` query and a folder listing per exported run. A refresh that
 fails (a segment compacted away under it, a bad run) is logged and counted, and the previous
 snapshot stays. One run's failure stays with that run: its series keep their previous values,
 ``rankscope_metrics_run_errors_total{run_id}`` counts it (logged with its traceback the first time,
@@ -57,6 +64,8 @@ log = logging.getLogger("rankscope.metrics")
 RUN_LABELS = ("run_id", "run")
 MAX_LABEL_CHARS = 64  # a run's name or an op, as a label value
 MAX_RANKS = 256  # per-rank series per run (the worst ranks)
+MAX_RUNS = 64  # runs exported (streaming here first, then the newest)
+IDLE_REFRESH_S = 300.0  # figures of a run with no new data and no stream here are computed again this often
 
 
 def label(value, limit: int = MAX_LABEL_CHARS) -> str:
@@ -95,6 +104,15 @@ GAUGES = {
 }
 
 
+@dataclass
+class _Computed:
+    """One run's figures as last computed, and from which data."""
+
+    version: str
+    at: float  # time.monotonic()
+    samples: Snapshot
+
+
 class MetricsEndpoint:
     """Serves /metrics on ``host:port`` for the collector whose ``state`` it is given (``port`` None:
     no endpoint, only the refresh that feeds the alert webhook; 0 picks a free port)."""
@@ -111,15 +129,22 @@ class MetricsEndpoint:
         webhook: AlertWebhook | None = None,
         token: str | None = None,
         max_ranks: int = MAX_RANKS,
+        max_runs: int = MAX_RUNS,
+        idle_refresh_s: float = IDLE_REFRESH_S,
     ) -> None:
         self.state = state
         self.refresh_s, self.window, self.keep_ended_s = refresh_s, window, keep_ended_s
         self.webhook = webhook
-        self.max_ranks = max_ranks
+        if max_runs < 1:
+            raise ValueError(f"--metrics-max-runs must be at least 1, got {max_runs}")
+        self.max_ranks, self.max_runs, self.idle_refresh_s = max_ranks, max_runs, idle_refresh_s
+        self._computed: dict[str, _Computed] = {}  # run_id -> its figures as last computed
+        self._failed: set[str] = set()  # runs whose last attempt failed: tried again at every refresh
         self._expected_auth = f"Bearer {token}".encode() if token else None
         self.snapshot = Snapshot()
         self.refresh_seconds = 0.0
         self.refresh_errors = 0
+        self.runs_omitted = 0  # live runs the last refresh left out (max_runs)
         self.run_errors: dict[str, int] = {}  # run_id -> refreshes of that run that failed
         self._catalog: queries.Catalog | None = None
         self._stop = threading.Event()
@@ -176,6 +201,7 @@ class MetricsEndpoint:
             (GaugeMetricFamily, "rankscope_collector_uptime_seconds", "Since start", time.monotonic() - s.started),
             (GaugeMetricFamily, "rankscope_metrics_refresh_seconds", "Last refresh's duration", self.refresh_seconds),
             (CounterMetricFamily, "rankscope_metrics_refresh_errors", "Refreshes that failed", self.refresh_errors),
+            (GaugeMetricFamily, "rankscope_runs_omitted", "Live runs left out (max_runs)", self.runs_omitted),
         )
         for family, name, help_text, value in own:
             yield family(name, help_text, value=value)
@@ -205,32 +231,58 @@ class MetricsEndpoint:
             self.refresh_seconds = time.monotonic() - started
             self._stop.wait(self.refresh_s)
 
+    def exported_runs(self):
+        """(the live runs to export, how many were left out): streaming here first, then the newest."""
+        runs = queries.live_runs(self._catalog, self.keep_ended_s)  # newest first
+        liveness = getattr(self.state, "liveness", None)
+        streaming = liveness.streaming_runs() if liveness is not None else set()
+        here = runs.run_id.isin(list(streaming))
+        ordered = list(runs[here].itertuples()) + list(runs[~here].itertuples())
+        return ordered[: self.max_runs], max(0, len(ordered) - self.max_runs), streaming
+
     def refresh(self) -> Snapshot:
         if self._catalog is None:
             self._catalog = queries.Catalog(self.state.data_dir)
-        previous, snapshot = self.snapshot, Snapshot()
+        snapshot = Snapshot()
+        chosen, self.runs_omitted, streaming = self.exported_runs()
         live = set()
-        for run in queries.live_runs(self._catalog, self.keep_ended_s).itertuples():
+        for run in chosen:
             live.add(run.run_id)
+            last = self._computed.get(run.run_id)
             try:
-                self._refresh_run(run, snapshot)
+                version = queries.data_version(self.state.data_dir, run.run_id)
+                if (
+                    last is not None
+                    and last.version == version
+                    and run.run_id not in streaming
+                    and run.run_id not in self._failed
+                    and time.monotonic() - last.at < self.idle_refresh_s
+                ):
+                    mine = last.samples  # nothing new: the figures stand (no new findings for the webhook either)
+                else:
+                    at = time.monotonic()
+                    mine = self._refresh_run(run)
+                    self._computed[run.run_id] = _Computed(version, at, mine)
+                    self._failed.discard(run.run_id)
             except Exception:
                 # one run's problem stays with it: its previous figures stay, the other runs go on
+                self._failed.add(run.run_id)
                 failures = self.run_errors[run.run_id] = self.run_errors.get(run.run_id, 0) + 1
                 if failures == 1:
                     log.exception("rankscope: /metrics figures of run %s failed; its previous ones stay", run.run_id)
                 else:
                     log.warning("rankscope: /metrics figures of run %s failed again (%d times)", run.run_id, failures)
-                for name, samples in previous.gauges.items():
-                    for labels, value in samples:
-                        if labels[0] == run.run_id:
-                            snapshot.gauges.setdefault(name, []).append((labels, value))
-        for run_id in [r for r in self.run_errors if r not in live]:  # bounded by the live runs
-            del self.run_errors[run_id]
+                mine = last.samples if last is not None else Snapshot()
+            for name, samples in mine.gauges.items():
+                snapshot.gauges.setdefault(name, []).extend(samples)
+        for known in (self.run_errors, self._computed):  # bounded by the exported runs
+            for run_id in [r for r in known if r not in live]:
+                del known[run_id]
+        self._failed &= live
         return snapshot
 
-    def _refresh_run(self, run, snapshot: Snapshot) -> None:
-        """One run's figures into a snapshot of their own, merged only once all are computed."""
+    def _refresh_run(self, run) -> Snapshot:
+        """One run's figures, in a snapshot of their own (merged only once all are computed)."""
         cat = self._catalog
         mine = Snapshot()
         run_labels = (run.run_id, label(run.name))
@@ -265,10 +317,9 @@ class MetricsEndpoint:
             counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
         for (kind, severity), n in counts.items():
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
-        for name, samples in mine.gauges.items():
-            snapshot.gauges.setdefault(name, []).extend(samples)
         if self.webhook is not None:
             self.webhook.offer(run.run_id, run.name, found)
+        return mine
 
     def _worst(self, ranks: set[int], per_rank: dict) -> set[int]:
         """The ``max_ranks`` ranks to export: most often last to arrive, then slowest steps."""

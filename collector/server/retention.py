@@ -92,6 +92,12 @@ class Retention:
             self._idle[partition] = (state, time.monotonic())
         return did
 
+    def changed(self, run_ids: set[str]) -> None:
+        """The runs whose collector-table rows compaction just folded into the shared partition (their
+        folders' mtimes may look as before: a folder made and folded away between two passes)."""
+        for run_id in run_ids:
+            self._idle.pop(layout.partition_dir(self.data_dir, "comm", run_id), None)
+
     def _inputs_state(self, run_id: str) -> tuple[int, ...]:
         """The mtimes of the folders a window depends on (a segment added or swapped changes its folder's)."""
         out = []
@@ -236,17 +242,25 @@ class Retention:
         return dict(zip(per["rank"].to_pylist(), per["step_max"].to_pylist(), strict=True))
 
     def _world_size(self, run_id: str) -> int:
-        files = self._files("runs", run_id)
-        return max(
-            (w for f in files for w in pq.read_table(f, columns=["world_size"])["world_size"].to_pylist()), default=0
-        )
+        return max((w for w in self._collector_column("runs", run_id, "world_size") if w is not None), default=0)
 
     def _files(self, table: str, run_id: str) -> list[Path]:
         part = layout.partition_dir(self.data_dir, table, run_id)
         return list(part.glob(f"*{layout.SEGMENT_SUFFIX}")) if part.is_dir() else []
 
     def _distinct_ranks(self, table: str, run_id: str) -> set[int]:
-        return {r for f in self._files(table, run_id) for r in pq.read_table(f, columns=["rank"])["rank"].to_pylist()}
+        return set(self._collector_column(table, run_id, "rank"))
+
+    def _collector_column(self, table: str, run_id: str, column: str) -> list:
+        """``column`` of ``run_id``'s rows of a collector table: in its own partition, and in the
+        shared one compaction folds them into (this thread's work, so no file goes meanwhile)."""
+        values = []
+        for f in self._files(table, run_id):
+            values += pq.read_table(f, columns=[column])[column].to_pylist()
+        for f in self._files(table, layout.SHARED_RUN):
+            rows = pq.read_table(f, columns=["run_id", column], filters=[("run_id", "==", run_id)])
+            values += rows[column].to_pylist()
+        return values
 
 
 def bounded_window(segments: list[tuple[int, int, int]], through: int, settled: int, max_rows: int) -> int:

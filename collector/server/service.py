@@ -604,6 +604,7 @@ def serve(
     compaction_interval: float | None = None,
     compaction_min_files: int | None = None,
     metrics_port: int | None = None,
+    metrics_max_runs: int | None = None,
     alert_webhook: str | None = None,
     raw_every: int | None = None,
     stream_idle_timeout: float | None = None,
@@ -618,7 +619,8 @@ def serve(
     settings default to StoreConfig's and CompactionConfig's, the stream limits to
     StreamLimits' (collector.server.limits); a bad one is exit code 2.
     ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics; with
-    ``token``, only to requests bearing it, as every RPC);
+    ``token``, only to requests bearing it, as every RPC), at most ``metrics_max_runs`` runs of it
+    (default collector.server.metrics.MAX_RUNS);
     ``alert_webhook``: post each new finding to this URL (collector.server.alerts)."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
@@ -664,7 +666,9 @@ def serve(
 
         try:
             webhook = AlertWebhook(alert_webhook) if alert_webhook else None
-            metrics = MetricsEndpoint(state, metrics_port, host.strip("[]"), webhook=webhook, token=token)
+            metrics = MetricsEndpoint(
+                state, metrics_port, host.strip("[]"), webhook=webhook, token=token, **_given(max_runs=metrics_max_runs)
+            )
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"rankscope collect: {exc}", file=sys.stderr)
             state.close()

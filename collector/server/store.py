@@ -95,11 +95,10 @@ def write_segment(final: Path, schema: pa.Schema, tables: Iterable[pa.Table]) ->
     """Write ``tables`` (one after another) and fsync them at the temporary name of
     ``final``; returns the row count. Row groups of up to ROW_GROUP_ROWS rows are
     written as soon as they fill, so memory stays bounded whatever the total."""
-    mkdir_durable(final.parent)
     tmp = layout.temp_name(final)
     rows, pending, pending_rows = 0, [], 0
     # A path, not a Python file object: Arrow then writes natively without taking the GIL.
-    with pq.ParquetWriter(str(tmp), schema, **parquet_options(schema)) as writer:
+    with _open_writer(tmp, schema) as writer:
         for table in tables:
             pending.append(table)
             pending_rows += table.num_rows
@@ -122,6 +121,19 @@ def write_segment(final: Path, schema: pa.Schema, tables: Iterable[pa.Table]) ->
     if stored != rows:
         raise OSError(f"segment {tmp} reads back {stored} rows, {rows} were written")
     return rows
+
+
+def _open_writer(tmp: Path, schema: pa.Schema, attempts: int = 3) -> pq.ParquetWriter:
+    """A writer at ``tmp``, its folder made first. Compaction removes the emptied partitions of the
+    collector tables (compaction.Compactor.fold), so the folder may go between the two: make it again."""
+    for attempt in range(attempts):
+        mkdir_durable(tmp.parent)
+        try:
+            return pq.ParquetWriter(str(tmp), schema, **parquet_options(schema))
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def segment_path(data_dir: Path, table: str, run_id: str, prefix: str, commit: int, part: int = 0) -> Path:
@@ -299,8 +311,16 @@ class Store:
                 callback(error)
 
     def _load_known_runs(self) -> set[str]:
-        return {
-            layout.run_of(p)
-            for p in layout.partitions(self.data_dir, "runs")
-            if any(p.glob(f"*{layout.SEGMENT_SUFFIX}"))
-        }
+        """The runs with a runs row: in a partition of their own, or in the shared one (compaction folds them there)."""
+        known = set()
+        for p in layout.partitions(self.data_dir, "runs"):
+            segments = list(p.glob(f"*{layout.SEGMENT_SUFFIX}"))
+            if not layout.is_shared(p):
+                known.update([layout.run_of(p)] if segments else [])
+                continue
+            for segment in segments:
+                try:
+                    known.update(pq.read_table(segment, columns=["run_id"])["run_id"].to_pylist())
+                except FileNotFoundError:
+                    pass  # merged by another writer sharing D: at worst a second runs row, which the view drops
+        return known

@@ -70,6 +70,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             compaction_interval=args.compaction_interval,
             compaction_min_files=args.compaction_min_files,
             metrics_port=args.metrics_port,
+            metrics_max_runs=args.metrics_max_runs,
             alert_webhook=args.alert_webhook,
             raw_every=args.raw_every,
             stream_idle_timeout=args.stream_idle_timeout,
@@ -263,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="serve Prometheus /metrics on --host:P (per run and rank: step time, exposed comm share, busbw per op, "
         "last-arrival share, findings; the collector's ingest counters)",
+    )
+    p.add_argument(
+        "--metrics-max-runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="export at most N runs on /metrics: those streaming here first, then the newest (default 64); "
+        "rankscope_runs_omitted counts the others",
     )
     p.add_argument(
         "--alert-webhook",

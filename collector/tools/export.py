@@ -26,6 +26,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -161,6 +162,29 @@ def _run_segments(data_dir: Path, run_id: str) -> list[Path]:
     return found
 
 
+def _shared_rows(data_dir: Path, run_id: str) -> dict[str, bytes]:
+    """The run's rows of the collector tables that compaction folded into their shared partitions
+    (collector.data.layout.SHARED_PARTITION), as one Parquet file per table under the run's own
+    partition: archive name -> bytes. A file merged away meanwhile raises FileNotFoundError (retried)."""
+    snapshot = catalog.snapshot_files(data_dir)
+    out = {}
+    for table, schema in layout.COLLECTOR_TABLES.items():
+        if snapshot is not None:
+            files = [data_dir / f for f in snapshot.get(table, []) if Path(f).parent.name == layout.SHARED_PARTITION]
+        else:
+            shared = layout.partition_dir(data_dir, table, layout.SHARED_RUN)
+            files = sorted(shared.glob(f"*{layout.SEGMENT_SUFFIX}")) if shared.is_dir() else []
+        parts = [pq.read_table(f, schema=schema, filters=[("run_id", "==", run_id)]) for f in files]
+        rows = [t for t in parts if t.num_rows]
+        if not rows:
+            continue
+        buffer = io.BytesIO()
+        pq.write_table(pa.concat_tables(rows), buffer, compression="zstd")
+        name = layout.partition_dir(Path(), table, run_id) / f"shared{layout.SEGMENT_SUFFIX}"
+        out[name.as_posix()] = buffer.getvalue()
+    return out
+
+
 def _archived_name(data_dir: Path, path: Path) -> str:
     """parquet/<table>/run=<id>/<name>, also for the snapshot link of a segment."""
     return str(catalog.partition_path_of(data_dir, path).relative_to(data_dir))
@@ -180,6 +204,7 @@ def export_archive(data_dir, run: str, out) -> dict:
     for attempt in range(3):  # a compaction may replace a segment while we read
         segments = _run_segments(data_dir, run_id)
         try:
+            shared = _shared_rows(data_dir, run_id)
             with tarfile.open(tmp, "w") as tar:
                 manifest = {
                     "format": ARCHIVE_FORMAT,
@@ -188,7 +213,7 @@ def export_archive(data_dir, run: str, out) -> dict:
                     "world_size": run_row[1],
                     "source": run_row[2],
                     "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "files": [_archived_name(data_dir, p) for p in segments],
+                    "files": [_archived_name(data_dir, p) for p in segments] + list(shared),
                 }
                 data = json.dumps(manifest, indent=1).encode()
                 info = tarfile.TarInfo(MANIFEST)
@@ -196,6 +221,10 @@ def export_archive(data_dir, run: str, out) -> dict:
                 tar.addfile(info, io.BytesIO(data))
                 for path in tqdm(segments, desc="archive", unit="file", disable=None, leave=False):
                     tar.add(path, arcname=_archived_name(data_dir, path))
+                for name, data in shared.items():
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime = len(data), int(time.time())
+                    tar.addfile(info, io.BytesIO(data))
             break
         except FileNotFoundError:
             if attempt == 2:

@@ -189,14 +189,16 @@ def simulate_run(recorded: Path, raw: Path) -> str:
 def compact(raws: list[Path], dest: Path) -> None:
     """One Parquet file per (table, run), rows in commit order, into a fresh data dir ``dest``."""
     for table, schema in layout.stored_schemas().items():
+        by_run: dict[str, list] = {}  # every raw dir's shared run=@all partition goes into one file
         for part in (part for raw in raws for part in layout.partitions(raw, table)):
-            segments = sorted(
-                (p for p in part.glob(f"*{layout.SEGMENT_SUFFIX}") if segment_order(p)), key=segment_order
+            by_run.setdefault(layout.run_of(part), []).extend(
+                sorted((p for p in part.glob(f"*{layout.SEGMENT_SUFFIX}") if segment_order(p)), key=segment_order)
             )
+        for run_id, segments in by_run.items():
             if not segments:
                 continue
             rows = pa.concat_tables([pq.read_table(p, schema=schema) for p in segments])
-            out = segment_path(dest, table, layout.run_of(part), "cmp", 0)
+            out = segment_path(dest, table, run_id, "cmp", 0)
             out.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(rows, out, **dict(parquet_options(schema), compression_level=ARCHIVE_COMPRESSION_LEVEL))
     catalog.ensure_catalog(dest)  # writes the placeholders and the views

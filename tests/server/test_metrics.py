@@ -287,7 +287,8 @@ def test_one_failing_run_keeps_its_previous_figures_and_counts_its_errors_the_ot
     runs = [FakeRun(run_id=r, world_size=2, steps=6, status="running", with_moe=False) for r in ("good", "bad")]
     write_data_dir(tmp_path / "data", *runs)
     with live_collector(tmp_path / "data") as collector:
-        metrics = MetricsEndpoint(collector.state, 0, refresh_s=3600)
+        # idle_refresh_s=0: every refresh computes every run again (the data here does not change)
+        metrics = MetricsEndpoint(collector.state, 0, refresh_s=3600, idle_refresh_s=0)
         try:
             first = metrics.refresh()
             metrics.snapshot = first
