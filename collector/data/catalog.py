@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from collector.data import layout
+from collector.data import clocks, layout
 from collector.data.instances import instances_sql, join_condition
 from collector.data.schema import TABLES
 
@@ -175,19 +175,22 @@ def view_definitions(root: str | None = "") -> dict[str, str]:
                CASE WHEN status <> 'running' THEN last_end END AS ended_at,
                status, source, linked_run_id, config, n_ranks
         FROM judged"""
-    # One collective instance, as collector.data.instances defines it, and each rank's part in it.
+    # One collective instance, as collector.data.instances defines it, and each rank's part in it,
+    # with the times of a rank whose clock is off beyond its Hello offset corrected (collector.data.clocks).
     keys = ("run_id", "group_name", "seq")
+    views["comm_clock_fixes"] = clocks.fixes_sql("comm", ("run_id",))
+    fixed = clocks.fixed_sql("comm", "comm_clock_fixes", ("run_id",))
     views["comm_instances"] = f"""
-        WITH inst AS ({instances_sql("comm", keys)})
+        WITH fixed AS ({fixed}), inst AS ({instances_sql("fixed", keys)})
         SELECT c.run_id, c.group_name, c.seq, c.rank, c.op, c.bytes, c.step, c.start_ns, c.end_ns,
                c.start_ns - i.first_ns AS arrival_delay_ns, i.last_ns - c.start_ns AS wait_ns,
                c.rank = i.last_rank AS is_last, i.n_ranks
-        FROM comm c JOIN inst i ON {join_condition("c", "i", keys)}"""
+        FROM fixed c JOIN inst i ON {join_condition("c", "i", keys)}"""
     views["stragglers"] = f"""
-        WITH inst AS ({instances_sql("comm", keys)})
+        WITH fixed AS ({fixed}), inst AS ({instances_sql("fixed", keys)})
         SELECT i.run_id, i.group_name, i.seq, any_value(c.op) AS op, min(c.step) AS step, i.last_rank,
                i.last_ns - i.first_ns AS max_delay_ns, i.n_ranks
-        FROM inst i JOIN comm c ON {join_condition("c", "i", keys)}
+        FROM inst i JOIN fixed c ON {join_condition("c", "i", keys)}
         GROUP BY i.run_id, i.group_name, i.seq, i.last_rank, i.first_ns, i.last_ns, i.n_ranks"""
     views.update(liveness_views())
     return views

@@ -106,3 +106,22 @@ def test_the_rule_on_hand_made_frames():
     assert flag.ranks == (2,) and "2.0 h behind rank 0's" in flag.text
     assert flag.evidence["offsets_s"] == {"2": pytest.approx(-7_199.995)}
     assert clock.implausible_clocks(frame.iloc[:2]) == [] and clock.implausible_clocks(pd.DataFrame()) == []
+
+
+def test_the_sql_views_judge_arrivals_on_corrected_clocks_per_run(tmp_path):
+    # Two runs in one catalog: the views' correction is per run (rank 1 of "skew" only).
+    skewed = FakeRun(run_id="skew", steps=10, late_rank=None, with_moe=False, skewed_clocks=((1, HOURS_3),))
+    late = FakeRun(run_id="late", steps=10, late_rank=3, with_moe=False)
+    cat = _open(tmp_path, skewed, late)
+    try:
+        fixes = cat.df("SELECT run_id, rank, fix_ns FROM comm_clock_fixes", [])
+        worst = cat.df("SELECT run_id, max(max_delay_ns) / 1e9 AS s FROM stragglers GROUP BY run_id", [])
+        delay = cat.df("SELECT run_id, max(arrival_delay_ns) / 1e9 AS s FROM comm_instances GROUP BY run_id", [])
+        rolled = queries.last_arrivals(queries.comm_rollup(cat, "skew"), queries.CommFilter())
+    finally:
+        cat.close()
+    assert fixes.to_dict("records") == [{"run_id": "skew", "rank": 1, "fix_ns": pytest.approx(HOURS_3, abs=1e7)}]
+    worst, delay = worst.set_index("run_id").s, delay.set_index("run_id").s
+    assert worst["skew"] < 0.01 and delay["skew"] < 0.01  # jitter, not 10,800 s
+    assert worst["late"] == pytest.approx(0.04, abs=0.001) and delay["late"] == pytest.approx(0.04, abs=0.001)
+    assert rolled.mean_lead_ms.max() < 1
