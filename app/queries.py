@@ -170,6 +170,11 @@ def memory_trend(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 
 @_cached()
+def clock_skew(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return q.clock_skew(catalog(data_dir), run_id)
+
+
+@_cached()
 def moe_load(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.moe_load(catalog(data_dir), run_id)
 

@@ -100,6 +100,7 @@ def health_summary(sel: state.Selection, version: str) -> None:
         moe=queries.moe_load(d, run_id, version),
         losses=queries.loss_series(d, run_id, version),
         memory=queries.memory_trend(d, run_id, version),
+        clock=queries.clock_skew(d, run_id, version),
     )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]
