@@ -340,14 +340,27 @@ def build_parser() -> argparse.ArgumentParser:
         """
         rankscope demo
         rankscope demo --nproc 2 --steps 50 --no-dashboard
+        rankscope demo --straggler 3:80@100      # rank 3 slowed by 80 ms per step from step 100
     """,
     )
     _data_dir_arg(p)
     p.add_argument("--nproc", type=int, default=4, help="training ranks (default 4)")
-    p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: until Ctrl-C)")
     p.add_argument("--config", default=None, help="engine config JSON (default: the ZeRO-2 example config)")
-    p.add_argument("--port", type=int, default=50051, help="collector port (default 50051)")
-    p.add_argument("--dashboard-port", type=int, default=8501)
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="collector port (default 0: a free one, not the default endpoint other runs on this host may use)",
+    )
+    p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (a free one if 8501 is taken)")
+    p.add_argument(
+        "--straggler",
+        default="1:40@300",
+        metavar="RANK:MS@STEP",
+        help="the fault staged after a healthy start: RANK busy-waits MS before each forward from STEP on "
+        "(default 1:40@300; 'none' for a healthy run)",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--exit", action="store_true", help="stop everything when the training run ends")
 

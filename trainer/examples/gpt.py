@@ -22,7 +22,9 @@ to stream telemetry to a collector.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -205,6 +207,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--moe-loss-coeff", type=float, default=0.01, help="weight of the load-balancing loss")
     p.add_argument("--tp", type=int, default=1, help="tensor_parallel.tp_size")
+    p.add_argument(
+        "--straggler",
+        default=None,
+        metavar="RANK:MS@STEP",
+        help="make RANK a straggler from STEP on: it busy-waits MS before each forward (trainer.examples.faults)",
+    )
+
+
+def parse_straggler(spec: str) -> tuple[int, float, int]:
+    """``RANK:MS@STEP`` (``1:40@300``) -> (rank, ms, step)."""
+    try:
+        rank, rest = spec.split(":", 1)
+        ms, _, step = rest.partition("@")
+        return int(rank), float(ms), int(step or 0)
+    except ValueError:
+        sys.exit(f"error: --straggler {spec!r}: expected RANK:MS@STEP, e.g. 1:40@300")
+
+
+def stage_straggler(model: nn.Module, engine, spec: str) -> None:
+    """The fault ``--straggler`` asks for: from STEP on, RANK busy-waits MS before each forward
+    (busy, as trainer.examples.faults' ``sleep`` fault: on a CPU-only host a real sleep would hand
+    its core to the other ranks and hide part of the delay). The slowed rank says so once."""
+    rank, ms, step = parse_straggler(spec)
+    if int(os.environ.get("RANK", 0)) != rank or ms <= 0:
+        return
+    announced = False
+
+    def before_forward(module, args) -> None:
+        nonlocal announced
+        if engine.global_steps < step:
+            return
+        if not announced:
+            announced = True
+            print(f"[gpt] step {engine.global_steps}: rank {rank} is now a straggler (+{ms:g} ms per step)", flush=True)
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+    model.register_forward_pre_hook(before_forward)
 
 
 def main() -> None:
@@ -224,6 +265,8 @@ def main() -> None:
     except ValueError as e:
         sys.exit(f"error: {e}")
     engine, *_ = trainer.initialize(model=model, config=config)
+    if args.straggler:
+        stage_straggler(model, engine, args.straggler)
 
     def batches(step, micro):
         x, y = synthetic_batch(
