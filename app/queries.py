@@ -9,10 +9,18 @@ new segments land; the TTL only bounds memory.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import streamlit as st
 
+from collector.data import layout
 from collector.data import queries as q
 from collector.data.queries import CommFilter, DataDirError, data_version, training_filter
 
@@ -41,6 +49,24 @@ def list_runs(data_dir: str) -> pd.DataFrame:
     return q.list_runs(catalog(data_dir))
 
 
+def table_version(data_dir: str, run_id: str, tables: tuple[str, ...]) -> str:
+    """Fingerprint of ``run_id``'s committed segments of ``tables`` only (a directory listing):
+    a chart over the monitor table need not be redrawn because comm records landed."""
+    digest = hashlib.sha1()
+    root = Path(data_dir)
+    for table in tables:
+        part = layout.partition_dir(root, table, run_id)
+        try:
+            entries = sorted(os.scandir(part), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.name.endswith(layout.SEGMENT_SUFFIX) and not entry.name.startswith("."):
+                st_ = entry.stat()
+                digest.update(f"{table}/{entry.name}:{st_.st_size}:{st_.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
 @_cached()
 def latest_step(data_dir: str, run_id: str, version: str) -> int | None:
     return q.latest_step(catalog(data_dir), run_id)
@@ -56,7 +82,53 @@ def ranks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 
 @st.cache_resource(ttl=CACHE_TTL_S, max_entries=16, show_spinner="Building per-step rollups…")
 def comm_rollup(data_dir: str, run_id: str, version: str) -> pa.Table:
-    return q.comm_rollup(catalog(data_dir), run_id)
+    return _ROLLUPS.rollup(data_dir, run_id)
+
+
+class _Rollups:
+    """A live run's comm rollup, grown by its new steps: the steps every rank has moved past
+    (less a margin) are kept ("frozen") and only the later ones are rolled up again at the
+    next data version (``q.comm_rollup_after``), so a refresh costs the new steps, not the run.
+    A run whose registered ranks have not all sent comm records yet is rolled up whole."""
+
+    MARGIN_STEPS = 2  # steps short of every rank's latest that are taken as complete
+    RUNS = 8  # runs whose frozen part is kept
+
+    def __init__(self) -> None:
+        self._frozen: OrderedDict[tuple[str, str], tuple[pa.Table, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def rollup(self, data_dir: str, run_id: str) -> pa.Table:
+        cat = catalog(data_dir)
+        with self._lock:
+            held = self._frozen.get((data_dir, run_id))
+        if held is None:
+            table = q.comm_rollup(cat, run_id)
+        else:
+            frozen, through = held
+            fresh = q.comm_rollup_after(cat, run_id, through)
+            table = pa.concat_tables([frozen, fresh.cast(frozen.schema)])
+        self._freeze(cat, data_dir, run_id, table, held[1] if held else None)
+        return table
+
+    def _freeze(self, cat, data_dir: str, run_id: str, table: pa.Table, through: int | None) -> None:
+        if table.num_rows == 0:
+            return
+        latest = table.group_by("rank").aggregate([("step", "max")])
+        complete = pc.min(latest["step_max"]).as_py() - self.MARGIN_STEPS
+        if through is not None and complete <= through:
+            return
+        if latest.num_rows < len(q.ranks(cat, run_id)):
+            return  # a rank that has not reported yet may still send early steps
+        frozen = table.filter(pc.less_equal(table["step"], complete))
+        with self._lock:
+            self._frozen[(data_dir, run_id)] = (frozen, complete)
+            self._frozen.move_to_end((data_dir, run_id))
+            while len(self._frozen) > self.RUNS:
+                self._frozen.popitem(last=False)
+
+
+_ROLLUPS = _Rollups()
 
 
 @_cached()

@@ -10,6 +10,8 @@ from collector.data.bandwidth import gbps
 from collector.data.findings.communication import exposed_shares
 from collector.data.findings.stragglers import training_steps
 
+COMM_TABLES = ("comm", "comm_steps")  # what the comm rollup reads
+
 
 def human_bytes(n: int) -> str:
     """Message sizes the way DeepSpeed's log_summary prints them (KB = 1024 bytes)."""
@@ -91,6 +93,13 @@ def comms_page() -> None:
         format_func=lambda m: "bus bandwidth" if m.startswith("bus") else "algorithm bandwidth",
     )
 
+    def bandwidth_chart(version: str):
+        over_time = queries.bandwidth_by_step(d, run_id, version, flt)
+        over_time["series"] = over_time.op + " · " + over_time.group_name
+        return charts.lines(
+            over_time, "step", metric, "series", "Bandwidth per step", y_title=f"{metric.split('_')[0]} (GB/s)"
+        )
+
     def body(version: str) -> None:
         summary = queries.log_summary(d, run_id, version, flt)
         if summary.empty:
@@ -99,15 +108,20 @@ def comms_page() -> None:
         retained = queries.retention(d, run_id, version)
         if retained:
             st.info(f"Retention: {retention.note(retained)}.")
-        over_time = queries.bandwidth_by_step(d, run_id, version, flt)
-        over_time["series"] = over_time.op + " · " + over_time.group_name
         left, right = st.columns(2)
+        # built once per version of the comm records and filter (state.memo): unchanged, the
+        # browser redraws nothing
+        moved = state.tables_version(sel, version, COMM_TABLES)
         left.plotly_chart(
-            charts.lines(
-                over_time, "step", metric, "series", "Bandwidth per step", y_title=f"{metric.split('_')[0]} (GB/s)"
+            state.memo(f"comms.bw.{run_id}.{metric}.{flt.key()}", moved, lambda: bandwidth_chart(version))
+        )
+        right.plotly_chart(
+            state.memo(
+                f"comms.size.{run_id}.{flt.key()}",
+                moved,
+                lambda: charts.busbw_vs_size(queries.bandwidth_by_size(d, run_id, version, flt)),
             )
         )
-        right.plotly_chart(charts.busbw_vs_size(queries.bandwidth_by_size(d, run_id, version, flt)))
 
         st.subheader("Summary (deepspeed.comm.log_summary)")
         st.caption("Counts add up every selected rank's records; tput is algbw. Gbps = 8 × GB/s.")

@@ -79,7 +79,13 @@ def flops_page() -> None:
         kind = c2.radio("Chart", ["icicle", "treemap", "sunburst"], horizontal=True)
         size_by = c3.radio("Size by", list(SIZE_BY), horizontal=True)
         tree = profile[profile["rank"] == rank].reset_index(drop=True)
-        st.plotly_chart(charts.module_tree(tree, kind, SIZE_BY[size_by]))
+        st.plotly_chart(
+            state.memo(
+                f"flops.{sel.run_id}.{rank}.{kind}.{size_by}",
+                state.tables_version(sel, version, ("flops",)),
+                lambda: charts.module_tree(tree, kind, SIZE_BY[size_by]),
+            )
+        )
 
         st.subheader("Top modules per depth")
         k = st.number_input("Top k", min_value=1, max_value=20, value=3)
@@ -95,9 +101,15 @@ def flops_page() -> None:
         if not rest.empty:
             median = rest.groupby("module", as_index=False).latency_ms.median()
             shown = pd.concat([shown, median.assign(label=f"median of the other {rest['rank'].nunique()} ranks")])
-        fig = px.bar(shown, x="module", y="latency_ms", color="label", barmode="group")
-        fig.update_yaxes(title="fwd latency (ms)")
-        st.plotly_chart(fig.update_layout(title="Top-level modules' fwd latency per rank", height=charts.HEIGHT))
+
+        def per_rank():
+            fig = px.bar(shown, x="module", y="latency_ms", color="label", barmode="group")
+            fig.update_yaxes(title="fwd latency (ms)")
+            return fig.update_layout(title="Top-level modules' fwd latency per rank", height=charts.HEIGHT)
+
+        st.plotly_chart(
+            state.memo(f"flops.{sel.run_id}.per_rank", state.tables_version(sel, version, ("flops",)), per_rank)
+        )
 
         st.subheader("Detailed profile")
         st.dataframe(detailed_table(tree), hide_index=True)

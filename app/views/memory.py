@@ -26,7 +26,14 @@ def memory_page() -> None:
         for kind, rows in memory.groupby("kind"):
             many = rows.series.str.startswith("median").any()
             title = f"{kind} per rank" + (f" (the {binning.TOP_K} highest, median and max)" if many else "")
-            st.plotly_chart(charts.memory_lines(rows, title))  # KiB, MiB or GiB: whichever fits the data
+            # KiB, MiB or GiB: whichever fits the data; built once per version of the memory records
+            st.plotly_chart(
+                state.memo(
+                    f"memory.{sel.run_id}.{kind}",
+                    state.tables_version(sel, version, ("memory",)),
+                    lambda rows=rows, t=title: charts.memory_lines(rows, t),
+                )
+            )
 
     state.live(sel, body)
 

@@ -17,10 +17,23 @@ def moe_page() -> None:
         layers = sorted(load.layer.unique())
         layer = st.selectbox("Layer", layers, format_func=lambda n: f"layer {n}")
         rows = load[load.layer == layer]
-        st.plotly_chart(charts.moe_heatmap(rows, f"Expert load, layer {layer} (tokens per step)"))
+        key, moved = f"moe.{sel.run_id}.{layer}", state.tables_version(sel, version, ("moe",))
+        st.plotly_chart(
+            state.memo(
+                f"{key}.load",
+                moved,
+                lambda: charts.moe_heatmap(rows, f"Expert load, layer {layer} (tokens per step)"),
+            )
+        )
         dropped = rows.groupby("step", as_index=False).dropped.sum()
         st.plotly_chart(
-            charts.lines(dropped, "step", "dropped", None, "Dropped tokens per step", y_title="tokens dropped")
+            state.memo(
+                f"{key}.dropped",
+                moved,
+                lambda: charts.lines(
+                    dropped, "step", "dropped", None, "Dropped tokens per step", y_title="tokens dropped"
+                ),
+            )
         )
         totals = rows.groupby("expert", as_index=False)[["tokens", "dropped"]].sum()
         totals["share of tokens"] = totals.tokens / totals.tokens.sum()

@@ -80,12 +80,14 @@ def finding_link(finding: diagnosis.Finding, run_id: str) -> str:
     return f" [→ {finding.page}](/{finding.page}?{params})"
 
 
-def health_summary(sel: state.Selection, version: str) -> None:
+HEALTH_EVERY_S = 5.0  # a live run's findings in words are worked out again at most this often
+
+
+def findings_of(sel: state.Selection, version: str) -> list:
     d, run_id = sel.data_dir, sel.run_id
     run = sel.run()
-    steps = queries.step_analysis(d, run_id, version)
-    findings = diagnosis.summarize(
-        steps=steps,
+    return diagnosis.summarize(
+        steps=queries.step_analysis(d, run_id, version),
         log_summary=queries.log_summary(
             d, run_id, version, queries.training_filter(queries.comm_dimensions(d, run_id, version))
         ),
@@ -102,10 +104,22 @@ def health_summary(sel: state.Selection, version: str) -> None:
         memory=queries.memory_trend(d, run_id, version),
         clock=queries.clock_skew(d, run_id, version),
     )
+
+
+def health_summary(sel: state.Selection, version: str) -> None:
+    d, run_id = sel.data_dir, sel.run_id
+    # The findings read most of the run (the comm rollup, every step's analysis): while it is live
+    # they follow the data at most every HEALTH_EVERY_S; the cost chart below follows every version.
+    findings, nothing_yet = state.memo(
+        f"overview.findings.{run_id}",
+        version,
+        lambda: (findings_of(sel, version), queries.step_analysis(d, run_id, version).empty),
+        at_most_every_s=HEALTH_EVERY_S if sel.is_live() else 0.0,
+    )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]
     notes = [f for f in findings if f.severity == "info"]
-    if steps.empty and not findings:
+    if nothing_yet and not findings:
         st.info("Nothing to report yet: no comm, timer or loss-scale records for this run.")
     elif not problems:
         st.success("Healthy: no straggler, hang or overflow to fix.")
@@ -115,7 +129,13 @@ def health_summary(sel: state.Selection, version: str) -> None:
     for finding in notes:
         st.info(finding.text + finding_link(finding, run_id))
     if any(f.kind == "straggler" for f in findings):
-        st.plotly_chart(straggler_cost_chart(steps))
+        st.plotly_chart(
+            state.memo(
+                f"overview.cost.{run_id}",
+                version,
+                lambda: straggler_cost_chart(queries.step_analysis(d, run_id, version)),
+            )
+        )
 
 
 def straggler_cost_chart(steps: pd.DataFrame):
@@ -142,47 +162,44 @@ def monitor_chart(series: pd.DataFrame, title: str):
     )
 
 
-def training_charts(sel: state.Selection, version: str) -> None:
-    d, run_id = sel.data_dir, sel.run_id
-    series = queries.monitor_series(d, run_id, version)
-    if series.empty:
-        state.missing_data(sel, "monitor", "No monitor events (loss, learning rate, samples) in this run.")
-    tags = split_tags(series.tag.unique())
-    left, right = st.columns(2)
-    with left:
-        if tags["loss"]:
-            st.plotly_chart(monitor_chart(series[series.tag.isin(tags["loss"])], "Loss"))
-        elif not series.empty:
-            st.info("No loss in the monitor events" + (" yet." if sel.is_live() else "."))
-    with right:
-        if tags["lr"]:
-            st.plotly_chart(monitor_chart(series[series.tag.isin(tags["lr"])], "Learning rate"))
-        elif not series.empty:
-            st.info("No learning rate in the monitor events" + (" yet." if sel.is_live() else "."))
-    # what else the script logs (hook.log, a monitor's own tags): grad norm, tokens, accuracy...
-    # one chart each, so a metric in the millions does not flatten one in the tens
-    if tags["other"]:
-        columns = st.columns(2)
-        for i, tag in enumerate(tags["other"]):
-            with columns[i % 2]:
-                st.plotly_chart(monitor_chart(series[series.tag == tag], f"Other metrics: {tag}"))
+# Each chart is a section: what it draws is a list of items ("chart", figure) / ("info", text) /
+# ("missing", (table, text)), built again only when the tables it reads moved (state.memo under
+# state.tables_version) and otherwise sent unchanged, which the browser does not redraw.
 
-    left, right = st.columns(2)
-    with left:
-        scales = queries.loss_scale(d, run_id, version)
-        if scales.empty and tags["scale"]:  # a monitor's own loss_scale tag (an imported csv_monitor)
-            logged = series[series.tag == tags["scale"][0]]
-            scales = pd.DataFrame({"step": logged.step, "scale": logged.value, "overflow": False, "bad_params": ""})
-        if scales.empty:
-            state.missing_data(
-                sel, "loss_scale", "No loss-scale records: this run does not use fp16 dynamic loss scaling."
-            )
+
+def draw(sel: state.Selection, items: list) -> None:
+    for kind, what in items:
+        if kind == "chart":
+            st.plotly_chart(what)
+        elif kind == "info":
+            st.info(what)
         else:
-            st.plotly_chart(charts.loss_scale(scales))
-    with right:
-        if tags["throughput"]:
-            rate = series[series.tag.isin(tags["throughput"])]
-            st.plotly_chart(
+            state.missing_data(sel, *what)
+
+
+def monitor_items(sel: state.Selection, version: str, kind: str) -> list:
+    """The chart of one kind of monitor tags (loss, lr, other, throughput), or why there is none."""
+    series = queries.monitor_series(sel.data_dir, sel.run_id, version)
+    tags = split_tags(series.tag.unique())
+    live = sel.is_live()
+    if kind == "loss":
+        if series.empty:
+            return [("missing", ("monitor", "No monitor events (loss, learning rate, samples) in this run."))]
+        if tags["loss"]:
+            return [("chart", monitor_chart(series[series.tag.isin(tags["loss"])], "Loss"))]
+        return [("info", "No loss in the monitor events" + (" yet." if live else "."))]
+    if kind == "lr":
+        if tags["lr"]:
+            return [("chart", monitor_chart(series[series.tag.isin(tags["lr"])], "Learning rate"))]
+        return [] if series.empty else [("info", "No learning rate in the monitor events" + (" yet." if live else "."))]
+    if kind == "other":
+        return [("chart", monitor_chart(series[series.tag == tag], f"Other metrics: {tag}")) for tag in tags["other"]]
+    # throughput
+    if tags["throughput"]:
+        rate = series[series.tag.isin(tags["throughput"])]
+        return [
+            (
+                "chart",
                 charts.lines(
                     rate,
                     "step",
@@ -191,30 +208,71 @@ def training_charts(sel: state.Selection, version: str) -> None:
                     "Samples per second",
                     y_title="samples/s",
                     x_title=monitor_axis(series),
-                )
+                ),
             )
-        else:
-            throughput = samples_per_second(series) if not series.empty else pd.DataFrame()
-            if throughput.empty:
-                st.info(no_throughput_message(series, sel.is_live()))
-            else:
-                st.plotly_chart(
-                    charts.lines(
-                        throughput,
-                        "step",
-                        "samples_per_s",
-                        None,
-                        "Samples per second",
-                        y_title="samples/s",
-                        x_title=monitor_axis(series),
-                    )
-                )
+        ]
+    throughput = samples_per_second(series) if not series.empty else pd.DataFrame()
+    if throughput.empty:
+        return [("info", no_throughput_message(series, live))]
+    return [
+        (
+            "chart",
+            charts.lines(
+                throughput,
+                "step",
+                "samples_per_s",
+                None,
+                "Samples per second",
+                y_title="samples/s",
+                x_title=monitor_axis(series),
+            ),
+        )
+    ]
 
-    timers = queries.step_breakdown(d, run_id, version)
+
+def loss_scale_items(sel: state.Selection, version: str) -> list:
+    d, run_id = sel.data_dir, sel.run_id
+    scales = queries.loss_scale(d, run_id, version)
+    if scales.empty:  # a monitor's own loss_scale tag (an imported csv_monitor)
+        series = queries.monitor_series(d, run_id, version)
+        logged = split_tags(series.tag.unique())["scale"]
+        if logged:
+            rows = series[series.tag == logged[0]]
+            scales = pd.DataFrame({"step": rows.step, "scale": rows.value, "overflow": False, "bad_params": ""})
+    if scales.empty:
+        return [("missing", ("loss_scale", "No loss-scale records: this run does not use fp16 dynamic loss scaling."))]
+    return [("chart", charts.loss_scale(scales))]
+
+
+def timer_items(sel: state.Selection, version: str) -> list:
+    timers = queries.step_breakdown(sel.data_dir, sel.run_id, version)
     if timers.empty:
-        st.info("No step timers for this run.")
-    else:
-        st.plotly_chart(charts.step_breakdown(timers))
+        return [("info", "No step timers for this run.")]
+    return [("chart", charts.step_breakdown(timers))]
+
+
+def section(sel: state.Selection, version: str, name: str, tables: tuple[str, ...], items) -> None:
+    """Draw ``items(version)``, built again only when ``tables`` moved (state.memo)."""
+    moved = state.tables_version(sel, version, tables)
+    draw(sel, state.memo(f"overview.{name}.{sel.run_id}", moved, lambda: items(version)))
+
+
+def training_charts(sel: state.Selection, version: str) -> None:
+    monitor = ("monitor",)
+    left, right = st.columns(2)
+    with left:
+        section(sel, version, "loss", monitor, lambda v: monitor_items(sel, v, "loss"))
+    with right:
+        section(sel, version, "lr", monitor, lambda v: monitor_items(sel, v, "lr"))
+    # what else the script logs (hook.log, a monitor's own tags): grad norm, tokens, accuracy...
+    # one chart each, so a metric in the millions does not flatten one in the tens
+    section(sel, version, "other", monitor, lambda v: monitor_items(sel, v, "other"))
+    left, right = st.columns(2)
+    with left:
+        section(sel, version, "scale", ("loss_scale", "monitor"), lambda v: loss_scale_items(sel, v))
+    with right:
+        section(sel, version, "throughput", monitor, lambda v: monitor_items(sel, v, "throughput"))
+    section(sel, version, "timers", ("timers",), lambda v: timer_items(sel, v))
 
 
 def compared_loss(sel: state.Selection) -> None:

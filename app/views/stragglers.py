@@ -90,17 +90,28 @@ def worst_last_arrivals(last: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def per_rank_heatmaps(grid: pd.DataFrame, labels: dict[int, str], clickable: bool) -> None:
+def per_rank_heatmaps(
+    grid: pd.DataFrame, labels: dict[int, str], clickable: bool, memo_key: str = "", version: str = ""
+) -> None:
+    """The two rank x step heatmaps; with ``memo_key``, built once per data ``version`` (state.memo)."""
     kwargs = dict(key=HEATMAP_KEY, on_select="rerun", selection_mode="points") if clickable else {}
-    st.plotly_chart(
-        charts.heatmap(
+
+    def delay():
+        return charts.heatmap(
             grid, "arrival_delay_ms", "Arrival delay per collective (mean ms)", y_labels=labels, clickable=clickable
-        ),
-        **kwargs,
-    )
-    st.plotly_chart(
-        charts.heatmap(grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)", y_labels=labels)
-    )
+        )
+
+    def wait():
+        return charts.heatmap(
+            grid, "wait_ms", "Time waiting for the last rank (mean ms per collective)", y_labels=labels
+        )
+
+    if memo_key:
+        st.plotly_chart(state.memo(f"{memo_key}.delay", version, delay), **kwargs)
+        st.plotly_chart(state.memo(f"{memo_key}.wait", version, wait))
+    else:
+        st.plotly_chart(delay(), **kwargs)
+        st.plotly_chart(wait())
 
 
 def binned_heatmaps(
@@ -176,12 +187,14 @@ def stragglers_page() -> None:
         world = max(len(ranks), int(last["rank"].max()) + 1)
         for sentence in summary_sentences(last, world):
             st.markdown(sentence)
-        st.plotly_chart(charts.last_rank_bars(worst_last_arrivals(last)))
+        key = f"stragglers.{run_id}.{flt.key()}"
+        moved = state.tables_version(sel, version, ("comm", "comm_steps", "ranks"))  # the rollup and the labels
+        st.plotly_chart(state.memo(f"{key}.last", moved, lambda: charts.last_rank_bars(worst_last_arrivals(last))))
 
         grid = queries.delay_heatmap(d, run_id, version, flt)
         bins = binning.bin_ranks(ranks if not ranks.empty else grid[["rank"]].drop_duplicates())
         if bins.kind.iloc[0] == "rank":
-            per_rank_heatmaps(grid, labels, clickable=True)
+            per_rank_heatmaps(grid, labels, clickable=True, memo_key=key, version=moved)
             cell = clicked_cell(labels)
         else:
             cell = binned_heatmaps(sel, version, flt, grid, bins, labels)

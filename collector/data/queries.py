@@ -244,6 +244,27 @@ def comm_rollup(cat: Catalog, run_id: str) -> pa.Table:
     return cat.arrow(COMM_ROLLUP_SQL, [run_id, run_id, run_id])
 
 
+# The rollup of the steps after a given one: what a live dashboard adds to the rollup it already
+# holds (collective instances never span steps, so the steps before it keep their rows).
+COMM_ROLLUP_AFTER_SQL = f"""
+    WITH rolled AS (SELECT coalesce(max(step), -1) AS through FROM comm_steps WHERE run_id = ?),
+    fresh AS ({
+    rollup_sql(
+        "SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs "
+        "FROM comm WHERE run_id = ? AND step > greatest((SELECT through FROM rolled), ?)"
+    )
+})
+    SELECT {ROLLUP_COLUMNS} FROM comm_steps WHERE run_id = ? AND step > ?
+    UNION ALL
+    SELECT {ROLLUP_COLUMNS} FROM fresh"""
+
+
+def comm_rollup_after(cat: Catalog, run_id: str, step: int) -> pa.Table:
+    """``comm_rollup``'s rows of the steps after ``step`` only (Parquet min/max statistics skip
+    the segments of earlier steps): a live run's new steps, without re-reading the old ones."""
+    return cat.arrow(COMM_ROLLUP_AFTER_SQL, [run_id, run_id, int(step), run_id, int(step)])
+
+
 def clock_skew(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Per rank of a run: ``hello_offset_ns`` (the clock offset to rank 0 it measured at start)
     and ``residual_ns`` (what its clock is off beyond that, from when its synchronising collectives
