@@ -222,6 +222,11 @@ def _label_rows(fig: go.Figure, grid: pd.DataFrame, labels: list[str]) -> None:
     )
 
 
+# A clickable heatmap carries one invisible marker per cell up to this many cells; SVG
+# draws each marker as a node, and 10k of them held the Stragglers page ~3 s at 1,024 ranks.
+MAX_CLICK_CELLS = 2_500
+
+
 def heatmap(
     df: pd.DataFrame,
     z: str,
@@ -234,7 +239,9 @@ def heatmap(
     """Rank x step grid of ``z``; rows follow ``y_labels``' order (e.g. grouped by host).
 
     Plotly reports no selection on heatmap cells, so a clickable heatmap carries an
-    invisible marker on every cell: clicking a cell selects its marker (x=step, y=label)."""
+    invisible marker on every cell: clicking a cell selects its marker (x=step, y=label). Beyond
+    MAX_CLICK_CELLS cells (a live run's steps keep coming: 4 ranks x 2,500 steps), one handle per
+    row right of the map instead (x one column past the last step), as ``binned_heatmap`` has."""
     grid = df.pivot(index="rank", columns="step", values=z).sort_index()
     if y_labels:
         grid = grid.reindex([r for r in y_labels if r in grid.index] + [r for r in grid.index if r not in y_labels])
@@ -250,7 +257,19 @@ def heatmap(
             **_colour_range(grid),
         )
     )
-    if clickable:
+    if clickable and grid.size > MAX_CLICK_CELLS:
+        steps = list(grid.columns)
+        fig.add_trace(
+            go.Scatter(
+                x=[steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)] * len(labels),
+                y=labels,
+                mode="markers",
+                marker=dict(symbol="triangle-left", size=9, color="#888"),
+                showlegend=False,
+                hovertemplate="%{y}: click to list the collectives of its worst step<extra></extra>",
+            )
+        )
+    elif clickable:
         cells = grid.stack().reset_index()
         fig.add_trace(
             go.Scatter(
@@ -298,11 +317,6 @@ def wavefront(wave: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title="", type="category")
     fig.update_yaxes(title=f"collective seq in {name}")
     return _tidy(fig, f"Wavefront: how far each rank got in {name}")
-
-
-# A clickable binned heatmap carries one invisible marker per cell up to this many cells; SVG
-# draws each marker as a node, and 10k of them held the Stragglers page ~3 s at 1,024 ranks.
-MAX_CLICK_CELLS = 2_500
 
 
 def binned_heatmap(binned: pd.DataFrame, title: str, *, colorbar: str = "ms", clickable: bool = False) -> go.Figure:

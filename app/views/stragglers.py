@@ -196,6 +196,9 @@ def stragglers_page() -> None:
         if bins.kind.iloc[0] == "rank":
             per_rank_heatmaps(grid, labels, clickable=True, memo_key=key, version=moved)
             cell = clicked_cell(labels)
+            if cell is not None and cell[1] > grid.step.max():  # a row's handle (a map too big for a marker per cell)
+                mine = grid[grid["rank"] == cell[0]]
+                cell = (cell[0], int(mine.step.iloc[mine.arrival_delay_ms.argmax()])) if len(mine) else None
         else:
             cell = binned_heatmaps(sel, version, flt, grid, bins, labels)
         if ranks.host.nunique() > 1:

@@ -82,3 +82,23 @@ def test_a_table_version_moves_only_with_that_table(tmp_path):
     assert app_queries.table_version(d, RUN.run_id, ("monitor", "comm")) != app_queries.table_version(
         d, RUN.run_id, ("monitor",)
     )
+
+
+def test_a_long_runs_clickable_heatmap_has_a_handle_per_row_not_a_marker_per_cell():
+    import pandas as pd
+
+    from app import charts
+
+    def grid(steps: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                {"rank": r, "step": s, "arrival_delay_ms": float(r), "wait_ms": 0.0}
+                for r in range(4)
+                for s in range(steps)
+            ]
+        )
+
+    small = charts.heatmap(grid(100), "arrival_delay_ms", "t", clickable=True)
+    assert len(small.data[1].x) == 400  # a marker per cell: a click names (step, rank)
+    big = charts.heatmap(grid(1000), "arrival_delay_ms", "t", clickable=True)
+    assert list(big.data[1].x) == [1000] * 4  # one handle per row, one column past the last step
