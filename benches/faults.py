@@ -12,7 +12,8 @@ users write), then `rankscope health RUN --json` as a user runs it:
   accumulation, a logging all_reduce), on 2 gloo ranks under ``torchrun -m collector.hook``,
   streaming into one real collector process;
 - ``engine``: the bundled engine's example GPT with ZeRO-2 on 4 ranks (trainer.examples.faults);
-- ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/rank, healthy;
+- ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/rank, healthy and
+  with rank 1 50 ms late each step (collector/testing/workloads/framework_faults.py);
 - ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks;
 - ``sample``: the archived sample runs (sample_runs/).
 Live faults (hang, crash, desync) are polled: `rankscope health` from the fault's own timestamp
@@ -100,6 +101,8 @@ class Outcome:
 
 
 S = "straggler"
+# each source's healthy case: the step time a straggler's cost is measured against
+BASELINES = ("ddp-healthy", "engine-healthy", "hf-trainer-healthy", "lightning-healthy")
 
 
 def cases() -> list[Case]:
@@ -153,7 +156,13 @@ def cases() -> list[Case]:
         Case("engine-gc-pauses", "engine", ("gc:40",), (Expect(S, (3,)),), ranks=4),
         Case("engine-data-loader", "engine", ("data:40",), (Expect(S, (3,)),), ranks=4),
     ]
-    frameworks = [Case("hf-trainer-healthy", "hf"), Case("lightning-healthy", "lightning")]
+    steps = "RANKSCOPE_TEST_STEPS=30"
+    frameworks = [
+        Case("hf-trainer-healthy", "hf", (steps,)),
+        Case("hf-trainer-straggler-50ms", "hf", (steps, "RANKSCOPE_TEST_FAULT=sleep:1:50"), slow, quick=True),
+        Case("lightning-healthy", "lightning", (steps,)),
+        Case("lightning-straggler-50ms", "lightning", (steps, "RANKSCOPE_TEST_FAULT=sleep:1:50"), slow),
+    ]
     sim = []
     for n, hosts in ((1024, 128), (8192, 1024)):
         steps = "60" if n == 1024 else "30"
@@ -335,9 +344,11 @@ def run_framework(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outc
     script = REPO / "tests" / "rank" / ("_hf_trainer_script.py" if case.source == "hf" else "_lightning_script.py")
     out = work / case.name
     out.mkdir(parents=True, exist_ok=True)
-    _checked(case.name, [*_torchrun(2), str(script), str(out)], env=_env(endpoint, case.name), timeout=600)
+    env = _env(endpoint, case.name) | dict(a.split("=", 1) for a in case.args)  # the script's fault and steps
+    _checked(case.name, [*_torchrun(2), str(script), str(out)], env=env, timeout=600)
     run_id = json.loads((out / "rank0.json").read_text())["run_id"]
     outcome = Outcome(case)
+    _step_time(outcome, out)
     outcome.found = health(data_dir, run_id)
     return outcome
 
@@ -481,7 +492,7 @@ def run_suite(selected: list[Case], work: Path, log=print) -> list[Outcome]:
             outcomes.append(o)
     healthy_ms = {}
     for o in outcomes:
-        if not o.case.expect and o.median_step_ms and o.case.name in ("ddp-healthy", "engine-healthy"):
+        if not o.case.expect and o.median_step_ms and o.case.name in BASELINES:
             healthy_ms[o.case.source] = o.median_step_ms
     return [score(o, healthy_ms) for o in outcomes]
 

@@ -1,4 +1,5 @@
-"""A DeepSpeed training script as users write one, plus ``hook.attach()`` at the top: ZeRO-2, fp16
+"""A DeepSpeed training script as users write one, plus ``hook.attach()`` at the top: ZeRO-2 (ZeRO-3
+with RANKSCOPE_TEST_ZERO_STAGE=3), fp16
 with dynamic loss scaling from 2^24 (so the first steps overflow and are skipped, then it trains), csv_monitor on,
 gradient accumulation 2. Run in the DeepSpeed venv under torchrun by tests/rank/test_deepspeed_hook.py:
 
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from collector import hook
 
-hook.attach(run="ds-zero2-fp16")
+STAGE = int(os.environ.get("RANKSCOPE_TEST_ZERO_STAGE", "2"))  # 3: the identity test's ZeRO-3 run
+hook.attach(run=f"ds-zero{STAGE}-fp16")
 
 import deepspeed  # noqa: E402  (after attach on purpose: the patches wait for DeepSpeed's import)
 import torch  # noqa: E402
@@ -38,7 +40,7 @@ def main(out: Path) -> None:
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": ACCUM,
         "steps_per_print": 1000,
-        "zero_optimization": {"stage": 2},
+        "zero_optimization": {"stage": STAGE},
         "zero_allow_untested_optimizer": True,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "fp16": {"enabled": True, "initial_scale_power": 24, "loss_scale_window": 1000, "hysteresis": 1},

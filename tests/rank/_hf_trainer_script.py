@@ -14,13 +14,14 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 from collector.integrations.huggingface import RankscopeCallback
 from collector.rank import session
 from collector.testing import flight_recorder
+from collector.testing.workloads.framework_faults import SlowRankAndClock, steps
 
-STEPS, ACCUM, VOCAB, LENGTH = 6, 2, 64, 16
+STEPS, ACCUM, VOCAB, LENGTH = steps(6), 2, 64, 16
 
 
 class Tokens(torch.utils.data.Dataset):
     def __len__(self):
-        return 256
+        return max(256, 2 * 2 * ACCUM * STEPS)  # 2 ranks x batch 2: the run fits in one epoch
 
     def __getitem__(self, i):
         ids = torch.randint(0, VOCAB, (LENGTH,), generator=torch.Generator().manual_seed(i))
@@ -34,6 +35,19 @@ class RunId(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         RunId.run_id = session.active().run_id
+
+
+class Fault(TrainerCallback):
+    """The fault suite's slow rank and step clock (collector/testing/workloads/framework_faults.py)."""
+
+    def __init__(self, rank: int):
+        self.clock = SlowRankAndClock(rank)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.clock.before_step(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.clock.after_step()
 
 
 def main(out: Path) -> None:
@@ -52,9 +66,12 @@ def main(out: Path) -> None:
         save_strategy="no",
         disable_tqdm=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[RankscopeCallback(), RunId()])
+    fault = Fault(int(os.environ.get("RANK", 0)))
+    callbacks = [RankscopeCallback(), RunId(), fault]
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     trainer.train()
     rank = torch.distributed.get_rank()
+    fault.clock.write(out)
     result = {"run_id": RunId.run_id, "global_step": trainer.state.global_step, "log": trainer.state.log_history}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_integrations.py)

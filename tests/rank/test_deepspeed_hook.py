@@ -27,17 +27,18 @@ WORLD, STEPS, GLOBAL_BATCH = 2, 8, 2 * 2 * 2  # ranks x micro batch x accumulati
 pytestmark = pytest.mark.timeout(2400)  # the first run on a machine creates the DeepSpeed venv (pip, minutes)
 
 
-@pytest.fixture(scope="module")
-def ds_run(tmp_path_factory):
+def _run(out: Path, stage: int):
+    """The script on WORLD ranks at ZeRO ``stage`` into a live collector, Flight Recorder on:
+    (catalog connection, run id, what each rank wrote, out)."""
     from benches import _deepspeed_venv as venv
 
     try:
         env = venv.ensure_rank_side()
     except (subprocess.SubprocessError, OSError, RuntimeError) as exc:
         pytest.skip(f"no DeepSpeed venv ({venv.VENV}) and it cannot be made here: {exc}")
-    out = tmp_path_factory.mktemp("ds_zero2")
     with live_collector(out / "data") as (endpoint, data_dir):
         env["RANKSCOPE_ENDPOINT"] = endpoint
+        env["RANKSCOPE_TEST_ZERO_STAGE"] = str(stage)
         env["TORCH_FR_BUFFER_SIZE"] = "20000"  # Flight Recorder: the oracle of collective identity
         torchrun = [str(venv.VENV / "bin" / "torchrun"), "--nproc-per-node", str(WORLD)]
         done = subprocess.run(
@@ -51,8 +52,13 @@ def ds_run(tmp_path_factory):
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     run_id = ranks[0]["run_id"]
     assert all(r["run_id"] == run_id for r in ranks)
-    con = catalog.connect(data_dir)
-    yield con, run_id, ranks, out
+    return catalog.connect(data_dir), run_id, ranks, out
+
+
+@pytest.fixture(scope="module")
+def ds_run(tmp_path_factory):
+    con, *rest = _run(tmp_path_factory.mktemp("ds_zero2"), stage=2)
+    yield con, *rest
     con.close()
 
 
@@ -118,12 +124,28 @@ def test_the_wait_between_steps_starts_at_deepspeeds_step_end(ds_run):
     assert all(0 <= d < 10**9 for *_, d in rows), rows
 
 
+def _assert_every_collective_is_flight_recorders(con, run_id: str, out: Path) -> None:
+    for rank in range(WORLD):
+        cur = con.execute("SELECT group_name, seq, op, numel FROM comm WHERE run_id = ? AND rank = ?", [run_id, rank])
+        rows = [dict(zip(("group_name", "seq", "op", "numel"), r, strict=True)) for r in cur.fetchall()]
+        assert rows and flight_recorder.mismatches(rows, flight_recorder.load(out, rank)) == [], rank
+
+
 def test_every_collective_is_flight_recorders_entry_at_the_same_seq(ds_run):
     """DeepSpeed's ZeRO-2 collectives (through deepspeed.comm: reduce_scatter / all_gather of
     partitions, its overflow all_reduce, its own start-up broadcasts) equal torch's Flight
     Recorder entries at the same (process group, collective_seq_id) on every rank."""
     con, run_id, _, out = ds_run
-    for rank in range(WORLD):
-        cur = con.execute("SELECT group_name, seq, op, numel FROM comm WHERE run_id = ? AND rank = ?", [run_id, rank])
-        rows = [dict(zip(("group_name", "seq", "op", "numel"), r, strict=True)) for r in cur.fetchall()]
-        assert rows and flight_recorder.mismatches(rows, flight_recorder.load(out, rank)) == [], rank
+    _assert_every_collective_is_flight_recorders(con, run_id, out)
+
+
+def test_zero3_collectives_are_flight_recorders_entries_too(tmp_path):
+    """ZeRO-3 adds the parameter all_gathers of every forward and backward (issued from its
+    prefetch/fetch hooks) and the partitioned gradients' reduce_scatter: the same check."""
+    con, run_id, _, out = _run(tmp_path, stage=3)
+    try:
+        ops = {op for (op,) in con.execute("SELECT DISTINCT op FROM comm WHERE run_id = ?", [run_id]).fetchall()}
+        assert any("all_gather" in op for op in ops), ops  # ZeRO-3's parameter gathers are there
+        _assert_every_collective_is_flight_recorders(con, run_id, out)
+    finally:
+        con.close()
