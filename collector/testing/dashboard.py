@@ -131,3 +131,48 @@ _DRAWN_CHARTS_JS = """
 def drawn_charts(tab) -> list[dict]:
     """Every Plotly chart drawn on a Playwright page: {title, rows, legend, blank}."""
     return tab.evaluate(_DRAWN_CHARTS_JS)
+
+
+# Records, in the page, each chart's redraws: every 50 ms a signature of what each drawn chart shows
+# (points, largest x, sum of y), and the time whenever it changed. A chart is keyed by its title.
+_REDRAW_RECORDER_JS = """
+() => {
+    window.__redraws = {};
+    const last = {};
+    const sig = g => {
+        let points = 0, maxX = -Infinity, sumY = 0;
+        for (const t of (g._fullData || [])) {
+            for (const x of Array.from(t.x || [])) {
+                const v = Number(x); if (Number.isFinite(v) && v > maxX) maxX = v;
+            }
+            for (const y of Array.from(t.y || [])) { const v = Number(y); if (Number.isFinite(v)) sumY += v; }
+            for (const row of Array.from(t.z || [])) for (const z of Array.from(row || [])) {
+                const v = Number(z); if (Number.isFinite(v)) sumY += v;
+            }
+            points += (t.z || t.y || t.x || t.values || []).length;
+        }
+        return `${points}|${maxX}|${sumY.toPrecision(12)}`;
+    };
+    setInterval(() => {
+        const now = Date.now() / 1000;
+        for (const g of document.querySelectorAll('.js-plotly-plot')) {
+            const title = (g.layout && g.layout.title && g.layout.title.text) || '';
+            const s = sig(g);
+            if (last[title] !== s) {
+                last[title] = s;
+                (window.__redraws[title] = window.__redraws[title] || []).push(now);
+            }
+        }
+    }, 50);
+}
+"""
+
+
+def record_redraws(tab) -> None:
+    """Start recording when each chart on the page changes (``redraws`` reads them)."""
+    tab.evaluate(_REDRAW_RECORDER_JS)
+
+
+def redraws(tab) -> dict[str, list[float]]:
+    """Chart title -> the wall-clock times (s) its content changed since ``record_redraws``."""
+    return tab.evaluate("window.__redraws || {}")
