@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -297,6 +298,7 @@ def main() -> None:
                 os.killpg(train.pid, signal.SIGKILL)
                 train.wait()
 
+    shutil.rmtree(work, ignore_errors=True)  # the baseline tree, the run's data and spool
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     rows = "\n".join(
         f"| {page} | {label} | {r['cpu_ms']:.0f} | {r['cpu_ms'] * args.seconds / REFRESH_S / max(r['draws'], 1):.0f} "
