@@ -16,7 +16,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from collector.data import catalog
-from collector.data.layout import RUN_ID_RE, stored_schemas
+from collector.data.layout import COLLECTOR_TABLES, RUN_ID_RE, SHARED_PARTITION, stored_schemas
 from collector.server.compaction import CompactionConfig
 from collector.testing.collectors import live_collector
 from collector.testing.fake_runs import comm_envelope, hello, run_end
@@ -136,12 +136,15 @@ def test_hostile_frames_get_clear_statuses_and_a_good_stream_loses_nothing(colle
     assert total == distinct == GOOD_ENVELOPES * GOOD_ROWS
     assert con.execute("SELECT status FROM runs WHERE run_id = 'goodrun'").fetchone() == ("finished",)
     # Nothing a hostile frame named escaped the data dir or made a partition out of a path:
-    # every directory is parquet/<known table>/run=<id from the safe alphabet>.
+    # every directory is parquet/<known table>/run=<id from the safe alphabet> (or the collector
+    # tables' shared run=@all, which compaction folds their per-run rows into).
     parquet = tmp_path / "data" / "parquet"
     for path in parquet.rglob("*"):
         rel = path.relative_to(parquet).parts
         assert rel[0] in stored_schemas(), path
         if len(rel) >= 2:
-            assert rel[1] == "run=@schema" or (rel[1].startswith("run=") and RUN_ID_RE.match(rel[1][4:])), path
+            shared = rel[1] == SHARED_PARTITION and rel[0] in COLLECTOR_TABLES
+            named = rel[1].startswith("run=") and RUN_ID_RE.match(rel[1][4:])
+            assert shared or rel[1] == "run=@schema" or named, path
         assert len(rel) <= 3, path
     assert {p.name for p in tmp_path.iterdir()} <= {"data", "spool"}
