@@ -8,14 +8,12 @@ reached 3 GiB in 2-6 s under DuckDB's default memory_limit (80% of RAM)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
 
 from collector.data import catalog
+from tests._cli_child import run_cli
 
 # ~3 GiB with no limit: 3M strings of 1000 bytes gathered into one list, then unnested
 ATTACK = (
@@ -40,22 +38,10 @@ def _no_limits_from_the_environment(monkeypatch):
 
 def _cli(data, *args, env=None) -> tuple[int, str, str, int]:
     """``rankscope sql`` in a child process: exit code, stdout, stderr, and the child's own peak
-    RSS in bytes (from os.wait4 on that child, not the largest of every child this process had)."""
+    RSS in bytes (tests/_cli_child.py)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_SQL_")}
     child_env.update(env or {})
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "collector.tools.cli", "sql", "--data-dir", str(data), *args],
-            stdout=out,
-            stderr=err,
-            text=True,
-            env=child_env,
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024  # KiB on Linux
+    return run_cli("sql", "--data-dir", str(data), *args, env=child_env)
 
 
 def test_the_list_unnest_attack_is_stopped_by_the_default_memory_limit(data):

@@ -9,8 +9,6 @@ Measured before these bounds: a 400 KB deeply nested JSON beside a good CSV made
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +16,7 @@ import pytest
 
 from collector.tools.importers import base, comms_summary
 from collector.tools.importers.dispatch import parse_path
+from tests._cli_child import run_cli
 from tests.tools._import_util import query, rankscope
 
 GOOD_CSV = "step,loss\n8,1.0\n16,0.5\n"
@@ -61,26 +60,10 @@ def test_a_nested_summary_named_explicitly_is_one_problem(tmp_path):
     assert problem.path == str(path) and f"deeper than {base.MAX_JSON_DEPTH} levels" in problem.message
 
 
-# The child reports its own peak (VmHWM: the high-water mark of the memory it exec'd into). Not
-# wait4's ru_maxrss: on Linux that starts from the parent's RSS at the fork, and in a full test run
-# the pytest process forking it holds 1.5 GiB.
-_REPORT_PEAK = """
-import atexit, runpy, sys
-def peak():
-    kb = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    sys.stderr.write(f"\\nVmHWM {kb}\\n")
-atexit.register(peak)
-sys.argv[0] = "rankscope"
-runpy.run_module("collector.tools.cli", run_name="__main__")
-"""
-
-
 def _import_in_a_child(src, data) -> tuple[int, str, int]:
     """``rankscope import`` as a process: exit code, stderr, its own peak RSS in bytes."""
-    cmd = [sys.executable, "-c", _REPORT_PEAK, "import", str(src), "--data-dir", str(data)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    err, _, kb = done.stderr.rpartition("\nVmHWM ")
-    return done.returncode, err, int(kb) * 1024
+    code, _, err, peak = run_cli("import", str(src), "--data-dir", str(data))
+    return code, err, peak
 
 
 def test_a_summary_claiming_forty_million_collectives_costs_only_itself(tmp_path):
