@@ -66,6 +66,9 @@ class Retention:
         self.ledger = ledger
         self.config = config  # CompactionConfig: raw_every, retention_window
         self.windows = 0
+        # run -> last step whose window is wholly committed (rollup, analysis and thinning): the
+        # rollup lands first, so a rolled-up step may still have its raw rows for a moment
+        self.done_through: dict[str, int] = {}
         self.busy_s = 0.0  # wall time spent in windows (benches/health.py reports it)
         self._engine = duckdb.connect(":memory:", config={"threads": 1})
         self._catalog: Catalog | None = None  # opened on the first window (it makes D's catalog)
@@ -150,6 +153,7 @@ class Retention:
         if not self.config.raw_every:
             log.info("rollups %s: steps %d..%d rolled up and analysed", run_id, through + 1, settled)
             self.windows += 1
+            self.done_through[run_id] = settled
             return True
         keep = steps_to_keep(rollup.to_pandas(), self.config.raw_every)
         step = rows.column("step")
@@ -173,6 +177,7 @@ class Retention:
             rows.num_rows - after.num_rows, after.num_rows,
         )  # fmt: skip
         self.windows += 1
+        self.done_through[run_id] = settled
         return True
 
     def _rollup(self, raw: pa.Table, through: int, settled: int) -> pa.Table:
