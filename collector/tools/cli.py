@@ -361,6 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fault staged after a healthy start: RANK busy-waits MS before each forward from STEP on "
         "(default 1:40@300; 'none' for a healthy run)",
     )
+    p.add_argument(
+        "--training-nice",
+        type=int,
+        default=10,
+        metavar="N",
+        help="CPU priority of the training ranks, as nice(1) (default 10: on a laptop the dashboard and the "
+        "browser drawing it come first, and the training takes every cycle they leave; 0 for full priority)",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--exit", action="store_true", help="stop everything when the training run ends")
 

@@ -180,6 +180,12 @@ def run_demo(args: argparse.Namespace) -> int:
             f"[demo] training: {args.nproc} ranks {length}, the example GPT (ZeRO-2), streaming into the collector",
             flush=True,
         )
+        if args.training_nice:
+            print(
+                f"[demo] the ranks run at nice {args.training_nice}, so the dashboard stays responsive on a "
+                "laptop while they train (--training-nice 0 for full priority)",
+                flush=True,
+            )
         if fault:
             print(
                 f"[demo] staged fault: from step {first}, rank {rank} waits {ms:g} ms before each forward "
@@ -196,6 +202,8 @@ def run_demo(args: argparse.Namespace) -> int:
             text=True,
             bufsize=1,
             start_new_session=True,
+            # the ranks (torchrun's children) inherit it; priority only, never speed the run cannot use
+            preexec_fn=(lambda: os.nice(args.training_nice)) if args.training_nice else None,
         )
         once = OnceFilter(sys.stdout, last_step=None if steps == UNTIL_STOPPED else steps)
         pump = threading.Thread(target=once.pump, args=(proc.stdout,), daemon=True)

@@ -85,6 +85,13 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
             console.append(line)
             if "step 1 loss" in line:
                 break
+        # the ranks yield the CPU to the dashboard (nice +10); the collector keeps the demo's priority
+        niceness = {cmd: nice for pid, cmd, nice in _descendants(proc.pid)}
+        ranks = [n for cmd, n in niceness.items() if "trainer.examples.gpt" in cmd]
+        collectors = [n for cmd, n in niceness.items() if " collect " in f" {cmd} "]
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        assert ranks and collectors, niceness
+        assert set(ranks) == {min(base + 10, 19)} and set(collectors) == {base}, niceness
         os.killpg(proc.pid, signal.SIGINT)
         console.append(proc.stdout.read())
         rc = proc.wait(timeout=60)
@@ -95,3 +102,26 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
     assert rc == 0, text
     assert "[demo] stopped (Ctrl-C)" in text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+
+
+def _descendants(root: int) -> list[tuple[int, str, int]]:
+    """(pid, command line, nice) of every live process under ``root``, from /proc."""
+    parent, nice, cmd = {}, {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # exited meanwhile
+            continue
+        parent[int(entry)], nice[int(entry)] = int(fields[1]), int(fields[16])
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for child in (c for c, p in parent.items() if p == pid):
+            out.append((child, cmd[child], nice[child]))
+            todo.append(child)
+    return out
