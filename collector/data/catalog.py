@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from collector.data import clocks, layout
 from collector.data.instances import instances_sql, join_condition
-from collector.data.schema import TABLES
+from collector.data.schema import TABLES, reading_schema
 
 T = TypeVar("T")
 VERSION_VIEW = "rankscope_catalog_version"
@@ -526,6 +526,7 @@ def _guard_dataset(
     root: Path, table: str, schema: pa.Schema, *, hive: bool, snapshot: dict[str, list[str]] | None
 ) -> ds.Dataset:
     files = readable_segments(root, table, snapshot)
+    schema = reading_schema(schema)  # a data dir written before holds ns timestamps beside the new µs ones
     if not hive:
         return ds.dataset(files, schema=schema, format="parquet")
     run = pa.schema([("run", pa.string())])

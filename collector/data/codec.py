@@ -34,7 +34,18 @@ import pyarrow as pa
 import pyarrow.compute
 
 from collector.data import layout
-from collector.data.schema import ARROW_TYPES, BOOL, F64, I64, RANK_ENDS_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA, STR, TABLES
+from collector.data.schema import (
+    ARROW_TYPES,
+    BOOL,
+    F64,
+    I64,
+    RANK_ENDS_SCHEMA,
+    RANKS_SCHEMA,
+    RUNS_SCHEMA,
+    STR,
+    TABLES,
+    timestamp,
+)
 from proto import SCHEMA_VERSION, pb
 
 MAX_BATCH_ROWS = 1_000_000
@@ -307,7 +318,7 @@ def decode_batch(batch: pb.TableBatch) -> pa.Table:
 
 
 def _timestamp(ns: int) -> pa.Array:
-    return pa.array([ns or time.time_ns()], pa.timestamp("ns", tz="UTC"))
+    return timestamp(ns or time.time_ns())
 
 
 def _one_row(schema: pa.Schema, **values) -> pa.Table:

@@ -161,13 +161,41 @@ TABLES: dict[str, Table] = {
     )
 }
 
+# Wall-clock columns are microseconds since the epoch, UTC: Parquet's TIMESTAMP(NANOS) is refused by
+# Spark, Hive and Trino. Data dirs written before stored nanoseconds; readers that scan old and new
+# segments as one dataset declare them as LEGACY_TIMESTAMP (which holds either unit without loss), and
+# whatever writes a segment again (compaction, export, sample runs) narrows them with ``as_stored``.
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+LEGACY_TIMESTAMP = pa.timestamp("ns", tz="UTC")
+
+
+def timestamp(ns: int) -> pa.Array:
+    """One wall-clock time given in ns, as the stored (microsecond) column holds it."""
+    return pa.array([ns // 1000], TIMESTAMP)
+
+
+def reading_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its timestamps as LEGACY_TIMESTAMP: what reads a stored segment of any age."""
+    return pa.schema([f.with_type(LEGACY_TIMESTAMP) if f.type == TIMESTAMP else f for f in schema], schema.metadata)
+
+
+def as_stored(table: pa.Table) -> pa.Table:
+    """``table`` (read through ``reading_schema`` or from an older segment) with every nanosecond
+    timestamp column truncated to the stored microseconds; the other columns as they are."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
+            narrowed = table.column(i).cast(TIMESTAMP, safe=False)  # dropping sub-µs digits is the point
+            table = table.set_column(i, field.with_type(TIMESTAMP), narrowed)
+    return table
+
+
 # Tables the collector writes itself from Hello / RunEnd messages.
 RUNS_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
         ("name", pa.string()),
         ("world_size", pa.int64()),
-        ("started_at", pa.timestamp("ns", tz="UTC")),
+        ("started_at", TIMESTAMP),
         ("source", pa.string()),
         ("linked_run_id", pa.string()),
         ("config", pa.string()),
@@ -181,7 +209,7 @@ RANKS_SCHEMA = pa.schema(
         ("pid", pa.int64()),
         ("clock_offset_ns", pa.int64()),
         ("client_id", pa.string()),
-        ("started_at", pa.timestamp("ns", tz="UTC")),
+        ("started_at", TIMESTAMP),
     ]
 )
 # What the collector saw of a rank's connection (collector.server.liveness): a stream that
@@ -191,7 +219,7 @@ RANK_EVENTS_SCHEMA = pa.schema(
         ("run_id", pa.string()),
         ("rank", pa.int64()),
         ("event", pa.string()),
-        ("time", pa.timestamp("ns", tz="UTC")),
+        ("time", TIMESTAMP),
         ("detail", pa.string()),
     ]
 )
@@ -200,7 +228,7 @@ RANK_ENDS_SCHEMA = pa.schema(
         ("run_id", pa.string()),
         ("rank", pa.int64()),
         ("status", pa.string()),
-        ("ended_at", pa.timestamp("ns", tz="UTC")),
+        ("ended_at", TIMESTAMP),
         ("dropped_records", pa.int64()),
     ]
 )

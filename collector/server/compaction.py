@@ -41,6 +41,7 @@ from collector.data import layout
 from collector.data.catalog import segment_problem
 from collector.data.config import ConfigBlock, setting
 from collector.data.queries import DataDirError
+from collector.data.schema import as_stored
 from collector.server.ledger import DELETE_AFTER_S, Ledger
 from collector.server.retention import Retention
 from collector.server.store import segment_order, segment_path, write_segment
@@ -274,7 +275,7 @@ class Compactor:
         tables = []
         for path in inputs:
             try:
-                tables.append(pq.ParquetFile(path).read())
+                tables.append(as_stored(pq.ParquetFile(path).read()))  # a segment of any age
             except (OSError, pa.ArrowException) as exc:
                 self._quarantine(path, str(exc) or type(exc).__name__)
         if len(tables) < len(inputs):

@@ -45,7 +45,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from collector.data.codec import decode_batch
-from collector.data.schema import RANK_EVENTS_SCHEMA
+from collector.data.schema import RANK_EVENTS_SCHEMA, timestamp
 from proto import pb
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ class Liveness:
                 "run_id": [run_id],
                 "rank": [rank],
                 "event": [event],
-                "time": pa.array([time.time_ns()], pa.timestamp("ns", tz="UTC")),
+                "time": timestamp(time.time_ns()),
                 "detail": [detail],
             },
             schema=RANK_EVENTS_SCHEMA,

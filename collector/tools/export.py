@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from collector.data import catalog, layout, queries
-from collector.data.schema import TABLES
+from collector.data.schema import TABLES, as_stored, reading_schema
 from collector.tools.importers.parquet_table import TABLE_KEY
 
 ARCHIVE_FORMAT = "rankscope-archive-1"
@@ -174,7 +174,8 @@ def _shared_rows(data_dir: Path, run_id: str) -> dict[str, bytes]:
         else:
             shared = layout.partition_dir(data_dir, table, layout.SHARED_RUN)
             files = sorted(shared.glob(f"*{layout.SEGMENT_SUFFIX}")) if shared.is_dir() else []
-        parts = [pq.read_table(f, schema=schema, filters=[("run_id", "==", run_id)]) for f in files]
+        read = reading_schema(schema)  # segments of any age: older ones hold ns timestamps
+        parts = [as_stored(pq.read_table(f, schema=read, filters=[("run_id", "==", run_id)])) for f in files]
         rows = [t for t in parts if t.num_rows]
         if not rows:
             continue

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data import catalog, layout, queries
-from collector.data.schema import TABLES
+from collector.data.schema import TABLES, as_stored, reading_schema
 from collector.server.store import parquet_options, segment_order, segment_path
 from collector.tools import simulate, simulate_template
 from collector.tools.launch import collector_command, free_port, torchrun_command, wait_for_collector
@@ -197,7 +197,7 @@ def compact(raws: list[Path], dest: Path) -> None:
         for run_id, segments in by_run.items():
             if not segments:
                 continue
-            rows = pa.concat_tables([pq.read_table(p, schema=schema) for p in segments])
+            rows = as_stored(pa.concat_tables([pq.read_table(p, schema=reading_schema(schema)) for p in segments]))
             out = segment_path(dest, table, run_id, "cmp", 0)
             out.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(rows, out, **dict(parquet_options(schema), compression_level=ARCHIVE_COMPRESSION_LEVEL))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from collector.data import catalog, layout
@@ -82,6 +83,15 @@ def test_holds_only_what_readers_need_and_is_small():
     assert not (SAMPLE_RUNS / layout.LEDGER_DIR).exists()
     assert not [p for p in files if p.name.startswith(".") or p.suffix in (layout.TEMP_SUFFIX, ".wal", ".lock")]
     assert sum(p.stat().st_size for p in files) < MAX_BYTES
+
+
+def test_every_committed_column_has_the_type_the_schema_declares_today():
+    """Not stale: a changed column type (the ns -> µs timestamps) means `make sample-runs`
+    (or re-running its compact() over sample_runs/ alone) is due; added columns may be absent."""
+    for table, schema in layout.stored_schemas().items():
+        for path in layout.table_dir(SAMPLE_RUNS, table).rglob(f"*{layout.SEGMENT_SUFFIX}"):
+            stale = {f.name: str(f.type) for f in pq.read_schema(path) if f.type != schema.field(f.name).type}
+            assert not stale, f"{path.relative_to(SAMPLE_RUNS)}: {stale} (want {schema})"
 
 
 def test_every_rank_of_every_run_streamed_its_records(q):
