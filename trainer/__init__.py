@@ -4,13 +4,14 @@
     engine, optimizer, dataloader, lr_scheduler = deepspeed.initialize(model=..., config=...)
 
 ``initialize``, ``add_config_arguments``, ``init_distributed`` (trainer.api), ``Engine``
-(trainer.engine) and ``comm`` (trainer.comm, for ``deepspeed.comm``)."""
+(trainer.engine), ``comm`` (trainer.comm, for ``deepspeed.comm``), ``pipe`` (trainer.pipe, for
+``deepspeed.pipe``) and ``checkpointing`` (trainer.checkpointing, for ``deepspeed.checkpointing``)."""
 
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["Engine", "add_config_arguments", "comm", "init_distributed", "initialize"]
+__all__ = ["Engine", "add_config_arguments", "checkpointing", "comm", "init_distributed", "initialize", "pipe"]
 
 _HOMES = {
     "Engine": "trainer.engine",
@@ -22,8 +23,8 @@ _HOMES = {
 
 def __getattr__(name: str):
     # Lazy, so importing a light submodule (trainer.lr_schedules, trainer.comm) does not build the engine.
-    if name == "comm":
-        return importlib.import_module("trainer.comm")
+    if name in ("comm", "pipe", "checkpointing"):
+        return importlib.import_module(f"trainer.{name}")
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -9,7 +9,7 @@
 
 ``initialize`` takes DeepSpeed's arguments with DeepSpeed's meaning and raises where DeepSpeed
 raises (a config given two ways, none at all); a DeepSpeed feature this engine does not have
-(``mpu``, a pipeline module, the config keys in trainer.config.DEEPSPEED_ONLY) is refused here,
+(``mpu``, another library's pipeline module, the config keys in trainer.config.DEEPSPEED_ONLY) is refused here,
 before any training, with one message naming it. ``trainer.comm`` stands in for ``deepspeed.comm``.
 """
 
@@ -105,10 +105,14 @@ def _refuse_deepspeed_only(model, mpu, mesh_param) -> None:
         raise DeepSpeedArgumentError(
             "initialize(mesh_param=...): device meshes (sequence parallelism) are not supported by rankscope's engine"
         )
-    if any(cls.__name__ in ("PipelineModule", "DualPipeVModule") for cls in type(model).__mro__):
+    from trainer.pipe import PipelineModule
+
+    if not isinstance(model, PipelineModule) and any(
+        cls.__name__ in ("PipelineModule", "DualPipeVModule") for cls in type(model).__mro__
+    ):
         raise DeepSpeedArgumentError(
-            f"initialize(model=...): {type(model).__name__} is DeepSpeed's pipeline parallelism, which "
-            "rankscope's engine does not have; pass a plain torch.nn.Module"
+            f"initialize(model=...): {type(model).__module__}.{type(model).__name__} is not rankscope's; build "
+            "the pipeline with trainer.pipe.PipelineModule (import trainer as deepspeed: deepspeed.pipe)"
         )
 
 
@@ -158,7 +162,10 @@ def initialize(
             "initialize(lr_scheduler=...): a scheduler object needs the optimizer object it was built on as "
             "optimizer=; otherwise pass a callable taking the optimizer"
         )
-    engine = Engine(
+    from trainer.pipe import PipelineModule
+    from trainer.pipe.engine import PipelineEngine
+
+    engine = (PipelineEngine if isinstance(model, PipelineModule) else Engine)(
         model,
         raw,
         model_parameters=model_parameters,

@@ -267,17 +267,11 @@ class Engine(nn.Module):
         self.global_rank = self.rank
         self.local_rank = local_rank if local_rank is not None and local_rank >= 0 else _env_local_rank()
         self.config = cfg = EngineConfig.from_dict(
-            raw, world_size=self.world_size, client_optimizer=optimizer is not None
+            raw, world_size=self._batch_world_size(model), client_optimizer=optimizer is not None
         )
         _start_telemetry(cfg)
         comm.configure(cfg.comms_logger)
-        # ZeRO partitions over the data-parallel group; with tensor parallelism that is one rank per TP group.
-        self.dp_group, self.tp_rank = None, 0
-        if cfg.tensor_parallel.tp_size > 1:
-            from trainer.tensor_parallel.groups import parallel_groups
-
-            groups = parallel_groups(cfg.tensor_parallel.tp_size)
-            self.dp_group, self.tp_rank = groups.dp_group, groups.tp_rank
+        self.dp_group, self.tp_rank = self._data_parallel_group(model, cfg)
         self.dp_world_size = cfg.dp_world_size
         self.dp_rank = comm.get_rank(group=self.dp_group) if self.dp_group is not None else self.rank
 
@@ -342,6 +336,20 @@ class Engine(nn.Module):
         session.set_step(self.global_steps)
 
     # ---------------------------------------------------------------- set-up
+
+    def _batch_world_size(self, model: nn.Module) -> int:
+        """The ranks the config's batch rule counts (a pipeline's stages share one data-parallel rank)."""
+        return self.world_size
+
+    def _data_parallel_group(self, model: nn.Module, cfg: EngineConfig) -> tuple[object, int]:
+        """(the group ZeRO partitions and reduces over, None for the world; this rank's tensor-parallel
+        rank). With tensor parallelism that is one rank per tensor-parallel group."""
+        if cfg.tensor_parallel.tp_size == 1:
+            return None, 0
+        from trainer.tensor_parallel.groups import parallel_groups
+
+        groups = parallel_groups(cfg.tensor_parallel.tp_size)
+        return groups.dp_group, groups.tp_rank
 
     def _broadcast_model(self) -> None:
         """Start every data-parallel replica from the first replica's weights and buffers: dense

@@ -137,7 +137,7 @@ def test_deepspeed_only_features_turned_off_pass_silently():
 
 
 class PipelineModule(torch.nn.Sequential):
-    """Stands for deepspeed.pipe.PipelineModule: refused by its class name."""
+    """Stands for deepspeed.pipe.PipelineModule (another library's): refused, pointing at trainer.pipe."""
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,10 @@ class PipelineModule(torch.nn.Sequential):
     [
         ({"mpu": object()}, r"initialize\(mpu=...\): Megatron-style model-parallel units are not supported"),
         ({"mesh_param": (2, 1)}, r"initialize\(mesh_param=...\)"),
-        ({"model": PipelineModule(torch.nn.Linear(2, 2))}, "PipelineModule is DeepSpeed's pipeline parallelism"),
+        (
+            {"model": PipelineModule(torch.nn.Linear(2, 2))},
+            r"PipelineModule is not rankscope's; build the pipeline with trainer.pipe.PipelineModule",
+        ),
     ],
 )
 def test_deepspeed_only_arguments_fail_at_initialize_naming_them(kwargs, message):

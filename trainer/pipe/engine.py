@@ -1,0 +1,297 @@
+"""The pipeline engine: DeepSpeed's PipelineEngine API over trainer.Engine.
+
+    loss = engine.train_batch(data_iter)   # gradient_accumulation_steps micro-batches, one optimizer step
+    loss = engine.eval_batch(data_iter)
+
+Each rank runs one stage of one pipeline (trainer.pipe.module: rank = stage * dp + data_rank).
+A step runs the 1F1B schedule (trainer.pipe.schedule) over m = gradient_accumulation_steps
+micro-batches of train_micro_batch_size_per_gpu samples: activations go forward and their
+gradients back with the instrumented point-to-point ops (trainer.comm: isend to the neighbour,
+a blocking recv for what this stage needs next, so the waits are the bubbles), the loss is
+``loss_fn(outputs, labels) / m`` on the last stage. After the last backward the tied weights'
+gradients are summed over their stages, then the engine's ZeRO optimizer (stage 0 or 1) averages
+gradients over the stage's data-parallel replicas and steps, as in a non-pipelined step. Only the
+first stage reads inputs and only the last reads labels from ``data_iter``, as in DeepSpeed.
+Every step's per-stage timeline is sent as ``pipe`` rows (trainer.pipe.telemetry).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from collector.rank.clock import perf_ns
+from trainer import comm
+from trainer.config import ConfigError
+from trainer.engine import Engine
+from trainer.pipe.module import PipelineError, PipelineModule
+from trainer.pipe.schedule import BACKWARD, one_f_one_b
+from trainer.pipe.telemetry import StageTimeline
+
+# Wire codes for the dtypes of tensors crossing a stage boundary (sent once per batch with their shapes).
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool]
+_META_LEN = 64
+
+
+class PipelineEngine(Engine):
+    """trainer.initialize returns this for a PipelineModule. ZeRO stages 0 and 1 (DeepSpeed's limit too)."""
+
+    def __init__(self, model: PipelineModule, config, **kw):
+        if not isinstance(model, PipelineModule):
+            raise PipelineError("PipelineEngine needs a trainer.pipe.PipelineModule")
+        self.topology = model.topology
+        super().__init__(model, config, **kw)
+        if self.config.zero_optimization.stage > 1:
+            raise ConfigError(
+                f"zero_optimization.stage {self.config.zero_optimization.stage}: pipeline parallelism works "
+                "with ZeRO stage 0 or 1 (gradients must stay whole across micro-batches), as in DeepSpeed"
+            )
+        if model.num_stages > 1 and model.loss_fn is None and model.stage_id == model.num_stages - 1:
+            raise PipelineError("PipelineModule(loss_fn=...) is required to train with more than one stage")
+        self.num_stages, self.stage_id = model.num_stages, model.stage_id
+        self.micro_batches = self.gradient_accumulation_steps()
+        top = self.topology
+        self.prev_rank = top.rank_of(self.stage_id - 1) if self.stage_id > 0 else None
+        self.next_rank = top.rank_of(self.stage_id + 1) if self.stage_id < self.num_stages - 1 else None
+        self.pipe_group, self.last_rank = self._pipe_group(), top.rank_of(self.num_stages - 1)
+        self.timeline = StageTimeline(
+            stage=self.stage_id, stages=self.num_stages, data_rank=top.data_rank, layers=model.num_local_layers
+        )
+        self.last_pipe_rows: list[dict] = []
+        self.data_iterator = None
+        self.agg_train_loss = None
+
+    # ---------------------------------------------------------------- layout (Engine's hooks)
+
+    def _batch_world_size(self, model: nn.Module) -> int:
+        return model.topology.data_parallel
+
+    def _data_parallel_group(self, model: nn.Module, cfg) -> tuple[object, int]:
+        if cfg.tensor_parallel.tp_size > 1:
+            raise ConfigError("tensor_parallel.tp_size > 1 with pipeline parallelism is not supported")
+        top = model.topology
+        group = None
+        for stage in range(top.num_stages):  # every rank creates every group, in the same order
+            g = comm.new_group(ranks=[top.rank_of(stage, d) for d in range(top.data_parallel)])
+            if stage == top.stage:
+                group = g
+        return group, 0
+
+    def _pipe_group(self):
+        top, mine = self.topology, None
+        for d in range(top.data_parallel):
+            g = comm.new_group(ranks=[top.rank_of(s, d) for s in range(top.num_stages)])
+            if d == top.data_rank:
+                mine = g
+        return mine
+
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.num_stages - 1
+
+    def set_dataiterator(self, iterator) -> None:
+        self.data_iterator = iterator
+
+    def forward(self, *args, **kwargs):
+        raise PipelineError("a pipeline engine runs only train_batch() and eval_batch()")
+
+    def backward(self, *args, **kwargs):
+        raise PipelineError("a pipeline engine runs only train_batch() and eval_batch()")
+
+    # ---------------------------------------------------------------- training
+
+    def train_batch(self, data_iter=None) -> torch.Tensor:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches from ``data_iter``
+        (``(inputs, labels)`` each); returns the mean loss over them and the data-parallel replicas,
+        on every stage."""
+        if not torch.is_grad_enabled():
+            raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
+        self.module.train()
+        batches = self._batches(data_iter)
+        m = self.micro_batches
+        self.profiler.begin(self.global_steps)
+        self._send_works: list = []
+        self._meta_sent = self._meta_received = False
+        inputs, outputs, losses = {}, {}, []
+        self.optimizer.begin_backward(False)
+        for kind, mb in one_f_one_b(self.stage_id, self.num_stages, m):
+            if kind == BACKWARD:
+                self._backward(mb, inputs.pop(mb), outputs.pop(mb))
+            else:
+                inputs[mb], outputs[mb] = self._forward(mb, batches, losses, grad=True)
+        start = perf_ns()
+        self._wait_sends()
+        self.timeline.record("send_wait", -1, start)
+        start = perf_ns()
+        self.module.allreduce_tied_weight_gradients()
+        self.optimizer.begin_backward(True)  # now reduce: every micro-batch's gradient is in
+        self.optimizer.after_backward()
+        self.timeline.record("reduce", -1, start)
+        self.agg_train_loss = self._aggregate(losses)
+        self._loss_sum = self.agg_train_loss * m  # Engine._report divides by m
+        step = self.global_steps
+        self.micro_steps += m - 1  # Engine.step counts the last one and steps at the boundary
+        self.step()
+        self.last_pipe_rows = self.timeline.emit(step, m)
+        return self.agg_train_loss
+
+    def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg", bcast_loss=True,
+                   num_micro_batches=None):  # fmt: skip
+        """The mean loss over ``num_micro_batches`` (default gradient_accumulation_steps) micro-batches,
+        without gradients; with ``return_logits`` also the last stage's outputs (None elsewhere)."""
+        if reduce_output not in ("avg", None):
+            raise ValueError("eval_batch(reduce_output=...): 'avg' or None")
+        self.module.eval()
+        batches = self._batches(data_iter)
+        m = num_micro_batches or self.micro_batches
+        self._send_works = []
+        self._meta_sent = self._meta_received = False
+        losses, logits = [], []
+        with torch.no_grad():
+            for mb in range(m):
+                _, out = self._forward(mb, batches, losses if compute_loss else None, grad=False)
+                if self.is_last_stage() and return_logits:
+                    logits.append(out)
+            self._wait_sends()
+            loss = self._aggregate(losses, mean_over=m, reduce_output=reduce_output, bcast=bcast_loss)
+        self.timeline.events = []  # eval steps are not training steps: no pipe rows
+        if return_logits:
+            return loss, (logits if self.is_last_stage() else None)
+        return loss
+
+    def _batches(self, data_iter):
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        if self.data_iterator is None and self.training_dataloader is not None:
+            self.data_iterator = iter(self.training_dataloader)
+        if self.data_iterator is None and (self.is_first_stage() or self.is_last_stage()):
+            raise PipelineError("train_batch/eval_batch: no data_iter given and no training_data at initialize")
+        return self.data_iterator
+
+    # ---------------------------------------------------------------- one micro-batch
+
+    def _forward(self, mb: int, batches, losses, *, grad: bool):
+        batch = next(batches) if self.is_first_stage() or self.is_last_stage() else None
+        if self.is_first_stage():
+            x = _to(batch[0], self.device, detach=True)
+        else:
+            start = perf_ns()
+            x = self._recv_activations(requires_grad=grad)
+            self.timeline.record("recv_act", mb, start)
+        start = perf_ns()
+        out = self.module(x)
+        if self.is_last_stage() and losses is not None:
+            loss = self.module.loss_fn(out, _to(batch[1], self.device, detach=False))
+            losses.append(loss.detach())
+            out = loss
+        if grad:
+            self.timeline.record("fwd", mb, start)
+        if not self.is_last_stage():
+            self._send_activations(out)
+        return x, out
+
+    def _backward(self, mb: int, x, out) -> None:
+        if self.is_last_stage():
+            grads, tensors = None, [out.float() / self.micro_batches * self.loss_scale]
+        else:
+            start = perf_ns()
+            sent = [t for t in _tensors(out) if _carries_grad(t)]
+            received = self._recv(self.next_rank, sent, "pipe.recv_grads")
+            self.timeline.record("recv_grad", mb, start)
+            pairs = [(t, g) for t, g in zip(sent, received, strict=True) if t.requires_grad]
+            tensors, grads = [t for t, _ in pairs], [g for _, g in pairs]
+        start = perf_ns()
+        if tensors:
+            torch.autograd.backward(tensors, grad_tensors=grads)
+        self.timeline.record("bwd", mb, start)
+        if not self.is_first_stage():
+            inputs = [t for t in _tensors(x) if _carries_grad(t)]
+            grads_in = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
+            self._send(grads_in, self.prev_rank, "pipe.send_grads")
+
+    # ---------------------------------------------------------------- point-to-point
+
+    def _send(self, tensors, dst: int, log_name: str) -> None:
+        for t in tensors:
+            t = t.detach().contiguous()
+            self._send_works.append((comm.isend(t, dst, log_name=log_name), t))
+
+    def _recv(self, src: int, like, log_name: str) -> list[torch.Tensor]:
+        out = []
+        for t in like:
+            buf = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+            comm.recv(buf, src, log_name=log_name)
+            out.append(buf)
+        return out
+
+    def _send_activations(self, out) -> None:
+        tensors = _tensors(out)
+        if not self._meta_sent:  # shapes and dtypes once per batch: the receiver sizes its buffers
+            meta = [len(tensors), int(isinstance(out, tuple))]
+            for t in tensors:
+                meta += [_DTYPES.index(t.dtype), t.dim(), *t.shape]
+            if len(meta) > _META_LEN:
+                raise PipelineError(f"stage {self.stage_id} sends too many / too high-rank tensors to describe")
+            self._send([torch.tensor(meta + [0] * (_META_LEN - len(meta)), dtype=torch.int64)], self.next_rank,
+                       "pipe.send_meta")  # fmt: skip
+            self._meta_sent = True
+        self._send(tensors, self.next_rank, "pipe.send_activations")
+
+    def _recv_activations(self, *, requires_grad: bool):
+        if not self._meta_received:
+            meta = torch.empty(_META_LEN, dtype=torch.int64)
+            comm.recv(meta, self.prev_rank, log_name="pipe.recv_meta")
+            meta, self._like, pos = meta.tolist(), [], 2
+            for _ in range(meta[0]):
+                dtype, ndim = _DTYPES[meta[pos]], meta[pos + 1]
+                self._like.append(torch.empty(meta[pos + 2 : pos + 2 + ndim], dtype=dtype))
+                pos += 2 + ndim
+            self._as_tuple = bool(meta[1])
+            self._meta_received = True
+        got = self._recv(self.prev_rank, self._like, "pipe.recv_activations")
+        for t in got:
+            t.requires_grad_(requires_grad and t.is_floating_point())
+        return tuple(got) if self._as_tuple else got[0]
+
+    def _wait_sends(self) -> None:
+        for work, _ in self._send_works:
+            work.wait()
+        self._send_works = []
+
+    # ---------------------------------------------------------------- loss
+
+    def _aggregate(self, losses, mean_over: int | None = None, reduce_output="avg", bcast=True) -> torch.Tensor:
+        """The last stage's mean micro-batch loss, averaged over data-parallel replicas and sent to
+        every stage of this pipeline (DeepSpeed's _aggregate_total_loss)."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        if self.is_last_stage() and losses:
+            loss = torch.stack([x.float() for x in losses]).sum() / (mean_over or self.micro_batches)
+            if self.dp_world_size > 1:
+                comm.all_reduce(loss, group=self.dp_group, log_name="pipe.loss_all_reduce")
+                loss /= self.dp_world_size
+        if self.num_stages > 1 and bcast:
+            comm.broadcast(loss, src=self.last_rank, group=self.pipe_group, log_name="pipe.loss_broadcast")
+        return loss
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if torch.is_tensor(x):
+        return [x]
+    if isinstance(x, (tuple, list)) and all(torch.is_tensor(t) for t in x):
+        return list(x)
+    raise PipelineError(f"stage boundaries carry a tensor or a tuple of tensors, got {type(x).__name__}")
+
+
+def _carries_grad(t: torch.Tensor) -> bool:
+    return t.is_floating_point()
+
+
+def _to(x, device, *, detach: bool):
+    if torch.is_tensor(x):
+        x = x.to(device)
+        return x.detach().clone() if detach else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(t, device, detach=detach) for t in x)
+    return x
