@@ -158,6 +158,24 @@ TABLES: dict[str, Table] = {
             ("innermost", STR),  # "file:line in function" of the innermost frame
             ("time_ns", I64),
         ),
+        # Evidence a rank captured when asked (collector.rank.capture, collector.server.artifacts): one
+        # row per answer, accepted / refused / failed from the rank, captured from the collector once
+        # it stored the trace (path relative to the data dir). ``step`` is the first step captured.
+        _table(
+            "artifacts",
+            ("request_id", STR),
+            ("kind", STR),  # profile | stacks | memory
+            ("status", STR),  # accepted | refused | captured | failed
+            ("steps", I64),  # asked for
+            ("last_step", I64),
+            ("path", STR),
+            ("bytes", I64),
+            ("reason", STR),
+            ("finding", STR),
+            ("role", STR),  # suspect | reference | asked
+            ("detail", STR),
+            ("time_ns", I64),
+        ),
     )
 }
 

@@ -184,6 +184,7 @@ class Client:
         self._end: pb.RunEnd | None = None  # set by close()
         self.acked = 0  # envelopes acked, for tests and RunEnd diagnostics
         self.on_request = None  # callable(pb.RankRequest), set by the watchdog; returns at once
+        self._artifacts: collections.deque = collections.deque()  # pb.Artifact to send (send_artifact)
 
     # ---- called from the session (any thread) ----
     def start(self, hello: pb.Hello) -> None:
@@ -196,6 +197,12 @@ class Client:
 
     def poke(self) -> None:
         """Ask for a flush now (the buffer crossed batch_rows)."""
+        self._wake.set()
+
+    def send_artifact(self, artifact: pb.Artifact) -> None:
+        """Ship a captured trace (collector.rank.capture) with the next flush, resent and spooled
+        like any envelope until acked; safe from any thread."""
+        self._artifacts.append(artifact)
         self._wake.set()
 
     def close(self, end: pb.RunEnd, timeout_s: float | None = None) -> bool:
@@ -235,6 +242,7 @@ class Client:
         try:
             for env in self._encode(self.buffer.take()):
                 self._enqueue(env)
+            self._send_artifacts()
         except Exception:
             log.exception("rankscope: could not encode records")
         self._maintain_connection()
@@ -254,6 +262,7 @@ class Client:
                 self._channel = None
         for env in self._encode(self.buffer.take()):
             self._enqueue(env)
+        self._send_artifacts()
         # RunEnd goes last, once the data is acked (or most of the wait is spent),
         # so its dropped count includes batches the collector rejected.
         self._wait_acked(start + 0.8 * self.cfg.close_timeout_s, give_up)
@@ -275,6 +284,10 @@ class Client:
             )
         if self._channel is not None:
             self._channel.close()
+
+    def _send_artifacts(self) -> None:
+        while self._artifacts:
+            self._enqueue(self._envelope(artifact=self._artifacts.popleft()))
 
     def _wait_acked(self, deadline: float, give_up: float | None = None) -> None:
         """Until every envelope is acked or ``deadline``; past ``give_up`` too, while the collector

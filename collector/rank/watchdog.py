@@ -45,7 +45,7 @@ import threading
 import time
 import traceback
 
-from collector.rank import session, state
+from collector.rank import capture, session, state
 from collector.rank.clock import CLOCK, perf_ns
 from collector.rank.recorder import (
     REC,
@@ -248,9 +248,14 @@ def _on_session(active: bool) -> None:
 
 
 def _on_request(request) -> None:
-    """The collector asked (on the client's ack reader thread): queue it for the watchdog."""
+    """The collector asked (on the client's ack reader thread): stacks are queued for the watchdog,
+    the rest is collector.rank.capture's; a request with an id (a command) is answered in artifacts."""
     if request.kind == "stacks":
         WATCHDOG.request_stacks(request.reason or "requested")
+        if request.id:
+            capture.answer(request, "accepted", "every Python thread's stack, in the stacks table")
+    else:
+        capture.CAPTURE.handle(request)
 
 
 def _forget_in_child() -> None:

@@ -73,6 +73,7 @@ def members(label: str, size: int) -> list[int]:
 @dataclass
 class _Rank:
     stream: RankStream | None = None
+    host: str = ""
     ended: bool = False
     last_beat_ns: int = 0  # the rank's clock (wall ns), as its heartbeats say
     last_seen: float = 0.0  # our monotonic clock, when its last heartbeat arrived
@@ -106,7 +107,7 @@ class Liveness:
             if body == "hello":
                 with self._lock:
                     rank = self._rank(env.hello.run_id, env.hello.rank)
-                    rank.stream, rank.ended = stream, False
+                    rank.stream, rank.ended, rank.host = stream, False, env.hello.host
                     rank.last_seen = rank.last_seen or time.monotonic()
             elif body == "end":
                 with self._lock:
@@ -133,6 +134,13 @@ class Liveness:
         """The runs with a rank whose stream is open here now."""
         with self._lock:
             return {run_id for run_id, ranks in self.runs.items() if any(r.stream is not None for r in ranks.values())}
+
+    def streams_of(self, run_id: str) -> dict[int, tuple[RankStream, str]]:
+        """rank -> (its open stream, its host), for the ranks of ``run_id`` streaming here and not ended
+        (what a command can reach: collector.server.commands)."""
+        with self._lock:
+            ranks = self.runs.get(run_id, {}).items()
+            return {r: (rank.stream, rank.host) for r, rank in ranks if rank.stream is not None and not rank.ended}
 
     def stop(self) -> None:
         self._stop.set()

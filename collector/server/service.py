@@ -35,7 +35,10 @@ world size when a Hello of the run was seen.
 
 Liveness (collector.server.liveness) sees every accepted envelope and every stream's
 end, and may ask a rank for its stacks: such requests ride back on the stream's Acks
-(``Ack.requests``), sent by the handler coroutine like the acks themselves.
+(``Ack.requests``), sent by the handler coroutine like the acks themselves. So do commands
+(collector.server.commands: profile, stacks, memory), asked through the ``Command`` RPC or by
+the escalation; a rank's ``Artifact`` envelope (its captured trace) is written under the data
+dir and recorded in ``artifacts`` (collector.server.artifacts).
 
 The service runs on grpc.aio, one event loop in its own thread (``CollectorServer``):
 an open stream is a coroutine, not a thread, so idle streams cannot exhaust anything
@@ -67,6 +70,8 @@ from google.protobuf.message import DecodeError
 
 from collector.data import catalog, security
 from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
+from collector.server import artifacts
+from collector.server.commands import Commands
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.ledger import DataDirBusy
 from collector.server.limits import PeerStreams, StreamBudget, StreamLimits, peer_host
@@ -146,6 +151,7 @@ class CollectorState:
         catalog.ensure_catalog(self.data_dir)
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
         self.liveness = Liveness(self.store)
+        self.commands = Commands(self.liveness)
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self.open_streams = 0
@@ -361,7 +367,7 @@ class CollectorServicer:
     def _check_identity(self, env: pb.Envelope, acks: _StreamAcks) -> None:
         """The envelope speaks for the run and rank this stream does (see the module's docstring)."""
         body = env.WhichOneof("body")
-        if body not in ("hello", "table", "end"):
+        if body not in ("hello", "table", "end", "artifact"):
             return  # no body: the codec refuses it
         part = getattr(env, body)
         claimed = (part.run_id, part.rank)
@@ -396,7 +402,14 @@ class CollectorServicer:
         try:
             check_header(env)
             # A resend of something durable is acked without decoding it again.
-            rows = [] if store.is_durable(env.client_id, env.seq) else envelope_rows(env)
+            if store.is_durable(env.client_id, env.seq):
+                rows = []
+            elif env.HasField("artifact"):  # its file is written only for the stream's own run and rank
+                artifacts.check(env.artifact, env.seq)
+                self._check_identity(env, acks)
+                rows = artifacts.stored_rows(self.state.data_dir, env)
+            else:
+                rows = envelope_rows(env)
             self._check_identity(env, acks)  # after the codec: a malformed run_id is named as such
         except SchemaVersionError as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc), env.seq) from None
@@ -413,6 +426,14 @@ class CollectorServicer:
             acks.withdraw()
             raise
         self.state.liveness.observe(acks, env)  # a resent Hello too: it names the rank's new stream
+
+    async def Command(self, request, context):
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"command: {request.problem}")
+        try:
+            return self.state.commands.send(request.run_id, request.ranks, request.request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"command: {exc}")
 
     async def Health(self, request, context):
         if isinstance(request, Undecodable):
@@ -472,6 +493,11 @@ def _add_servicer(servicer: CollectorServicer, server: grpc.aio.Server) -> None:
     handlers = {
         "Stream": grpc.stream_stream_rpc_method_handler(
             servicer.Stream, request_deserializer=_lenient(pb.Envelope), response_serializer=pb.Ack.SerializeToString
+        ),
+        "Command": grpc.unary_unary_rpc_method_handler(
+            servicer.Command,
+            request_deserializer=_lenient(pb.CommandRequest),
+            response_serializer=pb.CommandReply.SerializeToString,
         ),
         "Health": grpc.unary_unary_rpc_method_handler(
             servicer.Health,

@@ -1,0 +1,231 @@
+"""What a rank does when the collector asks for evidence: profile its next steps, report memory.
+
+The collector's requests ride its acks (``pb.RankRequest``, collector.server.commands); the
+client's ack reader hands each here (through the watchdog's dispatcher), and this module answers
+with rows of the ``artifacts`` table and, for a capture, one ``pb.Artifact`` envelope:
+
+* ``accepted`` at once, or ``refused`` with the reason (a profiler is already active, steps
+  outside 1..MAX_STEPS, an unknown kind);
+* for ``profile``: torch.profiler (CPU activity; ``record_shapes`` and ``with_stack`` as asked)
+  starts at the next step boundary and stops at the boundary ``steps`` steps later, both on the
+  training thread (``state.on_step``: no thread is interrupted, no device is synchronised);
+  exporting, compressing and bounding the trace happen on a thread of its own, which hands the
+  gzip'd Chrome/Perfetto JSON to the client (``Client.send_artifact``). The collector stores it
+  and writes the ``captured`` row. A trace over ``MAX_TRACE_BYTES`` compressed, a profiler that
+  fails, or a run that ends mid-capture is a ``failed`` row saying why;
+* for ``memory``: this process's RSS and, where CUDA is in use, the caching allocator's
+  counters, as a small JSON artifact (host-side reads only).
+
+One capture at a time per process: a second request while one waits or runs is refused.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+
+from collector.rank import session, state
+
+log = logging.getLogger("rankscope.capture")
+
+MAX_STEPS = 20  # longest capture a request may ask for
+MAX_TRACE_BYTES = 32 << 20  # compressed; the collector accepts envelopes up to 64 MiB
+KINDS = ("profile", "memory")
+
+
+def _row(request, status: str, detail: str = "", **extra) -> dict:
+    return {
+        "request_id": request.id,
+        "kind": request.kind,
+        "status": status,
+        "steps": int(request.steps),
+        "reason": request.reason,
+        "finding": request.finding,
+        "role": request.role,
+        "detail": detail,
+        "time_ns": time.time_ns(),
+        **extra,
+    }
+
+
+def answer(request, status: str, detail: str = "", **extra) -> None:
+    session.emit_rows("artifacts", [_row(request, status, detail, **extra)])
+    s = session.active()
+    if s is not None:
+        s.client.poke()  # an answer goes out now, not at the next flush
+
+
+class Capture:
+    """The one capture this process may be making, and the thread that ships its trace."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.request = None  # the profile request waiting for, or running across, step boundaries
+        self.profiler = None
+        self.first_boundary = 0  # the step value at which the profiler started
+        self.captures = 0  # traces handed to the client, for tests
+
+    # ---- from the ack reader thread ----
+    def handle(self, request) -> None:
+        """Answer a request at once (accepted / refused); never blocks, never raises."""
+        if request.kind not in KINDS:
+            answer(request, "refused", f"unknown request kind {request.kind!r}; this rank knows {', '.join(KINDS)}")
+            return
+        if request.kind == "memory":
+            threading.Thread(target=self._report_memory, args=(request,), name="rankscope-capture", daemon=True).start()
+            return
+        if not 1 <= request.steps <= MAX_STEPS:
+            answer(request, "refused", f"steps {request.steps} is outside 1..{MAX_STEPS}")
+            return
+        with self._lock:
+            busy = self.request
+            if busy is None and not _profiler_in_use():
+                self.request = request
+                state.on_step = self._on_step
+        if busy is not None:
+            answer(request, "refused", f"a profiler is already active (request {busy.id})")
+        elif self.request is not request:
+            answer(request, "refused", "a profiler is already active (the script's own)")
+        else:
+            answer(request, "accepted", f"profiling {request.steps} step(s) from the next step boundary")
+
+    # ---- on the training thread, at each step boundary ----
+    def _on_step(self, step: int) -> None:
+        try:
+            if self.profiler is None:
+                self._start(step)
+            elif step >= self.first_boundary + self.request.steps:
+                self._stop(step)
+        except Exception as exc:  # a capture never fails training
+            log.exception("rankscope: profiling failed")
+            self._give_up(f"the profiler failed: {exc!r}")
+
+    def _start(self, step: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        request = self.request
+        profiler = profile(
+            activities=[ProfilerActivity.CPU], record_shapes=request.record_shapes, with_stack=request.with_stack
+        )
+        profiler.start()
+        self.profiler, self.first_boundary = profiler, step
+
+    def _stop(self, step: int) -> None:
+        profiler, request, first = self.profiler, self.request, self.first_boundary
+        profiler.stop()  # collecting the events is the profiler's own cost; writing them is not done here
+        self._clear()
+        threading.Thread(
+            target=self._ship, args=(profiler, request, first, step - 1), name="rankscope-capture", daemon=True
+        ).start()
+
+    def _clear(self) -> None:
+        with self._lock:
+            state.on_step = None
+            self.request, self.profiler = None, None
+
+    def _give_up(self, detail: str) -> None:
+        request, profiler = self.request, self.profiler
+        self._clear()
+        if profiler is not None:
+            try:
+                profiler.stop()
+            except Exception:
+                pass
+        if request is not None:
+            answer(request, "failed", detail)
+
+    # ---- on a thread of its own ----
+    def _ship(self, profiler, request, first_step: int, last_step: int) -> None:
+        fd, path = tempfile.mkstemp(prefix="rankscope-trace-", suffix=".json")
+        os.close(fd)
+        try:
+            profiler.export_chrome_trace(path)
+            with open(path, "rb") as f:
+                data = gzip.compress(f.read(), compresslevel=6)
+        except Exception as exc:
+            log.exception("rankscope: exporting the trace failed")
+            answer(request, "failed", f"exporting the trace failed: {exc!r}")
+            return
+        finally:
+            os.unlink(path)
+        if len(data) > MAX_TRACE_BYTES:
+            answer(
+                request,
+                "failed",
+                f"trace of {len(data) >> 20} MiB compressed is over the {MAX_TRACE_BYTES >> 20} MiB bound; "
+                "ask for fewer steps or without record_shapes/with_stack",
+            )
+            return
+        self._send(request, data, first_step, last_step)
+
+    def _report_memory(self, request) -> None:
+        import torch
+
+        report = {"rss_bytes": _rss_bytes()}
+        if torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+            report["cuda"] = {k: v for k, v in torch.cuda.memory_stats(device).items() if isinstance(v, int)}
+        step = state.get_step()
+        self._send(request, gzip.compress(json.dumps(report).encode()), step, step)
+
+    def _send(self, request, data: bytes, first_step: int, last_step: int) -> None:
+        from proto import pb
+
+        s = session.active()
+        if s is None or not s.ready:
+            return
+        s.client.send_artifact(
+            pb.Artifact(
+                run_id=s.run_id,
+                rank=s.rank,
+                request_id=request.id,
+                kind=request.kind,
+                first_step=first_step,
+                last_step=last_step,
+                data=data,
+                reason=request.reason,
+                finding=request.finding,
+                role=request.role,
+            )
+        )
+        self.captures += 1
+
+    # ---- the session ----
+    def session_ending(self, wait_s: float) -> None:
+        """The run ends (or this process exits) mid-capture: say so rather than leave it open."""
+        if self.request is not None:
+            done = state.get_step() - self.first_boundary if self.profiler is not None else 0
+            self._give_up(f"the run ended after {max(done, 0)} of {self.request.steps} step(s)")
+
+
+def _profiler_in_use() -> bool:
+    try:
+        import torch
+
+        return bool(torch.autograd._profiler_enabled())
+    except (ImportError, AttributeError):
+        return False
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+CAPTURE = Capture()
+
+
+def _on_session(active: bool) -> None:
+    if not active:
+        CAPTURE._clear()
+
+
+session.register(session.Producer("capture", flush=CAPTURE.session_ending, on_change=_on_session))

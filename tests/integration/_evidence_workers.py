@@ -1,0 +1,67 @@
+"""Rank processes for the evidence tests: 4 gloo ranks with the hook attached, training a small
+model (manual gradient all_reduce, one ``optimizer.step()`` per step), one of them late in a named
+Python function. They run until ``out/stop`` appears (or ``max_steps``), then write ``out/rank<r>.json``."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from collector import hook
+from collector.rank import session
+
+WORLD = 4
+PG_TIMEOUT_S = 60
+
+
+def slow_loader(ms: float) -> torch.Tensor:
+    """The injected straggler: the function the diff must name."""
+    time.sleep(ms / 1000)
+    return torch.randn(32, 64)
+
+
+def load_batch() -> torch.Tensor:
+    return torch.randn(32, 64)
+
+
+def train_worker(
+    rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_ms: float, step_ms: float, max_steps: int
+) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    hook.attach(run="evidence", endpoint=endpoint, hang_after_s=30.0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    client = session.active().client
+    deadline = time.monotonic() + 60
+    while client.acked == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Path(out, f"pid{rank}").write_text(str(os.getpid()))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    error, step = None, 0
+    try:
+        while step < max_steps:
+            step += 1
+            x = slow_loader(slow_ms) if rank == slow_rank else load_batch()
+            time.sleep(step_ms / 1000)  # the rest of a step's work, the same on every rank
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+            opt.zero_grad()
+            if Path(out, "stop").exists():
+                break
+    except RuntimeError as exc:  # a peer that exited mid-run
+        error = str(exc)[:200]
+    hook.detach("failed" if error else "finished")
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": step, "error": error}))
+    os._exit(0)

@@ -1,0 +1,134 @@
+"""Evidence by itself (issue 32), live: 4 real gloo ranks with the hook attached, rank 1 late in a
+named Python function (``slow_loader``), a real collector. The collector's commands ride the
+ranks' streams; the ranks' traces land in the data dir and the ``artifacts`` table; the diff of
+the suspect's and the reference's traces names the function.
+
+Waits poll a definite condition with a generous deadline (the machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from collector.data import queries, trace_diff
+from collector.testing.collectors import live_collector
+from collector.testing.ports import free_port
+from proto import pb
+from tests.integration import _evidence_workers as workers
+
+SLOW_MS = 40.0
+STEP_MS = 10.0
+
+
+def _spawn(endpoint: str, out: Path, slow_rank: int = 1, max_steps: int = 3000):
+    return mp.start_processes(
+        workers.train_worker,
+        args=(free_port(), endpoint, str(out), slow_rank, SLOW_MS, STEP_MS, max_steps),
+        nprocs=workers.WORLD,
+        join=False,
+        start_method="spawn",
+    )
+
+
+def _stop_and_join(ctx, out: Path, timeout: float = 120.0) -> None:
+    (out / "stop").write_text("")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise AssertionError("ranks did not finish")
+
+
+def _wait(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got is not None and got is not False:
+            return got
+        time.sleep(interval)
+    return predicate()
+
+
+def _run_id(collector) -> str | None:
+    runs = list(collector.state.liveness.runs)
+    return runs[0] if runs else None
+
+
+def _streaming(collector, n: int = workers.WORLD):
+    run_id = _run_id(collector)
+    return run_id if run_id and len(collector.state.liveness.streams_of(run_id)) == n else None
+
+
+def _artifacts(data_dir, run_id):
+    try:
+        cat = queries.Catalog(data_dir)
+    except queries.DataDirError:
+        return None
+    try:
+        return trace_diff.captures(cat, run_id)
+    finally:
+        cat.close()
+
+
+def _rows_where(data_dir, run_id, **equal):
+    rows = _artifacts(data_dir, run_id)
+    if rows is None:
+        return None
+    for column, value in equal.items():
+        rows = rows[rows[column] == value]
+    return rows
+
+
+def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_function(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with live_collector(tmp_path / "data") as collector:
+        ctx = _spawn(collector.endpoint, out)
+        try:
+            run_id = _wait(lambda: _streaming(collector), 120)
+            assert run_id, "the 4 ranks never streamed"
+            commands = collector.state.commands
+            with pytest.raises(ValueError, match="steps 500 is outside"):
+                commands.send(run_id, [1], pb.RankRequest(kind="profile", steps=500))
+            reply = commands.send(
+                run_id,
+                [1, 0, 9],
+                pb.RankRequest(kind="profile", steps=3, with_stack=True, reason="test"),
+                roles={1: "suspect", 0: "reference"},
+            )
+            assert sorted(reply.sent) == [0, 1]
+            assert reply.refused == [f"rank 9: no stream of run {run_id!r} open on this collector"]
+            # a second capture while the first waits or runs is refused by the rank, with the reason
+            second = commands.send(run_id, [1], pb.RankRequest(kind="profile", steps=2))
+
+            def captured():
+                rows = _rows_where(collector.data_dir, run_id, request_id=reply.request_id, status="captured")
+                return rows if rows is not None and len(rows) == 2 else None
+
+            rows = _wait(captured, 120)
+            assert rows is not None, _artifacts(collector.data_dir, run_id)
+            refused = _wait(lambda: _rows_where(collector.data_dir, run_id, request_id=second.request_id).size, 60)
+            answers = _rows_where(collector.data_dir, run_id, request_id=second.request_id)
+            assert refused and list(answers.status) == ["refused"]
+            assert answers.detail.iloc[0].startswith("a profiler is already active")
+            accepted = _rows_where(collector.data_dir, run_id, request_id=reply.request_id, status="accepted")
+            assert sorted(accepted["rank"]) == [0, 1]
+            for row in rows.itertuples():
+                path = collector.data_dir / row.path
+                assert path.stat().st_size == row.bytes > 0
+                assert row.last_step - row.step + 1 == row.steps == 3
+                assert trace_diff.load(path)["traceEvents"]  # Perfetto-openable Chrome JSON
+            [found] = trace_diff.evidence(collector.data_dir, _artifacts(collector.data_dir, run_id))
+            assert (found["suspect"], found["reference"]) == (1, 0)
+            assert "slow_loader" in found["headline"], found
+            [slow] = [line for line in found["lines"] if line["name"].startswith("slow_loader (")]
+            assert SLOW_MS / 2 < slow["delta_ms"] < SLOW_MS * 3, slow  # per step, not per capture
+        finally:
+            _stop_and_join(ctx, out)
+    for r in range(workers.WORLD):
+        assert json.loads((out / f"rank{r}.json").read_text())["error"] is None
