@@ -16,9 +16,11 @@ users write), then `rankscope health RUN --json` as a user runs it:
   with rank 1 50 ms late each step (collector/testing/workloads/framework_faults.py);
 - ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks;
 - ``sample``: the archived sample runs (sample_runs/).
-Live faults (hang, crash, desync) are polled: `rankscope health` from the fault's own timestamp
-(the rank writes it when it injects) until the expected finding appears; the delay is the time
-to detect. The job is then stopped.
+Live faults (hang, crash, desync) are polled from the fault's own timestamp (the rank writes it
+when it injects) until the expected finding appears; the delay is the time to detect. The poll
+runs what `rankscope health` runs (open the catalog, resolve the run, judge it) in this process,
+so a poll's cost is the reading and judging, not a new interpreter's imports (1-4 s on a loaded
+2-core host, which would otherwise count as detection delay). The job is then stopped.
 
 Scoring. A case states what must be found: (class, ranks), with an onset for stragglers that turn
 slow. Every warning or critical finding is a prediction; it is a true positive when its class and
@@ -44,6 +46,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+import duckdb
+
+from collector.data import findings, queries
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "collector" / "testing" / "workloads" / "ddp_train.py"
@@ -233,6 +239,15 @@ def health(data_dir: Path, run: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
+def poll_health(data_dir: Path, run: str) -> list[dict]:
+    """What `rankscope health RUN --json` prints, computed in this process (no interpreter start)."""
+    cat = queries.Catalog(str(data_dir))
+    try:
+        return [f.to_json() for f in findings.for_run(cat, queries.resolve_run(cat.con, run))]
+    finally:
+        cat.close()
+
+
 def _checked(what: str, cmd: list[str], **kwargs) -> None:
     """Run a case's job to its end; a job that fails stops the suite, saying which and why."""
     done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
@@ -298,9 +313,9 @@ def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
             raise RuntimeError(f"{case.name}: the fault never fired")
         while time.time() - onset < POLL_TIMEOUT_S:
             try:
-                found = health(data_dir, case.name)
-            except RuntimeError:
-                found = []
+                found = poll_health(data_dir, case.name)
+            except (queries.DataDirError, queries.UnknownRun, duckdb.Error):
+                found = []  # no catalog, or not this run, yet
             if any(CLASSES.get(f["kind"]) == case.live and f["severity"] in ("warning", "critical") for f in found):
                 outcome.detect_s = time.time() - onset
                 outcome.found = found  # what a user polling health saw then; stopping the job comes after
