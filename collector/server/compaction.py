@@ -97,7 +97,7 @@ def pick_inputs(sizes: list[tuple[Path, int]], config: CompactionConfig) -> list
 
 class Compactor:
     def __init__(self, data_dir: Path, ledger: Ledger, config: CompactionConfig | None = None):
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()  # the ledger holds segments by their absolute paths
         self.ledger = ledger
         self.config = config or CompactionConfig()
         self.merges = 0

@@ -62,7 +62,7 @@ IDLE_RECHECK_S = 60.0
 
 class Retention:
     def __init__(self, data_dir: Path, ledger: Ledger, config) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.ledger = ledger
         self.config = config  # CompactionConfig: raw_every, retention_window
         self.windows = 0

@@ -22,9 +22,9 @@ from collector.tools import simulate, simulate_template
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_runs"
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
     )
 
 
@@ -84,9 +84,10 @@ def test_simulate_into_a_data_dir_then_health_names_the_straggler(tmp_path):
 
 
 def test_a_healthy_simulation_has_no_straggler(tmp_path):
-    d = tmp_path / "sim"
-    assert cli("simulate", "--ranks", "64", "--steps", "20", "--name", "calm", "--data-dir", str(d)).returncode == 0
-    health = cli("health", "calm", "--data-dir", str(d), "--json")
+    # a relative --data-dir, as a person types it (the rollups' commits once failed on one)
+    out = cli("simulate", "--ranks", "64", "--steps", "20", "--name", "calm", "--data-dir", "sim", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    health = cli("health", "calm", "--data-dir", "sim", "--json", cwd=tmp_path)
     assert not [f for f in json.loads(health.stdout) if f["kind"] == "straggler"]
 
 
