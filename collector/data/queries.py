@@ -671,6 +671,31 @@ def last_arrival_share(rollup: pa.Table) -> pd.DataFrame:
     )
 
 
+def link_transfers(rollup: pa.Table) -> pd.DataFrame:
+    """Per (group, step, op, bytes): the median over the group's ranks of their transfer time
+    (communication less the wait for the last rank) and of their collective count: what a
+    link's speed decides (findings.links)."""
+    return _on_rollup(
+        rollup,
+        """
+        SELECT group_name, step, op, bytes, median(transfer_ns) / 1e6 AS transfer_ms, median(n) AS n
+        FROM (SELECT group_name, step, op, bytes, rank, sum(n) AS n,
+                     sum(dur_ns - coalesce(wait_sum_ns, 0)) AS transfer_ns
+              FROM r WHERE group_name IS NOT NULL GROUP BY ALL)
+        GROUP BY ALL ORDER BY group_name, step""",
+        [],
+    )
+
+
+def group_members(rollup: pa.Table) -> pd.DataFrame:
+    """(group_name, rank): the ranks seen in each process group."""
+    return _on_rollup(
+        rollup,
+        "SELECT DISTINCT group_name, rank FROM r WHERE group_name IS NOT NULL ORDER BY group_name, rank",
+        [],
+    )
+
+
 # --- SQL console ---------------------------------------------------------------
 
 

@@ -484,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         rankscope simulate --ranks 1024 --steps 200 --straggler 517:40 --data-dir /tmp/sim
         rankscope simulate --ranks 256 --steps 1000 --endpoint 127.0.0.1:50051
         rankscope simulate --ranks 8192 --steps 100 --hosts 1024 --straggler 17:25@50 --data-dir /tmp/sim8k
+        rankscope simulate --ranks 1024 --hosts 128 --steps 120 --slow-link 17:4@60-90 --data-dir /tmp/simlink
     """,
     )
     _data_dir_arg(p)
@@ -509,6 +510,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="RANK:STEP",
         help="RANK stops before STEP's first collective while the others enter it and wait (a hang, current now)",
+    )
+    p.add_argument(
+        "--slow-link",
+        action="append",
+        default=[],
+        metavar="HOST:FACTOR@STEP[-END]",
+        help="host HOST's link is FACTOR times slower from STEP (to END, when it is restored); implies --host-groups",
+    )
+    p.add_argument(
+        "--host-groups",
+        action="store_true",
+        help="each step also all_reduces inside each host and between neighbouring hosts (what --slow-link slows)",
     )
     p.add_argument("--name", default="simulated", help="run name (default: simulated)")
     p.add_argument("--seed", type=int, default=0)

@@ -17,6 +17,15 @@ Liveness page judge it; a while later the frozen heartbeats read as silent ranks
 a job frozen since looks like. (Streamed, the ranks' streams close without RunEnd, so the collector
 also reports them stopped, as for a hung job killed.)
 
+``--slow-link HOST:FACTOR@STEP[-END]`` (implies ``--host-groups``) makes HOST's link FACTOR times
+slower in steps STEP to END-1 (END: when it is restored; without, to the end). ``--host-groups``
+adds, after the template's collectives, what a run over several hosts also does each step: a 4 MiB
+all_reduce inside each host (group ``host<h>``) and one with the same local rank on each
+neighbouring host (``pair<h>.<l>``: hosts h and h+1, a ring over the hosts; as pipeline stages
+exchange). A slow link stretches the transfer of the pairs through it and of the collectives over
+every host (a ring is as fast as its slowest link), not those inside hosts: the story
+``rankscope health`` must localise to that host (collector/data/findings/links.py).
+
 Values are a pure function of (seed, rank, step), generated for a block of ranks at a time
 with numpy, so memory stays bounded (one block) at any size and the same arguments give the
 same run whichever way it is delivered:
@@ -59,6 +68,10 @@ T0_NS = 1_795_000_000_000_000_000  # 2026-11-19: a fixed start, so a simulation 
 HEARTBEAT_NS = 1_000_000_000  # the ranks' default heartbeat period
 REPORT_AFTER_NS = 500_000_000  # a collective in flight this long is reported (collector.rank.watchdog)
 HANG_SEEN_S = 5.0  # a --hang run ends this long after the waiting ranks crossed hang_after_s
+# --host-groups: the collectives inside a host and between neighbouring hosts, each step
+HOST_GROUP_BYTES = 4 << 20
+INTRA_TRANSFER_NS = 2_000_000
+PAIR_TRANSFER_NS = 4_000_000
 
 
 class SimulateError(ValueError):
@@ -95,6 +108,33 @@ class Hang:
         return cls(int(match[1]), int(match[2]))
 
 
+@dataclass(frozen=True)
+class SlowLink:
+    host: int
+    factor: float
+    from_step: int
+    to_step: int | None = None  # the step it is at speed again (None: never)
+
+    @classmethod
+    def parse(cls, text: str) -> SlowLink:
+        """``HOST:FACTOR@STEP[-END]``; HOST a host index or its name (``node-0003``)."""
+        match = re.fullmatch(r"(?:node-)?(\d+):(\d+(?:\.\d+)?)@(\d+)(?:-(\d+))?", text.strip())
+        if not match:
+            raise SimulateError(
+                f"--slow-link: {text!r} is not HOST:FACTOR@STEP[-END] (e.g. 17:4@100-200 or node-0017:4@100)"
+            )
+        host, factor, first, end = match.groups()
+        link = cls(int(host), float(factor), int(first), int(end) if end else None)
+        if link.factor < 1:
+            raise SimulateError(f"--slow-link: factor {factor} must be >= 1 (how many times slower)")
+        if link.to_step is not None and link.to_step <= link.from_step:
+            raise SimulateError(f"--slow-link: END {end} must be after STEP {first}")
+        return link
+
+    def on(self, steps: np.ndarray) -> np.ndarray:
+        return (steps >= self.from_step) & (steps < (self.to_step if self.to_step is not None else np.inf))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Simulation:
     ranks: int
@@ -103,6 +143,8 @@ class Simulation:
     hosts: int = 0  # 0: 8 ranks a host, as on a DGX node
     stragglers: tuple[Straggler, ...] = ()
     hang: Hang | None = None
+    slow_links: tuple[SlowLink, ...] = ()
+    host_groups: bool = False  # implied by slow_links
     hang_after_s: float = 60.0  # the ranks' setting (rankscope's default)
     start_ns: int = T0_NS
     name: str = "simulated"
@@ -131,6 +173,19 @@ class Simulation:
                 raise SimulateError(f"--hang: step {self.hang.step} is past the last step ({self.steps - 1})")
             if self.ranks < 2:
                 raise SimulateError("--hang needs --ranks >= 2: someone has to wait for the stuck rank")
+        if self.slow_links:
+            object.__setattr__(self, "host_groups", True)
+        if self.host_groups:
+            if self.n_hosts < 2 or self.ranks_per_host < 2 or self.ranks % self.n_hosts:
+                raise SimulateError(
+                    f"--host-groups/--slow-link need >= 2 hosts of >= 2 ranks each, all full: "
+                    f"{self.ranks} ranks on {self.n_hosts} hosts"
+                )
+        for link in self.slow_links:
+            if not 0 <= link.host < self.n_hosts:
+                raise SimulateError(f"--slow-link: host {link.host} is not one of the run's {self.n_hosts} hosts")
+            if link.from_step >= self.steps:
+                raise SimulateError(f"--slow-link: step {link.from_step} is past the last step ({self.steps - 1})")
         if not self.run_id:
             object.__setattr__(self, "run_id", layout.new_run_id(self.name))
         try:
@@ -148,13 +203,106 @@ class Simulation:
         hosts = self.hosts or max(1, -(-self.ranks // 8))
         return -(-self.ranks // hosts)
 
+    @property
+    def n_hosts(self) -> int:
+        return -(-self.ranks // self.ranks_per_host)
+
     def host(self, rank: int) -> str:
         return f"node-{rank // self.ranks_per_host:04d}"
 
     @property
     def step_period_ns(self) -> int:
         # Room for the slowest straggler: a step takes as long as its last rank.
-        return self.template.step_period_ns + max((s.delay_ns for s in self.stragglers), default=0)
+        return (
+            self.template.step_period_ns + max((s.delay_ns for s in self.stragglers), default=0) + self.host_groups_ns
+        )
+
+    # ---- --host-groups -------------------------------------------------------------------
+    @property
+    def _pair_slot_ns(self) -> int:
+        slowest = max((link.factor for link in self.slow_links), default=1.0)
+        return int(PAIR_TRANSFER_NS * slowest) + 2 * JITTER_NS
+
+    @property
+    def _host_groups_at_ns(self) -> int:
+        """When a step's host-group collectives begin, after the template's last one ends."""
+        last = self.template.collectives[-1]
+        return self.template.collective_offset_ns + last.offset_ns + last.transfer_ns + JITTER_NS
+
+    @property
+    def host_groups_ns(self) -> int:
+        """What the host-group collectives add to a step: the intra-host one, three pair slots."""
+        return INTRA_TRANSFER_NS + 2 * JITTER_NS + 3 * self._pair_slot_ns if self.host_groups else 0
+
+    def _pair_slot(self, pair: int) -> int:
+        """Pairs a rank is in never share a slot: even pairs first, then odd, then the pair that
+        closes an odd ring of hosts."""
+        return 2 if self.n_hosts % 2 and pair == self.n_hosts - 1 else pair % 2
+
+    def _link_factor(self, hosts: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """[len(hosts), len(steps)]: how many times slower each host's link is at each step."""
+        out = np.ones((len(hosts), len(steps)))
+        for link in self.slow_links:
+            out *= np.where((hosts[:, None] == link.host) & link.on(steps)[None, :], link.factor, 1.0)
+        return out
+
+    def _host_group_comm(self, ranks: np.ndarray, steps: np.ndarray, step_start: np.ndarray) -> pa.Table:
+        """The comm rows of --host-groups for ``ranks``: per step, the all_reduce inside the rank's
+        host, then one with each neighbouring host (the pairs (h-1, h) and (h, h+1) of its local rank)."""
+        per, n_hosts = self.ranks_per_host, self.n_hosts
+        host, local = ranks // per, ranks % per
+        pairs = np.stack([(host - 1) % n_hosts, host], axis=1)  # [R, 2]: pair p joins hosts p and p+1
+        slots = np.vectorize(self._pair_slot)(pairs)
+        # a pair's transfer: its slower host's link decides
+        factor = np.stack(
+            [np.maximum(self._link_factor(p, steps), self._link_factor((p + 1) % n_hosts, steps)) for p in pairs.T],
+            axis=1,
+        )  # [R, 2, S]
+        at = step_start[None, :] + self._host_groups_at_ns  # [1, S]
+        pair_at = at + INTRA_TRANSFER_NS + 2 * JITTER_NS
+        planned = np.concatenate(
+            [
+                np.broadcast_to(at, (len(ranks), len(steps)))[:, :, None],
+                (pair_at[:, :, None] + slots[:, None, :] * self._pair_slot_ns),
+            ],
+            axis=2,
+        )  # fmt: skip  [R, S, 3]
+        transfer = np.concatenate(
+            [np.full((len(ranks), len(steps), 1), INTRA_TRANSFER_NS), PAIR_TRANSFER_NS * factor.transpose(0, 2, 1)],
+            axis=2,
+        )
+        index = steps[None, :, None] * 3 + np.arange(3)[None, None, :] + (1 << 42)
+        jitter = np.stack([hash_uniform(self.seed, int(r), index.ravel()) for r in ranks]).reshape(planned.shape)
+        start = planned + (jitter * JITTER_NS).astype(np.int64)
+        end = planned + JITTER_NS + transfer.astype(np.int64)
+        groups = np.stack(
+            [np.char.add("host", host.astype(str))]
+            + [np.char.add(np.char.add(np.char.add("pair", p.astype(str)), "."), local.astype(str)) for p in pairs.T],
+            axis=1,
+        )  # [R, 3]
+        sizes = np.array([per, 2, 2])
+        n = start.size
+        algbw = HOST_GROUP_BYTES / (end - start)
+        busbw = algbw * np.array([bus_factor("all_reduce", int(x)) for x in sizes])[None, None, :]
+        return _table(
+            "comm",
+            rank=np.repeat(ranks, len(steps) * 3),
+            step=np.tile(np.repeat(steps, 3), len(ranks)),
+            group_name=np.repeat(groups[:, None, :], len(steps), axis=1).ravel().tolist(),
+            group_size=np.tile(sizes, len(ranks) * len(steps)),
+            seq=np.tile(np.repeat(steps, 3), len(ranks)),
+            op=["all_reduce"] * n,
+            log_name=["host_groups.all_reduce"] * n,
+            dtype=["float32"] * n,
+            numel=np.full(n, HOST_GROUP_BYTES // 4),
+            bytes=np.full(n, HOST_GROUP_BYTES),
+            start_ns=start.ravel(),
+            end_ns=end.ravel(),
+            async_op=np.zeros(n, dtype=bool),
+            algbw_gbs=algbw.ravel(),
+            busbw_gbs=busbw.ravel(),
+            peer=np.full(n, -1),
+        )
 
     @property
     def steps_run(self) -> int:
@@ -165,7 +313,8 @@ class Simulation:
     def records_per_rank(self) -> int:
         """comm, timers, monitor and memory rows of one rank (a hang's liveness rows come on top)."""
         t = self.template
-        return self.steps_run * (self.per_step + len(t.timers) + len(t.monitor) + len(t.memory))
+        per_step = self.per_step + 3 * self.host_groups
+        return self.steps_run * (per_step + len(t.timers) + len(t.monitor) + len(t.memory))
 
     @property
     def hang_seq(self) -> int:
@@ -226,7 +375,9 @@ class Simulation:
         first = (np.arange(self.per_step) == 0)[None, None, :]
         behind = np.where(first, late[:, :, None], step_delay[None, :, None])
         start = planned[None] + behind + jitter.reshape(n_ranks, self.steps, self.per_step)
-        end = planned + step_delay[:, None] + JITTER_NS + transfer[None, :]
+        # a ring over every host runs at its slowest link's speed
+        slowest = self._link_factor(np.arange(self.n_hosts), steps).max(axis=0)  # [S]
+        end = planned + step_delay[:, None] + JITTER_NS + (transfer[None, :] * slowest[:, None]).astype(np.int64)
         end = np.broadcast_to(end[None], start.shape)
         nbytes = np.array([c.bytes for c in pattern])
         algbw = nbytes[None, None, :] / (end - start)  # bytes/ns == GB/s
@@ -256,11 +407,15 @@ class Simulation:
             busbw_gbs=(algbw * factor[None, None, :]).ravel(),
             peer=np.full(n, -1),
         )
+        if self.host_groups:
+            extra = self._host_group_comm(ranks, steps, step_t0 + self._step_delay(steps))
+            out["comm"] = pa.concat_tables([out["comm"], extra])
 
         # timers: a straggler's forward pass is the slow part; everything after it shifts
         names = [x.name for x in t.timers]
         dur = np.array([x.dur_ns for x in t.timers])[None, None, :] * _noise(self.seed, ranks, steps, len(names), 0.03)
         dur[:, :, 0] += late
+        dur[:, :, -1] += self.host_groups_ns  # the optimizer step waits for the host-group collectives
         shift = np.array([x.offset_ns > 0 for x in t.timers])[None, None, :] * late[:, :, None]
         begin = step_t0[None, :, None] + np.array([x.offset_ns for x in t.timers])[None, None, :] + shift
         k = len(names)
@@ -410,6 +565,8 @@ class Simulation:
                 "template": self.template.source_run,
                 "stragglers": [vars(s) for s in self.stragglers],
                 "hang": vars(self.hang) if self.hang else None,
+                "host_groups": self.host_groups,
+                "slow_links": [vars(x) for x in self.slow_links],
             },
         }
 
@@ -526,6 +683,8 @@ def main(args: argparse.Namespace) -> int:
             hosts=args.hosts,
             stragglers=tuple(Straggler.parse(s) for s in args.straggler),
             hang=Hang.parse(args.hang) if args.hang is not None else None,
+            slow_links=tuple(SlowLink.parse(x) for x in args.slow_link),
+            host_groups=args.host_groups,
             name=args.name,
             seed=args.seed,
         )

@@ -174,6 +174,14 @@ def test_a_hang_streamed_through_a_collector_is_found(tmp_path):
         (["--ranks", "8", "--steps", "5", "--hang", "3"], "is not RANK:STEP"),
         (["--ranks", "8", "--steps", "5", "--hang", "3:5"], "--hang: step 5 is past the last step"),
         (["--ranks", "1", "--steps", "5", "--hang", "0:2"], "--hang needs --ranks >= 2"),
+        (["--ranks", "16", "--steps", "5", "--slow-link", "1-4@2"], "is not HOST:FACTOR@STEP[-END]"),
+        (
+            ["--ranks", "16", "--steps", "5", "--slow-link", "2:4@2"],
+            "--slow-link: host 2 is not one of the run's 2 hosts",
+        ),
+        (["--ranks", "16", "--steps", "5", "--slow-link", "1:0.5@2"], "factor 0.5 must be >= 1"),
+        (["--ranks", "16", "--steps", "5", "--slow-link", "1:4@3-2"], "END 2 must be after STEP 3"),
+        (["--ranks", "8", "--steps", "5", "--hosts", "8", "--host-groups"], ">= 2 hosts of >= 2 ranks each"),
     ],
 )
 def test_bad_arguments_name_the_option(tmp_path, args, message):

@@ -20,6 +20,7 @@ from collector.data.findings.clock import implausible_clocks
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
 from collector.data.findings.hang import stuck_collectives
+from collector.data.findings.links import slow_links
 from collector.data.findings.loss import loss_anomalies
 from collector.data.findings.loss_scale import loss_scale_falls
 from collector.data.findings.memory import memory_growth
@@ -54,6 +55,7 @@ def summarize(
     losses: pd.DataFrame | None = None,
     memory: pd.DataFrame | None = None,
     clock: pd.DataFrame | None = None,
+    links: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -61,7 +63,8 @@ def summarize(
     configuration keys advice may name); ``signals`` is queries.signals_by_step (what explains
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
     ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
-    ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off)."""
+    ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off);
+    ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
     return _one_story(
@@ -78,14 +81,32 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
         + implausible_clocks(clock)
+        + (slow_links(*links, steps) if links is not None else [])
     )
 
 
 def _one_story(found: list[Finding]) -> list[Finding]:
     """Most urgent first, and each rank's trouble told once: a rank a hang waits for is named
-    by the hang, not again as a straggler for the steps it was late before it stopped."""
+    by the hang, not again as a straggler for the steps it was late before it stopped; ranks
+    late because their link was slow are the slow link's, not stragglers."""
     hung = {r for f in found if f.kind == "hang" for r in f.evidence.get("missing_ranks", ())}
-    return ranked([f for f in found if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)])
+    link = [f for f in found if f.kind == "slow_link"]
+    return ranked(
+        [
+            f
+            for f in found
+            if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)
+            and not (f.kind == "straggler" and any(_explained_by(f, x) for x in link))
+        ]
+    )
+
+
+def _explained_by(straggler: Finding, link: Finding) -> bool:
+    """A straggler whose ranks all used the slow link, late only while it was slow."""
+    affected = set(link.evidence.get("affected_ranks", ()))
+    if not affected or not set(straggler.ranks) <= affected or straggler.steps is None or link.steps is None:
+        return False
+    return link.steps[0] - 3 <= straggler.steps[0] and straggler.steps[1] <= link.steps[1] + 3
 
 
 def for_run(
@@ -115,4 +136,5 @@ def for_run(
         losses=queries.loss_series(cat, run_id),
         memory=queries.memory_trend(cat, run_id),
         clock=queries.clock_skew(cat, run_id),
+        links=(queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, run_id)),
     )

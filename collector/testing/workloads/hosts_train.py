@@ -8,8 +8,10 @@ sharded / hierarchical data parallelism does it, for runs over several hosts
 Ranks ``h*R .. h*R+R-1`` are host h. Each step: ``--device-ms`` asleep (the device's kernels),
 a small MLP's forward and backward, then its gradient (padded to ``--grad-kib`` KiB) all-reduced
 inside the host (group ``host<h>``), the result all-reduced across hosts among the ranks with the
-same local index (group ``cross<l>``), AdamW, and the loss all-reduced over the world for the log.
-So the groups inside a host never touch a link and the cross-host ones always do.
+same local index (group ``cross<l>``); with 3 or more hosts also across each pair of neighbouring
+hosts (h, h+1 mod H; as pipeline stages exchange), so a slow host's link slows some cross-host
+groups and not others; then AdamW, and the loss all-reduced over the world for the log. The
+groups inside a host never touch a link and the cross-host ones always do.
 
 ``--control DIR --pause-at K,...``: before step K, rank 0 writes ``DIR/request-K`` and every rank
 waits for ``DIR/ack-K`` (collector.testing.netns.StepControl acts, e.g. throttles a link, then
@@ -81,6 +83,14 @@ def main() -> None:
     # every rank creates every group, in the same order (torch.distributed's rule)
     intra = [dist.new_group([h * per_host + i for i in range(per_host)]) for h in range(hosts)]
     cross = [dist.new_group([h * per_host + i for h in range(hosts)]) for i in range(per_host)]
+    pairs = (
+        [[h * per_host + i, (h + 1) % hosts * per_host + i] for h in range(hosts) for i in range(per_host)]
+        if hosts >= 3
+        else []
+    )
+    pair_groups = [dist.new_group(sorted(members)) for members in pairs]
+    # in one global order (the pair's index), so no two ranks wait for each other in a cycle
+    mine_pairs = [g for members, g in zip(pairs, pair_groups, strict=True) if rank in members]
     mine_intra, mine_cross = intra[rank // per_host], cross[rank % per_host]
 
     torch.manual_seed(0)
@@ -103,6 +113,9 @@ def main() -> None:
         grad[:n_params] = torch.cat([q.grad.reshape(-1) for q in model.parameters()])
         dist.all_reduce(grad, group=mine_intra)
         dist.all_reduce(grad, group=mine_cross)
+        for group in mine_pairs:
+            exchanged = grad.clone()
+            dist.all_reduce(exchanged, group=group)
         grad /= world
         offset = 0
         for q in model.parameters():

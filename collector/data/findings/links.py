@@ -1,0 +1,310 @@
+"""Slow links: a communicator's *transfer* time stepping up against what the run itself taught
+us to expect, localised to the smallest set of hosts whose links explain it.
+
+Transfer, not waiting: the comm rollup splits each collective into the wait for its last rank
+(a late rank's doing, the straggler finding's) and what is left, ``dur - wait``, the data moving.
+A compute straggler moves the wait and leaves transfer alone; a slow link moves transfer.
+
+Expected transfer, learned from the run: collectives are put in classes (op, message size to a
+factor of 4, group span -- inside one host or across hosts -- and group size); a class's expected
+time per collective is the median over its groups of the step, medianed over its first
+BASELINE_STEPS steps after warm-up, then over its last HISTORY_STEPS steps that were not slow
+(so it follows slow drifts, never a fault). Messages under MIN_BYTES are latency, not bandwidth,
+and left out.
+
+Change points, per communicator (group): its step's transfer over the expected, r = log(ratio),
+runs a one-sided CUSUM, S = max(0, S + r - k); S >= ALARM is a slowdown whose onset is the step
+after S was last 0. The reference k is log SLOW_RATIO, or NOISE_K robust standard deviations of
+the group's own first log ratios where it is noisier (on a quiet cluster a 4x slowdown alarms in
+2 steps, 2x in 6; on a loaded 2-core host only what stands out of its noise counts). Once alarmed,
+a second CUSUM on k - r finds where it recovered: the end is the step after that one was last 0.
+
+Localisation: slowdowns of several groups that overlap in time are one episode. A link on host h
+slows exactly the groups that span hosts and include h; groups inside a host never touch a link.
+So an episode is a slow link only when every slowed group spans hosts and the groups inside hosts
+kept their speed (else the cause is on the hosts, e.g. CPU contention, and no link is named);
+the suspects are the slowed groups' hosts that no unchanged cross-host group includes, and the
+finding names the fewest suspects that touch every slowed group (greedy cover). Where several
+covers are as small (2 hosts: every cross-host group spans both), it names them all, "or".
+
+Cost per step: for each rank, the extra transfer of the cross-host groups it is in that pass
+through the named links (slowed enough to prove it or not); the job waits
+for the rank that lost most (a synchronous step ends with its last rank), so the step's cost is
+the largest, averaged over the episode's steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from collector.data.bandwidth import bus_factor
+from collector.data.findings.model import Finding, duration, pct
+
+MIN_BYTES = 64 * 1024
+WARMUP_STEPS = 2
+BASELINE_STEPS = 10
+HISTORY_STEPS = 50
+SLOW_RATIO = 1.5
+NOISE_K = 2.0
+ALARM = 1.5
+# a link's cost must be at least this much per step, and this share of the step, to be named
+MIN_COST_MS = 1.0
+MIN_COST_SHARE = 0.05
+
+
+@dataclass
+class Episode:
+    group: str
+    onset: int  # first slow step
+    alarm: int  # the step the CUSUM crossed ALARM
+    end: int | None  # first step at speed again (None: still slow)
+
+
+def size_bucket(nbytes: int) -> int:
+    """Message sizes to a factor of 4: 64-255 KiB, 256 KiB-1 MiB, ..."""
+    return int(math.log2(max(1, nbytes)) // 2)
+
+
+def expected_transfer(t: pd.DataFrame) -> pd.Series:
+    """Per row of ``t`` (group_name, step, op, bytes, per_coll_ms, cls): the class's expected
+    time per collective at that step, learned from the steps before it that were not slow."""
+    med = t.groupby(["cls", "step"]).per_coll_ms.median()
+    expected = {}
+    for cls, series in med.groupby(level="cls"):
+        series = series.droplevel("cls").sort_index()
+        history = deque(series.iloc[:BASELINE_STEPS].tolist(), maxlen=HISTORY_STEPS)
+        base = float(np.median(history))
+        for i, (step, value) in enumerate(series.items()):
+            expected[(cls, step)] = base
+            if i >= BASELINE_STEPS and value < SLOW_RATIO * base:
+                history.append(float(value))
+                base = float(np.median(history))
+    return pd.Series([expected[(c, s)] for c, s in zip(t.cls, t.step, strict=True)], index=t.index)
+
+
+def references(first: dict[str, np.ndarray], kind_of: dict[str, tuple]) -> dict[str, float]:
+    """The CUSUM's reference k per group: log SLOW_RATIO, or NOISE_K robust standard deviations
+    of the first BASELINE_STEPS log ratios of the groups of its kind (span, size), pooled, where
+    their healthy transfers are noisier (a loaded host's): a slowdown must stand out of the noise."""
+    pooled: dict[tuple, list] = {}
+    for g, x in first.items():
+        pooled.setdefault(kind_of[g], []).extend(x.tolist())
+    sigma = {}
+    for kind, xs in pooled.items():
+        x = np.asarray(xs)
+        sigma[kind] = 1.4826 * float(np.median(np.abs(x - np.median(x)))) if len(x) else 0.0
+    return {g: max(math.log(SLOW_RATIO), NOISE_K * sigma[kind_of[g]]) for g in first}
+
+
+def change_points(steps: np.ndarray, log_ratio: np.ndarray, k: float) -> list[tuple[int, int, int | None]]:
+    """CUSUM over one group's per-step log ratios with reference ``k``: (onset, alarm, end or
+    None) per slowdown."""
+    found, s, zero, i, n = [], 0.0, 0, 0, len(steps)
+    while i < n:
+        s = max(0.0, s + log_ratio[i] - k)
+        if s == 0.0:
+            zero = i + 1
+        if s >= ALARM:
+            onset, alarm = min(zero, i), i
+            d, back, end = 0.0, i + 1, None
+            j = i + 1
+            while j < n:
+                d = max(0.0, d + k - log_ratio[j])
+                if d == 0.0:
+                    back = j + 1
+                if d >= ALARM:
+                    end = back
+                    break
+                j += 1
+            found.append((int(steps[onset]), int(steps[alarm]), int(steps[end]) if end is not None else None))
+            if end is None:
+                break
+            s, zero, i = 0.0, end, end
+            continue
+        i += 1
+    return found
+
+
+def slow_links(
+    transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame, steps: pd.DataFrame | None = None
+) -> list[Finding]:
+    """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
+    ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
+    ``steps``: queries.step_analysis (for the step time a cost is a share of; optional)."""
+    if transfers.empty or members.empty or hosts.empty:
+        return []
+    host_of = dict(zip(hosts["rank"].astype(int), hosts["host"].astype(str), strict=True))
+    ranks_of = members.groupby("group_name")["rank"].apply(lambda r: sorted({int(x) for x in r}))
+    hosts_of = {g: frozenset(host_of.get(r, f"rank-{r}") for r in rs) for g, rs in ranks_of.items()}
+    if len(set(host_of.values())) < 2:
+        return []
+    t = transfers[(transfers.bytes >= MIN_BYTES) & transfers.group_name.isin(hosts_of)].copy()
+    t = t[t.step >= t.step.min() + WARMUP_STEPS] if not t.empty else t
+    t = t[t.n > 0]
+    if t.empty:
+        return []
+    t["per_coll_ms"] = t.transfer_ms / t.n
+    t["span"] = t.group_name.map(lambda g: "inter" if len(hosts_of[g]) > 1 else "intra")
+    t["size"] = t.group_name.map(lambda g: len(ranks_of[g]))
+    t["cls"] = list(zip(t.op, t.bytes.map(size_bucket), t.span, t["size"], strict=True))
+    t["expected_ms"] = expected_transfer(t) * t.n
+    per_group = t.groupby(["group_name", "step"])[["transfer_ms", "expected_ms"]].sum().reset_index()
+    per_group["ratio"] = per_group.transfer_ms / per_group.expected_ms.clip(lower=1e-9)
+
+    series = {
+        str(g): (rows.step.to_numpy(), np.log(rows.ratio.clip(lower=1e-3, upper=1e3).to_numpy()))
+        for g, rows in per_group.sort_values("step").groupby("group_name")
+    }
+    kind_of = {g: (len(hosts_of[g]) > 1, len(ranks_of[g])) for g in series}
+    refs = references({g: x[:BASELINE_STEPS] for g, (_, x) in series.items()}, kind_of)
+    episodes = []
+    for group, (at, log_ratio) in series.items():
+        for onset, alarm, end in change_points(at, log_ratio, refs[group]):
+            episodes.append(Episode(group, onset, alarm, end))
+    last_step = int(per_group.step.max())
+    found = []
+    for episode in _overlapping(episodes, last_step):
+        finding = _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs)
+        if finding is not None:
+            found.append(finding)
+    return found
+
+
+def _overlapping(episodes: list[Episode], last_step: int) -> list[list[Episode]]:
+    """Slowdowns of different groups whose steps overlap, each list one episode."""
+    out: list[list[Episode]] = []
+    for e in sorted(episodes, key=lambda e: e.onset):
+        stop = e.end if e.end is not None else last_step + 1
+        if out and e.onset < max(x.end if x.end is not None else last_step + 1 for x in out[-1]):
+            out[-1].append(e)
+        elif stop > e.onset:
+            out.append([e])
+    return out
+
+
+def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs) -> Finding | None:
+    onset = int(np.median([e.onset for e in episode]))
+    ends = [e.end for e in episode]
+    end = None if any(x is None for x in ends) else int(np.median(ends))
+    stop = end if end is not None else last_step + 1
+    during = per_group[(per_group.step >= onset) & (per_group.step < stop)]
+    # Over the episode's steps, a group is slowed when its typical step is out of its noise (a
+    # one-step spike that alarmed is not; a noisy group's steady slowdown that did not alarm is),
+    # unchanged when it stays within half that; in between it proves nothing either way.
+    ratio = np.log(during.groupby("group_name").ratio.median())
+    slowed = {g for g, r in ratio.items() if r >= refs[g]}
+    unchanged = {g for g, r in ratio.items() if r < refs[g] / 2}
+    if not slowed:
+        return None
+    if any(len(hosts_of[g]) < 2 for g in slowed):
+        return None  # groups inside a host slowed too: not a link
+    if not any(len(hosts_of[g]) < 2 for g in unchanged):
+        return None  # nothing shows the hosts themselves kept their speed
+    cleared = set().union(*(hosts_of[g] for g in unchanged if len(hosts_of[g]) > 1)) if unchanged else set()
+    covers = _smallest_covers([hosts_of[g] - cleared for g in slowed])
+    if not covers:
+        return None
+
+    suspects = sorted(set().union(*covers))
+    # cost: per step, the rank that lost most to the cross-host groups through the suspects' links
+    # (all of them: one slowed less than the rest, say across every host, still costs its part)
+    through = {g for g in ratio.index if len(hosts_of[g]) > 1 and hosts_of[g] & set(suspects)}
+    slow_rows = during[during.group_name.isin(through)]
+    extra = (slow_rows.transfer_ms - slow_rows.expected_ms).clip(lower=0)
+    per_rank_step: dict[tuple[int, int], float] = {}
+    for g, step, x in zip(slow_rows.group_name, slow_rows.step, extra, strict=True):
+        for r in ranks_of[g]:
+            per_rank_step[(r, int(step))] = per_rank_step.get((r, int(step)), 0.0) + float(x)
+    by_step = pd.Series(per_rank_step, dtype=float)
+    if by_step.empty:
+        return None
+    cost = float(by_step.groupby(level=1).max().mean())
+    step_ms = None
+    if steps is not None and not steps.empty and "step_ms" in steps:
+        before = steps[(steps.step < onset) & (steps.step > steps.step.min())]
+        step_ms = float(before.groupby("step").step_ms.median().median()) if not before.empty else None
+    if cost < MIN_COST_MS or (step_ms and cost < MIN_COST_SHARE * step_ms):
+        return None
+
+    # the sentence's numbers: the busiest slowed class, its busbw before and during
+    rows = t[t.group_name.isin(slowed) & (t.step >= onset) & (t.step < stop)]
+    top = rows.assign(extra=rows.transfer_ms - rows.expected_ms).groupby("cls").extra.sum().idxmax()
+    cls_rows = rows[rows.cls == top]
+    op, _, _, size = top
+    nbytes = float(cls_rows.bytes.median())
+    factor = bus_factor(op, int(size)) or 1.0
+    before_gbs = nbytes * factor / (float(cls_rows.expected_ms.div(cls_rows.n).median()) * 1e6)
+    after_gbs = nbytes * factor / (float(cls_rows.per_coll_ms.median()) * 1e6)
+    fell = before_gbs / after_gbs if after_gbs > 0 else float("inf")
+    where = " or ".join(f"{_host_list(c)}'s link" if len(c) == 1 else f"the links of {_host_list(c)}" for c in covers)
+    spanning = " or ".join(_host_list(c) for c in covers)
+    first_alarm = min(e.alarm for e in episode)
+    text = (
+        f"{op} busbw on groups spanning {spanning} fell {fell:.1f}x at step {onset} "
+        f"({before_gbs:.2g} -> {after_gbs:.2g} GB/s); groups inside hosts unchanged: {where}; "
+        f"costs {duration(cost)} per step"
+    )
+    if step_ms:
+        text += f" (+{pct(cost / step_ms)} on the {duration(step_ms)} step before)"
+    text += f", ended at step {end}" if end is not None else ", still slow"
+    ranks = tuple(sorted(r for r, h in host_of.items() if h in suspects))
+    # ranks the link can make late to others: those of the slowed groups that do not span every
+    # host (a group over all of them slows everyone alike)
+    everywhere = set(host_of.values())
+    partial = [g for g in slowed if hosts_of[g] != everywhere] or list(slowed)
+    affected = sorted({r for g in partial for r in ranks_of[g]})
+    return Finding(
+        kind="slow_link",
+        severity="warning",
+        text=text,
+        ranks=ranks,
+        steps=(onset, (end - 1) if end is not None else last_step),
+        cost_ms_per_step=cost,
+        evidence={
+            "hosts": [sorted(c) for c in covers],
+            "onset_step": onset,
+            "detected_step": first_alarm,
+            "end_step": end,
+            "op": op,
+            "bytes": nbytes,
+            "factor": fell,
+            "before_gbs": before_gbs,
+            "after_gbs": after_gbs,
+            "cost_ms_per_step": cost,
+            "median_step_ms": step_ms,
+            "slowed_groups": sorted(slowed),
+            "unchanged_groups": len(unchanged),
+            "affected_ranks": affected,
+        },
+        page="comms",
+    )
+
+
+def _smallest_covers(sets: list[frozenset]) -> list[frozenset]:
+    """The fewest hosts touching every set: all such single hosts if one is enough, else the
+    greedy cover. Empty when some set has no suspect left (nothing explains it)."""
+    if not sets or any(not s for s in sets):
+        return []
+    common = frozenset.intersection(*sets)
+    if common:
+        return [frozenset([h]) for h in sorted(common)]
+    left, cover = list(sets), set()
+    while left:
+        counts: dict[str, int] = {}
+        for s in left:
+            for h in s:
+                counts[h] = counts.get(h, 0) + 1
+        best = min(counts, key=lambda h: (-counts[h], h))
+        cover.add(best)
+        left = [s for s in left if best not in s]
+    return [frozenset(cover)]
+
+
+def _host_list(hosts) -> str:
+    hosts = sorted(hosts)
+    return hosts[0] if len(hosts) == 1 else ", ".join(hosts[:-1]) + " and " + hosts[-1]

@@ -1,0 +1,111 @@
+"""Slow links (collector/data/findings/links.py) on simulated runs written through the real
+Store and read back through the catalog: named and localised where a host's link is slow,
+silent where nothing is, and never confused with a compute straggler (either way)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collector.data import findings, queries
+from collector.data.findings import links
+from collector.tools import simulate
+
+
+def health(tmp_path, **kwargs) -> list[findings.Finding]:
+    sim = simulate.Simulation(run_id="links", **kwargs)
+    simulate.write_data_dir(sim, tmp_path / "d")
+    cat = queries.Catalog(tmp_path / "d")
+    try:
+        return findings.for_run(cat, "links")
+    finally:
+        cat.close()
+
+
+def only(found, kind):
+    return [f for f in found if f.kind == kind]
+
+
+def expected_cost_ms(sim: simulate.Simulation, factor: float) -> float:
+    """What a rank on the slow host loses per step, from the generator's own parameters: the
+    template's collectives over every host big enough to be bandwidth, and its two pairs."""
+    template = sum(c.transfer_ns for c in sim.template.collectives if c.bytes >= links.MIN_BYTES)
+    return (template + 2 * simulate.PAIR_TRANSFER_NS) * (factor - 1) / 1e6
+
+
+def test_a_slow_host_link_is_named_with_its_onset_end_and_cost(tmp_path):
+    kwargs = dict(ranks=64, hosts=8, steps=50, slow_links=(simulate.SlowLink(3, 4.0, 20, 35),))
+    found = health(tmp_path, **kwargs)
+    [link] = only(found, "slow_link")
+    assert link.evidence["hosts"] == [["node-0003"]], link.text
+    assert abs(link.evidence["onset_step"] - 20) <= 3 and link.evidence["detected_step"] - 20 <= 10
+    assert abs(link.evidence["end_step"] - 35) <= 3
+    assert "node-0003's link" in link.text and "ended at step" in link.text
+    assert link.evidence["factor"] == pytest.approx(4.0, rel=0.15)
+    assert link.cost_ms_per_step == pytest.approx(expected_cost_ms(simulate.Simulation(**kwargs), 4.0), rel=0.25)
+    assert set(link.ranks) == set(range(24, 32))  # the host's ranks
+    assert not only(found, "straggler")
+
+
+def test_a_healthy_run_over_hosts_has_no_link_finding_and_no_warning(tmp_path):
+    found = health(tmp_path, ranks=64, hosts=8, steps=50, host_groups=True)
+    assert not [f for f in found if f.severity in ("warning", "critical")], [f.text for f in found]
+
+
+def test_a_compute_straggler_is_a_straggler_not_a_slow_link(tmp_path):
+    found = health(
+        tmp_path, ranks=64, hosts=8, steps=50, host_groups=True, stragglers=(simulate.Straggler(27, 40_000_000, 20),)
+    )
+    assert not only(found, "slow_link")
+    assert [f.ranks for f in only(found, "straggler")] == [(27,)]
+
+
+def test_a_slow_link_is_not_a_straggler_even_when_its_ranks_arrive_late(tmp_path):
+    # Straggler and slow link in one run, on different hosts: each told once, by its own finding.
+    found = health(
+        tmp_path,
+        ranks=64,
+        hosts=8,
+        steps=50,
+        slow_links=(simulate.SlowLink(5, 4.0, 20),),
+        stragglers=(simulate.Straggler(9, 40_000_000, 20),),
+    )
+    assert [f.evidence["hosts"] for f in only(found, "slow_link")] == [[["node-0005"]]]
+    assert [f.ranks for f in only(found, "straggler")] == [(9,)]
+    assert only(found, "slow_link")[0].evidence["end_step"] is None  # never restored
+
+
+def test_three_hosts_name_the_right_one_and_two_name_both(tmp_path):
+    [three] = only(
+        health(tmp_path / "3", ranks=12, hosts=3, steps=40, slow_links=(simulate.SlowLink(2, 4.0, 15),)), "slow_link"
+    )
+    assert three.evidence["hosts"] == [["node-0002"]]
+    # two hosts: every group across hosts spans both, so either link explains it -- said as such
+    [two] = only(
+        health(tmp_path / "2", ranks=8, hosts=2, steps=40, slow_links=(simulate.SlowLink(1, 4.0, 15),)), "slow_link"
+    )
+    assert two.evidence["hosts"] == [["node-0000"], ["node-0001"]]
+    assert "node-0000's link or node-0001's link" in two.text
+
+
+def test_change_points_find_a_step_up_and_its_end_and_nothing_in_noise():
+    rng = np.random.default_rng(0)
+    steps = np.arange(60)
+    noise = rng.normal(0, 0.05, 60)
+    up = noise + np.where((steps >= 20) & (steps < 40), np.log(4.0), 0.0)
+    [(onset, alarm, end)] = links.change_points(steps, up, np.log(links.SLOW_RATIO))
+    assert onset == 20 and alarm <= 22 and end == 40
+    assert links.change_points(steps, noise, np.log(links.SLOW_RATIO)) == []
+    # one spike is no change
+    spike = noise.copy()
+    spike[30] = np.log(4.0)
+    assert links.change_points(steps, spike, np.log(links.SLOW_RATIO)) == []
+
+
+@pytest.mark.slow
+def test_one_slow_host_of_128_named_at_1024_ranks(tmp_path):
+    found = health(tmp_path, ranks=1024, hosts=128, steps=60, slow_links=(simulate.SlowLink(77, 4.0, 25, 45),))
+    [link] = only(found, "slow_link")
+    assert link.evidence["hosts"] == [["node-0077"]]
+    assert abs(link.evidence["onset_step"] - 25) <= 3 and abs(link.evidence["end_step"] - 45) <= 3
+    assert not only(found, "straggler")
