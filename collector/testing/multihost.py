@@ -1,0 +1,132 @@
+"""A real training run over several "hosts" (collector/testing/netns.py), its link throttled
+at one step and restored at another, for tests and the fault-injection suite:
+
+    run = train_on_hosts(work, hosts=2, ranks_per_host=2, steps=60,
+                         throttle=Throttle.parse("1:50mbit@20-40"))
+    run.data_dir, run.name, run.step_times        # the collector's data dir, the run, rank 0's step times
+
+Every rank (``python -m collector.hook collector/testing/workloads/hosts_train.py``, gloo over
+``eth0``, GLOO_SOCKET_IFNAME) runs in its host's namespace under that host's name, the collector
+(``rankscope collect --insecure``: nothing outside the namespaces can reach it) in its own; the
+throttle is applied and lifted by netns.StepControl when the ranks reach those loop indexes (the
+hook's steps count from 1: loop index i is step i + 1). The collector is stopped with SIGTERM
+(it commits what it buffered) once the ranks exit; everything is torn down however it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from collector.testing import netns
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD = REPO / "collector" / "testing" / "workloads" / "hosts_train.py"
+COLLECTOR_PORT = 50051  # the collector's namespace is its own: no port to share
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Throttle:
+    host: int
+    rate: str  # tc's units: 50mbit
+    from_step: int  # loop index the link turns slow at
+    to_step: int | None = None  # loop index it is restored at
+
+    @classmethod
+    def parse(cls, text: str) -> Throttle:
+        """``HOST:RATE@STEP[-END]``, e.g. ``1:50mbit@20-40``."""
+        match = re.fullmatch(r"(\d+):(\d+(?:\.\d+)?[kmg]?(?:bit|bps))@(\d+)(?:-(\d+))?", text.strip())
+        if not match:
+            raise ValueError(f"throttle {text!r} is not HOST:RATE@STEP[-END] (e.g. 1:50mbit@20-40)")
+        host, rate, first, end = match.groups()
+        return cls(int(host), rate, int(first), int(end) if end else None)
+
+
+@dataclass
+class HostsRun:
+    data_dir: Path
+    name: str
+    step_times: list[float]  # rank 0's seconds per loop index
+    out: Path
+
+
+def train_on_hosts(
+    work: Path,
+    *,
+    hosts: int,
+    ranks_per_host: int,
+    steps: int,
+    name: str = "hosts",
+    throttle: Throttle | None = None,
+    workload_args: tuple[str, ...] = (),
+    timeout_s: float = 600,
+) -> HostsRun:
+    work = Path(work)
+    data_dir, out, control = work / "data", work / "out", work / "control"
+    world = hosts * ranks_per_host
+    with netns.Network(hosts) as net:
+        collector = net.popen(
+            "collector",
+            [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(data_dir),
+             "--host", net.ip("collector"), "--port", str(COLLECTOR_PORT), "--insecure"],
+            hostname="collector", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        )  # fmt: skip
+        line = collector.stdout.readline()
+        if "listening" not in line:
+            raise RuntimeError(f"collector did not start: {line!r} {collector.stderr.read()[-2000:]}")
+        actions = {}
+        if throttle is not None:
+            host = net.hosts[throttle.host]
+            actions[throttle.from_step] = lambda: net.throttle(host, rate=throttle.rate)
+            if throttle.to_step is not None:
+                actions[throttle.to_step] = lambda: net.restore(host)
+        with netns.StepControl(control, actions) as steps_control:
+            ranks = []
+            for rank in range(world):
+                host = net.hosts[rank // ranks_per_host]
+                env = dict(
+                    os.environ,
+                    PYTHONPATH=str(REPO),
+                    RANK=str(rank),
+                    WORLD_SIZE=str(world),
+                    LOCAL_RANK=str(rank % ranks_per_host),
+                    LOCAL_WORLD_SIZE=str(ranks_per_host),
+                    MASTER_ADDR=net.ip(net.hosts[0]),
+                    MASTER_PORT=str(MASTER_PORT),
+                    GLOO_SOCKET_IFNAME="eth0",
+                    OMP_NUM_THREADS="1",
+                    RANKSCOPE_ENDPOINT=f"{net.ip('collector')}:{COLLECTOR_PORT}",
+                    RANKSCOPE_RUN=name,
+                    RANKSCOPE_SPOOL_DIR=str(work / "spool"),
+                )
+                argv = [sys.executable, "-m", "collector.hook", str(WORKLOAD), str(out)]
+                argv += ["--ranks-per-host", str(ranks_per_host), "--steps", str(steps), *workload_args]
+                if actions:
+                    argv += ["--control", str(control), "--pause-at", steps_control.pause_at]
+                ranks.append(
+                    net.popen(host, argv, hostname=host, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+                )  # fmt: skip
+            for rank, proc in enumerate(ranks):
+                try:
+                    _, err = proc.communicate(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"rank {rank} did not finish in {timeout_s:.0f} s") from None
+                if proc.returncode != 0:
+                    raise RuntimeError(f"rank {rank}: exit {proc.returncode}: {err[-3000:]}")
+        if steps_control.error is not None:
+            raise RuntimeError(f"applying the throttle failed: {steps_control.error}")
+        if sorted(steps_control.done) != sorted(actions):
+            raise RuntimeError(f"throttle steps acted on {steps_control.done}, planned {sorted(actions)}")
+        collector.terminate()
+        try:
+            collector.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("the collector did not stop within 120 s of SIGTERM") from None
+    return HostsRun(data_dir, name, json.loads((out / "times.json").read_text()), out)

@@ -1,0 +1,80 @@
+"""Slow links on real hosts: gloo ranks in network namespaces (collector.testing.netns), one
+host's link throttled with tc tbf at a known step and restored at another, streaming into a real
+collector in its own namespace; `findings.for_run` must name the link with its onset, its end and
+what it cost, and keep quiet or blame the right thing otherwise.
+
+Skipped where network namespaces cannot be made (not root, no iproute2)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from collector.data import findings, queries
+from collector.testing import multihost, netns
+
+REASON = netns.unavailable()
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"network namespaces: {REASON}"), pytest.mark.timeout(900)]
+
+
+def found(run: multihost.HostsRun) -> list[findings.Finding]:
+    cat = queries.Catalog(run.data_dir)
+    try:
+        return findings.for_run(cat, queries.resolve_run(cat.con, run.name))
+    finally:
+        cat.close()
+
+
+def warnings(found_: list[findings.Finding]) -> list[findings.Finding]:
+    return [f for f in found_ if f.severity in ("warning", "critical")]
+
+
+def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_and_cost(tmp_path):
+    # loop index 20 (hook step 21: the optimizer's count starts at 1) to index 40 (step 41)
+    run = multihost.train_on_hosts(
+        tmp_path, hosts=2, ranks_per_host=2, steps=55, throttle=multihost.Throttle.parse("1:50mbit@20-40")
+    )
+    cat = queries.Catalog(run.data_dir)
+    hosts = set(queries.ranks(cat, queries.resolve_run(cat.con, run.name)).host)
+    cat.close()
+    assert hosts == {"host-0", "host-1"}  # each rank reports the host it ran on
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert ["host-1"] in link.evidence["hosts"], link.text  # at 2 hosts host-0's link explains it as well
+    assert abs(link.evidence["onset_step"] - 21) <= 3, link.text
+    assert link.evidence["detected_step"] - link.evidence["onset_step"] <= 10
+    assert link.evidence["end_step"] is not None and abs(link.evidence["end_step"] - 41) <= 3, link.text
+    t = run.step_times
+    rise_ms = 1e3 * (statistics.median(t[22:40]) - statistics.median(t[5:20]))
+    assert rise_ms > 0
+    assert link.cost_ms_per_step == pytest.approx(rise_ms, rel=0.25), (link.text, rise_ms)
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+
+
+@pytest.mark.slow
+def test_three_hosts_one_throttled_names_that_host(tmp_path):
+    run = multihost.train_on_hosts(
+        tmp_path, hosts=3, ranks_per_host=2, steps=50, throttle=multihost.Throttle.parse("2:50mbit@20")
+    )
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert link.evidence["hosts"] == [["host-2"]], link.text
+    assert abs(link.evidence["onset_step"] - 21) <= 3 and link.evidence["end_step"] is None
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+
+
+@pytest.mark.slow
+def test_an_unthrottled_run_over_hosts_has_no_warning(tmp_path):
+    run = multihost.train_on_hosts(tmp_path, hosts=2, ranks_per_host=2, steps=50)
+    assert not warnings(found(run)), [f.text for f in found(run)]
+
+
+@pytest.mark.slow
+def test_a_compute_straggler_over_hosts_is_a_straggler_not_a_link(tmp_path):
+    run = multihost.train_on_hosts(
+        tmp_path, hosts=2, ranks_per_host=2, steps=50, workload_args=("--fault", "sleep:3:60@15")
+    )
+    every = found(run)
+    assert not [f for f in every if f.kind == "slow_link"], [f.text for f in every]
+    assert [f.ranks for f in every if f.kind == "straggler"] == [(3,)], [f.text for f in every]
