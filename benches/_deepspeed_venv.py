@@ -125,6 +125,39 @@ def ensure_rank_side() -> dict[str, str]:
     return env(PYTHONPATH=f"{ROOT}{os.pathsep}{RANK_SIDE}")
 
 
+# DeepSpeed's tensorboard monitor imports torch.utils.tensorboard, which needs the tensorboard package
+# that DeepSpeed does not install: its own folder (the venv stays DeepSpeed's alone), with only the
+# packages the venv lacks (--no-deps: numpy and setuptools stay the venv's), pinned by constraints.txt.
+TENSORBOARD_SIDE = ROOT / ".bench-venv-ds-tensorboard"
+TENSORBOARD_PACKAGES = (
+    "tensorboard",
+    "tensorboard-data-server",
+    "absl-py",
+    "markdown",
+    "werkzeug",
+    "grpcio",
+    "protobuf",
+    "pillow",
+)
+
+
+def ensure_tensorboard() -> dict[str, str]:
+    """``env()`` for a DeepSpeed script whose config enables the tensorboard monitor (installs on first use)."""
+    python = ensure()
+    marker = TENSORBOARD_SIDE / ".installed"
+    if not marker.exists():
+        print(f"[deepspeed venv] installing {', '.join(TENSORBOARD_PACKAGES)} into {TENSORBOARD_SIDE}", flush=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(TENSORBOARD_SIDE)]
+        subprocess.run(
+            [*pip, "-c", str(ROOT / "constraints.txt"), *TENSORBOARD_PACKAGES],
+            env=env(),
+            check=True,
+            timeout=1800,
+        )
+        marker.touch()
+    return env(PYTHONPATH=str(TENSORBOARD_SIDE))
+
+
 if __name__ == "__main__":
     ensure()
     print(versions())

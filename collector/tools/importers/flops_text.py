@@ -35,11 +35,17 @@ _STEP = re.compile(r"Profile Summary at step (\d+)")
 _SUMMARY = re.compile(r"^(?P<key>[A-Za-z][^:=]*?(?:=[^:]*)?):\s+(?P<value>\S.*?)\s*$")
 _ROOT = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)\((?P<rest>.*)$")
 _CHILD = re.compile(r"^(?P<indent>\s+)\((?P<name>[^()]+)\): (?P<type>[A-Za-z_][\w.]*)\((?P<rest>.*)$")
+# A figure as DeepSpeed's number_to_string writes it: f"{round(x / magnitude, 2):g} {prefix}", so any
+# of T G M K m u (params: B for G), a sign, and :g's exponent for |x| >= 1e6 of the largest prefix.
+# The root's latency is often ~1.8 Gs (an epoch time, not a duration) and its rate then mFLOPS.
+_NUM = r"-?[0-9.]+(?:e[+-]?[0-9]+)?"
+_PREFIX = "[TGMKmu]?"
+_PCT = rf"(?:{_NUM}|nan|inf)%"
 _STATS = re.compile(
-    r"^\s*(?P<params>[0-9.]+(?: ?[KMGTB])?)\s?[=,] [0-9.]+% Params, "
-    r"(?P<macs>[0-9.]+ ?[KMGT]?MACs)\s?[=,] [0-9.]+% MACs, "
-    r"(?P<lat>[0-9.]+ ?[KMGTmu]?s)\s?[=,] [0-9.]+% latency, "
-    r"(?P<rate>[0-9.]+ ?[KMGT]?FLOPS)"
+    rf"^\s*(?P<params>{_NUM}(?: ?[TBMKmu])?)\s?[=,] {_PCT} Params, "
+    rf"(?P<macs>{_NUM} ?{_PREFIX}MACs)\s?[=,] {_PCT} MACs, "
+    rf"(?P<lat>{_NUM} ?{_PREFIX}s)\s?[=,] {_PCT} latency, "
+    rf"(?P<rate>{_NUM} ?{_PREFIX}FLOPS)"
 )
 
 
