@@ -90,6 +90,18 @@ SAMPLES_PER_RANK_STEP = 32
 TOKENS_PER_SAMPLE = 128
 
 
+PIPE_MICRO_BATCHES, PIPE_FWD_NS = 8, 4_000_000  # backward takes twice the forward
+
+
+def _one_f_one_b(stage: int, stages: int, m: int) -> list[tuple[str, int]]:
+    """The 1F1B order of one stage (trainer.pipe.schedule's; collector does not import trainer)."""
+    warmup = min(stages - stage - 1, m)
+    order = [("fwd", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("fwd", warmup + i), ("bwd", i)]
+    return order + [("bwd", i) for i in range(m - warmup, m)]
+
+
 class FakeRunError(ValueError):
     """A FakeRun that cannot be generated; the message names the field."""
 
@@ -108,6 +120,7 @@ class FakeRun:
     late_rank_tokens: float = 1.0  # the late rank trains on this many times the others' tokens (input imbalance)
     overflow_steps: tuple[int, ...] = (5, 12, 20, 21, 33, 40)
     with_moe: bool = True
+    with_pipe: bool = True  # pipe rows of a balanced 2-stage pipeline (no findings)
     # what the comm records look like
     collectives: tuple[tuple[str, str, int], ...] = COLLECTIVES
     collectives_per_step: int = 0  # 0: the pattern once; more repeats it (to scale a run up)
@@ -258,7 +271,8 @@ class FakeRun:
         }
 
     def step_columns(self, rank: int) -> dict[str, dict]:
-        """Per-step tables of ``rank``: timers, monitor, loss_scale, memory, gc, host, batches, between_steps, moe."""
+        """Per-step tables of ``rank``: timers, monitor, loss_scale, memory, gc, host, batches, between_steps,
+        pipe, moe."""
         steps = np.arange(self.steps, dtype=np.int64)
         t = self.t0_ns + steps * self.step_period_ns + self.skew_ns(rank)
         rng = np.random.default_rng([self.seed, rank, 1])
@@ -351,6 +365,9 @@ class FakeRun:
         gap = np.random.default_rng([self.seed, rank, 2]).uniform(1e6, 3e6, self.steps).astype(np.int64)
         out["between_steps"] = {"step": steps, "start_ns": t - gap, "dur_ns": gap}
 
+        if self.with_pipe:
+            out["pipe"] = self.pipe_columns(rank, t - self.skew_ns(rank))
+
         if self.with_moe:
             # Dirichlet weights falling from expert 0 to the last: a popular expert that drops tokens.
             load = rng.dirichlet(np.linspace(4, 1, MOE_EXPERTS), size=(self.steps, MOE_LAYERS)) * MOE_TOKENS
@@ -366,6 +383,39 @@ class FakeRun:
                 "aux_loss": np.full(cells, 0.01),
             }
         return out
+
+    def pipe_columns(self, rank: int, step_start_ns: np.ndarray) -> dict:
+        """A balanced pipeline: 2 stages (1 for an odd world) x data-parallel replicas, PIPE_MICRO_BATCHES
+        micro-batches on the 1F1B schedule with equal stage times, on rank 0's clock (no findings)."""
+        stages = 2 if self.world_size % 2 == 0 else 1
+        dp = self.world_size // stages
+        stage, m = rank // dp, PIPE_MICRO_BATCHES
+        ends: dict[tuple[str, int, int], int] = {}  # (kind, stage, micro-batch) -> end offset, all stages
+        for _ in range(2 * stages):  # a backward waits for the next stage's: repeat until every wait is known
+            for s in range(stages):
+                clock, mine = 0, []
+                for kind, mb in _one_f_one_b(s, stages, m):
+                    dep = ("fwd", s - 1, mb) if kind == "fwd" else ("bwd", s + 1, mb)
+                    begin = max(clock, ends.get(dep, 0))
+                    clock = ends[(kind, s, mb)] = begin + (PIPE_FWD_NS if kind == "fwd" else 2 * PIPE_FWD_NS)
+                    mine.append((kind, mb, begin, clock))
+                if s == stage:
+                    ours = mine
+        mine = ours
+        n = len(mine)
+        offsets = np.array([[b, e] for _, _, b, e in mine], dtype=np.int64)
+        return {
+            "step": np.repeat(np.arange(self.steps, dtype=np.int64), n),
+            "stage": np.full(self.steps * n, stage),
+            "stages": np.full(self.steps * n, stages),
+            "data_rank": np.full(self.steps * n, rank % dp),
+            "micro_batches": np.full(self.steps * n, m),
+            "layers": np.full(self.steps * n, 4),
+            "kind": [k for k, *_ in mine] * self.steps,
+            "micro_batch": np.tile([mb for _, mb, *_ in mine], self.steps),
+            "start_ns": (step_start_ns[:, None] + offsets[None, :, 0]).ravel(),
+            "end_ns": (step_start_ns[:, None] + offsets[None, :, 1]).ravel(),
+        }
 
     def _loss_scales(self) -> tuple[np.ndarray, np.ndarray]:
         """fp16 dynamic loss scale before and after each step: halves on an overflow, doubles

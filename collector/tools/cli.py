@@ -77,6 +77,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             max_streams_per_peer=args.max_streams_per_peer,
             stream_rows_per_s=args.stream_rows_per_s,
             stream_bytes_per_s=args.stream_bytes_per_s,
+            auto_profile=args.auto_profile,
         )
         or 0
     )
@@ -165,6 +166,18 @@ def cmd_health(args: argparse.Namespace) -> int:
     from collector.tools.health import main as health_main
 
     return health_main(args)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from collector.tools.profile import main as profile_main
+
+    return profile_main(args, "profile")
+
+
+def cmd_stacks(args: argparse.Namespace) -> int:
+    from collector.tools.profile import main as profile_main
+
+    return profile_main(args, "stacks")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -278,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="URL",
         help="POST each new finding once to URL as JSON with a Slack-compatible 'text' (at most one post per 2 s)",
+    )
+    p.add_argument(
+        "--no-auto-profile",
+        dest="auto_profile",
+        action="store_false",
+        help="do not ask the ranks a new live straggler/slow-link/hang/memory finding names (and a reference rank) "
+        "for a profile, stacks or memory report (default: ask, at most once per run per 5 min, per rank per 15 min)",
     )
     p.add_argument(
         "--raw-every",
@@ -475,6 +495,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="run id, or run name (the newest run of that name)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     p.add_argument("--all", action="store_true", help="print the notes (info findings) as well")
+
+    for name, func, help_text, examples in (
+        (
+            "profile",
+            cmd_profile,
+            "Profile ranks of a live run over their next steps (torch.profiler, Python stacks) and diff them.",
+            """
+            rankscope profile demo --ranks 1 --reference 0 --steps 3 --out /tmp/evidence
+            rankscope profile bert-large --ranks 3,517 --steps 3 --endpoint collector:50051 --data-dir /scratch/rs
+            """,
+        ),
+        (
+            "stacks",
+            cmd_stacks,
+            "Ask ranks of a live run for every Python thread's stack, and print the innermost frames.",
+            """
+            rankscope stacks demo --ranks 1-3
+            """,
+        ),
+    ):
+        p = add(name, func, help_text, examples)
+        _data_dir_arg(p)
+        p.add_argument("run", metavar="RUN", help="run id, or run name (resolved in --data-dir where readable)")
+        p.add_argument("--ranks", required=True, metavar="R[,R-R]", help="ranks to ask: 3,517 or 0-3")
+        p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"collector address (default {DEFAULT_ENDPOINT})")
+        p.add_argument("--token", default=None, help="the collector's bearer token (default: $RANKSCOPE_TOKEN)")
+        _tls_ca_arg(p)
+        p.add_argument(
+            "--wait", type=float, default=120.0, metavar="S", help="wait S s for the answers in --data-dir (0: do not)"
+        )
+        if name == "profile":
+            p.add_argument("--steps", type=int, default=3, help="steps to profile, 1-20 (default 3)")
+            p.add_argument("--reference", type=int, default=None, metavar="R", help="the healthy rank to diff against")
+            p.add_argument("--record-shapes", action="store_true", help="torch.profiler's record_shapes")
+            p.add_argument("--out", default=None, metavar="DIR", help="write rank<R>.json and merged.json here")
 
     p = add(
         "simulate",

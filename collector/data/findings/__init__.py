@@ -27,8 +27,10 @@ from collector.data.findings.memory import memory_growth
 from collector.data.findings.messages import engine_of, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
 from collector.data.findings.moe import expert_imbalance
+from collector.data.findings.pipeline import stage_imbalance, too_few_micro_batches
 from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import costly_ranks
+from collector.data.pipeline import stage_bubbles
 
 __all__ = ["Finding", "duration", "exit_code", "for_run", "liveness_findings", "pct", "ranked", "summarize"]
 
@@ -56,6 +58,7 @@ def summarize(
     memory: pd.DataFrame | None = None,
     clock: pd.DataFrame | None = None,
     links: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None,
+    pipeline: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -64,7 +67,8 @@ def summarize(
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
     ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
     ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off);
-    ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links."""
+    ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links;
+    ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles."""
     engine, stage = engine_of(source, config)
     empty = pd.DataFrame()
     return _one_story(
@@ -82,6 +86,8 @@ def summarize(
         + memory_growth(memory)
         + implausible_clocks(clock)
         + (slow_links(*links, steps) if links is not None else [])
+        + stage_imbalance(pipeline)
+        + too_few_micro_batches(pipeline)
     )
 
 
@@ -137,4 +143,5 @@ def for_run(
         memory=queries.memory_trend(cat, run_id),
         clock=queries.clock_skew(cat, run_id),
         links=(queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, run_id)),
+        pipeline=stage_bubbles(cat, run_id),
     )

@@ -1,0 +1,98 @@
+"""Pipeline runs on the bundled engine streaming into a real collector, for test_pipe_telemetry.
+
+Stages are made of layers that sleep a fixed time in forward and in backward (SleepLayer), so a
+stage's time is what the test sets, also on a loaded machine (sleeping needs no CPU). Runs
+(``RUNS``), each its own telemetry session in the same processes:
+
+- ``balanced``: 2 stages of equal time, ``MICRO_BATCHES`` micro-batches;
+- ``slow``: the same with stage 1 sleeping ``SLOW_S`` more in each micro-batch's forward;
+- ``few``: balanced, 2 micro-batches (1F1B idles a third of each step at that ratio).
+
+Rank r writes ``{run: run_id}`` to ``out/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+WORLD, STAGES, STEPS, MICRO_BATCHES = 2, 2, 8, 4
+FWD_S, BWD_S, SLOW_S = 0.02, 0.04, 0.03
+LAYERS_PER_STAGE = 4
+RUNS = {"balanced": (MICRO_BATCHES, 0.0), "slow": (MICRO_BATCHES, SLOW_S), "few": (2, 0.0)}
+
+
+class _SleepInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class SleepLayer(nn.Module):
+    """A linear layer that also sleeps ``fwd_s`` in forward and ``bwd_s`` in backward."""
+
+    def __init__(self, width: int, fwd_s: float, bwd_s: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.fwd_s, self.bwd_s = fwd_s, bwd_s
+
+    def forward(self, x):
+        time.sleep(self.fwd_s)
+        return _SleepInBackward.apply(self.linear(x), self.bwd_s)
+
+
+def layers(slow_s: float) -> list:
+    from trainer.pipe import LayerSpec
+
+    per = LAYERS_PER_STAGE
+    specs = [LayerSpec(SleepLayer, 8, FWD_S / per, BWD_S / per) for _ in range(per * STAGES)]
+    if slow_s:  # the last layer of stage 1 (2 stages): the slow one
+        specs[-1] = LayerSpec(SleepLayer, 8, FWD_S / per + slow_s, BWD_S / per)
+    return specs
+
+
+def _train(name: str, micro_batches: int, slow_s: float, endpoint: str) -> str:
+    import trainer
+    from collector.rank import session
+    from trainer.pipe import PipelineModule
+
+    torch.manual_seed(0)
+    net = PipelineModule(layers(slow_s), num_stages=STAGES, loss_fn=nn.functional.mse_loss, partition_method="uniform")
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": micro_batches,
+        "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+        "telemetry": {"enabled": True, "endpoint": endpoint, "run": f"pipe-{name}"},
+        "steps_per_print": 1000,
+    }
+    engine, *_ = trainer.initialize(model=net, config=config)
+    data = iter([(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(STEPS * micro_batches)])
+    for _ in range(STEPS):
+        engine.train_batch(data)
+    run_id = session.active().run_id
+    engine.close()
+    return run_id
+
+
+def pipe_runs_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    run_ids = {name: _train(name, m, slow, endpoint) for name, (m, slow) in RUNS.items()}
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(run_ids))

@@ -1,0 +1,84 @@
+"""Pipeline telemetry end to end: the bundled engine's 1F1B on 2 real gloo ranks streams ``pipe``
+rows into a real collector; the bubbles and findings are read back from the stored Parquet.
+
+- balanced (2 stages, 4 micro-batches): the measured bubble per stage is within 5 points of
+  1F1B's ideal (p - 1) / (m + p - 1) = 20%, and no stage-imbalance or bubble finding;
+- slow (stage 1 sleeps 30 ms more per micro-batch): stage 1 is named, its ranks, and its cost
+  (m - 1) * (max - mean stage time) = 3 * 15 ms = 45 ms/step within 40% (sleeps overshoot on a
+  loaded machine), with layers to move to stage 0;
+- few (2 micro-batches): the bubble finding, ideal 33%, suggesting more micro-batches.
+Stage times come from sleeps (tests/integration/_pipe_workers.py), not from CPU work.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.data import findings, queries
+from collector.data.pipeline import stage_bubbles, timeline
+from collector.testing.collectors import live_collector
+from tests.integration import _pipe_workers as script
+from tests.rank._rank_util import spawn
+
+pytestmark = pytest.mark.timing  # bubbles are wall-clock spans
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pipe-telemetry")
+    with live_collector(tmp / "data") as (endpoint, data_dir):
+        ranks = spawn(script.pipe_runs_worker, script.WORLD, endpoint, tmp)
+    assert all(r == ranks[0] for r in ranks), ranks
+    return queries.Catalog(data_dir), ranks[0]
+
+
+def _kinds(cat, run_id) -> dict[str, list]:
+    found = findings.for_run(cat, run_id)
+    return {kind: [f for f in found if f.kind == kind] for kind in ("stage_imbalance", "pipeline_bubble")}
+
+
+def test_every_stage_reports_every_micro_batch_each_way(runs):
+    cat, run_ids = runs
+    rows = cat.df("SELECT rank, step, stage, kind, count(*) AS n FROM pipe WHERE run_id = ? GROUP BY ALL",
+                  [run_ids["balanced"]])  # fmt: skip
+    compute = rows[rows.kind.isin(["fwd", "bwd"])]
+    assert set(compute.n) == {script.MICRO_BATCHES}, compute
+    assert len(compute) == script.WORLD * script.STEPS * 2
+    assert set(rows[rows.kind == "recv_act"].stage) == {1} and set(rows[rows.kind == "recv_grad"].stage) == {0}
+    line = timeline(cat, run_ids["balanced"], step=3)
+    assert line.start_ms.min() == 0 and (line.end_ms >= line.start_ms).all()
+    # 1F1B order on stage 1 (the last): fwd 0, bwd 0, fwd 1, bwd 1, ...
+    last = line[(line.stage == 1) & line.kind.isin(["fwd", "bwd"])]
+    assert list(zip(last.kind, last.micro_batch))[:4] == [("fwd", 0), ("bwd", 0), ("fwd", 1), ("bwd", 1)]
+
+
+def test_a_balanced_pipeline_idles_as_1f1b_predicts_and_has_no_finding(runs):
+    cat, run_ids = runs
+    bubbles = stage_bubbles(cat, run_ids["balanced"])
+    settled = bubbles[bubbles.step > 0]
+    ideal = (script.STAGES - 1) / (script.MICRO_BATCHES + script.STAGES - 1)
+    assert settled.ideal_fraction.eq(ideal).all()
+    for stage, rows in settled.groupby("stage"):
+        measured = rows.bubble_fraction.median()
+        assert abs(measured - ideal) <= 0.05, (stage, measured, ideal, rows)
+    assert _kinds(cat, run_ids["balanced"]) == {"stage_imbalance": [], "pipeline_bubble": []}
+
+
+def test_a_slow_stage_is_named_with_its_cost(runs):
+    cat, run_ids = runs
+    (found,) = _kinds(cat, run_ids["slow"])["stage_imbalance"]
+    assert found.evidence["stage"] == 1 and found.ranks == (1,), found
+    expected = (script.MICRO_BATCHES - 1) * script.SLOW_S * 1e3 / 2  # (m - 1) * (max - mean)
+    assert found.cost_ms_per_step == pytest.approx(expected, rel=0.4), found.text
+    assert found.evidence["move_to_stage"] == 0 and found.evidence["move_layers"] >= 1, found.text
+    assert found.text.startswith("stage 1 takes ") and "layer" in found.text and "to stage 0" in found.text
+
+
+def test_too_few_micro_batches_are_named_with_the_ideal(runs):
+    cat, run_ids = runs
+    kinds = _kinds(cat, run_ids["few"])
+    (found,) = kinds["pipeline_bubble"]
+    assert found.evidence["ideal_fraction"] == pytest.approx(1 / 3)
+    assert abs(found.evidence["bubble_fraction"] - 1 / 3) <= 0.08, found.text
+    assert found.evidence["suggested_micro_batches"] == 8 and "33%" in found.text
+    assert kinds["stage_imbalance"] == []
