@@ -30,6 +30,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import duckdb
+
 FAMILIES = {"python_function": "python", "user_annotation": "scope", "cpu_op": "operator"}
 TOP_LINES = 5  # per family
 CHAIN_SHARE = 0.6  # a function is on the slow path when it holds this share of the top extra time
@@ -206,6 +208,21 @@ def captures(cat, run_id: str):
         "time_ns from artifacts where run_id = ? order by time_ns desc",
         [run_id],
     )
+
+
+def run_evidence(cat, data_dir, run_id: str) -> list[dict]:
+    """``evidence`` of a run, or [] where its data dir has no ``artifacts`` table yet (written before it)."""
+    try:
+        rows = captures(cat, run_id)
+    except duckdb.Error:
+        return []
+    return evidence(data_dir, rows)
+
+
+def attach(finding: dict, found: list[dict]) -> dict:
+    """A finding's JSON with ``captured``: the diffs whose suspect it names (none: unchanged)."""
+    mine = [e for e in found if e.get("suspect") in finding.get("ranks", ())]
+    return {**finding, "captured": mine} if mine else finding
 
 
 def evidence(data_dir, rows) -> list[dict]:

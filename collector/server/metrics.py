@@ -43,7 +43,8 @@ snapshot stays. One run's failure stays with that run: its series keep their pre
 ``rankscope_metrics_run_errors_total{run_id}`` counts it (logged with its traceback the first time,
 in one line after), and every other run is refreshed and alerted on as usual. Each refresh also
 hands the runs' findings to the alert webhook, if one is set (collector.server.alerts), which posts
-the new ones.
+the new ones, and to the escalation, if one is set (collector.server.escalation), which asks the
+ranks they name for evidence.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class MetricsEndpoint:
         window: int = 10,
         keep_ended_s: float = 600.0,
         webhook: AlertWebhook | None = None,
+        escalation=None,
         token: str | None = None,
         max_ranks: int = MAX_RANKS,
         max_runs: int = MAX_RUNS,
@@ -135,6 +137,7 @@ class MetricsEndpoint:
         self.state = state
         self.refresh_s, self.window, self.keep_ended_s = refresh_s, window, keep_ended_s
         self.webhook = webhook
+        self.escalation = escalation
         if max_runs < 1:
             raise ValueError(f"--metrics-max-runs must be at least 1, got {max_runs}")
         self.max_ranks, self.max_runs, self.idle_refresh_s = max_ranks, max_runs, idle_refresh_s
@@ -319,6 +322,8 @@ class MetricsEndpoint:
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
         if self.webhook is not None:
             self.webhook.offer(run.run_id, run.name, found)
+        if self.escalation is not None:
+            self.escalation.offer(run.run_id, found, steps)
         return mine
 
     def _worst(self, ranks: set[int], per_rank: dict) -> set[int]:

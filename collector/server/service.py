@@ -431,7 +431,8 @@ class CollectorServicer:
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"command: {request.problem}")
         try:
-            return self.state.commands.send(request.run_id, request.ranks, request.request)
+            roles = dict.fromkeys(request.references, "reference")
+            return self.state.commands.send(request.run_id, request.ranks, request.request, roles=roles)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"command: {exc}")
 
@@ -637,6 +638,7 @@ def serve(
     max_streams_per_peer: int | None = None,
     stream_rows_per_s: float | None = None,
     stream_bytes_per_s: float | None = None,
+    auto_profile: bool = True,
 ) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 
@@ -647,7 +649,9 @@ def serve(
     ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics; with
     ``token``, only to requests bearing it, as every RPC), at most ``metrics_max_runs`` runs of it
     (default collector.server.metrics.MAX_RUNS);
-    ``alert_webhook``: post each new finding to this URL (collector.server.alerts)."""
+    ``alert_webhook``: post each new finding to this URL (collector.server.alerts);
+    ``auto_profile``: ask the ranks a new live finding names, and a reference rank, for evidence
+    (collector.server.escalation)."""
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         for warning in security.check_bind(host, token=token, tls=tls is not None, insecure=insecure):
@@ -685,15 +689,22 @@ def serve(
         print(f"rankscope collect: {exc}", file=sys.stderr)
         return 1
     metrics = None
-    if metrics_port is not None or alert_webhook:
+    if metrics_port is not None or alert_webhook or auto_profile:
         # imported only when asked for: the findings pull in pandas, the endpoint prometheus_client
         from collector.server.alerts import AlertWebhook
+        from collector.server.escalation import Escalation
         from collector.server.metrics import MetricsEndpoint
 
         try:
             webhook = AlertWebhook(alert_webhook) if alert_webhook else None
             metrics = MetricsEndpoint(
-                state, metrics_port, host.strip("[]"), webhook=webhook, token=token, **_given(max_runs=metrics_max_runs)
+                state,
+                metrics_port,
+                host.strip("[]"),
+                webhook=webhook,
+                escalation=Escalation(state.commands) if auto_profile else None,
+                token=token,
+                **_given(max_runs=metrics_max_runs),
             )
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"rankscope collect: {exc}", file=sys.stderr)

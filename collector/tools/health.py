@@ -7,6 +7,10 @@ JSON list (kind, severity, ranks, steps, text, cost_ms_per_step, evidence, page,
 scripts and schedulers: 0 nothing to report, 1 warnings, 2 something critical
 (a hang, a collective mismatch, a silent rank), 3 the run or data dir could not
 be read.
+
+Captured evidence (collector.data.trace_diff: a suspect's and a reference's profiles, diffed) is
+one ``evidence:`` line per capture, and in ``--json`` the ``captured`` list of each finding that
+names the suspect (headline, per-family lines, the traces' paths under the data dir).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import argparse
 import json
 import sys
 
-from collector.data import findings, queries, retention
+from collector.data import findings, queries, retention, trace_diff
 
 UNREADABLE = 3
 
@@ -46,13 +50,17 @@ def main(args: argparse.Namespace) -> int:
         run_id = queries.resolve_run(cat.con, args.run)
         found = findings.for_run(cat, run_id)
         retained = queries.retention(cat, run_id)
+        captured = trace_diff.run_evidence(cat, args.data_dir, run_id)
     except queries.UnknownRun as exc:
         print(f"rankscope health: {exc} in {args.data_dir}", file=sys.stderr)
         return UNREADABLE
     finally:
         cat.close()
     if args.json:
-        print(json.dumps([f.to_json() for f in found], indent=2))
+        print(json.dumps([trace_diff.attach(f.to_json(), captured) for f in found], indent=2))
     else:
         print(report(found, run_id, notes=args.all, retained_state=retained))
+        for e in captured:
+            shown = e.get("headline") or e.get("error")
+            print(f"{run_id}: evidence: {shown} (request {e['request_id']}, steps {e.get('steps')})")
     return findings.exit_code(found)

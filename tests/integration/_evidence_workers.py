@@ -1,6 +1,7 @@
 """Rank processes for the evidence tests: 4 gloo ranks with the hook attached, training a small
 model (manual gradient all_reduce, one ``optimizer.step()`` per step), one of them late in a named
-Python function. They run until ``out/stop`` appears (or ``max_steps``), then write ``out/rank<r>.json``."""
+Python function while ``out/slow`` exists (with ``slow_from_start``: from the first step). They run
+until ``out/stop`` appears (or ``max_steps``), then write ``out/rank<r>.json``."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def load_batch() -> torch.Tensor:
 def train_worker(
     rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_ms: float, step_ms: float, max_steps: int
 ) -> None:
+    slow_flag = Path(out, "slow")
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
@@ -50,7 +52,7 @@ def train_worker(
     try:
         while step < max_steps:
             step += 1
-            x = slow_loader(slow_ms) if rank == slow_rank else load_batch()
+            x = slow_loader(slow_ms) if rank == slow_rank and slow_flag.exists() else load_batch()
             time.sleep(step_ms / 1000)  # the rest of a step's work, the same on every rank
             loss = model(x).pow(2).mean()
             loss.backward()

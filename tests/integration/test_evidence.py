@@ -8,6 +8,9 @@ Waits poll a definite condition with a generous deadline (the machine is shared)
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +27,9 @@ SLOW_MS = 40.0
 STEP_MS = 10.0
 
 
-def _spawn(endpoint: str, out: Path, slow_rank: int = 1, max_steps: int = 3000):
+def _spawn(endpoint: str, out: Path, slow_rank: int = 1, max_steps: int = 3000, slow: bool = True):
+    if slow:
+        (out / "slow").write_text("")
     return mp.start_processes(
         workers.train_worker,
         args=(free_port(), endpoint, str(out), slow_rank, SLOW_MS, STEP_MS, max_steps),
@@ -84,10 +89,23 @@ def _rows_where(data_dir, run_id, **equal):
     return rows
 
 
-def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_function(tmp_path):
+def _cli(*args, token: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RANKSCOPE_TOKEN"}
+    if token:
+        env["RANKSCOPE_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+TOKEN = "evidence-token-0123456789abcdef"
+
+
+def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_function(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
-    with live_collector(tmp_path / "data") as collector:
+    monkeypatch.setenv("RANKSCOPE_TOKEN", TOKEN)  # the ranks (spawned children) stream with it
+    with live_collector(tmp_path / "data", token=TOKEN) as collector:
         ctx = _spawn(collector.endpoint, out)
         try:
             run_id = _wait(lambda: _streaming(collector), 120)
@@ -128,7 +146,96 @@ def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_funct
             assert "slow_loader" in found["headline"], found
             [slow] = [line for line in found["lines"] if line["name"].startswith("slow_loader (")]
             assert SLOW_MS / 2 < slow["delta_ms"] < SLOW_MS * 3, slow  # per step, not per capture
+
+            # on demand, from the command line: refused without the token, then a profile and stacks
+            where = ("--endpoint", collector.endpoint, "--data-dir", str(collector.data_dir))
+            refused = _cli("profile", run_id, "--ranks", "1", "--steps", "2", *where)
+            assert refused.returncode == 2 and "UNAUTHENTICATED" in refused.stdout + refused.stderr, refused
+            traces = tmp_path / "traces"
+            asked = _cli(
+                "profile",
+                run_id,
+                "--ranks",
+                "1",
+                "--reference",
+                "2",
+                "--steps",
+                "2",
+                "--out",
+                str(traces),
+                *where,
+                token=TOKEN,
+            )
+            assert asked.returncode == 0, asked.stdout + asked.stderr
+            assert "rank 1 spends" in asked.stdout and "slow_loader" in asked.stdout, asked.stdout
+            merged = json.loads((traces / "merged.json").read_text())
+            names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+            assert names == {"rank 1 (suspect)", "rank 2 (reference)"}
+            assert json.loads((traces / "rank2.json").read_text())["traceEvents"]
+            stacks = _cli("stacks", run_id, "--ranks", "3", *where, token=TOKEN)
+            assert stacks.returncode == 0 and "rank 3 MainThread (main)" in stacks.stdout, stacks.stdout + stacks.stderr
+            health = _cli("health", run_id, "--data-dir", str(collector.data_dir))
+            assert health.stdout.count("evidence: rank 1 spends") == 2, health.stdout
         finally:
             _stop_and_join(ctx, out)
     for r in range(workers.WORLD):
         assert json.loads((out / f"rank{r}.json").read_text())["error"] is None
+
+
+def _step_of(collector, run_id: str, rank: int) -> int:
+    ranks = collector.state.liveness.runs.get(run_id, {})
+    return ranks[rank].step if rank in ranks else 0
+
+
+def _refreshed_after(metrics, run_id: str, after: float) -> bool:
+    computed = metrics._computed.get(run_id)
+    return computed is not None and computed.at > after
+
+
+def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_healthy_phase_asks_nobody(tmp_path):
+    from collector.server.escalation import Escalation
+    from collector.server.metrics import MetricsEndpoint
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with live_collector(tmp_path / "data") as collector:
+        escalation = Escalation(collector.state.commands, run_interval_s=3600)
+        metrics = MetricsEndpoint(collector.state, None, refresh_s=0.5, escalation=escalation)
+        ctx = _spawn(collector.endpoint, out, slow=False)
+        try:
+            run_id = _wait(lambda: _streaming(collector), 120)
+            assert run_id, "the 4 ranks never streamed"
+            # healthy phase: 60 steps and two refreshes of the findings after them ask nobody
+            assert _wait(lambda: _step_of(collector, run_id, 1) >= 60, 120)
+            for _ in range(2):
+                mark = time.monotonic()
+                assert _wait(lambda mark=mark: _refreshed_after(metrics, run_id, mark), 60)
+            assert not escalation.asked and not collector.state.commands.sent
+            assert _rows_where(collector.data_dir, run_id).empty
+            (out / "slow").write_text("")  # rank 1 turns straggler
+
+            def captured():
+                rows = _rows_where(collector.data_dir, run_id, status="captured")
+                return rows if rows is not None and len(rows) == 2 else None
+
+            rows = _wait(captured, 180)
+            assert rows is not None, (escalation.asked, _artifacts(collector.data_dir, run_id))
+            [(asked_run, request_id, roles, _)] = escalation.asked  # one escalation: the rate limit holds
+            assert asked_run == run_id and roles[1] == "suspect"
+            [reference] = [r for r, role in roles.items() if role == "reference"]
+            assert reference != 1 and sorted(roles) == sorted({1, reference})
+            assert set(rows.request_id) == {request_id} and sorted(rows["rank"]) == sorted(roles)
+            assert all("rank 1" in f for f in rows.finding), list(rows.finding)
+            # within 10 steps of the ask: the suspect accepted at step a, its capture ended by a + 10
+            accepted = _rows_where(collector.data_dir, run_id, status="accepted", rank=1)
+            suspect = rows[rows["rank"] == 1].iloc[0]
+            assert suspect.last_step <= int(accepted.step.iloc[0]) + 10, (accepted, suspect)
+            [found] = trace_diff.evidence(collector.data_dir, _artifacts(collector.data_dir, run_id))
+            assert "slow_loader" in found["headline"].split(";")[0], found["headline"]
+            # the finding stays while the run goes on: it is not asked about again
+            mark = time.monotonic()
+            assert _wait(lambda: _refreshed_after(metrics, run_id, mark), 60)
+            assert len(escalation.asked) == 1 and len(collector.state.commands.sent) == 2
+        finally:
+            _stop_and_join(ctx, out)
+            metrics.close()
