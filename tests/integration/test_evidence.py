@@ -240,3 +240,87 @@ def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_hea
         finally:
             _stop_and_join(ctx, out)
             metrics.close()
+
+
+def _answered(data_dir, run_id, request_id, status, ranks):
+    rows = _rows_where(data_dir, run_id, request_id=request_id, status=status)
+    return rows if rows is not None and set(ranks) <= set(rows["rank"]) else None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_capture_breaks_nothing_and_its_peer_says_its_capture_ended(tmp_path):
+    import signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with live_collector(tmp_path / "data") as collector:
+        ctx = _spawn(collector.endpoint, out)
+        try:
+            run_id = _wait(lambda: _streaming(collector), 120)
+            assert run_id
+            reply = collector.state.commands.send(
+                run_id, [1, 0], pb.RankRequest(kind="profile", steps=20), roles={1: "suspect", 0: "reference"}
+            )
+            assert (
+                _wait(lambda: _answered(collector.data_dir, run_id, reply.request_id, "accepted", [0, 1]), 60)
+                is not None
+            )
+            os.kill(int((out / "pid1").read_text()), signal.SIGKILL)
+            failed = _wait(lambda: _answered(collector.data_dir, run_id, reply.request_id, "failed", [0]), 120)
+            assert failed is not None, _artifacts(collector.data_dir, run_id)
+            assert failed.detail.iloc[0].startswith("the run ended after "), failed.detail.iloc[0]
+            assert _rows_where(collector.data_dir, run_id, status="captured").empty
+            # the collector goes on: the dead rank is no longer reachable, and says so
+            assert _wait(lambda: 1 not in collector.state.liveness.streams_of(run_id), 60)
+            again = collector.state.commands.send(run_id, [1], pb.RankRequest(kind="stacks"))
+            assert list(again.sent) == [] and "rank 1: no stream" in again.refused[0]
+        finally:
+            _stop_and_join_any(ctx, out)
+    for r in (0, 2, 3):
+        assert json.loads((out / f"rank{r}.json").read_text())["error"]  # their peer died: the run failed
+
+
+def _stop_and_join_any(ctx, out: Path, timeout: float = 120.0) -> None:
+    """Like _stop_and_join, for a run one of whose ranks was killed (its exit code is not 0)."""
+    (out / "stop").write_text("")
+    deadline = time.monotonic() + timeout
+    while any(p.is_alive() for p in ctx.processes):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise AssertionError("ranks did not finish")
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_collector_restart_mid_capture_keeps_both_traces(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    data_dir, port = tmp_path / "data", free_port()
+    ctx = None
+    try:
+        with live_collector(data_dir, port=port) as collector:
+            ctx = _spawn(collector.endpoint, out)
+            run_id = _wait(lambda: _streaming(collector), 120)
+            assert run_id
+            reply = collector.state.commands.send(
+                run_id,
+                [1, 0],
+                pb.RankRequest(kind="profile", steps=10, with_stack=True),
+                roles={1: "suspect", 0: "reference"},
+            )
+            assert _wait(lambda: _answered(data_dir, run_id, reply.request_id, "accepted", [0, 1]), 60) is not None
+            assert _rows_where(data_dir, run_id, status="captured").empty  # stopped while the ranks capture
+        with live_collector(data_dir, port=port) as collector:
+            rows = _wait(lambda: _answered(data_dir, run_id, reply.request_id, "captured", [0, 1]), 120)
+            assert rows is not None, _artifacts(data_dir, run_id)
+            assert len(rows) == 2  # a resent trace is stored once
+            [found] = trace_diff.evidence(data_dir, _artifacts(data_dir, run_id))
+            assert "slow_loader" in found["headline"].split(";")[0], found["headline"]
+            _stop_and_join(ctx, out)
+            ctx = None
+    finally:
+        if ctx is not None:
+            _stop_and_join_any(ctx, out)
+    for r in range(workers.WORLD):
+        assert json.loads((out / f"rank{r}.json").read_text())["error"] is None
