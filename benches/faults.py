@@ -14,7 +14,10 @@ users write), then `rankscope health RUN --json` as a user runs it:
 - ``engine``: the bundled engine's example GPT with ZeRO-2 on 4 ranks (trainer.examples.faults);
 - ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/rank, healthy and
   with rank 1 50 ms late each step (collector/testing/workloads/framework_faults.py);
-- ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks;
+- ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks (and a slow host link at 1,024);
+- ``hosts``: collector/testing/workloads/hosts_train.py over 2 or 3 "hosts" (network namespaces,
+  collector.testing.multihost; skipped where namespaces cannot be made), one host's link throttled
+  with tc tbf from a loop index (and restored at another), or a compute straggler;
 - ``sample``: the archived sample runs (sample_runs/).
 Live faults (hang, crash, desync) are polled from the fault's own timestamp (the rank writes it
 when it injects) until the expected finding appears; the delay is the time to detect. The poll
@@ -67,6 +70,7 @@ CLASSES = {
     "moe_imbalance": "moe_imbalance",
     "loss_anomaly": "loss",
     "memory_growth": "memory",
+    "slow_link": "slow_link",
 }
 
 
@@ -82,7 +86,7 @@ class Expect:
 @dataclass
 class Case:
     name: str
-    source: str  # ddp, engine, hf, lightning, simulate, sample
+    source: str  # ddp, engine, hf, lightning, simulate, hosts, sample
     args: tuple[str, ...] = ()
     expect: tuple[Expect, ...] = ()
     live: str | None = None  # poll for this class while the job runs (hang, crash, desync)
@@ -101,6 +105,7 @@ class Outcome:
     cost_error: float | None = None
     onset_error: int | None = None
     median_step_ms: float | None = None  # step times the script measured (the first 2 left out)
+    link_rise_ms: float | None = None  # hosts: the median step's rise while the link was throttled
     mean_step_ms: float | None = None
     seconds: float = 0.0
     health_s: float | None = None  # `rankscope health` on the finished run (a fresh process)
@@ -201,6 +206,38 @@ def cases() -> list[Case]:
             ranks=1024,
         ),
     ]
+    # the slow host's ranks; at 2 hosts both links explain it (every cross-host group spans both)
+    link = "slow_link"
+    sim += [
+        Case(
+            "sim1024-slow-link",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--slow-link", "17:4@30-50"),
+            (Expect(link, tuple(range(136, 144)), onset=30),),
+            ranks=1024,
+        ),
+        Case(
+            "sim1024-host-groups-healthy",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--host-groups"),
+            ranks=1024,
+        ),
+        Case(
+            "sim1024-host-groups-straggler",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--host-groups", "--straggler", "300:40@30"),
+            (Expect(S, (300,), onset=30),),
+            ranks=1024,
+        ),
+    ]
+    # hosts: (hosts, ranks a host, throttle HOST:RATE@FROM[-TO] in loop indexes or "-", workload args...);
+    # hook steps count from 1: loop index i is step i + 1
+    hosts = [
+        Case("hosts2x2-throttled", "hosts", ("2", "2", "1:50mbit@20-40"), (Expect(link, (0, 1, 2, 3), onset=21),), 4),
+        Case("hosts3x2-throttled", "hosts", ("3", "2", "1:50mbit@20-40"), (Expect(link, (2, 3), onset=21),), 6),
+        Case("hosts2x2-healthy", "hosts", ("2", "2", "-"), ranks=4),
+        Case("hosts2x2-straggler", "hosts", ("2", "2", "-", "--fault", "sleep:3:60@15"), (Expect(S, (3,)),), 4),
+    ]
     sample = [
         Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4, quick=True),
         Case(
@@ -221,7 +258,7 @@ def cases() -> list[Case]:
         ),
         Case("sample-simulated-256", "sample", ("simulated-256-ranks",), (Expect(S, (117,)),), ranks=256),
     ]
-    return ddp + engine + frameworks + sim + sample
+    return ddp + engine + frameworks + sim + hosts + sample
 
 
 # ---- running a case ----
@@ -379,6 +416,27 @@ def run_simulated(case: Case, work: Path) -> Outcome:
     return outcome
 
 
+def run_hosts(case: Case, work: Path) -> Outcome:
+    from collector.testing import multihost
+
+    n_hosts, per_host, spec, *args = case.args
+    throttle = None if spec == "-" else multihost.Throttle.parse(spec)
+    run = multihost.train_on_hosts(
+        work / case.name, hosts=int(n_hosts), ranks_per_host=int(per_host), steps=55, name=case.name,
+        throttle=throttle, workload_args=tuple(args),
+    )  # fmt: skip
+    outcome = Outcome(case)
+    times = run.step_times[2:]
+    outcome.median_step_ms = 1e3 * statistics.median(times)
+    outcome.mean_step_ms = 1e3 * statistics.fmean(times)
+    if throttle is not None:
+        t, end = run.step_times, throttle.to_step or len(run.step_times)
+        during = t[throttle.from_step + 2 : end]
+        outcome.link_rise_ms = 1e3 * (statistics.median(during) - statistics.median(t[5 : throttle.from_step]))
+    outcome.found = health(run.data_dir, case.name)
+    return outcome
+
+
 def _step_time(outcome: Outcome, out: Path) -> None:
     times = out / "times.json"
     if times.exists():
@@ -411,6 +469,8 @@ def score(outcome: Outcome, healthy_ms: dict[str, float]) -> Outcome:
         if match.onset is not None:
             onset = f["evidence"].get("onset_step")
             outcome.onset_error = None if onset is None else int(onset) - match.onset
+        if cls == "slow_link" and outcome.link_rise_ms and outcome.link_rise_ms > 0 and f.get("cost_ms_per_step"):
+            outcome.cost_error = abs(f["cost_ms_per_step"] - outcome.link_rise_ms) / outcome.link_rise_ms
         base = healthy_ms.get(outcome.case.source)
         if cls == S and base and outcome.mean_step_ms and match.onset is None and match.window is None:
             # what the job lost per step: the case's mean step against the healthy run's typical one
@@ -502,6 +562,18 @@ def run_suite(selected: list[Case], work: Path, log=print) -> list[Outcome]:
             o = run_simulated(case, work)
             outcomes.append(o)
             log(f"  {case.name}: {len(o.found)} findings, health {o.health_s:.1f} s")
+        elif case.source == "hosts":
+            from collector.testing import netns
+
+            why = netns.unavailable()
+            if why is not None:
+                log(f"  {case.name}: skipped, network namespaces: {why}")
+                continue
+            t0 = time.perf_counter()
+            o = run_hosts(case, work)
+            o.seconds = time.perf_counter() - t0
+            outcomes.append(o)
+            log(f"  {case.name}: {len(o.found)} findings in {o.seconds:.0f} s")
         elif case.source == "sample":
             o = Outcome(case, found=health(REPO / "sample_runs", case.args[0]))
             outcomes.append(o)
@@ -546,7 +618,7 @@ def report(outcomes: list[Outcome], wall_s: float) -> str:
         f"{code_version(REPO)}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. "
         f"Command: `python -m benches.faults`; {len(outcomes)} cases in {wall_s / 60:.1f} min.\n\n"
         f"Overall F1 {summary['f1']:.2f} (precision {summary['precision']:.2f}, recall {summary['recall']:.2f}); "
-        f"healthy cases with a warning: {summary['healthy_warned']}; straggler cost error median "
+        f"healthy cases with a warning: {summary['healthy_warned']}; cost error (stragglers, slow links) median "
         f"{100 * statistics.median(costs):.0f}% (max {100 * max(costs):.0f}%) over {len(costs)} cases.\n\n"
         if costs
         else ""

@@ -108,11 +108,13 @@ def _one_story(found: list[Finding]) -> list[Finding]:
 
 
 def _explained_by(straggler: Finding, link: Finding) -> bool:
-    """A straggler whose ranks all used the slow link, late only while it was slow."""
+    """A straggler whose ranks all used the slow link, late while it was slow: a rank still
+    moving data over a slow link arrives late at its next collective (a compute straggler on
+    such a host at the same time is told as the link: one story per rank)."""
     affected = set(link.evidence.get("affected_ranks", ()))
     if not affected or not set(straggler.ranks) <= affected or straggler.steps is None or link.steps is None:
         return False
-    return link.steps[0] - 3 <= straggler.steps[0] and straggler.steps[1] <= link.steps[1] + 3
+    return straggler.steps[0] <= link.steps[1] and link.steps[0] <= straggler.steps[1]
 
 
 def for_run(

@@ -52,6 +52,8 @@ HISTORY_STEPS = 50
 SLOW_RATIO = 1.5
 NOISE_K = 2.0
 ALARM = 1.5
+# a slowdown must last this many steps (a scheduler stall of a step or two on a busy host is not a link)
+MIN_EPISODE_STEPS = 3
 # a link's cost must be at least this much per step, and this share of the step, to be named
 MIN_COST_MS = 1.0
 MIN_COST_SHARE = 0.05
@@ -192,6 +194,8 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     ends = [e.end for e in episode]
     end = None if any(x is None for x in ends) else int(np.median(ends))
     stop = end if end is not None else last_step + 1
+    if stop - onset < MIN_EPISODE_STEPS:
+        return None
     during = per_group[(per_group.step >= onset) & (per_group.step < stop)]
     # Over the episode's steps, a group is slowed when its typical step is out of its noise (a
     # one-step spike that alarmed is not; a noisy group's steady slowdown that did not alarm is),

@@ -1,0 +1,171 @@
+"""Slow links (collector/data/findings/links.py): how fast a slow host link is found, how often a
+healthy run raises one, and what the analysis costs.
+
+    python -m benches.slow_links [--ranks 1024] [--hosts 128] [--steps 120] [--seeds 3] [--out FILE]
+
+Targets (issue 31): a 4x slow link named within 10 steps of its onset, the right host, at 1,024
+ranks on 128 hosts; no finding on healthy runs; `rankscope health` at that scale <= 3 s.
+
+Method. `rankscope simulate` runs (collector/tools/simulate.py: the ZeRO-2 template step plus an
+all_reduce inside each host and with each neighbouring host, --host-groups), written into a data dir
+through the collector's Store, then read back as `rankscope health` reads them:
+- detection delay: one host's link FACTOR times slower (2x, 4x, 10x) from step S for each seed; the
+  delay is the finding's ``detected_step`` (the CUSUM's alarm) less S, in steps and in the simulated
+  step's seconds; the host named must be the slowed one;
+- false alarms: healthy --host-groups runs (each seed) and healthy runs with a 40 ms compute
+  straggler: any slow_link finding counts;
+- cost: ``findings.links.slow_links`` on the run's query results, per rank-step (median of 5), and its
+  queries (``link_transfers``, ``group_members`` over the comm rollup); the whole `rankscope health
+  RUN` as a fresh process (median of 3), with its findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benches._common import code_version
+from benches._sections import replace_section
+from benches.dashboard_queries import machine
+from collector.data import findings, queries
+from collector.data.findings import links
+from collector.tools import simulate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(sim: simulate.Simulation, work: Path) -> Path:
+    d = work / sim.run_id
+    simulate.write_data_dir(sim, d)
+    return d
+
+
+def found(d: Path, run_id: str) -> list[findings.Finding]:
+    cat = queries.Catalog(d)
+    try:
+        return findings.for_run(cat, run_id)
+    finally:
+        cat.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Slow links: detection delay, false alarms, cost.")
+    p.add_argument("--ranks", type=int, default=1024)
+    p.add_argument("--hosts", type=int, default=128)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", default=str(REPO / "benches" / "RESULTS-slow-links.md"))
+    args = p.parse_args(argv)
+    onset, slow_host = args.steps // 2, args.hosts // 3
+    shape = dict(ranks=args.ranks, hosts=args.hosts, steps=args.steps)
+    delay_rows, alarm_rows, cost_rows = [], [], []
+    with tempfile.TemporaryDirectory(prefix="rankscope-links-") as tmp:
+        work = Path(tmp)
+        for factor in (2.0, 4.0, 10.0):
+            delays, named = [], 0
+            for seed in range(args.seeds):
+                link = simulate.SlowLink(slow_host, factor, onset)
+                sim = simulate.Simulation(**shape, slow_links=(link,), seed=seed, run_id=f"slow{factor:g}x-{seed}")
+                got = [f for f in found(write(sim, work), sim.run_id) if f.kind == "slow_link"]
+                ok = [f for f in got if f.evidence["hosts"] == [[sim.host(slow_host * sim.ranks_per_host)]]]
+                named += bool(ok) and len(got) == 1
+                if ok:
+                    delays.append(ok[0].evidence["detected_step"] - onset)
+                period_s = sim.step_period_ns / 1e9
+            med = statistics.median(delays) if delays else float("nan")
+            delay_rows.append(
+                f"| {factor:g}x | {named}/{args.seeds} | {med:.0f} ({min(delays, default=0)}-{max(delays, default=0)}) "
+                f"| {med * period_s:.2f} s (step {1e3 * period_s:.0f} ms) |"
+            )
+        for label, extra in (
+            ("healthy", {}),
+            ("compute straggler 40 ms", {"stragglers": (simulate.Straggler(7, 40_000_000, onset),)}),
+        ):
+            alarms = 0
+            for seed in range(args.seeds):
+                sim = simulate.Simulation(
+                    **shape, host_groups=True, seed=seed, run_id=f"calm-{seed}-{len(alarm_rows)}", **extra
+                )
+                alarms += sum(f.kind == "slow_link" for f in found(write(sim, work), sim.run_id))
+            alarm_rows.append(f"| {label} | {args.seeds} | {alarms} |")
+
+        # cost, on the 4x run of seed 0
+        sim = simulate.Simulation(**shape, slow_links=(simulate.SlowLink(slow_host, 4.0, onset),), run_id="cost")
+        d = write(sim, work)
+        cat = queries.Catalog(d)
+        rollup = queries.comm_rollup(cat, "cost")
+        t0 = time.perf_counter()
+        frames = (queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, "cost"))
+        query_s = time.perf_counter() - t0
+        steps = queries.step_analysis(cat, "cost")
+        cat.close()
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            links.slow_links(*frames, steps)
+            samples.append(time.perf_counter() - t0)
+        analysis_s = statistics.median(samples)
+        rank_steps = args.ranks * args.steps
+        health = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = subprocess.run(
+                [sys.executable, "-m", "collector.tools.cli", "health", "cost", "--data-dir", str(d)],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            health.append(time.perf_counter() - t0)
+        cost_rows += [
+            f"| slow_links() on the query results | {1e3 * analysis_s:.0f} ms "
+            f"| {1e6 * analysis_s / rank_steps:.2f} µs |",
+            f"| its queries (link_transfers, group_members, ranks) | {1e3 * query_s:.0f} ms "
+            f"| {1e6 * query_s / rank_steps:.2f} µs |",
+            f"| `rankscope health RUN` (fresh process, median of 3) | {statistics.median(health):.2f} s "
+            f"(max {max(health):.2f}) | {1e6 * statistics.median(health) / rank_steps:.2f} µs |",
+        ]
+        said = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]
+
+    load = os.getloadavg()
+    text = "\n".join(
+        [
+            "# Slow links",
+            "",
+            f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}; {code_version(REPO)}; "
+            f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Command: `python -m "
+            f"benches.slow_links --ranks {args.ranks} --hosts {args.hosts} --steps {args.steps} --seeds {args.seeds}` "
+            f"(`rankscope simulate`: host {slow_host}'s link slowed from step {onset}, {args.seeds} seeds each).",
+            "",
+            "Detection delay (the CUSUM's alarm less the onset):",
+            "",
+            "| link slower by | right host named, alone | delay in steps: median (range) | delay in time |",
+            "|---|---:|---:|---:|",
+            *delay_rows,
+            "",
+            "False alarms (slow_link findings on runs without a slow link):",
+            "",
+            "| runs | count | slow_link findings |",
+            "|---|---:|---:|",
+            *alarm_rows,
+            "",
+            f"Cost, {args.ranks} ranks x {args.steps} steps ({rank_steps:,} rank-steps), the 4x run:",
+            "",
+            "| what | time | per rank-step |",
+            "|---|---:|---:|",
+            *cost_rows,
+            "",
+            f"`rankscope health` said: {said}",
+        ]
+    )
+    print(text)
+    replace_section(Path(args.out), text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
