@@ -17,21 +17,9 @@ import pandas as pd
 
 from collector.data import layout
 
-
-def _has_rows(data_dir: str, run_id: str) -> bool:
-    part = layout.partition_dir(Path(data_dir), "pipe", run_id)
-    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
-
-
-def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
-    """Per (step, data_rank, stage): rank, stages, micro_batches, layers, span_ms, fwd_ms, bwd_ms,
-    busy_ms, bubble_ms, bubble_fraction, ideal_fraction, recv_ms (waiting on neighbours). Empty for
-    a run without pipeline parallelism."""
-    if not _has_rows(cat.data_dir, run_id):
-        return pd.DataFrame()
-    return cat.df(
-        """
-        WITH p AS (SELECT * FROM pipe WHERE run_id = ?),
+# Per (step, data_rank, stage) bubbles over ``rows`` (a query giving pipe rows with rank).
+BUBBLES_SQL = """
+        WITH p AS ({rows}),
         span AS (SELECT step, data_rank, min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT stage) AS seen
                  FROM p WHERE kind IN ('fwd', 'bwd') GROUP BY step, data_rank),
         st AS (SELECT step, data_rank, stage, min(rank) AS rank, max(stages) AS stages,
@@ -48,9 +36,21 @@ def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
                (st.stages - 1) / (st.micro_batches + st.stages - 1) AS ideal_fraction, recv_ms
         FROM st JOIN span USING (step, data_rank)
         WHERE span.seen = st.stages
-        ORDER BY st.step, st.data_rank, st.stage""",
-        [run_id],
-    )
+        ORDER BY st.step, st.data_rank, st.stage"""
+
+
+def _has_rows(data_dir: str, run_id: str) -> bool:
+    part = layout.partition_dir(Path(data_dir), "pipe", run_id)
+    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
+
+
+def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
+    """Per (step, data_rank, stage): rank, stages, micro_batches, layers, span_ms, fwd_ms, bwd_ms,
+    busy_ms, bubble_ms, bubble_fraction, ideal_fraction, recv_ms (waiting on neighbours). Empty for
+    a run without pipeline parallelism."""
+    if not _has_rows(cat.data_dir, run_id):
+        return pd.DataFrame()
+    return cat.df(BUBBLES_SQL.format(rows="SELECT * FROM pipe WHERE run_id = ?"), [run_id])
 
 
 def timeline(cat, run_id: str, step: int, data_rank: int = 0) -> pd.DataFrame:
@@ -67,3 +67,12 @@ def timeline(cat, run_id: str, step: int, data_rank: int = 0) -> pd.DataFrame:
         FROM p ORDER BY stage, start_ns""",
         [run_id, int(step), int(data_rank)],
     )
+
+
+def bubbles_of(rows: pd.DataFrame) -> pd.DataFrame:
+    """``stage_bubbles`` over in-memory ``pipe`` rows (with a ``rank`` column), e.g. a benchmark's."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        con.register("rows_in", rows)
+        return con.execute(BUBBLES_SQL.format(rows="SELECT * FROM rows_in")).df()

@@ -34,6 +34,7 @@ SCRIPTS = {
     "tagged_checkpoints.py": [],
     "seed002_getting_started.py": [],
     "seed001_examples.py": [],
+    "pipeline_module.py": [],
 }
 
 
