@@ -23,6 +23,7 @@ from collector.tools.importers import (
     comms_summary,
     comms_verbose,
     csv_monitor,
+    flight_recorder,
     flops_text,
     parquet_table,
     tensorboard,
@@ -30,7 +31,7 @@ from collector.tools.importers import (
 from collector.tools.importers.base import Parsed
 
 # Order matters only for reporting; text formats may both claim a console log.
-FORMATS = (tensorboard, csv_monitor, comms_summary, parquet_table, flops_text, comms_verbose)
+FORMATS = (tensorboard, csv_monitor, comms_summary, parquet_table, flops_text, flight_recorder, comms_verbose)
 
 
 @dataclass
@@ -81,7 +82,8 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
                     file,
                     "",
                     "not a DeepSpeed output rankscope knows (csv_monitor csv, "
-                    "tfevents, log_summary JSON, verbose comms log, flops profile, Parquet)",
+                    "tfevents, log_summary JSON, verbose comms log, flops profile, Parquet, "
+                    "Flight Recorder dump)",
                 )
             else:
                 result.skipped.append(str(file))
@@ -108,6 +110,7 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
                 )
                 del parsed.rows[key]
     _drop_csv_duplicates(parsed_by_format, result)
+    flight_recorder.settle([p for fmt, p in parsed_by_format if fmt is flight_recorder])
     for _, parsed in parsed_by_format:
         result.parsed.merge(parsed)
     if world_size:

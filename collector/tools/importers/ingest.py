@@ -60,6 +60,8 @@ def import_path(
         source="import",
         client_key=client_key or run_id,
         default_ns=int(path.stat().st_mtime_ns),
+        # collectives still in flight (a Flight Recorder dump of a hang): the run did not end
+        with_end=not parsed.row_count("inflight"),
     )
     total = sum(len(s) for s in streams)
     with tqdm(total=total, desc=f"import {name}", unit="batch", disable=None, leave=False) as bar:
