@@ -173,6 +173,44 @@ def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
     return _tidy(fig, "Bus bandwidth vs message size")
 
 
+def busbw_envelope(band: pd.DataFrame, marks: pd.DataFrame) -> go.Figure:
+    """Median busbw per message size and op, its expected envelope (10th-90th percentile of the
+    healthy steps) as a band, and the sizes a slow link pushed under it as red crosses."""
+    fig = go.Figure()
+    palette = px.colors.qualitative.Plotly
+    for i, (op, rows) in enumerate(band.sort_values("bytes").groupby("op", sort=True)):
+        colour = palette[i % len(palette)]
+        x = rows.bytes.tolist()
+        fig.add_trace(
+            go.Scatter(
+                x=x + x[::-1],
+                y=rows.high.tolist() + rows.low.tolist()[::-1],
+                fill="toself",
+                fillcolor=colour,
+                opacity=0.2,
+                line=dict(width=0),
+                hoverinfo="skip",
+                name=f"{op} expected (p10-p90)",
+            )
+        )
+        fig.add_trace(go.Scatter(x=x, y=rows.mid, mode="lines+markers", line=dict(color=colour), name=op))
+    if not marks.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=marks.bytes,
+                y=marks.busbw_gbs,
+                mode="markers",
+                marker=dict(symbol="x", size=12, color="red"),
+                name="slow link",
+                text=[f"steps {s}: {t}" for s, t in zip(marks.steps, marks.text, strict=True)],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title="message size (bytes, log)", type="log")
+    fig.update_yaxes(title="busbw (GB/s)")
+    return _tidy(fig, "Bus bandwidth vs message size, expected band")
+
+
 def colour_ceiling(grid: pd.DataFrame) -> float | None:
     """The top of a rank x step heatmap's colour scale: the largest value after the first step, when
     the first step (warm-up: allocator, first collectives, often 5-10x a later step) is larger, so
@@ -460,3 +498,36 @@ def custom(df: pd.DataFrame, kind: str, x: str, y: str, color: str | None) -> go
         if not pd.api.types.is_numeric_dtype(df[x]):
             fig.update_xaxes(type="category")
     return _tidy(fig, f"{y} by {x}")
+
+
+PIPE_KINDS = {"fwd": "forward", "bwd": "backward", "recv_act": "wait: activation", "recv_grad": "wait: gradient"}
+
+
+def pipeline_timeline(line: pd.DataFrame, title: str) -> go.Figure:
+    """Stages x time for one step: forward and backward per micro-batch (coloured by micro-batch, backward
+    hatched), the waits for a neighbour in grey; the gaps are the bubbles."""
+    fig = go.Figure()
+    palette = px.colors.qualitative.Plotly
+    for kind, rows in line[line.kind.isin(list(PIPE_KINDS))].groupby("kind", sort=False):
+        waiting = kind.startswith("recv")
+        fig.add_trace(
+            go.Bar(
+                name=PIPE_KINDS[kind],
+                y=[f"stage {s}" for s in rows.stage],
+                x=rows.end_ms - rows.start_ms,
+                base=rows.start_ms,
+                orientation="h",
+                marker=dict(
+                    color="lightgrey" if waiting else [palette[mb % len(palette)] for mb in rows.micro_batch],
+                    pattern_shape="/" if kind == "bwd" else "",
+                ),
+                text=None if waiting else [str(mb) for mb in rows.micro_batch],
+                customdata=rows.micro_batch,
+                hovertemplate=f"{PIPE_KINDS[kind]}, micro-batch %{{customdata}}: at %{{base:.1f}} ms, "
+                "%{x:.1f} ms<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="overlay")
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_xaxes(title="ms from the step's first event")
+    return _tidy(fig, title)

@@ -26,6 +26,7 @@ page = st.navigation(
             st.Page(PAGES / "comms.py", title="Comms", icon=":material/swap_horiz:"),
             st.Page(PAGES / "stragglers.py", title="Stragglers", icon=":material/hourglass_bottom:"),
             st.Page(PAGES / "liveness.py", title="Liveness", icon=":material/heart_broken:"),
+            st.Page(PAGES / "pipeline.py", title="Pipeline", icon=":material/view_timeline:"),
         ],
         "Model": [
             st.Page(PAGES / "flops.py", title="FLOPS", icon=":material/account_tree:"),

@@ -22,6 +22,7 @@ import streamlit as st
 
 from collector.data import layout
 from collector.data import queries as q
+from collector.data.findings import links
 from collector.data.queries import CommFilter, DataDirError, data_version, training_filter
 
 CACHE_TTL_S = 600
@@ -149,6 +150,21 @@ def bandwidth_by_step(data_dir: str, run_id: str, version: str, flt: CommFilter)
 @_cached(**_FILTERED)
 def bandwidth_by_size(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
     return q.bandwidth_by_size(comm_rollup(data_dir, run_id, version), flt)
+
+
+@_cached()
+def busbw_envelope(data_dir: str, run_id: str, version: str) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+    """(band, marks, slow_link findings) of the run: the expected busbw per op and size and the
+    sizes a slow link pushed under it (collector.data.findings.links)."""
+    rollup = comm_rollup(data_dir, run_id, version)
+    found = links.slow_links(
+        q.link_transfers(rollup),
+        q.group_members(rollup),
+        ranks(data_dir, run_id, version),
+        step_analysis(data_dir, run_id, version),
+    )
+    band, marks = links.busbw_envelope(q.busbw_by_step_size(rollup), found)
+    return band, marks, found
 
 
 @_cached(**_FILTERED)

@@ -115,13 +115,22 @@ def comms_page() -> None:
         left.plotly_chart(
             state.memo(f"comms.bw.{run_id}.{metric}.{flt.key()}", moved, lambda: bandwidth_chart(version))
         )
-        right.plotly_chart(
-            state.memo(
-                f"comms.size.{run_id}.{flt.key()}",
-                moved,
-                lambda: charts.busbw_vs_size(queries.bandwidth_by_size(d, run_id, version, flt)),
+        band, marks, slow = queries.busbw_envelope(d, run_id, version)
+        if flt.key() == queries.CommFilter().key() and not band.empty:
+            # the whole run: the expected envelope, learned from its healthy steps, and what fell out
+            right.plotly_chart(
+                state.memo(f"comms.envelope.{run_id}", moved, lambda: charts.busbw_envelope(band, marks))
             )
-        )
+        else:
+            right.plotly_chart(
+                state.memo(
+                    f"comms.size.{run_id}.{flt.key()}",
+                    moved,
+                    lambda: charts.busbw_vs_size(queries.bandwidth_by_size(d, run_id, version, flt)),
+                )
+            )
+        for finding in slow:
+            st.warning(f"Slow link: {finding.text}")
 
         st.subheader("Summary (deepspeed.comm.log_summary)")
         st.caption("Counts add up every selected rank's records; tput is algbw. Gbps = 8 × GB/s.")

@@ -687,6 +687,17 @@ def link_transfers(rollup: pa.Table) -> pd.DataFrame:
     )
 
 
+def busbw_by_step_size(rollup: pa.Table) -> pd.DataFrame:
+    """Per (step, op, bytes): mean busbw, for the expected envelope over message sizes."""
+    return _on_rollup(
+        rollup,
+        """
+        SELECT step, op, bytes, sum(busbw_sum) / sum(n) AS busbw_gbs
+        FROM r WHERE n > 0 AND bytes > 0 GROUP BY ALL ORDER BY op, bytes, step""",
+        [],
+    )
+
+
 def group_members(rollup: pa.Table) -> pd.DataFrame:
     """(group_name, rank): the ranks seen in each process group."""
     return _on_rollup(

@@ -162,6 +162,17 @@ def test_moe_page_empty_state_offers_the_run_that_has_moe_records_one_click_away
     assert len(at.get("plotly_chart")) == 2 and "No MoE records" not in texts(at.info)
 
 
+def test_pipeline_page_draws_a_step_and_the_bubbles(open_page):
+    at = open_page("views/pipeline.py", [FINISHED.run_id])
+    assert len(at.get("plotly_chart")) == 2  # the step's timeline, bubble fraction per stage over steps
+    table = frames(at)[0]
+    assert list(table.stage) == [0, 1]  # the fake run: a balanced 2-stage pipeline, 8 micro-batches
+    assert (abs(table.bubble_fraction - 1 / 9) < 1e-9).all()  # exactly 1F1B's ideal: equal stages, no overhead
+    at.select_slider[0].set_value(3).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.get("plotly_chart")) == 2
+
+
 def _console(open_page, sql: str) -> AppTest:
     at = open_page("views/sql.py")
     at.text_area[0].set_value(sql)

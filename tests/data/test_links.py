@@ -109,3 +109,25 @@ def test_one_slow_host_of_128_named_at_1024_ranks(tmp_path):
     assert link.evidence["hosts"] == [["node-0077"]]
     assert abs(link.evidence["onset_step"] - 25) <= 3 and abs(link.evidence["end_step"] - 45) <= 3
     assert not only(found, "straggler")
+
+
+def test_the_busbw_envelope_comes_from_healthy_steps_and_marks_what_the_link_pushed_under_it(tmp_path):
+    sim = simulate.Simulation(
+        run_id="env", ranks=32, hosts=4, steps=40, slow_links=(simulate.SlowLink(1, 4.0, 20, 30),)
+    )
+    simulate.write_data_dir(sim, tmp_path / "d")
+    cat = queries.Catalog(tmp_path / "d")
+    rollup = queries.comm_rollup(cat, "env")
+    by_step = queries.busbw_by_step_size(rollup)
+    [link] = only(findings.for_run(cat, "env"), "slow_link")
+    cat.close()
+    band, marks = links.busbw_envelope(by_step, [link])
+    host_groups = band[band.bytes == simulate.HOST_GROUP_BYTES].set_index("op")
+    assert (band.low <= band.mid).all() and (band.mid <= band.high).all()
+    # the band is the healthy steps' (a pair's 4 ms per 4 MiB all_reduce gives ~1 GB/s), not the slow ones'
+    healthy = by_step[(by_step.step < 20) & (by_step.bytes == simulate.HOST_GROUP_BYTES)].busbw_gbs
+    assert healthy.quantile(0.1) <= host_groups.loc["all_reduce", "mid"] <= healthy.quantile(0.9)
+    assert not marks.empty and set(marks.steps) == {f"{link.steps[0]}-{link.steps[1]}"}
+    assert (marks.merge(band, on=["op", "bytes"]).eval("busbw_gbs < low")).all()
+    # nothing slow: no marks
+    assert links.busbw_envelope(by_step, [])[1].empty

@@ -27,7 +27,14 @@ def found(run: multihost.HostsRun) -> list[findings.Finding]:
 
 
 def warnings(found_: list[findings.Finding]) -> list[findings.Finding]:
-    return [f for f in found_ if f.severity in ("warning", "critical")]
+    """Warnings and worse, less a straggler `health` itself blames on host CPU contention: what an
+    oversubscribed 2-core test host does to a rank (the fault suite's carve-out too)."""
+    return [
+        f
+        for f in found_
+        if f.severity in ("warning", "critical")
+        and not (f.kind == "straggler" and f.evidence.get("cause") == "host_cpu")
+    ]
 
 
 def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_and_cost(tmp_path):

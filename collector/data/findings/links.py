@@ -312,3 +312,32 @@ def _smallest_covers(sets: list[frozenset]) -> list[frozenset]:
 def _host_list(hosts) -> str:
     hosts = sorted(hosts)
     return hosts[0] if len(hosts) == 1 else ", ".join(hosts[:-1]) + " and " + hosts[-1]
+
+
+def busbw_envelope(by_step: pd.DataFrame, found: list[Finding]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For the Comms page's busbw-vs-size chart. ``by_step``: queries.busbw_by_step_size (step, op,
+    bytes, busbw_gbs); ``found``: slow_link findings. Returns (band, marks): per (op, bytes) the
+    expected envelope -- the 10th, 50th and 90th percentile of its per-step busbw over the steps no
+    slow link covers (warm-up left out) -- and per (finding, op, bytes) the median busbw over the
+    finding's steps where it fell under the band's bottom, with the finding's words."""
+    band_cols = ["op", "bytes", "low", "mid", "high"]
+    mark_cols = ["op", "bytes", "busbw_gbs", "steps", "text"]
+    if by_step.empty:
+        return pd.DataFrame(columns=band_cols), pd.DataFrame(columns=mark_cols)
+    df = by_step[by_step.step >= by_step.step.min() + WARMUP_STEPS]
+    windows = [f.steps for f in found if f.kind == "slow_link" and f.steps is not None]
+    slow = np.zeros(len(df), dtype=bool)
+    for first, last in windows:
+        slow |= df.step.between(first, last).to_numpy()
+    q = df[~slow].groupby(["op", "bytes"]).busbw_gbs
+    band = pd.concat([q.quantile(0.1), q.median(), q.quantile(0.9)], axis=1, keys=["low", "mid", "high"]).reset_index()
+    marks = []
+    for f in found:
+        if f.kind != "slow_link" or f.steps is None:
+            continue
+        during = df[df.step.between(*f.steps)].groupby(["op", "bytes"]).busbw_gbs.median().rename("busbw_gbs")
+        fell = band.merge(during.reset_index(), on=["op", "bytes"])
+        fell = fell[fell.busbw_gbs < fell.low]
+        for row in fell.itertuples():
+            marks.append((row.op, row.bytes, row.busbw_gbs, f"{f.steps[0]}-{f.steps[1]}", f.text))
+    return band[band_cols], pd.DataFrame(marks, columns=mark_cols)
