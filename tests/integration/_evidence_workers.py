@@ -67,3 +67,32 @@ def train_worker(
     hook.detach("failed" if error else "finished")
     Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": step, "error": error}))
     os._exit(0)
+
+
+def engine_worker(
+    rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_ms: float, max_steps: int
+) -> None:
+    """The bundled engine (ZeRO-2) instead of the hook; rank ``slow_rank`` late in ``slow_loader``."""
+    import trainer
+    from tests.trainer._engine_util import engine_config, make_model, micro_batches
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    trainer.init_distributed("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    cfg = engine_config(stage=2, batch=8, gas=1)
+    cfg["telemetry"] = {"run": "evidence-engine", "endpoint": endpoint, "hang_after_s": 30.0}
+    engine, *_ = trainer.initialize(model=make_model(), config=cfg)
+    stop, step = Path(out, "stop"), 0
+    while step < max_steps and not stop.exists():
+        if rank == slow_rank:
+            slow_loader(slow_ms)
+        for x, y in micro_batches(step, 8, rank, WORLD, 1):
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+        step += 1
+    engine.close()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": step, "error": None}))
+    dist.destroy_process_group()

@@ -324,3 +324,39 @@ def test_a_collector_restart_mid_capture_keeps_both_traces(tmp_path):
             _stop_and_join_any(ctx, out)
     for r in range(workers.WORLD):
         assert json.loads((out / f"rank{r}.json").read_text())["error"] is None
+
+
+@pytest.mark.slow
+def test_an_engine_run_straggler_is_profiled_by_escalation_and_the_diff_names_the_function(tmp_path):
+    from collector.server.escalation import Escalation
+    from collector.server.metrics import MetricsEndpoint
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with live_collector(tmp_path / "data") as collector:
+        escalation = Escalation(collector.state.commands)
+        metrics = MetricsEndpoint(collector.state, None, refresh_s=1.0, escalation=escalation)
+        ctx = mp.start_processes(
+            workers.engine_worker,
+            args=(free_port(), collector.endpoint, str(out), 1, SLOW_MS, 3000),
+            nprocs=workers.WORLD,
+            join=False,
+            start_method="spawn",
+        )
+        try:
+            run_id = _wait(lambda: _streaming(collector), 180)
+            assert run_id, "the 4 ranks never streamed"
+
+            def captured():
+                rows = _rows_where(collector.data_dir, run_id, status="captured")
+                return rows if rows is not None and len(rows) == 2 else None
+
+            rows = _wait(captured, 240)
+            assert rows is not None, (escalation.asked, _artifacts(collector.data_dir, run_id))
+            assert sorted(rows.role) == ["reference", "suspect"]
+            assert int(rows[rows.role == "suspect"]["rank"].iloc[0]) == 1
+            [found] = trace_diff.evidence(collector.data_dir, _artifacts(collector.data_dir, run_id))
+            assert "slow_loader" in found["headline"].split(";")[0], found["headline"]
+        finally:
+            _stop_and_join(ctx, out)
+            metrics.close()
