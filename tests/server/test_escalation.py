@@ -36,33 +36,32 @@ class NoStore:
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    """(data dir, the straggler run's id, the healthy run's id)."""
+    """{"late" / "healthy": (run id, rank -> host, its findings, its step analysis)}."""
     data_dir = tmp_path_factory.mktemp("sim1k")
     common = ["simulate", "--ranks", str(RANKS), "--hosts", str(HOSTS), "--steps", "60", "--data-dir", str(data_dir)]
     assert cli([*common, "--straggler", f"{SUSPECT}:40@20", "--name", "late"]) == 0
     assert cli([*common, "--name", "healthy"]) == 0
     cat = queries.Catalog(data_dir)
     try:
-        return data_dir, queries.resolve_run(cat.con, "late"), queries.resolve_run(cat.con, "healthy")
+        runs = {}
+        for name in ("late", "healthy"):
+            run_id = queries.resolve_run(cat.con, name)
+            hosts = dict(cat.df("select rank, host from ranks where run_id = ?", [run_id]).itertuples(index=False))
+            runs[name] = (run_id, hosts, findings.for_run(cat, run_id), queries.step_analysis(cat, run_id))
+        return runs
     finally:
         cat.close()
 
 
-def _live(data_dir, run_id):
+def _live(simulated, name: str = "late"):
     """Liveness with every rank of the run streaming (its Hello, host included), and the run's findings."""
-    cat = queries.Catalog(data_dir)
-    try:
-        hosts = dict(cat.df("select rank, host from ranks where run_id = ?", [run_id]).itertuples(index=False))
-        found = findings.for_run(cat, run_id)
-        steps = queries.step_analysis(cat, run_id)
-    finally:
-        cat.close()
+    run_id, hosts, found, steps = simulated[name]
     liveness = Liveness(NoStore(), start=False)
     streams = {}
     for rank in range(RANKS):
         streams[rank] = RecordingStream()
         liveness.observe(streams[rank], fake_runs.hello(f"c{rank}", 1, run_id, rank, RANKS, host=hosts[rank]))
-    return liveness, streams, hosts, found, steps
+    return run_id, liveness, streams, hosts, found, steps
 
 
 def _asked(streams) -> dict[int, list]:
@@ -70,8 +69,7 @@ def _asked(streams) -> dict[int, list]:
 
 
 def test_at_1024_ranks_only_the_suspect_and_a_reference_on_its_host_are_asked_once(simulated):
-    data_dir, run_id, _ = simulated
-    liveness, streams, hosts, found, steps = _live(data_dir, run_id)
+    run_id, liveness, streams, hosts, found, steps = _live(simulated)
     assert any(f.kind == "straggler" and f.ranks == (SUSPECT,) for f in found), [f.text for f in found]
     escalation = Escalation(Commands(liveness))
     [request_id] = escalation.offer(run_id, found, steps)
@@ -93,8 +91,7 @@ def test_at_1024_ranks_only_the_suspect_and_a_reference_on_its_host_are_asked_on
 
 
 def test_the_per_rank_limit_holds_when_the_run_limit_allows(simulated):
-    data_dir, run_id, _ = simulated
-    liveness, streams, _, found, steps = _live(data_dir, run_id)
+    run_id, liveness, streams, _, found, steps = _live(simulated)
     escalation = Escalation(Commands(liveness), run_interval_s=0)
     assert len(escalation.offer(run_id, found, steps)) == 1
     worse = Finding(kind="straggler", severity="critical", text=f"rank {SUSPECT} costs more", ranks=(SUSPECT,))
@@ -103,16 +100,14 @@ def test_the_per_rank_limit_holds_when_the_run_limit_allows(simulated):
 
 
 def test_a_healthy_1024_rank_run_asks_nobody(simulated):
-    data_dir, _, healthy = simulated
-    liveness, streams, _, found, steps = _live(data_dir, healthy)
+    healthy, liveness, streams, _, found, steps = _live(simulated, "healthy")
     assert not [f for f in found if f.severity in ("warning", "critical")], [f.text for f in found]
     assert Escalation(Commands(liveness)).offer(healthy, found, steps) == []
     assert not _asked(streams)
 
 
 def test_a_hang_asks_the_ranks_it_names_for_stacks_and_no_reference(simulated):
-    data_dir, run_id, _ = simulated
-    liveness, streams, _, _, steps = _live(data_dir, run_id)
+    run_id, liveness, streams, _, _, steps = _live(simulated)
     hang = Finding(kind="hang", severity="critical", text="ranks 3 and 9 are missing from all_reduce #7", ranks=(3, 9))
     assert len(Escalation(Commands(liveness)).offer(run_id, [hang], steps)) == 1
     asked = _asked(streams)
@@ -120,8 +115,7 @@ def test_a_hang_asks_the_ranks_it_names_for_stacks_and_no_reference(simulated):
 
 
 def test_a_run_not_streaming_here_asks_nobody(simulated):
-    data_dir, run_id, _ = simulated
-    liveness, streams, _, found, steps = _live(data_dir, run_id)
+    run_id, liveness, streams, _, found, steps = _live(simulated)
     for stream in streams.values():
         liveness.closed(stream)
     assert Escalation(Commands(liveness)).offer(run_id, found, steps) == []
