@@ -270,6 +270,7 @@ _ACCEPTED_TOP_LEVEL = frozenset(
         "zero_force_ds_cpu_optimizer",
         "dump_state",
         "activation_checkpointing",
+        "pipeline",  # trainer.pipe.engine reads activation_checkpoint_interval; the rest are GPU-only knobs
         "amp",
         "autotuning",
         "checkpoint",

@@ -47,7 +47,7 @@ def reference(batch: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: int) -> dict:
+def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: int, in_config: bool = False) -> dict:
     import trainer
     from trainer.pipe import PipelineModule
 
@@ -56,7 +56,7 @@ def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: 
         num_stages=stages,
         loss_fn=nn.functional.mse_loss,
         partition_method="parameters",
-        activation_checkpoint_interval=interval,
+        activation_checkpoint_interval=0 if in_config else interval,
     )
     config = {
         "train_micro_batch_size_per_gpu": MICRO,
@@ -66,6 +66,7 @@ def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: 
         "zero_optimization": {"stage": zero_stage},
         "telemetry": {"enabled": False},
         "steps_per_print": 1000,
+        "pipeline": {"activation_checkpoint_interval": interval if in_config else 0},
     }
     engine, _, _, _ = trainer.initialize(model=net, config=config)
     dp = world // stages
@@ -74,6 +75,7 @@ def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: 
         data = iter(micro_batches(step, MICRO * GAS * dp, engine.topology.data_rank, dp, GAS))
         losses.append(float(engine.train_batch(data)))
     return {
+        "checkpoint_interval": engine.module.activation_checkpoint_interval,
         "losses": losses,
         "stage": engine.stage_id,
         "state": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
@@ -82,8 +84,9 @@ def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: 
     }
 
 
-def _check(results: list[dict], dp: int) -> None:
+def _check(results: list[dict], dp: int, interval: int) -> None:
     losses, weights = reference(MICRO * GAS * dp)
+    assert {r["checkpoint_interval"] for r in results} == {interval}
     seen = set()
     for r in results:
         assert r["micro_batches"] == GAS
@@ -98,16 +101,17 @@ def _check(results: list[dict], dp: int) -> None:
 
 @pytest.mark.parametrize("interval", [0, 2], ids=["no-ckpt", "ckpt"])
 def test_two_stages_equal_torch(tmp_path, interval):
-    _check(spawn(_pipe_worker, 2, tmp_path, 2, 0, interval), dp=1)
+    _check(spawn(_pipe_worker, 2, tmp_path, 2, 0, interval), dp=1, interval=interval)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("interval", [0, 1], ids=["no-ckpt", "ckpt"])
 def test_four_stages_equal_torch(tmp_path, interval):
-    _check(spawn(_pipe_worker, 4, tmp_path, 4, 0, interval), dp=1)
+    _check(spawn(_pipe_worker, 4, tmp_path, 4, 0, interval), dp=1, interval=interval)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("interval", [0, 2], ids=["no-ckpt", "ckpt"])
+@pytest.mark.parametrize("interval", [0, 2], ids=["no-ckpt", "ckpt-from-config"])
 def test_two_stages_by_two_replicas_zero1_equal_torch(tmp_path, interval):
-    _check(spawn(_pipe_worker, 4, tmp_path, 2, 1, interval), dp=2)
+    # checkpointing asked for in the config's pipeline section, as DeepSpeed reads it
+    _check(spawn(_pipe_worker, 4, tmp_path, 2, 1, interval, True), dp=2, interval=interval)

@@ -49,6 +49,11 @@ class PipelineEngine(Engine):
         if model.num_stages > 1 and model.loss_fn is None and model.stage_id == model.num_stages - 1:
             raise PipelineError("PipelineModule(loss_fn=...) is required to train with more than one stage")
         self.num_stages, self.stage_id = model.num_stages, model.stage_id
+        interval = self.config.raw.get("pipeline", {}).get("activation_checkpoint_interval", 0)
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
+            raise ConfigError(f"pipeline.activation_checkpoint_interval: must be an integer >= 0 (got {interval!r})")
+        if interval > 0:  # the config's wins over the module's, as in DeepSpeed
+            model.set_checkpoint_interval(interval)
         self.micro_batches = self.gradient_accumulation_steps()
         top = self.topology
         self.prev_rank = top.rank_of(self.stage_id - 1) if self.stage_id > 0 else None
