@@ -320,3 +320,25 @@ def stacks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 @_cached()
 def desyncs(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.desyncs(catalog(data_dir), run_id)
+
+
+# --- evidence (collector.data.trace_diff) ---------------------------------------------
+
+
+@_cached()
+def evidence(data_dir: str, run_id: str, version: str) -> list[dict]:
+    """The run's captured profiles diffed, newest first; ``version``: the artifacts table's."""
+    from collector.data import trace_diff
+
+    return trace_diff.run_evidence(catalog(data_dir), data_dir, run_id)
+
+
+@_cached()
+def merged_trace(data_dir: str, traces: tuple[tuple[int, str, str], ...]) -> bytes:
+    """(rank, role, path under the data dir) each -> one Perfetto/Chrome JSON, side by side."""
+    import json
+
+    from collector.data import trace_diff
+
+    loaded = [(rank, role, trace_diff.load(Path(data_dir) / path)) for rank, role, path in traces]
+    return json.dumps(trace_diff.merged(loaded)).encode()

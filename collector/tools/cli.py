@@ -473,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         rankscope export --perfetto bert-large trace.json   # open in ui.perfetto.dev or chrome://tracing
         rankscope export --archive bert-large bert.rsarchive  # replay it anywhere: rankscope replay bert.rsarchive
         rankscope export --parquet bert-large out/          # out/<table>.parquet, with run_id and rank
+        rankscope export --flight-recorder hang-run fr/     # fr/rank_<r>: torch's fr_trace analyzer reads them
     """,
     )
     _data_dir_arg(p)
@@ -480,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     kind.add_argument("--perfetto", nargs=2, metavar=("RUN", "OUT.json"), help="Chrome trace-event JSON")
     kind.add_argument("--archive", nargs=2, metavar=("RUN", "OUT"), help="one file: the run's Parquet and catalog rows")
     kind.add_argument("--parquet", nargs=2, metavar=("RUN", "OUTDIR"), help="one Parquet file per table")
+    kind.add_argument(
+        "--flight-recorder", nargs=2, metavar=("RUN", "DIR"), help="PyTorch Flight Recorder dumps, one per rank"
+    )
 
     p = add(
         "health",

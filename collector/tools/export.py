@@ -301,6 +301,14 @@ def main(args) -> int:
                 f"wrote {args.perfetto[1]}: run {r['run_id']}, {r['ranks']} ranks, {r['groups']} comm tracks, "
                 f"{r['comm']} collectives, {r['timers']} timer events"
             )
+        elif args.flight_recorder:
+            from collector.tools.flight_recorder_export import export_flight_recorder
+
+            r = export_flight_recorder(args.data_dir, *args.flight_recorder)
+            print(
+                f"wrote {args.flight_recorder[1]}: run {r['run_id']}, {r['ranks']} ranks, {r['entries']} collectives; "
+                f"analyse with: python -m torch.distributed.flight_recorder.fr_trace {args.flight_recorder[1]} -p rank_"
+            )
         elif args.archive:
             r = export_archive(args.data_dir, *args.archive)
             print(f"wrote {args.archive[1]}: run {r['run_id']}, {r['files']} segments, {r['bytes']} bytes")

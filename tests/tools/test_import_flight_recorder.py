@@ -19,6 +19,7 @@ from collector.testing.collectors import live_collector
 from collector.testing.ports import free_port
 from tests.tools import _fr_workers as workers
 from tests.tools._import_util import only_run, query, rankscope
+from tests.tools.test_export_flight_recorder import analyzer_verdicts
 
 K = 4  # the step whose all_reduce rank 2 never enters
 STALL_RANK = 2
@@ -89,6 +90,9 @@ def test_a_hangs_dumps_give_the_hang_the_hook_recorded_live(tmp_path):
     assert sorted(query(imported, sql)) == sorted(query(data, sql)) and len(query(data, sql)) == workers.WORLD * (K - 1)
     stacks = query(imported, "SELECT rank, reason, stack FROM stacks WHERE run_id = ?", [run_id])
     assert {r for r, *_ in stacks} <= {0, 1} and any("all_reduce" in s for *_, s in stacks)
+    # and back out: torch's analyzer reads our export of the imported run with the same verdict
+    assert rankscope("export", "--flight-recorder", run_id, tmp_path / "fr", "--data-dir", imported) == 0
+    assert analyzer_verdicts(tmp_path / "fr") == [(seq, missing) for _, seq, _, _, missing in live]
     health = subprocess.run(
         [sys.executable, "-m", "collector.tools.cli", "health", run_id, "--data-dir", str(imported)],
         capture_output=True,
