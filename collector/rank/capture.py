@@ -77,20 +77,23 @@ class Capture:
             answer(request, "refused", f"unknown request kind {request.kind!r}; this rank knows {', '.join(KINDS)}")
             return
         if request.kind == "memory":
+            answer(request, "accepted", "this process's memory, now")
             threading.Thread(target=self._report_memory, args=(request,), name="rankscope-capture", daemon=True).start()
             return
         if not 1 <= request.steps <= MAX_STEPS:
             answer(request, "refused", f"steps {request.steps} is outside 1..{MAX_STEPS}")
             return
         with self._lock:
-            busy = self.request
-            if busy is None and not _profiler_in_use():
+            if self.request is not None:
+                refusal = f"a profiler is already active (request {self.request.id})"
+            elif _profiler_in_use():
+                refusal = "a profiler is already active (the script's own)"
+            else:
+                refusal = None
                 self.request = request
                 state.on_step = self._on_step
-        if busy is not None:
-            answer(request, "refused", f"a profiler is already active (request {busy.id})")
-        elif self.request is not request:
-            answer(request, "refused", "a profiler is already active (the script's own)")
+        if refusal:
+            answer(request, "refused", refusal)
         else:
             answer(request, "accepted", f"profiling {request.steps} step(s) from the next step boundary")
 

@@ -34,6 +34,7 @@ log = logging.getLogger("rankscope.escalation")
 PROFILE_KINDS = ("straggler", "slow_link")
 SEVERITIES = ("warning", "critical")
 MAX_SUSPECTS = 4
+SEEN_KEPT = 100_000  # findings remembered as escalated (the oldest are forgotten beyond)
 RECENT_STEPS = 20  # of step analysis, for the reference's busy time
 
 
@@ -50,7 +51,7 @@ class Escalation:
         self.steps = steps
         self.run_interval_s, self.rank_interval_s = run_interval_s, rank_interval_s
         self._lock = threading.Lock()
-        self._seen: set[tuple] = set()
+        self._seen: dict[tuple, None] = {}  # insertion-ordered: the oldest go first
         self._run_last: dict[str, float] = {}
         self._rank_last: dict[tuple[str, int], float] = {}
         self.asked: list[tuple[str, str, dict[int, str], str]] = []  # (run_id, request id, rank -> role, finding)
@@ -71,7 +72,9 @@ class Escalation:
                 now = time.monotonic()
                 if now - self._run_last.get(run_id, float("-inf")) < self.run_interval_s:
                     continue  # asked about this run lately: the finding waits (it is not marked seen)
-                self._seen.add(key)
+                self._seen[key] = None
+                if len(self._seen) > SEEN_KEPT:
+                    del self._seen[next(iter(self._seen))]
             try:
                 request_id = self._ask(run_id, finding, kind, steps, now)
             except Exception:  # evidence is a bonus: never a reason for the refresh to fail

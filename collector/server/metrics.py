@@ -116,7 +116,9 @@ class _Computed:
 
 class MetricsEndpoint:
     """Serves /metrics on ``host:port`` for the collector whose ``state`` it is given (``port`` None:
-    no endpoint, only the refresh that feeds the alert webhook; 0 picks a free port)."""
+    no endpoint, only the refresh that feeds the alert webhook; 0 picks a free port). ``streaming_only``:
+    refresh only the runs streaming here, and nothing (not even the runs query) while none does: what
+    the escalation alone needs, so an idle collector stays idle."""
 
     def __init__(
         self,
@@ -133,11 +135,13 @@ class MetricsEndpoint:
         max_ranks: int = MAX_RANKS,
         max_runs: int = MAX_RUNS,
         idle_refresh_s: float = IDLE_REFRESH_S,
+        streaming_only: bool = False,
     ) -> None:
         self.state = state
         self.refresh_s, self.window, self.keep_ended_s = refresh_s, window, keep_ended_s
         self.webhook = webhook
         self.escalation = escalation
+        self.streaming_only = streaming_only
         if max_runs < 1:
             raise ValueError(f"--metrics-max-runs must be at least 1, got {max_runs}")
         self.max_ranks, self.max_runs, self.idle_refresh_s = max_ranks, max_runs, idle_refresh_s
@@ -236,9 +240,13 @@ class MetricsEndpoint:
 
     def exported_runs(self):
         """(the live runs to export, how many were left out): streaming here first, then the newest."""
-        runs = queries.live_runs(self._catalog, self.keep_ended_s)  # newest first
         liveness = getattr(self.state, "liveness", None)
         streaming = liveness.streaming_runs() if liveness is not None else set()
+        if self.streaming_only and not streaming:
+            return [], 0, streaming
+        runs = queries.live_runs(self._catalog, self.keep_ended_s)  # newest first
+        if self.streaming_only:
+            runs = runs[runs.run_id.isin(list(streaming))]
         here = runs.run_id.isin(list(streaming))
         ordered = list(runs[here].itertuples()) + list(runs[~here].itertuples())
         return ordered[: self.max_runs], max(0, len(ordered) - self.max_runs), streaming

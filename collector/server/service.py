@@ -703,6 +703,7 @@ def serve(
                 host.strip("[]"),
                 webhook=webhook,
                 escalation=Escalation(state.commands) if auto_profile else None,
+                streaming_only=metrics_port is None and not alert_webhook,
                 token=token,
                 **_given(max_runs=metrics_max_runs),
             )

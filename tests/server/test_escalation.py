@@ -119,3 +119,20 @@ def test_a_run_not_streaming_here_asks_nobody(simulated):
     for stream in streams.values():
         liveness.closed(stream)
     assert Escalation(Commands(liveness)).offer(run_id, found, steps) == []
+
+
+def test_the_escalations_own_refresh_reads_nothing_while_no_run_streams_here(tmp_path):
+    """``collect`` without --metrics-port or --alert-webhook refreshes findings for the escalation only:
+    a running run in the data dir whose ranks stream elsewhere (or nowhere) is not computed."""
+    from collector.server.metrics import MetricsEndpoint
+    from collector.testing.collectors import live_collector
+
+    data_dir = fake_runs.write_data_dir(tmp_path / "data", fake_runs.LIVE)
+    with live_collector(data_dir) as collector:
+        for streaming_only, computed in ((True, set()), (False, {fake_runs.LIVE.run_id})):
+            metrics = MetricsEndpoint(collector.state, None, refresh_s=3600, streaming_only=streaming_only)
+            try:
+                metrics.refresh()
+                assert set(metrics._computed) == computed
+            finally:
+                metrics.close()
