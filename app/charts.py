@@ -211,6 +211,28 @@ def busbw_envelope(band: pd.DataFrame, marks: pd.DataFrame) -> go.Figure:
     return _tidy(fig, "Bus bandwidth vs message size, expected band")
 
 
+def link_health(grid: pd.DataFrame) -> go.Figure:
+    """Hosts x steps, each cell the transfer ratio (measured over expected) of the cross-host groups
+    through that host's link: 1 is at speed; the worst hosts on top (findings.links.link_health_grid)."""
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid.to_numpy(dtype=float),
+            x=[int(c) for c in grid.columns],
+            y=[str(i) for i in grid.index],
+            zmin=1.0,
+            zmax=max(2.0, float(np.nanmax(grid.to_numpy(dtype=float)))),
+            colorscale="Reds",
+            colorbar=dict(title="x expected"),
+            hovertemplate="%{y}, step %{x}: transfer %{z:.2f}x expected<extra></extra>",
+        )
+    )
+    fig.update_yaxes(autorange="reversed", title="host")
+    fig.update_xaxes(title="step")
+    return _tidy(
+        fig, "Link health per host: cross-host transfer over expected", height=max(HEIGHT, 14 * len(grid) + 80)
+    )
+
+
 def colour_ceiling(grid: pd.DataFrame) -> float | None:
     """The top of a rank x step heatmap's colour scale: the largest value after the first step, when
     the first step (warm-up: allocator, first collectives, often 5-10x a later step) is larger, so

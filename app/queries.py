@@ -167,6 +167,14 @@ def busbw_envelope(data_dir: str, run_id: str, version: str) -> tuple[pd.DataFra
     return band, marks, found
 
 
+@_cached()
+def link_health(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    """Hosts x steps of cross-host transfer over expected, cut for a chart (findings.links)."""
+    rollup = comm_rollup(data_dir, run_id, version)
+    ratios = links.transfer_ratios(q.link_transfers(rollup), q.group_members(rollup), ranks(data_dir, run_id, version))
+    return links.link_health_grid(links.host_link_ratios(ratios))
+
+
 @_cached(**_FILTERED)
 def comm_by_rank(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
     return q.comm_by_rank(comm_rollup(data_dir, run_id, version), flt)

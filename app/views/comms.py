@@ -131,6 +131,9 @@ def comms_page() -> None:
             )
         for finding in slow:
             st.warning(f"Slow link: {finding.text}")
+        health = queries.link_health(d, run_id, version)
+        if not health.empty:
+            st.plotly_chart(state.memo(f"comms.links.{run_id}", moved, lambda: charts.link_health(health)))
 
         st.subheader("Summary (deepspeed.comm.log_summary)")
         st.caption("Counts add up every selected rank's records; tput is algbw. Gbps = 8 × GB/s.")

@@ -4,6 +4,7 @@ the page says which link; on a healthy run over hosts it draws the band and warn
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,6 @@ def comms(data_dir, monkeypatch, run_id: str) -> AppTest:
 
 
 def trace_names(at: AppTest) -> list[str]:
-    import json
-
     names = []
     for chart in at.get("plotly_chart"):
         spec = json.loads(chart.proto.spec)
@@ -50,6 +49,8 @@ def test_a_slow_link_is_marked_under_the_expected_band_and_named(data_dir, monke
     names = trace_names(at)
     assert "all_reduce expected (p10-p90)" in names and "slow link" in names
     assert any("node-0002's link" in w.value for w in at.warning)
+    [health] = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Link health" in c.proto.spec]
+    assert health["data"][0]["y"][0] == "node-0002"  # the slow host's row on top
 
 
 def test_a_healthy_run_over_hosts_gets_the_band_and_no_mark(data_dir, monkeypatch):

@@ -131,3 +131,22 @@ def test_the_busbw_envelope_comes_from_healthy_steps_and_marks_what_the_link_pus
     assert (marks.merge(band, on=["op", "bytes"]).eval("busbw_gbs < low")).all()
     # nothing slow: no marks
     assert links.busbw_envelope(by_step, [])[1].empty
+
+
+def test_link_health_puts_the_slow_host_on_top_and_folds_the_rest_into_one_row(tmp_path):
+    sim = simulate.Simulation(run_id="grid", ranks=64, hosts=8, steps=40, slow_links=(simulate.SlowLink(5, 4.0, 20),))
+    simulate.write_data_dir(sim, tmp_path / "d")
+    cat = queries.Catalog(tmp_path / "d")
+    rollup = queries.comm_rollup(cat, "grid")
+    ratios = links.transfer_ratios(
+        queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, "grid")
+    )
+    cat.close()
+    per_host = links.host_link_ratios(ratios)
+    assert set(per_host.host) == {sim.host(r) for r in range(0, 64, 8)}
+    grid = links.link_health_grid(per_host, max_rows=4, max_steps=10)
+    assert len(grid) == 4 and grid.shape[1] <= 10
+    assert grid.index[0] == "node-0005" and grid.index[-1] == "others: 5 hosts (median)"
+    # its neighbours share its pairs, half of them slow: next; the far hosts stay at speed
+    assert set(grid.index[1:3]) == {"node-0004", "node-0006"}
+    assert grid.iloc[-1].max() < 1.3 < grid.iloc[0].max()

@@ -132,24 +132,32 @@ def change_points(steps: np.ndarray, log_ratio: np.ndarray, k: float) -> list[tu
     return found
 
 
-def slow_links(
-    transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame, steps: pd.DataFrame | None = None
-) -> list[Finding]:
-    """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
-    ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
-    ``steps``: queries.step_analysis (for the step time a cost is a share of; optional)."""
+@dataclass
+class Ratios:
+    """A run's transfer against the expected, per group and step, and who is where."""
+
+    per_group: pd.DataFrame  # group_name, step, transfer_ms, expected_ms, ratio
+    rows: pd.DataFrame  # the collectives behind it (group_name, step, op, bytes, n, per_coll_ms, cls, expected_ms)
+    host_of: dict[int, str]
+    ranks_of: dict[str, list[int]]
+    hosts_of: dict[str, frozenset]
+
+
+def transfer_ratios(transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame) -> Ratios | None:
+    """``transfers``: queries.link_transfers; ``members``: queries.group_members; ``hosts``:
+    queries.ranks. None where there is nothing to judge (no hosts, one host, no big messages)."""
     if transfers.empty or members.empty or hosts.empty:
-        return []
+        return None
     host_of = dict(zip(hosts["rank"].astype(int), hosts["host"].astype(str), strict=True))
-    ranks_of = members.groupby("group_name")["rank"].apply(lambda r: sorted({int(x) for x in r}))
+    ranks_of = members.groupby("group_name")["rank"].apply(lambda r: sorted({int(x) for x in r})).to_dict()
     hosts_of = {g: frozenset(host_of.get(r, f"rank-{r}") for r in rs) for g, rs in ranks_of.items()}
     if len(set(host_of.values())) < 2:
-        return []
+        return None
     t = transfers[(transfers.bytes >= MIN_BYTES) & transfers.group_name.isin(hosts_of)].copy()
     t = t[t.step >= t.step.min() + WARMUP_STEPS] if not t.empty else t
     t = t[t.n > 0]
     if t.empty:
-        return []
+        return None
     t["per_coll_ms"] = t.transfer_ms / t.n
     t["span"] = t.group_name.map(lambda g: "inter" if len(hosts_of[g]) > 1 else "intra")
     t["size"] = t.group_name.map(lambda g: len(ranks_of[g]))
@@ -157,6 +165,35 @@ def slow_links(
     t["expected_ms"] = expected_transfer(t) * t.n
     per_group = t.groupby(["group_name", "step"])[["transfer_ms", "expected_ms"]].sum().reset_index()
     per_group["ratio"] = per_group.transfer_ms / per_group.expected_ms.clip(lower=1e-9)
+    return Ratios(per_group, t, host_of, ranks_of, hosts_of)
+
+
+def host_link_ratios(ratios: Ratios | None) -> pd.DataFrame:
+    """(host, step, ratio): per host and step, the median transfer ratio of the cross-host groups
+    through its link, those not over every host (they slow alike for everyone); the per-host view
+    of link health. Empty without cross-host groups."""
+    if ratios is None:
+        return pd.DataFrame(columns=["host", "step", "ratio"])
+    everywhere = set(ratios.host_of.values())
+    through = {g: sorted(h) for g, h in ratios.hosts_of.items() if 1 < len(h) and h != everywhere}
+    pg = ratios.per_group[ratios.per_group.group_name.isin(through)]
+    if pg.empty:
+        return pd.DataFrame(columns=["host", "step", "ratio"])
+    per_host = pg.assign(host=pg.group_name.map(through)).explode("host")
+    return per_host.groupby(["host", "step"]).ratio.median().reset_index()
+
+
+def slow_links(
+    transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame, steps: pd.DataFrame | None = None
+) -> list[Finding]:
+    """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
+    ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
+    ``steps``: queries.step_analysis (for the step time a cost is a share of; optional)."""
+    ratios = transfer_ratios(transfers, members, hosts)
+    if ratios is None:
+        return []
+    per_group, t = ratios.per_group, ratios.rows
+    host_of, ranks_of, hosts_of = ratios.host_of, ratios.ranks_of, ratios.hosts_of
 
     series = {
         str(g): (rows.step.to_numpy(), np.log(rows.ratio.clip(lower=1e-3, upper=1e3).to_numpy()))
@@ -341,3 +378,21 @@ def busbw_envelope(by_step: pd.DataFrame, found: list[Finding]) -> tuple[pd.Data
         for row in fell.itertuples():
             marks.append((row.op, row.bytes, row.busbw_gbs, f"{f.steps[0]}-{f.steps[1]}", f.text))
     return band[band_cols], pd.DataFrame(marks, columns=mark_cols)
+
+
+def link_health_grid(per_host: pd.DataFrame, max_rows: int = 32, max_steps: int = 200) -> pd.DataFrame:
+    """host_link_ratios cut to a chart readable at 1,024 hosts: hosts x steps of the transfer ratio,
+    the ``max_rows - 1`` worst hosts (by their 90th-percentile step) first, the rest as one row of
+    their median ("others: N hosts"); steps binned to at most ``max_steps`` columns (a bin's max)."""
+    if per_host.empty:
+        return pd.DataFrame()
+    width = max(1, -(-int(per_host.step.nunique()) // max_steps))
+    binned = per_host.assign(step=per_host.step // width * width)
+    grid = binned.pivot_table(index="host", columns="step", values="ratio", aggfunc="max")
+    worst = grid.quantile(0.9, axis=1).sort_values(ascending=False, kind="stable")
+    if len(grid) <= max_rows:
+        return grid.loc[worst.index]
+    keep = worst.index[: max_rows - 1]
+    rest = grid.drop(index=keep)
+    others = rest.median(axis=0).to_frame(f"others: {len(rest)} hosts (median)").T
+    return pd.concat([grid.loc[keep], others])
