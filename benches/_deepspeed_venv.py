@@ -160,4 +160,5 @@ def ensure_tensorboard() -> dict[str, str]:
 
 if __name__ == "__main__":
     ensure()
+    ensure_tensorboard()
     print(versions())

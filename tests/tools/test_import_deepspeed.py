@@ -45,7 +45,8 @@ def _live_run(out) -> None:
     assert done.returncode == 0, f"{GENERATE} failed:\n{(out / 'console.log').read_text()[-4000:]}"
 
 
-@pytest.fixture(scope="module", params=["committed", "live"])
+# the live run costs ~40 s (DeepSpeed's import, a 2-rank job): under -m slow, to keep make test's budget
+@pytest.fixture(scope="module", params=["committed", pytest.param("live", marks=pytest.mark.slow)])
 def imported(request, tmp_path_factory):
     """(data dir, run id, the DeepSpeed outputs): imported with exit 0 and no problem reported."""
     source = FIXTURE
