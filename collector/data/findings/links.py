@@ -67,26 +67,23 @@ class Episode:
     end: int | None  # first step at speed again (None: still slow)
 
 
-def size_bucket(nbytes: int) -> int:
-    """Message sizes to a factor of 4: 64-255 KiB, 256 KiB-1 MiB, ..."""
-    return int(math.log2(max(1, nbytes)) // 2)
-
-
 def expected_transfer(t: pd.DataFrame) -> pd.Series:
-    """Per row of ``t`` (group_name, step, op, bytes, per_coll_ms, cls): the class's expected
+    """Per row of ``t`` (step, per_coll_ms, cls: a class's number, of op, size to a factor of 4
+    (log2(bytes) // 2), span and group size): the class's expected
     time per collective at that step, learned from the steps before it that were not slow."""
     med = t.groupby(["cls", "step"]).per_coll_ms.median()
-    expected = {}
+    out = []
     for cls, series in med.groupby(level="cls"):
         series = series.droplevel("cls").sort_index()
         history = deque(series.iloc[:BASELINE_STEPS].tolist(), maxlen=HISTORY_STEPS)
         base = float(np.median(history))
         for i, (step, value) in enumerate(series.items()):
-            expected[(cls, step)] = base
+            out.append((cls, step, base))
             if i >= BASELINE_STEPS and value < SLOW_RATIO * base:
                 history.append(float(value))
                 base = float(np.median(history))
-    return pd.Series([expected[(c, s)] for c, s in zip(t.cls, t.step, strict=True)], index=t.index)
+    expected = pd.DataFrame(out, columns=["cls", "step", "expected"])
+    return t[["cls", "step"]].merge(expected, on=["cls", "step"], how="left").expected.set_axis(t.index)
 
 
 def references(first: dict[str, np.ndarray], kind_of: dict[str, tuple]) -> dict[str, float]:
@@ -153,15 +150,22 @@ def transfer_ratios(transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.Da
     hosts_of = {g: frozenset(host_of.get(r, f"rank-{r}") for r in rs) for g, rs in ranks_of.items()}
     if len(set(host_of.values())) < 2:
         return None
-    t = transfers[(transfers.bytes >= MIN_BYTES) & transfers.group_name.isin(hosts_of)].copy()
-    t = t[t.step >= t.step.min() + WARMUP_STEPS] if not t.empty else t
-    t = t[t.n > 0]
+    t = transfers[(transfers.bytes >= MIN_BYTES) & transfers.group_name.isin(list(hosts_of))]
+    t = t[(t.step >= t.step.min() + WARMUP_STEPS) & (t.n > 0)] if not t.empty else t
     if t.empty:
         return None
+    # per group once, then joined on (a map over 100,000s of Arrow strings costs seconds)
+    groups = pd.DataFrame(
+        {
+            "group_name": list(ranks_of),
+            "span": ["inter" if len(hosts_of[g]) > 1 else "intra" for g in ranks_of],
+            "size": [len(rs) for rs in ranks_of.values()],
+        }
+    )
+    t = t.assign(group_name=t.group_name.astype(str)).merge(groups.astype({"group_name": str}), on="group_name")
     t["per_coll_ms"] = t.transfer_ms / t.n
-    t["span"] = t.group_name.map(lambda g: "inter" if len(hosts_of[g]) > 1 else "intra")
-    t["size"] = t.group_name.map(lambda g: len(ranks_of[g]))
-    t["cls"] = list(zip(t.op, t.bytes.map(size_bucket), t.span, t["size"], strict=True))
+    t["bucket"] = (np.log2(t.bytes.clip(lower=1).to_numpy(dtype=float)) // 2).astype(int)
+    t["cls"] = t.groupby(["op", "bucket", "span", "size"]).ngroup()
     t["expected_ms"] = expected_transfer(t) * t.n
     per_group = t.groupby(["group_name", "step"])[["transfer_ms", "expected_ms"]].sum().reset_index()
     per_group["ratio"] = per_group.transfer_ms / per_group.expected_ms.clip(lower=1e-9)
@@ -195,9 +199,15 @@ def slow_links(
     per_group, t = ratios.per_group, ratios.rows
     host_of, ranks_of, hosts_of = ratios.host_of, ratios.ranks_of, ratios.hosts_of
 
+    ordered = per_group.sort_values(["group_name", "step"])
+    log_ratio = np.log(np.clip(ordered.ratio.to_numpy(dtype=float), 1e-3, 1e3))
+    names = ordered.group_name.to_numpy()
+    cuts = np.flatnonzero(names[1:] != names[:-1]) + 1
     series = {
-        str(g): (rows.step.to_numpy(), np.log(rows.ratio.clip(lower=1e-3, upper=1e3).to_numpy()))
-        for g, rows in per_group.sort_values("step").groupby("group_name")
+        str(chunk[0]): (at, x)
+        for chunk, at, x in zip(
+            np.split(names, cuts), np.split(ordered.step.to_numpy(), cuts), np.split(log_ratio, cuts), strict=True
+        )
     }
     kind_of = {g: (len(hosts_of[g]) > 1, len(ranks_of[g])) for g in series}
     refs = references({g: x[:BASELINE_STEPS] for g, (_, x) in series.items()}, kind_of)
@@ -276,7 +286,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     rows = t[t.group_name.isin(slowed) & (t.step >= onset) & (t.step < stop)]
     top = rows.assign(extra=rows.transfer_ms - rows.expected_ms).groupby("cls").extra.sum().idxmax()
     cls_rows = rows[rows.cls == top]
-    op, _, _, size = top
+    op, size = str(cls_rows.op.iloc[0]), int(cls_rows["size"].iloc[0])
     nbytes = float(cls_rows.bytes.median())
     factor = bus_factor(op, int(size)) or 1.0
     before_gbs = nbytes * factor / (float(cls_rows.expected_ms.div(cls_rows.n).median()) * 1e6)
