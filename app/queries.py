@@ -153,25 +153,25 @@ def bandwidth_by_size(data_dir: str, run_id: str, version: str, flt: CommFilter)
 
 
 @_cached()
+def link_frames(data_dir: str, run_id: str, version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """What findings.links reads: per-group transfer times, group members, each rank's host."""
+    rollup = comm_rollup(data_dir, run_id, version)
+    return q.link_transfers(rollup), q.group_members(rollup), ranks(data_dir, run_id, version)
+
+
+@_cached()
 def busbw_envelope(data_dir: str, run_id: str, version: str) -> tuple[pd.DataFrame, pd.DataFrame, list]:
     """(band, marks, slow_link findings) of the run: the expected busbw per op and size and the
     sizes a slow link pushed under it (collector.data.findings.links)."""
-    rollup = comm_rollup(data_dir, run_id, version)
-    found = links.slow_links(
-        q.link_transfers(rollup),
-        q.group_members(rollup),
-        ranks(data_dir, run_id, version),
-        step_analysis(data_dir, run_id, version),
-    )
-    band, marks = links.busbw_envelope(q.busbw_by_step_size(rollup), found)
+    found = links.slow_links(*link_frames(data_dir, run_id, version), step_analysis(data_dir, run_id, version))
+    band, marks = links.busbw_envelope(q.busbw_by_step_size(comm_rollup(data_dir, run_id, version)), found)
     return band, marks, found
 
 
 @_cached()
 def link_health(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     """Hosts x steps of cross-host transfer over expected, cut for a chart (findings.links)."""
-    rollup = comm_rollup(data_dir, run_id, version)
-    ratios = links.transfer_ratios(q.link_transfers(rollup), q.group_members(rollup), ranks(data_dir, run_id, version))
+    ratios = links.transfer_ratios(*link_frames(data_dir, run_id, version))
     return links.link_health_grid(links.host_link_ratios(ratios))
 
 

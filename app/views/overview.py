@@ -103,6 +103,7 @@ def findings_of(sel: state.Selection, version: str) -> list:
         losses=queries.loss_series(d, run_id, version),
         memory=queries.memory_trend(d, run_id, version),
         clock=queries.clock_skew(d, run_id, version),
+        links=queries.link_frames(d, run_id, version),
     )
 
 

@@ -1,4 +1,4 @@
-"""The Comms page on a run with a slow host link (rankscope simulate --slow-link, written through
+"""The Comms page (and the Overview) on a run with a slow host link (rankscope simulate --slow-link, written through
 the real Store): the busbw-vs-size chart draws the expected band and marks what fell under it, and
 the page says which link; on a healthy run over hosts it draws the band and warns of nothing."""
 
@@ -58,3 +58,13 @@ def test_a_healthy_run_over_hosts_gets_the_band_and_no_mark(data_dir, monkeypatc
     names = trace_names(at)
     assert "all_reduce expected (p10-p90)" in names and "slow link" not in names
     assert not [w for w in at.warning if "Slow link" in w.value]
+
+
+def test_the_overview_names_the_slow_link(data_dir, monkeypatch):
+    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.session_state["selected_runs"] = ["slow"]
+    at.run()
+    at.switch_page("views/overview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "node-0002's link" in "\n".join(str(w.value) for w in at.warning)
