@@ -176,6 +176,12 @@ def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_funct
             assert stacks.returncode == 0 and "rank 3 MainThread (main)" in stacks.stdout, stacks.stdout + stacks.stderr
             health = _cli("health", run_id, "--data-dir", str(collector.data_dir))
             assert health.stdout.count("evidence: rank 1 spends") == 2, health.stdout
+            # a memory report: this process's RSS, as a small JSON artifact
+            memory = commands.send(run_id, [2], pb.RankRequest(kind="memory"))
+            reported = _wait(lambda: _answered(collector.data_dir, run_id, memory.request_id, "captured", [2]), 60)
+            assert reported is not None, _artifacts(collector.data_dir, run_id)
+            report = trace_diff.load(collector.data_dir / reported.path.iloc[0])
+            assert report["rss_bytes"] > 10 << 20  # a torch process
         finally:
             _stop_and_join(ctx, out)
     for r in range(workers.WORLD):
