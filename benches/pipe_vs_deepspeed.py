@@ -84,21 +84,23 @@ def _worker(kind: str, rank: int, world: int, port: int, out: Path, a: dict) -> 
         for _ in range(a["steps"]):
             engine.train_batch(data)
             if kind == "ours":
-                rows.extend(dict(r, rank=rank) for r in engine.last_pipe_rows)
+                cols = engine.last_pipe_columns
+                rows.extend(dict(zip(cols, values, strict=True), rank=rank) for values in zip(*cols.values()))
         return f"{time.perf_counter() - t0:.6f}"
 
     serve_rounds(run_round)
     result = {"versions": {"torch": torch.__version__}, "rows": rows}
     if kind == "ours":
-        result["record_ns"] = _record_cost(engine)
+        result["record_ns"] = _record_cost(engine, a["m"])
         engine.close()
     else:
         result["versions"]["deepspeed"] = deepspeed.__version__
     out.write_text(json.dumps(result))
 
 
-def _record_cost(engine) -> float:
-    """ns per micro-batch for the timeline: 3 records (a receive, fwd, bwd) and emitting 3 rows."""
+def _record_cost(engine, m: int) -> float:
+    """ns per micro-batch for the timeline: 3 records (a receive, fwd, bwd), the step's rows sent every
+    ``m`` micro-batches (as train_batch does)."""
     from collector.rank.clock import perf_ns
 
     timeline, n = engine.timeline, 20_000
@@ -108,9 +110,9 @@ def _record_cost(engine) -> float:
         timeline.record("recv_act", i, start)
         timeline.record("fwd", i, start)
         timeline.record("bwd", i, start)
-        if i % 64 == 63:
-            timeline.emit(0, 64)
-    timeline.emit(0, 64)
+        if i % m == m - 1:
+            timeline.emit(0, m)
+    timeline.emit(0, m)
     return (time.perf_counter_ns() - t0) / n
 
 
@@ -249,8 +251,9 @@ def _report(args, argv, speed, bubble, versions, record_ns, load, elapsed) -> st
         "",
         "## Telemetry cost",
         "",
-        f"Recording a micro-batch's timeline (a receive, a forward and a backward event; rows emitted to the "
-        f"session's buffer every 64 micro-batches): {statistics.median(record_ns) / 1e3:.1f} µs per micro-batch "
+        f"Recording a micro-batch's timeline (a receive, a forward and a backward event; the step's rows handed "
+        f"to the session's buffer once per step of {args.micro_batches} micro-batches): "
+        f"{statistics.median(record_ns) / 1e3:.1f} µs per micro-batch "
         f"(median over ranks, {len(record_ns)} ranks), against a micro-batch forward + backward of "
         f"{_mb_ms(speed):.1f} ms here.",
     ]

@@ -3,7 +3,9 @@
 Real gloo ranks run the 1F1B schedule; every per-batch loss and every final weight must equal
 single-process AdamW on the whole global batch within 1e-5 (fp32: the pipeline adds the same
 micro-batch gradients in another order), with activation checkpointing off and on. Layouts:
-2 stages, 4 stages, and 2 stages x 2 data-parallel replicas (ZeRO stage 1) on 4 ranks.
+2 stages, 4 stages, and 2 stages x 2 data-parallel replicas (ZeRO stage 1) on 4 ranks. A checkpoint
+saved per stage resumes the run exactly, on the same stages or on another layout (2 stages into 1 stage x 2
+replicas: parameters are found by their global layer names).
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ def reference(batch: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: int, in_config: bool = False) -> dict:
+def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, intervals, in_config: bool = False) -> list:
+    """One run per activation-checkpoint interval, in the same processes."""
+    return [_pipe_run(rank, world, stages, zero_stage, interval, in_config) for interval in intervals]
+
+
+def _pipe_run(rank: int, world: int, stages: int, zero_stage: int, interval: int, in_config: bool) -> dict:
     import trainer
     from trainer.pipe import PipelineModule
 
@@ -84,7 +91,12 @@ def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, interval: 
     }
 
 
-def _check(results: list[dict], dp: int, interval: int) -> None:
+def _check(runs: list[list[dict]], dp: int, intervals) -> None:
+    for i, interval in enumerate(intervals):
+        _check_run([rank_runs[i] for rank_runs in runs], dp, interval)
+
+
+def _check_run(results: list[dict], dp: int, interval: int) -> None:
     losses, weights = reference(MICRO * GAS * dp)
     assert {r["checkpoint_interval"] for r in results} == {interval}
     seen = set()
@@ -99,19 +111,62 @@ def _check(results: list[dict], dp: int, interval: int) -> None:
     assert len({round(r["eval"], 6) for r in results}) == 1  # every stage reports the same eval loss
 
 
-@pytest.mark.parametrize("interval", [0, 2], ids=["no-ckpt", "ckpt"])
-def test_two_stages_equal_torch(tmp_path, interval):
-    _check(spawn(_pipe_worker, 2, tmp_path, 2, 0, interval), dp=1, interval=interval)
+def test_two_stages_equal_torch_with_and_without_activation_checkpointing(tmp_path):
+    _check(spawn(_pipe_worker, 2, tmp_path, 2, 0, (0, 2)), dp=1, intervals=(0, 2))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("interval", [0, 1], ids=["no-ckpt", "ckpt"])
-def test_four_stages_equal_torch(tmp_path, interval):
-    _check(spawn(_pipe_worker, 4, tmp_path, 4, 0, interval), dp=1, interval=interval)
+def test_four_stages_equal_torch_with_and_without_activation_checkpointing(tmp_path):
+    _check(spawn(_pipe_worker, 4, tmp_path, 4, 0, (0, 1)), dp=1, intervals=(0, 1))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("interval", [0, 2], ids=["no-ckpt", "ckpt-from-config"])
-def test_two_stages_by_two_replicas_zero1_equal_torch(tmp_path, interval):
+def test_two_stages_by_two_replicas_zero1_equal_torch_with_and_without_activation_checkpointing(tmp_path):
     # checkpointing asked for in the config's pipeline section, as DeepSpeed reads it
-    _check(spawn(_pipe_worker, 4, tmp_path, 2, 1, interval, True), dp=2, interval=interval)
+    _check(spawn(_pipe_worker, 4, tmp_path, 2, 1, (0, 2), True), dp=2, intervals=(0, 2))
+
+
+def _checkpoint_worker(rank: int, world: int, stages: int, load_stages: int, ckpt: str) -> dict:
+    """Train 2 batches, save, train 2 more (the reference); a fresh engine of ``load_stages`` stages
+    loads the checkpoint and trains the same 2 global batches (its replicas split each micro-batch)."""
+    import trainer
+    from trainer.pipe import PipelineModule
+
+    def engine_of(num_stages: int, seed: int):
+        replicas = world // num_stages
+        torch.manual_seed(seed)
+        layers = [nn.Linear(D_IN, HID), nn.Tanh(), nn.Linear(HID, HID), nn.Tanh(), nn.Linear(HID, D_OUT)]
+        net = PipelineModule(layers=layers, num_stages=num_stages, loss_fn=nn.functional.mse_loss)
+        config = {
+            "train_micro_batch_size_per_gpu": MICRO // replicas,
+            "gradient_accumulation_steps": GAS,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+            "telemetry": {"enabled": False},
+            "steps_per_print": 1000,
+        }
+        return trainer.initialize(model=net, config=config)[0]
+
+    def batches(engine, step):
+        dp = engine.dp_world_size
+        return iter(micro_batches(step, MICRO * GAS, engine.topology.data_rank, dp, GAS))
+
+    first = engine_of(stages, seed=0)
+    for step in range(2):
+        first.train_batch(batches(first, step))
+    first.save_checkpoint(ckpt, client_state={"note": "after 2"})
+    after = [float(first.train_batch(batches(first, step))) for step in (2, 3)]
+    resumed = engine_of(load_stages, seed=1)  # other weights until the load
+    _, client = resumed.load_checkpoint(ckpt)
+    again = [float(resumed.train_batch(batches(resumed, step))) for step in (2, 3)]
+    return {"after": after, "again": again, "client": client, "steps": resumed.global_steps}
+
+
+@pytest.mark.parametrize(
+    "load_stages", [pytest.param(2, marks=pytest.mark.slow), 1], ids=["same-stages", "two-stages-into-one"]
+)
+def test_a_pipeline_checkpoint_resumes_the_same_run(tmp_path, load_stages):
+    results = spawn(_checkpoint_worker, 2, tmp_path / "out", 2, load_stages, str(tmp_path / "ckpt"))
+    for r in results:
+        assert r["client"] == {"note": "after 2"} and r["steps"] == 4
+        for got, want in zip(r["again"], r["after"], strict=True):
+            assert got == pytest.approx(want, abs=TOL, rel=TOL)

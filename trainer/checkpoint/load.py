@@ -58,9 +58,10 @@ def _shape_of_model(engine, names: ModelNames) -> dict[str, list[int]]:
     return shapes
 
 
-def check_fits(entry: dict, names: ModelNames, shapes: dict[str, list[int]], tag_dir: str) -> None:
+def check_fits(entry: dict, names: ModelNames, shapes: dict[str, list[int]], tag_dir: str, elsewhere=None) -> None:
     """One CheckpointError naming the first parameter or buffer (in module order) that the
-    checkpoint lacks or holds with another shape, else the first it holds that the model lacks."""
+    checkpoint lacks or holds with another shape, else the first it holds that the model lacks
+    (``elsewhere(name)``: held by another rank's part of the model, a pipeline's other stages)."""
     saved: dict[str, list[int]] = {n: p["shape"] for n, p in entry["parameters"].items()}
     problems = []
     for name in names.order:
@@ -78,7 +79,12 @@ def check_fits(entry: dict, names: ModelNames, shapes: dict[str, list[int]], tag
             problems.append(f"parameter {name} has shape {saved[name]} in the checkpoint, {shapes[name]} in this model")
     mine = set(names.order)
     for name in entry["order"]:
-        if name not in mine and name not in entry["aliases"] and not names.is_other_ranks_expert(name):
+        if (
+            name not in mine
+            and name not in entry["aliases"]
+            and not names.is_other_ranks_expert(name)
+            and not (elsewhere and elsewhere(name))
+        ):
             problems.append(f"the checkpoint holds {name}, which this model does not have")
     if problems:
         more = f" ({len(problems) - 1} more differences)" if len(problems) > 1 else ""
@@ -115,7 +121,7 @@ def _stage(engine, tag_dir: str, load_optimizer_states: bool) -> _Staged:
     entry = index["mp_ranks"][engine.tp_rank]
     opt = engine.optimizer
     names = model_names(engine.module, {id(s.param) for b in opt.buckets for s in b.slots})
-    check_fits(entry, names, _shape_of_model(engine, names), tag_dir)
+    check_fits(entry, names, _shape_of_model(engine, names), tag_dir, getattr(engine, "held_elsewhere", None))
     state_keys = index["optimizer"]["state"] if load_optimizer_states else []
     source = FragmentSource(tag_dir, entry["parameters"])
     try:

@@ -62,7 +62,7 @@ class PipelineEngine(Engine):
         self.timeline = StageTimeline(
             stage=self.stage_id, stages=self.num_stages, data_rank=top.data_rank, layers=model.num_local_layers
         )
-        self.last_pipe_rows: list[dict] = []
+        self.last_pipe_columns: dict[str, list] = {}  # this rank's pipe rows of the last step
         self.data_iterator = None
         self.agg_train_loss = None
 
@@ -95,6 +95,14 @@ class PipelineEngine(Engine):
 
     def is_last_stage(self) -> bool:
         return self.stage_id == self.num_stages - 1
+
+    def held_elsewhere(self, name: str) -> bool:
+        """Whether a checkpoint's parameter or buffer ``name`` belongs to another stage's layers
+        (names start with the global layer index, tied modules with ``tied_modules.<key>``)."""
+        head, _, rest = name.partition(".")
+        if head.isdigit():
+            return not self.module.owns_layer(int(head))
+        return head == "tied_modules" and rest.partition(".")[0] not in self.module.tied_modules
 
     def set_dataiterator(self, iterator) -> None:
         self.data_iterator = iterator
@@ -139,7 +147,7 @@ class PipelineEngine(Engine):
         step = self.global_steps
         self.micro_steps += m - 1  # Engine.step counts the last one and steps at the boundary
         self.step()
-        self.last_pipe_rows = self.timeline.emit(step, m)
+        self.last_pipe_columns = self.timeline.emit(step, m)
         return self.agg_train_loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg", bcast_loss=True,

@@ -260,6 +260,9 @@ class PipelineModule(nn.Module):
                 return stage
         raise PipelineError(f"layer {layer_idx} is owned by no stage (parts={self.parts})")
 
+    def owns_layer(self, layer_idx: int) -> bool:
+        return self._local_start <= layer_idx < self._local_stop
+
     @property
     def num_local_layers(self) -> int:
         return self._local_stop - self._local_start

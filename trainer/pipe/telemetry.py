@@ -20,22 +20,24 @@ class StageTimeline:
     def record(self, kind: str, micro_batch: int, start: int) -> None:
         self.events.append((kind, micro_batch, start, perf_ns()))
 
-    def emit(self, step: int, micro_batches: int) -> list[dict]:
-        rows = [
-            {
-                "step": step,
-                "stage": self.stage,
-                "stages": self.stages,
-                "data_rank": self.data_rank,
-                "micro_batches": micro_batches,
-                "layers": self.layers,
-                "kind": kind,
-                "micro_batch": mb,
-                "start_ns": CLOCK.wall_ns(start),
-                "end_ns": CLOCK.wall_ns(end),
-            }
-            for kind, mb, start, end in self.events
-        ]
+    def emit(self, step: int, micro_batches: int) -> dict[str, list]:
+        """Send this step's events as ``pipe`` rows (one column chunk: a lock and an append per
+        step, not per row); returns the columns."""
+        n = len(self.events)
+        kinds, mbs, starts, ends = (list(c) for c in zip(*self.events)) if n else ([], [], [], [])
+        offset = CLOCK.wall_ns(0)  # perf ns -> rank 0's unix ns is one constant shift
+        columns = {
+            "step": [step] * n,
+            "stage": [self.stage] * n,
+            "stages": [self.stages] * n,
+            "data_rank": [self.data_rank] * n,
+            "micro_batches": [micro_batches] * n,
+            "layers": [self.layers] * n,
+            "kind": kinds,
+            "micro_batch": mbs,
+            "start_ns": [t + offset for t in starts],
+            "end_ns": [t + offset for t in ends],
+        }
         self.events = []
-        session.emit_rows("pipe", rows)
-        return rows
+        session.emit_columns("pipe", columns, n)
+        return columns
