@@ -91,6 +91,72 @@ def _pipe_run(rank: int, world: int, stages: int, zero_stage: int, interval: int
     }
 
 
+SEED = 1234
+
+
+def _tied_specs():
+    """A weight shared by the first layer (stage 0) and the fifth (stage 1, used transposed)."""
+    from trainer.pipe import LayerSpec, TiedLayerSpec
+
+    return [
+        TiedLayerSpec("proj", nn.Linear, D_IN, D_IN, bias=False),
+        nn.Tanh(),
+        LayerSpec(nn.Linear, D_IN, D_IN),
+        nn.Tanh(),
+        TiedLayerSpec("proj", nn.Linear, D_IN, D_IN, bias=False, forward_fn=lambda m, x: x @ m.weight),
+        LayerSpec(nn.Linear, D_IN, D_OUT),
+    ]
+
+
+def _tied_reference(batch: int) -> list[float]:
+    """The same model in one process: layer i built right after seeding SEED + i (seed_layers)."""
+    built = {}
+    for i in (0, 2, 5):
+        torch.manual_seed(SEED + i)
+        built[i] = _tied_specs()[i].build()
+    proj, mid, out = built[0], built[2], built[5]
+    params = [*proj.parameters(), *mid.parameters(), *out.parameters()]
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
+    losses = []
+    for step in range(STEPS):
+        x, y = global_batch(step, batch)
+        pred = out(torch.tanh(mid(torch.tanh(proj(x)))) @ proj.weight)
+        loss = nn.functional.mse_loss(pred, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _tied_run(rank: int, world: int) -> dict:
+    import trainer
+    from trainer.pipe import PipelineModule
+
+    net = PipelineModule(
+        layers=_tied_specs(),
+        num_stages=2,
+        loss_fn=nn.functional.mse_loss,
+        partition_method="uniform",
+        seed_layers=True,
+        base_seed=SEED,
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+        "telemetry": {"enabled": False},
+    }
+    engine, _, _, _ = trainer.initialize(model=net, config=config)
+    losses = [float(engine.train_batch(iter(micro_batches(step, MICRO * GAS, 0, 1, GAS)))) for step in range(STEPS)]
+    return {"losses": losses, "tied": net.tied_modules["proj"].weight.detach().clone()}
+
+
+def _two_stage_worker(rank: int, world: int) -> dict:
+    return {"plain": _pipe_worker(rank, world, 2, 0, (0, 2)), "tied": _tied_run(rank, world)}
+
+
 def _check(runs: list[list[dict]], dp: int, intervals) -> None:
     for i, interval in enumerate(intervals):
         _check_run([rank_runs[i] for rank_runs in runs], dp, interval)
@@ -111,8 +177,13 @@ def _check_run(results: list[dict], dp: int, interval: int) -> None:
     assert len({round(r["eval"], 6) for r in results}) == 1  # every stage reports the same eval loss
 
 
-def test_two_stages_equal_torch_with_and_without_activation_checkpointing(tmp_path):
-    _check(spawn(_pipe_worker, 2, tmp_path, 2, 0, (0, 2)), dp=1, intervals=(0, 2))
+def test_two_stages_equal_torch_with_and_without_activation_checkpointing_and_with_a_tied_weight(tmp_path):
+    results = spawn(_two_stage_worker, 2, tmp_path)
+    _check([r["plain"] for r in results], dp=1, intervals=(0, 2))
+    want = _tied_reference(MICRO * GAS)
+    for r in results:
+        assert r["tied"]["losses"] == pytest.approx(want, abs=TOL, rel=TOL)
+    torch.testing.assert_close(results[0]["tied"]["tied"], results[1]["tied"]["tied"], atol=0, rtol=0)
 
 
 @pytest.mark.slow
