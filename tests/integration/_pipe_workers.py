@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 WORLD, STAGES, STEPS, MICRO_BATCHES = 2, 2, 8, 4
-FWD_S, BWD_S, SLOW_S = 0.02, 0.04, 0.03
-LAYERS_PER_STAGE = 4
+FWD_S, BWD_S, SLOW_S = 0.03, 0.06, 0.03
+LAYERS_PER_STAGE = 8
 RUNS = {"balanced": (MICRO_BATCHES, 0.0), "slow": (MICRO_BATCHES, SLOW_S), "few": (2, 0.0)}
 
 
