@@ -54,6 +54,7 @@ class HostsRun:
     name: str
     step_times: list[float]  # rank 0's seconds per loop index
     out: Path
+    qdiscs: dict[str, str]  # each host's eth0 qdisc just after the throttle (empty without one)
 
 
 def train_on_hosts(
@@ -80,12 +81,17 @@ def train_on_hosts(
         line = collector.stdout.readline()
         if "listening" not in line:
             raise RuntimeError(f"collector did not start: {line!r} {collector.stderr.read()[-2000:]}")
-        actions = {}
+        actions, qdiscs = {}, {}
         if throttle is not None:
-            host = net.hosts[throttle.host]
-            actions[throttle.from_step] = lambda: net.throttle(host, rate=throttle.rate)
+            slow = net.hosts[throttle.host]  # bound now: the actions run later
+
+            def throttled() -> None:
+                net.throttle(slow, rate=throttle.rate)
+                qdiscs.update({h: net.qdisc(h) for h in net.hosts})  # the evidence: tbf where meant
+
+            actions[throttle.from_step] = throttled
             if throttle.to_step is not None:
-                actions[throttle.to_step] = lambda: net.restore(host)
+                actions[throttle.to_step] = lambda: net.restore(slow)
         with netns.StepControl(control, actions) as steps_control:
             ranks = []
             for rank in range(world):
@@ -129,4 +135,4 @@ def train_on_hosts(
             collector.wait(timeout=120)
         except subprocess.TimeoutExpired:
             raise RuntimeError("the collector did not stop within 120 s of SIGTERM") from None
-    return HostsRun(data_dir, name, json.loads((out / "times.json").read_text()), out)
+    return HostsRun(data_dir, name, json.loads((out / "times.json").read_text()), out, qdiscs)

@@ -38,17 +38,19 @@ def warnings(found_: list[findings.Finding]) -> list[findings.Finding]:
 
 
 def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_and_cost(tmp_path):
-    # loop index 20 (hook step 21: the optimizer's count starts at 1) to index 40 (step 41)
+    # loop index 20 (hook step 21: the optimizer's count starts at 1) to index 40 (step 41); host-0's
+    # link, the first host: so a mix-up with the last host started would show
     run = multihost.train_on_hosts(
-        tmp_path, hosts=2, ranks_per_host=2, steps=55, throttle=multihost.Throttle.parse("1:50mbit@20-40")
+        tmp_path, hosts=2, ranks_per_host=2, steps=55, throttle=multihost.Throttle.parse("0:50mbit@20-40")
     )
     cat = queries.Catalog(run.data_dir)
     hosts = set(queries.ranks(cat, queries.resolve_run(cat.con, run.name)).host)
     cat.close()
     assert hosts == {"host-0", "host-1"}  # each rank reports the host it ran on
+    assert "tbf" in run.qdiscs["host-0"] and "tbf" not in run.qdiscs["host-1"], run.qdiscs
     every = found(run)
     [link] = [f for f in every if f.kind == "slow_link"]
-    assert ["host-1"] in link.evidence["hosts"], link.text  # at 2 hosts host-0's link explains it as well
+    assert ["host-0"] in link.evidence["hosts"], link.text  # at 2 hosts host-1's link explains it as well
     assert abs(link.evidence["onset_step"] - 21) <= 3, link.text
     assert link.evidence["detected_step"] - link.evidence["onset_step"] <= 10
     assert link.evidence["end_step"] is not None and abs(link.evidence["end_step"] - 41) <= 3, link.text
@@ -62,11 +64,12 @@ def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_and_cost(tmp
 @pytest.mark.slow
 def test_three_hosts_one_throttled_names_that_host(tmp_path):
     run = multihost.train_on_hosts(
-        tmp_path, hosts=3, ranks_per_host=2, steps=50, throttle=multihost.Throttle.parse("2:50mbit@20")
+        tmp_path, hosts=3, ranks_per_host=2, steps=50, throttle=multihost.Throttle.parse("1:50mbit@20")
     )
     every = found(run)
     [link] = [f for f in every if f.kind == "slow_link"]
-    assert link.evidence["hosts"] == [["host-2"]], link.text
+    assert "tbf" in run.qdiscs["host-1"] and not any("tbf" in run.qdiscs[h] for h in ("host-0", "host-2"))
+    assert link.evidence["hosts"] == [["host-1"]], link.text  # the middle one: not the last host started
     assert abs(link.evidence["onset_step"] - 21) <= 3 and link.evidence["end_step"] is None
     assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
 
