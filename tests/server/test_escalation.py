@@ -1,5 +1,5 @@
 """Automatic escalation at scale (issue 32): a 1,024-rank run simulated by ``rankscope simulate``
-(rank 517 late from step 20, 128 hosts), its real findings and step analysis, the collector's real
+(rank 517 late from step 15, 128 hosts), its real findings and step analysis, the collector's real
 liveness and command channel holding one stream per rank. Only the suspect and one reference on
 its host are asked; the rate limits hold; a healthy run asks nobody; a hang asks for stacks only.
 
@@ -38,9 +38,9 @@ class NoStore:
 def simulated(tmp_path_factory):
     """{"late" / "healthy": (run id, rank -> host, its findings, its step analysis)}."""
     data_dir = tmp_path_factory.mktemp("sim1k")
-    common = ["simulate", "--ranks", str(RANKS), "--hosts", str(HOSTS), "--steps", "60", "--data-dir", str(data_dir)]
-    assert cli([*common, "--straggler", f"{SUSPECT}:40@20", "--name", "late"]) == 0
-    assert cli([*common, "--name", "healthy"]) == 0
+    common = ["simulate", "--ranks", str(RANKS), "--hosts", str(HOSTS), "--data-dir", str(data_dir)]
+    assert cli([*common, "--steps", "40", "--straggler", f"{SUSPECT}:40@15", "--name", "late"]) == 0
+    assert cli([*common, "--steps", "30", "--name", "healthy"]) == 0
     cat = queries.Catalog(data_dir)
     try:
         runs = {}
