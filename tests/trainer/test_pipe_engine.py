@@ -87,6 +87,7 @@ def _pipe_run(rank: int, world: int, stages: int, zero_stage: int, interval: int
         "stage": engine.stage_id,
         "state": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
         "eval": float(engine.eval_batch(iter(micro_batches(0, MICRO * GAS * dp, engine.topology.data_rank, dp, GAS)))),
+        "logits": _logit_shapes(engine, dp),
         "micro_batches": engine.micro_batches,
     }
 
@@ -157,6 +158,13 @@ def _two_stage_worker(rank: int, world: int) -> dict:
     return {"plain": _pipe_worker(rank, world, 2, 0, (0, 2)), "tied": _tied_run(rank, world)}
 
 
+def _logit_shapes(engine, dp: int):
+    _, logits = engine.eval_batch(
+        iter(micro_batches(0, MICRO * GAS * dp, engine.topology.data_rank, dp, GAS)), return_logits=True
+    )
+    return None if logits is None else [tuple(t.shape) for t in logits]
+
+
 def _check(runs: list[list[dict]], dp: int, intervals) -> None:
     for i, interval in enumerate(intervals):
         _check_run([rank_runs[i] for rank_runs in runs], dp, interval)
@@ -174,7 +182,15 @@ def _check_run(results: list[dict], dp: int, interval: int) -> None:
             torch.testing.assert_close(value, weights[name], atol=TOL, rtol=TOL, msg=f"stage {r['stage']} {name}")
             seen.add(name)
     assert seen == set(weights), "every layer's weights live on some stage"
-    assert len({round(r["eval"], 6) for r in results}) == 1  # every stage reports the same eval loss
+    # every stage reports the trained model's loss on batch 0; the last stage's outputs come back
+    model = nn.Sequential(*build_layers())
+    model.load_state_dict(weights)
+    x, y = global_batch(0, MICRO * GAS * dp)
+    want = nn.functional.mse_loss(model(x), y).item()
+    for r in results:
+        assert r["eval"] == pytest.approx(want, abs=TOL, rel=TOL)
+        last = r["stage"] == max(q["stage"] for q in results)
+        assert r["logits"] == ([(MICRO, D_OUT)] * GAS if last else None)
 
 
 def test_two_stages_equal_torch_with_and_without_activation_checkpointing_and_with_a_tied_weight(tmp_path):

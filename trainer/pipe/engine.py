@@ -154,8 +154,8 @@ class PipelineEngine(Engine):
                    num_micro_batches=None):  # fmt: skip
         """The mean loss over ``num_micro_batches`` (default gradient_accumulation_steps) micro-batches,
         without gradients; with ``return_logits`` also the last stage's outputs (None elsewhere)."""
-        if reduce_output not in ("avg", None):
-            raise ValueError("eval_batch(reduce_output=...): 'avg' or None")
+        if reduce_output != "avg":
+            raise ValueError("eval_batch(reduce_output=...): only 'avg' (the mean over micro-batches) is supported")
         self.module.eval()
         batches = self._batches(data_iter)
         m = num_micro_batches or self.micro_batches
@@ -164,11 +164,10 @@ class PipelineEngine(Engine):
         losses, logits = [], []
         with torch.no_grad():
             for mb in range(m):
-                _, out = self._forward(mb, batches, losses if compute_loss else None, grad=False)
-                if self.is_last_stage() and return_logits:
-                    logits.append(out)
+                self._forward(mb, batches, losses if compute_loss else None, grad=False,
+                              logits=logits if return_logits else None)  # fmt: skip
             self._wait_sends()
-            loss = self._aggregate(losses, mean_over=m, reduce_output=reduce_output, bcast=bcast_loss)
+            loss = self._aggregate(losses, mean_over=m, bcast=bcast_loss)
         self.timeline.events = []  # eval steps are not training steps: no pipe rows
         if return_logits:
             return loss, (logits if self.is_last_stage() else None)
@@ -185,7 +184,9 @@ class PipelineEngine(Engine):
 
     # ---------------------------------------------------------------- one micro-batch
 
-    def _forward(self, mb: int, batches, losses, *, grad: bool):
+    def _forward(self, mb: int, batches, losses, *, grad: bool, logits: list | None = None):
+        """One micro-batch forward; the last stage appends its loss to ``losses`` (and its outputs to
+        ``logits``). Returns (this stage's input, what backward starts from: the loss or the outputs)."""
         batch = next(batches) if self.is_first_stage() or self.is_last_stage() else None
         if self.is_first_stage():
             x = _to(batch[0], self.device, detach=True)
@@ -195,6 +196,8 @@ class PipelineEngine(Engine):
             self.timeline.record("recv_act", mb, start)
         start = perf_ns()
         out = self.module(x)
+        if self.is_last_stage() and logits is not None:
+            logits.append(out.detach())
         if self.is_last_stage() and losses is not None:
             loss = self.module.loss_fn(out, _to(batch[1], self.device, detach=False))
             losses.append(loss.detach())
@@ -275,7 +278,7 @@ class PipelineEngine(Engine):
 
     # ---------------------------------------------------------------- loss
 
-    def _aggregate(self, losses, mean_over: int | None = None, reduce_output="avg", bcast=True) -> torch.Tensor:
+    def _aggregate(self, losses, mean_over: int | None = None, bcast: bool = True) -> torch.Tensor:
         """The last stage's mean micro-batch loss, averaged over data-parallel replicas and sent to
         every stage of this pipeline (DeepSpeed's _aggregate_total_loss)."""
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
