@@ -60,6 +60,7 @@ def test_a_compute_straggler_is_a_straggler_not_a_slow_link(tmp_path):
     assert [f.ranks for f in only(found, "straggler")] == [(27,)]
 
 
+@pytest.mark.slow  # make test keeps the 64-rank cases; real 2- and 3-host runs cover these too
 def test_a_slow_link_is_not_a_straggler_even_when_its_ranks_arrive_late(tmp_path):
     # Straggler and slow link in one run, on different hosts: each told once, by its own finding.
     found = health(
@@ -75,6 +76,7 @@ def test_a_slow_link_is_not_a_straggler_even_when_its_ranks_arrive_late(tmp_path
     assert only(found, "slow_link")[0].evidence["end_step"] is None  # never restored
 
 
+@pytest.mark.slow  # make test keeps the 64-rank cases; real 2- and 3-host runs cover these too
 def test_three_hosts_name_the_right_one_and_two_name_both(tmp_path):
     [three] = only(
         health(tmp_path / "3", ranks=12, hosts=3, steps=40, slow_links=(simulate.SlowLink(2, 4.0, 15),)), "slow_link"

@@ -37,6 +37,7 @@ def warnings(found_: list[findings.Finding]) -> list[findings.Finding]:
     ]
 
 
+@pytest.mark.timing  # the cost is checked against rank 0's measured step times
 def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_and_cost(tmp_path):
     # loop index 20 (hook step 21: the optimizer's count starts at 1) to index 40 (step 41); host-0's
     # link, the first host: so a mix-up with the last host started would show
