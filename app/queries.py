@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
-from collector.data import layout
+from collector.data import layout, pipeline
 from collector.data import queries as q
 from collector.data.findings import links
 from collector.data.queries import CommFilter, DataDirError, data_version, training_filter
@@ -273,6 +273,16 @@ def clock_skew(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 @_cached()
 def moe_load(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.moe_load(catalog(data_dir), run_id)
+
+
+@_cached()
+def pipe_bubbles(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
+    return pipeline.stage_bubbles(catalog(data_dir), run_id)
+
+
+@_cached()
+def pipe_timeline(data_dir: str, run_id: str, step: int, data_rank: int, version: str) -> pd.DataFrame:
+    return pipeline.timeline(catalog(data_dir), run_id, step, data_rank)
 
 
 @st.cache_data(ttl=5, show_spinner=False)
