@@ -15,6 +15,9 @@ producer or a dashboard against rankscope) need to stand up real parts quickly.
 - ``pki``: a throwaway CA and server certificate made with the openssl CLI.
 - ``prometheus``: ``PrometheusProcess``, Debian's Prometheus server scraping given targets.
 - ``step_frames``: ``step_rows``, per-step analysis frames with a known straggler story.
+- ``netns``: several "hosts" on one machine (network namespaces through a bridge, a host's link
+  throttled with tc tbf mid-run, ``StepControl`` to act at a training step); ``multihost``:
+  ``train_on_hosts``, a real gloo run over them into a collector of its own.
 
 The kit sits above ``collector.tools`` and never imports ``trainer`` or ``app``; nothing
 in it imports pytest, so benchmarks and scripts use it as they are.
