@@ -14,9 +14,8 @@ from collector.data.catalog import ensure_catalog
 from collector.data.schema import TABLES
 from collector.testing.fake_runs import FakeRun, _write, write_run
 
-# What a rank's watchdog writes; the fake runs' story (collector.testing.fake_runs) has none of it,
-# so their dashboards show no liveness banner. write_hang adds it.
-LIVENESS_TABLES = frozenset(("inflight", "heartbeats", "stacks"))
+# A rank's watchdog's tables are not in the fake runs' story (fake_runs.STORY_TABLES), so their
+# dashboards show no liveness banner; write_hang adds them.
 
 
 def write_hang(data_dir, run: FakeRun, stuck_rank: int, waited_s: float = 30.0, hang_after_s: float = 2.0) -> int:

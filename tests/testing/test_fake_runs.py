@@ -18,6 +18,7 @@ from collector.testing.fake_runs import (
     FLOPS_TREE,
     LIVE,
     MOE_EXPERTS,
+    STORY_TABLES,
     FakeRun,
     FakeRunError,
     comm_columns,
@@ -27,7 +28,6 @@ from collector.testing.fake_runs import (
     uniform_run,
     write_data_dir,
 )
-from collector.testing.liveness import LIVENESS_TABLES
 
 
 def rows(data, sql: str, params=()) -> list[tuple]:
@@ -103,7 +103,7 @@ def test_overflow_steps_experts_and_flops_tell_the_story(written):
 
 
 def test_every_table_has_rows_and_the_runs_their_status(written):
-    for table in set(TABLES) - LIVENESS_TABLES:
+    for table in STORY_TABLES:
         assert rows(written, f'SELECT count(*) > 0 FROM "{table}" WHERE run_id = ?', [FINISHED.run_id]) == [(True,)]
     assert rows(written, "SELECT count(*) FROM comm WHERE run_id = ?", [FINISHED.run_id]) == [
         (FINISHED.steps * len(COLLECTIVES) * FINISHED.world_size,)
@@ -162,7 +162,7 @@ def test_a_rank_sends_hello_then_batches_then_its_end():
     assert [e.seq for e in envs] == list(range(1, len(envs) + 1))
     assert envs[0].WhichOneof("body") == "hello" and envs[0].hello.rank == 3
     assert envs[-1].WhichOneof("body") == "end" and envs[-1].end.status == "finished"
-    assert {e.table.table for e in envs[1:-1]} == set(TABLES) - LIVENESS_TABLES
+    assert {e.table.table for e in envs[1:-1]} == STORY_TABLES
     assert rank_envelopes(LIVE, 0)[-1].WhichOneof("body") == "table"  # still running: no end
 
 

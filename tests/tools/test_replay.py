@@ -8,11 +8,9 @@ import time
 
 import pytest
 
-from collector.data.schema import TABLES
 from collector.server.compaction import CompactionConfig
 from collector.testing.collectors import live_collector
-from collector.testing.fake_runs import FakeRun, stream
-from collector.testing.liveness import LIVENESS_TABLES
+from collector.testing.fake_runs import STORY_TABLES, FakeRun, stream
 from tests.tools._import_util import query, rankscope
 
 RUN = "source-run"
@@ -40,8 +38,7 @@ def _settled_rows(data, table: str, run_id: str, want: list[tuple] | None = None
 
 
 def _assert_same_run(data, original: str, replayed: str) -> None:
-    # the fake runs carry no watchdog rows and no captured evidence (a collector's own requests)
-    for table in set(TABLES) - LIVENESS_TABLES - {"artifacts"}:
+    for table in STORY_TABLES:  # the fake runs carry no watchdog rows and no captured evidence
         rows = _settled_rows(data, table, original)
         assert rows, table
         assert _settled_rows(data, table, replayed, rows) == rows, table
