@@ -638,7 +638,7 @@ def serve(
     max_streams_per_peer: int | None = None,
     stream_rows_per_s: float | None = None,
     stream_bytes_per_s: float | None = None,
-    auto_profile: bool = True,
+    auto_profile: bool = False,
 ) -> int:
     """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
 

@@ -293,11 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="POST each new finding once to URL as JSON with a Slack-compatible 'text' (at most one post per 2 s)",
     )
     p.add_argument(
-        "--no-auto-profile",
-        dest="auto_profile",
-        action="store_false",
-        help="do not ask the ranks a new live straggler/slow-link/hang/memory finding names (and a reference rank) "
-        "for a profile, stacks or memory report (default: ask, at most once per run per 5 min, per rank per 15 min)",
+        "--auto-profile",
+        action="store_true",
+        help="ask the ranks a new live straggler/slow-link/hang/memory finding names (and a reference rank) for a "
+        "profile, stacks or memory report, at most once per run per 5 min, per rank per 15 min (default: off; "
+        "a profiled straggler can run much slower while its trace is exported: see README)",
     )
     p.add_argument(
         "--raw-every",
