@@ -35,17 +35,20 @@ def _settled(bubbles: pd.DataFrame) -> pd.DataFrame:
     return later if later.step.nunique() >= 2 else bubbles
 
 
-def _shape(rows: pd.DataFrame) -> tuple[int, int]:
-    return int(rows.stages.max()), int(rows.micro_batches.median())
+def _pipeline(bubbles: pd.DataFrame | None) -> tuple[pd.DataFrame, int, int] | None:
+    """The settled rows, stage count and micro-batches per step of a run with a pipeline of
+    two stages or more; None otherwise (no finding to make)."""
+    if bubbles is None or bubbles.empty:
+        return None
+    rows = _settled(bubbles)
+    stages, m = int(rows.stages.max()), int(rows.micro_batches.median())
+    return (rows, stages, m) if stages >= 2 else None
 
 
 def stage_imbalance(bubbles: pd.DataFrame | None) -> list[Finding]:
-    if bubbles is None or bubbles.empty:
+    if (pipeline := _pipeline(bubbles)) is None:
         return []
-    rows = _settled(bubbles)
-    stages, m = _shape(rows)
-    if stages < 2:
-        return []
+    rows, stages, m = pipeline
     per_stage = rows.groupby("stage").agg(busy=("busy_ms", "median"), layers=("layers", "max"))
     t = per_stage.busy / m
     slow = int(t.idxmax())
@@ -112,12 +115,9 @@ def _best_move(t: pd.Series, slow: int, neighbour: int, layers: int) -> tuple[in
 
 
 def too_few_micro_batches(bubbles: pd.DataFrame | None) -> list[Finding]:
-    if bubbles is None or bubbles.empty:
+    if (pipeline := _pipeline(bubbles)) is None:
         return []
-    rows = _settled(bubbles)
-    stages, m = _shape(rows)
-    if stages < 2:
-        return []
+    rows, stages, m = pipeline
     ideal = (stages - 1) / (m + stages - 1)
     measured = float(rows.bubble_fraction.mean())
     if ideal <= MAX_IDEAL or measured < MIN_BUBBLE:
