@@ -269,7 +269,7 @@ RANK_ENDS_SCHEMA = pa.schema(
 
 # Per (rank, step, group, op, message size) sums of a run's comm records, written by the
 # collector's retention pass (collector/server/compaction.py) before raw rows of a step go;
-# the same columns as the dashboard's comm rollup (collector/data/queries.py), so pages read
+# the same columns as the dashboard's comm rollup (collector/data/queries/rollup.py), so pages read
 # either. run_id is the partition, as for the per-rank tables.
 COMM_STEPS_SCHEMA = pa.schema(
     [

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from collector.data import catalog, layout, queries
+from collector.data.queries import export as export_sql
 from collector.data.schema import TABLES, as_stored, reading_schema
 from collector.tools.importers.parquet_table import TABLE_KEY
 
@@ -56,29 +57,10 @@ def resolve_run(con, run: str) -> str:
 
 # -- perfetto ----------------------------------------------------------------------
 
-# DuckDB writes each event's JSON itself: ~5x faster than json.dumps per row.
-_TIMED = "run_id = $run AND start_ns IS NOT NULL AND end_ns IS NOT NULL"
-_TRACKS = f"""tracks AS (
-    SELECT rank, g, row_number() OVER (PARTITION BY rank ORDER BY g) AS tid
-    FROM (SELECT DISTINCT rank, coalesce(group_name, '') AS g FROM comm WHERE {_TIMED}))"""
-_COMM_EVENTS = f"""WITH {_TRACKS}
-    SELECT json_object('name', coalesce(log_name, op), 'cat', 'comm', 'ph', 'X', 'pid', c.rank, 'tid', t.tid,
-                       'ts', (start_ns - $t0) / 1e3, 'dur', greatest(end_ns - start_ns, 0) / 1e3,
-                       'args', json_object('op', op, 'seq', seq, 'step', step, 'bytes', bytes,
-                                           'algbw_gbs', algbw_gbs, 'busbw_gbs', busbw_gbs, 'dtype', dtype,
-                                           'numel', numel, 'group_size', group_size))::VARCHAR
-    FROM comm c JOIN tracks t ON t.rank = c.rank AND t.g = coalesce(c.group_name, '')
-    WHERE {_TIMED} ORDER BY start_ns, c.rank"""
-_TIMER_EVENTS = """
-    SELECT json_object('name', name, 'cat', 'timer', 'ph', 'X', 'pid', rank, 'tid', 0,
-                       'ts', (start_ns - $t0) / 1e3, 'dur', greatest(coalesce(dur_ns, 0), 0) / 1e3,
-                       'args', json_object('step', step))::VARCHAR
-    FROM timers WHERE run_id = $run AND start_ns IS NOT NULL ORDER BY start_ns, rank"""
 
-
-def _write_events(con, f, sql: str, params: dict, bar) -> int:
+def _write_events(f, events, bar) -> int:
     n = 0
-    for batch in con.sql(sql, params=params).to_arrow_reader(TRACE_BATCH):
+    for batch in events:
         lines = batch.column(0).to_pylist()
         if lines:
             f.write(",\n" + ",\n".join(lines))
@@ -93,22 +75,10 @@ def export_perfetto(data_dir, run: str, out) -> dict:
     try:
         con.execute("SET enable_progress_bar = false")  # ours is tqdm
         run_id = resolve_run(con, run)
-        params = {"run": run_id}
-        t0, comm_total, comm_timed, timers_total = con.execute(
-            f"""SELECT least((SELECT min(start_ns) FROM comm WHERE {_TIMED}),
-                             (SELECT min(start_ns) FROM timers WHERE run_id = $run)),
-                       (SELECT count(*) FROM comm WHERE run_id = $run),
-                       (SELECT count(*) FROM comm WHERE {_TIMED}),
-                       (SELECT count(start_ns) FROM timers WHERE run_id = $run)""",
-            params,
-        ).fetchall()[0]
-        tracks = con.execute(f"WITH {_TRACKS} SELECT rank, g, tid FROM tracks ORDER BY rank, tid", params).fetchall()
-        ranks = sorted(
-            {r for (r,) in con.execute("SELECT rank FROM ranks WHERE run_id = $run", params).fetchall()}
-            | {r for r, _, _ in tracks}
-            | {r for (r,) in con.execute("SELECT DISTINCT rank FROM timers WHERE run_id = $run", params).fetchall()}
-        )
-        params["t0"] = t0 = t0 or 0
+        t0, comm_total, comm_timed, timers_total = export_sql.trace_extent(con, run_id)
+        tracks = export_sql.trace_tracks(con, run_id)
+        ranks = sorted(export_sql.trace_ranks(con, run_id) | {r for r, _, _ in tracks})
+        t0 = t0 or 0
         meta = []
         for rank in ranks:
             meta += [
@@ -135,8 +105,8 @@ def export_perfetto(data_dir, run: str, out) -> dict:
         ):
             f.write('{"traceEvents": [\n' + ",\n".join(json.dumps(m, separators=(",", ":")) for m in meta))
             counts = {
-                "comm": _write_events(con, f, _COMM_EVENTS, params, bar),
-                "timers": _write_events(con, f, _TIMER_EVENTS, params, bar),
+                "comm": _write_events(f, export_sql.comm_events(con, run_id, t0, TRACE_BATCH), bar),
+                "timers": _write_events(f, export_sql.timer_events(con, run_id, t0, TRACE_BATCH), bar),
             }
             other = {"run_id": run_id, "t0_unix_ns": t0, "comm_rows_without_times": comm_total - counts["comm"]}
             f.write('\n], "displayTimeUnit": "ns", "otherData": ' + json.dumps(other) + "}\n")
@@ -200,7 +170,7 @@ def export_archive(data_dir, run: str, out) -> dict:
     con = catalog.connect(data_dir)
     try:
         run_id = resolve_run(con, run)
-        (run_row,) = con.execute("SELECT name, world_size, source FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        run_row = export_sql.run_header(con, run_id)
     finally:
         con.close()
     out = Path(out)
@@ -274,10 +244,7 @@ def export_parquet(data_dir, run: str, outdir) -> dict:
         run_id = resolve_run(con, run)
         tables = [*TABLES, "runs", "ranks", "rank_ends"]
         for table in tqdm(tables, desc="parquet", unit="table", disable=None, leave=False):
-            view = table if table in TABLES else f"_{table}_raw"
-            reader = con.sql(
-                f"SELECT * FROM {catalog.quote_ident(view)} WHERE run_id = ?", params=[run_id]
-            ).to_arrow_reader(TRACE_BATCH)
+            reader = export_sql.table_rows(con, table, run_id, TRACE_BATCH)
             schema = reader.schema.with_metadata({TABLE_KEY: table.encode()})
             rows, path = 0, outdir / f"{table}.parquet"
             writer = None
@@ -347,14 +314,6 @@ FR_DTYPES = {
     "bool": "Bool",
 }
 
-_FR_ROWS = """
-    SELECT rank, group_name, group_size, seq, op, dtype, numel, start_ns, end_ns, 'completed' AS state
-    FROM comm WHERE run_id = $run AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')
-    UNION ALL
-    SELECT rank, group_name, group_size, seq, op, dtype, numel, entered_ns, NULL, 'started'
-    FROM inflight_open WHERE run_id = $run AND NOT starts_with(group_name, 'p2p[')
-    ORDER BY rank, start_ns NULLS LAST, group_name, seq"""
-
 
 def _desc(group: str) -> str:
     return "default_pg" if group == "world" else group
@@ -384,8 +343,8 @@ def export_flight_recorder(data_dir, run: str, outdir) -> dict:
     con = catalog.connect(data_dir)
     try:
         run_id = resolve_run(con, run)
-        (world,) = con.execute("SELECT world_size FROM runs WHERE run_id = ?", [run_id]).fetchone()
-        rows = con.execute(_FR_ROWS, {"run": run_id}).fetchall()
+        world = export_sql.run_header(con, run_id)[1]
+        rows = export_sql.flight_recorder_rows(con, run_id)
     finally:
         con.close()
     if not rows:
