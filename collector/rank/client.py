@@ -25,6 +25,10 @@ stacks"): the ack reader hands each to ``Client.on_request``, which the watchdog
 
 Nothing here raises into the caller: ``submit`` and ``close`` are safe from any
 thread, and a failing collector costs the training thread nothing.
+
+Beside it: collector.rank.stream (one Stream call and its ack reader) and
+collector.rank.resend (``resend_spooled``: spool files left by exited processes,
+started here once the collector first answers; importable from here as before).
 """
 
 from __future__ import annotations
@@ -32,21 +36,21 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import grpc
 
 from collector.data import codec, security
-from collector.data.codec import REJECTED_SEQ_KEY
 from collector.data.config import ConfigBlock, setting
 from collector.rank import spool
 from collector.rank.records import RecordBuffer
+from collector.rank.resend import resend_spooled
+from collector.rank.stream import Stream, rejected_seq
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 log = logging.getLogger("rankscope.client")
@@ -57,7 +61,6 @@ _OPERATOR_ERRORS = (
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
 )
-_CLOSE_STREAM = object()
 # How long the collector may be out of reach before the rank says so (once per outage), and how long
 # ``close`` still tries a collector that has been out of reach: it spools at once rather than waiting
 # close_timeout_s for acks that cannot come (the exit stays prompt).
@@ -90,63 +93,6 @@ class ClientConfig(ConfigBlock):
         self.spool_dir = Path(self.spool_dir) if self.spool_dir else spool.default_dir()
 
 
-class _Stream:
-    """One gRPC Stream call: a queue feeding its requests, a thread reading acks.
-
-    It knows nothing of the client beyond four callbacks: ``on_ack(seqs)`` for each Ack,
-    ``on_request(request)`` for each RankRequest an Ack carries, ``envelopes_of(path)`` for
-    the still-unacked envelopes of a spool file queued on it, and ``on_dead()`` once the
-    call has ended."""
-
-    def __init__(
-        self, stub: pb_grpc.CollectorStub, metadata, *, on_ack, envelopes_of, on_dead, on_request=None
-    ) -> None:
-        self._on_ack, self._envelopes_of, self._on_dead = on_ack, envelopes_of, on_dead
-        self._on_request = on_request
-        self.outbox: queue.Queue = queue.Queue()
-        self.error: grpc.RpcError | Exception | None = None
-        self.dead = threading.Event()
-        self.call = stub.Stream(self._requests(), metadata=metadata)
-        self.reader = threading.Thread(target=self._read_acks, name="rankscope-acks", daemon=True)
-        self.reader.start()
-
-    def _requests(self):
-        while True:
-            item = self.outbox.get()
-            if item is _CLOSE_STREAM:
-                return
-            if isinstance(item, Path):  # a spool file: stream the envelopes still un-acked
-                yield from self._envelopes_of(item)
-            else:
-                yield item
-
-    def _read_acks(self) -> None:
-        try:
-            for ack in self.call:
-                if ack.seqs:
-                    self._on_ack(ack.seqs)
-                for request in ack.requests:
-                    if self._on_request is not None:
-                        try:
-                            self._on_request(request)
-                        except Exception:  # a request we cannot serve must not end the stream
-                            log.exception("rankscope: could not serve the collector's %s request", request.kind)
-        except Exception as e:  # grpc.RpcError, or anything the channel throws
-            self.error = e
-        self.dead.set()
-        self._on_dead()
-
-    def send(self, item) -> None:
-        self.outbox.put(item)
-
-    def close(self) -> None:
-        self.outbox.put(_CLOSE_STREAM)
-        try:
-            self.call.cancel()
-        except Exception:
-            pass
-
-
 class Client:
     """Background shipper for one rank process. ``start(hello)`` once the run
     identity is known; records added to ``buffer`` before that wait in it."""
@@ -166,7 +112,7 @@ class Client:
         self._spooled_seq: dict[int, Path] = {}
         self._rows_of: dict[int, int] = {}  # spooled seq -> rows, for drop accounting
         self.dropped_rejected = 0
-        self._stream: _Stream | None = None
+        self._stream: Stream | None = None
         self._connected_at: float | None = None
         self._disconnected_since = time.monotonic()
         self._outage_since = self._disconnected_since  # no ack since then (retries do not reset it)
@@ -405,7 +351,7 @@ class Client:
             if self._channel is None:
                 self._channel = security.open_channel(self.cfg.endpoint, tls_ca=self.cfg.tls_ca)
             metadata = security.auth_metadata(self.cfg.token)
-            stream = _Stream(
+            stream = Stream(
                 pb_grpc.CollectorStub(self._channel),
                 metadata,
                 on_ack=self._on_ack,
@@ -431,7 +377,7 @@ class Client:
         code = err.code() if isinstance(err, grpc.RpcError) and hasattr(err, "code") else None
         now = time.monotonic()
         if code == grpc.StatusCode.INVALID_ARGUMENT:
-            seq = _rejected_seq(err)
+            seq = rejected_seq(err)
             detail = err.details() if hasattr(err, "details") else str(err)
             if seq is not None:
                 self._drop_rejected(seq, detail)
@@ -557,162 +503,3 @@ class Client:
         with self._lock:
             left = set(self._spooled.get(path, ()))
         return [e for e in envs if e.seq in left]
-
-
-def _rejected_seq(err) -> int | None:
-    try:
-        for key, value in err.trailing_metadata() or ():
-            if key == REJECTED_SEQ_KEY:
-                return int(value)
-    except Exception:
-        pass
-    return None
-
-
-def resend_spooled(
-    directory: Path, endpoint: str, token: str | None = None, timeout_s: float = 60.0, tls_ca: str | None = None
-) -> tuple[int, int]:
-    """Stream the orphaned spool files meant for ``endpoint`` (writers on this host
-    that are gone) to it, one writer (client_id) per stream so acks are
-    unambiguous, deleting each file once all its envelopes are acked. Each file is
-    claimed first (spool.claim), so processes racing for the same orphans never
-    send one twice, and a file another process took is skipped without a word.
-
-    A record that cannot be delivered costs only itself: one that does not decode, or an
-    envelope the collector refuses (INVALID_ARGUMENT naming its seq), is set aside in the
-    file's side file (spool.quarantine: kept for inspection, never resent), counted and
-    logged once per file, and the rest of the file is still delivered, each envelope once
-    (the collector acks a resend of a durable one without storing it again). One writer's
-    failure never stops the others. Says in one line what it resent, for which runs, to
-    where. Returns (files delivered, files left). Never raises."""
-    try:
-        return _resend_spooled(Path(directory), endpoint, token, timeout_s, tls_ca)
-    except Exception:
-        log.exception("rankscope: resending the spool files in %s failed", directory)
-        return 0, 0
-
-
-@dataclass
-class _Resent:
-    delivered: int = 0
-    left: int = 0
-    records: int = 0
-    quarantined: int = 0
-    runs: set = field(default_factory=set)
-
-
-def _resend_spooled(directory: Path, endpoint: str, token, timeout_s: float, tls_ca) -> tuple[int, int]:
-    groups = spool.orphans(directory, endpoint)
-    if not groups:
-        return 0, 0
-    metadata = security.auth_metadata(token)
-    try:
-        channel = security.open_channel(endpoint, tls_ca=tls_ca)
-    except security.SecurityConfigError as e:
-        log.error("rankscope: cannot resend spool files: %s", e)
-        return 0, sum(len(paths) for paths in groups.values())
-    tally = _Resent()
-    with channel:
-        stub = pb_grpc.CollectorStub(channel)
-        for client_id, paths in groups.items():
-            claimed = [c for c in (spool.claim(p) for p in paths) if c is not None]  # None: another process has it
-            if not claimed:
-                continue
-            try:
-                _resend_files(stub, metadata, timeout_s, client_id, claimed, endpoint, tally)
-            except Exception:  # a bug or a disk error on one writer's files: the others still go
-                log.exception("rankscope: resending the spool files of %s failed", client_id)
-                for path in claimed:
-                    if path.exists():
-                        spool.release(path)
-                        tally.left += 1
-    if tally.delivered:
-        log.warning(
-            "rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
-            "to the collector at %s%s",
-            tally.records,
-            ", ".join(sorted(tally.runs)) or "?",
-            directory,
-            endpoint,
-            f"; {tally.quarantined} record(s) set aside in *{spool.QUARANTINE_SUFFIX}" if tally.quarantined else "",
-        )
-    return tally.delivered, tally.left
-
-
-def _resend_files(stub, metadata, timeout_s: float, client_id: str, claimed: list[Path], endpoint: str, tally) -> None:
-    """One writer's claimed files, on as many streams as refusals need (see resend_spooled)."""
-    per_file: dict[Path, list[pb.Envelope]] = {}
-    aside: dict[Path, list[bytes]] = {}
-    why: dict[Path, list[str]] = {}
-    for path in claimed:
-        try:
-            got, bad = spool.scan(path)
-        except spool.SpoolError as e:  # not a spool file at all: set the whole file aside
-            got, bad = [], [(path.read_bytes(), str(e))]
-        if bad:
-            aside[path] = [raw for raw, _ in bad]
-            why[path] = [f"{len(bad)} undecodable ({bad[0][1]})"]
-        per_file[path] = got
-    envs = [env for got in per_file.values() for env in got]
-    file_of = {env.seq: path for path, got in per_file.items() for env in got}
-    acked: set[int] = set()
-    refused: dict[int, str] = {}
-    for _ in range(len(envs) + 1):  # a stream ends at each refusal: at most one per envelope, plus the last
-        to_send = [env for env in envs if env.seq not in acked and env.seq not in refused]
-        if not to_send:
-            break
-        need = {env.seq for env in to_send}
-        call = stub.Stream(iter(to_send), metadata=metadata, timeout=timeout_s)
-        try:
-            for ack in call:
-                acked.update(ack.seqs)
-                if need <= acked:
-                    break
-        except grpc.RpcError as e:
-            detail = e.details() if hasattr(e, "details") else str(e)
-            seq = _rejected_seq(e) if getattr(e, "code", lambda: None)() == grpc.StatusCode.INVALID_ARGUMENT else None
-            if seq in file_of and seq not in acked and seq not in refused:
-                refused[seq] = detail  # set it aside; the rest goes again on a new stream
-                continue
-            log.warning("rankscope: resending spool of %s stopped: %s", client_id, detail)
-            break
-        finally:
-            call.cancel()
-        if not need <= acked:
-            break  # the stream ended without an error and without every ack: try another time
-    for seq, detail in refused.items():
-        path = file_of[seq]
-        aside.setdefault(path, [])
-        why.setdefault(path, [])
-        env = next(env for env in per_file[path] if env.seq == seq)
-        aside[path].append(env.SerializeToString())
-        why[path].append(f"seq {seq} refused by the collector: {detail}")
-    for path, got in per_file.items():
-        if path in aside:
-            side = spool.quarantine(path, aside[path], endpoint)
-            tally.quarantined += len(aside[path])
-            log.error(
-                "rankscope: set aside %d record(s) of spool file %s that cannot be delivered (%s); they are kept "
-                "in %s, the file's other records are delivered",
-                len(aside[path]),
-                spool.unclaimed_name(path),
-                "; ".join(why[path]),
-                side,
-            )
-        rest = [env for env in got if env.seq not in acked and env.seq not in refused]
-        if not rest:
-            path.unlink(missing_ok=True)
-            tally.delivered += 1
-        else:
-            if len(rest) < len(got) or path in aside:  # whoever takes it next sends only what is left
-                spool.rewrite(path, rest, endpoint)
-            spool.release(path)
-            tally.left += 1
-        for env in got:
-            if env.seq in acked:
-                body = env.WhichOneof("body")
-                if body == "table":
-                    tally.records += env.table.rows
-                    tally.runs.add(env.table.run_id)
-                elif body in ("hello", "end"):
-                    tally.runs.add(getattr(env, body).run_id)

@@ -11,9 +11,9 @@ collector.
 
 Name: ``<client_id>-<first seq>-<last seq>.rsspool``, zero-padded so names sort
 in send order; client_id is ``<host>.<pid>.<random>`` with no '-'. A file whose
-writer (same host, that pid) is gone is an orphan: ``collector.rank.client``
-resends orphans when it next reaches the collector they were meant for
-(``resend_spooled``); a run never lands in another collector's data dir just
+writer (same host, that pid) is gone is an orphan: a client resends orphans when
+it next reaches the collector they were meant for (collector.rank.resend's
+``resend_spooled``); a run never lands in another collector's data dir just
 because its spool shares the directory. Files are written under a ``.tmp`` name,
 fsync'd and renamed, so a reader never sees half a file; they are deleted once
 every envelope in them is acknowledged.
