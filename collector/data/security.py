@@ -11,7 +11,7 @@ connects, so the rules are:
   clear text.
 
 A token is checked on every RPC, before the request is decoded, in constant
-time (collector.server.service.BearerTokenInterceptor). TLS: the collector takes a PEM
+time (collector.server.auth.BearerTokenInterceptor). TLS: the collector takes a PEM
 certificate chain and key (``--tls-cert`` / ``--tls-key``); clients take the CA
 that signed it (``--tls-ca`` / ``RANKSCOPE_TLS_CA`` / ``tls_ca=``). With TLS on,
 a plaintext client gets nothing but a failed handshake (UNAVAILABLE).

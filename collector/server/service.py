@@ -29,9 +29,9 @@ that run and rank, and a second Hello on it the same ones; anything else is refu
 INVALID_ARGUMENT naming both (so the client drops that envelope, as for any refused one) and
 nothing of it is stored. A stream that sends no Hello (a spool file of a dead rank resent by
 another process, written after its Hello was acked) speaks for the (run, rank) that its
-client_id's Hello declared, when this collector has seen that Hello (``CLIENT_IDENTITIES`` are
-remembered); otherwise for the first (run, rank) it sends, whose rank must be inside the run's
-world size when a Hello of the run was seen.
+client_id's Hello declared, when this collector has seen that Hello (collector.server.state
+remembers ``CLIENT_IDENTITIES`` of them); otherwise for the first (run, rank) it sends, whose
+rank must be inside the run's world size when a Hello of the run was seen.
 
 Liveness (collector.server.liveness) sees every accepted envelope and every stream's
 end, and may ask a rank for its stacks: such requests ride back on the stream's Acks
@@ -47,36 +47,31 @@ dedupe lookup and the store's submit (which blocks under back-pressure) run on a
 intake pool (``INTAKE_THREADS``), one envelope per stream at a time; commits run on the
 store's own threads and wake the stream's coroutine when they are durable. The
 limits on what a stream or a peer may hold (idle timeout, streams per peer, rows and
-bytes per second) are collector.server.limits'.
+bytes per second) are collector.server.limits'. ``create_server`` builds a collector, not yet
+started; ``serve`` (collector.server.serve) runs one from its settings until told to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import hmac
 import importlib.metadata
 import logging
-import signal
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from collector.data import catalog, security
+from collector.data import security
 from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
 from collector.server import artifacts
-from collector.server.commands import Commands
-from collector.server.compaction import CompactionConfig, Compactor
-from collector.server.ledger import DataDirBusy
-from collector.server.limits import PeerStreams, StreamBudget, StreamLimits, peer_host
-from collector.server.liveness import Liveness
-from collector.server.store import Store, StoreClosed, StoreConfig
+from collector.server.auth import BearerTokenInterceptor
+from collector.server.compaction import CompactionConfig
+from collector.server.limits import StreamBudget, StreamLimits, peer_host
+from collector.server.state import CollectorState
+from collector.server.store import StoreClosed, StoreConfig
 from proto import SCHEMA_VERSION, pb
 
 log = logging.getLogger(__name__)
@@ -92,7 +87,6 @@ REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECON
 INTAKE_THREADS = 8
 PENDING_CALLS = 1 << 16
 PENDING_CALL_MAX_S = 600  # a rank waits this long to be taken up in a connect storm, not 30 s
-CLIENT_IDENTITIES = 1 << 18  # client_id -> (run, rank) of its Hello, newest kept (~100 bytes each)
 
 try:
     SERVER_VERSION = importlib.metadata.version("rankscope")
@@ -128,66 +122,6 @@ def _lenient(message_type):
             return Undecodable(f"{len(raw)} bytes cannot be decoded as a {message_type.__name__} ({exc})")
 
     return parse
-
-
-# -- collector state -------------------------------------------------------------
-
-
-class CollectorState:
-    """The store, the compactor, the stream limits and the counters Health reports."""
-
-    def __init__(
-        self,
-        data_dir,
-        store_config: StoreConfig | None = None,
-        compaction_config: CompactionConfig | None = None,
-        writer: str | None = None,
-        stream_limits: StreamLimits | None = None,
-    ):
-        self.data_dir = Path(data_dir).resolve()
-        self.limits = stream_limits or StreamLimits()
-        self.peers = PeerStreams(self.limits.max_streams_per_peer)
-        self.store = Store(self.data_dir, store_config, writer)  # recovers the data dir first
-        catalog.ensure_catalog(self.data_dir)
-        self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
-        self.liveness = Liveness(self.store)
-        self.commands = Commands(self.liveness)
-        self.started = time.monotonic()
-        self._lock = threading.Lock()
-        self.open_streams = 0
-        self.batches_rejected = 0
-        self._identities: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
-        self._world_sizes: collections.OrderedDict[str, int] = collections.OrderedDict()
-
-    def said_hello(self, client_id: str, hello: pb.Hello) -> None:
-        """Remember who a client is (its Hello), for its streams that send none."""
-        with self._lock:
-            for known, key, value in (
-                (self._identities, client_id, (hello.run_id, hello.rank)),
-                (self._world_sizes, hello.run_id, hello.world_size),
-            ):
-                known[key] = value
-                known.move_to_end(key)
-                if len(known) > CLIENT_IDENTITIES:
-                    known.popitem(last=False)
-
-    def identity_of(self, client_id: str) -> tuple[str, int] | None:
-        with self._lock:
-            return self._identities.get(client_id)
-
-    def world_size_of(self, run_id: str) -> int | None:
-        with self._lock:
-            return self._world_sizes.get(run_id)
-
-    def count(self, streams: int = 0, rejected: int = 0) -> None:
-        with self._lock:
-            self.open_streams += streams
-            self.batches_rejected += rejected
-
-    def close(self) -> None:
-        self.liveness.stop()
-        self.compactor.stop()
-        self.store.close()
 
 
 class _StreamAcks:
@@ -450,45 +384,6 @@ class CollectorServicer:
         )
 
 
-# -- auth ----------------------------------------------------------------------
-
-
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every call whose ``authorization`` metadata is not ``Bearer <token>``."""
-
-    def __init__(self, token: str):
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(sent.encode() if isinstance(sent, str) else sent, self._expected):
-            return handler
-        return _refusing_handler(handler)
-
-
-async def _refuse(request_or_iterator, context):
-    await context.abort(
-        grpc.StatusCode.UNAUTHENTICATED,
-        "missing or wrong bearer token: send metadata 'authorization: Bearer <token>' (RANKSCOPE_TOKEN)",
-    )
-
-
-def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that aborts before reading anything."""
-    kind = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kind[(handler.request_streaming, handler.response_streaming)]
-    # No request deserializer: an unauthenticated request is never decoded.
-    return make(_refuse, request_deserializer=None, response_serializer=handler.response_serializer)
-
-
 def _add_servicer(servicer: CollectorServicer, server: grpc.aio.Server) -> None:
     """Like pb_grpc.add_CollectorServicer_to_server, with lenient request decoding."""
     handlers = {
@@ -606,7 +501,7 @@ def create_server(
     writer: str | None = None,
 ) -> tuple[CollectorServer, int, CollectorState]:
     """A collector bound to ``address`` (port 0 picks one), not yet started; with
-    ``tls`` it speaks TLS only. The bind policy is serve()'s (security.check_bind).
+    ``tls`` it speaks TLS only. The bind policy is the settings' (collector.server.settings).
     ``writer``: this collector's id when several share ``data_dir`` (docs/SCALING.md)."""
     credentials = tls.credentials() if tls is not None else None  # bad files fail before the data dir is taken
     state = CollectorState(data_dir, store_config, compaction_config, writer, stream_limits)
@@ -616,124 +511,3 @@ def create_server(
         state.close()
         raise
     return server, server.port, state
-
-
-def serve(
-    data_dir,
-    host: str = "127.0.0.1",
-    port: int = 50051,
-    token: str | None = None,
-    *,
-    tls: security.ServerTLS | None = None,
-    insecure: bool = False,
-    writer: str | None = None,
-    flush_interval: float | None = None,
-    compaction_interval: float | None = None,
-    compaction_min_files: int | None = None,
-    metrics_port: int | None = None,
-    metrics_max_runs: int | None = None,
-    alert_webhook: str | None = None,
-    raw_every: int | None = None,
-    stream_idle_timeout: float | None = None,
-    max_streams_per_peer: int | None = None,
-    stream_rows_per_s: float | None = None,
-    stream_bytes_per_s: float | None = None,
-    auto_profile: bool = False,
-) -> int:
-    """Run a collector until SIGINT/SIGTERM, then commit what is buffered; returns the exit code.
-
-    A non-loopback ``host`` needs a ``token`` or ``insecure=True`` (exit code 2 otherwise);
-    the warnings of collector.data.security.check_bind go to stderr. The flush and compaction
-    settings default to StoreConfig's and CompactionConfig's, the stream limits to
-    StreamLimits' (collector.server.limits); a bad one is exit code 2.
-    ``metrics_port``: serve Prometheus /metrics there, on ``host`` (collector.server.metrics; with
-    ``token``, only to requests bearing it, as every RPC), at most ``metrics_max_runs`` runs of it
-    (default collector.server.metrics.MAX_RUNS);
-    ``alert_webhook``: post each new finding to this URL (collector.server.alerts);
-    ``auto_profile``: ask the ranks a new live finding names, and a reference rank, for evidence
-    (collector.server.escalation)."""
-    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-    try:
-        for warning in security.check_bind(host, token=token, tls=tls is not None, insecure=insecure):
-            print(f"rankscope collect: {warning}", file=sys.stderr, flush=True)
-    except security.SecurityConfigError as exc:
-        print(f"rankscope collect: {exc}", file=sys.stderr)
-        return 2
-    try:
-        store_config = StoreConfig(**_given(flush_interval=flush_interval))
-        compaction_config = CompactionConfig(
-            **_given(interval=compaction_interval, min_files=compaction_min_files, raw_every=raw_every)
-        )
-        stream_limits = StreamLimits(
-            **_given(
-                idle_timeout_s=stream_idle_timeout,
-                max_streams_per_peer=max_streams_per_peer,
-                rows_per_s=stream_rows_per_s,
-                bytes_per_s=stream_bytes_per_s,
-            )
-        )
-        server, bound, state = create_server(
-            address,
-            data_dir,
-            token,
-            tls=tls,
-            writer=writer,
-            store_config=store_config,
-            compaction_config=compaction_config,
-            stream_limits=stream_limits,
-        )
-    except (security.SecurityConfigError, ValueError) as exc:
-        print(f"rankscope collect: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, DataDirBusy) as exc:
-        print(f"rankscope collect: {exc}", file=sys.stderr)
-        return 1
-    metrics = None
-    if metrics_port is not None or alert_webhook or auto_profile:
-        # imported only when asked for: the findings pull in pandas, the endpoint prometheus_client
-        from collector.server.alerts import AlertWebhook
-        from collector.server.escalation import Escalation
-        from collector.server.metrics import MetricsEndpoint
-
-        try:
-            webhook = AlertWebhook(alert_webhook) if alert_webhook else None
-            metrics = MetricsEndpoint(
-                state,
-                metrics_port,
-                host.strip("[]"),
-                webhook=webhook,
-                escalation=Escalation(state.commands) if auto_profile else None,
-                streaming_only=metrics_port is None and not alert_webhook,
-                token=token,
-                **_given(max_runs=metrics_max_runs),
-            )
-        except (ValueError, RuntimeError, OSError) as exc:
-            print(f"rankscope collect: {exc}", file=sys.stderr)
-            state.close()
-            return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    server.start()
-    shown_host = address.rsplit(":", 1)[0]
-    scheme = "TLS" if tls is not None else "plaintext"
-    auth = "token required" if token else "no token"
-    print(
-        f"rankscope collector listening on {shown_host}:{bound} ({scheme}, {auth}; data dir {state.data_dir})",
-        flush=True,
-    )
-    if metrics is not None and metrics.port is not None:
-        print(f"rankscope collector: Prometheus metrics on http://{shown_host}:{metrics.port}/metrics", flush=True)
-    while not stop.wait(1.0):
-        pass
-    print("rankscope collector: stopping, committing buffered records", flush=True)
-    server.stop(grace=5).wait()
-    if metrics is not None:
-        metrics.close()
-    state.close()
-    return 0
-
-
-def _given(**settings):
-    """The settings that were given (not None), for a config dataclass to default the rest."""
-    return {k: v for k, v in settings.items() if v is not None}

@@ -137,13 +137,13 @@ def test_webhook_posts_are_rate_limited_and_a_bad_url_is_named(webhook_server):
 def test_collect_refuses_a_taken_metrics_port(tmp_path):
     import socket
 
-    from collector.server.service import serve
+    from collector.tools.cli import main as rankscope
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = serve(tmp_path / "data", port=0, metrics_port=port)
+        code = rankscope(["collect", "--data-dir", str(tmp_path / "data"), "--port", "0", "--metrics-port", str(port)])
     assert code == 2
 
 

@@ -1,0 +1,107 @@
+"""Run a collector from its settings (collector.server.settings) until told to stop.
+
+``serve`` neither prints nor decides an exit code. What keeps a collector from starting is
+raised: a ValueError for the settings' fault (``ConfigError``, ``SecurityConfigError``: a TLS
+file that cannot be read, ``SettingsError``: a taken --metrics-port, a bad webhook URL), an
+OSError or ``DataDirBusy`` for the machine's (an address in use, another collector owning the data
+dir). Its caller learns through callbacks when it listens (``Listening``) and when it begins to
+stop; ``rankscope collect`` (collector/tools/commands/collect.py) turns all of these into its
+messages and exit codes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from collector.server.service import create_server
+from collector.server.settings import CollectorSettings, SettingsError
+
+COMMIT_GRACE_S = 5  # s the open streams get to finish once the collector stops
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where a started collector listens, and how."""
+
+    host: str  # as in its address (an IPv6 host in brackets)
+    port: int  # the one bound (a free one for port 0)
+    tls: bool
+    token_required: bool
+    data_dir: Path
+    metrics_port: int | None  # where /metrics is served, if it is
+
+
+def serve(
+    settings: CollectorSettings,
+    stop: threading.Event,
+    *,
+    on_ready: Callable[[Listening], None] | None = None,
+    on_stopping: Callable[[], None] | None = None,
+) -> None:
+    """Run a collector until ``stop`` is set, then commit what is buffered and return."""
+    access = settings.security
+    server, bound, state = create_server(
+        settings.address,
+        settings.data_dir,
+        access.token,
+        tls=access.tls,
+        writer=settings.writer,
+        store_config=settings.store,
+        compaction_config=settings.compaction,
+        stream_limits=settings.streams,
+    )
+    metrics = None
+    try:
+        if settings.metrics.refreshes_findings:
+            metrics = _start_metrics(settings, state)
+        server.start()
+        if on_ready is not None:
+            on_ready(
+                Listening(
+                    host=settings.address.rsplit(":", 1)[0],
+                    port=bound,
+                    tls=access.tls is not None,
+                    token_required=access.token is not None,
+                    data_dir=state.data_dir,
+                    metrics_port=metrics.port if metrics is not None else None,
+                )
+            )
+        while not stop.wait(1.0):  # wakes now and then, so a signal handler in this thread runs
+            pass
+        if on_stopping is not None:
+            on_stopping()
+    finally:
+        server.stop(grace=COMMIT_GRACE_S).wait()
+        if metrics is not None:
+            metrics.close()
+        state.close()
+
+
+def _start_metrics(settings: CollectorSettings, state):
+    """The findings refresh, with /metrics, the alert webhook and the escalation as asked."""
+    # imported only when asked for: the findings pull in pandas, the endpoint prometheus_client
+    from collector.server.alerts import AlertWebhook
+    from collector.server.escalation import Escalation
+    from collector.server.metrics import MetricsEndpoint
+
+    asked = settings.metrics
+    webhook = None
+    try:
+        webhook = AlertWebhook(asked.alert_webhook) if asked.alert_webhook else None
+        return MetricsEndpoint(
+            state,
+            asked.port,
+            settings.host.strip("[]"),
+            webhook=webhook,
+            escalation=Escalation(state.commands) if asked.auto_profile else None,
+            streaming_only=asked.port is None and not asked.alert_webhook,
+            token=settings.security.token,
+            **({"max_runs": asked.max_runs} if asked.max_runs is not None else {}),
+        )
+    except (ValueError, RuntimeError, OSError) as exc:
+        if webhook is not None:
+            webhook.close()
+        raise SettingsError(str(exc)) from exc
