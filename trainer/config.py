@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from collector.data.config import ConfigBlock, ConfigError, derived, setting
+from collector.rank.config import ConfigBlock, ConfigError, derived, setting
 from collector.rank.recorder import CommsLoggerConfig
 from collector.rank.session import TelemetryConfig
 from trainer.loss_scaler import PRECISION_CONFLICT, FP16Config

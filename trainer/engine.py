@@ -35,7 +35,7 @@ from torch import nn
 
 from collector.rank import session
 from collector.rank import signals as _signals  # noqa: F401  (GC pauses and host samples follow the session)
-from trainer import comm
+from trainer import comm, reporting
 from trainer.batches import BatchCounter
 from trainer.config import ConfigError, EngineConfig, OptimizerConfig, load_config
 from trainer.loss_scaler import build_loss_scaler
@@ -528,7 +528,7 @@ class Engine(nn.Module):
                 step_ns=ns.get("step"),
                 samples=self.train_batch_size(),
             )
-        if self.rank == 0 and (step + 1) % cfg.steps_per_print == 0:
+        if reporting.prints_step(self.rank, step, cfg.steps_per_print):
             line = (
                 f"[engine] step={step + 1} skipped={self.skipped_steps} lr={self.get_lr()} "
                 f"samples/s={samples_per_sec:.1f}"

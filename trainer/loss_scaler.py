@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from collector.data.config import ConfigBlock, ConfigError, setting
+from collector.rank.config import ConfigBlock, ConfigError, setting
 
 __all__ = [
     "DynamicLossScaler",

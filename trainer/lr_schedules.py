@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from torch.optim import Optimizer
 
-from collector.data.config import ConfigBlock, setting
+from collector.rank.config import ConfigBlock, setting
 
 __all__ = [
     "SCHEDULER_TYPES",

@@ -43,9 +43,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from collector.data.config import ConfigBlock, ConfigError
 from collector.rank import session
 from collector.rank.clock import CLOCK
+from collector.rank.config import ConfigBlock, ConfigError
+from trainer import reporting
 
 __all__ = ["CSVMonitorConfig", "MonitorMaster", "TensorBoardConfig"]
 
@@ -149,12 +150,6 @@ class _TensorBoardBackend:
 # ----------------------------------------------------------------------------- the monitor
 
 
-def _rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
 def _telemetry_active() -> bool:
     return session.active() is not None
 
@@ -176,7 +171,7 @@ class MonitorMaster:
         config = config or {}
         if not isinstance(config, Mapping):
             raise ConfigError(f"monitor config must be the engine config dict, got {type(config).__name__}")
-        self.rank = _rank()
+        self.rank = reporting.global_rank()
         self.csv_config = CSVMonitorConfig.from_dict(config.get(CSVMonitorConfig.SECTION))
         self.tensorboard_config = TensorBoardConfig.from_dict(config.get(TensorBoardConfig.SECTION))
         for section in _UNBUNDLED:
@@ -188,7 +183,7 @@ class MonitorMaster:
                     stacklevel=2,
                 )
         self._backends: list = []
-        if self.rank == 0:
+        if reporting.is_reporting_rank(self.rank):
             if self.csv_config.enabled:
                 self._backends.append(_CSVBackend(_prepare_log_dir(self.csv_config)))
             if self.tensorboard_config.enabled:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from collector.data.config import ConfigBlock, setting
+from collector.rank.config import ConfigBlock, setting
 from trainer import comm
 
 NOISY_GATE_POLICIES = (None, "Jitter", "RSample")

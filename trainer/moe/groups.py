@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from collector.data.config import ConfigBlock, derived, setting
+from collector.rank.config import ConfigBlock, derived, setting
 from trainer import comm
 from trainer.tensor_parallel import groups as tp_groups
 from trainer.tensor_parallel.groups import process_group

@@ -11,11 +11,11 @@ import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch.distributed as dist
 from torch import nn
 
-from collector.data.config import ConfigBlock, setting
 from collector.rank import session
+from collector.rank.config import ConfigBlock, setting
+from trainer import reporting
 from trainer.profiling.profiler import FlopsProfiler, ModuleProfile
 from trainer.profiling.report import Summary
 
@@ -35,10 +35,6 @@ class FlopsProfilerConfig(ConfigBlock):
     def validate(self) -> None:
         if self.output_file == "":
             self.fail("output_file", "must be a path or null", self.output_file)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def module_rows(root: ModuleProfile, step: int) -> list[dict]:
@@ -112,7 +108,7 @@ class StepProfiler:
                 samples=samples,
                 tp_size=self.tp_size,
             )
-            if _rank() == 0:
+            if reporting.is_reporting_rank():
                 cfg = self.config
                 self.report = prof.print_model_profile(
                     profile_step=step,

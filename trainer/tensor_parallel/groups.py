@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from collector.data.config import ConfigBlock, setting
+from collector.rank.config import ConfigBlock, setting
 from trainer import comm
 
 
