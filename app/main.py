@@ -37,9 +37,14 @@ page = st.navigation(
     }
 )
 state.sidebar_picker()
-state.liveness_banner()  # every page: a hang, mismatch or silent rank is news wherever one looks
+# Every page: a hang, mismatch or silent rank is news wherever one looks. It sits above the page
+# but is worked out after it (its findings read the liveness tables): the page's first chart does
+# not wait for it.
+banner = st.container()
 try:
     page.run()
 except duckdb.Error as exc:  # e.g. a damaged segment: say so instead of showing a traceback
     st.error(f"Could not read this run's data: {exc}")
+with banner:
+    state.liveness_banner()
 state.skipped_segments_notice()

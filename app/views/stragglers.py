@@ -184,9 +184,8 @@ def stragglers_page() -> None:
         retained = queries.retention(d, run_id, version)
         if retained:
             st.info(f"Retention: {retention.note(retained)}.")
-        world = max(len(ranks), int(last["rank"].max()) + 1)
-        for sentence in summary_sentences(last, world):
-            st.markdown(sentence)
+        # The sentences sit above the charts but are worked out after them: a chart first.
+        sentences = st.container()
         key = f"stragglers.{run_id}.{flt.key()}"
         moved = state.tables_version(sel, version, ("comm", "comm_steps", "ranks"))  # the rollup and the labels
         st.plotly_chart(state.memo(f"{key}.last", moved, lambda: charts.last_rank_bars(worst_last_arrivals(last))))
@@ -215,6 +214,10 @@ def stragglers_page() -> None:
             )
             st.subheader("By host (slowest first)")
             st.dataframe(per_host, hide_index=True)
+        with sentences:
+            world = max(len(ranks), int(last["rank"].max()) + 1)
+            for sentence in summary_sentences(last, world):
+                st.markdown(sentence)
         drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version), cell)
 
     state.live(sel, body)
