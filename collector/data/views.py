@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
-from collector.data import clocks, layout
+from collector.data import clocks, hang_rule, layout
 from collector.data.instances import instances_sql, join_condition
 from collector.data.schema import TABLES
 
@@ -216,7 +216,7 @@ def liveness_views() -> dict[str, str]:
                    list(rank ORDER BY rank) AS waiting_ranks, min(step) AS step,
                    any_value({_MEMBERS}) AS members, max(hang_after_s) AS hang_after_s
             FROM open_ GROUP BY run_id, group_name, seq
-            HAVING max(waiting_s) >= min(hang_after_s)),
+            HAVING {hang_rule.HUNG_SQL}),
         completed AS (
             SELECT s.run_id, s.group_name, s.seq, list(p.rank) AS ranks
             FROM stuck s JOIN progress p ON p.run_id = s.run_id AND p.group_name = s.group_name

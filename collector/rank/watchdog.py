@@ -24,7 +24,7 @@ Every ``heartbeat_s`` (default 1 s) it emits:
   collective mismatch is visible even when the backend turned it into an error.
   These are also reported when the session stops (the process is exiting).
 
-When a collective crosses ``hang_after_s`` it wakes at that moment (not at the
+When a collective crosses ``hang_after_s`` (collector.data.hang_rule) it wakes at that moment (not at the
 next beat), reports the in-flight rows at once and captures the stacks of every
 Python thread (``sys._current_frames`` + ``traceback``) into ``stacks`` with
 reason ``hang``: once per stuck collective. The collector may also ask for the
@@ -45,6 +45,7 @@ import threading
 import time
 import traceback
 
+from collector.data import hang_rule
 from collector.rank import capture, session, state
 from collector.rank.clock import CLOCK, perf_ns
 from collector.rank.recorder import (
@@ -93,7 +94,7 @@ def _stack_rows(reason: str) -> list[dict]:
 
 class Watchdog:
     def __init__(self) -> None:
-        self.hang_after_s = 60.0
+        self.hang_after_s = hang_rule.DEFAULT_HANG_AFTER_S
         self.heartbeat_s = 1.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -205,13 +206,14 @@ class Watchdog:
 
     def _check_hangs(self) -> None:
         now = perf_ns()
-        limit = self.hang_after_s * 1e9
         items = list(REC.inflight.items())
         self._hung &= {key for key, _ in items}  # forget collectives that completed
         fresh = [
             slot
             for key, slot in items
-            if key not in self._hung and slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= limit
+            if key not in self._hung
+            and slot[SLOT_SINCE]
+            and hang_rule.is_hung((now - slot[SLOT_SINCE]) / 1e9, self.hang_after_s)
         ]
         if not fresh:
             return

@@ -9,8 +9,9 @@ when a stream ends), it keeps per run, in memory:
 
 A checker thread looks every ``CHECK_INTERVAL_S``:
 
-* a collective some rank has waited in for its ``hang_after_s``: every member that is
-  not waiting in it (missing) is asked for its Python stacks, once per collective;
+* a collective hung by collector.data.hang_rule (some rank has waited in it for the smallest
+  ``hang_after_s`` of the ranks waiting in it): every member that is not waiting in it (missing)
+  is asked for its Python stacks, once per collective;
 * a rank without a heartbeat for ``SILENT_AFTER_PERIODS`` periods is asked once per
   silence;
 * a rank asked that sends no ``stacks`` rows within ``answer_within_s`` (process
@@ -44,6 +45,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from collector.data import hang_rule
 from collector.data.codec import decode_batch
 from collector.data.schema import RANK_EVENTS_SCHEMA, timestamp
 from proto import pb
@@ -53,6 +55,12 @@ log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 0.25
 SILENT_AFTER_PERIODS = 3
 ANSWER_WITHIN_S = 5.0
+
+
+def _crossed(entered_ns: int | None, time_ns: int | None, hang_after_s: float | None) -> bool:
+    """Whether an in-flight report says its rank had waited past its own setting (hang_rule)."""
+    waited_s = ((time_ns or 0) - (entered_ns or 0)) / 1e9
+    return hang_rule.is_hung(waited_s, hang_rule.threshold([hang_after_s]))
 
 
 class RankStream(Protocol):
@@ -153,6 +161,7 @@ class Liveness:
     def _table(self, stream: RankStream, batch: pb.TableBatch) -> None:
         rows = decode_batch(batch).to_pylist()
         now = time.monotonic()
+        news = False  # a row someone polling `rankscope health` is waiting for
         with self._lock:
             rank = self._rank(batch.run_id, batch.rank)
             if rank.stream is None:
@@ -171,16 +180,22 @@ class Liveness:
                     key = (row["group_name"], row["seq"])
                     if row["state"] == "failed":
                         rank.inflight.pop(key, None)
+                        news = True  # a collective that raised: a desync or a peer gone
                         continue
+                    # news once per collective: the report that first says it crossed the rank's setting
+                    news = news or (_crossed(row["entered_ns"], row["time_ns"], row["hang_after_s"])
+                                    and not _crossed(*rank.inflight.get(key, (0, 0, None))[:3]))  # fmt: skip
                     rank.inflight[key] = (
                         row["entered_ns"],
                         row["time_ns"],
-                        row["hang_after_s"] or 60.0,
+                        row["hang_after_s"],
                         members(row["group_ranks"] or "", row["group_size"] or 0),
                         row["op"],
                     )
             else:  # stacks: an answer (or a capture of its own, which answers as well)
                 rank.answered = True
+        if news:  # readable now, not at the store's next interval (the envelope is submitted already)
+            self._readable_now()
 
     # ---- the checker ----
     def _run(self) -> None:
@@ -198,8 +213,8 @@ class Liveness:
         unresponsive: list[tuple[str, int, str]] = []
         with self._lock:
             for run_id, ranks in self.runs.items():
-                for key, (op, waiting, hang_after_s, group_members, oldest_ns) in self._stuck(ranks).items():
-                    if (now_ns - oldest_ns) / 1e9 < hang_after_s:
+                for key, (op, waiting, threshold_s, group_members, oldest_ns) in self._stuck(ranks).items():
+                    if not hang_rule.is_hung((now_ns - oldest_ns) / 1e9, threshold_s):
                         continue
                     group, seq = key
                     for m in group_members:
@@ -248,16 +263,24 @@ class Liveness:
 
     @staticmethod
     def _stuck(ranks: dict[int, _Rank]) -> dict:
-        """(group, seq) -> (op, waiting ranks, hang_after_s, members, earliest entry) over in-flight reports."""
+        """(group, seq) -> (op, waiting ranks, threshold (hang_rule), members, earliest entry) over
+        in-flight reports."""
         stuck: dict = {}
         for r, rank in ranks.items():
             if rank.ended:
                 continue
             for key, (entered_ns, _, hang_after_s, group_members, op) in rank.inflight.items():
-                entry = stuck.setdefault(key, [op, set(), hang_after_s, group_members, entered_ns])
+                entry = stuck.setdefault(key, [op, set(), [], group_members, entered_ns])
                 entry[1].add(r)
+                entry[2].append(hang_after_s)
                 entry[4] = min(entry[4], entered_ns)
-        return {k: tuple(v) for k, v in stuck.items()}
+        return {k: (op, waiting, hang_rule.threshold(s), m, oldest) for k, (op, waiting, s, m, oldest) in stuck.items()}
+
+    def _readable_now(self) -> None:
+        """Have the store commit what it holds now (collector.server.store.Store.flush_soon)."""
+        flush_soon = getattr(self.store, "flush_soon", None)  # a store that commits each submit has none
+        if flush_soon is not None:
+            flush_soon()
 
     def _event(self, run_id: str, rank: int, event: str, detail: str) -> None:
         row = pa.table(
@@ -272,5 +295,6 @@ class Liveness:
         )
         try:
             self.store.submit(self._client_id, next(self._seq), [("rank_events", run_id, row)], lambda error: None)
+            self._readable_now()  # a rank gone or unresponsive: news
         except Exception:  # the store is closing: the event is lost, the data is not
             log.warning("liveness: could not store %s of rank %d in %s", event, rank, run_id)

@@ -222,6 +222,13 @@ class Store:
             self._cond.notify_all()
             return True
 
+    def flush_soon(self) -> None:
+        """Commit what is buffered now instead of at the end of ``flush_interval``: news a reader is
+        waiting for (a collective crossed hang_after_s, a rank went away). Returns at once."""
+        with self._cond:
+            self._flush_now = True
+            self._cond.notify_all()
+
     def flush(self) -> None:
         """Block until everything submitted so far is committed."""
         with self._cond:
