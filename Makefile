@@ -6,7 +6,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 DATA    ?= rankscope-data
 
-.PHONY: all install stubs native ds-venv test lint format demo bench sample-runs soak clean
+.PHONY: all install stubs native ds-venv test test-unit lint format demo bench sample-runs soak clean
 
 all: install
 
@@ -35,8 +35,14 @@ native: install
 ds-venv: install
 	-$(PY) -m benches._deepspeed_venv
 
+# Both tiers (tests/unit, tests/integration) and the house checks in tests/, all but the slow tests.
 test: install native lint ds-venv
 	$(PY) -m pytest -q -m "not slow" tests
+
+# The unit tier alone (pure functions: no process, socket, browser or process group; tests/unit/conftest.py
+# fails a test that tries), a minute or so between edits. native: a JIT build would start a compiler.
+test-unit: install native
+	$(PY) -m pytest -q -m "not slow" tests/unit
 
 # The timing-sensitive tests (marker `timing`) again beside two busy-loop processes, which it always stops.
 .PHONY: test-stress

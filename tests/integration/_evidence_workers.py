@@ -74,7 +74,7 @@ def engine_worker(
 ) -> None:
     """The bundled engine (ZeRO-2) instead of the hook; rank ``slow_rank`` late in ``slow_loader``."""
     import trainer
-    from tests.trainer._engine_util import engine_config, make_model, micro_batches
+    from tests._engine_util import engine_config, make_model, micro_batches
 
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)

@@ -1,6 +1,6 @@
 """A plain DDP training script with the hook attached, as users write one (a torch DataLoader,
 DDP, AdamW, ``zero_grad``), on WORLD gloo ranks, with one rank slowed down on purpose. Started
-with tests.rank._rank_util.spawn; each run is one hook session in the same processes, so the
+with tests.integration.rank._rank_util.spawn; each run is one hook session in the same processes, so the
 runs differ only in the fault. Rank r writes ``{run: run_id}`` to ``out/rank<r>.json``.
 
 Runs (``RUNS``): ``healthy``; ``data``, the slow rank's data loader sleeping ``DELAY_S`` before

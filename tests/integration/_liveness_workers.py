@@ -114,7 +114,7 @@ def steady_worker(rank: int, port: int, endpoint: str, out: str, steps: int, com
 def engine_worker(rank: int, port: int, endpoint: str, out: str, steps: int, compute_s: float) -> None:
     """A healthy engine run (ZeRO-2) with ``compute_s`` of work between steps' collectives."""
     import trainer
-    from tests.trainer._engine_util import engine_config, make_model, micro_batches
+    from tests._engine_util import engine_config, make_model, micro_batches
 
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)

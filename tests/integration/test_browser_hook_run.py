@@ -8,8 +8,8 @@ from __future__ import annotations
 from collector.testing.collectors import live_collector
 from collector.testing.dashboard import DashboardProcess, browser_tab
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
-from tests.rank import _hook_run_workers as script
-from tests.rank._rank_util import spawn
+from tests.integration.rank import _hook_run_workers as script
+from tests.integration.rank._rank_util import spawn
 
 pytestmark = NEEDS_CHROMIUM
 

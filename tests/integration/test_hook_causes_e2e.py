@@ -18,7 +18,7 @@ from collector.testing.dashboard import DashboardProcess, browser_tab
 from tests.integration import _hook_causes_workers as script
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 from tests.integration._health import health
-from tests.rank._rank_util import spawn
+from tests.integration.rank._rank_util import spawn
 
 pytestmark = pytest.mark.timing  # CPU sharing between ranks or wall-clock gaps: `make test-stress`
 

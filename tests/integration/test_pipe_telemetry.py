@@ -18,7 +18,7 @@ from collector.data import findings, queries
 from collector.data.pipeline import stage_bubbles, timeline
 from collector.testing.collectors import live_collector
 from tests.integration import _pipe_workers as script
-from tests.rank._rank_util import spawn
+from tests.integration.rank._rank_util import spawn
 
 pytestmark = pytest.mark.timing  # bubbles are wall-clock spans
 

@@ -1,0 +1,151 @@
+"""The examples run as users run them: torchrun with a shipped config, per-step loss printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from collector.tools.launch import torchrun_command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _torchrun(module: str, config: str, steps: int, nproc: int = 2, *extra: str, env: dict | None = None) -> str:
+    cmd = torchrun_command(
+        nproc,
+        "-m",
+        module,
+        "--config",
+        os.path.join(ROOT, "trainer", "examples", "configs", config),
+        "--steps",
+        str(steps),
+        *extra,
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _losses(out: str, name: str) -> list[float]:
+    return [float(x) for x in re.findall(rf"\[{name}\] step \d+ loss ([0-9.]+)", out)]
+
+
+def test_engine_example_gpt_zero3_two_ranks(tmp_path):
+    out = _torchrun(
+        "trainer.examples.gpt", "zero3.json", 12, 2, "--run-name", "example-test", "--save", str(tmp_path / "ckpt")
+    )
+    losses = _losses(out, "gpt")
+    assert len(losses) == 12 and losses[-1] < losses[0]
+    assert "time (ms) | fwd:" in out  # wall_clock_breakdown printed at steps_per_print
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step12"
+
+
+def test_engine_example_bert_fp16_single_process():
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.examples.bert",
+        "--config",
+        os.path.join(ROOT, "trainer", "examples", "configs", "fp16.json"),
+        "--steps",
+        "5",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(_losses(proc.stdout, "bert")) == 5
+
+
+def test_engine_example_bad_config_path_is_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.examples.gpt", "--config", "/nonexistent.json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "cannot read --config /nonexistent.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
+    """(rank, group_name, group_size, log_name, count) of the run's comm rows matching ``sql_where``."""
+    from collector.data import catalog
+
+    con = catalog.connect(data)
+    try:
+        (run_id,) = con.execute("SELECT run_id FROM runs WHERE name = ?", [run]).fetchone()
+        return con.execute(
+            f"""SELECT rank, group_name, group_size, log_name, count(*) FROM comm
+                               WHERE run_id = ? AND {sql_where} GROUP BY ALL ORDER BY ALL""",
+            [run_id],
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(live_collector):
+    """--moe --ep-size 2 on 4 ranks: experts all_to_all over the expert-parallel groups [0,1] / [2,3],
+    expert gradients reduce over the expert-data-parallel groups [0,2] / [1,3], dense ones over the world."""
+    endpoint, data = live_collector
+    out = _torchrun(
+        "trainer.examples.gpt",
+        "zero2.json",
+        10,
+        4,
+        "--run-name",
+        "gpt-moe",
+        "--moe",
+        "--ep-size",
+        "2",
+        "--top-k",
+        "2",
+        env={"RANKSCOPE_ENDPOINT": endpoint},
+    )
+    losses = _losses(out, "gpt")
+    assert len(losses) == 10 and losses[-1] < losses[0] - 0.1, losses
+    a2a = _comm_rows(data, "gpt-moe", "op = 'all_to_all_single'")
+    ep_group = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
+    # one MoE block: dispatch, the fill counts and combine per forward, the reverses in backward, every step
+    assert sorted({(r, g, n, name) for r, g, n, name, _ in a2a}) == sorted(
+        (r, ep_group[r], 2, name)
+        for r in range(4)
+        for name in ("moe.dispatch", "moe.fill_counts", "moe.combine", "moe.dispatch.backward", "moe.combine.backward")
+    )
+    assert all(count >= 10 for *_, count in a2a), a2a
+    grads = _comm_rows(data, "gpt-moe", "log_name LIKE 'zero2.%_grads'")
+    edp_group = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}
+    assert {(r, g, n) for r, g, n, *_ in grads} == {
+        (r, g, n) for r in range(4) for g, n in ((edp_group[r], 2), ("world", 4))
+    }
+
+
+def test_engine_example_gpt_tp2_four_ranks_records_tp_groups(live_collector):
+    """--tp 2 on 4 ranks: activations all_reduce over the tensor-parallel groups [0,1] / [2,3],
+    ZeRO gradients over the data-parallel groups [0,2] / [1,3]."""
+    endpoint, data = live_collector
+    out = _torchrun(
+        "trainer.examples.gpt",
+        "zero2.json",
+        10,
+        4,
+        "--run-name",
+        "gpt-tp",
+        "--tp",
+        "2",
+        env={"RANKSCOPE_ENDPOINT": endpoint},
+    )
+    losses = _losses(out, "gpt")
+    assert len(losses) == 10 and losses[-1] < losses[0] - 0.1, losses
+    tp = _comm_rows(data, "gpt-tp", "op = 'all_reduce' AND log_name LIKE 'tp.%'")
+    tp_group = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
+    assert sorted({(r, g, n, name) for r, g, n, name, _ in tp}) == sorted(
+        (r, tp_group[r], 2, name) for r in range(4) for name in ("tp.copy_to_tp.backward", "tp.reduce_from_tp")
+    )
+    grads = _comm_rows(data, "gpt-tp", "log_name LIKE 'zero2.%_grads'")
+    dp_group = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}
+    assert {(r, g, n) for r, g, n, *_ in grads} == {(r, dp_group[r], 2) for r in range(4)}
