@@ -22,9 +22,14 @@ Per call: median of per-call wall times over all rounds; "added" is the differen
 medians (ours: hooked - raw; DeepSpeed's: logger on - logger off). The spread of the
 per-round differences is reported too. Each pair also measures the isolated wrapper
 cost: the same wrappers around a no-op collective (local, 1000-call loops), i.e. exactly
-the work added on the training thread.
+the work added on the training thread; rankscope's pairs time a few such loops every round
+(untimed for the end-to-end figures), so they share the rounds' alternation too.
 
-    python -m benches.hook_overhead [--calls 300 --rounds 24]
+``--base COMMIT`` adds, for each rankscope pair, a pair running that commit's collector
+package (exported with git archive, stubs generated; driven by this file's worker code) in
+the same alternating rounds: a hot-path change measured before and after in one run.
+
+    python -m benches.hook_overhead [--calls 300 --rounds 24] [--base COMMIT]
 Writes benches/RESULTS-hook.md.
 """
 
@@ -58,8 +63,11 @@ def _pct(xs: list, q: float) -> float:
 # stdin: "round I" -> one block of --calls calls per variant, "end" -> isolated + results
 
 
-def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=None, after_block=None) -> None:
-    """Lock-step loop shared by every worker kind. ``variants``: name -> fn(tensor)."""
+def _serve(
+    rank: int, variants: dict, calls: int, isolated, out: Path, finish=None, after_block=None, each_round=None
+) -> None:
+    """Lock-step loop shared by every worker kind. ``variants``: name -> fn(tensor); ``isolated(t)``
+    at the end, ``each_round(t)`` after each round's timed blocks (both untimed for those)."""
     import torch
     import torch.distributed.distributed_c10d as c10d
 
@@ -89,6 +97,8 @@ def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=No
             per_round[name].append(statistics.median(sink) / 1e3)
             if after_block:
                 after_block()  # untimed
+        if each_round:
+            each_round(t)
         print("done", flush=True)
     c10d.barrier()
     iso = isolated(t)
@@ -108,7 +118,8 @@ def _serve(rank: int, variants: dict, calls: int, isolated, out: Path, finish=No
     )
 
 
-def _time_isolated(fns: dict, t, blocks: int = 50, n: int = 1000) -> dict:
+def _time_blocks(fns: dict, t, blocks: int, n: int = 1000) -> dict[str, list[float]]:
+    """us per call of each ``n``-call loop, ``blocks`` loops per function, interleaved."""
     perf = time.perf_counter_ns
     res = {name: [] for name in fns}
     for _ in range(blocks):
@@ -117,7 +128,11 @@ def _time_isolated(fns: dict, t, blocks: int = 50, n: int = 1000) -> dict:
             for _ in range(n):
                 fn(t)
             res[name].append((perf() - t0) / n / 1e3)
-    return {name: statistics.median(v) for name, v in res.items()}
+    return res
+
+
+def _time_isolated(fns: dict, t, blocks: int = 50, n: int = 1000) -> dict:
+    return {name: statistics.median(v) for name, v in _time_blocks(fns, t, blocks, n).items()}
 
 
 def _method_call_wrapper(real):
@@ -162,26 +177,39 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
         hooked = comm.all_reduce
     raw = c10d.all_reduce
 
+    def noop(tensor, op=None, group=None, async_op=False):
+        return None
+
+    # The wrapper binds the real function when it is generated: generate one around the no-op
+    # (patching c10d afterwards would time a real gloo all_reduce without its peer's pace).
+    from collector.rank.ops import SPECS, instrument
+
+    c10d.all_reduce = noop
+    try:
+        wrapper = instrument(SPECS["all_reduce"])
+    finally:
+        c10d.all_reduce = raw
+    local = {"no-op": noop, "wrapper": wrapper, "method calls": _method_call_wrapper(noop)}
+    blocks = {name: [] for name in local}  # every round's 1000-call loops
+    per_round = []  # each round's added cost: median wrapper loop - median no-op loop
+
+    def each_round(t):
+        got = _time_blocks(local, t, blocks=4)
+        for name, v in got.items():
+            blocks[name] += v
+        per_round.append(statistics.median(got["wrapper"]) - statistics.median(got["no-op"]))
+
     def isolated(t):
-        def noop(tensor, op=None, group=None, async_op=False):
-            return None
-
-        # The wrapper binds the real function when it is generated: generate one around the no-op
-        # (patching c10d afterwards would time a real gloo all_reduce without its peer's pace).
-        from collector.rank.ops import SPECS, instrument
-
-        c10d.all_reduce = noop
-        try:
-            wrapper = instrument(SPECS["all_reduce"])
-        finally:
-            c10d.all_reduce = raw
-        return _time_isolated({"no-op": noop, "wrapper": wrapper, "method calls": _method_call_wrapper(noop)}, t)
+        best = min(blocks["wrapper"]) - min(blocks["no-op"])  # the least-disturbed loops: the most sensitive figure
+        return {name: statistics.median(v) for name, v in blocks.items()} | {"added per round": per_round, "best": best}
 
     def finish():
         left = comm.flush()
         if kind == "attached":
             hook.detach()
-        return {"recorded_left": left, "dropped": comm.dropped_records()}
+        import collector
+
+        return {"recorded_left": left, "dropped": comm.dropped_records(), "package": collector.__file__}
 
     _serve(
         rank,
@@ -191,6 +219,7 @@ def _ours(kind: str, rank: int, port: int, out: Path, calls: int, endpoint: str)
         out,
         finish,
         after_block=comm.flush if kind == "deferred" else None,
+        each_round=each_round,
     )
     dist.destroy_process_group()
 
@@ -264,7 +293,10 @@ def _deepspeed(rank: int, port: int, out: Path, calls: int) -> None:
 class _Pair:
     """Two worker processes of one kind, driven in lock-step."""
 
-    def __init__(self, kind: str, python: str, env: dict, out_dir: Path, calls: int, endpoint: str) -> None:
+    def __init__(
+        self, kind: str, python: str, env: dict, out_dir: Path, calls: int, endpoint: str, root: Path = ROOT
+    ) -> None:
+        """``kind``: the worker's kind, "@base" appended for a pair running the --base tree at ``root``."""
         # Imported here, on the driver: DeepSpeed's venv, where some workers import this
         # module, has no grpc for collector.testing to load.
         from collector.testing.ports import free_port
@@ -279,14 +311,14 @@ class _Pair:
                     "-m",
                     "benches.hook_overhead",
                     "--worker",
-                    kind,
+                    kind.removesuffix("@base"),
                     str(r),
                     str(port),
                     str(self.outs[r]),
                     str(calls),
                     endpoint,
                 ],
-                cwd=ROOT,
+                cwd=root,
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -377,8 +409,13 @@ def _background(rank: int, records: int, out: str) -> None:
 
 
 def _spread(a: list, b: list) -> str:
+    return _spread_fmt(a, b, 1)
+
+
+def _spread_fmt(a: list, b: list, digits: int) -> str:
+    """median [IQR] of b - a, pairwise."""
     d = [y - x for x, y in zip(a, b)]
-    return f"{statistics.median(d):+.1f} [{_pct(d, 0.25):+.1f}, {_pct(d, 0.75):+.1f}]"
+    return f"{statistics.median(d):+.{digits}f} [{_pct(d, 0.25):+.{digits}f}, {_pct(d, 0.75):+.{digits}f}]"
 
 
 def main(argv: list[str]) -> int:
@@ -401,12 +438,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=24, help="interleaved rounds")
     p.add_argument("--background-records", type=int, default=100_000, help="records for the off-thread cost")
     p.add_argument("--no-deepspeed", action="store_true", help="skip the DeepSpeed pair")
+    p.add_argument(
+        "--base",
+        metavar="COMMIT",
+        help="also run rankscope's pairs on this commit's collector package, in the same rounds (before/after)",
+    )
     p.add_argument("--out", default=str(HERE / "RESULTS-hook.md"))
     args = p.parse_args(argv)
 
     import torch.multiprocessing as mp
 
     from benches import _deepspeed_venv
+    from benches._common import baseline_tree
     from collector.data import catalog
     from collector.server.service import create_server
 
@@ -420,11 +463,18 @@ def main(argv: list[str]) -> int:
         server, port, state = create_server("127.0.0.1:0", data)
         server.start()
         pairs = []
+        base_root = None
+        if args.base:
+            base_root = baseline_tree(ROOT, args.base, tmp / "base")
+            # this file's worker code drives the base tree's collector package
+            (base_root / "benches" / "hook_overhead.py").write_text(Path(__file__).read_text())
         try:
             endpoint = f"127.0.0.1:{port}"
-            pairs.append(_Pair("logger", sys.executable, env, tmp, args.calls, endpoint))
-            pairs.append(_Pair("deferred", sys.executable, env, tmp, args.calls, endpoint))
-            pairs.append(_Pair("attached", sys.executable, env, tmp, args.calls, endpoint))
+            for kind in ("logger", "deferred", "attached"):
+                pairs.append(_Pair(kind, sys.executable, env, tmp, args.calls, endpoint))
+                if base_root is not None:
+                    base_env = dict(env, PYTHONPATH=str(base_root))
+                    pairs.append(_Pair(f"{kind}@base", sys.executable, base_env, tmp, args.calls, endpoint, base_root))
             if ds_python:
                 pairs.append(_Pair("deepspeed", ds_python, _deepspeed_venv.env(), tmp, args.calls, "-"))
             for i in range(args.rounds):
@@ -482,20 +532,25 @@ def main(argv: list[str]) -> int:
         "attached": ("raw", "attached"),
         "deepspeed": ("ds logger off", "ds logger on"),
     }
+    labels = {
+        "logger": "rankscope comms logger (record only)",
+        "deferred": "rankscope comms logger, drain between blocks",
+        "attached": "rankscope hook.attach (shipped to collector)",
+        "deepspeed": "DeepSpeed comms_logger (off -> on)",
+    }
+
+    def label(kind: str) -> str:
+        plain = kind.removesuffix("@base")
+        return labels[plain] + (f", base {args.base}" if kind != plain else "")
+
     added = {}
     for kind, per_rank in res.items():
-        base, inst = pairs_def[kind]
+        base, inst = pairs_def[kind.removesuffix("@base")]
         for r, x in enumerate(per_rank):
             m, p90, pr = x["median_us"], x["p90_us"], x["per_round_us"]
             added.setdefault(kind, []).append(m[inst] - m[base])
-            label = {
-                "logger": "rankscope comms logger (record only)",
-                "deferred": "rankscope comms logger, drain between blocks",
-                "attached": "rankscope hook.attach (shipped to collector)",
-                "deepspeed": "DeepSpeed comms_logger (off -> on)",
-            }[kind]
             lines.append(
-                f"| {label} | {r} | {m['raw']:.1f} | {m[base]:.1f} | {m[inst]:.1f} | "
+                f"| {label(kind)} | {r} | {m['raw']:.1f} | {m[base]:.1f} | {m[inst]:.1f} | "
                 f"{m[inst] - m[base]:+.1f} | {_spread(pr[base], pr[inst])} | {pr[inst][0] - pr[base][0]:+.1f} / "
                 f"{pr[inst][-1] - pr[base][-1]:+.1f} | {p90[base]:.1f} | {p90[inst]:.1f} |"
             )
@@ -521,7 +576,7 @@ def main(argv: list[str]) -> int:
                 a = iso["wrapper"] - iso["no-op"]
                 before = iso["method calls"] - iso["no-op"]
                 lines.append(
-                    f"| rankscope {kind} | {r} | {iso['no-op']:.3f} | {iso['wrapper']:.3f} | {a:.3f} | {before:.3f} |"
+                    f"| {label(kind)} | {r} | {iso['no-op']:.3f} | {iso['wrapper']:.3f} | {a:.3f} | {before:.3f} |"
                 )
             iso_added.setdefault(kind, []).append(a)
     if "deepspeed" in res:
@@ -540,9 +595,45 @@ def main(argv: list[str]) -> int:
             lines.append(
                 f"| {kind} | {e:+.1f} | {ds_e2e:+.1f} | {ratio_e} | {i:.3f} | {ds_iso:.3f} | {i / ds_iso:.3f} |"
             )
+    if args.base:
+        lines += [
+            "",
+            f"## This code vs {args.base}, same run (added us per call, mean of the two ranks)",
+            "",
+            "Isolated: the wrapper around the no-op, every round's loops; per round = median [IQR] over rounds of "
+            f"(this code's added - {args.base}'s added in the same round), each pair's two ranks averaged; best "
+            "loops = fastest wrapper loop - fastest no-op loop of the whole run (the least disturbed by the load).",
+            "",
+            f"| pair | isolated, this code | isolated, {args.base} | difference | per round, median [IQR] | "
+            f"best loops, this code / {args.base} | end to end, this code | end to end, {args.base} |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+
+        def best(kind: str) -> float:
+            return statistics.mean(x["isolated_us"]["best"] for x in res[kind])
+
+        for kind in ("logger", "deferred", "attached"):
+            now_rounds, base_rounds = (
+                [statistics.mean(v) for v in zip(*(x["isolated_us"]["added per round"] for x in res[k]))]
+                for k in (kind, f"{kind}@base")
+            )
+            i_now, i_base = statistics.mean(iso_added[kind]), statistics.mean(iso_added[f"{kind}@base"])
+            lines.append(
+                f"| {labels[kind]} | {i_now:.3f} | {i_base:.3f} | {i_now - i_base:+.3f} | "
+                f"{_spread_fmt(base_rounds, now_rounds, 3)} | {best(kind):.3f} / {best(f'{kind}@base'):.3f} | "
+                f"{statistics.mean(added[kind]):+.1f} | "
+                f"{statistics.mean(added[f'{kind}@base']):+.1f} |"
+            )
+        lines.append("")
+        lines.append(
+            "Packages timed: "
+            + "; ".join(f"{k}: {res[k][0].get('package', '?')}" for k in res if k != "deepspeed")
+            + f" (the base tree is {args.base} exported to a temporary directory)."
+        )
     lines += [
         "",
-        f"Comm rows stored by the collector for the attached pair (warm-up and isolated loops included): {stored}. "
+        f"Comm rows stored by the collector for the attached pair{'s' if args.base else ''} (warm-up and isolated "
+        f"loops included): {stored}. "
         f"Records dropped: "
         + ", ".join(
             f"{k} {x[0].get('dropped', 0)}/{x[1].get('dropped', 0)}" for k, x in res.items() if k != "deepspeed"
@@ -564,11 +655,13 @@ NOTES = """
 ## Reading
 
 - The isolated rows are the cost the instrumentation adds to the training thread, free of gloo's
-  jitter: rankscope's wrapper is two `perf_counter_ns` reads, a cached group lookup, the in-flight
-  slot (one list: group, seq, size, entry time, step) put in a dict before the call and, after it,
-  taken out and appended to a deque as the record (the rows, bandwidth and summary are computed by a
-  background thread, costed above per record). "before" is the same work done through two recorder
-  method calls (`REC.enter` / `REC.complete`), as the wrapper did until they were inlined into it.
+  jitter: rankscope's wrapper is two `perf_counter_ns` reads, a cached group lookup, the op's record
+  (a `CommRecord`, 14 named `__slots__` fields: group, seq, size, entry time, step, ...) put in a
+  dict before the call as the in-flight mark and, after it, taken out and appended to a deque (the
+  rows, bandwidth and summary are computed by a background thread, costed above per record).
+  "before" is the same work done through two recorder method calls (`REC.enter` /
+  `REC.complete`), as the wrapper did until they were inlined into it. With `--base`, the base
+  pairs time that commit's wrapper (until issue 30: the record was a 15-slot list).
   DeepSpeed's `timed_op` binds the call's signature (`inspect.Signature.bind_partial`), computes
   the message size and bandwidth, starts/stops a named timer and appends to its dict on the calling
   thread, and calls `get_accelerator().synchronize()` after every op (a no-op on the CPU

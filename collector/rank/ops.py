@@ -17,24 +17,29 @@ uses are bound once into the wrapper's globals (``_inflight`` is ``REC.inflight`
         span = cuda_start(tensor)
         g = _groups.get(group) or _group(group)
         t0 = perf_ns()
-        slot = ["all_reduce", None, g, g.last() + g.offset, tensor.dtype, tensor.numel(), 0, t0, 0, None, False, -1,
-                _state.step, None, t0]
-        key = id(slot)
-        _inflight[key] = slot   # in flight from here
+        rec = CommRecord()      # CommRecord.entered inlined: every field stored by name
+        rec.async_ = False
+        rec.dtype = tensor.dtype
+        ...                     # group, key, name, numel, op, peer, seq, since, step
+        rec.t0 = t0
+        rec.t1 = 0
+        rec.timing = None
+        key = id(rec)
+        _inflight[key] = rec    # in flight from here
         try:
             work = _real(tensor, op, group, async_op)
         except BaseException:
-            REC.abandon(slot)
+            REC.abandon(rec)
             raise
         t1 = perf_ns()
         if async_op or span is not None or REC.debug or len(_pending) >= MAX_PENDING:
-            return REC.complete(slot, log_name, work if async_op else None, span, t1)
+            return REC.complete(rec, log_name, work if async_op else None, span, t1)
         del _inflight[key]      # the common case, REC.complete's synchronous branch spelled out
-        slot[1] = log_name or "all_reduce"
-        slot[8] = t1
-        _pending.append(slot)
+        rec.name = log_name or "all_reduce"
+        rec.t1 = t1
+        _pending.append(rec)
 
-The slot is the record ``Recorder.enter`` builds (collector.rank.recorder's field order);
+The record is the one ``Recorder.enter`` builds (collector.rank.recorder.CommRecord);
 tests/rank/test_comm.py checks the inlined path against enter/complete row for row.
 
 The real functions are called from ``torch.distributed.distributed_c10d``,
@@ -55,7 +60,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from collector.rank import session, state, watchdog  # noqa: F401  (watchdog: follows the session from here on)
 from collector.rank.clock import perf_ns
-from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, MAX_PENDING, REC, SLOT_FIELDS, cuda_start
+from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, MAX_PENDING, REC, CommRecord, cuda_start
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,7 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
         f"    if not REC.on or ({spec.op!r} not in REC.ops and log_name not in REC.ops){skip}:\n" + passthrough
     )
     if spec.kind == "collective":
-        # The in-flight mark, Recorder.enter inlined: the slot is in ``inflight`` (group, seq, size,
+        # The in-flight mark, Recorder.enter inlined: the record is in ``inflight`` (group, seq, size,
         # time) before the call, so a collective that never returns is still known; cleared if the
         # call raises (zero-cost try). One clock read per edge; the entry time is also the wait start.
         size = (
@@ -167,27 +172,28 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
             if spec.scale == "GROUP_SIZE"
             else f"({numel}) * ({spec.scale})"
         )
-        fields = dict.fromkeys(SLOT_FIELDS, "0")
-        fields.update(op=repr(spec.op), name="None", group="g", seq="g.last() + g.offset", dtype=dtype, numel=size)
-        fields.update(t0="t0", timing="None", async_="False", peer="-1", step="_state.step", slot="None", since="t0")
-        slot = ", ".join(fields.values())
+        # CommRecord.entered, inlined (its fields in the class's own names)
+        fields = dict(op=repr(spec.op), name="None", group="g", seq="g.last() + g.offset", dtype=dtype, numel=size)
+        fields.update(step="_state.step", t0="t0", t1="0", since="t0", timing="None", async_="False", peer="-1")
+        fields.update(key="None")
+        fields = "".join(f"    rec.{name} = {fields[name]}\n" for name in CommRecord.__slots__)
         slow = "async_op" + (" or span is not None" if span != "None" else "") + " or REC.debug"
         body = (
             f"    span = {span}\n"
             f"    g = _groups.get(group) or _group(group)\n"
             f"    t0 = perf_ns()\n"
-            f"    slot = [{slot}]\n"
-            f"    key = id(slot)\n"
-            f"    _inflight[key] = slot\n"
+            f"    rec = CommRecord()\n{fields}"
+            f"    key = id(rec)\n"
+            f"    _inflight[key] = rec\n"
             f"    try:\n        work = _real({args})\n"
-            f"    except BaseException:\n        REC.abandon(slot)\n        raise\n"
+            f"    except BaseException:\n        REC.abandon(rec)\n        raise\n"
             f"    t1 = perf_ns()\n"
             f"    if {slow} or len(_pending) >= MAX_PENDING:\n"
-            f"        return REC.complete(slot, log_name, work if async_op else None, span, t1)\n"
+            f"        return REC.complete(rec, log_name, work if async_op else None, span, t1)\n"
             f"    del _inflight[key]\n"
-            f"    slot[{SLOT_FIELDS.index('name')}] = log_name or {spec.op!r}\n"
-            f"    slot[{SLOT_FIELDS.index('t1')}] = t1\n"
-            f"    _pending.append(slot)\n"
+            f"    rec.name = log_name or {spec.op!r}\n"
+            f"    rec.t1 = t1\n"
+            f"    _pending.append(rec)\n"
         )
         return head + body, defaults
     facts = f"{dtype}, {spec.numel.format(tensor=tensor)} * {spec.scale}"
@@ -218,6 +224,7 @@ def instrument(spec: OpSpec):
     text, defaults = _source(spec, real)
     namespace = {
         "REC": REC,
+        "CommRecord": CommRecord,
         # the recorder's containers are cleared, never rebound: the wrappers hold them directly
         "_inflight": REC.inflight,
         "_pending": REC.pending,

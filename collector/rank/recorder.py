@@ -5,9 +5,10 @@ calls are never synchronised to be timed:
 
 * training thread (the hot path, <= 2 us, in collector.rank.ops): before the real
   call, ``Recorder.enter`` looks the group up (cached), takes the collective's
-  ``seq`` and writes one in-flight slot (``inflight[id] = slot``); after it,
-  ``Recorder.complete`` turns the slot into the record appended to a bounded deque
-  and clears the slot. No formatting, no bandwidth math, no I/O. The generated
+  ``seq`` and builds the op's ``CommRecord``, marked in flight (``inflight[id] =
+  record``); after it, ``Recorder.complete`` completes the record in place, appends
+  it to a bounded deque and takes it out of ``inflight``. No formatting, no
+  bandwidth math, no I/O. The generated
   wrappers do the same inline (their synchronous case without a method call), so
   ``inflight``, ``pending`` and ``groups`` are cleared, never rebound.
 * in flight: a collective is known from the moment it is *entered*, with its
@@ -193,13 +194,13 @@ class _WaitTimedWork(dist.Work):
     result into the output, so a second wait from another thread can overwrite what
     the caller has done with the output since (seen as wrong ZeRO-1 gradients)."""
 
-    def __init__(self, work, pending: _AsyncEnd, slot: list | None = None) -> None:
+    def __init__(self, work, pending: _AsyncEnd, record: CommRecord | None = None) -> None:
         super().__init__()
-        self._work, self._pending, self._slot = work, pending, slot
+        self._work, self._pending, self._record = work, pending, record
 
     def wait(self, *args, **kwargs):
-        if self._slot is not None and not self._slot[SLOT_SINCE]:
-            self._slot[SLOT_SINCE] = perf_ns()  # the caller waits from here: the hang clock starts
+        if self._record is not None and not self._record.since:
+            self._record.since = perf_ns()  # the caller waits from here: the hang clock starts
         ok = self._work.wait(*args, **kwargs)
         if self._pending.end is None:
             self._pending.end = perf_ns()
@@ -250,27 +251,45 @@ def cuda_start(tensor):
     return CudaSpan(ev)
 
 
-# record fields: a p2p record is a tuple of them; a collective's record is its in-flight slot itself
-# (a list written at entry and completed in place, so the hot path builds one object, not two)
-# SLOT_FIELDS names them in order for collector.rank.ops, which writes collective slots inline.
-SLOT_FIELDS = ("op", "name", "group", "seq", "dtype", "numel", "itemsize", "t0", "t1", "timing", "async_", "peer")
-SLOT_FIELDS += ("step", "slot", "since")
-_OP, _NAME, _GROUP, _SEQ, _DTYPE, _NUMEL, _ITEMSIZE, _T0, _T1, _TIMING, _ASYNC, _PEER, _STEP, _SLOT, _SINCE = range(
-    len(SLOT_FIELDS)
-)
-# _SINCE: when the rank began waiting for it: the call for blocking ops and for async ops whose completion
-# is seen (a future); wait() for async ops whose completion only wait() reveals (0 until then: the caller
-# may do other work before it waits, which is no hang). _SLOT: an async slot's key in ``inflight``.
-SLOT_OP, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_T0, SLOT_STEP, SLOT_SINCE = (
-    _OP,
-    _GROUP,
-    _SEQ,
-    _DTYPE,
-    _NUMEL,
-    _T0,
-    _STEP,
-    _SINCE,
-)
+class CommRecord:
+    """One instrumented op, from its call to its row. A collective's record is also its in-flight
+    slot: written when the op is entered (``inflight[id(record)] = record``) and completed in place
+    when it returns, so the hot path builds one object, not two; the drain thread turns it into a
+    ``comm`` row.
+
+    ``since``: when the rank began waiting for it: the call, for blocking ops and for async ops
+    whose completion is seen (a future); ``wait()``, for async ops whose completion only wait()
+    reveals (0 until then: the caller may do other work before it waits, which is no hang).
+    ``key``: an async collective's key in ``inflight``, where it stays until its end is known.
+    ``timing``: None (ended at ``t1``), a CudaSpan or an _AsyncEnd.
+
+    No ``__init__``: calling the bare class and storing each field is what collector.rank.ops's
+    generated wrappers do inline, the cheapest way CPython 3.11 has to build an object with named
+    fields (a Python ``__init__`` costs a frame; see benches/RESULTS-hook.md). ``entered`` does
+    the same for the recorder's own callers."""
+
+    __slots__ = ("async_", "dtype", "group", "key", "name", "numel", "op", "peer", "seq", "since", "step", "t0", "t1")
+    __slots__ += ("timing",)
+
+    @classmethod
+    def entered(cls, op: str, group: _Group, seq: int, dtype, numel: int, step: int, t0: int) -> CommRecord:
+        """The record of an op entered at ``t0``, nothing of its end known yet."""
+        rec = cls()
+        rec.op = op
+        rec.name = None
+        rec.group = group
+        rec.seq = seq
+        rec.dtype = dtype
+        rec.numel = numel
+        rec.step = step
+        rec.t0 = t0
+        rec.t1 = 0
+        rec.since = t0
+        rec.timing = None
+        rec.async_ = False
+        rec.peer = -1
+        rec.key = None
+        return rec
 
 
 class Recorder:
@@ -281,8 +300,8 @@ class Recorder:
         self.debug = False
         self.pending: collections.deque = collections.deque()
         self.waiting: list = []  # async / CUDA records not yet complete
-        self.inflight: dict[int, list] = {}  # id(slot) -> slot: collectives entered, not yet complete
-        self.abandoned: collections.deque = collections.deque(maxlen=1024)  # slots whose call raised
+        self.inflight: dict[int, CommRecord] = {}  # id(record) -> record: collectives entered, not yet complete
+        self.abandoned: collections.deque = collections.deque(maxlen=1024)  # records whose call raised
         self.dropped = 0
         self.groups: dict = {}
         self.p2p: dict = {}
@@ -337,28 +356,28 @@ class Recorder:
         return g
 
     # ---- hot path ----
-    def enter(self, op, grp, dtype, numel, scale) -> list:
+    def enter(self, op, grp, dtype, numel, scale) -> CommRecord:
         """A collective is about to be issued: take its seq and mark it in flight. Returns the
-        slot that ``complete`` (or ``abandon``, if the call raised) hands back."""
+        record that ``complete`` (or ``abandon``, if the call raised) hands back."""
         g = self.groups.get(grp) or self._group(grp)
         if scale == GROUP_SIZE:
             scale = g.size
-        slot = [op, None, g, g.last() + g.offset, dtype, numel * scale, 0, 0, 0, None, False, -1, state.step, None, 0]
-        self.inflight[id(slot)] = slot
-        slot[_T0] = slot[_SINCE] = perf_ns()
-        return slot
+        rec = CommRecord.entered(op, g, g.last() + g.offset, dtype, numel * scale, state.step, 0)
+        self.inflight[id(rec)] = rec
+        rec.t0 = rec.since = perf_ns()
+        return rec
 
-    def abandon(self, slot: list) -> None:
+    def abandon(self, rec: CommRecord) -> None:
         """The real call raised (a timeout, a peer gone, a mismatch the backend caught): it is no
         longer in flight and leaves no comm record; the watchdog reports it as ``failed``."""
-        self.inflight.pop(id(slot), None)
-        self.abandoned.append(slot)
+        self.inflight.pop(id(rec), None)
+        self.abandoned.append(rec)
 
-    def complete(self, slot: list, log_name, work, span, t1: int | None = None):
-        """The real call returned (at ``t1``, read now if not given): the slot becomes the
-        collective's record (async ones stay in flight until their end is known). Returns the
-        Work to hand back, as ``record`` does. The generated wrappers do the synchronous case
-        inline and come here for the rest."""
+    def complete(self, rec: CommRecord, log_name, work, span, t1: int | None = None):
+        """The real call returned (at ``t1``, read now if not given): the record is complete
+        (async ones stay in flight until their end is known). Returns the Work to hand back, as
+        ``record`` does. The generated wrappers do the synchronous case inline and come here for
+        the rest."""
         if t1 is None:
             t1 = perf_ns()
         try:
@@ -366,28 +385,28 @@ class Recorder:
                 span.stop = torch.cuda.Event(enable_timing=True)
                 span.stop.record()
             if work is None:
-                del self.inflight[id(slot)]
-                slot[_TIMING] = span
+                del self.inflight[id(rec)]
+                rec.timing = span
             else:
-                timing = slot[_TIMING] = _AsyncEnd(work, False)
+                timing = rec.timing = _AsyncEnd(work, False)
                 if timing.timed_at_wait:
-                    slot[_SINCE] = 0
-                    work = _WaitTimedWork(work, timing, slot)
-                slot[_SLOT], slot[_ASYNC] = id(slot), True
+                    rec.since = 0
+                    work = _WaitTimedWork(work, timing, rec)
+                rec.key, rec.async_ = id(rec), True
             if self.debug:
-                log_name = f"{log_name or slot[_OP]} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
-            slot[_NAME] = log_name or slot[_OP]
-            slot[_T1] = t1
+                log_name = f"{log_name or rec.op} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+            rec.name = log_name or rec.op
+            rec.t1 = t1
             if len(self.pending) < MAX_PENDING:
-                self.pending.append(slot)
+                self.pending.append(rec)
             else:
-                self.inflight.pop(id(slot), None)
+                self.inflight.pop(id(rec), None)
                 self.dropped += 1
         except Exception:  # the collective itself succeeded; losing its record must not fail training
-            self.inflight.pop(id(slot), None)
+            self.inflight.pop(id(rec), None)
             self.dropped += 1
             if self.dropped == 1:
-                log.exception("rankscope: could not record %s; counting it as dropped", slot[_OP])
+                log.exception("rankscope: could not record %s; counting it as dropped", rec.op)
         return work
 
     def count_p2p(self, group) -> None:
@@ -413,25 +432,9 @@ class Recorder:
             if self.debug:
                 log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
             if len(self.pending) < MAX_PENDING:
-                self.pending.append(
-                    (
-                        op,
-                        log_name,
-                        g,
-                        g.last(),
-                        dtype,
-                        numel,
-                        0,  # _ITEMSIZE: unused, the drain reads the dtype's itemsize off the training thread
-                        t0,
-                        t1,
-                        timing,
-                        work is not None,
-                        peer,
-                        state.step,
-                        None,
-                        0,
-                    )
-                )
+                rec = CommRecord.entered(op, g, g.last(), dtype, numel, state.step, t0)
+                rec.name, rec.t1, rec.timing, rec.async_, rec.peer = log_name, t1, timing, work is not None, peer
+                self.pending.append(rec)
             else:
                 self.dropped += 1
         except Exception:  # the collective itself succeeded; losing its record must not fail training
@@ -444,7 +447,7 @@ class Recorder:
     def _run(self) -> None:
         while True:
             # Async work without a future (gloo p2p) is stamped when seen complete: look often then.
-            polling = any(isinstance(r[_TIMING], _AsyncEnd) and r[_TIMING].end is None for r in self.waiting)
+            polling = any(isinstance(r.timing, _AsyncEnd) and r.timing.end is None for r in self.waiting)
             self.wake.wait(POLL_INTERVAL_S if polling else DRAIN_INTERVAL_S)
             self.wake.clear()
             try:
@@ -465,43 +468,43 @@ class Recorder:
             verbose = self.cfg.verbose
             rank = get_rank()
             for r in items:
-                timing = r[_TIMING]
+                timing = r.timing
                 if timing is None:
-                    end = r[_T1]
+                    end = r.t1
                 else:
-                    end = timing.resolve() if isinstance(timing, _AsyncEnd) else timing.resolve(r[_T0])
+                    end = timing.resolve() if isinstance(timing, _AsyncEnd) else timing.resolve(r.t0)
                     if end is None:
                         self.waiting.append(r)
                         continue
-                    if r[_SLOT] is not None:  # an async collective: no longer in flight
-                        self.inflight.pop(r[_SLOT], None)
-                g, op, numel = r[_GROUP], r[_OP], r[_NUMEL]
-                nbytes = 0 if op == "barrier" else numel * r[_DTYPE].itemsize  # itemsize: read here, off the hot path
-                dur = max(0, end - r[_T0])
+                    if r.key is not None:  # an async collective: no longer in flight
+                        self.inflight.pop(r.key, None)
+                g, op, numel = r.group, r.op, r.numel
+                nbytes = 0 if op == "barrier" else numel * r.dtype.itemsize  # itemsize: read here, off the hot path
+                dur = max(0, end - r.t0)
                 algbw, busbw = bandwidth.bandwidth(op, nbytes, dur, g.size)
-                cols["step"].append(r[_STEP])
+                cols["step"].append(r.step)
                 cols["group_name"].append(g.name)
                 cols["group_size"].append(g.size)
-                cols["seq"].append(r[_SEQ])
+                cols["seq"].append(r.seq)
                 cols["op"].append(op)
-                cols["log_name"].append(r[_NAME])
-                cols["dtype"].append(str(r[_DTYPE]).removeprefix("torch."))
+                cols["log_name"].append(r.name)
+                cols["dtype"].append(str(r.dtype).removeprefix("torch."))
                 cols["numel"].append(numel)
                 cols["bytes"].append(nbytes)
-                cols["start_ns"].append(CLOCK.wall_ns(r[_T0]))
+                cols["start_ns"].append(CLOCK.wall_ns(r.t0))
                 cols["end_ns"].append(CLOCK.wall_ns(end))
-                cols["async_op"].append(r[_ASYNC])
+                cols["async_op"].append(r.async_)
                 cols["algbw_gbs"].append(algbw)
                 cols["busbw_gbs"].append(busbw)
-                cols["peer"].append(r[_PEER])
+                cols["peer"].append(r.peer)
                 lat_ms = dur / 1e6
-                stats = self.summary.setdefault(r[_NAME], {}).setdefault(nbytes, (array("d"), array("d"), array("d")))
+                stats = self.summary.setdefault(r.name, {}).setdefault(nbytes, (array("d"), array("d"), array("d")))
                 stats[0].append(lat_ms)
                 stats[1].append(bandwidth.gbps(algbw))
                 stats[2].append(bandwidth.gbps(busbw))
                 if verbose:
                     print(
-                        f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r[_NAME]} | time (ms): {lat_ms:.2f} "
+                        f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r.name} | time (ms): {lat_ms:.2f} "
                         f"| msg size: {bandwidth.convert_size(nbytes)} | algbw (Gbps): {bandwidth.gbps(algbw):.2f}  "
                         f"| busbw (Gbps): {bandwidth.gbps(busbw):.2f}",
                         flush=True,
