@@ -1,4 +1,4 @@
-"""A slow rank and a step clock for the framework scripts (tests/rank/_hf_trainer_script.py and
+"""A slow rank and a step clock for the framework scripts (tests/integration/rank/_hf_trainer_script.py and
 _lightning_script.py) when the fault suite (benches/faults.py) runs them as users run them:
 
 - ``RANKSCOPE_TEST_FAULT=sleep:RANK:MS[@FROM]``: RANK busy-waits MS ms before each optimizer
