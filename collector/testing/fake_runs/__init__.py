@@ -35,6 +35,7 @@ the other two envelope kinds.
 from collector.data.codec import encode_batch
 from collector.testing.fake_runs.data_dir import _write, write_data_dir, write_run
 from collector.testing.fake_runs.envelopes import (
+    StoreFeed,
     comm_columns,
     comm_envelope,
     envelopes_of,
@@ -94,6 +95,7 @@ __all__ = [
     "TOKENS_PER_SAMPLE",
     "FakeRun",
     "FakeRunError",
+    "StoreFeed",
     "_stored",
     "_write",
     "comm_columns",

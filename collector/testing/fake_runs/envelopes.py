@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collector.data.codec import encode_batch
+from collector.data.codec import encode_batch, envelope_rows
 from collector.testing.fake_runs.story import FakeRun, _unix_ns, uniform_run
 from collector.tools.importers.sink import GrpcSink, envelope, table_batches
 from proto import pb
@@ -64,3 +64,28 @@ def comm_columns(
 def comm_envelope(client_id: str, seq: int, run_id: str, rank: int, first_seq: int, n: int, **kw) -> pb.Envelope:
     """One TableBatch envelope of ``comm_columns(rank, first_seq, n, **kw)``."""
     return envelope(client_id, seq, table=encode_batch("comm", run_id, rank, comm_columns(rank, first_seq, n, **kw)))
+
+
+# ---- straight into a Store --------------------------------------------------------------
+class StoreFeed:
+    """A run's ranks handing their rows straight to a collector's Store (no gRPC, no stream), each
+    rank's client numbering its submissions on from ``last_seq``: for tests of what the store,
+    compaction and retention make of a run that arrives piece by piece."""
+
+    def __init__(self, store, run: FakeRun, last_seq: int = 0):
+        self.store, self.run = store, run
+        self.seqs = dict.fromkeys(range(run.world_size), last_seq)
+
+    def send(self, rank: int, rows: list) -> None:
+        self.seqs[rank] += 1
+        self.store.submit(self.run.client_id(rank), self.seqs[rank], rows, lambda error: None)
+
+    def hello(self, rank: int) -> None:
+        self.send(rank, envelope_rows(envelope(self.run.client_id(rank), 1, hello=self.run.hello(rank))))
+
+    def comm(self, rank: int, chunk: tuple[int, int]) -> None:
+        """``rank``'s comm rows of ``chunk`` (first step, steps), one of ``run.comm_chunks``."""
+        self.send(rank, [("comm", self.run.run_id, self.run.comm_arrow(rank, *chunk))])
+
+    def end(self, rank: int) -> None:
+        self.send(rank, envelope_rows(run_end(self.run.client_id(rank), 0, self.run.run_id, rank)))

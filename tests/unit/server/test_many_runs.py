@@ -88,23 +88,18 @@ def test_a_restarted_store_knows_the_folded_runs(tmp_path):
 def test_rollups_find_the_world_size_and_the_ends_of_a_run_whose_hello_was_folded(tmp_path):
     run = fake_runs.FakeRun(run_id="folded", world_size=2, steps=12, collectives_per_step=2)
     store = Store(tmp_path)
-    seqs = dict.fromkeys(range(run.world_size), 0)
-
-    def send(rank: int, rows: list) -> None:
-        seqs[rank] += 1
-        store.submit(run.client_id(rank), seqs[rank], rows, lambda error: None)
-
+    feed = fake_runs.StoreFeed(store, run)
     try:
         for rank in range(run.world_size):
-            send(rank, envelope_rows(fake_runs.envelope(run.client_id(rank), 1, hello=run.hello(rank))))
+            feed.hello(rank)
         store.flush()
         compactor = Compactor(tmp_path, store.ledger, CompactionConfig(retention_window=100))
         compactor.run_once()  # the Hellos are folded; no comm rows yet
         assert not layout.partition_dir(tmp_path, "runs", run.run_id).exists()
         (chunk,) = run.comm_chunks(run.steps)
         for rank in range(run.world_size):
-            send(rank, [("comm", run.run_id, run.comm_arrow(rank, *chunk))])
-            send(rank, envelope_rows(fake_runs.run_end(run.client_id(rank), 0, run.run_id, rank)))
+            feed.comm(rank, chunk)
+            feed.end(rank)
         store.flush()
         compactor.run_once()  # rank_ends still in the run's folder: read there
         assert compactor.retention._rolled_through(run.run_id) == run.steps - 1
