@@ -11,8 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from collector.tools import simulate
-
-MAIN = str(Path(__file__).resolve().parents[3] / "app" / "main.py")
+from tests.integration.app._pages import open_page
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +26,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def comms(data_dir, monkeypatch, run_id: str) -> AppTest:
-    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
-    at = AppTest.from_file(MAIN, default_timeout=60)
-    at.session_state["selected_runs"] = [run_id]
-    at.run()
-    at.switch_page("views/comms.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(data_dir, monkeypatch, "views/comms.py", [run_id])
 
 
 def trace_names(at: AppTest) -> list[str]:
@@ -61,10 +54,5 @@ def test_a_healthy_run_over_hosts_gets_the_band_and_no_mark(data_dir, monkeypatc
 
 
 def test_the_overview_names_the_slow_link(data_dir, monkeypatch):
-    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
-    at = AppTest.from_file(MAIN, default_timeout=60)
-    at.session_state["selected_runs"] = ["slow"]
-    at.run()
-    at.switch_page("views/overview.py").run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_page(data_dir, monkeypatch, "views/overview.py", ["slow"])
     assert "node-0002's link" in "\n".join(str(w.value) for w in at.warning)

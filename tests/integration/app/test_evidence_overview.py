@@ -16,8 +16,8 @@ from collector.testing.collectors import live_collector
 from collector.testing.fake_runs import FINISHED, LIVE, envelope, hello, write_data_dir
 from collector.testing.streams import RawStream
 from proto import pb
+from tests.integration.app._pages import open_page
 
-MAIN = str(Path(__file__).resolve().parents[3] / "app" / "main.py")
 SUSPECT = FINISHED.late_rank if FINISHED.late_rank != -1 else FINISHED.world_size - 1
 
 
@@ -62,13 +62,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def _overview(data_dir, monkeypatch, run_id) -> AppTest:
-    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
-    at = AppTest.from_file(MAIN, default_timeout=60)
-    at.session_state["selected_runs"] = [run_id]
-    at.run()
-    at.switch_page("views/overview.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return open_page(data_dir, monkeypatch, "views/overview.py", [run_id])
 
 
 def test_the_straggler_finding_shows_the_evidence_and_both_traces_to_download(data_dir, monkeypatch):

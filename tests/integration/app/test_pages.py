@@ -9,8 +9,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from collector.testing.fake_runs import COLLECTIVES, FINISHED, FLOPS_TREE, LIVE, write_data_dir
+from tests.integration.app import _pages
+from tests.integration.app._pages import MAIN
 
-MAIN = str(Path(__file__).resolve().parents[3] / "app" / "main.py")
 TIMEOUT = 60
 DELAYED_RANK, OVERFLOW_STEPS = FINISHED.late_rank, FINISHED.overflow_steps
 
@@ -23,17 +24,9 @@ def data_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def open_page(data_dir, monkeypatch):
     """open_page("views/x.py", run_ids) -> the AppTest after rendering that page."""
-    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(data_dir))
 
     def _open(page: str | None, run_ids: list[str] | None = None) -> AppTest:
-        at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-        if run_ids is not None:
-            at.session_state["selected_runs"] = run_ids
-        at.run()
-        if page is not None:
-            at.switch_page(page).run()
-        assert not at.exception, [e.value for e in at.exception]
-        return at
+        return _pages.open_page(data_dir, monkeypatch, page, run_ids, timeout=TIMEOUT)
 
     return _open
 

@@ -13,19 +13,17 @@ import time
 import pytest
 
 from tests._cli_child import run_cli
+from tests.unit.data import test_sql_limits as unit_tier
 from tests.unit.data.test_sql_limits import MEMORY_ENV, TIME_ENV
+
+# the unit tier's fixtures, shared
+data, _no_limits_from_the_environment = unit_tier.data, unit_tier._no_limits_from_the_environment
 
 # ~3 GiB with no limit: 3M strings of 1000 bytes gathered into one list, then unnested
 ATTACK = (
     "SELECT count(*) AS n, max(length(x)) AS m FROM (SELECT unnest(list(repeat('x', 1000))) AS x FROM range(3000000))"
 )
 FOREVER = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
-
-
-@pytest.fixture(autouse=True)
-def _no_limits_from_the_environment(monkeypatch):
-    monkeypatch.delenv(MEMORY_ENV, raising=False)
-    monkeypatch.delenv(TIME_ENV, raising=False)
 
 
 def _cli(data, *args, env=None) -> tuple[int, str, str, int]:

@@ -8,13 +8,11 @@ import sys
 import pytest
 import torch
 
+from tests.unit.trainer import test_monitor as unit_tier
 from tests.unit.trainer.test_monitor import _csv_cfg
 from trainer.monitor import MonitorMaster
 
-
-@pytest.fixture(autouse=True)
-def _rank0(monkeypatch):
-    monkeypatch.setenv("RANK", "0")
+_rank0 = unit_tier._rank0  # the unit tier's autouse fixture, shared
 
 
 def test_events_are_flushed_at_interpreter_exit(tmp_path):
