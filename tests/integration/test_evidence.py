@@ -198,7 +198,7 @@ def _refreshed_after(metrics, run_id: str, after: float) -> bool:
     return computed is not None and computed.at > after
 
 
-@pytest.mark.slow  # ~30 s; the same selection at 1,024 ranks is tests/server/test_escalation.py (make test)
+@pytest.mark.slow  # ~30 s; the same selection at 1,024 ranks is tests/integration/server/test_escalation.py (make test)
 def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_healthy_phase_asks_nobody(tmp_path):
     from collector.server.escalation import Escalation
     from collector.server.metrics import MetricsEndpoint

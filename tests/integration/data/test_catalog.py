@@ -1,4 +1,6 @@
-"""The DuckDB catalog over real segments: views, straggler views, read-only SQL."""
+"""The DuckDB catalog over real segments: views, straggler views, read-only SQL.
+
+Split by tier: the pure-function tests are in tests/unit/data/test_catalog.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The per-step analysis (queries.step_analysis_of): interval unions, waiting vs transfer,
 overlap with compute and the wait a late rank imposes, checked against a brute-force
-reference on small cases and for shape and bounds at 1,024 ranks x 500 steps."""
+reference on small cases and for shape and bounds at 1,024 ranks x 500 steps.
+
+Split by tier: the pure-function tests are in tests/unit/data/test_step_analysis.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A DeepSpeed training script as users write one, plus ``hook.attach()`` at the top: ZeRO-2 (ZeRO-3
 with RANKSCOPE_TEST_ZERO_STAGE=3), fp16
 with dynamic loss scaling from 2^24 (so the first steps overflow and are skipped, then it trains), csv_monitor on,
-gradient accumulation 2. Run in the DeepSpeed venv under torchrun by tests/rank/test_deepspeed_hook.py:
+gradient accumulation 2. Run in the DeepSpeed venv under torchrun by tests/integration/rank/test_deepspeed_hook.py:
 
     torchrun --nproc-per-node 2 tests/integration/rank/_deepspeed_hook_script.py OUT_DIR
 
@@ -60,7 +60,7 @@ def main(out: Path) -> None:
     from collector.rank import session
 
     run_id = session.active().run_id
-    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_deepspeed_hook.py)
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/integration/rank/test_deepspeed_hook.py)
         from collector.testing import flight_recorder
 
         flight_recorder.dump(out)

@@ -1,6 +1,6 @@
 """A Hugging Face Trainer script with the rankscope callback, on a tiny GPT-2 built from a config
 (nothing downloaded): 6 optimizer steps of 2 accumulated micro-batches, logging every step.
-Run by tests/rank/test_integrations.py: ``torchrun --nproc-per-node 2 _hf_trainer_script.py OUT``.
+Run by tests/integration/rank/test_integrations.py: ``torchrun --nproc-per-node 2 _hf_trainer_script.py OUT``.
 Each rank writes ``OUT/rank<r>.json``: the run id, the Trainer's global_step and log history."""
 
 import json
@@ -74,7 +74,7 @@ def main(out: Path) -> None:
     fault.clock.write(out)
     result = {"run_id": RunId.run_id, "global_step": trainer.state.global_step, "log": trainer.state.log_history}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
-    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_integrations.py)
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/integration/rank/test_integrations.py)
         flight_recorder.dump(out)
 
 

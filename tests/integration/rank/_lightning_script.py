@@ -1,5 +1,5 @@
 """A Lightning script with the rankscope callback: a tiny regression module, 5 optimizer steps of
-2 accumulated batches on 2 CPU ranks (DDP over gloo). Run by tests/rank/test_integrations.py:
+2 accumulated batches on 2 CPU ranks (DDP over gloo). Run by tests/integration/rank/test_integrations.py:
 ``torchrun --nproc-per-node 2 _lightning_script.py OUT``. Each rank writes ``OUT/rank<r>.json``:
 the run id, the trainer's global_step and the loss it logged last in each optimizer step."""
 
@@ -67,7 +67,7 @@ def main(out: Path) -> None:
     module.fault.write(out)
     result = {"run_id": module.run_id, "global_step": trainer.global_step, "last_loss": module.last_loss}
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
-    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/rank/test_integrations.py)
+    if os.environ.get("TORCH_FR_BUFFER_SIZE"):  # the identity oracle (tests/integration/rank/test_integrations.py)
         flight_recorder.dump(out)
 
 

@@ -4,7 +4,9 @@ next forward is what the rank records for the step it precedes; without one the 
 each gap lies within the test's own clock readings around where it starts and ends (Brackets);
 no forward pre-hook is left registered once a step's first forward has run, and none after
 detach. The multi-rank DDP run that makes a straggler out of it is
-tests/integration/test_hook_causes_e2e.py."""
+tests/integration/test_hook_causes_e2e.py.
+
+Split by tier: the pure-function tests are in tests/unit/rank/test_between_steps.py."""
 
 from __future__ import annotations
 

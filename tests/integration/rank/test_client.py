@@ -1,6 +1,8 @@
 """The rank-side client against a real gRPC server on a real port: acks,
 reconnect with the same seqs, spooling while nothing listens, rejected batches,
-tokens, the memory bound. The server is tests/integration/rank/_rank_util.RecordingCollector."""
+tokens, the memory bound. The server is tests/integration/rank/_rank_util.RecordingCollector.
+
+Split by tier: the pure-function tests are in tests/unit/rank/test_client.py."""
 
 from __future__ import annotations
 

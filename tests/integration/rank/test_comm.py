@@ -1,7 +1,9 @@
 """collector.rank.comm, telemetry and hook in one process: config errors, the
 comms-logger behaviours (verbose, debug caller, prof_ops, summary), run
 identity, attach/detach, and never raising into training. Multi-rank
-behaviour is in tests/rank/test_e2e.py."""
+behaviour is in tests/*/rank/test_e2e.py.
+
+Split by tier: the pure-function tests are in tests/unit/rank/test_comm.py."""
 
 from __future__ import annotations
 

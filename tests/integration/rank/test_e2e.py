@@ -1,7 +1,7 @@
 """End to end: 4 gloo ranks (torch.multiprocessing spawn) call plain
 torch.distributed with collector.hook attached; records go through the real
 collector (collector.server.service) into Parquet and are checked with DuckDB
-(collector.data.catalog). DDP, FSDP2 and clock offsets: tests/rank/test_frameworks.py."""
+(collector.data.catalog). DDP, FSDP2 and clock offsets: tests/integration/rank/test_frameworks.py."""
 
 from __future__ import annotations
 

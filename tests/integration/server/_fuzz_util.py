@@ -1,4 +1,4 @@
-"""Generators of malformed and hostile collector input, for tests/server/test_fuzz.py.
+"""Generators of malformed and hostile collector input, for tests/integration/server/test_fuzz.py.
 
 Every generator takes a ``random.Random`` and returns ``(kind, raw_bytes)``:
 the bytes go on the wire as one Stream frame, unchanged. Seeded, so a failure

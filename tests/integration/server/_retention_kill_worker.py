@@ -1,5 +1,5 @@
 """Run one retention pass over a prepared data dir and stop dead at a chosen point, to be
-SIGKILLed there by tests/server/test_retention_kill.py:
+SIGKILLed there by tests/integration/server/test_retention_kill.py:
 
     python -m tests.integration.server._retention_kill_worker DATA_DIR RUN_ID POINT
 

@@ -1,4 +1,6 @@
-"""The collector over a real gRPC channel: exact counts, dedupe, ack-after-durable."""
+"""The collector over a real gRPC channel: exact counts, dedupe, ack-after-durable.
+
+Split by tier: the pure-function tests are in tests/unit/server/test_ingest.py."""
 
 from __future__ import annotations
 

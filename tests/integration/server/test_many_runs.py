@@ -5,7 +5,9 @@ The collector tables' rows (runs, ranks, rank_ends, rank_events) are folded by c
 shared partition per table: these tests check that 1,000 runs become O(1) files read by the
 ``runs`` and ``ranks`` views, that readers keep their snapshot across the fold, and that what
 read those rows from a run's own folder (the store's known runs, rollups, archives) reads them
-from the shared one too. The idle collector's liveness and /metrics work stay bounded."""
+from the shared one too. The idle collector's liveness and /metrics work stay bounded.
+
+Split by tier: the pure-function tests are in tests/unit/server/test_many_runs.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The collector's Prometheus endpoint and alert webhook, end to end: a live 2-rank hook run
 (rank 1 late to every all_reduce) streams into a real collector; a real Prometheus server
 scrapes its /metrics and answers a ``rankscope_`` series per rank over its HTTP API; a local
-HTTP server receives one webhook post per new finding, never the same finding twice."""
+HTTP server receives one webhook post per new finding, never the same finding twice.
+
+Split by tier: the pure-function tests are in tests/unit/server/test_metrics.py."""
 
 from __future__ import annotations
 

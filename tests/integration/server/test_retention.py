@@ -2,7 +2,9 @@
 collector that thins out raw comm records keeps every Nth step raw plus the steps with
 findings, the per-step rollup for every step, and the Stragglers/Comms queries and
 `rankscope health` agree with the same run kept fully raw (within 5%), saying where they
-read rollups."""
+read rollups.
+
+Split by tier: the pure-function tests are in tests/unit/server/test_retention.py."""
 
 from __future__ import annotations
 

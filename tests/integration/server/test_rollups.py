@@ -1,7 +1,9 @@
 """Rollups as steps settle (every collector, no retention asked for): a simulated run streamed into
 a live collector gets its per-step comm rollup and step analysis stored by compaction, keeps every
 raw record, and answers the health queries exactly as the same run computed from raw records only.
-A run that is still going (one rank hung) has its settled steps stored and the rest computed."""
+A run that is still going (one rank hung) has its settled steps stored and the rest computed.
+
+Split by tier: the pure-function tests are in tests/unit/server/test_rollups.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """collector.testing's plumbing: a live collector that really listens, stores and stops
 (and unpacks as (endpoint, data_dir)), the raw stream driving it, stored_rows counting
-committed segments without the catalog, and free ports that really are free."""
+committed segments without the catalog, and free ports that really are free.
+
+Split by tier: the pure-function tests are in tests/unit/testing/test_collectors.py."""
 
 from __future__ import annotations
 

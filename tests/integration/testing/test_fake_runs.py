@@ -1,7 +1,9 @@
 """collector.testing.fake_runs: the story a fake run tells is really in the data (read
 back through the catalog), both ways out give the same rows, a run's values do not
 depend on how it is cut, the protocol blocks are exact, 1,024 ranks work, and bad
-settings name their field."""
+settings name their field.
+
+Split by tier: the pure-function tests are in tests/unit/testing/test_fake_runs.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """collector.testing.flops_models: every model runs on its inputs, the analytic SDPA
-count is the formula, and the rest of the kit never loads torch."""
+count is the formula, and the rest of the kit never loads torch.
+
+Split by tier: the pure-function tests are in tests/unit/testing/test_flops_models.py."""
 
 from __future__ import annotations
 

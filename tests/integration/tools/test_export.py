@@ -1,5 +1,7 @@
 """`rankscope export`: a Perfetto/Chrome trace with one track per rank and group holding
-every timed collective, Parquet files that import back, and clear errors."""
+every timed collective, Parquet files that import back, and clear errors.
+
+Split by tier: the pure-function tests are in tests/unit/tools/test_export.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 (`python -m torch.distributed.flight_recorder.fr_trace`) reads, with the verdict on a hang that
 `rankscope health` gives (the sequence number and the missing ranks), and nothing to say about a
 healthy run. Runs from sample_runs/ (a real 4-rank engine hang and a healthy run); the gloo hang
-of tests/tools/test_import_flight_recorder.py goes through the same round trip."""
+of tests/integration/tools/test_import_flight_recorder.py goes through the same round trip.
+
+Split by tier: the pure-function tests are in tests/unit/tools/test_export_flight_recorder.py."""
 
 from __future__ import annotations
 

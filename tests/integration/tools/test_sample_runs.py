@@ -2,7 +2,9 @@
 these tests only read it): it opens through collector.data.catalog.connect from any cwd
 and from a copy elsewhere, holds nothing a reader does not need, and each scenario
 run of trainer.examples.scenarios shows what it was made to show. Assertions are on
-properties of the runs, not exact numbers, so they hold after any regeneration."""
+properties of the runs, not exact numbers, so they hold after any regeneration.
+
+Split by tier: the pure-function tests are in tests/unit/tools/test_sample_runs.py."""
 
 from __future__ import annotations
 

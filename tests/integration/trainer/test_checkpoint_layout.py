@@ -1,7 +1,9 @@
 """The checkpoint's layout logic without processes, at scale: fragments written by 1,024
 ZeRO ranks cover every parameter exactly once and read back for any other layout; the
 index's name order merges every rank's experts; the resumable sampler deals the same global
-batches at any world size (1, 2, 4 and 1,024 ranks); zero_to_fp32 as users run it."""
+batches at any world size (1, 2, 4 and 1,024 ranks); zero_to_fp32 as users run it.
+
+Split by tier: the pure-function tests are in tests/unit/trainer/test_checkpoint_layout.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """DeepSpeed's module-level API on the engine (trainer.api), in one process (a world of one):
 where the config comes from, the errors DeepSpeed raises, DeepSpeed-only features refused at
 initialize by name, client optimizers and schedulers, and the engine surface scripts read.
-The same calls against real DeepSpeed are in test_deepspeed_scripts.py."""
+The same calls against real DeepSpeed are in test_deepspeed_scripts.py.
+
+Split by tier: the pure-function tests are in tests/unit/trainer/test_deepspeed_api.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The ds_config parser: DeepSpeed's batch-size rule, validation errors naming the dotted key,
-unknown-key warnings, and that initialize fails early with one clear message."""
+unknown-key warnings, and that initialize fails early with one clear message.
+
+Split by tier: the pure-function tests are in tests/unit/trainer/test_engine_config.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """ZeRO-3 parameter life cycle in one process (the world-of-one path is the distributed path):
 parameters are empty outside their module's forward/backward, prefetching changes neither the
-gathers issued nor the numbers, and tied weights stay resident."""
+gathers issued nor the numbers, and tied weights stay resident.
+
+Split by tier: the pure-function tests are in tests/unit/trainer/test_engine_stage3.py."""
 
 from __future__ import annotations
 

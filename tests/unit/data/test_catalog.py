@@ -1,4 +1,6 @@
-"""The DuckDB catalog over real segments: views, straggler views, read-only SQL."""
+"""The DuckDB catalog over real segments: views, straggler views, read-only SQL.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/data/test_catalog.py."""
 
 from __future__ import annotations
 

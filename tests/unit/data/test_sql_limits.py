@@ -3,7 +3,9 @@ that would take the machine's memory or run forever is stopped, and the message 
 which limit it hit and how to change it (issue #28, item 7).
 
 The attack these guard against: ``list(...)`` of millions of strings, then ``unnest``,
-reached 3 GiB in 2-6 s under DuckDB's default memory_limit (80% of RAM)."""
+reached 3 GiB in 2-6 s under DuckDB's default memory_limit (80% of RAM).
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/data/test_sql_limits.py."""
 
 from __future__ import annotations
 

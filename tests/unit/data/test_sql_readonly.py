@@ -2,8 +2,10 @@
 catalog and nothing else: statements that write, load, attach, configure or export
 are refused by type; table functions that would read files outside D/parquet are
 refused by DuckDB's allowed_directories; a runaway query is stopped by the time
-limit, and results are capped. (tests/data/test_catalog.py covers the basics:
-INSERT, CREATE, DROP, COPY, ATTACH, INSTALL, SET, two statements.)"""
+limit, and results are capped. (tests/integration/data/test_catalog.py covers the basics:
+INSERT, CREATE, DROP, COPY, ATTACH, INSTALL, SET, two statements.)
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/data/test_sql_readonly.py."""
 
 from __future__ import annotations
 

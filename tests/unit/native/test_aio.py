@@ -1,10 +1,12 @@
 """native.AsyncIOHandle: bit-exact round trips, offsets, async ops, errors.
 
-Runs on whichever backend native.aio.BACKEND reports; tests/native/test_fallback.py
+Runs on whichever backend native.aio.BACKEND reports; tests/integration/native/test_fallback.py
 re-runs this file with RANKSCOPE_NATIVE=off to cover the Python fallback.
 tmp_path lives on the root filesystem (ext4 here), where O_DIRECT applies to
 aligned requests; the tmpfs tests cover filesystems that refuse O_DIRECT.
-"""
+
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/native/test_aio.py."""
 
 import os
 

@@ -10,7 +10,7 @@ where any two correct fp32 implementations differ by a few ulps of lr. The
 kernel follows torch's op order (fma'd lerp, no other contraction); typical
 max difference is ~2e-7, the worst seen 2.2e-6.
 
-Runs on whichever backend native.cpu_adam.BACKEND reports; tests/native/test_fallback.py
+Runs on whichever backend native.cpu_adam.BACKEND reports; tests/integration/native/test_fallback.py
 re-runs this file with RANKSCOPE_NATIVE=off to cover the pure-torch path.
 """
 

@@ -1,7 +1,9 @@
 """collector.rank.comm, telemetry and hook in one process: config errors, the
 comms-logger behaviours (verbose, debug caller, prof_ops, summary), run
 identity, attach/detach, and never raising into training. Multi-rank
-behaviour is in tests/rank/test_e2e.py."""
+behaviour is in tests/*/rank/test_e2e.py.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/rank/test_comm.py."""
 
 from __future__ import annotations
 

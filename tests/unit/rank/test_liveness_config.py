@@ -9,7 +9,7 @@ import torch
 
 from collector.data.config import ConfigError
 from collector.rank import session
-from collector.rank.recorder import REC
+from collector.rank.recorder import REC, SLOT_OP, SLOT_SEQ
 from collector.rank.session import TelemetryConfig, _seconds
 
 
@@ -42,7 +42,7 @@ def test_a_collective_is_in_flight_from_entry_and_leaves_when_it_returns_or_rais
     seen = []
 
     def real(tensor, op=None, group=None, async_op=False):
-        seen.extend((slot.op, slot.seq) for slot in REC.inflight.values())
+        seen.extend((slot[SLOT_OP], slot[SLOT_SEQ]) for slot in REC.inflight.values())
         if tensor.numel() == 0:
             raise RuntimeError("backend says no")
 
@@ -56,7 +56,7 @@ def test_a_collective_is_in_flight_from_entry_and_leaves_when_it_returns_or_rais
     try:
         slot = REC.enter("all_reduce", g, torch.float32, 4, 1)
         real(torch.ones(4))
-        assert id(slot) in REC.inflight and seen == [("all_reduce", slot.seq)]
+        assert id(slot) in REC.inflight and seen == [("all_reduce", slot[SLOT_SEQ])]
         REC.complete(slot, None, None, None)
         assert id(slot) not in REC.inflight
         slot = REC.enter("all_reduce", g, torch.float32, 0, 1)
@@ -100,11 +100,12 @@ def test_the_generated_wrapper_marks_and_records_exactly_as_enter_and_complete(m
     monkeypatch.setattr(REC, "on", True)
     monkeypatch.setattr(state, "step", 7)
 
-    def fields(record):  # a record's fields by name, as they are now
-        return {name: getattr(record, name) for name in recorder.CommRecord.__slots__}
+    def fields(record):  # a record's slots by their index names, as they are now
+        return dict(enumerate(record))
 
     def without_times(values, leave_out=()):
-        return {k: v for k, v in values.items() if k not in ("t0", "t1", "since", *leave_out)}
+        times = (recorder.SLOT_T0, recorder.SLOT_T1, recorder.SLOT_SINCE)
+        return {k: v for k, v in values.items() if k not in (*times, *leave_out)}
 
     try:
         REC.pending.clear()
@@ -114,24 +115,25 @@ def test_the_generated_wrapper_marks_and_records_exactly_as_enter_and_complete(m
         assert wrapper(torch.ones(4), group=g, log_name="mine") is None
         assert len(seen) == 1 and not REC.inflight
         during, record = seen[0], fields(REC.pending[-1])
-        assert during["since"] == during["t0"] > 0 and during["t1"] == 0
-        assert record["t0"] == during["t0"] and record["seq"] == reference["seq"] + 1
-        reference["seq"] += 1  # the next collective of the group
+        since, t0, t1, seq = recorder.SLOT_SINCE, recorder.SLOT_T0, recorder.SLOT_T1, recorder.SLOT_SEQ
+        assert during[since] == during[t0] > 0 and during[t1] == 0
+        assert record[t0] == during[t0] and record[seq] == reference[seq] + 1
+        reference[seq] += 1  # the next collective of the group
         assert without_times(record) == without_times(reference) and without_times(
-            during, leave_out=("op",)
-        ) == without_times({**reference, "name": None, "t1": 0}, leave_out=("op",))
-        assert record["t1"] >= record["t0"] and record["step"] == 7
+            during, leave_out=(SLOT_OP,)
+        ) == without_times({**reference, recorder.SLOT_NAME: None, t1: 0}, leave_out=(SLOT_OP,))
+        assert record[t1] >= record[t0] and record[recorder.SLOT_STEP] == 7
 
         with pytest.raises(RuntimeError):
             wrapper(torch.ones(0), group=g)
-        assert not REC.inflight and REC.abandoned[-1].op == "all_reduce"
+        assert not REC.inflight and REC.abandoned[-1][SLOT_OP] == "all_reduce"
 
         work = wrapper(torch.ones(4), group=g, async_op=True)
         # an async op leaves flight when its end is known; a Work without a future is timed at wait()
         assert isinstance(work, recorder._WaitTimedWork) and len(REC.inflight) == 1
         slot = next(iter(REC.inflight.values()))
-        assert slot.async_ and slot.key == id(slot) and slot is REC.pending[-1]
-        assert slot.since == 0  # not waiting until the caller waits
+        assert slot[recorder.SLOT_ASYNC] and slot[recorder.SLOT_KEY] == id(slot) and slot is REC.pending[-1]
+        assert slot[recorder.SLOT_SINCE] == 0  # not waiting until the caller waits
     finally:
         REC.groups.pop(g, None)
         REC.inflight.clear()

@@ -1,6 +1,8 @@
 """The rank-side root-cause signals: GC pauses caught by gc.callbacks into a preallocated ring
 and folded per step, host and run-queue samples from /proc, and the sampler following a real
-session into a real collector."""
+session into a real collector.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/rank/test_signals.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Resending a dead process's spool file to a real collector, exactly once, when part of it cannot
 be delivered: an envelope the collector refuses (seq 3 of 5) or a record that does not decode is set
 aside in the file's side file (kept, counted, logged once), the rest is delivered, the file is done
-with, and one bad file never holds up another writer's good one."""
+with, and one bad file never holds up another writer's good one.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/rank/test_spool_resend.py."""
 
 from __future__ import annotations
 

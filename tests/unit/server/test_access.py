@@ -1,7 +1,9 @@
 """Who may talk to a collector: bearer token on both RPCs (checked before anything
 is decoded), TLS (a plaintext client gets nothing), and the bind policy of
 ``rankscope collect`` (loopback by default; a wider address needs a token or
-``--insecure``, which warns)."""
+``--insecure``, which warns).
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/server/test_access.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Rollups as steps settle, on a Store fed directly: a pass that found nothing to roll up passes the
-run over until its records move on. (Through a live collector: tests/integration/server/test_rollups.py.)"""
+run over until its records move on. (Through a live collector: tests/integration/server/test_rollups.py.)
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/server/test_rollups.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The collector's settings object (collector.server.settings) and serve(): a bad setting is refused
 by name before anything is created; serve runs a real collector until told to stop, tells its
-caller where it listens, and raises (never prints, never returns an exit code) when it cannot start."""
+caller where it listens, and raises (never prints, never returns an exit code) when it cannot start.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/server/test_settings.py."""
 
 import pytest
 

@@ -1,6 +1,8 @@
 """The collector's stream limits, against a real server on a real port with real clients:
 idle streams cannot lock out ranks or Health, silent streams are closed, one peer cannot
-hold more than its share, and a flooding stream is held to its budget."""
+hold more than its share, and a flooding stream is held to its budget.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/server/test_streams.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """collector.testing.flops_models: every model runs on its inputs, the analytic SDPA
-count is the formula, and the rest of the kit never loads torch."""
+count is the formula, and the rest of the kit never loads torch.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/testing/test_flops_models.py."""
 
 from __future__ import annotations
 

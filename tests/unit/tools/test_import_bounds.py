@@ -4,7 +4,9 @@ skipped, and every other file of the same import still lands (issue #28, item 8)
 
 Measured before these bounds: a 400 KB deeply nested JSON beside a good CSV made
 ``rankscope import`` die with a RecursionError traceback (the CSV's rows lost), and a
-300-byte log_summary claiming a count of 40,000,000 grew to 2 GiB RSS and beyond."""
+300-byte log_summary claiming a count of 40,000,000 grew to 2 GiB RSS and beyond.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/tools/test_import_bounds.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ generate.py with DeepSpeed 0.19.8: ZeRO-2 on 2 CPU ranks) and, where the DeepSpe
 root module's FLOPS rate DeepSpeed prints in mFLOPS. Every output kind the importers claim (flops
 profile, comms summaries, the comms logger's verbose lines, csv_monitor, TensorBoard) imports with
 no problem, and every figure DeepSpeed printed is in the data: DeepSpeed's own formatting functions
-print the imported values back to the same text."""
+print the imported values back to the same text.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/tools/test_import_deepspeed.py."""
 
 from __future__ import annotations
 

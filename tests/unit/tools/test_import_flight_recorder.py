@@ -2,7 +2,9 @@
 run with the hook attached to a real collector: a hang's dumps give the same ``hangs`` row
 (op, seq, waiting and missing ranks) as the hook's live records of the same run, and
 ``rankscope health`` names it; a healthy run's dumps give the hook's completed collectives
-(group, seq, op) and no hang or desync. Bad dumps are named, never executed."""
+(group, seq, op) and no hang or desync. Bad dumps are named, never executed.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/tools/test_import_flight_recorder.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,9 @@ the shape it claims (counted), an injected straggler is found by `rankscope heal
 healthy simulation is not, the same run arrives whether written or streamed, and bad
 arguments are refused naming the option. ``--hang`` writes what hung ranks send, and
 `rankscope health` names the stuck rank, the op and the step, at 1,024 ranks, written or
-streamed; without it, no liveness finding."""
+streamed; without it, no liveness finding.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/tools/test_simulate.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """`rankscope import --watch DIR` as a real process over a real data dir: 1,000 files
 dropped while it runs and 100 dropped while it was stopped are each ingested exactly
 once; corrupt files are named and skipped without being retried; a dropped archive
-restores its run once."""
+restores its run once.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/tools/test_watch.py."""
 
 from __future__ import annotations
 

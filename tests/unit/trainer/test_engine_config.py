@@ -1,5 +1,7 @@
 """The ds_config parser: DeepSpeed's batch-size rule, validation errors naming the dotted key,
-unknown-key warnings, and that initialize fails early with one clear message."""
+unknown-key warnings, and that initialize fails early with one clear message.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/trainer/test_engine_config.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """MonitorMaster: DeepSpeed's csv_monitor / tensorboard file layouts, written off
-the training thread, flushed on close() and at interpreter exit."""
+the training thread, flushed on close() and at interpreter exit.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/trainer/test_monitor.py."""
 
 import os
 import threading

@@ -1,6 +1,8 @@
 """The engine side of the flops profiler: the ``flops_profiler`` config block,
 one profiled step (report on rank 0, one ``flops`` row per module), and the
-bundled engine streaming the tree through a real collector into DuckDB."""
+bundled engine streaming the tree through a real collector into DuckDB.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/trainer/test_profiling_step.py."""
 
 from __future__ import annotations
 

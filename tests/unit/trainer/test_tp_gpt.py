@@ -6,7 +6,9 @@ over the dp group (the engine does not build tp/dp groups yet). Records go to a
 real collector: all_reduce on the tensor-parallel groups (size 2, busbw = algbw
 x 2(n-1)/n with n = 2) and on the data-parallel groups. An MoE layer inside the
 tensor-parallel model (tests.integration.trainer.test_moe_parallel.check_case with tp 2) runs its
-all_to_all over the data-parallel ranks and matches its reference too."""
+all_to_all over the data-parallel ranks and matches its reference too.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/trainer/test_tp_gpt.py."""
 
 from __future__ import annotations
 

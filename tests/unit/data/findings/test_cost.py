@@ -1,5 +1,7 @@
 """Straggler cost, onset and exposed communication as pure functions of step-analysis frames:
-each fires on its injected story and stays silent on a healthy run, at 4 and at 1,024 ranks."""
+each fires on its injected story and stays silent on a healthy run, at 4 and at 1,024 ranks.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/data/findings/test_cost.py."""
 
 from __future__ import annotations
 

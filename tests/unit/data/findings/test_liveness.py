@@ -1,6 +1,8 @@
 """The hang, desync and silent-rank rules as pure functions of their query results (fire on the
 fault, silent on healthy frames, one line each at 1,024 ranks), and the catalog views that feed
-them over a 1,024-rank stuck run written by the testing kit."""
+them over a 1,024-rank stuck run written by the testing kit.
+
+Split by tier: what needs processes, sockets or seconds is in tests/integration/data/findings/test_liveness.py."""
 
 from __future__ import annotations
 
