@@ -17,13 +17,8 @@ uses are bound once into the wrapper's globals (``_inflight`` is ``REC.inflight`
         span = cuda_start(tensor)
         g = _groups.get(group) or _group(group)
         t0 = perf_ns()
-        rec = CommRecord()      # CommRecord.entered inlined: every field stored by name
-        rec.async_ = False
-        rec.dtype = tensor.dtype
-        ...                     # group, key, name, numel, op, peer, seq, since, step
-        rec.t0 = t0
-        rec.t1 = 0
-        rec.timing = None
+        rec = ["all_reduce", None, g, g.last() + g.offset, tensor.dtype, tensor.numel(), _state.step, t0, 0, t0,
+               None, False, -1, None]   # recorder.new_record inlined
         key = id(rec)
         _inflight[key] = rec    # in flight from here
         try:
@@ -35,11 +30,11 @@ uses are bound once into the wrapper's globals (``_inflight`` is ``REC.inflight`
         if async_op or span is not None or REC.debug or len(_pending) >= MAX_PENDING:
             return REC.complete(rec, log_name, work if async_op else None, span, t1)
         del _inflight[key]      # the common case, REC.complete's synchronous branch spelled out
-        rec.name = log_name or "all_reduce"
-        rec.t1 = t1
+        rec[1] = log_name or "all_reduce"   # SLOT_NAME
+        rec[8] = t1                         # SLOT_T1
         _pending.append(rec)
 
-The record is the one ``Recorder.enter`` builds (collector.rank.recorder.CommRecord);
+The record is the list ``Recorder.enter`` builds (collector.rank.recorder's SLOT_* names its slots);
 tests/rank/test_comm.py checks the inlined path against enter/complete row for row.
 
 The real functions are called from ``torch.distributed.distributed_c10d``,
@@ -58,9 +53,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from collector.rank import recorder as r
 from collector.rank import session, state, watchdog  # noqa: F401  (watchdog: follows the session from here on)
 from collector.rank.clock import perf_ns
-from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, MAX_PENDING, REC, CommRecord, cuda_start
+from collector.rank.recorder import GROUP_SIZE, INSTRUMENTED_OPS, MAX_PENDING, REC, cuda_start
 
 
 @dataclass(frozen=True)
@@ -172,17 +168,18 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
             if spec.scale == "GROUP_SIZE"
             else f"({numel}) * ({spec.scale})"
         )
-        # CommRecord.entered, inlined (its fields in the class's own names)
-        fields = dict(op=repr(spec.op), name="None", group="g", seq="g.last() + g.offset", dtype=dtype, numel=size)
-        fields.update(step="_state.step", t0="t0", t1="0", since="t0", timing="None", async_="False", peer="-1")
-        fields.update(key="None")
-        fields = "".join(f"    rec.{name} = {fields[name]}\n" for name in CommRecord.__slots__)
+        # recorder.new_record, inlined: each slot's expression under its name
+        slots = {r.SLOT_OP: repr(spec.op), r.SLOT_NAME: "None", r.SLOT_GROUP: "g", r.SLOT_SEQ: "g.last() + g.offset"}
+        slots.update({r.SLOT_DTYPE: dtype, r.SLOT_NUMEL: size, r.SLOT_STEP: "_state.step", r.SLOT_T0: "t0"})
+        slots.update({r.SLOT_T1: "0", r.SLOT_SINCE: "t0", r.SLOT_TIMING: "None", r.SLOT_ASYNC: "False"})
+        slots.update({r.SLOT_PEER: "-1", r.SLOT_KEY: "None"})
+        record = ", ".join(slots[i] for i in range(len(slots)))
         slow = "async_op" + (" or span is not None" if span != "None" else "") + " or REC.debug"
         body = (
             f"    span = {span}\n"
             f"    g = _groups.get(group) or _group(group)\n"
             f"    t0 = perf_ns()\n"
-            f"    rec = CommRecord()\n{fields}"
+            f"    rec = [{record}]\n"
             f"    key = id(rec)\n"
             f"    _inflight[key] = rec\n"
             f"    try:\n        work = _real({args})\n"
@@ -191,8 +188,8 @@ def _source(spec: OpSpec, real) -> tuple[str, dict]:
             f"    if {slow} or len(_pending) >= MAX_PENDING:\n"
             f"        return REC.complete(rec, log_name, work if async_op else None, span, t1)\n"
             f"    del _inflight[key]\n"
-            f"    rec.name = log_name or {spec.op!r}\n"
-            f"    rec.t1 = t1\n"
+            f"    rec[{r.SLOT_NAME}] = log_name or {spec.op!r}\n"
+            f"    rec[{r.SLOT_T1}] = t1\n"
             f"    _pending.append(rec)\n"
         )
         return head + body, defaults
@@ -224,7 +221,6 @@ def instrument(spec: OpSpec):
     text, defaults = _source(spec, real)
     namespace = {
         "REC": REC,
-        "CommRecord": CommRecord,
         # the recorder's containers are cleared, never rebound: the wrappers hold them directly
         "_inflight": REC.inflight,
         "_pending": REC.pending,

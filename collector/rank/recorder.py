@@ -5,7 +5,7 @@ calls are never synchronised to be timed:
 
 * training thread (the hot path, <= 2 us, in collector.rank.ops): before the real
   call, ``Recorder.enter`` looks the group up (cached), takes the collective's
-  ``seq`` and builds the op's ``CommRecord``, marked in flight (``inflight[id] =
+  ``seq`` and builds the op's record (a list), marked in flight (``inflight[id] =
   record``); after it, ``Recorder.complete`` completes the record in place, appends
   it to a bounded deque and takes it out of ``inflight``. No formatting, no
   bandwidth math, no I/O. The generated
@@ -194,13 +194,13 @@ class _WaitTimedWork(dist.Work):
     result into the output, so a second wait from another thread can overwrite what
     the caller has done with the output since (seen as wrong ZeRO-1 gradients)."""
 
-    def __init__(self, work, pending: _AsyncEnd, record: CommRecord | None = None) -> None:
+    def __init__(self, work, pending: _AsyncEnd, record: list | None = None) -> None:
         super().__init__()
         self._work, self._pending, self._record = work, pending, record
 
     def wait(self, *args, **kwargs):
-        if self._record is not None and not self._record.since:
-            self._record.since = perf_ns()  # the caller waits from here: the hang clock starts
+        if self._record is not None and not self._record[SLOT_SINCE]:
+            self._record[SLOT_SINCE] = perf_ns()  # the caller waits from here: the hang clock starts
         ok = self._work.wait(*args, **kwargs)
         if self._pending.end is None:
             self._pending.end = perf_ns()
@@ -251,45 +251,26 @@ def cuda_start(tensor):
     return CudaSpan(ev)
 
 
-class CommRecord:
-    """One instrumented op, from its call to its row. A collective's record is also its in-flight
-    slot: written when the op is entered (``inflight[id(record)] = record``) and completed in place
-    when it returns, so the hot path builds one object, not two; the drain thread turns it into a
-    ``comm`` row.
+# A comm record is one list, its slots named by these indexes: the one set of names the recorder, the
+# generated wrappers (collector.rank.ops) and the watchdog use. A collective's record is also its
+# in-flight slot: written when the op is entered (``inflight[id(record)] = record``) and completed in
+# place when it returns, so the hot path builds one object, not two; the drain thread turns it into a
+# ``comm`` row. A list, not a class with named ``__slots__``: the wrappers build it with one
+# BUILD_LIST, and the class (bare call + a store per field) measured 0.05-0.09 us more per call in
+# benches/hook_overhead, same run (issue 30).
+SLOT_OP, SLOT_NAME, SLOT_GROUP, SLOT_SEQ, SLOT_DTYPE, SLOT_NUMEL, SLOT_STEP = range(7)
+SLOT_T0, SLOT_T1, SLOT_SINCE, SLOT_TIMING, SLOT_ASYNC, SLOT_PEER, SLOT_KEY = range(7, 14)
+# SLOT_SINCE: when the rank began waiting for it: the call, for blocking ops and for async ops whose
+# completion is seen (a future); wait(), for async ops whose completion only wait() reveals (0 until
+# then: the caller may do other work before it waits, which is no hang). SLOT_KEY: an async
+# collective's key in ``inflight``, where it stays until its end is known. SLOT_TIMING: None (ended
+# at SLOT_T1), a CudaSpan or an _AsyncEnd.
 
-    ``since``: when the rank began waiting for it: the call, for blocking ops and for async ops
-    whose completion is seen (a future); ``wait()``, for async ops whose completion only wait()
-    reveals (0 until then: the caller may do other work before it waits, which is no hang).
-    ``key``: an async collective's key in ``inflight``, where it stays until its end is known.
-    ``timing``: None (ended at ``t1``), a CudaSpan or an _AsyncEnd.
 
-    No ``__init__``: calling the bare class and storing each field is what collector.rank.ops's
-    generated wrappers do inline, the cheapest way CPython 3.11 has to build an object with named
-    fields (a Python ``__init__`` costs a frame; see benches/RESULTS-hook.md). ``entered`` does
-    the same for the recorder's own callers."""
-
-    __slots__ = ("async_", "dtype", "group", "key", "name", "numel", "op", "peer", "seq", "since", "step", "t0", "t1")
-    __slots__ += ("timing",)
-
-    @classmethod
-    def entered(cls, op: str, group: _Group, seq: int, dtype, numel: int, step: int, t0: int) -> CommRecord:
-        """The record of an op entered at ``t0``, nothing of its end known yet."""
-        rec = cls()
-        rec.op = op
-        rec.name = None
-        rec.group = group
-        rec.seq = seq
-        rec.dtype = dtype
-        rec.numel = numel
-        rec.step = step
-        rec.t0 = t0
-        rec.t1 = 0
-        rec.since = t0
-        rec.timing = None
-        rec.async_ = False
-        rec.peer = -1
-        rec.key = None
-        return rec
+def new_record(op: str, group: _Group, seq: int, dtype, numel: int, step: int, t0: int) -> list:
+    """The record of an op entered at ``t0``, nothing of its end known yet (the wrappers of
+    collector.rank.ops spell the same list out inline)."""
+    return [op, None, group, seq, dtype, numel, step, t0, 0, t0, None, False, -1, None]
 
 
 class Recorder:
@@ -300,7 +281,7 @@ class Recorder:
         self.debug = False
         self.pending: collections.deque = collections.deque()
         self.waiting: list = []  # async / CUDA records not yet complete
-        self.inflight: dict[int, CommRecord] = {}  # id(record) -> record: collectives entered, not yet complete
+        self.inflight: dict[int, list] = {}  # id(record) -> record: collectives entered, not yet complete
         self.abandoned: collections.deque = collections.deque(maxlen=1024)  # records whose call raised
         self.dropped = 0
         self.groups: dict = {}
@@ -356,24 +337,24 @@ class Recorder:
         return g
 
     # ---- hot path ----
-    def enter(self, op, grp, dtype, numel, scale) -> CommRecord:
+    def enter(self, op, grp, dtype, numel, scale) -> list:
         """A collective is about to be issued: take its seq and mark it in flight. Returns the
         record that ``complete`` (or ``abandon``, if the call raised) hands back."""
         g = self.groups.get(grp) or self._group(grp)
         if scale == GROUP_SIZE:
             scale = g.size
-        rec = CommRecord.entered(op, g, g.last() + g.offset, dtype, numel * scale, state.step, 0)
+        rec = new_record(op, g, g.last() + g.offset, dtype, numel * scale, state.step, 0)
         self.inflight[id(rec)] = rec
-        rec.t0 = rec.since = perf_ns()
+        rec[SLOT_T0] = rec[SLOT_SINCE] = perf_ns()
         return rec
 
-    def abandon(self, rec: CommRecord) -> None:
+    def abandon(self, rec: list) -> None:
         """The real call raised (a timeout, a peer gone, a mismatch the backend caught): it is no
         longer in flight and leaves no comm record; the watchdog reports it as ``failed``."""
         self.inflight.pop(id(rec), None)
         self.abandoned.append(rec)
 
-    def complete(self, rec: CommRecord, log_name, work, span, t1: int | None = None):
+    def complete(self, rec: list, log_name, work, span, t1: int | None = None):
         """The real call returned (at ``t1``, read now if not given): the record is complete
         (async ones stay in flight until their end is known). Returns the Work to hand back, as
         ``record`` does. The generated wrappers do the synchronous case inline and come here for
@@ -386,17 +367,17 @@ class Recorder:
                 span.stop.record()
             if work is None:
                 del self.inflight[id(rec)]
-                rec.timing = span
+                rec[SLOT_TIMING] = span
             else:
-                timing = rec.timing = _AsyncEnd(work, False)
+                timing = rec[SLOT_TIMING] = _AsyncEnd(work, False)
                 if timing.timed_at_wait:
-                    rec.since = 0
+                    rec[SLOT_SINCE] = 0
                     work = _WaitTimedWork(work, timing, rec)
-                rec.key, rec.async_ = id(rec), True
+                rec[SLOT_KEY], rec[SLOT_ASYNC] = id(rec), True
             if self.debug:
-                log_name = f"{log_name or rec.op} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
-            rec.name = log_name or rec.op
-            rec.t1 = t1
+                log_name = f"{log_name or rec[SLOT_OP]} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
+            rec[SLOT_NAME] = log_name or rec[SLOT_OP]
+            rec[SLOT_T1] = t1
             if len(self.pending) < MAX_PENDING:
                 self.pending.append(rec)
             else:
@@ -406,7 +387,7 @@ class Recorder:
             self.inflight.pop(id(rec), None)
             self.dropped += 1
             if self.dropped == 1:
-                log.exception("rankscope: could not record %s; counting it as dropped", rec.op)
+                log.exception("rankscope: could not record %s; counting it as dropped", rec[SLOT_OP])
         return work
 
     def count_p2p(self, group) -> None:
@@ -432,9 +413,9 @@ class Recorder:
             if self.debug:
                 log_name = f"{log_name} | [Caller Func: {sys._getframe(2).f_code.co_name}]"
             if len(self.pending) < MAX_PENDING:
-                rec = CommRecord.entered(op, g, g.last(), dtype, numel, state.step, t0)
-                rec.name, rec.t1, rec.timing, rec.async_, rec.peer = log_name, t1, timing, work is not None, peer
-                self.pending.append(rec)
+                # new_record's list, complete (a p2p op is never in flight: SLOT_SINCE and SLOT_KEY unused)
+                seq, step, is_async = g.last(), state.step, work is not None
+                self.pending.append([op, log_name, g, seq, dtype, numel, step, t0, t1, 0, timing, is_async, peer, None])
             else:
                 self.dropped += 1
         except Exception:  # the collective itself succeeded; losing its record must not fail training
@@ -447,7 +428,7 @@ class Recorder:
     def _run(self) -> None:
         while True:
             # Async work without a future (gloo p2p) is stamped when seen complete: look often then.
-            polling = any(isinstance(r.timing, _AsyncEnd) and r.timing.end is None for r in self.waiting)
+            polling = any(isinstance(r[SLOT_TIMING], _AsyncEnd) and r[SLOT_TIMING].end is None for r in self.waiting)
             self.wake.wait(POLL_INTERVAL_S if polling else DRAIN_INTERVAL_S)
             self.wake.clear()
             try:
@@ -468,43 +449,45 @@ class Recorder:
             verbose = self.cfg.verbose
             rank = get_rank()
             for r in items:
-                timing = r.timing
+                timing = r[SLOT_TIMING]
                 if timing is None:
-                    end = r.t1
+                    end = r[SLOT_T1]
                 else:
-                    end = timing.resolve() if isinstance(timing, _AsyncEnd) else timing.resolve(r.t0)
+                    end = timing.resolve() if isinstance(timing, _AsyncEnd) else timing.resolve(r[SLOT_T0])
                     if end is None:
                         self.waiting.append(r)
                         continue
-                    if r.key is not None:  # an async collective: no longer in flight
-                        self.inflight.pop(r.key, None)
-                g, op, numel = r.group, r.op, r.numel
-                nbytes = 0 if op == "barrier" else numel * r.dtype.itemsize  # itemsize: read here, off the hot path
-                dur = max(0, end - r.t0)
+                    if r[SLOT_KEY] is not None:  # an async collective: no longer in flight
+                        self.inflight.pop(r[SLOT_KEY], None)
+                g, op, numel = r[SLOT_GROUP], r[SLOT_OP], r[SLOT_NUMEL]
+                # itemsize: read here, off the hot path
+                nbytes = 0 if op == "barrier" else numel * r[SLOT_DTYPE].itemsize
+                dur = max(0, end - r[SLOT_T0])
                 algbw, busbw = bandwidth.bandwidth(op, nbytes, dur, g.size)
-                cols["step"].append(r.step)
+                cols["step"].append(r[SLOT_STEP])
                 cols["group_name"].append(g.name)
                 cols["group_size"].append(g.size)
-                cols["seq"].append(r.seq)
+                cols["seq"].append(r[SLOT_SEQ])
                 cols["op"].append(op)
-                cols["log_name"].append(r.name)
-                cols["dtype"].append(str(r.dtype).removeprefix("torch."))
+                cols["log_name"].append(r[SLOT_NAME])
+                cols["dtype"].append(str(r[SLOT_DTYPE]).removeprefix("torch."))
                 cols["numel"].append(numel)
                 cols["bytes"].append(nbytes)
-                cols["start_ns"].append(CLOCK.wall_ns(r.t0))
+                cols["start_ns"].append(CLOCK.wall_ns(r[SLOT_T0]))
                 cols["end_ns"].append(CLOCK.wall_ns(end))
-                cols["async_op"].append(r.async_)
+                cols["async_op"].append(r[SLOT_ASYNC])
                 cols["algbw_gbs"].append(algbw)
                 cols["busbw_gbs"].append(busbw)
-                cols["peer"].append(r.peer)
+                cols["peer"].append(r[SLOT_PEER])
                 lat_ms = dur / 1e6
-                stats = self.summary.setdefault(r.name, {}).setdefault(nbytes, (array("d"), array("d"), array("d")))
+                per_size = self.summary.setdefault(r[SLOT_NAME], {})
+                stats = per_size.setdefault(nbytes, (array("d"), array("d"), array("d")))
                 stats[0].append(lat_ms)
                 stats[1].append(bandwidth.gbps(algbw))
                 stats[2].append(bandwidth.gbps(busbw))
                 if verbose:
                     print(
-                        f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r.name} | time (ms): {lat_ms:.2f} "
+                        f"[rankscope] [Rank {rank}] rank={rank} | comm op: {r[SLOT_NAME]} | time (ms): {lat_ms:.2f} "
                         f"| msg size: {bandwidth.convert_size(nbytes)} | algbw (Gbps): {bandwidth.gbps(algbw):.2f}  "
                         f"| busbw (Gbps): {bandwidth.gbps(busbw):.2f}",
                         flush=True,

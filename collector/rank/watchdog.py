@@ -48,7 +48,17 @@ import traceback
 from collector.data import hang_rule
 from collector.rank import capture, session, state
 from collector.rank.clock import CLOCK, perf_ns
-from collector.rank.recorder import REC
+from collector.rank.recorder import (
+    REC,
+    SLOT_DTYPE,
+    SLOT_GROUP,
+    SLOT_NUMEL,
+    SLOT_OP,
+    SLOT_SEQ,
+    SLOT_SINCE,
+    SLOT_STEP,
+    SLOT_T0,
+)
 
 log = logging.getLogger("rankscope.watchdog")
 
@@ -133,9 +143,9 @@ class Watchdog:
         """Seconds until the oldest not-yet-hung collective crosses hang_after_s."""
         now = perf_ns()
         due = [
-            (slot.since + self.hang_after_s * 1e9 - now) / 1e9
+            (slot[SLOT_SINCE] + self.hang_after_s * 1e9 - now) / 1e9
             for key, slot in list(REC.inflight.items())
-            if key not in self._hung and slot.since
+            if key not in self._hung and slot[SLOT_SINCE]
         ]
         return min(due, default=self.heartbeat_s)
 
@@ -165,22 +175,22 @@ class Watchdog:
         now_ns = CLOCK.now_ns()
         rows = []
         for slot in slots:
-            t0 = slot.since or (slot.t0 if state_ == "failed" else 0)
+            t0 = slot[SLOT_SINCE] or (slot[SLOT_T0] if state_ == "failed" else 0)
             if not t0 or now - t0 < older_than_s * 1e9:
                 continue
-            g, dtype = slot.group, slot.dtype
-            op = slot.op
+            g, dtype = slot[SLOT_GROUP], slot[SLOT_DTYPE]
+            op = slot[SLOT_OP]
             rows.append(
                 {
-                    "step": slot.step,
+                    "step": slot[SLOT_STEP],
                     "group_name": g.name,
                     "group_size": g.size,
                     "group_ranks": g.members,
-                    "seq": slot.seq,
+                    "seq": slot[SLOT_SEQ],
                     "op": op,
                     "dtype": str(dtype).removeprefix("torch."),
-                    "numel": slot.numel,
-                    "bytes": 0 if op == "barrier" else slot.numel * dtype.itemsize,
+                    "numel": slot[SLOT_NUMEL],
+                    "bytes": 0 if op == "barrier" else slot[SLOT_NUMEL] * dtype.itemsize,
                     "entered_ns": CLOCK.wall_ns(t0),
                     "time_ns": now_ns,
                     "hang_after_s": self.hang_after_s,
@@ -201,15 +211,17 @@ class Watchdog:
         fresh = [
             slot
             for key, slot in items
-            if key not in self._hung and slot.since and hang_rule.is_hung((now - slot.since) / 1e9, self.hang_after_s)
+            if key not in self._hung
+            and slot[SLOT_SINCE]
+            and hang_rule.is_hung((now - slot[SLOT_SINCE]) / 1e9, self.hang_after_s)
         ]
         if not fresh:
             return
         self._hung.update(id(slot) for slot in fresh)
         self._report([slot for _, slot in items], REPORT_AFTER_S)
-        worst = min(fresh, key=lambda slot: slot.since)
-        g = worst.group
-        self.capture_stacks(f"hang: {worst.op} {g.name} #{worst.seq} in flight > {self.hang_after_s:g} s")
+        worst = min(fresh, key=lambda slot: slot[SLOT_SINCE])
+        g = worst[SLOT_GROUP]
+        self.capture_stacks(f"hang: {worst[SLOT_OP]} {g.name} #{worst[SLOT_SEQ]} in flight > {self.hang_after_s:g} s")
 
     def capture_stacks(self, reason: str) -> int:
         """Emit every thread's stack now (from this thread); returns how many threads."""
