@@ -164,7 +164,7 @@ class Compactor:
         steps rolled up, then the small segments merged, and what they replaced deleted."""
         if self.ledger.writer is None:
             for partition in layout.partitions(self.data_dir, "comm"):
-                while self.retention.run(partition):
+                while self.retention.run(partition, offline=True):
                     pass
         self.merges += self.fold()
         for partition in layout.partitions(self.data_dir):

@@ -8,7 +8,9 @@ every rank has moved past (each rank reported a later step) or, once the run end
 them -- an instance's arrival delays need every rank's record, so a step is rolled up only
 when no more of its records can come. The window starts after the last rolled-up step (the
 max step of the run's ``comm_steps``) and is processed once it holds ``retention_window``
-steps, or when the run has ended.
+steps, when the run has ended, or when no rank has entered a collective for the run's
+``hang_after_s`` (collector.data.hang_rule): a hung run never fills a window, since its stuck rank
+reports no later step, and without this every reader would analyse its whole tail from raw records.
 
 One pass, up to four ledger commits, in this order:
 
@@ -16,7 +18,7 @@ One pass, up to four ledger commits, in this order:
    as an ``unsettled_instances`` segment, then the window's step analysis
    (collector.data.queries.analyse_steps over the raw records of the steps after the last analysed
    one) as a ``step_analysis`` segment: its last step says how far both go;
-1. the window's rollup (collector.data.queries.rollup_sql over the raw rows) is added as a
+1. the window's rollup (collector.data.queries.windows.window_rollup over the raw rows) is added as a
    ``comm_steps`` segment;
 2. (``raw_every`` only) the comm segments holding rows of the window are replaced (as one compaction) by a segment
    without the raw rows of the steps the policy drops and, when some of them reach past the
@@ -44,17 +46,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collector.data import layout
-from collector.data.queries import Catalog, analyse_steps, rollup_sql
+from collector.data import hang_rule, layout
+from collector.data.queries import Catalog, analyse_steps
+from collector.data.queries.windows import unsettled_rows, window_rollup
 from collector.data.retention import steps_to_keep
-from collector.data.schema import COMM_STEPS_SCHEMA, STEP_ANALYSIS_SCHEMA, UNSETTLED_INSTANCES_SCHEMA
+from collector.data.schema import STEP_ANALYSIS_SCHEMA, UNSETTLED_INSTANCES_SCHEMA
 from collector.server.ledger import Ledger
 from collector.server.store import segment_order, segment_path, write_segment
 
 log = logging.getLogger(__name__)
-
-ROLLUP_INPUT = "SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs FROM raw"
-
 
 WINDOW_INPUTS = ("comm", "timers", "rank_ends", "runs")  # what decides whether a window is ready
 IDLE_RECHECK_S = 60.0
@@ -72,27 +72,32 @@ class Retention:
         self.busy_s = 0.0  # wall time spent in windows (benches/health.py reports it)
         self._engine = duckdb.connect(":memory:", config={"threads": 1})
         self._catalog: Catalog | None = None  # opened on the first window (it makes D's catalog)
-        # partition -> (its inputs' folder mtimes, when) of a pass that found no window ready
+        # partition -> (its inputs' folder mtimes, when to look again) of a pass that found no window ready
         self._idle: dict[Path, tuple[tuple[int, ...], float]] = {}
+        self._due: dict[Path, float] = {}  # partition -> seconds until its run counts as stalled (_stalled)
+        self._hang_after: dict[str, float] = {}  # run -> its hang_after_s (collector.data.hang_rule)
 
-    def run(self, partition: Path) -> bool:
-        """Roll up (and thin out) one window of ``partition`` (a comm run=<id> folder) if one is ready."""
+    def run(self, partition: Path, offline: bool = False) -> bool:
+        """Roll up (and thin out) one window of ``partition`` (a comm run=<id> folder) if one is ready.
+        ``offline``: D was written without a collector and is caught up at once (Compactor.catch_up),
+        so how long a run has been quiet is judged by its records' own times alone."""
         # A run whose folders have not changed since a pass found nothing to do is skipped: otherwise
         # every pass reads every footer of every run a data dir ever held (~4 ms a run). It is looked
         # at again after IDLE_RECHECK_S anyway, in case two changes fell in one mtime tick.
         state = self._inputs_state(layout.run_of(partition))
         idle = self._idle.get(partition)
-        if idle is not None and idle[0] == state and time.monotonic() - idle[1] < IDLE_RECHECK_S:
+        if idle is not None and idle[0] == state and time.monotonic() < idle[1]:
             return False
         t0 = time.perf_counter()
         try:
-            did = self._run(partition)
+            did = self._run(partition, offline)
         finally:
             self.busy_s += time.perf_counter() - t0
+        due = self._due.pop(partition, IDLE_RECHECK_S)  # a run that may stall before then: look again then
         if did:
             self._idle.pop(partition, None)
         else:
-            self._idle[partition] = (state, time.monotonic())
+            self._idle[partition] = (state, time.monotonic() + min(IDLE_RECHECK_S, max(0.0, due)))
         return did
 
     def changed(self, run_ids: set[str]) -> None:
@@ -111,7 +116,7 @@ class Retention:
                 out.append(0)
         return tuple(out)
 
-    def _run(self, partition: Path) -> bool:
+    def _run(self, partition: Path, offline: bool) -> bool:
         run_id = layout.run_of(partition)
         through = self._rolled_through(run_id)
         stats = {p: _segment_stats(p) for p in self._segments(partition)}
@@ -134,7 +139,10 @@ class Retention:
             )
             if timed:
                 settled = min(settled, min(timed.get(r, through) for r in range(world)))
-        if settled <= through or (settled - through < self.config.retention_window and not ended):
+        if settled <= through:
+            return False
+        short = settled - through < self.config.retention_window
+        if short and not ended and not self._stalled(run_id, pending, offline):
             return False
         # Thinning rewrites whole segments, so it reads them whole; a rollup-only window is bounded
         # in rows and reads only its steps.
@@ -148,7 +156,7 @@ class Retention:
         if settled > analysed:  # before the rollup: a crash between the two redoes this window's, never twice
             self._add(run_id, "unsettled_instances", self._unsettled(run_id, analysed, settled))
             self._add(run_id, "step_analysis", self._analysis(run_id, analysed, settled))  # marks the window done
-        rollup = self._rollup(rows, through, settled)
+        rollup = window_rollup(self._engine, rows, through, settled)
         self._add(run_id, "comm_steps", rollup)
         if not self.config.raw_every:
             log.info("rollups %s: steps %d..%d rolled up and analysed", run_id, through + 1, settled)
@@ -180,15 +188,28 @@ class Retention:
         self.done_through[run_id] = settled
         return True
 
-    def _rollup(self, raw: pa.Table, through: int, settled: int) -> pa.Table:
-        cur = self._engine.cursor()
-        try:
-            cur.register("raw", raw)
-            sql = rollup_sql(ROLLUP_INPUT + " WHERE step > ? AND step <= ?")
-            rows = cur.sql(f"SELECT * FROM ({sql}) ORDER BY step, rank", params=[through, settled]).to_arrow_table()
-        finally:
-            cur.close()
-        return rows.select(COMM_STEPS_SCHEMA.names).cast(COMM_STEPS_SCHEMA)
+    def _stalled(self, run_id: str, pending: list[Path], offline: bool) -> bool:
+        """Whether no rank of the run has entered a collective for its ``hang_after_s`` (collector.data.
+        hang_rule): a hung run never fills a window (its stuck rank reports no later step), and every
+        reader would analyse its whole unsettled tail from raw records on each look. Quiet since the
+        newest record's start or (live) since a comm segment of the run last landed here, whichever
+        is later. When not yet, when to look again is noted (``_due``)."""
+        newest = max((_newest_start_ns(p) for p in pending), default=0)
+        if not newest:
+            return False
+        if not offline:
+            newest = max(newest, layout.partition_dir(self.data_dir, "comm", run_id).stat().st_mtime_ns)
+        hang_after_s = self._hang_after.get(run_id)
+        if hang_after_s is None:
+            settings = self._rank_column("heartbeats", run_id, "hang_after_s")
+            hang_after_s = hang_rule.threshold(settings)
+            if settings:  # known once its ranks beat; until then it has none (never stalled)
+                self._hang_after[run_id] = hang_after_s
+        quiet_s = (time.time_ns() - newest) / 1e9
+        if hang_rule.is_hung(quiet_s, hang_after_s):
+            return True
+        self._due[layout.partition_dir(self.data_dir, "comm", run_id)] = hang_after_s - quiet_s
+        return False
 
     def _analysis(self, run_id: str, after: int, through: int) -> pa.Table:
         """queries.step_analysis's rows of the steps in (after, through], from the raw records."""
@@ -197,20 +218,7 @@ class Retention:
 
     def _unsettled(self, run_id: str, after: int, through: int) -> pa.Table:
         """The completed rows of the window's instances that are odd or not whole (UNSETTLED_INSTANCES_SCHEMA)."""
-        frame = self._catalog_of().df(
-            """
-            WITH entered AS (
-                SELECT rank, step, group_name, seq, op, dtype, numel, group_size FROM comm
-                WHERE run_id = ? AND step > ? AND step <= ?
-                  AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')),
-            unsettled AS (
-                SELECT group_name, seq FROM entered GROUP BY ALL
-                HAVING min(hash(op, dtype, numel)) <> max(hash(op, dtype, numel))
-                    OR count(DISTINCT rank) < coalesce(max(group_size), 0))
-            SELECT rank, step, group_name, seq, op, dtype, numel FROM entered
-            SEMI JOIN unsettled USING (group_name, seq) ORDER BY group_name, seq, rank""",
-            [run_id, after, through],
-        )
+        frame = unsettled_rows(self._catalog_of(), run_id, after, through)
         return pa.Table.from_pandas(frame, schema=UNSETTLED_INSTANCES_SCHEMA, preserve_index=False)
 
     def _catalog_of(self) -> Catalog:
@@ -256,6 +264,13 @@ class Retention:
     def _distinct_ranks(self, table: str, run_id: str) -> set[int]:
         return set(self._collector_column(table, run_id, "rank"))
 
+    def _rank_column(self, table: str, run_id: str, column: str) -> list:
+        """``column`` of ``run_id``'s rows of a per-rank table (NULLs left out)."""
+        values = []
+        for f in self._files(table, run_id):
+            values += pq.read_table(f, columns=[column])[column].drop_null().to_pylist()
+        return values
+
     def _collector_column(self, table: str, run_id: str, column: str) -> list:
         """``column`` of ``run_id``'s rows of a collector table: in its own partition, and in the
         shared one compaction folds them into (this thread's work, so no file goes meanwhile)."""
@@ -280,6 +295,19 @@ def bounded_window(segments: list[tuple[int, int, int]], through: int, settled: 
             break
         end = through + max(1, int((end - through) * max_rows / rows))  # fewer steps, in proportion
     return end
+
+
+def _newest_start_ns(path: Path) -> int:
+    """The latest ``start_ns`` of a comm segment, from its footer's statistics (0 if it has none)."""
+    meta = pq.ParquetFile(path).metadata
+    index = meta.schema.to_arrow_schema().get_field_index("start_ns")
+    newest = 0
+    for g in range(meta.num_row_groups):
+        st = meta.row_group(g).column(index).statistics
+        if st is None or not st.has_min_max:
+            return pc.max(pq.read_table(path, columns=["start_ns"])["start_ns"]).as_py() or 0
+        newest = max(newest, st.max)
+    return newest
 
 
 def _step_range(path: Path) -> tuple[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from collector.data import catalog
+from collector.data import catalog, hang_rule
 from collector.data.queries.connection import Catalog
 
 HANG_COLUMNS = ["group_name", "seq", "op", "step", "waiting_ranks", "missing_ranks", "waiting_s", "hang_after_s"]
@@ -15,9 +15,12 @@ def hangs(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Collectives some ranks have waited in for at least hang_after_s, longest wait first."""
     # The view reads every comm record (how far each rank completed); a run no rank ever reported
     # a long enough wait for, the usual case, is answered from the small inflight table alone.
+    # The same rule (collector.data.hang_rule) over every waiting report, a superset of the view's open ones.
     waited = cat.df(
-        """SELECT EXISTS (SELECT 1 FROM inflight WHERE run_id = ? AND coalesce(state, 'waiting') = 'waiting'
-                          AND (time_ns - entered_ns) / 1e9 >= hang_after_s) AS yes""",
+        f"""SELECT EXISTS (
+                SELECT 1 FROM (SELECT group_name, seq, (time_ns - entered_ns) / 1e9 AS waiting_s, hang_after_s
+                               FROM inflight WHERE run_id = ? AND coalesce(state, 'waiting') = 'waiting')
+                GROUP BY group_name, seq HAVING {hang_rule.HUNG_SQL}) AS yes""",
         [run_id],
     ).yes.iloc[0]
     if not waited:
