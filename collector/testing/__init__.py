@@ -8,10 +8,13 @@ producer or a dashboard against rankscope) need to stand up real parts quickly.
 - ``streams``: ``RawStream``, one Stream RPC driven envelope by envelope.
 - ``fake_runs``: ``FakeRun``, a synthetic multi-rank run with a known story (a late
   rank, overflow steps, uneven experts), written into a data dir or streamed as a
-  rank would; plus the envelope building blocks protocol tests send.
+  rank would; plus the envelope building blocks protocol tests send and ``StoreFeed``
+  (a run's rows straight into a Store).
 - ``flops_models``: small GPT / BERT / CNN models and the analytic SDPA flops count
   the flops profiler is checked with (the only module here that imports torch).
 - ``dashboard``: ``rankscope dashboard`` as a child process and headless Chromium.
+- ``gloo``: ranks of a real gloo world in spawned processes, as torchrun starts them (``start_ranks``,
+  ``join_ranks``, ``wait_for``; ``torchrun_env`` in each rank); torch is imported when ranks start.
 - ``pki``: a throwaway CA and server certificate made with the openssl CLI.
 - ``prometheus``: ``PrometheusProcess``, Debian's Prometheus server scraping given targets.
 - ``step_frames``: ``step_rows``, per-step analysis frames with a known straggler story.

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from collector import hook
 from collector.rank import session
+from collector.testing.gloo import torchrun_env
 
 WORLD = 4
 PG_TIMEOUT_S = 60
@@ -35,9 +36,7 @@ def train_worker(
     rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_ms: float, step_ms: float, max_steps: int
 ) -> None:
     slow_flag = Path(out, "slow")
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    torchrun_env(rank, WORLD, port)
     torch.set_num_threads(1)
     hook.attach(run="evidence", endpoint=endpoint, hang_after_s=30.0)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
@@ -76,9 +75,7 @@ def engine_worker(
     import trainer
     from tests._engine_util import engine_config, make_model, micro_batches
 
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    torchrun_env(rank, WORLD, port)
     torch.set_num_threads(1)
     trainer.init_distributed("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     cfg = engine_config(stage=2, batch=8, gas=1)

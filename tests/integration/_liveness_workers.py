@@ -16,15 +16,14 @@ import torch.distributed.distributed_c10d as c10d
 
 from collector import hook
 from collector.rank import session
+from collector.testing.gloo import torchrun_env
 
 WORLD = 4
 PG_TIMEOUT_S = 60
 
 
 def _start(rank: int, port: int, endpoint: str, run: str, hang_after_s: float, pg_timeout_s: float = PG_TIMEOUT_S):
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    torchrun_env(rank, WORLD, port)
     torch.set_num_threads(1)
     hook.attach(run=run, endpoint=endpoint, hang_after_s=hang_after_s)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=pg_timeout_s))
@@ -116,9 +115,7 @@ def engine_worker(rank: int, port: int, endpoint: str, out: str, steps: int, com
     import trainer
     from tests._engine_util import engine_config, make_model, micro_batches
 
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    torchrun_env(rank, WORLD, port)
     torch.set_num_threads(1)
     trainer.init_distributed("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     cfg = engine_config(stage=2, batch=8, gas=1)

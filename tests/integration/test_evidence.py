@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from collector.data import queries, trace_diff
 from collector.testing.collectors import live_collector
+from collector.testing.gloo import join_ranks, start_ranks, wait_for
 from collector.testing.ports import free_port
 from proto import pb
 from tests.integration import _evidence_workers as workers
@@ -30,33 +30,12 @@ STEP_MS = 10.0
 def _spawn(endpoint: str, out: Path, slow_rank: int = 1, max_steps: int = 3000, slow: bool = True):
     if slow:
         (out / "slow").write_text("")
-    return mp.start_processes(
-        workers.train_worker,
-        args=(free_port(), endpoint, str(out), slow_rank, SLOW_MS, STEP_MS, max_steps),
-        nprocs=workers.WORLD,
-        join=False,
-        start_method="spawn",
-    )
+    return start_ranks(workers.train_worker, workers.WORLD, endpoint, str(out), slow_rank, SLOW_MS, STEP_MS, max_steps)
 
 
 def _stop_and_join(ctx, out: Path, timeout: float = 120.0) -> None:
     (out / "stop").write_text("")
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError("ranks did not finish")
-
-
-def _wait(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got is not None and got is not False:
-            return got
-        time.sleep(interval)
-    return predicate()
+    join_ranks(ctx, timeout)
 
 
 def _run_id(collector) -> str | None:
@@ -108,7 +87,7 @@ def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_funct
     with live_collector(tmp_path / "data", token=TOKEN) as collector:
         ctx = _spawn(collector.endpoint, out)
         try:
-            run_id = _wait(lambda: _streaming(collector), 120)
+            run_id = wait_for(lambda: _streaming(collector), 120)
             assert run_id, "the 4 ranks never streamed"
             commands = collector.state.commands
             with pytest.raises(ValueError, match="steps 500 is outside"):
@@ -128,9 +107,9 @@ def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_funct
                 rows = _rows_where(collector.data_dir, run_id, request_id=reply.request_id, status="captured")
                 return rows if rows is not None and len(rows) == 2 else None
 
-            rows = _wait(captured, 120)
+            rows = wait_for(captured, 120)
             assert rows is not None, _artifacts(collector.data_dir, run_id)
-            refused = _wait(lambda: _rows_where(collector.data_dir, run_id, request_id=second.request_id).size, 60)
+            refused = wait_for(lambda: _rows_where(collector.data_dir, run_id, request_id=second.request_id).size, 60)
             answers = _rows_where(collector.data_dir, run_id, request_id=second.request_id)
             assert refused and list(answers.status) == ["refused"]
             assert answers.detail.iloc[0].startswith("a profiler is already active")
@@ -178,7 +157,7 @@ def test_a_profile_command_captures_both_ranks_and_the_diff_names_the_slow_funct
             assert health.stdout.count("evidence: rank 1 spends") == 2, health.stdout
             # a memory report: this process's RSS, as a small JSON artifact
             memory = commands.send(run_id, [2], pb.RankRequest(kind="memory"))
-            reported = _wait(lambda: _answered(collector.data_dir, run_id, memory.request_id, "captured", [2]), 60)
+            reported = wait_for(lambda: _answered(collector.data_dir, run_id, memory.request_id, "captured", [2]), 60)
             assert reported is not None, _artifacts(collector.data_dir, run_id)
             report = trace_diff.load(collector.data_dir / reported.path.iloc[0])
             assert report["rss_bytes"] > 10 << 20  # a torch process
@@ -210,13 +189,13 @@ def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_hea
         metrics = MetricsEndpoint(collector.state, None, refresh_s=0.5, escalation=escalation)
         ctx = _spawn(collector.endpoint, out, slow=False)
         try:
-            run_id = _wait(lambda: _streaming(collector), 120)
+            run_id = wait_for(lambda: _streaming(collector), 120)
             assert run_id, "the 4 ranks never streamed"
             # healthy phase: 60 steps and two refreshes of the findings after them ask nobody
-            assert _wait(lambda: _step_of(collector, run_id, 1) >= 60, 120)
+            assert wait_for(lambda: _step_of(collector, run_id, 1) >= 60, 120)
             for _ in range(2):
                 mark = time.monotonic()
-                assert _wait(lambda mark=mark: _refreshed_after(metrics, run_id, mark), 60)
+                assert wait_for(lambda mark=mark: _refreshed_after(metrics, run_id, mark), 60)
             assert not escalation.asked and not collector.state.commands.sent
             assert _rows_where(collector.data_dir, run_id).empty
             (out / "slow").write_text("")  # rank 1 turns straggler
@@ -225,7 +204,7 @@ def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_hea
                 rows = _rows_where(collector.data_dir, run_id, status="captured")
                 return rows if rows is not None and len(rows) == 2 else None
 
-            rows = _wait(captured, 180)
+            rows = wait_for(captured, 180)
             assert rows is not None, (escalation.asked, _artifacts(collector.data_dir, run_id))
             [(asked_run, request_id, roles, _)] = escalation.asked  # one escalation: the rate limit holds
             assert asked_run == run_id and roles[1] == "suspect"
@@ -241,7 +220,7 @@ def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_hea
             assert "slow_loader" in found["headline"].split(";")[0], found["headline"]
             # the finding stays while the run goes on: it is not asked about again
             mark = time.monotonic()
-            assert _wait(lambda: _refreshed_after(metrics, run_id, mark), 60)
+            assert wait_for(lambda: _refreshed_after(metrics, run_id, mark), 60)
             assert len(escalation.asked) == 1 and len(collector.state.commands.sent) == 2
         finally:
             _stop_and_join(ctx, out)
@@ -262,22 +241,22 @@ def test_a_rank_killed_mid_capture_breaks_nothing_and_its_peer_says_its_capture_
     with live_collector(tmp_path / "data") as collector:
         ctx = _spawn(collector.endpoint, out)
         try:
-            run_id = _wait(lambda: _streaming(collector), 120)
+            run_id = wait_for(lambda: _streaming(collector), 120)
             assert run_id
             reply = collector.state.commands.send(
                 run_id, [1, 0], pb.RankRequest(kind="profile", steps=20), roles={1: "suspect", 0: "reference"}
             )
             assert (
-                _wait(lambda: _answered(collector.data_dir, run_id, reply.request_id, "accepted", [0, 1]), 60)
+                wait_for(lambda: _answered(collector.data_dir, run_id, reply.request_id, "accepted", [0, 1]), 60)
                 is not None
             )
             os.kill(int((out / "pid1").read_text()), signal.SIGKILL)
-            failed = _wait(lambda: _answered(collector.data_dir, run_id, reply.request_id, "failed", [0]), 120)
+            failed = wait_for(lambda: _answered(collector.data_dir, run_id, reply.request_id, "failed", [0]), 120)
             assert failed is not None, _artifacts(collector.data_dir, run_id)
             assert failed.detail.iloc[0].startswith("the run ended after "), failed.detail.iloc[0]
             assert _rows_where(collector.data_dir, run_id, status="captured").empty
             # the collector goes on: the dead rank is no longer reachable, and says so
-            assert _wait(lambda: 1 not in collector.state.liveness.streams_of(run_id), 60)
+            assert wait_for(lambda: 1 not in collector.state.liveness.streams_of(run_id), 60)
             again = collector.state.commands.send(run_id, [1], pb.RankRequest(kind="stacks"))
             assert list(again.sent) == [] and "rank 1: no stream" in again.refused[0]
         finally:
@@ -307,7 +286,7 @@ def test_a_collector_restart_mid_capture_keeps_both_traces(tmp_path):
     try:
         with live_collector(data_dir, port=port) as collector:
             ctx = _spawn(collector.endpoint, out)
-            run_id = _wait(lambda: _streaming(collector), 120)
+            run_id = wait_for(lambda: _streaming(collector), 120)
             assert run_id
             reply = collector.state.commands.send(
                 run_id,
@@ -315,10 +294,10 @@ def test_a_collector_restart_mid_capture_keeps_both_traces(tmp_path):
                 pb.RankRequest(kind="profile", steps=10, with_stack=True),
                 roles={1: "suspect", 0: "reference"},
             )
-            assert _wait(lambda: _answered(data_dir, run_id, reply.request_id, "accepted", [0, 1]), 60) is not None
+            assert wait_for(lambda: _answered(data_dir, run_id, reply.request_id, "accepted", [0, 1]), 60) is not None
             assert _rows_where(data_dir, run_id, status="captured").empty  # stopped while the ranks capture
         with live_collector(data_dir, port=port) as collector:
-            rows = _wait(lambda: _answered(data_dir, run_id, reply.request_id, "captured", [0, 1]), 120)
+            rows = wait_for(lambda: _answered(data_dir, run_id, reply.request_id, "captured", [0, 1]), 120)
             assert rows is not None, _artifacts(data_dir, run_id)
             assert len(rows) == 2  # a resent trace is stored once
             [found] = trace_diff.evidence(data_dir, _artifacts(data_dir, run_id))
@@ -342,22 +321,16 @@ def test_an_engine_run_straggler_is_profiled_by_escalation_and_the_diff_names_th
     with live_collector(tmp_path / "data") as collector:
         escalation = Escalation(collector.state.commands)
         metrics = MetricsEndpoint(collector.state, None, refresh_s=1.0, escalation=escalation)
-        ctx = mp.start_processes(
-            workers.engine_worker,
-            args=(free_port(), collector.endpoint, str(out), 1, SLOW_MS, 3000),
-            nprocs=workers.WORLD,
-            join=False,
-            start_method="spawn",
-        )
+        ctx = start_ranks(workers.engine_worker, workers.WORLD, collector.endpoint, str(out), 1, SLOW_MS, 3000)
         try:
-            run_id = _wait(lambda: _streaming(collector), 180)
+            run_id = wait_for(lambda: _streaming(collector), 180)
             assert run_id, "the 4 ranks never streamed"
 
             def captured():
                 rows = _rows_where(collector.data_dir, run_id, status="captured")
                 return rows if rows is not None and len(rows) == 2 else None
 
-            rows = _wait(captured, 240)
+            rows = wait_for(captured, 240)
             assert rows is not None, (escalation.asked, _artifacts(collector.data_dir, run_id))
             assert sorted(rows.role) == ["reference", "suspect"]
             assert int(rows[rows.role == "suspect"]["rank"].iloc[0]) == 1

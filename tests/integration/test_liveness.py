@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from collector.data import findings, queries
 from collector.testing.collectors import live_collector
-from collector.testing.ports import free_port
+from collector.testing.gloo import join_ranks, start_ranks, wait_for
 from tests.integration import _liveness_workers as workers
 
 HANG_AFTER_S = 2.0
@@ -28,28 +27,7 @@ STALL_S = 14.0  # long enough to look at the hang, short enough for the suite (t
 
 
 def _spawn(fn, endpoint: str, out: Path, *args):
-    return mp.start_processes(
-        fn, args=(free_port(), endpoint, str(out), *args), nprocs=workers.WORLD, join=False, start_method="spawn"
-    )
-
-
-def _join(ctx, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError("ranks did not finish")
-
-
-def _wait(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got is not None and got is not False:
-            return got
-        time.sleep(interval)
-    return predicate()
+    return start_ranks(fn, workers.WORLD, endpoint, str(out), *args)
 
 
 def _query(data_dir, fn, *args):
@@ -96,7 +74,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
     with live_collector(tmp_path / "data") as collector:
         ctx = _spawn(workers.hang_worker, collector.endpoint, out, K, 2, STALL_S)
         try:
-            assert _wait(lambda: (out / "entered0").exists(), 120), "rank 0 never reached the k-th all_reduce"
+            assert wait_for(lambda: (out / "entered0").exists(), 120), "rank 0 never reached the k-th all_reduce"
             entered = min(float((out / f"entered{r}").read_text()) for r in (0, 1, 3) if (out / f"entered{r}").exists())
 
             def hung():  # the whole picture: every waiting rank's report has landed
@@ -105,7 +83,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
                     return None
                 return frame
 
-            frame = _wait(hung, HANG_AFTER_S + 3 + 5)
+            frame = wait_for(hung, HANG_AFTER_S + 3 + 5)
             seen_after = time.time() - entered
             assert frame is not None, "no hang reported"
             assert seen_after <= HANG_AFTER_S + 3, f"hang visible only {seen_after:.1f} s after entering"
@@ -127,7 +105,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
                 main = st[st.is_main]
                 return main.iloc[0] if len(main) else None
 
-            stack = _wait(rank2_main_stack, 15)
+            stack = wait_for(rank2_main_stack, 15)
             assert stack is not None, "rank 2 was not asked for (or did not send) its stacks"
             assert "stall_before_collective" in stack.stack and "_liveness_workers.py" in stack.stack
             assert "in stall_before_collective" in stack.innermost or "in sleep" in stack.innermost
@@ -136,7 +114,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             waiting = _query(collector.data_dir, queries.stacks, [0])
             assert any("all_reduce" in s for s in waiting[waiting.is_main]["stack"])
         finally:
-            _join(ctx)
+            join_ranks(ctx)
         # The captures did not disturb the sleeping rank: the run went on and finished.
         results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(workers.WORLD)]
         assert all(r["total"] == 4 * 4 * (K + 1) for r in results)
@@ -166,7 +144,7 @@ def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind)
             frame = _query(collector.data_dir, queries.desyncs)
             return frame if frame is not None and len(frame) else None
 
-        frame = _wait(mismatch, 20)
+        frame = wait_for(mismatch, 20)
     assert frame is not None, "no collective mismatch reported"
     row = frame.iloc[0]
     assert (row.group_name, int(row.seq)) == ("world", _base(out) + k)
@@ -189,21 +167,21 @@ def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_pa
     with live_collector(tmp_path / "data") as collector:
         ctx = _spawn(workers.steady_worker, collector.endpoint, out, 400, 0.1)
         try:
-            assert _wait(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
+            assert wait_for(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
             beating = lambda: len(_query(collector.data_dir, queries.rank_liveness)) == workers.WORLD
-            assert _wait(beating, 30)
+            assert wait_for(beating, 30)
             time.sleep(2.0)  # a few healthy beats first
             assert not _kinds(collector.data_dir) & {"silent_rank", "rank_stopped"}
             pid = int((out / "pid3").read_text())
             os.kill(pid, signal.SIGSTOP)
             stopped_at = time.time()
             try:
-                seen = _wait(lambda: "silent_rank" in _kinds(collector.data_dir), 5 + 5, interval=0.3)
+                seen = wait_for(lambda: "silent_rank" in _kinds(collector.data_dir), 5 + 5, interval=0.3)
                 assert seen and time.time() - stopped_at <= 5, f"silent only after {time.time() - stopped_at:.1f} s"
                 silent = [f for f in _query(collector.data_dir, findings.for_run) if f.kind == "silent_rank"]
                 assert silent[0].ranks == (3,) and silent[0].text.startswith("rank 3 silent for")
                 # it was asked for its stacks and could not answer: said so
-                assert _wait(
+                assert wait_for(
                     lambda: any(
                         "did not answer a stack request" in f.text
                         for f in _query(collector.data_dir, findings.for_run)
@@ -214,7 +192,7 @@ def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_pa
                 )
             finally:
                 os.kill(pid, signal.SIGCONT)
-            assert _wait(lambda: "silent_rank" not in _kinds(collector.data_dir), 15, interval=0.5)
+            assert wait_for(lambda: "silent_rank" not in _kinds(collector.data_dir), 15, interval=0.5)
             (out / "stop").write_text("")
         finally:
             _join_any(ctx)
@@ -227,7 +205,7 @@ def test_a_killed_rank_stopped_without_ending_the_run(tmp_path):
     with live_collector(tmp_path / "data") as collector:
         ctx = _spawn(workers.steady_worker, collector.endpoint, out, 400, 0.1)
         try:
-            assert _wait(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
+            assert wait_for(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
             time.sleep(2.0)
             os.kill(int((out / "pid3").read_text()), signal.SIGKILL)
 
@@ -235,7 +213,7 @@ def test_a_killed_rank_stopped_without_ending_the_run(tmp_path):
                 found = _query(collector.data_dir, findings.for_run) or []
                 return next((f for f in found if f.kind == "rank_stopped"), None)
 
-            finding = _wait(stopped, 20, interval=0.5)
+            finding = wait_for(stopped, 20, interval=0.5)
         finally:
             _join_any(ctx)
     assert finding is not None and finding.ranks == (3,) and finding.severity == "critical"
@@ -259,7 +237,7 @@ def test_a_healthy_engine_run_reports_no_hang_desync_or_silent_rank(tmp_path):
                 if any(not p.is_alive() and p.exitcode for p in ctx.processes):
                     break
         finally:
-            _join(ctx)
+            join_ranks(ctx)
     alarms |= _kinds(tmp_path / "data")
     # On an overloaded machine (several test runs sharing 2 cores) a healthy run can truly wait
     # longer than hang_after_s or miss beats; an alarm then must be what the records show.

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from collector import hook
 from collector.rank import session
+from collector.testing.gloo import torchrun_env
 
 WORLD = 3
 PG_TIMEOUT_S = 10  # the waiting ranks' collective fails after this, and they dump
@@ -21,14 +22,7 @@ DEADLINE_S = 120
 
 
 def _start(rank: int, port: int, endpoint: str, run: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        TORCH_FR_BUFFER_SIZE="2000",
-    )
+    torchrun_env(rank, WORLD, port, TORCH_FR_BUFFER_SIZE="2000")
     torch.set_num_threads(1)
     hook.attach(run=run, endpoint=endpoint, hang_after_s=1.0)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))

@@ -13,11 +13,10 @@ import sys
 import time
 
 import pytest
-import torch.multiprocessing as mp
 
 from collector.data import queries
 from collector.testing.collectors import live_collector
-from collector.testing.ports import free_port
+from collector.testing.gloo import start_ranks
 from tests._import_util import only_run, query, rankscope
 from tests.integration.tools import _fr_workers as workers
 from tests.integration.tools.test_export_flight_recorder import analyzer_verdicts
@@ -33,13 +32,7 @@ def _run(tmp_path, stall_rank: int):
     data = tmp_path / "live"
     live_hangs = None
     with live_collector(data) as collector:
-        ctx = mp.start_processes(
-            workers.worker,
-            args=(free_port(), collector.endpoint, str(out), K, stall_rank),
-            nprocs=workers.WORLD,
-            join=False,
-            start_method="spawn",
-        )
+        ctx = start_ranks(workers.worker, workers.WORLD, collector.endpoint, str(out), K, stall_rank)
         deadline = time.monotonic() + 180
         while not ctx.join(timeout=0.5):
             if stall_rank >= 0 and live_hangs is None:

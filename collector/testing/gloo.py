@@ -1,0 +1,49 @@
+"""Ranks of a real gloo world in processes of their own, started as torchrun would start them: the
+parent's side (``start_ranks``, ``join_ranks``, ``wait_for`` a condition meanwhile) and each rank's
+(``torchrun_env`` before ``init_process_group``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from collector.testing.ports import free_port
+
+
+def start_ranks(fn, world: int, *args):
+    """``fn(rank, port, *args)`` in ``world`` spawned processes, ``port`` a free one for their
+    rendezvous; returns torch.multiprocessing's ProcessContext at once."""
+    import torch.multiprocessing as mp  # only here: the kit's other modules stay free of torch
+
+    return mp.start_processes(fn, args=(free_port(), *args), nprocs=world, join=False, start_method="spawn")
+
+
+def join_ranks(ctx, timeout: float = 120.0) -> None:
+    """Waits for every rank to exit (a rank that failed raises here); past ``timeout`` kills them all
+    and fails."""
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise AssertionError("ranks did not finish")
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    """``predicate()``'s first value that is neither None nor False, polled every ``interval`` s; after
+    ``timeout`` s whatever it returns then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got is not None and got is not False:
+            return got
+        time.sleep(interval)
+    return predicate()
+
+
+def torchrun_env(rank: int, world: int, port: int, **extra: str) -> None:
+    """The environment torchrun gives ``rank`` of ``world`` on this host (env:// rendezvous at ``port``)."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    os.environ.update(extra)
