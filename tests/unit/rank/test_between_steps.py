@@ -1,10 +1,4 @@
-"""The wait between steps of a hook run (collector.rank.between_steps), in one process against a
-live collector, read back from the catalog: a known sleep between ``optimizer.step()`` and the
-next forward is what the rank records for the step it precedes; without one the wait is short;
-each gap lies within the test's own clock readings around where it starts and ends (Brackets);
-no forward pre-hook is left registered once a step's first forward has run, and none after
-detach. The multi-rank DDP run that makes a straggler out of it is
-tests/integration/test_hook_causes_e2e.py.
+"""The wait between steps of a hook run (collector.rank.between_steps) with no session: nothing is armed.
 
 Split by tier: what needs processes, sockets or seconds is in tests/integration/rank/test_between_steps.py."""
 

@@ -1,11 +1,6 @@
-"""Many runs (issue 28, item 9): 10,000 Hello-only runs were 20,000+ segment files, a ``runs``
-query read a footer per file, and every pass of an idle collector walked a folder per run.
-
-The collector tables' rows (runs, ranks, rank_ends, rank_events) are folded by compaction into one
-shared partition per table: these tests check that 1,000 runs become O(1) files read by the
-``runs`` and ``ranks`` views, that readers keep their snapshot across the fold, and that what
-read those rows from a run's own folder (the store's known runs, rollups, archives) reads them
-from the shared one too. The idle collector's liveness and /metrics work stay bounded.
+"""Many runs (issue 28, item 9) on a Store and compaction in process: new rows after a fold land beside
+it, a restarted store knows the folded runs, rollups and archives read the shared rows, /metrics
+exports at most max runs, and liveness forgets runs nothing can happen to.
 
 Split by tier: what needs processes, sockets or seconds is in tests/integration/server/test_many_runs.py."""
 

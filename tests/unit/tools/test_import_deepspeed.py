@@ -1,11 +1,5 @@
-"""`rankscope import` of real DeepSpeed outputs into a real data dir, checked through the DuckDB
-catalog against the files themselves: the committed ones (tests/fixtures/deepspeed_run, made by its
-generate.py with DeepSpeed 0.19.8: ZeRO-2 on 2 CPU ranks) and, where the DeepSpeed venv is there
-(benches/_deepspeed_venv.py), a fresh run of the same generate.py with a wide first layer, whose
-root module's FLOPS rate DeepSpeed prints in mFLOPS. Every output kind the importers claim (flops
-profile, comms summaries, the comms logger's verbose lines, csv_monitor, TensorBoard) imports with
-no problem, and every figure DeepSpeed printed is in the data: DeepSpeed's own formatting functions
-print the imported values back to the same text.
+"""`rankscope import` of damaged DeepSpeed outputs, in process: a corrupt file is named and the rest kept,
+an unknown file is an error.
 
 Split by tier: what needs processes, sockets or seconds is in tests/integration/tools/test_import_deepspeed.py."""
 

@@ -1,12 +1,6 @@
-"""Tensor parallelism: a tiny GPT built from trainer.tensor_parallel blocks,
-tp 2 x dp 2 on 4 gloo ranks, trains 20 steps with losses equal to a
-single-process dense GPT (same weights, same batches) within 1e-5. The data-
-parallel gradient all_reduce is done in the test with trainer.moe.reduce_gradients
-over the dp group (the engine does not build tp/dp groups yet). Records go to a
-real collector: all_reduce on the tensor-parallel groups (size 2, busbw = algbw
-x 2(n-1)/n with n = 2) and on the data-parallel groups. An MoE layer inside the
-tensor-parallel model (tests.integration.trainer.test_moe_parallel.check_case with tp 2) runs its
-all_to_all over the data-parallel ranks and matches its reference too.
+"""Tensor parallelism in one process: the tiny GPT of trainer.tensor_parallel blocks at tp 1 is the dense
+model, shard gives each rank its heads of q, k and v, and bad tp settings name the key. The module's
+models and training loop serve the 4-rank tp 2 x dp 2 test too.
 
 Split by tier: what needs processes, sockets or seconds is in tests/integration/trainer/test_tp_gpt.py."""
 
