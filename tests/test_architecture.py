@@ -201,3 +201,29 @@ def test_a_training_rank_loads_no_dashboard_or_database():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def imports_from_tests(source: str) -> set[str]:
+    """The modules under tests. that ``source`` imports (absolute imports; the tests use no others)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("tests.")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+            found.add(node.module)
+    return found
+
+
+def test_the_unit_tier_imports_nothing_from_the_integration_tier():
+    # tests/unit is pure functions (tests/unit/conftest.py enforces it at run time); the integration
+    # tier's helpers start processes and collectors, so a unit test never needs them. The other way is fine.
+    assert imports_from_tests("from tests.integration.rank import _rank_util\nimport tests.unit.x") == {
+        "tests.integration.rank",
+        "tests.unit.x",
+    }
+    wrong = {}
+    for path in sorted((ROOT / "tests" / "unit").rglob("*.py")):
+        modules = sorted(m for m in imports_from_tests(path.read_text()) if m.startswith("tests.integration"))
+        if modules:
+            wrong[str(path.relative_to(ROOT))] = modules
+    assert wrong == {}
