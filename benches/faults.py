@@ -1,6 +1,6 @@
 """The fault-injection suite: how well `rankscope health` diagnoses, scored the way papers score it.
 
-    python -m benches.faults [--only NAME,...] [--quick] [--out benches/RESULTS-faults.md]
+    python -m benches.faults [--only NAME,...] [--quick] [--repeat N] [--out benches/RESULTS-faults.md]
 
 Target (issue 27): F1 >= 0.97 overall and >= 0.9 per class; no warning on any healthy case;
 stragglers named with the right onset; cost within +-25% of the measured step-time rise; hangs,
@@ -23,7 +23,10 @@ Live faults (hang, crash, desync) are polled from the fault's own timestamp (the
 when it injects) until the expected finding appears; the delay is the time to detect. The poll
 runs what `rankscope health` runs (open the catalog, resolve the run, judge it) in this process,
 so a poll's cost is the reading and judging, not a new interpreter's imports (1-4 s on a loaded
-2-core host, which would otherwise count as detection delay). The job is then stopped.
+2-core host, which would otherwise count as detection delay). The job is then stopped. Where the
+time went is measured hop by hop (``Hops``: onset -> the waiting rank entered -> its watchdog
+reported -> the row readable in D -> health named it; for a crash, onset -> the stream closed ->
+readable -> named) and tabled per class; ``--repeat N`` runs each live case N times for the p90.
 
 Scoring. A case states what must be found: (class, ranks), with an onset for stragglers that turn
 slow. Every warning or critical finding is a prediction; it is a true positive when its class and
@@ -39,12 +42,14 @@ table goes to benches/RESULTS-faults.md and README's "How well it diagnoses".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -109,6 +114,7 @@ class Outcome:
     mean_step_ms: float | None = None
     seconds: float = 0.0
     health_s: float | None = None  # `rankscope health` on the finished run (a fresh process)
+    hops: dict[str, float] = field(default_factory=dict)  # live faults: where the time to detect went
 
 
 S = "straggler"
@@ -285,6 +291,83 @@ def poll_health(data_dir: Path, run: str) -> list[dict]:
         cat.close()
 
 
+HOP_TABLES = {"hang": "inflight", "crash": "rank_events", "desync": "inflight"}  # the row that tells of the fault
+
+
+class Hops:
+    """Where a live fault's time to detect goes, watched from this process (wall clock, one machine):
+    the fault's onset (the rank's own timestamp); for a hang, when the waiting rank entered the
+    collective and when its watchdog reported the wait past ``hang_after_s`` (the ``inflight`` row's
+    own times); for a crash, when the collector saw the stream close (the ``rank_events`` row); when
+    that row became readable (listed in D's snapshot: the store's commit, checked every 20 ms by
+    reading the new segments of the snapshot); and when the polled health named the fault. Each
+    poll's duration is kept too: a finding committed during a poll is seen by the next one."""
+
+    def __init__(self, data_dir: Path, run: str, cls: str, onset: float) -> None:
+        self.data_dir, self.run, self.table = data_dir, run, HOP_TABLES[cls]
+        self.cls, self.onset = cls, onset
+        self.row: dict | None = None  # the first row that tells of the fault
+        self.visible_at: float | None = None
+        self.polls: list[float] = []
+        self._seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hops", daemon=True)
+
+    def start(self) -> Hops:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _watch(self) -> None:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        from collector.data import catalog, layout
+
+        while self.row is None and not self._stop.wait(0.02):
+            files = (catalog.snapshot_files(self.data_dir) or {}).get(self.table, [])
+            for f in files:
+                if f in self._seen:
+                    continue
+                self._seen.add(f)
+                try:
+                    rows = pq.read_table(self.data_dir / f)
+                except OSError:
+                    continue  # merged away meanwhile: its rows are in the merged file
+                # the run's id is its name (RANKSCOPE_RUN), a dash and when it started
+                if "run_id" in rows.column_names:  # a collector table: runs share its partition
+                    rows = rows.filter(pc.starts_with(rows["run_id"], f"{self.run}-"))
+                elif f"/{layout.PARTITION_PREFIX}{self.run}-" not in f"/{f}":  # a rank table's partition is its run's
+                    continue
+                rows = rows.to_pylist()
+                rows = [r for r in rows if (r.get("time_ns") or r["time"].timestamp() * 1e9) >= self.onset * 1e9]
+                if self.cls == "hang":
+                    rows = [r for r in rows if r["state"] == "waiting" and r["hang_after_s"]
+                            and r["time_ns"] - r["entered_ns"] >= r["hang_after_s"] * 1e9]  # fmt: skip
+                if rows:
+                    self.visible_at = time.time()
+                    self.row = min(rows, key=lambda r: r.get("time_ns") or 0)
+                    break
+
+    def measured(self, onset: float, detected: float | None) -> dict[str, float]:
+        out = {"poll_s": statistics.median(self.polls)} if self.polls else {}
+        row = self.row
+        if row is not None and self.cls in ("hang", "desync"):
+            out["onset_to_entered"] = row["entered_ns"] / 1e9 - onset
+            out["entered_to_reported"] = (row["time_ns"] - row["entered_ns"]) / 1e9
+            out["reported_to_visible"] = self.visible_at - row["time_ns"] / 1e9
+        elif row is not None:
+            closed = row["time"].timestamp()
+            out["onset_to_closed"] = closed - onset
+            out["closed_to_visible"] = self.visible_at - closed
+        if self.visible_at is not None and detected is not None:
+            out["visible_to_named"] = detected - self.visible_at
+        return out
+
+
 def _checked(what: str, cmd: list[str], **kwargs) -> None:
     """Run a case's job to its end; a job that fails stops the suite, saying which and why."""
     done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
@@ -348,16 +431,21 @@ def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
                 time.sleep(0.2)
         if onset is None:
             raise RuntimeError(f"{case.name}: the fault never fired")
+        hops = Hops(data_dir, case.name, case.live, onset).start()
         while time.time() - onset < POLL_TIMEOUT_S:
+            t0 = time.perf_counter()
             try:
                 found = poll_health(data_dir, case.name)
             except (queries.DataDirError, queries.UnknownRun, duckdb.Error):
                 found = []  # no catalog, or not this run, yet
+            hops.polls.append(time.perf_counter() - t0)
             if any(CLASSES.get(f["kind"]) == case.live and f["severity"] in ("warning", "critical") for f in found):
                 outcome.detect_s = time.time() - onset
                 outcome.found = found  # what a user polling health saw then; stopping the job comes after
                 break
             time.sleep(0.25)
+        hops.stop()
+        outcome.hops = hops.measured(onset, None if outcome.detect_s is None else onset + outcome.detect_s)
     finally:
         try:
             os.killpg(job.pid, signal.SIGTERM)
@@ -623,7 +711,43 @@ def report(outcomes: list[Outcome], wall_s: float) -> str:
         if costs
         else ""
     )
-    return head + text + "\n\n## Per case\n\n" + "\n".join(rows) + "\n"
+    return head + text + "\n\n## Per case\n\n" + "\n".join(rows) + "\n" + hop_table(outcomes)
+
+
+HOPS = (
+    ("onset_to_entered", "onset -> waiting rank entered"),
+    ("entered_to_reported", "entered -> watchdog reported"),
+    ("onset_to_closed", "onset -> stream closed"),
+    ("reported_to_visible", "reported -> readable"),
+    ("closed_to_visible", "closed -> readable"),
+    ("visible_to_named", "readable -> health named it"),
+    ("poll_s", "one health poll"),
+)
+
+
+def hop_table(outcomes: list[Outcome]) -> str:
+    """p50 / p90 of each hop of the live faults' detection, per class (Hops)."""
+    live = [o for o in outcomes if o.case.live and o.hops]
+    if not live:
+        return ""
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    lines = [
+        "\n## Live faults: where the time to detect goes (p50 / p90, s)\n",
+        "| class | runs | hop | p50 | p90 |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for cls in sorted({o.case.live for o in live}):
+        runs = [o for o in live if o.case.live == cls]
+        detect = [o.detect_s for o in runs if o.detect_s is not None]
+        for key, label in (*HOPS, ("detect", "**onset -> named**")):
+            xs = detect if key == "detect" else [o.hops[key] for o in runs if key in o.hops]
+            if xs:
+                lines.append(f"| {cls} | {len(xs)} | {label} | {pct(xs, 0.5):.2f} | {pct(xs, 0.9):.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -634,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the subset make test runs")
     p.add_argument("--out", default=str(REPO / "benches" / "RESULTS-faults.md"))
     p.add_argument("--work", default=None, help="keep the runs here (default: a temporary directory)")
+    p.add_argument("--repeat", type=int, default=1, help="run each selected live case (hang, crash, desync) N times")
     args = p.parse_args(argv)
     selected = cases()
     if args.quick:
@@ -641,6 +766,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         names = set(args.only.split(","))
         selected = [c for c in selected if c.name in names or c.source in names]
+    if args.repeat > 1:  # a latency's p90 needs more than one run
+        selected = [
+            dataclasses.replace(c, name=f"{c.name}.{k}") if c.live else c
+            for c in selected
+            for k in range(1, (args.repeat if c.live else 1) + 1)
+        ]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rankscope-faults-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
