@@ -12,7 +12,7 @@ users write), then `rankscope health RUN --json` as a user runs it:
   accumulation, a logging all_reduce), on 2 gloo ranks under ``torchrun -m collector.hook``,
   streaming into one real collector process;
 - ``engine``: the bundled engine's example GPT with ZeRO-2 on 4 ranks (trainer.examples.faults);
-- ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/rank, healthy and
+- ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/integration/rank, healthy and
   with rank 1 50 ms late each step (collector/testing/workloads/framework_faults.py);
 - ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks (and a slow host link at 1,024);
 - ``hosts``: collector/testing/workloads/hosts_train.py over 2 or 3 "hosts" (network namespaces,
@@ -481,7 +481,8 @@ def run_engine(batch: list[Case], work: Path, endpoint: str, data_dir: Path) -> 
 
 
 def run_framework(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
-    script = REPO / "tests" / "rank" / ("_hf_trainer_script.py" if case.source == "hf" else "_lightning_script.py")
+    name = "_hf_trainer_script.py" if case.source == "hf" else "_lightning_script.py"
+    script = REPO / "tests" / "integration" / "rank" / name
     out = work / case.name
     out.mkdir(parents=True, exist_ok=True)
     env = _env(endpoint, case.name) | dict(a.split("=", 1) for a in case.args)  # the script's fault and steps
