@@ -31,15 +31,15 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
 
 
+# openssl req's options for a fresh unencrypted P-256 key (the CAs' and the server's).
+_NEW_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
 def _ca(d: Path, name: str) -> None:
     _openssl(
         "req",
         "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
+        *_NEW_EC_KEY,
         "-keyout",
         f"{name}.key",
         "-out",
@@ -66,11 +66,7 @@ def make_pki(d: Path) -> TestPKI:
     _ca(d, "other-ca")
     _openssl(
         "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
+        *_NEW_EC_KEY,
         "-keyout",
         "server.key",
         "-out",
