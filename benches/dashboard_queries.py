@@ -4,7 +4,7 @@
                                         [--out benches/RESULTS-dashboard.md]
 
 Generates the run once into a temp dir (collector.testing.fake_runs: 8 ranks, rank 3
-late to every all_reduce), then times every page query of collector/data/queries.py
+late to every all_reduce), then times every page query of collector/data/queries/
 uncached (the per-run rollup is built once, as the dashboard caches it
 in the app), next to the same aggregations over the raw Parquet views (the
 baseline: what the pages would cost without rollups). With --browser it also
@@ -176,7 +176,7 @@ def report(records: int, reps: int, rows, extra, browser_rows, gen_s: float) -> 
         f"built once per data version in {extra['rollup_build_ms'] / 1e3:.1f} s (cached; rebuilt only when a "
         "new segment lands).",
         "",
-        f"Page queries: collector/data/queries.py, uncached, {reps} reps each. "
+        f"Page queries: collector/data/queries/, uncached, {reps} reps each. "
         "Baseline: the same aggregation over the raw Parquet views (no rollup), same run, same process.",
         "",
         "| page | query | p50 ms | p95 ms | raw Parquet p50 ms | raw Parquet p95 ms |",

@@ -186,7 +186,8 @@ def main() -> int:
             "Reading: the min-max spread across repeats is the noise of the machine at the time; a difference",
             "between rows smaller than that spread means nothing. On a CPU with a model this small, compute",
             "dominates and gloo collectives are cheap, so every stage is expected in DDP's band; ZeRO's memory",
-            "savings (checked exactly in tests/trainer/test_engine_zero.py) are what the stages buy, not speed here.",
+            "savings (checked exactly in tests/integration/trainer/test_engine_zero.py) are what the stages buy, "
+            "not speed here.",
             "",
         ]
     )

@@ -6,7 +6,7 @@ healthy run raises one, and what the analysis costs.
 Targets (issue 31): a 4x slow link named within 10 steps of its onset, the right host, at 1,024
 ranks on 128 hosts; no finding on healthy runs; `rankscope health` at that scale <= 3 s.
 
-Method. `rankscope simulate` runs (collector/tools/simulate.py: the ZeRO-2 template step plus an
+Method. `rankscope simulate` runs (collector/tools/simulate/: the ZeRO-2 template step plus an
 all_reduce inside each host and with each neighbouring host, --host-groups), written into a data dir
 through the collector's Store, then read back as `rankscope health` reads them:
 - detection delay: one host's link FACTOR times slower (2x, 4x, 10x) from step S for each seed; the

@@ -33,7 +33,7 @@ ALLOWED = {
     "collector.catalog": {"collector.data"},
     "collector": set(),  # the package docstring
     "app": {"app", "collector.data"},
-    "trainer": {"trainer", "collector.rank", "collector.data", "native"},
+    "trainer": {"trainer", "collector.rank", "native"},  # its config base through collector.rank.config
     "native": {"native"},
 }
 # Third-party packages a role must never import (the heavy ones, or the wrong side's).

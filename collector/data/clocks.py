@@ -17,7 +17,7 @@ owner), so with two ranks the 3 h lands on the skewed one, not half on each.
 Corrected, not left out: a rank left out of lateness judgments could be neither blamed nor cleared,
 and its step timers (on the same wrong clock) would still not line up with anyone's. A late rank
 still *ends* with the others, so correcting by end times keeps its real lateness (a 40 ms straggler
-whose clock is 3 h behind is named for 40 ms: tests/data/test_clock_plausibility.py). The correction
+whose clock is 3 h behind is named for 40 ms: tests/unit/data/findings/test_clock.py). The correction
 applies only beyond ``BOUND_NS``: on CUDA a collective's end is the CPU's enqueue time plus the GPU's
 measured duration, so each rank's end is early by its GPU's lag behind its CPU, and that lag differs
 between ranks (a CPU-bound straggler's GPU lags least) by up to about a step's queued work. Below the

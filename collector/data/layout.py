@@ -53,7 +53,7 @@ from collector.data.schema import (
 )
 
 # \Z, not $: "$" also matches before a trailing newline, and "run\n" as a partition
-# directory name breaks every catalog view (found by tests/server/test_fuzz.py).
+# directory name breaks every catalog view (found by tests/integration/server/test_fuzz.py).
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 
 PARQUET_DIR = "parquet"

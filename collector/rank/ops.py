@@ -35,7 +35,7 @@ uses are bound once into the wrapper's globals (``_inflight`` is ``REC.inflight`
         _pending.append(rec)
 
 The record is the list ``Recorder.enter`` builds (collector.rank.recorder's SLOT_* names its slots);
-tests/rank/test_comm.py checks the inlined path against enter/complete row for row.
+tests/unit/rank/test_liveness_config.py checks the inlined path against enter/complete row for row.
 
 The real functions are called from ``torch.distributed.distributed_c10d``,
 which ``collector.hook.attach`` never patches, so nothing is recorded twice.

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from collector.data import hang_rule
 from collector.data.config import ConfigBlock, ConfigError, setting
 from collector.data.layout import new_run_id
 from collector.rank import state
@@ -76,7 +77,7 @@ class TelemetryConfig(ConfigBlock):
     token: str | None = None
     tls_ca: str | None = None
     spool_dir: str | None = None
-    hang_after_s: float = setting(60.0, gt=0)
+    hang_after_s: float = setting(hang_rule.DEFAULT_HANG_AFTER_S, gt=0)
     heartbeat_s: float = setting(1.0, gt=0, le=60)
 
     def validate(self) -> None:
@@ -162,7 +163,7 @@ class Session:
         config: dict,
         source: str,
         tls_ca: str | None = None,
-        hang_after_s: float = 60.0,
+        hang_after_s: float = hang_rule.DEFAULT_HANG_AFTER_S,
         heartbeat_s: float = 1.0,
     ) -> None:
         from collector.rank.client import Client, ClientConfig

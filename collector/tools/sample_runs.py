@@ -13,7 +13,7 @@ recorded run keeps its in-flight collectives and stays a hang (its status stays
 writes a small many-rank run (SIMULATED) with a straggler into its own data dir, from
 the step template derived from the new TEMPLATE_RUN; that template is also written to
 collector/tools/simulate_template.json, so the shipped template and the shipped runs
-always agree (tests/tools/test_simulate.py re-derives it).
+always agree (tests/unit/tools/test_simulate.py re-derives it).
 
 The collector is stopped with SIGINT so it commits everything, then each
 (table, run) partition of both dirs is merged into one Parquet file in a new

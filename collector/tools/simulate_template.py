@@ -8,7 +8,7 @@ the monitor tags (value at the start and at the end of the run) and the memory k
 It ships with the package as ``simulate_template.json`` (a few kB), derived by
 ``derive(data_dir, run)`` from the sample run ``zero2-slow-rank3``: a user installing
 rankscope from a wheel has no sample_runs/, and a simulation must not change when
-someone re-records the samples. ``tests/tools/test_simulate.py`` re-derives it from
+someone re-records the samples. ``tests/unit/tools/test_simulate.py`` re-derives it from
 sample_runs/ and checks it is still the same, so the two cannot drift apart;
 ``python -m collector.tools.simulate_template sample_runs zero2-slow-rank3 > F`` rewrites it.
 

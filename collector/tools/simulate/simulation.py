@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.data import layout
+from collector.data import hang_rule, layout
 from collector.data.bandwidth import bus_factor
 from collector.tools import simulate_template
 from collector.tools.importers.sink import envelope, table_batches
@@ -37,7 +37,7 @@ class Simulation:
     hang: Hang | None = None
     slow_links: tuple[SlowLink, ...] = ()
     host_groups: bool = False  # implied by slow_links
-    hang_after_s: float = 60.0  # the ranks' setting (rankscope's default)
+    hang_after_s: float = hang_rule.DEFAULT_HANG_AFTER_S  # the ranks' setting when none is given
     start_ns: int = T0_NS
     name: str = "simulated"
     run_id: str = ""
