@@ -156,15 +156,21 @@ def test_a_rank_that_computes_more_waits_more_for_a_cpu_without_a_neighbour_to_b
     assert "cause" not in finding.evidence
 
 
-def test_cpu_waits_sampled_on_a_clock_are_spread_over_the_steps_they_cover():
-    # The sampler reads /proc every 0.1 s: with shorter steps, some steps get no sample and the
-    # next one covers them. Half the steps sampled, each sample covering two steps' worth.
-    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+def cpu_waits_sampled_every_other_step():
+    """Rank 3's CPU waits (36 ms a step) as a 0.1 s sampler sees them on short steps: every other
+    step has no sample and the next one carries both steps' waits."""
     signals = signal_rows(4, 30, rank=3, column="runqueue_ms", ms=36.0)
     unsampled = signals.step % 2 == 0
     for column in ("runqueue_ms", "cpu_ms"):
         signals[column] = signals[column].where(unsampled, None) * 2
-    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    return signals
+
+
+def test_cpu_waits_sampled_on_a_clock_are_spread_over_the_steps_they_cover():
+    # The sampler reads /proc every 0.1 s: with shorter steps, some steps get no sample and the
+    # next one covers them. Half the steps sampled, each sample covering two steps' worth.
+    steps = step_rows(4, 30, late_rank=3, late_ms=38.0)
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=cpu_waits_sampled_every_other_step())
     assert finding.evidence["cause"] == "host_cpu" and finding.evidence["coincidence"] >= 0.9
 
 
@@ -176,11 +182,7 @@ def test_bursty_lateness_is_judged_per_sample_of_a_clock_sampled_signal():
     steps = step_rows(4, 30, step_ms=60.0, late_rank=3, late_ms=40.0)
     burst = np.where(steps.step % 2 == 0, 34.0, -34.0)
     steps["imposed_ms"] = np.where(steps["rank"] == 3, steps.imposed_ms + burst, steps.imposed_ms)
-    signals = signal_rows(4, 30, rank=3, column="runqueue_ms", ms=36.0)
-    unsampled = signals.step % 2 == 0
-    for column in ("runqueue_ms", "cpu_ms"):
-        signals[column] = signals[column].where(unsampled, None) * 2
-    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=signals)
+    (finding,) = stragglers.costly_ranks(steps, world_size=4, signals=cpu_waits_sampled_every_other_step())
     assert finding.evidence["cause"] == "host_cpu" and finding.evidence["coincidence"] >= 0.9
 
 
