@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from collector.testing.ports import answers_ok
+from collector.testing.ports import answers_ok, terminate
 from collector.tools.launch import dashboard_command, free_port
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's build; Playwright's bundled browsers are not installed
@@ -69,13 +69,7 @@ class DashboardProcess:
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM, and SIGKILL if it has not exited within ``timeout`` seconds."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, timeout)
         self._log.close()
 
     def __enter__(self) -> DashboardProcess:

@@ -1,12 +1,14 @@
-"""Free loopback ports, and whether a local HTTP endpoint answers yet. The free-port
+"""Free loopback ports, whether a local HTTP endpoint answers yet, and stopping the child
+server behind it. The free-port
 definition lives with the process launchers in ``collector.tools.launch`` (the demo
 needs it too); tests and benchmarks take it from here with the rest of their plumbing."""
 
+import subprocess
 import urllib.request
 
 from collector.tools.launch import free_port
 
-__all__ = ["answers_ok", "free_port"]
+__all__ = ["answers_ok", "free_port", "terminate"]
 
 
 def answers_ok(url: str) -> bool:
@@ -16,3 +18,14 @@ def answers_ok(url: str) -> bool:
             return reply.status == 200
     except OSError:
         return False
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM, and SIGKILL if ``proc`` has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -19,7 +19,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from collector.testing.ports import answers_ok
+from collector.testing.ports import answers_ok, terminate
 from collector.tools.launch import free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -91,13 +91,7 @@ class PrometheusProcess:
         return path.read_bytes().decode(errors="replace")[-chars:] if path.exists() else ""
 
     def stop(self, timeout: float = 20) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
         self._log.close()
 
     def __enter__(self) -> PrometheusProcess:
