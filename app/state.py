@@ -20,6 +20,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries
+from collector.data import retention
 
 DEFAULT_DATA_DIR = "rankscope-data"
 REFRESH_S = 1.0  # how often a live page's sections look for new data (each its own fragment)
@@ -143,6 +144,14 @@ def missing_data(sel: Selection, table: str, message: str) -> None:
         # A callback: it runs before the next script run creates the run picker, the only
         # moment Streamlit lets the picker's state change.
         st.button(label(run_id), key=f"switch-{table}-{run_id}", on_click=select_runs, args=([run_id],))
+
+
+def retention_notice(data_dir: str, run_id: str, version: str) -> None:
+    """Say which steps kept only their per-step rollup (``collect --raw-every``): a page over raw
+    comm rows shows fewer of them there."""
+    retained = queries.retention(data_dir, run_id, version)
+    if retained:
+        st.info(f"Retention: {retention.note(retained)}.")
 
 
 def skipped_segments_notice() -> None:

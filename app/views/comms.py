@@ -5,7 +5,6 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
-from collector.data import retention
 from collector.data.bandwidth import gbps
 from collector.data.findings.communication import exposed_shares
 from collector.data.findings.stragglers import training_steps
@@ -105,9 +104,7 @@ def comms_page() -> None:
         if summary.empty:
             st.info("No communication records match these filters yet.")
             return
-        retained = queries.retention(d, run_id, version)
-        if retained:
-            st.info(f"Retention: {retention.note(retained)}.")
+        state.retention_notice(d, run_id, version)
         left, right = st.columns(2)
         # built once per version of the comm records and filter (state.memo): unchanged, the
         # browser redraws nothing

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, queries, state
-from collector.data import binning, retention
+from collector.data import binning
 from collector.data.findings.stragglers import late_ranks
 
 HEATMAP_KEY = "delay_heatmap"
@@ -181,9 +181,7 @@ def stragglers_page() -> None:
         if last.empty:
             st.info("No collectives match these filters yet.")
             return
-        retained = queries.retention(d, run_id, version)
-        if retained:
-            st.info(f"Retention: {retention.note(retained)}.")
+        state.retention_notice(d, run_id, version)
         # The sentences sit above the charts but are worked out after them: a chart first.
         sentences = st.container()
         key = f"stragglers.{run_id}.{flt.key()}"
