@@ -6,6 +6,7 @@ the collective; other waits are generous (the machine is shared), never tight.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -160,62 +161,62 @@ def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind)
     assert "rank 1" in desync[0].text and " vs " in desync[0].text
 
 
-@pytest.mark.timing
-def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_path):
+@contextlib.contextmanager
+def _steady_ranks(tmp_path: Path):
+    """The ranks stepping every 0.1 s into a live collector, each pid written; joined on the way out."""
     out = tmp_path / "out"
     out.mkdir()
     with live_collector(tmp_path / "data") as collector:
         ctx = _spawn(workers.steady_worker, collector.endpoint, out, 400, 0.1)
         try:
             assert wait_for(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
-            beating = lambda: len(_query(collector.data_dir, queries.rank_liveness)) == workers.WORLD
-            assert wait_for(beating, 30)
-            time.sleep(2.0)  # a few healthy beats first
-            assert not _kinds(collector.data_dir) & {"silent_rank", "rank_stopped"}
-            pid = int((out / "pid3").read_text())
-            os.kill(pid, signal.SIGSTOP)
-            stopped_at = time.time()
-            try:
-                seen = wait_for(lambda: "silent_rank" in _kinds(collector.data_dir), 5 + 5, interval=0.3)
-                assert seen and time.time() - stopped_at <= 5, f"silent only after {time.time() - stopped_at:.1f} s"
-                silent = [f for f in _query(collector.data_dir, findings.for_run) if f.kind == "silent_rank"]
-                assert silent[0].ranks == (3,) and silent[0].text.startswith("rank 3 silent for")
-                # it was asked for its stacks and could not answer: said so
-                assert wait_for(
-                    lambda: any(
-                        "did not answer a stack request" in f.text
-                        for f in _query(collector.data_dir, findings.for_run)
-                        if f.kind == "silent_rank"
-                    ),
-                    15,
-                    interval=0.5,
-                )
-            finally:
-                os.kill(pid, signal.SIGCONT)
-            assert wait_for(lambda: "silent_rank" not in _kinds(collector.data_dir), 15, interval=0.5)
-            (out / "stop").write_text("")
+            yield collector, out
         finally:
             _join_any(ctx)
+
+
+@pytest.mark.timing
+def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_path):
+    with _steady_ranks(tmp_path) as (collector, out):
+        beating = lambda: len(_query(collector.data_dir, queries.rank_liveness)) == workers.WORLD
+        assert wait_for(beating, 30)
+        time.sleep(2.0)  # a few healthy beats first
+        assert not _kinds(collector.data_dir) & {"silent_rank", "rank_stopped"}
+        pid = int((out / "pid3").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        try:
+            seen = wait_for(lambda: "silent_rank" in _kinds(collector.data_dir), 5 + 5, interval=0.3)
+            assert seen and time.time() - stopped_at <= 5, f"silent only after {time.time() - stopped_at:.1f} s"
+            silent = [f for f in _query(collector.data_dir, findings.for_run) if f.kind == "silent_rank"]
+            assert silent[0].ranks == (3,) and silent[0].text.startswith("rank 3 silent for")
+            # it was asked for its stacks and could not answer: said so
+            assert wait_for(
+                lambda: any(
+                    "did not answer a stack request" in f.text
+                    for f in _query(collector.data_dir, findings.for_run)
+                    if f.kind == "silent_rank"
+                ),
+                15,
+                interval=0.5,
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert wait_for(lambda: "silent_rank" not in _kinds(collector.data_dir), 15, interval=0.5)
+        (out / "stop").write_text("")
     assert all(json.loads((out / f"rank{r}.json").read_text())["error"] is None for r in range(workers.WORLD))
 
 
 def test_a_killed_rank_stopped_without_ending_the_run(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    with live_collector(tmp_path / "data") as collector:
-        ctx = _spawn(workers.steady_worker, collector.endpoint, out, 400, 0.1)
-        try:
-            assert wait_for(lambda: all((out / f"pid{r}").exists() for r in range(workers.WORLD)), 120)
-            time.sleep(2.0)
-            os.kill(int((out / "pid3").read_text()), signal.SIGKILL)
+    with _steady_ranks(tmp_path) as (collector, out):
+        time.sleep(2.0)
+        os.kill(int((out / "pid3").read_text()), signal.SIGKILL)
 
-            def stopped():
-                found = _query(collector.data_dir, findings.for_run) or []
-                return next((f for f in found if f.kind == "rank_stopped"), None)
+        def stopped():
+            found = _query(collector.data_dir, findings.for_run) or []
+            return next((f for f in found if f.kind == "rank_stopped"), None)
 
-            finding = wait_for(stopped, 20, interval=0.5)
-        finally:
-            _join_any(ctx)
+        finding = wait_for(stopped, 20, interval=0.5)
     assert finding is not None and finding.ranks == (3,) and finding.severity == "critical"
     beats = _query(tmp_path / "data", queries.rank_liveness)
     last_step = int(beats[beats["rank"] == 3].step.iloc[0])
