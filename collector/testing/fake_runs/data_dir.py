@@ -22,6 +22,10 @@ def _write(data_dir: Path, table: str, run_id: str, segment: str, rows: pa.Table
     tmp.rename(path)
 
 
+def _write_rows(data_dir: Path, table: str, run_id: str, segment: str, rows: list[dict], schema: pa.Schema) -> None:
+    _write(data_dir, table, run_id, segment, pa.Table.from_pylist(rows, schema=schema))
+
+
 def write_run(data_dir, run: FakeRun, steps_per_segment: int = 50) -> None:
     """One run's Parquet files (not the catalog): comm per rank in segments of
     ``steps_per_segment`` steps, every other table in one segment."""
@@ -35,62 +39,38 @@ def write_run(data_dir, run: FakeRun, steps_per_segment: int = 50) -> None:
         _write(data_dir, table, run.run_id, "all-ranks", pa.concat_tables([tables[table] for tables in per_rank]))
     hellos = [run.hello(r) for r in range(run.world_size)]
     started = run.start
-    _write(
-        data_dir,
-        "runs",
-        run.run_id,
-        "hello",
-        pa.Table.from_pylist(
-            [
-                dict(
-                    run_id=run.run_id,
-                    name=h.run_name,
-                    world_size=h.world_size,
-                    started_at=started,
-                    source=h.source,
-                    linked_run_id=None,
-                    config=h.config_json,
-                )
-                for h in hellos
-            ],
-            schema=RUNS_SCHEMA,
-        ),
-    )
-    _write(
-        data_dir,
-        "ranks",
-        run.run_id,
-        "hello",
-        pa.Table.from_pylist(
-            [
-                dict(
-                    run_id=run.run_id,
-                    rank=h.rank,
-                    host=h.host,
-                    pid=h.pid,
-                    clock_offset_ns=h.clock_offset_ns,
-                    client_id=run.client_id(h.rank),
-                    started_at=started,
-                )
-                for h in hellos
-            ],
-            schema=RANKS_SCHEMA,
-        ),
-    )
-    if run.status != "running":
-        _write(
-            data_dir,
-            "rank_ends",
-            run.run_id,
-            "end",
-            pa.Table.from_pylist(
-                [
-                    dict(run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0)
-                    for r in range(run.world_size)
-                ],
-                schema=RANK_ENDS_SCHEMA,
-            ),
+    runs = [
+        dict(
+            run_id=run.run_id,
+            name=h.run_name,
+            world_size=h.world_size,
+            started_at=started,
+            source=h.source,
+            linked_run_id=None,
+            config=h.config_json,
         )
+        for h in hellos
+    ]
+    _write_rows(data_dir, "runs", run.run_id, "hello", runs, RUNS_SCHEMA)
+    ranks = [
+        dict(
+            run_id=run.run_id,
+            rank=h.rank,
+            host=h.host,
+            pid=h.pid,
+            clock_offset_ns=h.clock_offset_ns,
+            client_id=run.client_id(h.rank),
+            started_at=started,
+        )
+        for h in hellos
+    ]
+    _write_rows(data_dir, "ranks", run.run_id, "hello", ranks, RANKS_SCHEMA)
+    if run.status != "running":
+        ends = [
+            dict(run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0)
+            for r in range(run.world_size)
+        ]
+        _write_rows(data_dir, "rank_ends", run.run_id, "end", ends, RANK_ENDS_SCHEMA)
 
 
 def write_data_dir(data_dir, *runs: FakeRun, steps_per_segment: int = 50) -> Path:
