@@ -151,15 +151,10 @@ def is_attached() -> bool:
 
 
 @contextlib.contextmanager
-def attached(
-    run: str | None = None,
-    endpoint: str | None = None,
-    token: str | None = None,
-    config=None,
-    tls_ca: str | None = None,
-    hang_after_s: float | None = None,
-):
-    active = attach(run=run, endpoint=endpoint, token=token, config=config, tls_ca=tls_ca, hang_after_s=hang_after_s)
+def attached(*args, **kwargs):
+    """``attach`` (the same arguments) for the ``with`` block, then ``detach`` with the block's
+    status: finished, or failed on an exception or a non-zero ``sys.exit``."""
+    active = attach(*args, **kwargs)
     try:
         yield active
     except SystemExit as e:  # sys.exit(0) in a script is a normal end
