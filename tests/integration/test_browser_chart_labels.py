@@ -15,8 +15,8 @@ import pytest
 
 from collector.data import catalog
 from collector.data import queries as q
-from collector.testing.dashboard import DashboardProcess, browser_tab
-from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from collector.testing.dashboard import browser_tab
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS, serve_dashboard
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
 WAIT_MS = 90_000  # generous: the machine is shared
@@ -42,9 +42,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dashboard(runs):
-    dashboard = DashboardProcess(runs[0])
-    yield dashboard.url
-    dashboard.stop(timeout=10)
+    yield from serve_dashboard(runs[0])
 
 
 @pytest.fixture(scope="module")

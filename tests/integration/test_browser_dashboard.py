@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.dashboard import DashboardProcess, browser_tab
+from collector.testing.dashboard import browser_tab
 from collector.testing.fake_runs import COLLECTIVES, FINISHED, LIVE, write_data_dir
-from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS, serve_dashboard
 
 DELAYED_RANK = FINISHED.late_rank
 # url path -> what must be on the page once it has rendered
@@ -30,9 +30,7 @@ pytestmark = NEEDS_CHROMIUM
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     data_dir = write_data_dir(tmp_path_factory.mktemp("browser-data"), FINISHED, LIVE)
-    dashboard = DashboardProcess(data_dir)
-    yield dashboard.url
-    dashboard.stop(timeout=10)
+    yield from serve_dashboard(data_dir)
 
 
 @pytest.fixture(scope="module")

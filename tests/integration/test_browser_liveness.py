@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.dashboard import DashboardProcess, browser_tab
+from collector.testing.dashboard import browser_tab
 from collector.testing.fake_runs import FINISHED, FakeRun
 from collector.testing.liveness import write_hang
 from collector.tools import simulate
-from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS, serve_dashboard
 
 STUCK = FakeRun(run_id="stuck-now", status="running", steps=5, with_moe=False)
 STUCK_RANK = 2
@@ -30,9 +30,7 @@ def dashboard(tmp_path_factory):
     write_run(data_dir, FINISHED)
     write_hang(data_dir, STUCK, STUCK_RANK, waited_s=3600)  # waits an hour: still stuck while the test runs
     simulate.write_data_dir(SIMULATED.anchored_now(), data_dir)
-    dashboard = DashboardProcess(data_dir)
-    yield dashboard.url
-    dashboard.stop(timeout=10)
+    yield from serve_dashboard(data_dir)
 
 
 @pytest.fixture(scope="module")

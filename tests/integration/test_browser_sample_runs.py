@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from collector.data import catalog
-from collector.testing.dashboard import DashboardProcess, browser_tab, drawn_charts
-from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from collector.testing.dashboard import browser_tab, drawn_charts
+from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS, serve_dashboard
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
 CHART_PAGES = ["overview", "comms", "stragglers", "liveness", "flops", "memory", "moe"]
@@ -44,9 +44,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[str, int]]:
 @pytest.fixture(scope="module")
 def dashboard(runs):
     data_dir, _ = runs
-    dashboard = DashboardProcess(data_dir)
-    yield dashboard.url
-    dashboard.stop(timeout=10)
+    yield from serve_dashboard(data_dir)
 
 
 @pytest.fixture(scope="module")
