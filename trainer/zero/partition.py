@@ -82,6 +82,11 @@ class FlatBucket:
         for s in self.slots:
             s.param.data = flat.narrow(0, s.offset, s.numel).view(s.shape)
 
+    def own_flat_params(self) -> None:
+        """Copy the parameters into a new flat buffer (``flat_param``) and make them views of it."""
+        self.flat_param = self.flatten_params()
+        self.bind_params(self.flat_param)
+
     def bind_grads(self, flat_grad: torch.Tensor) -> None:
         """Make every ``param.grad`` a view into ``flat_grad`` so autograd accumulates in place."""
         for s in self.slots:

@@ -32,8 +32,7 @@ class Stage1Optimizer(ZeroOptimizer):
     def __init__(self, buckets: list[FlatBucket], **kw) -> None:
         super().__init__(buckets, **kw)
         for b in buckets:
-            b.flat_param = b.flatten_params()
-            b.bind_params(b.flat_param)
+            b.own_flat_params()
             b.flat_grad = torch.zeros_like(b.flat_param)
             b.bind_grads(b.flat_grad)
         self.register_hooks()

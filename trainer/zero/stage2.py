@@ -33,8 +33,7 @@ class Stage2Optimizer(ZeroOptimizer):
     def __init__(self, buckets: list[FlatBucket], **kw) -> None:
         super().__init__(buckets, **kw)
         for b in buckets:
-            b.flat_param = b.flatten_params()
-            b.bind_params(b.flat_param)
+            b.own_flat_params()
         self.init_grad_shards()
         self.register_hooks()
 

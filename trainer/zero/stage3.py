@@ -68,8 +68,7 @@ class Stage3Optimizer(Stage2Optimizer):
         self.param_swap = None  # trainer.offload.NVMeParamSwap with offload_param.device nvme
         for b in persistent:
             b.partitioned = False
-            b.flat_param = b.flatten_params()
-            b.bind_params(b.flat_param)
+            b.own_flat_params()
         for u in unit_list:
             u.partitioned = True
             u.param_shard = u.shard_of(u.flatten_params()).to(shard_device, copy=True)
