@@ -88,39 +88,36 @@ def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
         con.close()
 
 
+# Four ranks split two ways: each rank's group of neighbours ([0,1] / [2,3]) and of strided peers ([0,2] / [1,3]).
+PAIRS = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
+STRIDED = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}
+
+
+def _train_gpt_on_four_ranks(endpoint: str, run: str, *flags: str) -> None:
+    """The GPT example, 10 ZeRO-2 steps on 4 ranks with ``flags``, streamed as ``run``; its loss falls."""
+    out = _torchrun(
+        "trainer.examples.gpt", "zero2.json", 10, 4, "--run-name", run, *flags, env={"RANKSCOPE_ENDPOINT": endpoint}
+    )
+    losses = _losses(out, "gpt")
+    assert len(losses) == 10 and losses[-1] < losses[0] - 0.1, losses
+
+
 def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(live_collector):
     """--moe --ep-size 2 on 4 ranks: experts all_to_all over the expert-parallel groups [0,1] / [2,3],
     expert gradients reduce over the expert-data-parallel groups [0,2] / [1,3], dense ones over the world."""
     endpoint, data = live_collector
-    out = _torchrun(
-        "trainer.examples.gpt",
-        "zero2.json",
-        10,
-        4,
-        "--run-name",
-        "gpt-moe",
-        "--moe",
-        "--ep-size",
-        "2",
-        "--top-k",
-        "2",
-        env={"RANKSCOPE_ENDPOINT": endpoint},
-    )
-    losses = _losses(out, "gpt")
-    assert len(losses) == 10 and losses[-1] < losses[0] - 0.1, losses
+    _train_gpt_on_four_ranks(endpoint, "gpt-moe", "--moe", "--ep-size", "2", "--top-k", "2")
     a2a = _comm_rows(data, "gpt-moe", "op = 'all_to_all_single'")
-    ep_group = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
     # one MoE block: dispatch, the fill counts and combine per forward, the reverses in backward, every step
     assert sorted({(r, g, n, name) for r, g, n, name, _ in a2a}) == sorted(
-        (r, ep_group[r], 2, name)
+        (r, PAIRS[r], 2, name)
         for r in range(4)
         for name in ("moe.dispatch", "moe.fill_counts", "moe.combine", "moe.dispatch.backward", "moe.combine.backward")
     )
     assert all(count >= 10 for *_, count in a2a), a2a
     grads = _comm_rows(data, "gpt-moe", "log_name LIKE 'zero2.%_grads'")
-    edp_group = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}
     assert {(r, g, n) for r, g, n, *_ in grads} == {
-        (r, g, n) for r in range(4) for g, n in ((edp_group[r], 2), ("world", 4))
+        (r, g, n) for r in range(4) for g, n in ((STRIDED[r], 2), ("world", 4))
     }
 
 
@@ -128,24 +125,10 @@ def test_engine_example_gpt_tp2_four_ranks_records_tp_groups(live_collector):
     """--tp 2 on 4 ranks: activations all_reduce over the tensor-parallel groups [0,1] / [2,3],
     ZeRO gradients over the data-parallel groups [0,2] / [1,3]."""
     endpoint, data = live_collector
-    out = _torchrun(
-        "trainer.examples.gpt",
-        "zero2.json",
-        10,
-        4,
-        "--run-name",
-        "gpt-tp",
-        "--tp",
-        "2",
-        env={"RANKSCOPE_ENDPOINT": endpoint},
-    )
-    losses = _losses(out, "gpt")
-    assert len(losses) == 10 and losses[-1] < losses[0] - 0.1, losses
+    _train_gpt_on_four_ranks(endpoint, "gpt-tp", "--tp", "2")
     tp = _comm_rows(data, "gpt-tp", "op = 'all_reduce' AND log_name LIKE 'tp.%'")
-    tp_group = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
     assert sorted({(r, g, n, name) for r, g, n, name, _ in tp}) == sorted(
-        (r, tp_group[r], 2, name) for r in range(4) for name in ("tp.copy_to_tp.backward", "tp.reduce_from_tp")
+        (r, PAIRS[r], 2, name) for r in range(4) for name in ("tp.copy_to_tp.backward", "tp.reduce_from_tp")
     )
     grads = _comm_rows(data, "gpt-tp", "log_name LIKE 'zero2.%_grads'")
-    dp_group = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}
-    assert {(r, g, n) for r, g, n, *_ in grads} == {(r, dp_group[r], 2) for r in range(4)}
+    assert {(r, g, n) for r, g, n, *_ in grads} == {(r, STRIDED[r], 2) for r in range(4)}
