@@ -41,6 +41,18 @@ def _cached(**kw):
     return st.cache_data(ttl=CACHE_TTL_S, max_entries=CACHE_ENTRIES, show_spinner=False, **kw)
 
 
+def _per_run(name: str):
+    """``collector.data.queries.<name>(catalog, run_id)`` as a cached page query
+    ``(data_dir, run_id, version)``. Its name is its own: Streamlit keys a cache by the
+    function's qualified name and source, which these wrappers share."""
+
+    def query(data_dir: str, run_id: str, version: str):
+        return getattr(q, name)(catalog(data_dir), run_id)
+
+    query.__name__ = query.__qualname__ = name
+    return _cached()(query)
+
+
 # --- runs --------------------------------------------------------------------
 
 
@@ -68,14 +80,8 @@ def table_version(data_dir: str, run_id: str, tables: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-@_cached()
-def latest_step(data_dir: str, run_id: str, version: str) -> int | None:
-    return q.latest_step(catalog(data_dir), run_id)
-
-
-@_cached()
-def ranks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.ranks(catalog(data_dir), run_id)
+latest_step = _per_run("latest_step")
+ranks = _per_run("ranks")
 
 
 # --- the comm rollup and what reads it ------------------------------------------
@@ -202,9 +208,7 @@ def instances_at(data_dir: str, run_id: str, version: str, step: int, rank: int)
     return q.instances_at(catalog(data_dir), run_id, step, rank)
 
 
-@_cached()
-def retention(data_dir: str, run_id: str, version: str) -> dict | None:
-    return q.retention(catalog(data_dir), run_id)
+retention = _per_run("retention")
 
 
 @_cached()
@@ -215,39 +219,13 @@ def raw_steps_near(data_dir: str, run_id: str, version: str, step: int) -> list[
 # --- per-step tables -----------------------------------------------------------
 
 
-@_cached()
-def step_breakdown(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.step_breakdown(catalog(data_dir), run_id)
-
-
-@_cached()
-def step_wall_ms(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.step_wall_ms(catalog(data_dir), run_id)
-
-
-@_cached()
-def step_analysis(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.step_analysis(catalog(data_dir), run_id)
-
-
-@_cached()
-def signals_by_step(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.signals_by_step(catalog(data_dir), run_id)
-
-
-@_cached()
-def monitor_series(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.monitor_series(catalog(data_dir), run_id)
-
-
-@_cached()
-def loss_scale(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.loss_scale(catalog(data_dir), run_id)
-
-
-@_cached()
-def flops_profile(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.flops_profile(catalog(data_dir), run_id)
+step_breakdown = _per_run("step_breakdown")
+step_wall_ms = _per_run("step_wall_ms")
+step_analysis = _per_run("step_analysis")
+signals_by_step = _per_run("signals_by_step")
+monitor_series = _per_run("monitor_series")
+loss_scale = _per_run("loss_scale")
+flops_profile = _per_run("flops_profile")
 
 
 @_cached()
@@ -255,24 +233,10 @@ def memory_lines(data_dir: str, run_id: str, version: str, k: int) -> pd.DataFra
     return q.memory_lines(catalog(data_dir), run_id, k)
 
 
-@_cached()
-def loss_series(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.loss_series(catalog(data_dir), run_id)
-
-
-@_cached()
-def memory_trend(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.memory_trend(catalog(data_dir), run_id)
-
-
-@_cached()
-def clock_skew(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.clock_skew(catalog(data_dir), run_id)
-
-
-@_cached()
-def moe_load(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.moe_load(catalog(data_dir), run_id)
+loss_series = _per_run("loss_series")
+memory_trend = _per_run("memory_trend")
+clock_skew = _per_run("clock_skew")
+moe_load = _per_run("moe_load")
 
 
 @_cached()
@@ -325,19 +289,9 @@ def rank_liveness(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return q.rank_liveness(catalog(data_dir), run_id)
 
 
-@_cached()
-def wavefront(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.wavefront(catalog(data_dir), run_id)
-
-
-@_cached()
-def stacks(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.stacks(catalog(data_dir), run_id)
-
-
-@_cached()
-def desyncs(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
-    return q.desyncs(catalog(data_dir), run_id)
+wavefront = _per_run("wavefront")
+stacks = _per_run("stacks")
+desyncs = _per_run("desyncs")
 
 
 # --- evidence (collector.data.trace_diff) ---------------------------------------------
