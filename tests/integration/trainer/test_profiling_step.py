@@ -12,6 +12,16 @@ from tests.unit.trainer.test_profiling_step import make_model, printed
 from trainer.profiling.report import fmt_count
 
 
+def _config(**blocks) -> dict:
+    """The engine config both tests train with (batch 8, AdamW, quiet), plus ``blocks``."""
+    return {
+        "train_batch_size": 8,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "steps_per_print": 1000,
+        **blocks,
+    }
+
+
 def test_engine_zero3_counts_partitioned_parameters_in_full(tmp_path):
     """ZeRO-3 frees each module's parameters outside its forward; the profile
     still reports the full parameter count and the same MACs as stage 0."""
@@ -24,14 +34,11 @@ def test_engine_zero3_counts_partitioned_parameters_in_full(tmp_path):
     try:
         engine, *_ = trainer.initialize(
             model=model,
-            config={
-                "train_batch_size": 8,
-                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                "steps_per_print": 1000,
-                "telemetry": {"enabled": False},
-                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-                "flops_profiler": {"enabled": True, "profile_step": 0, "output_file": str(tmp_path / "f.txt")},
-            },
+            config=_config(
+                telemetry={"enabled": False},
+                zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0},
+                flops_profiler={"enabled": True, "profile_step": 0, "output_file": str(tmp_path / "f.txt")},
+            ),
         )
         for _ in range(2):
             engine.backward(engine(torch.randn(8, 16)).pow(2).mean())
@@ -60,14 +67,11 @@ def test_engine_streams_the_tree_through_the_collector(tmp_path, live_collector)
         model = make_model()
         engine, *_ = trainer.initialize(
             model=model,
-            config={
-                "train_batch_size": 8,
-                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                "steps_per_print": 1000,
-                "wall_clock_breakdown": True,
-                "telemetry": {"enabled": True, "endpoint": endpoint, "run": "flops-e2e"},
-                "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(report_file)},
-            },
+            config=_config(
+                wall_clock_breakdown=True,
+                telemetry={"enabled": True, "endpoint": endpoint, "run": "flops-e2e"},
+                flops_profiler={"enabled": True, "profile_step": 1, "output_file": str(report_file)},
+            ),
         )
         for _ in range(3):
             loss = engine(torch.randn(8, 16)).pow(2).mean()
