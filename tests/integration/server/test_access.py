@@ -146,18 +146,21 @@ def test_tls_collector_serves_a_client_that_trusts_its_ca_and_no_one_else(served
     assert stored_rows(tmp_path / "data") == 0
 
 
-def test_the_rank_client_streams_over_tls_with_a_token(served, tmp_path, pki):
-    port, _state = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
+def _client_of_a_tls_collector(served, tmp_path, pki, name: str, run: str, **config) -> tuple[Client, RecordBuffer]:
+    """A rank client (the token, a fast flush, ``config``) started on ``run`` against a collector that
+    wants TLS and the token."""
+    port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
     buffer = RecordBuffer()
     cfg = ClientConfig(
-        endpoint=f"127.0.0.1:{port}",
-        token=TOKEN,
-        tls_ca=str(pki.ca),
-        spool_dir=tmp_path / "spool",
-        flush_interval_s=0.05,
+        endpoint=f"127.0.0.1:{port}", token=TOKEN, spool_dir=tmp_path / "spool", flush_interval_s=0.05, **config
     )
-    client = Client(cfg, "tls-client", buffer)
-    client.start(pb.Hello(run_id="tlsrun", run_name="tlsrun", rank=0, world_size=1))
+    client = Client(cfg, name, buffer)
+    client.start(pb.Hello(run_id=run, run_name=run, rank=0, world_size=1))
+    return client, buffer
+
+
+def test_the_rank_client_streams_over_tls_with_a_token(served, tmp_path, pki):
+    client, buffer = _client_of_a_tls_collector(served, tmp_path, pki, "tls-client", "tlsrun", tls_ca=str(pki.ca))
     for i in range(500):
         buffer.add_row("timers", {"name": "fwd", "dur_ns": 1000 + i}, step=i)
     assert client.close(pb.RunEnd(run_id="tlsrun", rank=0, status="finished"), timeout_s=20)
@@ -166,17 +169,7 @@ def test_the_rank_client_streams_over_tls_with_a_token(served, tmp_path, pki):
 
 
 def test_a_plaintext_rank_client_spools_instead_of_reaching_a_tls_collector(served, tmp_path, pki):
-    port, _ = served(token=TOKEN, tls=security.ServerTLS(cert=pki.cert, key=pki.key))
-    buffer = RecordBuffer()
-    cfg = ClientConfig(
-        endpoint=f"127.0.0.1:{port}",
-        token=TOKEN,
-        spool_dir=tmp_path / "spool",
-        flush_interval_s=0.05,
-        close_timeout_s=1.0,
-    )
-    client = Client(cfg, "plain-client", buffer)
-    client.start(pb.Hello(run_id="plainrun", run_name="plainrun", rank=0, world_size=1))
+    client, buffer = _client_of_a_tls_collector(served, tmp_path, pki, "plain-client", "plainrun", close_timeout_s=1.0)
     for i in range(100):
         buffer.add_row("timers", {"name": "fwd", "dur_ns": 1}, step=i)
     assert not client.close(pb.RunEnd(run_id="plainrun", rank=0, status="finished"), timeout_s=1.0)
