@@ -53,32 +53,20 @@ def build_zero_optimizer(
     named_groups: list[list[tuple[str, nn.Parameter]]],
     *,
     zero: ZeroConfig,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    group=None,
-    loss_scaler=None,
-    gradient_clipping: float = 0.0,
-    tp_rank: int = 0,
+    **optimizer_args,
 ) -> ZeroOptimizer:
     """The stage's optimizer over ``named_groups`` (trainable (name, param) lists, one per param group),
     partitioned over the data-parallel ``group`` (None: the world) of which this is rank ``rank``.
+    ``optimizer_args``: ZeroOptimizer's keywords (``rank``, ``world_size``, ``device``, ``group``,
+    ``loss_scaler``, ``gradient_clipping``, ``tp_rank``); ``overlap_comm`` and ``reduce_scatter``
+    come from ``zero``.
 
     Each bucket holds parameters of one sync group only: dense ones are sharded over the
     data-parallel group, MoE expert parameters over their expert-data-parallel group (stages
     1-3 use that group's size as the shard count; stage 0 keeps one shard). Gradients are
     still divided by the full data-parallel ``world_size`` (see trainer.moe.data_parallel)."""
-    common = dict(
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        group=group,
-        loss_scaler=loss_scaler,
-        gradient_clipping=gradient_clipping,
-        overlap_comm=zero.overlap_comm,
-        reduce_scatter=zero.reduce_scatter,
-        tp_rank=tp_rank,
-    )
+    group = optimizer_args.get("group")
+    common = dict(optimizer_args, overlap_comm=zero.overlap_comm, reduce_scatter=zero.reduce_scatter)
 
     def buckets_of(groups):
         out = []
@@ -131,7 +119,7 @@ def build_zero_optimizer(
                     group_size=size,
                 )
             )
-    shard_device = torch.device("cpu") if zero.offload_param.enabled else device
+    shard_device = torch.device("cpu") if zero.offload_param.enabled else optimizer_args["device"]
     persistent = buckets_of(persistent_groups)
     return Stage3Optimizer(
         persistent, dict(units), shard_device=shard_device, prefetch_numel=zero.stage3_prefetch_bucket_size, **common
