@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from collector.testing.ports import answers_ok, terminate
+from collector.testing.ports import ChildServer, answers_ok
 from collector.tools.launch import dashboard_command, free_port
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's build; Playwright's bundled browsers are not installed
@@ -30,7 +30,7 @@ def chromium_installed() -> bool:
     return os.path.exists(CHROMIUM)
 
 
-class DashboardProcess:
+class DashboardProcess(ChildServer):
     """`rankscope dashboard --data-dir D --port P` in a session of its own, started and waited for.
 
     ``port`` None picks a free one. Raises RuntimeError (with Streamlit's output) if the
@@ -66,17 +66,6 @@ class DashboardProcess:
         """The end of what Streamlit printed so far."""
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-chars:]
-
-    def stop(self, timeout: float = 20) -> None:
-        """SIGTERM, and SIGKILL if it has not exited within ``timeout`` seconds."""
-        terminate(self.proc, timeout)
-        self._log.close()
-
-    def __enter__(self) -> DashboardProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def launch_chromium(playwright):

@@ -5,10 +5,11 @@ needs it too); tests and benchmarks take it from here with the rest of their plu
 
 import subprocess
 import urllib.request
+from typing import IO, Self
 
 from collector.tools.launch import free_port
 
-__all__ = ["answers_ok", "free_port", "terminate"]
+__all__ = ["ChildServer", "answers_ok", "free_port", "terminate"]
 
 
 def answers_ok(url: str) -> bool:
@@ -29,3 +30,22 @@ def terminate(proc: subprocess.Popen, timeout: float = 20) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+class ChildServer:
+    """A server started as a child process (``proc``) whose output goes to ``_log``: ``stop``
+    ends both, and a ``with`` block stops it on the way out."""
+
+    proc: subprocess.Popen
+    _log: IO[bytes]
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM, and SIGKILL if it has not exited within ``timeout`` seconds."""
+        terminate(self.proc, timeout)
+        self._log.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -19,7 +19,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from collector.testing.ports import answers_ok, terminate
+from collector.testing.ports import ChildServer, answers_ok
 from collector.tools.launch import free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -29,7 +29,7 @@ def prometheus_installed() -> bool:
     return os.access(PROMETHEUS, os.X_OK) or shutil.which("prometheus") is not None
 
 
-class PrometheusProcess:
+class PrometheusProcess(ChildServer):
     def __init__(
         self,
         targets: list[str],
@@ -89,13 +89,3 @@ class PrometheusProcess:
     def output(self, chars: int = 2000) -> str:
         path = self.workdir / "prometheus.log"
         return path.read_bytes().decode(errors="replace")[-chars:] if path.exists() else ""
-
-    def stop(self, timeout: float = 20) -> None:
-        terminate(self.proc, timeout)
-        self._log.close()
-
-    def __enter__(self) -> PrometheusProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
