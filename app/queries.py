@@ -41,16 +41,31 @@ def _cached(**kw):
     return st.cache_data(ttl=CACHE_TTL_S, max_entries=CACHE_ENTRIES, show_spinner=False, **kw)
 
 
+def _page_query(name: str, query, **kw):
+    """``query`` cached as ``name``: Streamlit keys a cache by the function's qualified name and
+    source, which the wrappers below share."""
+    query.__name__ = query.__qualname__ = name
+    return _cached(**kw)(query)
+
+
 def _per_run(name: str):
     """``collector.data.queries.<name>(catalog, run_id)`` as a cached page query
-    ``(data_dir, run_id, version)``. Its name is its own: Streamlit keys a cache by the
-    function's qualified name and source, which these wrappers share."""
+    ``(data_dir, run_id, version)``."""
 
     def query(data_dir: str, run_id: str, version: str):
         return getattr(q, name)(catalog(data_dir), run_id)
 
-    query.__name__ = query.__qualname__ = name
-    return _cached()(query)
+    return _page_query(name, query)
+
+
+def _filtered(name: str):
+    """``collector.data.queries.<name>(rollup, flt)`` over the run's comm rollup as a cached page
+    query ``(data_dir, run_id, version, flt)``."""
+
+    def query(data_dir: str, run_id: str, version: str, flt: CommFilter):
+        return getattr(q, name)(comm_rollup(data_dir, run_id, version), flt)
+
+    return _page_query(name, query, **_FILTERED)
 
 
 # --- runs --------------------------------------------------------------------
@@ -143,19 +158,9 @@ def comm_dimensions(data_dir: str, run_id: str, version: str) -> dict:
     return q.comm_dimensions(comm_rollup(data_dir, run_id, version))
 
 
-@_cached(**_FILTERED)
-def log_summary(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
-    return q.log_summary(comm_rollup(data_dir, run_id, version), flt)
-
-
-@_cached(**_FILTERED)
-def bandwidth_by_step(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
-    return q.bandwidth_by_step(comm_rollup(data_dir, run_id, version), flt)
-
-
-@_cached(**_FILTERED)
-def bandwidth_by_size(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
-    return q.bandwidth_by_size(comm_rollup(data_dir, run_id, version), flt)
+log_summary = _filtered("log_summary")
+bandwidth_by_step = _filtered("bandwidth_by_step")
+bandwidth_by_size = _filtered("bandwidth_by_size")
 
 
 @_cached()
@@ -181,14 +186,8 @@ def link_health(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
     return links.link_health_grid(links.host_link_ratios(ratios))
 
 
-@_cached(**_FILTERED)
-def comm_by_rank(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
-    return q.comm_by_rank(comm_rollup(data_dir, run_id, version), flt)
-
-
-@_cached(**_FILTERED)
-def delay_heatmap(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
-    return q.delay_heatmap(comm_rollup(data_dir, run_id, version), flt)
+comm_by_rank = _filtered("comm_by_rank")
+delay_heatmap = _filtered("delay_heatmap")
 
 
 @_cached(**_FILTERED)
@@ -198,9 +197,7 @@ def binned_delay(
     return q.binned_delay(comm_rollup(data_dir, run_id, version), flt, bins, value)
 
 
-@_cached(**_FILTERED)
-def last_arrivals(data_dir: str, run_id: str, version: str, flt: CommFilter) -> pd.DataFrame:
-    return q.last_arrivals(comm_rollup(data_dir, run_id, version), flt)
+last_arrivals = _filtered("last_arrivals")
 
 
 @_cached()
