@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from collector.testing.dashboard import browser_tab, drawn_charts, record_redraw
 from collector.testing.ports import answers_ok
 from collector.tools.launch import free_port
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
+from tests.integration._demo import start_demo
 
 FIRST_CHART_S, REDRAW_S, OBSERVE_S = 5.0, 2.0, 8.0
 FAULT_STEP = 60
@@ -57,24 +57,7 @@ def demo(tmp_path_factory):
     """The demo (collector, training until stopped, dashboard), its run past its first steps."""
     data_dir = tmp_path_factory.mktemp("demo-data")
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "collector.tools.cli",
-            "demo",
-            "--data-dir",
-            str(data_dir),
-            "--dashboard-port",
-            str(port),
-            "--straggler",
-            f"1:40@{FAULT_STEP}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # a terminal's foreground job: Ctrl-C reaches its group
-    )
+    proc = start_demo(data_dir, "--dashboard-port", str(port), "--straggler", f"1:40@{FAULT_STEP}")
     console: list[str] = []
     try:
         for line in proc.stdout:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from collector.data import catalog
+from tests.integration._demo import start_demo
 
 
 def test_the_demo_console_is_short_and_clean(tmp_path):
@@ -57,27 +58,8 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
     """Ctrl-C is how a person stops the demo: the terminal sends SIGINT to the foreground process
     group, here the demo's own. Exit 0 (so `make demo` reports no "Error 130"), a line saying so,
     no traceback of the demo's or of the training ranks'."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "collector.tools.cli",
-            "demo",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--nproc",
-            "2",
-            "--steps",
-            "100000",
-            "--no-dashboard",
-            "--port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=tmp_path,
-        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    proc = start_demo(
+        tmp_path / "data", "--nproc", "2", "--steps", "100000", "--no-dashboard", "--port", "0", cwd=tmp_path
     )
     console = []
     try:
