@@ -1,12 +1,12 @@
-"""Helpers for the import / replay / export / watch tests: the DeepSpeed fixture, the CLI
-run in-process, and catalog queries."""
+"""Helpers for the import / replay / export / watch tests (and the live ones that read the same
+catalog): the DeepSpeed fixture, the CLI run in-process, and catalog queries."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from collector.data import catalog
+from collector.data import catalog, queries
 from collector.tools.cli import main as cli_main
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "deepspeed_run"
@@ -35,3 +35,18 @@ def only_run(data_dir, source: str | None = None) -> str:
     rows = query(data_dir, "SELECT run_id FROM runs WHERE ? IS NULL OR source = ?", [source, source])
     assert len(rows) == 1, rows
     return rows[0][0]
+
+
+def on_the_run(data_dir, fn, *args):
+    """fn(cat, run_id, *args) on the data dir's only run; None before the run exists."""
+    try:
+        cat = queries.Catalog(data_dir)
+    except queries.DataDirError:
+        return None
+    try:
+        runs = queries.list_runs(cat)
+        if runs.empty:
+            return None
+        return fn(cat, runs.run_id.iloc[0], *args)
+    finally:
+        cat.close()

@@ -20,6 +20,7 @@ import pytest
 from collector.data import findings, queries
 from collector.testing.collectors import live_collector
 from collector.testing.gloo import join_ranks, start_ranks, wait_for
+from tests._import_util import on_the_run
 from tests.integration import _liveness_workers as workers
 
 HANG_AFTER_S = 2.0
@@ -31,21 +32,6 @@ def _spawn(fn, endpoint: str, out: Path, *args):
     return start_ranks(fn, workers.WORLD, endpoint, str(out), *args)
 
 
-def _query(data_dir, fn, *args):
-    """fn(cat, run_id, *args) on the data dir's only run; None before the run exists."""
-    try:
-        cat = queries.Catalog(data_dir)
-    except queries.DataDirError:
-        return None
-    try:
-        runs = queries.list_runs(cat)
-        if runs.empty:
-            return None
-        return fn(cat, runs.run_id.iloc[0], *args)
-    finally:
-        cat.close()
-
-
 def _base(out: Path) -> int:
     """The world group's collective count before the workers' loop, the same on every rank."""
     bases = {int(p.read_text()) for p in out.glob("base*")}
@@ -54,7 +40,7 @@ def _base(out: Path) -> int:
 
 
 def _health(data_dir) -> subprocess.CompletedProcess:
-    run_id = _query(data_dir, lambda cat, run_id: run_id)
+    run_id = on_the_run(data_dir, lambda cat, run_id: run_id)
     return subprocess.run(
         [sys.executable, "-m", "collector.tools.cli", "health", run_id, "--data-dir", str(data_dir)],
         capture_output=True,
@@ -65,7 +51,7 @@ def _health(data_dir) -> subprocess.CompletedProcess:
 
 
 def _kinds(data_dir) -> set[str]:
-    found = _query(data_dir, findings.for_run) or []
+    found = on_the_run(data_dir, findings.for_run) or []
     return {f.kind for f in found if f.severity == "critical"}
 
 
@@ -79,7 +65,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             entered = min(float((out / f"entered{r}").read_text()) for r in (0, 1, 3) if (out / f"entered{r}").exists())
 
             def hung():  # the whole picture: every waiting rank's report has landed
-                frame = _query(collector.data_dir, queries.hangs)
+                frame = on_the_run(collector.data_dir, queries.hangs)
                 if frame is None or frame.empty or len(frame.iloc[0].waiting_ranks) < 3:
                     return None
                 return frame
@@ -100,7 +86,7 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             assert len(hang_lines) == 1 and "waiting for rank 2" in hang_lines[0], health.stdout
 
             def rank2_main_stack():
-                st = _query(collector.data_dir, queries.stacks, [2])
+                st = on_the_run(collector.data_dir, queries.stacks, [2])
                 if st is None or st.empty:
                     return None
                 main = st[st.is_main]
@@ -112,15 +98,15 @@ def test_a_stalled_rank_is_a_hang_with_its_stack_and_the_run_then_finishes(tmp_p
             assert "in stall_before_collective" in stack.innermost or "in sleep" in stack.innermost
             assert stack.reason.startswith(f"missing from all_reduce #{base + K} of world")
             # the waiting ranks captured their own stacks when the hang began: inside all_reduce
-            waiting = _query(collector.data_dir, queries.stacks, [0])
+            waiting = on_the_run(collector.data_dir, queries.stacks, [0])
             assert any("all_reduce" in s for s in waiting[waiting.is_main]["stack"])
         finally:
             join_ranks(ctx)
         # The captures did not disturb the sleeping rank: the run went on and finished.
         results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(workers.WORLD)]
         assert all(r["total"] == 4 * 4 * (K + 1) for r in results)
-    assert _query(tmp_path / "data", queries.hangs).empty
-    runs = _query(tmp_path / "data", lambda cat, run_id: queries.list_runs(cat))
+    assert on_the_run(tmp_path / "data", queries.hangs).empty
+    runs = on_the_run(tmp_path / "data", lambda cat, run_id: queries.list_runs(cat))
     assert runs.status.iloc[0] == "finished"
 
 
@@ -142,7 +128,7 @@ def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind)
         _join_any(_spawn(workers.desync_worker, collector.endpoint, out, k, 1, kind))
 
         def mismatch():
-            frame = _query(collector.data_dir, queries.desyncs)
+            frame = on_the_run(collector.data_dir, queries.desyncs)
             return frame if frame is not None and len(frame) else None
 
         frame = wait_for(mismatch, 20)
@@ -155,7 +141,7 @@ def test_a_collective_mismatch_names_the_odd_rank_and_both_sides(tmp_path, kind)
     assert others and set(others) <= {0, 2, 3}
     odd = sides[(1,)]
     assert (odd["op"], odd["numel"]) == (("all_reduce", 8) if kind == "numel" else ("broadcast", 4))
-    found = _query(tmp_path / "data", findings.for_run)
+    found = on_the_run(tmp_path / "data", findings.for_run)
     desync = [f for f in found if f.kind == "desync"]
     assert desync and desync[0].severity == "critical" and desync[0].ranks == (1,)
     assert "rank 1" in desync[0].text and " vs " in desync[0].text
@@ -178,7 +164,7 @@ def _steady_ranks(tmp_path: Path):
 @pytest.mark.timing
 def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_path):
     with _steady_ranks(tmp_path) as (collector, out):
-        beating = lambda: len(_query(collector.data_dir, queries.rank_liveness)) == workers.WORLD
+        beating = lambda: len(on_the_run(collector.data_dir, queries.rank_liveness)) == workers.WORLD
         assert wait_for(beating, 30)
         time.sleep(2.0)  # a few healthy beats first
         assert not _kinds(collector.data_dir) & {"silent_rank", "rank_stopped"}
@@ -188,13 +174,13 @@ def test_a_stopped_rank_is_silent_within_5_s_and_clears_when_it_continues(tmp_pa
         try:
             seen = wait_for(lambda: "silent_rank" in _kinds(collector.data_dir), 5 + 5, interval=0.3)
             assert seen and time.time() - stopped_at <= 5, f"silent only after {time.time() - stopped_at:.1f} s"
-            silent = [f for f in _query(collector.data_dir, findings.for_run) if f.kind == "silent_rank"]
+            silent = [f for f in on_the_run(collector.data_dir, findings.for_run) if f.kind == "silent_rank"]
             assert silent[0].ranks == (3,) and silent[0].text.startswith("rank 3 silent for")
             # it was asked for its stacks and could not answer: said so
             assert wait_for(
                 lambda: any(
                     "did not answer a stack request" in f.text
-                    for f in _query(collector.data_dir, findings.for_run)
+                    for f in on_the_run(collector.data_dir, findings.for_run)
                     if f.kind == "silent_rank"
                 ),
                 15,
@@ -213,12 +199,12 @@ def test_a_killed_rank_stopped_without_ending_the_run(tmp_path):
         os.kill(int((out / "pid3").read_text()), signal.SIGKILL)
 
         def stopped():
-            found = _query(collector.data_dir, findings.for_run) or []
+            found = on_the_run(collector.data_dir, findings.for_run) or []
             return next((f for f in found if f.kind == "rank_stopped"), None)
 
         finding = wait_for(stopped, 20, interval=0.5)
     assert finding is not None and finding.ranks == (3,) and finding.severity == "critical"
-    beats = _query(tmp_path / "data", queries.rank_liveness)
+    beats = on_the_run(tmp_path / "data", queries.rank_liveness)
     last_step = int(beats[beats["rank"] == 3].step.iloc[0])
     assert finding.text == f"rank 3 stopped at step {last_step} without ending the run"
     health = _health(tmp_path / "data")
@@ -243,13 +229,13 @@ def test_a_healthy_engine_run_reports_no_hang_desync_or_silent_rank(tmp_path):
     # On an overloaded machine (several test runs sharing 2 cores) a healthy run can truly wait
     # longer than hang_after_s or miss beats; an alarm then must be what the records show.
     # Where they show no such wait, there must be no alarm at all.
-    waited = _query(
+    waited = on_the_run(
         tmp_path / "data",
         lambda cat, run_id: cat.df(
             "SELECT coalesce(max((end_ns - start_ns) / 1e9), 0) AS s FROM comm WHERE run_id = ?", [run_id]
         ).s.iloc[0],
     )
-    gap = _query(
+    gap = on_the_run(
         tmp_path / "data",
         lambda cat, run_id: cat.df(
             """SELECT coalesce(max(gap), 0) AS s FROM (SELECT (time_ns - lag(time_ns) OVER (
@@ -264,6 +250,6 @@ def test_a_healthy_engine_run_reports_no_hang_desync_or_silent_rank(tmp_path):
         assert gap > 3.0, f"a silent rank was reported but no heartbeat gap exceeds 3 s (longest {gap:.2f} s)"
     if waited < 2.0 and gap <= 3.0:
         assert not alarms & {"hang", "silent_rank"}, alarms
-    beats = _query(tmp_path / "data", queries.rank_liveness)
+    beats = on_the_run(tmp_path / "data", queries.rank_liveness)
     assert sorted(beats["rank"]) == [0, 1, 2, 3]  # the watchdog was running on every rank
-    assert _query(tmp_path / "data", lambda cat, run_id: queries.list_runs(cat)).status.iloc[0] == "finished"
+    assert on_the_run(tmp_path / "data", lambda cat, run_id: queries.list_runs(cat)).status.iloc[0] == "finished"

@@ -17,7 +17,7 @@ import pytest
 from collector.data import queries
 from collector.testing.collectors import live_collector
 from collector.testing.gloo import start_ranks
-from tests._import_util import only_run, query, rankscope
+from tests._import_util import on_the_run, only_run, query, rankscope
 from tests.integration.tools import _fr_workers as workers
 from tests.integration.tools.test_export_flight_recorder import analyzer_verdicts
 
@@ -46,18 +46,8 @@ def _run(tmp_path, stall_rank: int):
 
 def _live_hangs(data_dir):
     """The hangs rows once both waiting ranks' reports have landed, else None."""
-    try:
-        cat = queries.Catalog(data_dir)
-    except queries.DataDirError:
-        return None
-    try:
-        runs = queries.list_runs(cat)
-        if runs.empty:
-            return None
-        frame = queries.hangs(cat, runs.run_id.iloc[0])
-    finally:
-        cat.close()
-    if frame.empty or len(frame.iloc[0].waiting_ranks) < workers.WORLD - 1:
+    frame = on_the_run(data_dir, queries.hangs)
+    if frame is None or frame.empty or len(frame.iloc[0].waiting_ranks) < workers.WORLD - 1:
         return None
     return _hang_rows(frame.itertuples())
 
