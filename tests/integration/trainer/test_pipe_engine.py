@@ -49,6 +49,19 @@ def reference(batch: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _config(**blocks) -> dict:
+    """The engine config the pipeline runs train with (MICRO x GAS, AdamW at LR, no clipping, no
+    telemetry), plus ``blocks``."""
+    return {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+        "telemetry": {"enabled": False},
+        **blocks,
+    }
+
+
 def _pipe_worker(rank: int, world: int, stages: int, zero_stage: int, intervals, in_config: bool = False) -> list:
     """One run per activation-checkpoint interval, in the same processes."""
     return [_pipe_run(rank, world, stages, zero_stage, interval, in_config) for interval in intervals]
@@ -65,16 +78,11 @@ def _pipe_run(rank: int, world: int, stages: int, zero_stage: int, interval: int
         partition_method="parameters",
         activation_checkpoint_interval=0 if in_config else interval,
     )
-    config = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": 0.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-        "zero_optimization": {"stage": zero_stage},
-        "telemetry": {"enabled": False},
-        "steps_per_print": 1000,
-        "pipeline": {"activation_checkpoint_interval": interval if in_config else 0},
-    }
+    config = _config(
+        zero_optimization={"stage": zero_stage},
+        steps_per_print=1000,
+        pipeline={"activation_checkpoint_interval": interval if in_config else 0},
+    )
     engine, _, _, _ = trainer.initialize(model=net, config=config)
     dp = world // stages
     losses = []
@@ -142,13 +150,7 @@ def _tied_run(rank: int, world: int) -> dict:
         seed_layers=True,
         base_seed=SEED,
     )
-    config = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": 0.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-        "telemetry": {"enabled": False},
-    }
+    config = _config()
     engine, _, _, _ = trainer.initialize(model=net, config=config)
     losses = [float(engine.train_batch(iter(micro_batches(step, MICRO * GAS, 0, 1, GAS)))) for step in range(STEPS)]
     return {"losses": losses, "tied": net.tied_modules["proj"].weight.detach().clone()}
