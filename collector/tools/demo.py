@@ -122,7 +122,19 @@ def _drop_spool(spool_dir: str) -> None:
         shutil.rmtree(spool_dir, ignore_errors=True)
 
 
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP (a process manager, a closed terminal): stop as on Ctrl-C."""
+
+
+def _stop_on(signum, _frame) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    # Without these the demo would die at once and leave its collector (holding the data dir) and
+    # dashboard running; with them, the finally below stops them as Ctrl-C does.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_on)
     data_dir = os.path.abspath(args.data_dir)
     os.makedirs(data_dir, exist_ok=True)
     collector = dashboard = train_proc = once = None
@@ -228,6 +240,11 @@ def run_demo(args: argparse.Namespace) -> int:
         if once is not None:
             once.muted = True
         print("\n[demo] stopped (Ctrl-C); the run so far is in the data dir.", flush=True)
+        return 0
+    except _Stopped as stopped:
+        if once is not None:
+            once.muted = True
+        print(f"\n[demo] stopped ({stopped}); the run so far is in the data dir.", flush=True)
         return 0
     finally:
         _stop_group(train_proc)

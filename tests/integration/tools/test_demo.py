@@ -86,6 +86,42 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
 
 
+def test_sigterm_ends_the_demo_and_everything_it_started(tmp_path):
+    """A process manager's SIGTERM (or a closed terminal's SIGHUP) to the demo alone: it stops its
+    training, collector and dashboard as Ctrl-C does (before, the demo died at once and left its
+    collector holding the data dir and its dashboard serving), and says so."""
+    proc = start_demo(tmp_path / "data", "--nproc", "2", "--steps", "100000", "--port", "0", cwd=tmp_path)
+    console, started = [], []
+    try:
+        for line in proc.stdout:
+            console.append(line)
+            if "step 1 loss" in line:
+                break
+        started = _descendants(proc.pid)
+        assert any(" collect " in f" {cmd} " for _, cmd, _ in started), started
+        assert any("streamlit" in cmd for _, cmd, _ in started), started
+        proc.send_signal(signal.SIGTERM)  # the demo's pid only, not its group
+        console.append(proc.stdout.read())
+        rc = proc.wait(timeout=60)
+        left = [cmd for pid, cmd, _ in started if _alive(pid)]
+    finally:
+        for pid in [proc.pid] + [pid for pid, _, _ in started]:  # nothing outlives the test, pass or fail
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    text = "".join(console)
+    assert rc == 0, text
+    assert "[demo] stopped (SIGTERM)" in text and "Traceback" not in text, text
+    assert left == [], left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _descendants(root: int) -> list[tuple[int, str, int]]:
     """(pid, command line, nice) of every live process under ``root``, from /proc."""
     parent, nice, cmd = {}, {}, {}
