@@ -234,17 +234,13 @@ def run_demo(args: argparse.Namespace) -> int:
         print("[demo] collector and dashboard keep running; Ctrl-C to stop.", flush=True)
         dashboard.wait()
         return rc
-    except KeyboardInterrupt:
-        # Ctrl-C is how a person ends the demo ("Ctrl-C to stop"): a normal end, exit 0, so that
-        # `make demo` does not report "Error 130" for it.
+    except (KeyboardInterrupt, _Stopped) as stopped:
+        # Ctrl-C is how a person ends the demo ("Ctrl-C to stop"), SIGTERM/SIGHUP how a machine does:
+        # a normal end, exit 0, so that `make demo` does not report "Error 130" for it.
         if once is not None:
             once.muted = True
-        print("\n[demo] stopped (Ctrl-C); the run so far is in the data dir.", flush=True)
-        return 0
-    except _Stopped as stopped:
-        if once is not None:
-            once.muted = True
-        print(f"\n[demo] stopped ({stopped}); the run so far is in the data dir.", flush=True)
+        how = stopped if isinstance(stopped, _Stopped) else "Ctrl-C"
+        print(f"\n[demo] stopped ({how}); the run so far is in the data dir.", flush=True)
         return 0
     finally:
         _stop_group(train_proc)
