@@ -29,6 +29,24 @@ def join_ranks(ctx, timeout: float = 120.0) -> None:
             raise AssertionError("ranks did not finish")
 
 
+def leave_world() -> None:
+    """A spawned rank's last words once its checks passed: a barrier, ``destroy_process_group``, and
+    an exit that skips interpreter finalization. torch 2.13's gloo worker threads free a finished
+    collective's tensors themselves, which takes the GIL when Python had already dropped them; if
+    that happens while the interpreter finalizes, the thread is torn down inside C++ and the rank
+    dies with SIGABRT ("terminate called without an active exception") after its work passed:
+    seen in CI on the engine's MoE ranks, about one run in five here, a barrier alone did not stop it."""
+    import sys
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2):
     """``predicate()``'s first value that is neither None nor False, polled every ``interval`` s; after
     ``timeout`` s whatever it returns then."""

@@ -23,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from collector.testing.gloo import leave_world
 from collector.testing.ports import free_port
 from tests.unit.trainer.test_tp_gpt import BATCH, GPT, HEADS, HIDDEN, DenseBlock, batch
 
@@ -110,12 +111,9 @@ def worker(rank: int, port: int) -> None:
     )
     torch.set_num_threads(1)
     init_distributed()
-    try:
-        for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
-            run_cases(rank, moe, stages)
-    finally:
-        # gloo's threads must be joined before interpreter exit, or the rank can die with SIGABRT
-        torch.distributed.destroy_process_group()
+    for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
+        run_cases(rank, moe, stages)
+    leave_world()
 
 
 def run_cases(rank: int, moe: bool, stages) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from collector.testing.gloo import leave_world
 from collector.testing.ports import free_port
 
 WORLD, D_IN, HIDDEN, D_OUT, EXPERTS, BATCH, STEPS, AUX_COEF = 2, 6, 8, 3, 4, 8, 6, 0.01
@@ -128,7 +129,7 @@ def worker(rank: int, port: int, tmp: str) -> None:
             engine.step()
             assert abs(loss.item() - losses[step]) < 1e-6, ("resumed", ep, stage, clip, step, loss.item(), losses[step])
         engine.close()
-    torch.distributed.destroy_process_group()  # join gloo's threads before exit (else a rare SIGABRT)
+    leave_world()
 
 
 def check_experts_in_checkpoint(engine, ckpt: str, ep: int) -> None:

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from collector.data import catalog
+from collector.testing.gloo import leave_world
 from collector.testing.ports import free_port
 from tests._moe_reference import reference_capacity, reference_moe
 
@@ -148,7 +149,7 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
             MoE(M, expert(), **kwargs)
         assert str(e.value) == message
     session.stop()
-    comm.destroy_process_group()
+    leave_world()
 
 
 def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(live_collector, tmp_path):

@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 from collector.data import catalog
+from collector.testing.gloo import leave_world
 from collector.testing.ports import free_port
 from tests.integration.trainer.test_moe_parallel import check_case
 from tests.unit.trainer.test_tp_gpt import BATCH, HIDDEN, LAYERS, SEQ, STEPS, train_and_compare
@@ -48,7 +49,7 @@ def worker(rank: int, port: int, endpoint: str) -> None:
     # an MoE layer inside a tensor-parallel model: experts span the data-parallel ranks
     check_case(rank, MOE_STEP, ep=2, k=1, drop=True, tp=TP)
     session.stop()
-    comm.destroy_process_group()
+    leave_world()
 
 
 def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collector):
