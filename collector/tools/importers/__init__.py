@@ -5,6 +5,8 @@
 - ``comms_summary`` -- ``deepspeed.comm.log_summary(return_dict=True)`` saved as JSON -> comm
 - ``comms_verbose`` -- the comms logger's verbose console lines     -> comm
 - ``flops_text``    -- the flops profiler's output_file report      -> flops
+- ``flight_recorder`` -- PyTorch Flight Recorder dumps (JSON, pickle) -> comm, inflight, stacks
+- ``torch_profiler`` -- torch.profiler Chrome traces, one per rank -> comm, timers
 - ``parquet_table`` -- a table as ``rankscope export --parquet`` wrote it
 
 ``dispatch.parse_path(path)`` finds and parses them all; ``sink`` delivers the

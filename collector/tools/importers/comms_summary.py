@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from collector.tools.importers import base
+from collector.tools.importers import base, torch_profiler
 from collector.tools.importers.base import FileTooCostly, Parsed, load_json
 from collector.tools.importers.comms import comm_row
 
@@ -50,7 +50,7 @@ def _shape(doc) -> str | None:
 def detect(path: Path) -> bool:
     """A .json holding a summary; also one too large or too deeply nested to look inside
     (parse then reports it by name rather than the import leaving it out unsaid)."""
-    if path.suffix != ".json":
+    if path.suffix != ".json" or torch_profiler.detect(path):  # a trace is no summary, however large
         return False
     try:
         return _shape(load_json(path, MAX_BYTES)) is not None

@@ -27,11 +27,21 @@ from collector.tools.importers import (
     flops_text,
     parquet_table,
     tensorboard,
+    torch_profiler,
 )
 from collector.tools.importers.base import Parsed
 
 # Order matters only for reporting; text formats may both claim a console log.
-FORMATS = (tensorboard, csv_monitor, comms_summary, parquet_table, flops_text, flight_recorder, comms_verbose)
+FORMATS = (
+    tensorboard,
+    csv_monitor,
+    comms_summary,
+    parquet_table,
+    flops_text,
+    flight_recorder,
+    torch_profiler,
+    comms_verbose,
+)
 
 
 @dataclass
@@ -83,7 +93,7 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
                     "",
                     "not a DeepSpeed output rankscope knows (csv_monitor csv, "
                     "tfevents, log_summary JSON, verbose comms log, flops profile, Parquet, "
-                    "Flight Recorder dump)",
+                    "Flight Recorder dump, torch.profiler trace)",
                 )
             else:
                 result.skipped.append(str(file))

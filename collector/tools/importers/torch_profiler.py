@@ -1,0 +1,363 @@
+"""torch.profiler traces: the Chrome-trace JSON that ``prof.export_chrome_trace(path)`` or
+``tensorboard_trace_handler`` writes on each rank (``.json``, or ``.json.gz``), one file per rank.
+
+Which rank wrote a trace: ``distributedInfo.rank`` (torch writes it once a process group
+exists), else a ``rank<N>`` in the file name (``rank3.json``, ``trace_rank_3.pt.trace.json``;
+``tensorboard_trace_handler``'s own names end in a pid, not a rank); the
+world size is ``distributedInfo.world_size``. Times are ``baseTimeNanoseconds`` + ``ts`` (µs).
+
+Collectives -> ``comm`` rows. Each collective the rank issued is one ``c10d::<op>`` CPU op
+(``c10d::allreduce_``, ``c10d::_allgather_base_``...) on the thread that called it; with
+``record_shapes=True`` its ``Input Dims`` give the sizes, which are counted as the hook counts
+them (collector.rank.ops.SPECS: a gather's gathered output, a list reduce-scatter's inputs).
+gloo runs the collective on one of its ``pt_gloo_runloop`` threads as a ``gloo:<op>`` event
+(whose ``Input type`` gives the dtype). Nothing links the two events, so they are paired in
+order: gloo's queue hands work to its threads first in, first out, so a collective's worker
+event is the first unclaimed ``gloo:`` event of its kind that starts after it (a list
+reduce-scatter runs as one ``gloo:all_reduce`` per rank of the group).
+
+Duration, by the hook's definition (collector.rank.recorder: from entering the collective to
+its completion, for an async op the completion of its Work): ``start_ns`` is the ``c10d::``
+op's start, ``end_ns`` the later of its end and its worker event's end (the worker event ends
+when the data is reduced, as the hook's future callback or wait() sees it). The hook's own start
+is a few µs earlier (the Python wrapper around the c10d op), so a sub-millisecond op reads a
+little shorter here. Without ``gloo:`` events (NCCL: the work runs on the GPU, and these CPU
+events end when it is enqueued) the op's CPU span is all the trace gives: such rows say
+when the op was issued, not how long it ran. A ``c10d::`` op whose gloo worker event is not in
+a whole trace (the window closed while it ran) is reported and left out, never given a made-up end.
+
+Group and seq: a trace names no process group per op, so comm rows are imported only when the
+trace's ``distributedInfo`` lists one process group (``world``); a trace with several is
+reported and its collectives left out. ``seq`` is the collective's number in the trace, from 1
+in issue order: the same instance on every rank as long as every rank's trace covers the same
+steps (a ``torch.profiler.schedule`` does), but not the process group's own counter, which
+has also counted the collectives before the trace began. Point-to-point ops are not imported.
+
+Steps -> ``timers`` rows and each row's ``step``. A ``ProfilerStep#N`` span (``prof.step()``
+in the loop) is step N + 1, the hook's numbering when profiling started with the loop
+(collector.rank.steps: the collectives leading to the k-th optimizer step are step k); its span
+is a ``profiler_step`` timer (the step's extent, so the Stragglers view and ``rankscope
+health`` measure the step), with a ``fwd`` timer per ``DistributedDataParallel.forward`` /
+``FullyShardedDataParallel.forward`` span and a ``step`` timer per ``Optimizer.step#...``
+span inside it. A trace without ``ProfilerStep#`` spans is one step (step 1), its extent the
+trace's. Events outside every step span take the step of the span before them (or the first).
+
+A file cut short (a rank killed while writing) is read up to the cut: every whole event before
+it counts, and a problem says where the file ended. torch writes a trace thread by thread, so
+the gloo worker events of collectives before the cut may lie past it: a cut trace's collectives
+keep their step, seq, op, sizes and start, and have no end (NULL) -- and no dtype or bytes where
+only the worker event gave the dtype (``c10d::allreduce_``'s tensor list) -- rather than a
+pairing that cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+
+from collector.data import bandwidth
+from collector.tools.importers import base
+from collector.tools.importers.base import Parsed
+
+NAME = "torch_profiler"
+MAX_BYTES = 1 << 30  # a profiled step of a large model writes tens of MiB; a gzipped trace is read whole
+
+# c10d op -> (the comm table's op (collector.rank.ops names), the argument its size is read from,
+# times the group size?, the gloo worker events it runs as)
+C10D_OPS = {
+    "allreduce_": ("all_reduce", 0, False, ("all_reduce",)),
+    "allreduce_coalesced_": ("all_reduce_coalesced", 0, False, ("all_reduce",)),
+    "broadcast_": ("broadcast", 0, False, ("broadcast",)),
+    "reduce_": ("reduce", 0, False, ("reduce",)),
+    "allgather_": ("all_gather", 1, True, ("all_gather",)),
+    "_allgather_base_": ("all_gather_into_tensor", 0, False, ("all_gather",)),
+    "allgather_coalesced_": ("all_gather_coalesced", 1, True, ("all_gather",)),
+    "allgather_into_tensor_coalesced_": ("all_gather_into_tensor_coalesced", 0, False, ("all_gather",)),
+    "reduce_scatter_": ("reduce_scatter", 0, True, ("all_reduce", "reduce_scatter")),
+    "_reduce_scatter_base_": ("reduce_scatter_tensor", 1, False, ("all_reduce", "reduce_scatter")),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter_tensor_coalesced", 1, False, ("all_reduce", "reduce_scatter")),
+    "alltoall_": ("all_to_all", 1, False, ("all_to_all",)),
+    "alltoall_base_": ("all_to_all_single", 1, False, ("all_to_all",)),
+    "gather_": ("gather", 1, True, ("gather",)),
+    "scatter_": ("scatter", 0, True, ("scatter",)),
+    "barrier": ("barrier", None, False, ("barrier",)),
+}
+_P2P = {"send", "recv_", "recv_any_source_"}
+# C++ type names in "Input type" -> (torch dtype name as comm.dtype holds it, bytes per element)
+DTYPES = {
+    "float": ("float32", 4),
+    "double": ("float64", 8),
+    "c10::Half": ("float16", 2),
+    "c10::BFloat16": ("bfloat16", 2),
+    "long int": ("int64", 8),
+    "int": ("int32", 4),
+    "short int": ("int16", 2),
+    "signed char": ("int8", 1),
+    "unsigned char": ("uint8", 1),
+    "bool": ("bool", 1),
+    "c10::complex<float>": ("complex64", 8),
+    "c10::complex<double>": ("complex128", 16),
+    "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "c10::Float8_e5m2": ("float8_e5m2", 1),
+}
+FORWARD_SPANS = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
+_STEP_SPAN = re.compile(r"^ProfilerStep#(\d+)$")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)")
+
+
+def _head(path: Path) -> bytes:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        return f.read(8192)
+
+
+def detect(path: Path) -> bool:
+    if not path.name.endswith((".json", ".json.gz")):
+        return False
+    try:
+        head = _head(path)
+    except (OSError, EOFError):
+        return False
+    return is_trace_head(head)
+
+
+def is_trace_head(head: bytes) -> bool:
+    """Whether a file's first bytes are a Chrome trace's (torch writes its header keys first)."""
+    return head.lstrip()[:1] == b"{" and (b'"traceEvents"' in head or b'"distributedInfo"' in head)
+
+
+def _read(path: Path) -> bytes:
+    if not path.name.endswith(".gz"):
+        base.check_size(path, MAX_BYTES)
+        return path.read_bytes()
+    with gzip.open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise base.FileTooCostly(f"over {base.size_text(MAX_BYTES)} once unzipped, the most an import reads of a trace")
+    return data
+
+
+def _load(data: bytes, out: Parsed, path: Path) -> tuple[dict, list, bool]:
+    """(the trace's header keys, its events, whether it broke off). A document cut short or broken
+    keeps its header and every whole event before the break, and the break is reported."""
+    text = data.decode("utf-8", errors="replace")
+    depth = base.json_depth(data)
+    if depth > base.MAX_JSON_DEPTH:
+        raise base.FileTooCostly(f"JSON nested deeper than {base.MAX_JSON_DEPTH} levels ({depth}); a trace has 5")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            raise ValueError("no 'traceEvents' list")
+        return doc, doc["traceEvents"], False
+    decoder = json.JSONDecoder()
+    header = {}
+    for key in ("distributedInfo", "baseTimeNanoseconds"):
+        m = re.search(rf'"{key}"\s*:\s*', text)
+        if m:
+            try:
+                header[key] = decoder.raw_decode(text, m.end())[0]
+            except ValueError:
+                pass
+    m = re.search(r'"traceEvents"\s*:\s*\[', text)
+    if not m:
+        raise ValueError("no 'traceEvents' list")
+    events, at = [], m.end()
+    while True:
+        at = _skip(text, at)
+        if at >= len(text) or text[at] == "]":
+            break
+        try:
+            event, at = decoder.raw_decode(text, at)
+        except ValueError:
+            out.problem(
+                path,
+                f"byte {at}",
+                f"the trace breaks off here; the {len(events):,} events before it are read, "
+                "its collectives without an end (their gloo worker events may lie past the break)",
+            )
+            return header, events, True
+        events.append(event)
+    return header, events, False
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n,":
+        at += 1
+    return at
+
+
+def _rank_of(path: Path, info: dict) -> int | None:
+    if isinstance(info.get("rank"), int):
+        return info["rank"]
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _numel(dims, kind) -> int:
+    """Elements of one argument: its ``Input Dims`` are a tensor's shape (``[]``: a 0-d tensor,
+    one element), or for a ``TensorList`` a list of shapes."""
+    if kind == "TensorList":
+        return sum(math.prod(shape) for shape in dims)
+    if not kind:
+        raise TypeError("not recorded")
+    return math.prod(dims)
+
+
+class _Steps:
+    """The step of a time (ns): ProfilerStep#N spans, sorted; before or between them, the one before."""
+
+    def __init__(self, spans: list[tuple[int, int, int]]) -> None:
+        self.spans = sorted(spans)
+        self.starts = [s for s, _, _ in self.spans]
+
+    def of(self, t: int) -> int:
+        if not self.spans:
+            return 1
+        return self.spans[max(0, bisect.bisect_right(self.starts, t) - 1)][2]
+
+
+def parse(path: Path) -> Parsed:
+    out = Parsed(sources=[str(path)])
+    try:
+        header, events, cut = _load(_read(path), out, path)
+    except ValueError as exc:
+        if isinstance(exc, base.FileTooCostly):
+            raise
+        out.problem(path, "", f"not a readable torch.profiler trace ({exc}); skipped")
+        return out
+    info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    rank = _rank_of(path, info)
+    if rank is None:
+        out.problem(path, "", "cannot tell which rank wrote this trace: no distributedInfo.rank; name it rank<N>.json")
+        return out
+    if isinstance(info.get("world_size"), int):
+        out.world_size = info["world_size"]
+    base_ns = int(header.get("baseTimeNanoseconds") or 0)
+
+    def ns(us) -> int:
+        return base_ns + round(float(us) * 1000)
+
+    spans, ops, workers, annotations = [], [], [], []
+    first, last = None, None
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        try:
+            name, start, dur = str(e.get("name", "")), ns(e["ts"]), round(float(e.get("dur", 0)) * 1000)
+        except (KeyError, TypeError, ValueError):
+            out.problem(path, f"event {i}", "a complete event ('X') without a numeric ts/dur; skipped")
+            continue
+        first = start if first is None else min(first, start)
+        last = start + dur if last is None else max(last, start + dur)
+        if name.startswith("c10d::"):
+            ops.append((start, dur, i, name[6:], e.get("args") or {}))
+        elif name.startswith("gloo:"):
+            workers.append((start, dur, name[5:], e.get("args") or {}))
+        elif m := _STEP_SPAN.match(name):
+            spans.append((start, start + dur, int(m.group(1)) + 1))
+        elif name in FORWARD_SPANS or name.startswith("Optimizer.step#"):
+            annotations.append((start, dur, "fwd" if name in FORWARD_SPANS else "step"))
+    steps = _Steps(spans)
+    for start, end, step in steps.spans:
+        out.add("timers", rank, "", step=step, name="profiler_step", start_ns=start, dur_ns=end - start)
+    if not spans and first is not None:
+        out.add("timers", rank, "", step=1, name="profiler_step", start_ns=first, dur_ns=last - first)
+    for start, dur, name in annotations:
+        out.add("timers", rank, "", step=steps.of(start), name=name, start_ns=start, dur_ns=dur)
+    _comm_rows(out, path, rank, info, sorted(ops), [] if cut else sorted(workers), steps, cut)
+    return out
+
+
+def _comm_rows(
+    out: Parsed, path: Path, rank: int, info: dict, ops: list, workers: list, steps: _Steps, cut: bool
+) -> None:
+    collectives = [op for op in ops if op[3] not in _P2P]
+    if not collectives:
+        return
+    groups = info.get("pg_config") or []
+    if len(groups) > 1:
+        out.problem(
+            path,
+            "",
+            f"{len(collectives):,} collectives not imported: the trace's ranks are in {len(groups)} process "
+            "groups, and its events do not say which group a collective ran on",
+        )
+        return
+    size = int(groups[0].get("pg_size") or len(groups[0].get("ranks") or [])) if groups else info.get("world_size")
+    if not isinstance(size, int) or size < 1:
+        out.problem(path, "", "no process group size in distributedInfo; collectives not imported")
+        return
+    claimed = [False] * len(workers)
+    worker_starts = [w[0] for w in workers]
+    seq = 0
+    for start, dur, i, c10d_op, args in collectives:
+        where = f"event {i} (c10d::{c10d_op})"
+        spec = C10D_OPS.get(c10d_op)
+        if spec is None:
+            out.problem(path, where, "a collective rankscope does not know; skipped")
+            continue
+        op, arg, times_group, worker_names = spec
+        seq += 1
+        end, dtype_name = (None if cut else start + dur), None
+        if workers:
+            need = size if c10d_op == "reduce_scatter_" else 1
+            mine = _claim(workers, worker_starts, claimed, start, worker_names, need)
+            if len(mine) < need:
+                out.problem(path, where, f"its gloo:{worker_names[0]} worker event is not in the trace; skipped")
+                continue
+            end = max(end, *(workers[j][0] + workers[j][1] for j in mine))
+            dtype_name = ((workers[mine[0]][3].get("Input type") or [None])[0]) or None
+        dims = args.get("Input Dims") or []
+        types = args.get("Input type") or []
+        if arg is not None and arg < len(types) and types[arg] in DTYPES:
+            dtype_name = types[arg]
+        dtype, itemsize = DTYPES.get(dtype_name, (dtype_name, None))
+        if op == "barrier":
+            numel, nbytes, dtype = 0, 0, None
+        else:
+            try:
+                numel = _numel(dims[arg], types[arg]) * (size if times_group else 1)
+            except (IndexError, TypeError):
+                out.problem(path, where, "no Input Dims (profile with record_shapes=True); skipped")
+                continue
+            nbytes = numel * itemsize if itemsize else None
+        algbw, busbw = bandwidth.bandwidth(op, nbytes, end - start, size) if nbytes and end else (None, None)
+        out.add(
+            "comm",
+            rank,
+            where,
+            step=steps.of(start),
+            group_name="world",
+            group_size=size,
+            seq=seq,
+            op=op,
+            log_name=op,
+            dtype=dtype,
+            numel=numel,
+            bytes=nbytes,
+            start_ns=start,
+            end_ns=end,
+            async_op=None,
+            algbw_gbs=algbw,
+            busbw_gbs=busbw,
+        )
+
+
+def _claim(workers: list, starts: list, claimed: list, after: int, names: tuple, need: int) -> list[int]:
+    """Indices of the first ``need`` unclaimed worker events named one of ``names`` that start at or
+    after ``after`` (claimed as they are found)."""
+    mine = []
+    j = bisect.bisect_left(starts, after)
+    while j < len(workers) and len(mine) < need:
+        if not claimed[j] and workers[j][2] in names:
+            claimed[j] = True
+            mine.append(j)
+        j += 1
+    return mine

@@ -1,0 +1,52 @@
+"""Rank processes for the torch.profiler import test: 2 gloo ranks train a small DDP model (AdamW,
+several gradient buckets, the loss all-reduced for logging before each optimizer step) with the
+hook attached AND torch.profiler on, its schedule recording the steps after DDP's bucket rebuild
+(the second iteration's broadcasts, which DDP's C++ reducer issues where the hook does not see
+them). Each rank's trace is written by torch's own ``tensorboard_trace_handler``: rank 0 plain,
+rank 1 gzipped, both named ``<host>_<pid>.<time>.pt.trace.json[.gz]`` (no rank in the name)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+from collector import hook
+from collector.rank import session
+from collector.testing.gloo import leave_world, torchrun_env
+
+WORLD = 2
+SKIPPED, WARMUP, ACTIVE = 2, 1, 4  # iterations 0-1 unprofiled (DDP rebuilds its buckets in iteration 1)
+ITERATIONS = SKIPPED + WARMUP + ACTIVE
+FIRST_STEP = SKIPPED + WARMUP + 1  # the hook's step of the first recorded iteration (ProfilerStep#3)
+
+
+def worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    torchrun_env(rank, WORLD, port)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    hook.attach(run="profiled-ddp", endpoint=endpoint)
+    dist.init_process_group("gloo")
+    client = session.active().client
+    deadline = time.monotonic() + 60
+    while client.acked == 0 and time.monotonic() < deadline:  # the run exists before training
+        time.sleep(0.05)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.03)  # a few buckets a step
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handler = tensorboard_trace_handler(out, use_gzip=rank == 1)
+    plan = schedule(wait=SKIPPED, warmup=WARMUP, active=ACTIVE, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=plan, on_trace_ready=handler) as prof:
+        for _ in range(ITERATIONS):
+            x = torch.randn(32, 64)
+            loss = (model(x) - x).pow(2).mean()
+            loss.backward()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)  # the script's own logging collective
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    hook.detach()
+    leave_world()
