@@ -6,7 +6,9 @@ stage's time is what the test sets, also on a loaded machine (sleeping needs no 
 
 - ``balanced``: 2 stages of equal time, ``MICRO_BATCHES`` micro-batches;
 - ``slow``: the same with stage 1 sleeping ``SLOW_S`` more in each micro-batch's forward;
-- ``few``: balanced, 2 micro-batches (1F1B idles a third of each step at that ratio).
+- ``few``: balanced, 2 micro-batches (1F1B idles a third of each step at that ratio);
+- ``data_parallel``: no pipeline, the same layers replicated on both ranks, gradients all-reduced in
+  small buckets after each backward (``reduce_bucket_size`` ``DP_BUCKET``): exposed, small messages.
 
 Rank r writes ``{run: run_id}`` to ``out/rank<r>.json``.
 """
@@ -27,6 +29,7 @@ WORLD, STAGES, STEPS, MICRO_BATCHES = 2, 2, 8, 4
 FWD_S, BWD_S, SLOW_S = 0.03, 0.06, 0.03
 LAYERS_PER_STAGE = 8
 RUNS = {"balanced": (MICRO_BATCHES, 0.0), "slow": (MICRO_BATCHES, SLOW_S), "few": (2, 0.0)}
+DP_BUCKET = 64  # elements: each Linear(8, 8)'s 72 parameters take two all_reduces
 
 
 class _SleepInBackward(torch.autograd.Function):
@@ -64,6 +67,17 @@ def layers(slow_s: float) -> list:
     return specs
 
 
+def _config(name: str, micro_batches: int, endpoint: str, **blocks) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": micro_batches,
+        "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+        "telemetry": {"enabled": True, "endpoint": endpoint, "run": f"pipe-{name}"},
+        "steps_per_print": 1000,
+        **blocks,
+    }
+
+
 def _train(name: str, micro_batches: int, slow_s: float, endpoint: str) -> str:
     import trainer
     from collector.rank import session
@@ -71,17 +85,28 @@ def _train(name: str, micro_batches: int, slow_s: float, endpoint: str) -> str:
 
     torch.manual_seed(0)
     net = PipelineModule(layers(slow_s), num_stages=STAGES, loss_fn=nn.functional.mse_loss, partition_method="uniform")
-    config = {
-        "train_micro_batch_size_per_gpu": 4,
-        "gradient_accumulation_steps": micro_batches,
-        "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
-        "telemetry": {"enabled": True, "endpoint": endpoint, "run": f"pipe-{name}"},
-        "steps_per_print": 1000,
-    }
-    engine, *_ = trainer.initialize(model=net, config=config)
+    engine, *_ = trainer.initialize(model=net, config=_config(name, micro_batches, endpoint))
     data = iter([(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(STEPS * micro_batches)])
     for _ in range(STEPS):
         engine.train_batch(data)
+    run_id = session.active().run_id
+    engine.close()
+    return run_id
+
+
+def _train_data_parallel(endpoint: str) -> str:
+    """The ``data_parallel`` run: no pipeline; its gradient all_reduces are the communication."""
+    import trainer
+    from collector.rank import session
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*(SleepLayer(8, FWD_S / LAYERS_PER_STAGE, BWD_S / LAYERS_PER_STAGE) for _ in range(8)))
+    zero = {"stage": 0, "reduce_bucket_size": DP_BUCKET, "overlap_comm": False}
+    engine, *_ = trainer.initialize(model=net, config=_config("data_parallel", 1, endpoint, zero_optimization=zero))
+    for _ in range(STEPS):
+        x, y = torch.randn(4, 8), torch.randn(4, 8)
+        engine.backward(nn.functional.mse_loss(engine(x), y))
+        engine.step()
     run_id = session.active().run_id
     engine.close()
     return run_id
@@ -94,5 +119,6 @@ def pipe_runs_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     run_ids = {name: _train(name, m, slow, endpoint) for name, (m, slow) in RUNS.items()}
+    run_ids["data_parallel"] = _train_data_parallel(endpoint)
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(run_ids))

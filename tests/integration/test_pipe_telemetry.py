@@ -6,7 +6,10 @@ rows into a real collector; the bubbles and findings are read back from the stor
 - slow (stage 1 sleeps 30 ms more per micro-batch): stage 1 is named, its ranks, and its cost
   (m - 1) * (max - mean stage time) = 3 * 15 ms = 45 ms/step within 40% (sleeps overshoot on a
   loaded machine), with layers to move to stage 0;
-- few (2 micro-batches): the bubble finding, ideal 33%, suggesting more micro-batches.
+- few (2 micro-batches): the bubble finding, ideal 33%, suggesting more micro-batches;
+- the pipeline runs' point-to-point traffic gets no communication note (no "in flight" share, no
+  bucket advice for activations); a data-parallel run of the same layers on the same ranks still
+  gets both for its gradient all_reduces.
 Stage times come from sleeps (tests/integration/_pipe_workers.py), not from CPU work.
 """
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 import pytest
 
 from collector.data import findings, queries
+from collector.data.findings.communication import exposed_communication
+from collector.data.findings.messages import POINT_TO_POINT, small_messages
 from collector.data.pipeline import stage_bubbles, timeline
 from collector.testing.collectors import live_collector
 from tests.integration import _pipe_workers as script
@@ -82,3 +87,37 @@ def test_too_few_micro_batches_are_named_with_the_ideal(runs):
     assert abs(found.evidence["bubble_fraction"] - 1 / 3) <= 0.08, found.text
     assert found.evidence["suggested_micro_batches"] == 8 and "33%" in found.text
     assert kinds["stage_imbalance"] == []
+
+
+def _log_summary(cat, run_id):
+    rollup = queries.comm_rollup(cat, run_id)
+    return queries.log_summary(rollup, queries.training_filter(queries.comm_dimensions(rollup)))
+
+
+@pytest.mark.parametrize("name", ["balanced", "slow", "few"])
+def test_a_pipelines_point_to_point_traffic_gets_no_communication_note(runs, name):
+    cat, run_ids = runs
+    run_id = run_ids[name]
+    # what the notes would read without knowing the run is a pipeline: small isends and recvs, and
+    # an "in flight" share of the engine's step timer (its optimizer step only)
+    summary = _log_summary(cat, run_id)
+    assert {"isend", "recv"} <= set(summary.op), summary
+    (blind,) = small_messages(summary, "bundled engine")
+    assert {"isend", "recv"} <= set(blind.evidence["ops"]), blind.text
+    assert exposed_communication(queries.step_analysis(cat, run_id)), "the step analysis has p2p in flight"
+    found = findings.for_run(cat, run_id)
+    assert [f for f in found if f.kind == "exposed_communication"] == [], [f.text for f in found]
+    for note in (f for f in found if f.kind == "small_messages"):
+        assert not POINT_TO_POINT & set(note.evidence["ops"]), note.text
+
+
+def test_a_data_parallel_runs_exposed_gradient_all_reduces_keep_their_notes(runs):
+    cat, run_ids = runs
+    found = findings.for_run(cat, run_ids["data_parallel"])
+    (comm,) = [f for f in found if f.kind == "exposed_communication"]
+    assert 0 < comm.evidence["exposed"] <= comm.evidence["comm"] <= 1, comm.text
+    assert comm.evidence["overlapped"] < 0.5, comm.text  # the all_reduces run after backward (overlap_comm off)
+    (small,) = [f for f in found if f.kind == "small_messages"]
+    assert "all_reduce" in small.evidence["ops"] and not POINT_TO_POINT & set(small.evidence["ops"])
+    assert small.evidence["keys"] == ["zero_optimization.reduce_bucket_size"], small.text
+    assert not [f for f in found if f.kind in ("stage_imbalance", "pipeline_bubble")]

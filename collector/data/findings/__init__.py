@@ -24,10 +24,10 @@ from collector.data.findings.links import slow_links
 from collector.data.findings.loss import loss_anomalies
 from collector.data.findings.loss_scale import loss_scale_falls
 from collector.data.findings.memory import memory_growth
-from collector.data.findings.messages import engine_of, small_messages
+from collector.data.findings.messages import engine_of, has_point_to_point, small_messages
 from collector.data.findings.model import Finding, duration, exit_code, pct, ranked
 from collector.data.findings.moe import expert_imbalance
-from collector.data.findings.pipeline import stage_imbalance, too_few_micro_batches
+from collector.data.findings.pipeline import pipelined, stage_imbalance, too_few_micro_batches
 from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import costly_ranks
 from collector.data.pipeline import stage_bubbles
@@ -68,8 +68,10 @@ def summarize(
     ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
     ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off);
     ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links;
-    ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles."""
+    ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles; on a pipeline
+    run they, not the communication notes, speak for the stages' point-to-point traffic."""
     engine, stage = engine_of(source, config)
+    piped = pipelined(pipeline) and has_point_to_point(log_summary)
     empty = pd.DataFrame()
     return _one_story(
         liveness_findings(
@@ -78,8 +80,8 @@ def summarize(
             liveness if liveness is not None else empty,
         )
         + costly_ranks(steps, world_size, signals)
-        + exposed_communication(steps)
-        + small_messages(log_summary, engine, stage)
+        + exposed_communication(steps, piped)
+        + small_messages(log_summary, engine, stage, piped)
         + loss_scale_falls(scales)
         + expert_imbalance(moe)
         + loss_anomalies(losses)

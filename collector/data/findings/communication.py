@@ -6,6 +6,13 @@ it spent waiting for the instance's last rank, and the part that ran beside comp
 left after waiting is transfer. The finding is a note (``info``), never a warning: time spent
 waiting for a late rank is the straggler finding's to blame, and transfer time on its own is
 what the interconnect costs. Without step timers there is no step to share, so no note.
+
+Nor on a pipeline run (the bundled engine's: a ``pipe`` table and point-to-point ops): there
+most communication is the activations and gradients sent between stages, async isends in flight
+beside the next micro-batch's compute (not step time lost) and blocking receives whose waits are
+the pipeline's bubbles, which findings.pipeline measures against 1F1B's ideal and blames on a
+slow stage or too few micro-batches. And the pipeline engine's step timer spans its optimizer
+step only, so a share of "step time" would be a share of that.
 """
 
 from __future__ import annotations
@@ -41,8 +48,11 @@ def recent_exposed_share(steps: pd.DataFrame, window: int) -> pd.DataFrame:
     return exposed_shares(recent)[["rank", "exposed"]]
 
 
-def exposed_communication(steps: pd.DataFrame) -> list[Finding]:
-    """From queries.step_analysis (rank, step, step_ms, comm_ms, waiting_ms, overlapped_ms, timed)."""
+def exposed_communication(steps: pd.DataFrame, pipelined: bool = False) -> list[Finding]:
+    """From queries.step_analysis (rank, step, step_ms, comm_ms, waiting_ms, overlapped_ms, timed);
+    ``pipelined``: the run is a pipeline of two stages or more (no note, see above)."""
+    if pipelined:
+        return []
     steps = training_steps(steps)
     if steps.empty or not bool(steps.timed.iloc[0]):
         return []

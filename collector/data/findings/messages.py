@@ -11,6 +11,9 @@ torch.distributed script has no such keys, so the note says what to do, not whic
 The note is about steady-state traffic, so it reads the training steps only
 (queries.training_filter): the start-up parameter broadcast, one small message per tensor, done
 once, is expected and no key makes it bigger.
+
+On a pipeline run the point-to-point ops are left out: they carry one micro-batch's activations or
+gradients between stages, sized by the micro-batch and the model, not by any bucket.
 """
 
 from __future__ import annotations
@@ -25,8 +28,14 @@ SMALL_MESSAGE_BYTES = 1 << 20
 SMALL_MESSAGE_SHARE = 0.5
 REDUCTIONS = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce"}
 GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_object"}
+POINT_TO_POINT = {"send", "recv", "isend", "irecv"}
 
 BUNDLED, DEEPSPEED, TORCH = "bundled engine", "DeepSpeed", "torch.distributed"
+
+
+def has_point_to_point(log_summary: pd.DataFrame) -> bool:
+    """Whether queries.log_summary holds point-to-point ops (a pipeline's stages exchange theirs)."""
+    return not log_summary.empty and bool(log_summary.op.isin(POINT_TO_POINT).any())
 
 
 def engine_of(source: str | None, config: str | None) -> tuple[str, int | None]:
@@ -59,8 +68,13 @@ def bucket_key(op: str, engine: str, stage: int | None) -> str | None:
     return None
 
 
-def small_messages(log_summary: pd.DataFrame, engine: str = TORCH, stage: int | None = None) -> list[Finding]:
-    """From queries.log_summary (op, bytes, transfer_ms, ...)."""
+def small_messages(
+    log_summary: pd.DataFrame, engine: str = TORCH, stage: int | None = None, pipelined: bool = False
+) -> list[Finding]:
+    """From queries.log_summary (op, bytes, transfer_ms, ...); ``pipelined``: the run is a pipeline
+    of two stages or more (its point-to-point ops left out)."""
+    if pipelined and not log_summary.empty:
+        log_summary = log_summary[~log_summary.op.isin(POINT_TO_POINT)]
     if log_summary.empty:
         return []
     small = log_summary.assign(small_ms=log_summary.transfer_ms.where(log_summary.bytes < SMALL_MESSAGE_BYTES, 0.0))

@@ -45,6 +45,12 @@ def _pipeline(bubbles: pd.DataFrame | None) -> tuple[pd.DataFrame, int, int] | N
     return (rows, stages, m) if stages >= 2 else None
 
 
+def pipelined(bubbles: pd.DataFrame | None) -> bool:
+    """Whether the run is a pipeline of two stages or more (its point-to-point traffic is then the
+    stages' activations and gradients, which these findings speak for)."""
+    return _pipeline(bubbles) is not None
+
+
 def stage_imbalance(bubbles: pd.DataFrame | None) -> list[Finding]:
     if (pipeline := _pipeline(bubbles)) is None:
         return []

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from collector.data.findings.pipeline import stage_imbalance, too_few_micro_batches
+from collector.data import findings
+from collector.data.findings.pipeline import pipelined, stage_imbalance, too_few_micro_batches
 
 
 def bubbles(stage_ms: list[float], m: int, layers: list[int] | None = None, steps: int = 6) -> pd.DataFrame:
@@ -77,3 +78,50 @@ def test_enough_micro_batches_say_nothing(stages, m):
 
 def test_no_pipeline_rows_no_findings():
     assert stage_imbalance(pd.DataFrame()) == [] and too_few_micro_batches(None) == []
+
+
+def _steps(ranks: int, steps: int = 6) -> pd.DataFrame:
+    """queries.step_analysis rows: 100 ms steps, 70 ms of them communication, none beside compute."""
+    return pd.DataFrame(
+        [dict(rank=r, step=s, step_ms=100.0, comm_ms=70.0, waiting_ms=10.0, overlapped_ms=0.0, imposed_ms=0.0,
+              late_op=None, held_ms=0.0, timed=True) for s in range(steps) for r in range(ranks)]
+    )  # fmt: skip
+
+
+def _log_summary() -> pd.DataFrame:
+    """Small activations sent between stages and small gradient all_reduces."""
+    return pd.DataFrame(
+        [dict(op=op, bytes=4096, count=40, total_latency_ms=40.0, avg_latency_ms=1.0, transfer_ms=30.0,
+              algbw_gbs=0.1, busbw_gbs=0.1) for op in ("isend", "recv", "all_reduce")]
+    )  # fmt: skip
+
+
+def _communication_notes(pipeline: pd.DataFrame | None, log_summary: pd.DataFrame | None = None) -> dict[str, list]:
+    log_summary = _log_summary() if log_summary is None else log_summary
+    found = findings.summarize(steps=_steps(2), log_summary=log_summary, scales=pd.DataFrame(), world_size=2,
+                               source="engine", config="{}", pipeline=pipeline)  # fmt: skip
+    return {k: [f for f in found if f.kind == k] for k in ("exposed_communication", "small_messages")}
+
+
+def test_a_pipelines_point_to_point_traffic_gets_no_communication_note():
+    assert pipelined(bubbles([60, 60], m=8)) and not pipelined(bubbles([60], m=8)) and not pipelined(None)
+    notes = _communication_notes(bubbles([60, 60], m=8))
+    assert notes["exposed_communication"] == []
+    (small,) = notes["small_messages"]  # the gradient all_reduces keep their note, the p2p ops are left out
+    assert small.evidence["ops"] == ["all_reduce"]
+    assert small.evidence["keys"] == ["zero_optimization.reduce_bucket_size"]
+
+
+@pytest.mark.parametrize("pipeline", ["none", "no rows", "one stage"])
+def test_without_a_pipeline_the_communication_notes_are_unchanged(pipeline):
+    notes = _communication_notes({"none": None, "no rows": pd.DataFrame(), "one stage": bubbles([60], m=8)}[pipeline])
+    (comm,) = notes["exposed_communication"]
+    assert comm.evidence["comm"] == pytest.approx(0.7)
+    (small,) = notes["small_messages"]
+    assert small.evidence["ops"] == ["all_reduce", "isend", "recv"]
+
+
+def test_pipe_rows_without_point_to_point_traffic_keep_the_communication_note():
+    collectives = _log_summary()[lambda d: d.op == "all_reduce"]  # e.g. a fake run's pipe rows beside all_reduces
+    (comm,) = _communication_notes(bubbles([60, 60], m=8), collectives)["exposed_communication"]
+    assert comm.evidence["comm"] == pytest.approx(0.7)
