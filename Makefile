@@ -36,7 +36,9 @@ ds-venv: install
 	-$(PY) -m benches._deepspeed_venv
 
 # Both tiers (tests/unit, tests/integration) and the house checks in tests/, all but the slow tests.
-test: install native lint ds-venv
+# The three set-up steps are independent (a compiler, ruff, pip): they run side by side.
+test: install
+	$(MAKE) --no-print-directory -j3 native lint ds-venv
 	$(PY) -m pytest -q -m "not slow" tests
 
 # The unit tier alone (pure functions: no process, socket, browser or process group; tests/unit/conftest.py

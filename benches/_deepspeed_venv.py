@@ -9,6 +9,10 @@ DeepSpeed runs there on CPU (``DS_ACCELERATOR=cpu``) over gloo, as in
 tests/fixtures/deepspeed_run/generate.py.
 
     python -m benches._deepspeed_venv      # create it if missing, print its versions
+
+DeepSpeed compiles two C++ ops the first time a process of a venv uses them (its CPU Adam and its
+shared-memory all_reduce: a minute or more of g++ on two cores); ``build_ops_in_background`` lets
+the test session have that done at the lowest priority while other tests run.
 """
 
 from __future__ import annotations
@@ -88,6 +92,31 @@ def ensure() -> Path:
         raise RuntimeError(f"DeepSpeed venv at {VENV} still cannot import torch and deepspeed")
     print(f"[deepspeed venv] ready: {have}", flush=True)
     return PYTHON
+
+
+JIT_OPS = ("FusedAdamBuilder", "ShareMemCommBuilder")
+
+
+def build_ops_in_background(log: Path) -> subprocess.Popen | None:
+    """Starts compiling DeepSpeed's JIT ops (``JIT_OPS``) in the venv at nice 19, output to ``log``;
+    None where the venv is missing. A DeepSpeed process that needs an op meanwhile waits on torch's
+    build lock for it rather than compiling it again; ops already built just load."""
+    if not PYTHON.exists():
+        return None
+    code = (
+        f"from deepspeed.ops.op_builder.cpu import {', '.join(JIT_OPS)}\n"
+        f"for builder in ({', '.join(JIT_OPS)}):\n"
+        "    builder().load()\n"
+    )
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [str(PYTHON), "-c", code],
+            env=env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: os.nice(19),
+        )
 
 
 # What a rankscope rank needs beyond torch, numpy and psutil (which the venv has already), for a

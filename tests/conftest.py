@@ -5,11 +5,34 @@ collector, no process group left over). Helpers are in collector.testing."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
 
 from collector.testing.ports import free_port
+
+# The test files that run real DeepSpeed: when any is selected, its JIT ops compile in the background
+# from the start of the session (nice 19), in the CPU other tests leave idle.
+_DEEPSPEED_TESTS = {"test_deepspeed_hook.py", "test_deepspeed_scripts.py", "test_import_deepspeed.py"}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if any(item.path.name in _DEEPSPEED_TESTS for item in items):
+        from benches import _deepspeed_venv
+
+        config._deepspeed_ops_build = _deepspeed_venv.build_ops_in_background(_deepspeed_venv.VENV / "jit-ops.log")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    build = getattr(session.config, "_deepspeed_ops_build", None)
+    if build is not None and build.poll() is None:
+        build.send_signal(signal.SIGINT)  # torch releases its build lock on the way out
+        try:
+            build.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            build.kill()
 
 
 @pytest.fixture
