@@ -14,7 +14,9 @@ gloo runs the collective on one of its ``pt_gloo_runloop`` threads as a ``gloo:<
 (whose ``Input type`` gives the dtype). Nothing links the two events, so they are paired in
 order: gloo's queue hands work to its threads first in, first out, so a collective's worker
 event is the first unclaimed ``gloo:`` event of its kind that starts after it (a list
-reduce-scatter runs as one ``gloo:all_reduce`` per rank of the group).
+reduce-scatter runs as one ``gloo:all_reduce`` per rank of the group). Where no event of a
+rank's trace gives the dtype (a non-root scatter; a trace cut short), the dtype another rank's
+trace recorded for the same instance is taken (``settle``, across the traces of one import).
 
 Duration, by the hook's definition (collector.rank.recorder: from entering the collective to
 its completion, for an async op the completion of its Work): ``start_ns`` is the ``c10d::``
@@ -45,9 +47,9 @@ trace's. Events outside every step span take the step of the span before them (o
 A file cut short (a rank killed while writing) is read up to the cut: every whole event before
 it counts, and a problem says where the file ended. torch writes a trace thread by thread, so
 the gloo worker events of collectives before the cut may lie past it: a cut trace's collectives
-keep their step, seq, op, sizes and start, and have no end (NULL) -- and no dtype or bytes where
-only the worker event gave the dtype (``c10d::allreduce_``'s tensor list) -- rather than a
-pairing that cannot be trusted.
+keep their step, seq, op, sizes and start, and have no end (NULL) rather than a pairing that
+cannot be trusted; their dtype comes from the other ranks' traces where only the worker event
+held it (``c10d::allreduce_``'s tensor list).
 """
 
 from __future__ import annotations
@@ -84,9 +86,10 @@ C10D_OPS = {
     "alltoall_base_": ("all_to_all_single", 1, False, ("all_to_all",)),
     "gather_": ("gather", 1, True, ("gather",)),
     "scatter_": ("scatter", 0, True, ("scatter",)),
-    "barrier": ("barrier", None, False, ("barrier",)),
+    "barrier": ("barrier", 0, False, ("barrier",)),
 }
 _P2P = {"send", "recv_", "recv_any_source_"}
+ITEMSIZE = {}  # filled below from DTYPES: comm.dtype -> bytes per element
 # C++ type names in "Input type" -> (torch dtype name as comm.dtype holds it, bytes per element)
 DTYPES = {
     "float": ("float32", 4),
@@ -104,6 +107,7 @@ DTYPES = {
     "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
     "c10::Float8_e5m2": ("float8_e5m2", 1),
 }
+ITEMSIZE.update(DTYPES.values())
 FORWARD_SPANS = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
 _STEP_SPAN = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)")
@@ -316,11 +320,11 @@ def _comm_rows(
             dtype_name = ((workers[mine[0]][3].get("Input type") or [None])[0]) or None
         dims = args.get("Input Dims") or []
         types = args.get("Input type") or []
-        if arg is not None and arg < len(types) and types[arg] in DTYPES:
+        if arg < len(types) and types[arg] in DTYPES:
             dtype_name = types[arg]
         dtype, itemsize = DTYPES.get(dtype_name, (dtype_name, None))
         if op == "barrier":
-            numel, nbytes, dtype = 0, 0, None
+            numel, nbytes = 0, 0
         else:
             try:
                 numel = _numel(dims[arg], types[arg]) * (size if times_group else 1)
@@ -361,3 +365,29 @@ def _claim(workers: list, starts: list, claimed: list, after: int, names: tuple,
             mine.append(j)
         j += 1
     return mine
+
+
+def settle(parsed: list[Parsed]) -> None:
+    """Across every rank's trace of one import: a collective whose dtype this rank's trace does not
+    hold (a non-root scatter records none; a cut trace lacks the worker events that give it) takes
+    the dtype another rank recorded for the same instance (group, seq, op), and its bytes with it."""
+    known = {}
+    for p in parsed:
+        for (table, _), rows in p.rows.items():
+            if table == "comm":
+                for r in rows:
+                    if r["dtype"] is not None:
+                        known[(r["group_name"], r["seq"], r["op"])] = r["dtype"]
+    for p in parsed:
+        for (table, _), rows in p.rows.items():
+            if table != "comm":
+                continue
+            for r in rows:
+                dtype = known.get((r["group_name"], r["seq"], r["op"]))
+                if r["dtype"] is None and dtype in ITEMSIZE:
+                    r["dtype"], r["bytes"] = dtype, r["numel"] * ITEMSIZE[dtype]
+                    if r["end_ns"] is not None and r["bytes"]:
+                        duration = r["end_ns"] - r["start_ns"]
+                        r["algbw_gbs"], r["busbw_gbs"] = bandwidth.bandwidth(
+                            r["op"], r["bytes"], duration, r["group_size"]
+                        )

@@ -23,6 +23,21 @@ ITERATIONS = SKIPPED + WARMUP + ACTIVE
 FIRST_STEP = SKIPPED + WARMUP + 1  # the hook's step of the first recorded iteration (ProfilerStep#3)
 
 
+def _one_of_each(rank: int) -> None:
+    """Every other collective gloo runs, each with a size of its own, so each maps to its row."""
+    t = torch.ones(6)
+    dist.broadcast(t, 0)
+    dist.all_gather([torch.zeros(6) for _ in range(WORLD)], t)
+    dist.all_gather_into_tensor(torch.zeros(10 * WORLD), torch.ones(10))
+    dist.reduce_scatter(torch.zeros(3), [torch.ones(3) for _ in range(WORLD)])
+    dist.reduce_scatter_tensor(torch.zeros(7), torch.ones(7 * WORLD))
+    dist.all_to_all_single(torch.zeros(4 * WORLD, dtype=torch.float64), torch.ones(4 * WORLD, dtype=torch.float64))
+    dist.gather(torch.ones(5), [torch.zeros(5) for _ in range(WORLD)] if rank == 0 else None, 0)
+    dist.scatter(torch.zeros(9), [torch.ones(9) for _ in range(WORLD)] if rank == 0 else None, 0)
+    dist.reduce(torch.ones(11, dtype=torch.int64), 0)
+    dist.barrier()
+
+
 def worker(rank: int, port: int, endpoint: str, out: str) -> None:
     torchrun_env(rank, WORLD, port)
     torch.set_num_threads(1)
@@ -45,6 +60,7 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
             loss.backward()
             logged = loss.detach().clone()
             dist.all_reduce(logged)  # the script's own logging collective
+            _one_of_each(rank)
             opt.step()
             opt.zero_grad()
             prof.step()
