@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, evidence, queries, state
 from collector.data import findings as diagnosis
 from collector.data.findings import stragglers
 
@@ -125,12 +125,12 @@ def health_summary(sel: state.Selection, version: str) -> None:
     elif not problems:
         st.success("Healthy: no straggler, hang or overflow to fix.")
     show = {"critical": st.error, "warning": st.warning}
-    captured = queries.evidence(d, run_id, queries.table_version(d, run_id, ("artifacts",))) if problems else []
+    captured = evidence.captured(d, run_id) if problems else []
     for finding in problems:
         show[finding.severity](finding.text + finding_link(finding, run_id))
         for found in captured:
             if found.get("suspect") in finding.ranks:
-                evidence(d, found)
+                evidence.show(d, found)
     for finding in notes:
         st.info(finding.text + finding_link(finding, run_id))
     if any(f.kind == "straggler" for f in findings):
@@ -141,21 +141,6 @@ def health_summary(sel: state.Selection, version: str) -> None:
                 lambda: straggler_cost_chart(queries.step_analysis(d, run_id, version)),
             )
         )
-
-
-def evidence(data_dir: str, found: dict) -> None:
-    """A captured profile diff under the finding it explains, with the two traces side by side to download."""
-    first, last = found["steps"]
-    st.caption(f"Evidence (profiled steps {first}-{last}): {found['headline']}")
-    roles = {found["suspect"]: "suspect", found["reference"]: "reference"}
-    traces = tuple((rank, roles[rank], path) for rank, path in sorted(found["traces"].items()))
-    st.download_button(
-        "Download both traces (Perfetto JSON)",
-        data=queries.merged_trace(data_dir, traces),
-        file_name=f"{found['request_id']}-merged.json",
-        mime="application/json",
-        key=f"evidence-{found['request_id']}-{found['suspect']}",
-    )
 
 
 def straggler_cost_chart(steps: pd.DataFrame):

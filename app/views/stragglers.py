@@ -7,13 +7,13 @@ Readable at any world size (collector/data/binning.py): while the ranks fit, the
 have a row per rank; beyond that a row per host or rank range showing the bin's max (hover:
 p95 and the rank behind the max), worst bins first, and any bin opens into its ranks. The
 last-arrival chart shows the few worst ranks per op, and the sentences name the ranks that
-arrive last beyond chance (collector/data/findings/stragglers.py). Click a cell to list the
-collective instances behind it."""
+arrive last beyond chance (collector/data/findings/stragglers.py), with the evidence profiled
+from suspects (app/evidence.py) under them. Click a cell to list the collective instances behind it."""
 
 import pandas as pd
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, evidence, queries, state
 from collector.data import binning
 from collector.data.findings.stragglers import late_ranks
 
@@ -216,6 +216,8 @@ def stragglers_page() -> None:
             world = max(len(ranks), int(last["rank"].max()) + 1)
             for sentence in summary_sentences(last, world):
                 st.markdown(sentence)
+            for found in evidence.captured(d, run_id):  # what the suspects did, if profiled
+                evidence.show(d, found)
         drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version), cell)
 
     state.live(sel, body)

@@ -1,4 +1,4 @@
-"""The Overview shows captured evidence under the finding it explains: a fake run whose rank 3 is
+"""The Overview and the Stragglers page show captured evidence under the finding it explains: a fake run whose rank 3 is
 late (collector.testing.fake_runs), and two profiles (rank 3 suspect, rank 0 reference) sent as
 Artifact envelopes to a real collector over that data dir. The straggler finding gets the diff's
 headline and a download of both traces; the same finding of a run without captures shows none."""
@@ -81,3 +81,15 @@ def test_a_run_without_captures_shows_no_evidence(data_dir, monkeypatch):
     assert any(f"rank {SUSPECT}" in w.value for w in at.warning)  # the same finding, nothing captured for it
     assert not [c.value for c in at.caption if c.value.startswith("Evidence")]
     assert not at.get("download_button")
+
+
+def test_the_stragglers_page_shows_the_evidence_under_its_sentences(data_dir, monkeypatch):
+    at = open_page(data_dir, monkeypatch, "views/stragglers.py", [FINISHED.run_id])
+    assert not at.exception
+    captions = [c.value for c in at.caption]
+    assert any(f"rank {SUSPECT} spends +40.0 ms/step in slow_loader" in c for c in captions), captions
+    [button] = at.get("download_button")
+    assert button.proto.label == "Download both traces (Perfetto JSON)"
+    without = open_page(data_dir, monkeypatch, "views/stragglers.py", [LIVE.run_id])
+    assert not [c.value for c in without.caption if c.value.startswith("Evidence")]
+    assert not without.get("download_button")
