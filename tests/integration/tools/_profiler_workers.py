@@ -66,3 +66,19 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
             prof.step()
     hook.detach()
     leave_world()
+
+
+def two_groups(rank: int, port: int, out: str) -> None:
+    """One rank, no hook: a trace taken before any process group exists (``plain.json``: no
+    distributedInfo), then one with collectives on two process groups (``groups.json``)."""
+    torchrun_env(rank, 1, port)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.ones(8).sum()
+    prof.export_chrome_trace(f"{out}/plain.json")
+    dist.init_process_group("gloo")
+    pair = dist.new_group([0])
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(4), group=pair)
+    prof.export_chrome_trace(f"{out}/groups.json")
+    leave_world()

@@ -98,6 +98,7 @@ def test_profiler_traces_import_as_the_hook_recorded_the_same_run(profiled_run, 
         cat.close()
     assert sorted(set(analysis.step)) == list(PROFILED) and set(analysis["rank"]) == {0, 1}
     assert analysis.timed.all() and (analysis.step_ms > 0).all() and (analysis.comm_ms <= analysis.step_ms).all()
+    assert rankscope("health", run, "--data-dir", imported) == 0  # a healthy run, judged from its traces
 
 
 def test_a_trace_cut_short_keeps_what_came_before_and_says_where(profiled_run, tmp_path, capsys):
@@ -157,3 +158,19 @@ def test_profiler_durations_are_the_hooks(profiled_run, tmp_path):
         f"|gap| median {statistics.median(abs(g) for g, _ in gaps) / 1e3:.0f} µs, "
         f"max {max(abs(g) for g, _ in gaps) / 1e3:.0f} µs"
     )
+
+
+def test_traces_it_cannot_place_are_named(tmp_path, capsys):
+    """A trace without distributedInfo or a rank in its name, and one whose collectives ran on two
+    process groups (which no event of the trace tells apart): each named with why; the second's
+    step timing still imported."""
+    traces = tmp_path / "in"
+    traces.mkdir()
+    join_ranks(start_ranks(workers.two_groups, 1, str(traces)), timeout=120)
+    capsys.readouterr()
+    assert rankscope("import", traces, "--data-dir", tmp_path / "d") == 1
+    err = capsys.readouterr().err
+    assert "plain.json: cannot tell which rank wrote this trace" in err, err
+    assert "groups.json: 2 collectives not imported: the trace's ranks are in 2 process groups" in err, err
+    assert query(tmp_path / "d", "SELECT count(*) FROM comm")[0][0] == 0
+    assert query(tmp_path / "d", "SELECT rank, name FROM timers") == [(0, "profiler_step")]
