@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from collector.testing.gloo import leave_world
 from collector.testing.ports import free_port
 
 D_IN, D_HID, D_OUT = 16, 64, 4
@@ -113,7 +114,10 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn, args) -> None:
     except BaseException:
         result = {"error": traceback.format_exc()}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    if isinstance(result, dict) and "error" in result:
+        dist.destroy_process_group()  # the other ranks may be stuck in a collective: no barrier
+    else:
+        leave_world()
 
 
 def spawn(fn, world: int, tmp_path, *args) -> list:
