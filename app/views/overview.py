@@ -104,6 +104,7 @@ def findings_of(sel: state.Selection, version: str) -> list:
         memory=queries.memory_trend(d, run_id, version),
         clock=queries.clock_skew(d, run_id, version),
         links=queries.link_frames(d, run_id, version),
+        pipeline=queries.pipe_bubbles(d, run_id, version),
     )
 
 

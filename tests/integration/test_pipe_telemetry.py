@@ -121,3 +121,18 @@ def test_a_data_parallel_runs_exposed_gradient_all_reduces_keep_their_notes(runs
     assert "all_reduce" in small.evidence["ops"] and not POINT_TO_POINT & set(small.evidence["ops"])
     assert small.evidence["keys"] == ["zero_optimization.reduce_bucket_size"], small.text
     assert not [f for f in found if f.kind in ("stage_imbalance", "pipeline_bubble")]
+
+
+def test_the_overview_says_what_rankscope_health_says_about_a_pipeline(runs, monkeypatch):
+    """The dashboard's findings are the same as ``for_run``'s: the slow stage named, no communication
+    note for the pipeline's point-to-point traffic."""
+    from tests.integration.app._pages import open_page
+
+    cat, run_ids = runs
+    (imbalance,) = _kinds(cat, run_ids["slow"])["stage_imbalance"]
+    at = open_page(cat.data_dir, monkeypatch, "views/overview.py", [run_ids["slow"]])
+    shown = [m.value for m in (*at.error, *at.warning, *at.info)]
+    assert any(s.startswith(imbalance.text) for s in shown), shown
+    assert not [s for s in shown if "in flight" in s], shown
+    for note in (s for s in shown if "reduce_bucket_size" in s):  # the gradient all_reduces' note only
+        assert not any(op in note.split("[→")[0].replace(",", " ").split() for op in POINT_TO_POINT), note
