@@ -89,7 +89,6 @@ C10D_OPS = {
     "barrier": ("barrier", 0, False, ("barrier",)),
 }
 _P2P = {"send", "recv_", "recv_any_source_"}
-ITEMSIZE = {}  # filled below from DTYPES: comm.dtype -> bytes per element
 # C++ type names in "Input type" -> (torch dtype name as comm.dtype holds it, bytes per element)
 DTYPES = {
     "float": ("float32", 4),
@@ -107,7 +106,7 @@ DTYPES = {
     "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
     "c10::Float8_e5m2": ("float8_e5m2", 1),
 }
-ITEMSIZE.update(DTYPES.values())
+ITEMSIZE = dict(DTYPES.values())  # comm.dtype -> bytes per element
 FORWARD_SPANS = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
 _STEP_SPAN = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)")
@@ -198,7 +197,7 @@ def _skip(text: str, at: int) -> int:
 
 
 def _rank_of(path: Path, info: dict) -> int | None:
-    if isinstance(info.get("rank"), int):
+    if type(info.get("rank")) is int:  # not a bool
         return info["rank"]
     m = _RANK_IN_NAME.search(path.name)
     return int(m.group(1)) if m else None
@@ -207,11 +206,14 @@ def _rank_of(path: Path, info: dict) -> int | None:
 def _numel(dims, kind) -> int:
     """Elements of one argument: its ``Input Dims`` are a tensor's shape (``[]``: a 0-d tensor,
     one element), or for a ``TensorList`` a list of shapes."""
-    if kind == "TensorList":
-        return sum(math.prod(shape) for shape in dims)
-    if not kind:
+    shapes = dims if kind == "TensorList" else [dims] if kind else None
+    if not isinstance(shapes, list) or not all(_is_shape(s) for s in shapes):
         raise TypeError("not recorded")
-    return math.prod(dims)
+    return sum(math.prod(shape) for shape in shapes)
+
+
+def _is_shape(shape) -> bool:
+    return isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
 
 
 class _Steps:
@@ -241,9 +243,12 @@ def parse(path: Path) -> Parsed:
     if rank is None:
         out.problem(path, "", "cannot tell which rank wrote this trace: no distributedInfo.rank; name it rank<N>.json")
         return out
-    if isinstance(info.get("world_size"), int):
+    if type(info.get("world_size")) is int:
         out.world_size = info["world_size"]
-    base_ns = int(header.get("baseTimeNanoseconds") or 0)
+    base_ns = header.get("baseTimeNanoseconds") or 0  # older torch: ts is µs since the epoch
+    if type(base_ns) is not int:
+        out.problem(path, "", f"baseTimeNanoseconds is {base_ns!r}, not a number of ns; skipped")
+        return out
 
     def ns(us) -> int:
         return base_ns + round(float(us) * 1000)
@@ -260,10 +265,11 @@ def parse(path: Path) -> Parsed:
             continue
         first = start if first is None else min(first, start)
         last = start + dur if last is None else max(last, start + dur)
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
         if name.startswith("c10d::"):
-            ops.append((start, dur, i, name[6:], e.get("args") or {}))
+            ops.append((start, dur, i, name[6:], args))
         elif name.startswith("gloo:"):
-            workers.append((start, dur, name[5:], e.get("args") or {}))
+            workers.append((start, dur, name[5:], args))
         elif m := _STEP_SPAN.match(name):
             spans.append((start, start + dur, int(m.group(1)) + 1))
         elif name in FORWARD_SPANS or name.startswith("Optimizer.step#"):
@@ -275,7 +281,9 @@ def parse(path: Path) -> Parsed:
         out.add("timers", rank, "", step=1, name="profiler_step", start_ns=first, dur_ns=last - first)
     for start, dur, name in annotations:
         out.add("timers", rank, "", step=steps.of(start), name=name, start_ns=start, dur_ns=dur)
-    _comm_rows(out, path, rank, info, sorted(ops), [] if cut else sorted(workers), steps, cut)
+    ops.sort(key=lambda op: (op[0], op[2]))  # issue order
+    workers.sort(key=lambda w: w[0])
+    _comm_rows(out, path, rank, info, ops, [] if cut else workers, steps, cut)
     return out
 
 
@@ -285,7 +293,8 @@ def _comm_rows(
     collectives = [op for op in ops if op[3] not in _P2P]
     if not collectives:
         return
-    groups = info.get("pg_config") or []
+    groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    groups = [g for g in groups if isinstance(g, dict)]
     if len(groups) > 1:
         out.problem(
             path,
@@ -294,8 +303,8 @@ def _comm_rows(
             "groups, and its events do not say which group a collective ran on",
         )
         return
-    size = int(groups[0].get("pg_size") or len(groups[0].get("ranks") or [])) if groups else info.get("world_size")
-    if not isinstance(size, int) or size < 1:
+    size = groups[0].get("pg_size") if groups else info.get("world_size")
+    if type(size) is not int or size < 1:
         out.problem(path, "", "no process group size in distributedInfo; collectives not imported")
         return
     claimed = [False] * len(workers)
@@ -317,12 +326,11 @@ def _comm_rows(
                 out.problem(path, where, f"its gloo:{worker_names[0]} worker event is not in the trace; skipped")
                 continue
             end = max(end, *(workers[j][0] + workers[j][1] for j in mine))
-            dtype_name = ((workers[mine[0]][3].get("Input type") or [None])[0]) or None
-        dims = args.get("Input Dims") or []
-        types = args.get("Input type") or []
-        if arg < len(types) and types[arg] in DTYPES:
+            dtype_name = next(iter(_listed(workers[mine[0]][3], "Input type")), None)
+        dims, types = _listed(args, "Input Dims"), _listed(args, "Input type")
+        if arg < len(types) and isinstance(types[arg], str) and types[arg] in DTYPES:
             dtype_name = types[arg]
-        dtype, itemsize = DTYPES.get(dtype_name, (dtype_name, None))
+        dtype, itemsize = DTYPES.get(dtype_name, (dtype_name, None)) if isinstance(dtype_name, str) else (None, None)
         if op == "barrier":
             numel, nbytes = 0, 0
         else:
@@ -352,6 +360,12 @@ def _comm_rows(
             algbw_gbs=algbw,
             busbw_gbs=busbw,
         )
+
+
+def _listed(args: dict, key: str) -> list:
+    """An event's ``args[key]`` when it is a list (as torch writes them), else an empty one."""
+    value = args.get(key)
+    return value if isinstance(value, list) else []
 
 
 def _claim(workers: list, starts: list, claimed: list, after: int, names: tuple, need: int) -> list[int]:

@@ -174,3 +174,40 @@ def test_traces_it_cannot_place_are_named(tmp_path, capsys):
     assert "groups.json: 2 collectives not imported: the trace's ranks are in 2 process groups" in err, err
     assert query(tmp_path / "d", "SELECT count(*) FROM comm")[0][0] == 0
     assert query(tmp_path / "d", "SELECT rank, name FROM timers") == [(0, "profiler_step")]
+
+
+JUNK = (None, "x", -1, 1.5, [], {}, [[1]], {"a": 1}, True, 10**30)
+
+
+def test_any_value_out_of_place_is_a_problem_never_a_crash(profiled_run, tmp_path):
+    """Rank 0's real trace (its collective, worker and step events, header kept), with a few values
+    swapped for ones of another type or range, 150 times over: parse never raises, and every row
+    it keeps converts to its table's stored schema (what the sink sends)."""
+    import gzip
+    import json
+    import random
+
+    from collector.tools.importers import torch_profiler
+
+    traces, _ = profiled_run
+    doc = json.loads(gzip.decompress(next(traces.glob("*.gz")).read_bytes()))
+    wanted = ("c10d::", "gloo:", "ProfilerStep#", "DistributedDataParallel.forward", "Optimizer.step#")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith(wanted)]
+    rng = random.Random(33)
+    path = tmp_path / "rank1.json"
+    for _ in range(150):
+        bad = json.loads(json.dumps(doc))
+        for _ in range(3):
+            events = bad["traceEvents"] if isinstance(bad["traceEvents"], list) else []
+            nodes = [bad, bad.get("distributedInfo"), *rng.sample(events, min(3, len(events)))]
+            node = rng.choice([n for n in nodes if isinstance(n, (dict, list)) and n])
+            while True:  # down to a random leaf (or a random branch), replaced by junk
+                key = rng.choice(list(node) if isinstance(node, dict) else range(len(node)))
+                if not isinstance(node[key], (dict, list)) or not node[key] or rng.random() < 0.3:
+                    node[key] = json.loads(json.dumps(rng.choice(JUNK)))
+                    break
+                node = node[key]
+        path.write_text(json.dumps(bad))
+        parsed = torch_profiler.parse(path)
+        for table, rank in list(parsed.rows):
+            parsed.arrow(table, rank)
