@@ -25,8 +25,11 @@ when the data is reduced, as the hook's future callback or wait() sees it). The 
 is a few µs earlier (the Python wrapper around the c10d op), so a sub-millisecond op reads a
 little shorter here. Without ``gloo:`` events (NCCL: the work runs on the GPU, and these CPU
 events end when it is enqueued) the op's CPU span is all the trace gives: such rows say
-when the op was issued, not how long it ran. A ``c10d::`` op whose gloo worker event is not in
-a whole trace (the window closed while it ran) is reported and left out, never given a made-up end.
+when the op was issued, not how long it ran, and a tensor-list op has no dtype. NCCL also writes
+``record_param_comms`` events with the group, the group's seq and the dtype; they are not read
+(untested: no GPU where this was built), and gloo in torch 2.13 writes none. A ``c10d::`` op
+whose gloo worker event is not in a whole trace (the window closed while it ran) is reported and
+left out, never given a made-up end.
 
 Group and seq: a trace names no process group per op, so comm rows are imported only when the
 trace's ``distributedInfo`` lists one process group (``world``); a trace with several is
