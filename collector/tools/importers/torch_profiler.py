@@ -13,8 +13,10 @@ them (collector.rank.ops.SPECS: a gather's gathered output, a list reduce-scatte
 gloo runs the collective on one of its ``pt_gloo_runloop`` threads as a ``gloo:<op>`` event
 (whose ``Input type`` gives the dtype). Nothing links the two events, so they are paired in
 order: gloo's queue hands work to its threads first in, first out, so a collective's worker
-event is the first unclaimed ``gloo:`` event of its kind that starts after it (a list
-reduce-scatter runs as one ``gloo:all_reduce`` per rank of the group). Where no event of a
+event is the first unclaimed ``gloo:`` event of its kind, showing the same tensor shapes, that
+starts after it and before its step ends (a list reduce-scatter runs as one ``gloo:all_reduce``
+per rank of the group). A step waits for its collectives (DDP for its buckets before the
+optimizer step); one whose work has not started when its step ends is reported as unpaired. Where no event of a
 rank's trace gives the dtype (a non-root scatter; a trace cut short), the dtype another rank's
 trace recorded for the same instance is taken (``settle``, across the traces of one import).
 
@@ -63,6 +65,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from collector.data import bandwidth
 from collector.tools.importers import base
@@ -71,25 +74,34 @@ from collector.tools.importers.base import Parsed
 NAME = "torch_profiler"
 MAX_BYTES = 1 << 30  # a profiled step of a large model writes tens of MiB; a gzipped trace is read whole
 
-# c10d op -> (the comm table's op (collector.rank.ops names), the argument its size is read from,
-# times the group size?, the gloo worker events it runs as)
+
+class _Spec(NamedTuple):
+    op: str  # the comm table's op (collector.rank.ops names)
+    size_arg: int  # the argument whose elements are counted (and whose type may give the dtype)
+    times_group: bool  # counted once per rank of the group (a gather's output, a list reduce-scatter's inputs)
+    workers: tuple[str, ...]  # the gloo worker events it runs as
+    local_arg: int | None  # the argument whose shapes the worker event shows (None: not comparable)
+
+
 C10D_OPS = {
-    "allreduce_": ("all_reduce", 0, False, ("all_reduce",)),
-    "allreduce_coalesced_": ("all_reduce_coalesced", 0, False, ("all_reduce",)),
-    "broadcast_": ("broadcast", 0, False, ("broadcast",)),
-    "reduce_": ("reduce", 0, False, ("reduce",)),
-    "allgather_": ("all_gather", 1, True, ("all_gather",)),
-    "_allgather_base_": ("all_gather_into_tensor", 0, False, ("all_gather",)),
-    "allgather_coalesced_": ("all_gather_coalesced", 1, True, ("all_gather",)),
-    "allgather_into_tensor_coalesced_": ("all_gather_into_tensor_coalesced", 0, False, ("all_gather",)),
-    "reduce_scatter_": ("reduce_scatter", 0, True, ("all_reduce", "reduce_scatter")),
-    "_reduce_scatter_base_": ("reduce_scatter_tensor", 1, False, ("all_reduce", "reduce_scatter")),
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter_tensor_coalesced", 1, False, ("all_reduce", "reduce_scatter")),
-    "alltoall_": ("all_to_all", 1, False, ("all_to_all",)),
-    "alltoall_base_": ("all_to_all_single", 1, False, ("all_to_all",)),
-    "gather_": ("gather", 1, True, ("gather",)),
-    "scatter_": ("scatter", 0, True, ("scatter",)),
-    "barrier": ("barrier", 0, False, ("barrier",)),
+    "allreduce_": _Spec("all_reduce", 0, False, ("all_reduce",), 0),
+    "allreduce_coalesced_": _Spec("all_reduce_coalesced", 0, False, ("all_reduce",), 0),
+    "broadcast_": _Spec("broadcast", 0, False, ("broadcast",), 0),
+    "reduce_": _Spec("reduce", 0, False, ("reduce",), 0),
+    "allgather_": _Spec("all_gather", 1, True, ("all_gather",), 1),
+    "_allgather_base_": _Spec("all_gather_into_tensor", 0, False, ("all_gather",), 1),
+    "allgather_coalesced_": _Spec("all_gather_coalesced", 1, True, ("all_gather",), 1),
+    "allgather_into_tensor_coalesced_": _Spec("all_gather_into_tensor_coalesced", 0, False, ("all_gather",), 1),
+    "reduce_scatter_": _Spec("reduce_scatter", 0, True, ("all_reduce", "reduce_scatter"), 0),
+    "_reduce_scatter_base_": _Spec("reduce_scatter_tensor", 1, False, ("all_reduce", "reduce_scatter"), 1),
+    "reduce_scatter_tensor_coalesced_": _Spec(
+        "reduce_scatter_tensor_coalesced", 1, False, ("all_reduce", "reduce_scatter"), 1
+    ),
+    "alltoall_": _Spec("all_to_all", 1, False, ("all_to_all",), 1),
+    "alltoall_base_": _Spec("all_to_all_single", 1, False, ("all_to_all",), 1),
+    "gather_": _Spec("gather", 1, True, ("gather",), 1),
+    "scatter_": _Spec("scatter", 0, True, ("scatter",), None),  # the root's event shows every part
+    "barrier": _Spec("barrier", 0, False, ("barrier",), None),
 }
 _P2P = {"send", "recv_", "recv_any_source_"}
 # C++ type names in "Input type" -> (torch dtype name as comm.dtype holds it, bytes per element)
@@ -231,6 +243,13 @@ class _Steps:
             return 1
         return self.spans[max(0, bisect.bisect_right(self.starts, t) - 1)][2]
 
+    def end_of(self, t: int) -> float:
+        """When the step span holding ``t`` ends (outside every span: when the next one starts)."""
+        at = bisect.bisect_right(self.starts, t)
+        if at and t < self.spans[at - 1][1]:
+            return self.spans[at - 1][1]
+        return self.starts[at] if at < len(self.starts) else math.inf
+
 
 def parse(path: Path) -> Parsed:
     out = Parsed(sources=[str(path)])
@@ -319,18 +338,20 @@ def _comm_rows(
         if spec is None:
             out.problem(path, where, "a collective rankscope does not know; skipped")
             continue
-        op, arg, times_group, worker_names = spec
+        op, arg, times_group = spec.op, spec.size_arg, spec.times_group
         seq += 1
         end, dtype_name = (None if cut else start + dur), None
+        dims, types = _listed(args, "Input Dims"), _listed(args, "Input type")
         if workers:
             need = size if c10d_op == "reduce_scatter_" else 1
-            mine = _claim(workers, worker_starts, claimed, start, worker_names, need)
+            shapes = _shapes(dims, types, spec.local_arg)
+            window = (start, steps.end_of(start))
+            mine = _claim(workers, worker_starts, claimed, window, spec.workers, shapes, need)
             if len(mine) < need:
-                out.problem(path, where, f"its gloo:{worker_names[0]} worker event is not in the trace; skipped")
+                out.problem(path, where, f"its gloo:{spec.workers[0]} worker event is not in the trace; skipped")
                 continue
             end = max(end, *(workers[j][0] + workers[j][1] for j in mine))
             dtype_name = next(iter(_listed(workers[mine[0]][3], "Input type")), None)
-        dims, types = _listed(args, "Input Dims"), _listed(args, "Input type")
         if arg < len(types) and isinstance(types[arg], str) and types[arg] in DTYPES:
             dtype_name = types[arg]
         dtype, itemsize = DTYPES.get(dtype_name, (dtype_name, None)) if isinstance(dtype_name, str) else (None, None)
@@ -371,17 +392,32 @@ def _listed(args: dict, key: str) -> list:
     return value if isinstance(value, list) else []
 
 
-def _claim(workers: list, starts: list, claimed: list, after: int, names: tuple, need: int) -> list[int]:
-    """Indices of the first ``need`` unclaimed worker events named one of ``names`` that start at or
-    after ``after`` (claimed as they are found)."""
+def _shapes(dims: list, types: list, arg: int | None) -> list | None:
+    """The shapes of argument ``arg`` as a worker event lists them (one per tensor); None when
+    there is nothing to compare."""
+    if arg is None or arg >= len(dims) or arg >= len(types) or not types[arg]:
+        return None
+    return dims[arg] if types[arg] == "TensorList" else [dims[arg]]
+
+
+def _claim(workers: list, starts: list, claimed: list, window: tuple, names: tuple, shapes, need: int) -> list[int]:
+    """Indices of the first ``need`` unclaimed worker events named one of ``names`` that start in
+    ``window`` (from the op's start to the end of its step) and show the op's tensors (``shapes``,
+    where both sides record them; each of a list reduce-scatter's events shows its output's
+    shape), claimed as they are found. The shapes and the step keep one lost event from shifting
+    the pairing of the collectives after it."""
     mine = []
-    j = bisect.bisect_left(starts, after)
-    while j < len(workers) and len(mine) < need:
-        if not claimed[j] and workers[j][2] in names:
+    j = bisect.bisect_left(starts, window[0])
+    while j < len(workers) and starts[j] < window[1] and len(mine) < need:
+        if not claimed[j] and workers[j][2] in names and _fits(_listed(workers[j][3], "Input Dims"), shapes):
             claimed[j] = True
             mine.append(j)
         j += 1
     return mine
+
+
+def _fits(seen: list, shapes: list | None) -> bool:
+    return not seen or shapes is None or seen == shapes
 
 
 def settle(parsed: list[Parsed]) -> None:

@@ -176,6 +176,32 @@ def test_traces_it_cannot_place_are_named(tmp_path, capsys):
     assert query(tmp_path / "d", "SELECT rank, name FROM timers") == [(0, "profiler_step")]
 
 
+def test_a_lost_worker_event_costs_its_collective_alone(profiled_run, tmp_path, capsys):
+    """Rank 0's trace without the gloo worker event of one DDP bucket all_reduce in the middle of the
+    window: that collective is named and left out; every other row is what the whole trace gives
+    (the pairing does not shift onto the next collective's event)."""
+    import json
+
+    traces, _ = profiled_run
+    whole = next(p for p in traces.iterdir() if p.name.endswith(".json"))
+    doc = json.loads(whole.read_bytes())
+    shape = next(e["args"]["Input Dims"] for e in doc["traceEvents"] if e.get("name") == "c10d::allreduce_")
+    buckets = [
+        e for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce" and e["args"]["Input Dims"] == shape[0]
+    ]
+    lost = sorted(buckets, key=lambda e: e["ts"])[len(buckets) // 2]
+    doc["traceEvents"].remove(lost)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "rank0.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert rankscope("import", tmp_path / "in", "--data-dir", tmp_path / "d") == 1
+    assert capsys.readouterr().err.count("its gloo:all_reduce worker event is not in the trace") == 1
+    assert rankscope("import", whole, "--data-dir", tmp_path / "whole") == 0
+    sql = "SELECT seq, op, bytes, start_ns, end_ns FROM comm ORDER BY seq"
+    got, want = query(tmp_path / "d", sql), query(tmp_path / "whole", sql)
+    assert len(got) == len(want) - 1 and set(got) < set(want)
+
+
 JUNK = (None, "x", -1, 1.5, [], {}, [[1]], {"a": 1}, True, 10**30)
 
 
