@@ -10,12 +10,14 @@ from collector.tools.commands.common import data_dir_arg, tls_ca_arg
 NAME = "import"
 HELP = (
     "Import DeepSpeed outputs (csv_monitor, tensorboard, log_summary JSON, verbose "
-    "comms log, flops profile, exported Parquet) as a new run, or watch a folder for them."
+    "comms log, flops profile, exported Parquet), PyTorch Flight Recorder dumps or torch.profiler "
+    "traces as a new run, or watch a folder for them."
 )
 EXAMPLES = """
     rankscope import ds_logs/                       # a DeepSpeed output folder, into ./rankscope-data
     rankscope import comms_summary_rank0.json --run bert-large --data-dir /scratch/rs
     rankscope import flops_profile.txt --endpoint 127.0.0.1:50051   # through a running collector
+    rankscope import profiler_traces/               # torch.profiler Chrome traces, one per rank
     rankscope import --watch incoming/ --run nightly  # ingest files (also spool files, archives) as they appear
 """
 
