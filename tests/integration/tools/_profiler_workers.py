@@ -21,6 +21,7 @@ WORLD = 2
 SKIPPED, WARMUP, ACTIVE = 2, 1, 4  # iterations 0-1 unprofiled (DDP rebuilds its buckets in iteration 1)
 ITERATIONS = SKIPPED + WARMUP + ACTIVE
 FIRST_STEP = SKIPPED + WARMUP + 1  # the hook's step of the first recorded iteration (ProfilerStep#3)
+SLOW_S = 0.04
 
 
 def _one_of_each(rank: int) -> None:
@@ -38,33 +39,40 @@ def _one_of_each(rank: int) -> None:
     dist.barrier()
 
 
-def worker(rank: int, port: int, endpoint: str, out: str) -> None:
+def worker(rank: int, port: int, endpoint: str | None, out: str, slow_rank: int = -1, active: int = ACTIVE) -> None:
+    """The profiled DDP run; with ``endpoint`` None no hook (a user's own traces), and ``slow_rank``
+    >= 0 that rank holds the others back SLOW_S in each step's loss all_reduce."""
     torchrun_env(rank, WORLD, port)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    hook.attach(run="profiled-ddp", endpoint=endpoint)
+    if endpoint:
+        hook.attach(run="profiled-ddp", endpoint=endpoint)
     dist.init_process_group("gloo")
-    client = session.active().client
-    deadline = time.monotonic() + 60
-    while client.acked == 0 and time.monotonic() < deadline:  # the run exists before training
-        time.sleep(0.05)
+    if endpoint:
+        client = session.active().client
+        deadline = time.monotonic() + 60
+        while client.acked == 0 and time.monotonic() < deadline:  # the run exists before training
+            time.sleep(0.05)
     net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
     model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.03)  # a few buckets a step
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     handler = tensorboard_trace_handler(out, use_gzip=rank == 1)
-    plan = schedule(wait=SKIPPED, warmup=WARMUP, active=ACTIVE, repeat=1)
+    plan = schedule(wait=SKIPPED, warmup=WARMUP, active=active, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=plan, on_trace_ready=handler) as prof:
-        for _ in range(ITERATIONS):
+        for _ in range(SKIPPED + WARMUP + active):
             x = torch.randn(32, 64)
             loss = (model(x) - x).pow(2).mean()
             loss.backward()
             logged = loss.detach().clone()
+            if rank == slow_rank:
+                time.sleep(SLOW_S)
             dist.all_reduce(logged)  # the script's own logging collective
             _one_of_each(rank)
             opt.step()
             opt.zero_grad()
             prof.step()
-    hook.detach()
+    if endpoint:
+        hook.detach()
     leave_world()
 
 

@@ -3,8 +3,10 @@ attached to a real collector at the same time (tests/integration/tools/_profiler
 the traces' comm rows are the hook's rows of the profiled steps -- the same (step, op, dtype,
 numel, bytes) per rank for DDP's buckets, the logged loss and one of each other collective, the
 same instances across ranks -- and the step timers make the Stragglers analysis measure every
-profiled step. A trace cut short keeps the rows before the cut and says where it broke; a file
-that is no trace is named.
+profiled step; `rankscope health` judges that run healthy from its traces, and names the slow
+rank of the same script run with one rank late. A trace cut short keeps the rows before the cut
+and says where it broke; a lost worker event costs its collective alone; a file that is no trace,
+or one that cannot be placed, is named; no value out of place crashes the import.
 
 Durations: the acceptance asked for ±5% of the hook's per-op median; on gloo that holds for the
 collectives that take milliseconds (DDP's buckets) but not for the sub-millisecond ones, and
@@ -20,14 +22,20 @@ offset."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import random
 import shutil
 import statistics
+import subprocess
+import sys
 
 import pytest
 
 from collector.data import queries
 from collector.testing.collectors import live_collector
 from collector.testing.gloo import join_ranks, start_ranks
+from collector.tools.importers import torch_profiler
 from tests._import_util import only_run, query, rankscope
 from tests.integration.tools import _profiler_workers as workers
 
@@ -99,6 +107,28 @@ def test_profiler_traces_import_as_the_hook_recorded_the_same_run(profiled_run, 
     assert sorted(set(analysis.step)) == list(PROFILED) and set(analysis["rank"]) == {0, 1}
     assert analysis.timed.all() and (analysis.step_ms > 0).all() and (analysis.comm_ms <= analysis.step_ms).all()
     assert rankscope("health", run, "--data-dir", imported) == 0  # a healthy run, judged from its traces
+
+
+@pytest.mark.timing  # the straggler is a 40 ms sleep: it must stand out on a loaded host too
+def test_a_slow_ranks_traces_name_it_as_the_straggler(tmp_path):
+    """The same DDP script without the hook, rank 1 arriving 40 ms late at each step's loss
+    all_reduce: from its traces alone, `rankscope health` names rank 1 as a straggler with its cost
+    (the hooked run's traces above are judged healthy)."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    join_ranks(start_ranks(workers.worker, workers.WORLD, None, str(traces), 1, 8), timeout=180)
+    data = str(tmp_path / "d")
+    assert rankscope("import", traces, "--data-dir", data) == 0
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "health", only_run(data), "--json", "--data-dir", data],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    stragglers = [f for f in json.loads(out.stdout) if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[1]], out.stdout
+    assert stragglers[0]["cost_ms_per_step"] > 20 and stragglers[0]["evidence"]["op"] == "all_reduce"
 
 
 def test_a_trace_cut_short_keeps_what_came_before_and_says_where(profiled_run, tmp_path, capsys):
@@ -180,7 +210,6 @@ def test_a_lost_worker_event_costs_its_collective_alone(profiled_run, tmp_path, 
     """Rank 0's trace without the gloo worker event of one DDP bucket all_reduce in the middle of the
     window: that collective is named and left out; every other row is what the whole trace gives
     (the pairing does not shift onto the next collective's event)."""
-    import json
 
     traces, _ = profiled_run
     whole = next(p for p in traces.iterdir() if p.name.endswith(".json"))
@@ -209,12 +238,6 @@ def test_any_value_out_of_place_is_a_problem_never_a_crash(profiled_run, tmp_pat
     """Rank 0's real trace (its collective, worker and step events, header kept), with a few values
     swapped for ones of another type or range, 150 times over: parse never raises, and every row
     it keeps converts to its table's stored schema (what the sink sends)."""
-    import gzip
-    import json
-    import random
-
-    from collector.tools.importers import torch_profiler
-
     traces, _ = profiled_run
     doc = json.loads(gzip.decompress(next(traces.glob("*.gz")).read_bytes()))
     wanted = ("c10d::", "gloo:", "ProfilerStep#", "DistributedDataParallel.forward", "Optimizer.step#")
