@@ -28,8 +28,8 @@ boundaries is in the trace, which holds no Python frames and no ``wait()``: the 
 before the torch.distributed Python wrapper (30-70 µs earlier, measured) and, for a synchronous
 op, after the caller woke from ``wait()`` (10-600 µs later on a loaded host); an async op's
 worker event also runs the future's completion callbacks, the hook's among them, so either end
-may come first. Measured against the hook on the same gloo DDP run: the millisecond bucket
-all_reduces within 1%, sub-millisecond collectives 4-42% shorter here
+may come first. Measured against the hook on the same gloo DDP run (7 runs, per-size medians):
+DDP's async bucket all_reduces -1.5% to +6.4%, synchronous collectives 4-84% shorter here
 (tests/integration/tools/test_import_torch_profiler.py). Without ``gloo:`` events (NCCL: the
 work runs on the GPU, and these CPU events end when it is enqueued) the op's CPU span is all
 the trace gives: such rows say when the op was issued, not how long it ran, and a tensor-list op
