@@ -22,9 +22,13 @@ non-root scatter; a trace cut short), the dtype another rank's trace recorded fo
 instance is taken (``settle``, across the traces of one import).
 
 Duration, as close to the hook's (collector.rank.recorder: from entering the collective to its
-completion) as the trace allows: ``start_ns`` is the ``c10d::`` op's start, ``end_ns`` the later
+completion) as the trace allows. A trace taken with ``with_stack=True`` holds the script's Python
+calls: a collective called from Python runs from its public torch.distributed call (c10d_logger's
+``wrapper``, innermost around the op) to that call's return or the worker's end, whichever is
+later -- the hook's boundaries, up to the hook's own few µs. Otherwise ``start_ns`` is the
+``c10d::`` op's start, ``end_ns`` the later
 of its end and its worker event's end (when gloo finished the work). Neither of the hook's
-boundaries is in the trace, which holds no Python frames and no ``wait()``: the hook stamps
+boundaries is in such a trace, which holds no Python frames and no ``wait()``: the hook stamps
 before the torch.distributed Python wrapper (30-70 µs earlier, measured) and, for a synchronous
 op, after the caller woke from ``wait()`` (10-600 µs later on a loaded host); an async op's
 worker event also runs the future's completion callbacks, the hook's among them, so either end
@@ -55,10 +59,10 @@ trace's. Events outside every step span take the step of the span before them (o
 
 A file cut short (a rank killed while writing) is read up to the cut: every whole event before
 it counts, and a problem says where the file ended. torch writes a trace thread by thread, so
-the gloo worker events of collectives before the cut may lie past it: a cut trace's collectives
-keep their step, seq, op, sizes and start, and have no end (NULL) rather than a pairing that
-cannot be trusted; their dtype comes from the other ranks' traces where only the worker event
-held it (``c10d::allreduce_``'s tensor list).
+the gloo worker events (and Python calls) of collectives before the cut may lie past it: a cut
+trace's collectives keep their step, seq, op, sizes and start (their c10d op's), and have no end
+(NULL) rather than a pairing that cannot be trusted; their dtype comes from the other ranks' traces
+where only the worker event held it (``c10d::allreduce_``'s tensor list).
 """
 
 from __future__ import annotations
@@ -129,6 +133,11 @@ ITEMSIZE = dict(DTYPES.values())  # comm.dtype -> bytes per element
 FORWARD_SPANS = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
 _STEP_SPAN = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)")
+# With with_stack=True the trace also holds the Python calls: each public torch.distributed
+# collective runs inside c10d_logger's ``wrapper`` (torch 2.x), so the innermost such call around a
+# c10d op is the collective as the script called it (all_gather_object's all_gathers have their own).
+_PUBLIC_CALL = re.compile(r"torch/distributed/c10d_logger\.py\(\d+\): wrapper$")
+_CALL_DEPTH = 16
 
 
 def _head(path: Path) -> bytes:
@@ -280,6 +289,7 @@ def parse(path: Path) -> Parsed:
         return base_ns + round(float(us) * 1000)
 
     spans, ops, workers, annotations = [], [], [], []
+    calls: dict = {}  # thread -> [(start, end)] of its public torch.distributed calls (with_stack)
     first, last = None, None
     for i, e in enumerate(events):
         if not isinstance(e, dict) or e.get("ph") != "X":
@@ -293,7 +303,9 @@ def parse(path: Path) -> Parsed:
         last = start + dur if last is None else max(last, start + dur)
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
         if name.startswith("c10d::"):
-            ops.append((start, dur, i, name[6:], args))
+            ops.append((start, dur, i, name[6:], args, _thread(e)))
+        elif e.get("cat") == "python_function" and _PUBLIC_CALL.search(name):
+            calls.setdefault(_thread(e), []).append((start, start + dur))
         elif name.startswith("gloo:"):
             workers.append((start, dur, name[5:], args))
         elif m := _STEP_SPAN.match(name):
@@ -309,12 +321,15 @@ def parse(path: Path) -> Parsed:
         out.add("timers", rank, "", step=steps.of(start), name=name, start_ns=start, dur_ns=dur)
     ops.sort(key=lambda op: (op[0], op[2]))  # issue order
     workers.sort(key=lambda w: w[0])
-    _comm_rows(out, path, rank, info, ops, [] if cut else workers, steps, cut)
+    for spans_of_thread in calls.values():
+        spans_of_thread.sort()
+    # a cut trace keeps each collective's c10d start: the events around it may lie past the cut
+    _comm_rows(out, path, rank, info, ops, [] if cut else workers, steps, cut, {} if cut else calls)
     return out
 
 
 def _comm_rows(
-    out: Parsed, path: Path, rank: int, info: dict, ops: list, workers: list, steps: _Steps, cut: bool
+    out: Parsed, path: Path, rank: int, info: dict, ops: list, workers: list, steps: _Steps, cut: bool, calls: dict
 ) -> None:
     collectives = [op for op in ops if op[3] not in _P2P]
     if not collectives:
@@ -336,8 +351,9 @@ def _comm_rows(
     claimed = [False] * len(workers)
     worker_starts = [w[0] for w in workers]
     seq = 0
-    for start, dur, i, c10d_op, args in collectives:
+    for start, dur, i, c10d_op, args, tid in collectives:
         where = f"event {i} (c10d::{c10d_op})"
+        called = _python_call(calls.get(tid, ()), start, start + dur)
         spec = C10D_OPS.get(c10d_op)
         if spec is None:
             out.problem(path, where, "a collective rankscope does not know; skipped")
@@ -356,6 +372,8 @@ def _comm_rows(
                 continue
             end = max(end, *(workers[j][0] + workers[j][1] for j in mine))
             dtype_name = next(iter(_listed(workers[mine[0]][3], "Input type")), None)
+        if called is not None:  # the script's own call: from entering it to its return (after wait())
+            start, end = called[0], None if cut else max(end, called[1])
         if arg < len(types) and isinstance(types[arg], str) and types[arg] in DTYPES:
             dtype_name = types[arg]
         dtype, itemsize = DTYPES.get(dtype_name, (dtype_name, None)) if isinstance(dtype_name, str) else (None, None)
@@ -388,6 +406,24 @@ def _comm_rows(
             algbw_gbs=algbw,
             busbw_gbs=busbw,
         )
+
+
+def _thread(event: dict):
+    """An event's thread id, or None where it is no id (ops and calls pair only on one thread)."""
+    tid = event.get("tid")
+    return tid if isinstance(tid, (int, str)) and not isinstance(tid, bool) else None
+
+
+def _python_call(spans: list, start: int, end: int) -> tuple[int, int] | None:
+    """The innermost of a thread's public torch.distributed calls (sorted by start) that holds the
+    op [start, end], or None (no Python frames in the trace, or an op issued from C++: DDP's
+    buckets). Only the last few calls to start before the op are looked at: those are this
+    collective's own and the ones around it."""
+    j = bisect.bisect_right(spans, (start, math.inf))
+    for call_start, call_end in reversed(spans[max(0, j - _CALL_DEPTH) : j]):
+        if call_end >= end:
+            return call_start, call_end
+    return None
 
 
 def _listed(args: dict, key: str) -> list:

@@ -58,7 +58,14 @@ def worker(rank: int, port: int, endpoint: str | None, out: str, slow_rank: int 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     handler = tensorboard_trace_handler(out, use_gzip=rank == 1)
     plan = schedule(wait=SKIPPED, warmup=WARMUP, active=active, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=plan, on_trace_ready=handler) as prof:
+    # rank 0 with Python stacks (its collectives timed from the script's call), rank 1 without
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        with_stack=rank == 0,
+        schedule=plan,
+        on_trace_ready=handler,
+    ) as prof:
         for _ in range(SKIPPED + WARMUP + active):
             x = torch.randn(32, 64)
             loss = (model(x) - x).pow(2).mean()

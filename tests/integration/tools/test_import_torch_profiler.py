@@ -8,7 +8,10 @@ rank of the same script run with one rank late. A trace cut short keeps the rows
 and says where it broke; a lost worker event costs its collective alone; a file that is no trace,
 or one that cannot be placed, is named; no value out of place crashes the import.
 
-Durations: the acceptance asked for ±5% of the hook's per-op median; on gloo that nearly holds
+Durations: rank 0 profiles with Python stacks, rank 1 without. With stacks a synchronous collective
+is timed from the script's torch.distributed call to its return, the hook's boundaries: per-op
+medians within -0.2% to -5.8% of the hook's (one run beside another job). Without stacks (rank 1),
+the acceptance's ±5% of the hook's per-op median nearly holds
 for DDP's async bucket all_reduces (-1.5% to +6.4% over 7 runs) but not for synchronous
 collectives (4-84% shorter), and no bounded reading of the trace can make it hold. The trace
 times a collective from its ``c10d::`` op's start to its gloo worker event's end; the hook from
@@ -53,7 +56,7 @@ TIMES += " ORDER BY start_ns"
 def _paired(live, hook_run, imported, run, keyed=False):
     """((hook start, end, async), (trace start, end, None)) of each profiled collective: the k-th
     of a (rank, step, op, bytes) in the hook's rows with the k-th in the trace's; ``keyed``: also
-    the (op, bytes) of each."""
+    the (rank, op, bytes) of each."""
     sides = []
     for data, run_id in ((live, hook_run), (imported, run)):
         by = {}
@@ -62,7 +65,7 @@ def _paired(live, hook_run, imported, run, keyed=False):
         sides.append(by)
     hook, trace = sides
     assert hook.keys() == trace.keys()
-    pairs = [(key[2:], pair) for key in hook for pair in zip(hook[key], trace[key], strict=True)]
+    pairs = [((key[0], *key[2:]), pair) for key in hook for pair in zip(hook[key], trace[key], strict=True)]
     return ([k for k, _ in pairs], [p for _, p in pairs]) if keyed else [p for _, p in pairs]
 
 
@@ -150,9 +153,11 @@ def test_a_trace_cut_short_keeps_what_came_before_and_says_where(profiled_run, t
     assert rankscope("import", tmp_path / "in", "--data-dir", tmp_path / "imported") == 1
     err = capsys.readouterr().err
     assert f"{cut}:byte " in err and "the trace breaks off here" in err, err
-    sql = "SELECT step, seq, op, numel, start_ns FROM comm WHERE rank = 0 ORDER BY seq"
+    sql = "SELECT step, seq, op, numel, start_ns, end_ns FROM comm WHERE rank = 0 ORDER BY seq"
     kept, full = query(tmp_path / "imported", sql), query(tmp_path / "whole", sql)
-    assert 0 < len(kept) <= len(full) and kept == full[: len(kept)]
+    assert 0 < len(kept) <= len(full) and [r[:4] for r in kept] == [r[:4] for r in full[: len(kept)]]
+    # a cut trace times from the c10d op (its Python calls may lie past the cut), inside the whole's interval
+    assert all(f[4] <= k[4] <= f[5] for k, f in zip(kept, full, strict=False)), (kept, full)
     assert query(tmp_path / "imported", "SELECT count(*) FROM comm WHERE end_ns IS NOT NULL")[0][0] == 0
     assert query(tmp_path / "imported", "SELECT count(*) FROM timers WHERE name = 'profiler_step'")[0][0] >= 1
 
