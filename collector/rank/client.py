@@ -218,6 +218,7 @@ class Client:
         self._wait_acked(deadline, give_up)
         if self._stream is not None:
             self._stream.close()
+            self._stream = None  # the call goes now, not in the interpreter's last collection
         with self._lock:
             if self._unacked:
                 self._spool_unacked()
@@ -230,6 +231,7 @@ class Client:
             )
         if self._channel is not None:
             self._channel.close()
+            self._channel = None
 
     def _send_artifacts(self) -> None:
         while self._artifacts:

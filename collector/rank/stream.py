@@ -70,12 +70,18 @@ class Stream:
     def send(self, item) -> None:
         self.outbox.put(item)
 
-    def close(self) -> None:
+    def close(self, join_s: float = 5.0) -> None:
+        """Ends the call and waits (up to ``join_s``) for the ack reader to leave gRPC's code. A
+        reader still in there at interpreter exit dies holding the call's lock (daemon threads stop
+        where they wait for the GIL), and the call's ``__del__`` in the final garbage collection
+        then waits for that lock forever: a rank that finished training never exits."""
         self.outbox.put(_CLOSE)
         try:
             self.call.cancel()
         except Exception:
             pass
+        if self.reader is not threading.current_thread():
+            self.reader.join(join_s)
 
 
 def rejected_seq(err) -> int | None:

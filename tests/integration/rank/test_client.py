@@ -238,3 +238,25 @@ def test_orphaned_spool_of_a_dead_process_is_resent_to_its_collector_and_deleted
         assert paths[other_id].exists(), "a spool meant for another collector waits for that one"
     finally:
         server.stop(0)
+
+
+def test_close_leaves_no_thread_in_grpc_and_no_call_for_the_last_collection(tmp_path):
+    """After close, the ack reader has left gRPC's code and the client holds no call or channel: a
+    reader still inside at interpreter exit dies holding the call's lock, and the call's __del__ in
+    the final garbage collection then waits for it forever (a Lightning rank that had finished
+    training hung so at exit)."""
+    import threading
+
+    server, port, col = serve()
+    try:
+        client, buf = make_client(f"127.0.0.1:{port}", tmp_path)
+        add_timers(buf, 0, 10)
+        assert col.wait_for(lambda: col.rows("timers") is not None)
+        stream = client._stream
+        assert stream is not None and stream.reader.is_alive()
+        assert end(client)
+        assert not stream.reader.is_alive()
+        assert not [t.name for t in threading.enumerate() if t.name in ("rankscope-acks", "rankscope-client")]
+        assert client._stream is None and client._channel is None
+    finally:
+        server.stop(0)
