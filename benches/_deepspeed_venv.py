@@ -18,6 +18,7 @@ the test session have that done at the lowest priority while other tests run.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -115,8 +116,25 @@ def build_ops_in_background(log: Path) -> subprocess.Popen | None:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: interrupt_build reaches ninja and g++ too
             preexec_fn=lambda: os.nice(19),
         )
+
+
+def interrupt_build(build: subprocess.Popen | None) -> None:
+    """Stops a ``build_ops_in_background`` that is still running, cleanly: SIGINT to its process group
+    (ninja deletes half-written objects, torch releases its build lock), up to 30 s, then SIGKILL. The
+    next DeepSpeed process that needs the ops builds what is left, at its own priority."""
+    if build is None or build.poll() is not None:
+        return
+    try:
+        os.killpg(build.pid, signal.SIGINT)
+        build.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()
+    except ProcessLookupError:
+        pass
 
 
 # What a rankscope rank needs beyond torch, numpy and psutil (which the venv has already), for a

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from benches._common import code_version
+from benches._import_timing import time_import
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -51,6 +52,11 @@ def make_dumps(out: Path, collectives: int) -> None:
     subprocess.run([*cmd, str(script), str(out), str(collectives)], env=env, check=True, capture_output=True)
 
 
+def _load(f: Path):
+    """A dump as torch wrote it: a pickle (NCCL's watchdog) or JSON."""
+    return pickle.loads(f.read_bytes()) if f.name.startswith("nccl") else json.loads(f.read_bytes())
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.flight_recorder_import", description=__doc__.split("\n")[0])
     p.add_argument("--collectives", type=int, default=20000)
@@ -58,34 +64,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default=str(HERE / "RESULTS-flight-recorder.md"))
     args = p.parse_args(argv)
 
-    from collector.tools.importers.dispatch import parse_path
-    from collector.tools.importers.ingest import import_path
-    from collector.tools.importers.sink import StoreSink
-
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         dumps = Path(tmp) / "dumps"
         dumps.mkdir()
         make_dumps(dumps, args.collectives)
         sizes = {f.name: f.stat().st_size for f in dumps.iterdir()}
-        records = 0
-        for f in dumps.iterdir():
-            data = pickle.loads(f.read_bytes()) if f.name.startswith("nccl") else json.loads(f.read_bytes())
-            records += len(data["entries"])
-        best = {"load": float("inf"), "parse": float("inf"), "import": float("inf")}
-        for i in range(args.rounds):
-            t0 = time.perf_counter()
-            for f in dumps.iterdir():
-                pickle.loads(f.read_bytes()) if f.name.startswith("nccl") else json.loads(f.read_bytes())
-            best["load"] = min(best["load"], time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            parsed = parse_path(dumps).parsed
-            best["parse"] = min(best["parse"], time.perf_counter() - t0)
-            assert parsed.row_count("comm") == records and not parsed.problems, parsed.problems[:3]
-            t0 = time.perf_counter()
-            with StoreSink(Path(tmp) / f"data{i}") as sink:
-                import_path(dumps, sink=sink, run=f"fr-bench-{i}")
-            best["import"] = min(best["import"], time.perf_counter() - t0)
+        records = sum(len(_load(f)["entries"]) for f in dumps.iterdir())
+        best, parsed = time_import(dumps, _load, args.rounds, Path(tmp), "fr-bench")
+        assert parsed.row_count("comm") == records and not parsed.problems, parsed.problems[:3]
     load.append(os.getloadavg()[0])
 
     lines = [

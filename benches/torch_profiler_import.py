@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from benches._common import code_version
+from benches._import_timing import time_import
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -68,10 +69,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default=str(HERE / "RESULTS-torch-profiler.md"))
     args = p.parse_args(argv)
 
-    from collector.tools.importers.dispatch import parse_path
-    from collector.tools.importers.ingest import import_path
-    from collector.tools.importers.sink import StoreSink
-
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         traces = Path(tmp) / "traces"
@@ -79,23 +76,9 @@ def main(argv: list[str]) -> int:
         make_traces(traces, args.steps, args.per_step)
         sizes = {f.name: f.stat().st_size for f in traces.iterdir()}
         events = sum(len(_load(f)["traceEvents"]) for f in traces.iterdir())
-        best = {"load": float("inf"), "parse": float("inf"), "import": float("inf")}
-        records = 0
-        for i in range(args.rounds):
-            t0 = time.perf_counter()
-            for f in traces.iterdir():
-                _load(f)
-            best["load"] = min(best["load"], time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            parsed = parse_path(traces).parsed
-            best["parse"] = min(best["parse"], time.perf_counter() - t0)
-            records = parsed.row_count()
-            collectives = parsed.row_count("comm")
-            assert collectives == 2 * args.steps * args.per_step and not parsed.problems, parsed.problems[:3]
-            t0 = time.perf_counter()
-            with StoreSink(Path(tmp) / f"data{i}") as sink:
-                import_path(traces, sink=sink, run=f"profiler-bench-{i}")
-            best["import"] = min(best["import"], time.perf_counter() - t0)
+        best, parsed = time_import(traces, _load, args.rounds, Path(tmp), "profiler-bench")
+        records, collectives = parsed.row_count(), parsed.row_count("comm")
+        assert collectives == 2 * args.steps * args.per_step and not parsed.problems, parsed.problems[:3]
     load.append(os.getloadavg()[0])
 
     lines = [

@@ -5,8 +5,6 @@ collector, no process group left over). Helpers are in collector.testing."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +12,9 @@ import pytest
 from collector.testing.ports import free_port
 
 # The test files that run real DeepSpeed: when any is selected, its JIT ops compile in the background
-# from the start of the session (nice 19), in the CPU other tests leave idle.
+# from the start of the session (nice 19), in the CPU other tests leave idle. A DeepSpeed test that
+# starts before that build is done stops it and has its own processes build the rest at their priority:
+# on a busy host a nice-19 build would starve while the test waited for it.
 _DEEPSPEED_TESTS = {"test_deepspeed_hook.py", "test_deepspeed_scripts.py", "test_import_deepspeed.py"}
 
 
@@ -25,14 +25,23 @@ def pytest_collection_modifyitems(session, config, items):
         config._deepspeed_ops_build = _deepspeed_venv.build_ops_in_background(_deepspeed_venv.VENV / "jit-ops.log")
 
 
+def _stop_deepspeed_ops_build(config) -> None:
+    build = getattr(config, "_deepspeed_ops_build", None)
+    if build is not None:
+        from benches import _deepspeed_venv
+
+        _deepspeed_venv.interrupt_build(build)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _deepspeed_ops_at_full_priority(request):
+    if request.path.name in _DEEPSPEED_TESTS:
+        _stop_deepspeed_ops_build(request.config)
+    yield
+
+
 def pytest_sessionfinish(session, exitstatus):
-    build = getattr(session.config, "_deepspeed_ops_build", None)
-    if build is not None and build.poll() is None:
-        build.send_signal(signal.SIGINT)  # torch releases its build lock on the way out
-        try:
-            build.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            build.kill()
+    _stop_deepspeed_ops_build(session.config)
 
 
 @pytest.fixture
