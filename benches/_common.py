@@ -49,3 +49,9 @@ def baseline_tree(root, commit: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     subprocess.run([sys.executable, "-m", "proto.generate"], cwd=into, check=True, capture_output=True)
     return into
+
+
+def publish(out, text: str) -> None:
+    """A bench's report: written to ``out`` (its RESULTS file) and printed."""
+    Path(out).write_text(text)
+    print(text)

@@ -18,7 +18,6 @@ the test session have that done at the lowest priority while other tests run.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,16 +124,9 @@ def interrupt_build(build: subprocess.Popen | None) -> None:
     """Stops a ``build_ops_in_background`` that is still running, cleanly: SIGINT to its process group
     (ninja deletes half-written objects, torch releases its build lock), up to 30 s, then SIGKILL. The
     next DeepSpeed process that needs the ops builds what is left, at its own priority."""
-    if build is None or build.poll() is not None:
-        return
-    try:
-        os.killpg(build.pid, signal.SIGINT)
-        build.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(build.pid, signal.SIGKILL)
-        build.wait()
-    except ProcessLookupError:
-        pass
+    from collector.tools.launch import stop_group
+
+    stop_group(build, timeout_s=30.0)
 
 
 # What a rankscope rank needs beyond torch, numpy and psutil (which the venv has already), for a

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches._common import code_version
+from benches._common import code_version, publish
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -180,11 +180,8 @@ def main(argv: list[str]) -> int:
         "",
         f"Raw steps off the sample are the steps with findings (the late rank's, from step {args.steps * 3 // 4}) "
         "and, before segments straddling a window were split, the steps of those segments kept whole.",
-        "",
     ]
-    text = "\n".join(lines)
-    Path(args.out).write_text(text)
-    print(text)
+    publish(args.out, "\n".join(lines) + "\n")
     return 0
 
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches._common import code_version
+from benches._common import code_version, publish
 from benches.retention_storage import _export
 
 HERE = Path(__file__).resolve().parent
@@ -89,11 +89,8 @@ def main(argv: list[str]) -> int:
         "",
         "Only the collector tables hold timestamp columns (a row or two per rank per run), so the unit moves "
         "bytes per rank-step by a rounding error; the change is for the engines that refuse TIMESTAMP(NANOS).",
-        "",
     ]
-    text = "\n".join(lines)
-    Path(args.out).write_text(text)
-    print(text)
+    publish(args.out, "\n".join(lines) + "\n")
     return 0
 
 

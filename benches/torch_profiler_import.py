@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches._common import code_version
+from benches._common import code_version, publish
 from benches._import_timing import time_import
 
 HERE = Path(__file__).resolve().parent
@@ -100,11 +100,8 @@ def main(argv: list[str]) -> int:
         f"{records / best['parse']:,.0f} | {events / best['parse']:,.0f} |",
         f"| **import into a data dir, durable** | {best['import']:.2f} | **{records / best['import']:,.0f}** | "
         f"{events / best['import']:,.0f} |",
-        "",
     ]
-    text = "\n".join(lines)
-    Path(args.out).write_text(text)
-    print(text)
+    publish(args.out, "\n".join(lines) + "\n")
     return 0
 
 

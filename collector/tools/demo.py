@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 
-from collector.tools.launch import CollectorProcess, dashboard_command, free_port, torchrun_command
+from collector.tools.launch import CollectorProcess, dashboard_command, free_port, stop_group, torchrun_command
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 UNTIL_STOPPED = 10**9  # "--steps" when none is given: train until Ctrl-C
@@ -43,20 +43,6 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def _stop_group(proc: subprocess.Popen | None) -> None:
-    """Stops a child started in its own session (torchrun and its ranks) as Ctrl-C would."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
 
 
 class OnceFilter:
@@ -243,7 +229,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\n[demo] stopped ({how}); the run so far is in the data dir.", flush=True)
         return 0
     finally:
-        _stop_group(train_proc)
+        stop_group(train_proc)
         _stop(dashboard)
         if collector is not None:
             collector.stop()

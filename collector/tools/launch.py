@@ -22,6 +22,21 @@ import grpc
 from proto import pb, pb_grpc
 
 
+def stop_group(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """Stops a child started in its own session (torchrun and its ranks, a compiler and its jobs) as
+    Ctrl-C would: SIGINT to its process group, up to ``timeout_s``, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on at this moment. Another process may take it before
     the child binds it, so servers we start ourselves bind port 0 and report theirs."""
