@@ -85,6 +85,7 @@ _GUARD_SETTINGS = {
     "allow_community_extensions": False,
     "python_enable_replacements": False,
     "max_temp_directory_size": "0B",
+    "enable_progress_bar": False,  # DuckDB draws it on stdout after 2 s: into `rankscope sql`'s output
     "lock_configuration": True,
 }
 
