@@ -1,7 +1,9 @@
 """Rank processes for benches.evidence: 4 gloo ranks with the hook attached, an MLP step (forward,
 backward, one all_reduce per gradient, SGD), rank ``slow_rank`` late in ``slow_loader`` while
-``out/slow`` exists. Each rank times every step and notes whether a capture was running in it
-(collector.rank.capture), and writes them to ``out/steps<rank>.json`` when ``out/stop`` appears."""
+``out/slow`` exists: it spins in Python, the worst case for torch's own Python tracer (a call
+recorded per loop turn). Each rank times every step and notes whether a capture was running in
+it, or its trace being exported (collector.rank.capture), and writes them to
+``out/steps<rank>.json`` when ``out/stop`` appears."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ WORLD = 4
 
 
 def slow_loader(ms: float) -> torch.Tensor:
-    time.sleep(ms / 1000)
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
     return torch.randn(64, 256)
 
 
@@ -50,6 +54,7 @@ def worker(rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_m
     for step in range(1, max_steps + 1):
         t0 = time.perf_counter()
         capturing = capture.CAPTURE.profiler is not None
+        exporting = capture.CAPTURE.exporting
         x = slow_loader(slow_ms) if rank == slow_rank and slow_flag.exists() else load_batch()
         loss = model(x).pow(2).mean()
         loss.backward()
@@ -57,7 +62,9 @@ def worker(rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_m
             dist.all_reduce(p.grad)
         opt.step()
         opt.zero_grad()
-        steps.append((step, (time.perf_counter() - t0) * 1000, capturing or capture.CAPTURE.profiler is not None))
+        capturing = capturing or capture.CAPTURE.profiler is not None
+        exporting = exporting or capture.CAPTURE.exporting
+        steps.append((step, (time.perf_counter() - t0) * 1000, capturing, exporting and not capturing))
         if stop_flag.exists():
             break
     hook.detach()

@@ -1,14 +1,16 @@
 """Evidence by itself (issue 32): what a capture costs and how soon the diff is there.
 
-    python -m benches.evidence [--cycles 6] [--runs 3]
+    python -m benches.evidence [--cycles 6] [--runs 3] [--repeats 5]
 
 Two parts, each with 4 real gloo ranks (hook attached, an MLP step with one all_reduce per
 gradient) and a real collector in this process:
 
-1. overhead, one healthy run: rank 1 (suspect role) and rank 0 (reference) are asked to profile
-   5 steps (``with_stack``), then left alone for 15 steps, ``--cycles`` times, alternating. Each
-   rank times every step and notes whether a capture ran in it: step time during captures vs
-   outside them, same run; bytes per captured step from the ``artifacts`` rows.
+1. overhead, one run where rank 1 spins 40 ms a step in Python (``slow_loader``: the worst case
+   for torch's Python tracer): rank 1 (suspect role) and rank 0 (reference) are asked to profile
+   5 steps (``with_stack``: sampled stacks), then left alone for 15 steps, ``--cycles`` times,
+   alternating. Each rank times every step and notes whether a capture ran in it or its trace
+   was being exported: step time during captures, during exports and outside both, same run;
+   bytes per captured step from the ``artifacts`` rows.
 2. finding -> diff, ``--runs`` runs: rank 1 late by 40 ms in ``slow_loader`` from step 40; the
    collector's findings refresh (collector.server.metrics, its default 5 s) feeds the escalation.
    Times: straggler onset -> escalation's ask, ask -> both traces stored, traces -> diff computed,
@@ -16,6 +18,11 @@ gradient) and a real collector in this process:
 
 3. what a step outside captures runs of the feature: ``state.set_step`` (every step boundary) now
    and as it was before issue 32 (one assignment), alternating, best of 7 x 1M calls.
+4. where a capture's time goes, in this process: a step spinning 20 ms in Python plus a matmul,
+   3 steps captured with torch's own Python tracer (``with_stack=True``, as before) and with the
+   sampler (collector.rank.stack_sampler, now), alternating ``--repeats`` times: captured step
+   time, ``stop`` on the training thread, export + gzip (on the capture thread; the steps the
+   training thread ran meanwhile timed), trace size, RSS grown.
 
 Writes benches/RESULTS-evidence.md.
 """
@@ -100,7 +107,8 @@ def overhead(cycles: int, work: Path) -> dict:
     out = work / "overhead"
     out.mkdir()
     with live_collector(work / "data-overhead") as collector:
-        ctx = _spawn(collector.endpoint, out, slow_rank=-1)
+        (out / "slow").write_text("")
+        ctx = _spawn(collector.endpoint, out, slow_rank=1)
         run_id = _wait(lambda: _streaming(collector), 120)
         _wait(lambda: _step(collector, run_id) >= 20, 120)
         for _ in range(cycles):
@@ -121,13 +129,12 @@ def overhead(cycles: int, work: Path) -> dict:
         _stop(ctx, out)
         rows = _rows(collector.data_dir, run_id)
     captured = rows[rows.status == "captured"]
-    during, outside = [], []
+    steps = {(rank, kind): [] for rank in (0, 1) for kind in ("during", "export", "outside")}
     for rank in (0, 1):
-        for _, ms, capturing in json.loads((out / f"steps{rank}.json").read_text())[10:]:
-            (during if capturing else outside).append(ms)
+        for _, ms, capturing, exporting in json.loads((out / f"steps{rank}.json").read_text())[10:]:
+            steps[(rank, "during" if capturing else "export" if exporting else "outside")].append(ms)
     return {
-        "during": during,
-        "outside": outside,
+        "steps": steps,
         "bytes_per_step": [int(b) / int(s) for b, s in zip(captured.bytes, captured.steps, strict=True)],
         "captures": len(captured),
     }
@@ -193,6 +200,82 @@ def set_step_cost(calls: int = 1_000_000, rounds: int = 7) -> dict:
     return best
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def tracer_vs_sampler(repeats: int, work: Path, steps: int = 3, spin_s: float = 0.02) -> dict:
+    """Captures of a Python-spinning step, torch's tracer against the sampler, alternating."""
+    import gzip
+    import threading
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from collector.rank.capture import with_python_spans
+    from collector.rank.stack_sampler import StackSampler
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        _spin(spin_s)
+        for _ in range(20):
+            a @ b
+        return (time.perf_counter() - t0) * 1e3
+
+    out = {
+        m: {k: [] for k in ("plain", "captured", "stop", "export", "during_export", "bytes", "rss")}
+        for m in ("tracer", "sampler")
+    }
+    for _ in range(repeats):
+        for mode in ("tracer", "sampler"):
+            o = out[mode]
+            o["plain"] += [step() for _ in range(steps)]
+            rss = _rss()
+            prof = profile(activities=[ProfilerActivity.CPU], with_stack=mode == "tracer")
+            prof.start()
+            sampler = StackSampler(threading.get_ident()) if mode == "sampler" else None
+            if sampler:
+                sampler.start()
+            o["captured"] += [step() for _ in range(steps)]
+            t0 = time.perf_counter()
+            prof.stop()
+            if sampler:
+                sampler.stop()
+            o["stop"].append((time.perf_counter() - t0) * 1e3)
+            o["rss"].append((_rss() - rss) / 2**20)
+            tid, done = threading.get_native_id(), {}
+
+            def ship(prof=prof, sampler=sampler, tid=tid, done=done):
+                t0 = time.perf_counter()
+                path = work / "trace.json"
+                prof.export_chrome_trace(str(path))
+                raw = path.read_bytes()
+                if sampler:
+                    raw = with_python_spans(raw, sampler, tid)
+                done["bytes"] = len(gzip.compress(raw, compresslevel=6))
+                done["ms"] = (time.perf_counter() - t0) * 1e3
+
+            shipper = threading.Thread(target=ship)
+            shipper.start()
+            while shipper.is_alive():
+                o["during_export"].append(step())
+            shipper.join()
+            o["export"].append(done["ms"])
+            o["bytes"].append(done["bytes"])
+            del prof
+    return out
+
+
 def _ms(values) -> str:
     return f"{statistics.median(values):.2f}"
 
@@ -219,14 +302,21 @@ def write(results: dict, started: str, elapsed: float, loads: list) -> None:
         f"### 1. Step cost during and outside captures (same run, alternating {CAPTURE_STEPS} captured / "
         f"{QUIET_STEPS} quiet steps, {results['cycles']} cycles; ranks 0 and 1)",
         "",
-        "| steps | n | median (ms) | p95 (ms) |",
-        "|---|---:|---:|---:|",
-        f"| outside captures | {len(o['outside'])} | {_ms(o['outside'])} | {_p95(o['outside']):.2f} |",
-        f"| during captures (incl. the start and stop steps) | {len(o['during'])} | {_ms(o['during'])} | "
-        f"{_p95(o['during']):.2f} |",
+        "| rank | steps | n | median (ms) | p95 (ms) | median / outside |",
+        "|---:|---|---:|---:|---:|---:|",
+        *[
+            f"| {rank} | {label} | {len(v)} | {_ms(v) if v else '-'} | {_p95(v) if v else 0:.2f} | "
+            f"{statistics.median(v) / statistics.median(o['steps'][(rank, 'outside')]) if v else 0:.2f}x |"
+            for rank in (1, 0)
+            for kind, label in (
+                ("outside", "outside captures and exports"),
+                ("during", "during captures (incl. the start and stop steps)"),
+                ("export", "while its trace was exported (after the capture)"),
+            )
+            for v in [o["steps"][(rank, kind)]]
+        ],
         "",
-        f"Captured step cost: {statistics.median(o['during']) / statistics.median(o['outside']):.2f}x the median "
-        "step outside captures. Trace size: "
+        "Rank 1 spins 40 ms a step in Python (`slow_loader`); rank 0 waits for it in the all_reduce. Trace size: "
         f"{statistics.median(o['bytes_per_step']) / 1024:.0f} KiB per captured step (gzip'd Chrome JSON, median of "
         f"{o['captures']} traces; max {max(o['bytes_per_step']) / 1024:.0f} KiB).",
         "",
@@ -261,13 +351,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=6)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     t0 = time.monotonic()
     loads = [os.getloadavg()[0]]
     with TemporaryDirectory(prefix="rankscope-evidence-") as tmp:
         work = Path(tmp)
-        results = {"cycles": args.cycles, "overhead": overhead(args.cycles, work)}
+        results = {"repeats": args.repeats, "tracer_vs_sampler": tracer_vs_sampler(args.repeats, work)}
+        results.update(cycles=args.cycles, overhead=overhead(args.cycles, work))
         print(json.dumps(results), flush=True)
         results["runs"] = [finding_to_diff(work, i) for i in range(args.runs)]
         results["set_step"] = set_step_cost()

@@ -6,11 +6,14 @@ with rows of the ``artifacts`` table and, for a capture, one ``pb.Artifact`` env
 
 * ``accepted`` at once, or ``refused`` with the reason (a profiler is already active, steps
   outside 1..MAX_STEPS, an unknown kind);
-* for ``profile``: torch.profiler (CPU activity; ``record_shapes`` and ``with_stack`` as asked)
-  starts at the next step boundary and stops at the boundary ``steps`` steps later, both on the
-  training thread (``state.on_step``: no thread is interrupted, no device is synchronised);
-  exporting, compressing and bounding the trace happen on a thread of its own, which hands the
-  gzip'd Chrome/Perfetto JSON to the client (``Client.send_artifact``). The collector stores it
+* for ``profile``: torch.profiler (CPU activity; ``record_shapes`` as asked) starts at the next
+  step boundary and stops at the boundary ``steps`` steps later, both on the training thread
+  (``state.on_step``: no thread is interrupted, no device is synchronised). ``with_stack`` asks for
+  the training thread's Python stacks, *sampled* (collector.rank.stack_sampler), not traced by
+  torch's own tracer, whose cost follows the number of Python calls and is unbounded on code that
+  loops in Python. Exporting (torch's C++ writer), adding the sampled spans, compressing and
+  bounding the trace happen on a thread of its own, which hands the gzip'd Chrome/Perfetto JSON
+  to the client (``Client.send_artifact``). The collector stores it
   and writes the ``captured`` row. A trace over ``MAX_TRACE_BYTES`` compressed, a profiler that
   fails, or a run that ends mid-capture is a ``failed`` row saying why;
 * for ``memory``: this process's RSS and, where CUDA is in use, the caching allocator's
@@ -25,17 +28,21 @@ import gzip
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
 
 from collector.rank import session, state
+from collector.rank.stack_sampler import StackSampler
 
 log = logging.getLogger("rankscope.capture")
 
 MAX_STEPS = 20  # longest capture a request may ask for
 MAX_TRACE_BYTES = 32 << 20  # compressed; the collector accepts envelopes up to 64 MiB
 KINDS = ("profile", "memory")
+_EVENTS_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BASE_NS = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 
 
 def _row(request, status: str, detail: str = "", **extra) -> dict:
@@ -67,8 +74,10 @@ class Capture:
         self._lock = threading.Lock()
         self.request = None  # the profile request waiting for, or running across, step boundaries
         self.profiler = None
+        self.sampler: StackSampler | None = None
         self.first_boundary = 0  # the step value at which the profiler started
         self.captures = 0  # traces handed to the client, for tests
+        self.exporting = False  # a trace is being exported (benches time the steps it overlaps)
 
     # ---- from the ack reader thread ----
     def handle(self, request) -> None:
@@ -112,50 +121,62 @@ class Capture:
         from torch.profiler import ProfilerActivity, profile
 
         request = self.request
-        profiler = profile(
-            activities=[ProfilerActivity.CPU], record_shapes=request.record_shapes, with_stack=request.with_stack
-        )
+        profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=request.record_shapes)
         profiler.start()
         self.profiler, self.first_boundary = profiler, step
+        if request.with_stack:
+            self.sampler = StackSampler(threading.get_ident())
+            self.sampler.start()
 
     def _stop(self, step: int) -> None:
-        profiler, request, first = self.profiler, self.request, self.first_boundary
-        profiler.stop()  # collecting the events is the profiler's own cost; writing them is not done here
+        profiler, sampler, request, first = self.profiler, self.sampler, self.request, self.first_boundary
+        profiler.stop()  # torch keeps the events in C++; nothing is parsed into Python here
+        if sampler is not None:
+            sampler.stop()
         self._clear()
+        self.exporting = True
         threading.Thread(
-            target=self._ship, args=(profiler, request, first, step - 1), name="rankscope-capture", daemon=True
+            target=self._ship,
+            args=(profiler, sampler, threading.get_native_id(), request, first, step - 1),
+            name="rankscope-capture",
+            daemon=True,
         ).start()
 
     def _clear(self) -> None:
         with self._lock:
             state.on_step = None
-            self.request, self.profiler = None, None
+            self.request, self.profiler, self.sampler = None, None, None
 
     def _give_up(self, detail: str) -> None:
-        request, profiler = self.request, self.profiler
+        request, profiler, sampler = self.request, self.profiler, self.sampler
         self._clear()
-        if profiler is not None:
-            try:
-                profiler.stop()
-            except Exception:
-                pass
+        for running in (profiler, sampler):
+            if running is not None:
+                try:
+                    running.stop()
+                except Exception:
+                    pass
         if request is not None:
             answer(request, "failed", detail)
 
     # ---- on a thread of its own ----
-    def _ship(self, profiler, request, first_step: int, last_step: int) -> None:
+    def _ship(self, profiler, sampler, native_tid: int, request, first_step: int, last_step: int) -> None:
         fd, path = tempfile.mkstemp(prefix="rankscope-trace-", suffix=".json")
         os.close(fd)
         try:
             profiler.export_chrome_trace(path)
             with open(path, "rb") as f:
-                data = gzip.compress(f.read(), compresslevel=6)
+                raw = f.read()
+            if sampler is not None:
+                raw = with_python_spans(raw, sampler, native_tid)
+            data = gzip.compress(raw, compresslevel=6)  # zlib lets go of the GIL while it works
         except Exception as exc:
             log.exception("rankscope: exporting the trace failed")
             answer(request, "failed", f"exporting the trace failed: {exc!r}")
             return
         finally:
             os.unlink(path)
+            self.exporting = False
         if len(data) > MAX_TRACE_BYTES:
             answer(
                 request,
@@ -204,6 +225,22 @@ class Capture:
         if self.request is not None:
             done = state.get_step() - self.first_boundary if self.profiler is not None else 0
             self._give_up(f"the run ended after {max(done, 0)} of {self.request.steps} step(s)")
+
+
+def with_python_spans(trace: bytes, sampler: StackSampler, tid: int) -> bytes:
+    """torch's exported JSON with the sampler's spans spliced in at the head of ``traceEvents``
+    (text, not parsed: a trace of many operators is not rebuilt in Python)."""
+    start = _EVENTS_START.search(trace)
+    if start is None:
+        raise ValueError("the exported trace has no traceEvents list")
+    base = _BASE_NS.search(trace)
+    events = sampler.chrome_events(os.getpid(), tid, int(base[1]) if base else 0)
+    if not events:
+        return trace
+    spliced = json.dumps(events, separators=(",", ":"))[1:-1].encode()
+    rest = trace[start.end() :]
+    comma = b"," if rest.strip()[:1] not in (b"]", b"") else b""
+    return trace[: start.end()] + spliced + comma + rest
 
 
 def _profiler_in_use() -> bool:
