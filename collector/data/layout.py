@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from collector.data.schema import (
     COMM_STEPS_SCHEMA,
+    DELIVERIES_SCHEMA,
     RANK_ENDS_SCHEMA,
     RANK_EVENTS_SCHEMA,
     RANKS_SCHEMA,
@@ -87,6 +88,8 @@ DERIVED_TABLES: dict[str, pa.Schema] = {
     "comm_steps": COMM_STEPS_SCHEMA,
     "step_analysis": STEP_ANALYSIS_SCHEMA,
     "unsettled_instances": UNSETTLED_INSTANCES_SCHEMA,
+    # made at intake, not from settled steps: each accepted envelope's delivery (collector.data.deliveries)
+    "deliveries": DELIVERIES_SCHEMA,
 }
 
 

@@ -267,6 +267,19 @@ RANK_ENDS_SCHEMA = pa.schema(
     ]
 )
 
+# Per table envelope the collector accepted: when its latest record was made (rank 0's time line)
+# and when the collector received it (its own clock); collector.data.deliveries. run_id is the
+# partition, as for the per-rank tables.
+DELIVERIES_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int64()),
+        ("step", pa.int64()),
+        ("table", pa.string()),
+        ("made_ns", pa.int64()),
+        ("received_ns", pa.int64()),
+    ]
+)
+
 # Per (rank, step, group, op, message size) sums of a run's comm records, written by the
 # collector's retention pass (collector/server/compaction.py) before raw rows of a step go;
 # the same columns as the dashboard's comm rollup (collector/data/queries/rollup.py), so pages read

@@ -66,6 +66,7 @@ from google.protobuf.message import DecodeError
 
 from collector.data import security
 from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
+from collector.data.deliveries import delivery_row
 from collector.server import artifacts
 from collector.server.auth import BearerTokenInterceptor
 from collector.server.compaction import CompactionConfig
@@ -344,6 +345,9 @@ class CollectorServicer:
                 rows = artifacts.stored_rows(self.state.data_dir, env)
             else:
                 rows = envelope_rows(env)
+                if env.HasField("table") and rows:  # when it arrived: a slow link's side (collector.data.deliveries)
+                    row = delivery_row(env.table.table, env.table.rank, rows[0][2], time.time_ns())
+                    rows += [("deliveries", env.table.run_id, row)] if row is not None else []
             self._check_identity(env, acks)  # after the codec: a malformed run_id is named as such
         except SchemaVersionError as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc), env.seq) from None

@@ -274,8 +274,12 @@ class Store:
 
     def _commit(self, buffers: dict[tuple[str, str], list[pa.Table]]) -> None:
         nbytes = sum(t.nbytes for ts in buffers.values() for t in ts)
+        # records the ranks sent: not the collector's own rows (Hello/RunEnd tables, deliveries)
         nrows = sum(
-            t.num_rows for (table, _), ts in buffers.items() if table not in layout.COLLECTOR_TABLES for t in ts
+            t.num_rows
+            for (table, _), ts in buffers.items()
+            if table not in layout.COLLECTOR_TABLES and table != "deliveries"
+            for t in ts
         )
         commit = self.ledger.reserve_commit()
         # Segments are independent files: write them in parallel (pyarrow releases the GIL),

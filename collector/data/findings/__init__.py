@@ -59,6 +59,7 @@ def summarize(
     clock: pd.DataFrame | None = None,
     links: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None,
     pipeline: pd.DataFrame | None = None,
+    deliveries: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -67,7 +68,8 @@ def summarize(
     a straggler); the liveness frames are optional (runs without heartbeats have nothing for them);
     ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
     ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off);
-    ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links;
+    ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links, and
+    ``deliveries`` (queries.deliveries) which host's link where two explain it alike;
     ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles; on a pipeline
     run they, not the communication notes, speak for the stages' point-to-point traffic."""
     engine, stage = engine_of(source, config)
@@ -87,7 +89,7 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
         + implausible_clocks(clock)
-        + (slow_links(*links, steps) if links is not None else [])
+        + (slow_links(*links, steps, deliveries) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
     )
@@ -148,4 +150,5 @@ def for_run(
         clock=queries.clock_skew(cat, run_id),
         links=(queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, run_id)),
         pipeline=stage_bubbles(cat, run_id),
+        deliveries=queries.deliveries(cat, run_id),
     )

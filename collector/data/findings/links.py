@@ -25,7 +25,10 @@ So an episode is a slow link only when every slowed group spans hosts and the gr
 kept their speed (else the cause is on the hosts, e.g. CPU contention, and no link is named);
 the suspects are the slowed groups' hosts that no unchanged cross-host group includes, and the
 finding names the fewest suspects that touch every slowed group (greedy cover). Where several
-covers are as small (2 hosts: every cross-host group spans both), it names them all, "or".
+covers are as small (2 hosts: every cross-host group spans both), how the hosts' telemetry arrived
+breaks the tie where it is decisive (collector.data.findings.link_side: the slow link's host's
+envelopes queue behind its training traffic and arrive unevenly); else it names them all, "or",
+and says what the telemetry showed.
 
 Cost per step: for each rank, the extra transfer of the cross-host groups it is in that pass
 through the named links (slowed enough to prove it or not); the job waits
@@ -43,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from collector.data.bandwidth import bus_factor
+from collector.data.findings.link_side import which_side
 from collector.data.findings.model import Finding, duration, pct
 
 MIN_BYTES = 64 * 1024
@@ -188,11 +192,16 @@ def host_link_ratios(ratios: Ratios | None) -> pd.DataFrame:
 
 
 def slow_links(
-    transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame, steps: pd.DataFrame | None = None
+    transfers: pd.DataFrame,
+    members: pd.DataFrame,
+    hosts: pd.DataFrame,
+    steps: pd.DataFrame | None = None,
+    deliveries: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
     ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
-    ``steps``: queries.step_analysis (for the step time a cost is a share of; optional)."""
+    ``steps``: queries.step_analysis (for the step time a cost is a share of; optional);
+    ``deliveries``: queries.delivery_lags (to break a tie between hosts; optional)."""
     ratios = transfer_ratios(transfers, members, hosts)
     if ratios is None:
         return []
@@ -218,7 +227,7 @@ def slow_links(
     last_step = int(per_group.step.max())
     found = []
     for episode in _overlapping(episodes, last_step):
-        finding = _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs)
+        finding = _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries)
         if finding is not None:
             found.append(finding)
     return found
@@ -236,7 +245,7 @@ def _overlapping(episodes: list[Episode], last_step: int) -> list[list[Episode]]
     return out
 
 
-def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs) -> Finding | None:
+def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries) -> Finding | None:
     onset = int(np.median([e.onset for e in episode]))
     ends = [e.end for e in episode]
     end = None if any(x is None for x in ends) else int(np.median(ends))
@@ -260,6 +269,10 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     covers = _smallest_covers([hosts_of[g] - cleared for g in slowed])
     if not covers:
         return None
+    side = None
+    if len(covers) > 1:  # as small covers, each one host: whose telemetry queued?
+        side = which_side(deliveries, host_of, sorted(h for c in covers for h in c), onset, stop)
+        covers = [frozenset([side.host])] if side.host is not None else covers
 
     suspects = sorted(set().union(*covers))
     # cost: per step, the rank that lost most to the cross-host groups through the suspects' links
@@ -303,6 +316,8 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     if step_ms:
         text += f" (+{pct(cost / step_ms)} on the {duration(step_ms)} step before)"
     text += f", ended at step {end}" if end is not None else ", still slow"
+    if side is not None:
+        text += f"; {side.sentence}"
     ranks = tuple(sorted(r for r, h in host_of.items() if h in suspects))
     # ranks the link can make late to others: those of the slowed groups that do not span every
     # host (a group over all of them slows everyone alike)
@@ -331,6 +346,8 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
             "slowed_groups": sorted(slowed),
             "unchanged_groups": len(unchanged),
             "affected_ranks": affected,
+            "telemetry_jitter_ms": side.jitter_ms if side is not None else None,
+            "telemetry_jitter_z": side.z if side is not None else None,
         },
         page="comms",
     )

@@ -71,6 +71,7 @@ from collector.data.queries.rollup import (
 from collector.data.queries.runs import (
     UnknownRun,
     data_version,
+    deliveries,
     latest_step,
     list_runs,
     ranks,
@@ -114,6 +115,7 @@ __all__ = [
     "console_query",
     "data_version",
     "delay_heatmap",
+    "deliveries",
     "desyncs",
     "flops_profile",
     "group_members",

@@ -86,3 +86,9 @@ def ranks(cat: Catalog, run_id: str) -> pd.DataFrame:
         FROM ranks WHERE run_id = ? ORDER BY rank""",
         [run_id],
     )
+
+
+def deliveries(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """When each of the run's telemetry envelopes was made and reached the collector
+    (collector.data.deliveries): rank, step, made_ns, received_ns."""
+    return cat.df("SELECT rank, step, made_ns, received_ns FROM deliveries WHERE run_id = ?", [run_id])

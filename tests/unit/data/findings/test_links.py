@@ -5,10 +5,11 @@ silent where nothing is, and never confused with a compute straggler (either way
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from collector.data import findings, queries
-from collector.data.findings import links
+from collector.data.findings import link_side, links
 from collector.tools import simulate
 
 
@@ -152,3 +153,53 @@ def test_link_health_puts_the_slow_host_on_top_and_folds_the_rest_into_one_row(t
     # its neighbours share its pairs, half of them slow: next; the far hosts stay at speed
     assert set(grid.index[1:3]) == {"node-0004", "node-0006"}
     assert grid.iloc[-1].max() < 1.3 < grid.iloc[0].max()
+
+
+def flushes(ranks_by_host: dict[str, list[int]], queued: str | None, slow_from: int, steps: int, seed: int = 0):
+    """Hand-made queries.deliveries: each rank flushes 4 envelopes every 200 ms (2 per step), arriving
+    within a few ms; from step ``slow_from`` the ``queued`` host's flushes wait 0-40 ms in a queue
+    (a link that fills and drains), the others' 0-1 ms as before."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for host, ranks in ranks_by_host.items():
+        for rank in ranks:
+            for k in range(2 * steps):
+                step = k // 2
+                wait = rng.uniform(0, 40e6) if host == queued and step >= slow_from else rng.uniform(0, 1e6)
+                at = 1_000_000_000 + k * 200_000_000 + rank * 7_000_000 + int(wait)
+                rows += [(rank, step, at - 150_000_000, at + e * 300_000) for e in range(4)]
+    return pd.DataFrame(rows, columns=["rank", "step", "made_ns", "received_ns"])
+
+
+@pytest.mark.parametrize("queued", ["node-0000", "node-0001", None])
+def test_two_hosts_the_tie_is_broken_by_whose_telemetry_arrived_unevenly_and_only_then(tmp_path, queued):
+    sim = simulate.Simulation(run_id="two", ranks=8, hosts=2, steps=40, slow_links=(simulate.SlowLink(1, 4.0, 15),))
+    simulate.write_data_dir(sim, tmp_path / "d")
+    cat = queries.Catalog(tmp_path / "d")
+    rollup = queries.comm_rollup(cat, "two")
+    frames = (queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, "two"))
+    cat.close()
+    by_host = frames[2].groupby("host")["rank"].apply(list).to_dict()
+    [link] = links.slow_links(*frames, None, flushes(by_host, queued, 15, 40))
+    if queued is None:  # even arrival on both: the groups' "or" stays, and says why
+        assert link.evidence["hosts"] == [["node-0000"], ["node-0001"]], link.text
+        assert "node-0000's link or node-0001's link" in link.text
+        assert "the telemetry's arrival does not tell them apart" in link.text
+    else:
+        assert link.evidence["hosts"] == [[queued]], link.text
+        assert f"{queued}'s link;" in link.text and f"{queued}'s telemetry arrived unevenly" in link.text
+        assert link.evidence["telemetry_jitter_z"] >= link_side.MIN_Z
+    # without arrival times (an imported run, a collector before them) it says so and keeps the "or"
+    [bare] = links.slow_links(*frames, None, None)
+    assert bare.evidence["hosts"] == [["node-0000"], ["node-0001"]] and "no telemetry arrival times" in bare.text
+
+
+def test_a_host_whose_flushes_all_arrive_late_but_evenly_is_not_named():
+    # a constant delay (a longer route, a clock offset) is no queue: spacing, not lag, is judged
+    d = flushes({"a": [0, 1], "b": [2, 3]}, None, 15, 40)
+    d.loc[d["rank"] < 2, "received_ns"] += 80_000_000
+    side = link_side.which_side(d, {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], 15, 41)
+    assert side.host is None and side.z is not None and side.z < link_side.MIN_Z
+    # and too few flushes to judge is said as such
+    short = link_side.which_side(d[d.step < 17], {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], 15, 41)
+    assert short.host is None and "too few telemetry flushes" in short.sentence

@@ -1,0 +1,116 @@
+"""Which host's link, when the groups that slowed cannot say: how the telemetry itself arrived.
+
+With two hosts every cross-host group spans both, so the groups' transfer times fit either host's
+link equally (links.py's covers tie). Training traffic between two hosts crosses both links;
+what crosses only one is each host's traffic to a third place -- its ranks' telemetry to the
+collector. A rank's telemetry leaves through its host's interface, so where that interface is the
+slow link the telemetry waits in its queue, behind the training traffic, for as long as the queue
+happens to hold at that moment.
+
+What is measured: a rank's client flushes its records every ``flush_interval_s`` (0.2 s), all its
+envelopes at once, so at the collector (collector.data.deliveries: each envelope's receive time)
+a rank's flushes arrive evenly spaced; a queue that fills and drains in front of them spaces them
+unevenly. Per rank, flushes are the envelopes that arrived within FLUSH_GAP_MS of the one before;
+a flush's *jitter* is how far its spacing from the one before lies from the rank's usual spacing
+(its median outside the slowdown). A host whose jitter during the slowdown stands out of every
+other candidate's -- a one-sided Mann-Whitney test of the jitters during it (normal approximation)
+at MIN_Z, medians at least MIN_EXTRA_MS apart, at least MIN_FLUSHES flushes each during it and
+outside it -- is named; otherwise the finding keeps its "or" and says what the spacing showed.
+
+Why spacing, not delivery lag (receive time less the envelope's latest record time, the first
+idea): measured on the namespace hosts (2 hosts x 2 ranks, tbf 50 Mbit/s on one host's link for
+20 steps, 3 runs), the throttled host's median lag rose 50-70 ms but the other's rose 15-50 ms too:
+the lag holds the client's wait for its flush, which grows on every host when steps slow (records
+are sparser), and the test separated the hosts at z 1.4-5.0 only. The spacing rests on the
+sender's own timer and on no record time: median jitter 8-9 ms on the throttled host against
+0.7-0.8 ms on the other, z 4.9-5.2, and under 1 ms on both in an unthrottled run.
+
+Where it means nothing: a cluster whose training traffic runs on a fabric the telemetry does not
+use (InfiniBand beside a management Ethernet) shows no jitter on either host, so the "or" stays;
+it names a host only where the slow interface carries the telemetry too. A host whose CPU is
+contended can delay its client's flushes as well, but then its groups inside the host slow too,
+and links.py names no link at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+FLUSH_GAP_MS = 50.0  # envelopes of one flush arrive within a few ms; flushes are 200 ms apart
+MIN_FLUSHES = 10
+MIN_Z = 3.0
+MIN_EXTRA_MS = 3.0
+WARMUP_STEPS = 5  # the first steps' flushes carry the connection's start
+
+
+@dataclass(frozen=True)
+class Side:
+    host: str | None  # the host whose link it is, or None: not decisive
+    jitter_ms: dict[str, float]  # per candidate, its flushes' median jitter during the slowdown
+    z: float | None  # the test of the top host against the runner-up
+    sentence: str  # what the spacing showed, for the finding's text
+
+
+def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], onset: int, stop: int) -> pd.DataFrame:
+    """``deliveries``: queries.delivery_lags (rank, step, received_ns). Per rank and flush (the
+    envelopes that arrived within FLUSH_GAP_MS of the one before) after the first: host, step (its
+    latest), during (inside steps [onset, stop)), jitter_ms (its spacing from the flush before,
+    less the rank's median spacing outside)."""
+    cols = ["host", "rank", "step", "during", "jitter_ms"]
+    d = deliveries.dropna(subset=["step", "received_ns"]).sort_values(["rank", "received_ns"])
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    rank = d["rank"].to_numpy()
+    received = d.received_ns.to_numpy(dtype=np.int64)
+    new_flush = np.ones(len(d), dtype=bool)
+    new_flush[1:] = (rank[1:] != rank[:-1]) | (np.diff(received) > FLUSH_GAP_MS * 1e6)
+    f = (
+        d.assign(flush=np.cumsum(new_flush))
+        .groupby("flush")
+        .agg(rank=("rank", "first"), step=("step", "max"), at=("received_ns", "min"))
+    )
+    f["gap_ms"] = f.groupby("rank").at.diff() / 1e6
+    f = f.dropna(subset=["gap_ms"])
+    f = f[f.step >= d.step.min() + WARMUP_STEPS]
+    f["during"] = (f.step >= onset) & (f.step < stop)
+    usual = f[~f.during].groupby("rank").gap_ms.median()
+    f["jitter_ms"] = (f.gap_ms - f["rank"].map(usual)).abs()
+    f["host"] = f["rank"].map(lambda r: host_of.get(int(r)))
+    return f.dropna(subset=["host", "jitter_ms"])[cols].reset_index(drop=True)
+
+
+def mann_whitney_z(x: np.ndarray, y: np.ndarray) -> float:
+    """How far ``x`` tends to lie above ``y``: the Mann-Whitney U statistic's z (normal
+    approximation, ties ranked by their mean)."""
+    n1, n2 = len(x), len(y)
+    ranks = pd.Series(np.concatenate([x, y])).rank().to_numpy()
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    return float((u - n1 * n2 / 2) / np.sqrt(n1 * n2 * (n1 + n2 + 1) / 12))
+
+
+def which_side(
+    deliveries: pd.DataFrame | None, host_of: dict[int, str], candidates: list[str], onset: int, stop: int
+) -> Side:
+    """Of ``candidates`` (hosts each of whose link alone explains the slowdown of steps [onset,
+    stop)), the one whose telemetry arrived unevenly while the others' did not, or none."""
+    if deliveries is None or deliveries.empty:
+        return Side(None, {}, None, "no telemetry arrival times to tell them apart")
+    flushes = flush_jitter(deliveries, host_of, onset, stop)
+    inside = {}
+    for host in candidates:
+        mine = flushes[flushes.host == host]
+        n_in, n_out = int(mine.during.sum()), int((~mine.during).sum())
+        if n_in < MIN_FLUSHES or n_out < MIN_FLUSHES:
+            return Side(None, {}, None, f"too few telemetry flushes of {host} to tell ({n_in} during, {n_out} outside)")
+        inside[host] = mine[mine.during].jitter_ms.to_numpy()
+    jitter = {h: float(np.median(x)) for h, x in inside.items()}
+    order = sorted(candidates, key=lambda h: -jitter[h])
+    top, others = order[0], order[1:]
+    z = min(mann_whitney_z(inside[top], inside[h]) for h in others)
+    said = ", ".join(f"{h} {jitter[h]:.1f} ms" for h in order)
+    if z >= MIN_Z and all(jitter[top] - jitter[h] >= MIN_EXTRA_MS for h in others):
+        return Side(top, jitter, z, f"{top}'s telemetry arrived unevenly while it lasted (jitter {said}; z {z:.1f})")
+    return Side(None, jitter, z, f"the telemetry's arrival does not tell them apart (jitter {said}; z {z:.1f})")
