@@ -48,3 +48,21 @@ def note(state: dict) -> str:
         f"steps 0–{state['through']} read from per-step rollups; raw comm records kept for "
         f"{state['raw_steps']:,} of those {state['steps']:,} steps (every Nth and those with findings)"
     )
+
+
+# Captured evidence (collector.server.artifacts) is thinned alongside: a run keeps the files and
+# rows of its newest ARTIFACT_REQUESTS_KEPT requests (a request: a suspect and its reference, or
+# the ranks one command asked). Escalation asks a run at most every 5 min, so this is the last
+# ~100 min of a run that keeps finding trouble, and every capture of one that does not.
+ARTIFACT_REQUESTS_KEPT = 20
+
+
+def artifact_requests_to_drop(rows: pd.DataFrame, kept: int = ARTIFACT_REQUESTS_KEPT) -> set[str]:
+    """Request ids of ``rows`` (``artifacts`` columns request_id, time_ns) beyond the newest ``kept``,
+    a request dated by its first row (when the rank answered it)."""
+    if kept < 1:
+        raise ValueError(f"kept must be >= 1, got {kept}")
+    if rows.empty:
+        return set()
+    first = rows.groupby("request_id").time_ns.min().sort_values(ascending=False, kind="stable")
+    return set(first.index[kept:])

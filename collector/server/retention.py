@@ -1,7 +1,8 @@
 """Rollups and retention: once a run's steps are settled, store per step what queries would
 otherwise compute from every raw record -- the comm rollup (``comm_steps``) and the step analysis
 (``step_analysis``: exposed communication, straggler cost) -- and, with ``collect --raw-every N``,
-thin out the raw comm records of those steps (the policy is collector/data/retention.py).
+thin out the raw comm records of those steps (the policy is collector/data/retention.py), and the
+run's captured evidence with them (collector.server.artifact_retention).
 
 Runs in the compaction thread, per comm partition, on a window of *settled* steps: steps
 every rank has moved past (each rank reported a later step) or, once the run ended, all of
@@ -51,6 +52,7 @@ from collector.data.queries import Catalog, analyse_steps
 from collector.data.queries.windows import unsettled_rows, window_rollup
 from collector.data.retention import steps_to_keep
 from collector.data.schema import STEP_ANALYSIS_SCHEMA, UNSETTLED_INSTANCES_SCHEMA
+from collector.server.artifact_retention import ArtifactRetention
 from collector.server.ledger import Ledger
 from collector.server.store import segment_order, segment_path, write_segment
 
@@ -76,11 +78,14 @@ class Retention:
         self._idle: dict[Path, tuple[tuple[int, ...], float]] = {}
         self._due: dict[Path, float] = {}  # partition -> seconds until its run counts as stalled (_stalled)
         self._hang_after: dict[str, float] = {}  # run -> its hang_after_s (collector.data.hang_rule)
+        self.artifacts = ArtifactRetention(self.data_dir, ledger)  # thinned with raw steps (raw_every)
 
     def run(self, partition: Path, offline: bool = False) -> bool:
         """Roll up (and thin out) one window of ``partition`` (a comm run=<id> folder) if one is ready.
         ``offline``: D was written without a collector and is caught up at once (Compactor.catch_up),
         so how long a run has been quiet is judged by its records' own times alone."""
+        if self.config.raw_every:
+            self.artifacts.run(layout.run_of(partition))  # cheap unless its artifacts folder changed
         # A run whose folders have not changed since a pass found nothing to do is skipped: otherwise
         # every pass reads every footer of every run a data dir ever held (~4 ms a run). It is looked
         # at again after IDLE_RECHECK_S anyway, in case two changes fell in one mtime tick.

@@ -75,3 +75,23 @@ def test_windows_of_a_live_run_roll_up_each_step_once(tmp_path):
         numeric = [c for c in fa.columns if fa[c].dtype.kind in "fi"]
         for col in numeric:
             assert fb[col].to_numpy() == pytest.approx(fa[col].to_numpy(), rel=1e-9, nan_ok=True), f"{name}.{col}"
+
+
+def test_artifact_requests_beyond_the_newest_kept_are_dropped_dated_by_their_first_row():
+    import pandas as pd
+
+    from collector.data.retention import artifact_requests_to_drop
+
+    rows = pd.DataFrame(
+        {
+            # b answered first, then a, c; c's capture row came last, a's captured row later than c's start
+            "request_id": ["b", "a", "c", "a", "b", "c"],
+            "time_ns": [10, 20, 30, 45, 50, 60],
+        }
+    )
+    assert artifact_requests_to_drop(rows, kept=2) == {"b"}
+    assert artifact_requests_to_drop(rows, kept=1) == {"a", "b"}
+    assert artifact_requests_to_drop(rows, kept=3) == set()
+    assert artifact_requests_to_drop(rows.iloc[:0], kept=1) == set()
+    with pytest.raises(ValueError, match="kept must be >= 1"):
+        artifact_requests_to_drop(rows, kept=0)
