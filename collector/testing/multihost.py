@@ -5,6 +5,9 @@ at one step and restored at another, for tests and the fault-injection suite:
                          throttle=Throttle.parse("1:50mbit@20-40"))
     run.data_dir, run.name, run.step_times        # the collector's data dir, the run, rank 0's step times
 
+``run_on_hosts(argv, hosts=2, ranks_per_host=2)`` runs any torchrun-style program (say
+``python -m collector.tools.calibrate``) as every rank over the hosts, without a collector.
+
 Every rank (``python -m collector.hook collector/testing/workloads/hosts_train.py``, gloo over
 ``eth0``, GLOO_SOCKET_IFNAME) runs in its host's namespace under that host's name, the collector
 (``rankscope collect --insecure``: nothing outside the namespaces can reach it) in its own; the
@@ -97,16 +100,7 @@ def train_on_hosts(
             for rank in range(world):
                 host = net.hosts[rank // ranks_per_host]
                 env = dict(
-                    os.environ,
-                    PYTHONPATH=str(REPO),
-                    RANK=str(rank),
-                    WORLD_SIZE=str(world),
-                    LOCAL_RANK=str(rank % ranks_per_host),
-                    LOCAL_WORLD_SIZE=str(ranks_per_host),
-                    MASTER_ADDR=net.ip(net.hosts[0]),
-                    MASTER_PORT=str(MASTER_PORT),
-                    GLOO_SOCKET_IFNAME="eth0",
-                    OMP_NUM_THREADS="1",
+                    _rank_env(net, rank, world, ranks_per_host),
                     RANKSCOPE_ENDPOINT=f"{net.ip('collector')}:{COLLECTOR_PORT}",
                     RANKSCOPE_RUN=name,
                     RANKSCOPE_SPOOL_DIR=str(work / "spool"),
@@ -136,3 +130,46 @@ def train_on_hosts(
         except subprocess.TimeoutExpired:
             raise RuntimeError("the collector did not stop within 120 s of SIGTERM") from None
     return HostsRun(data_dir, name, json.loads((out / "times.json").read_text()), out, qdiscs)
+
+
+def _rank_env(net: netns.Network, rank: int, world: int, ranks_per_host: int) -> dict[str, str]:
+    """A rank's environment as torchrun would set it, gloo over its host's ``eth0``."""
+    return dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank % ranks_per_host),
+        LOCAL_WORLD_SIZE=str(ranks_per_host),
+        MASTER_ADDR=net.ip(net.hosts[0]),
+        MASTER_PORT=str(MASTER_PORT),
+        GLOO_SOCKET_IFNAME="eth0",
+        OMP_NUM_THREADS="1",
+    )
+
+
+def run_on_hosts(
+    argv: list[str], *, hosts: int, ranks_per_host: int, throttle: tuple[int, str] | None = None, timeout_s: float = 600
+) -> list[str]:
+    """``argv`` as every rank of a job over ``hosts`` namespace hosts (no collector), with host
+    ``throttle[0]``'s link at rate ``throttle[1]`` throughout where given; each rank's stdout."""
+    world = hosts * ranks_per_host
+    with netns.Network(hosts) as net:
+        if throttle is not None:
+            net.throttle(net.hosts[throttle[0]], rate=throttle[1])
+        procs = [
+            net.popen(net.hosts[rank // ranks_per_host], argv, hostname=net.hosts[rank // ranks_per_host],
+                      env=_rank_env(net, rank, world, ranks_per_host), cwd=REPO, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+            for rank in range(world)
+        ]  # fmt: skip
+        out = []
+        for rank, proc in enumerate(procs):
+            try:
+                stdout, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"rank {rank} did not finish in {timeout_s:.0f} s") from None
+            if proc.returncode != 0:
+                raise RuntimeError(f"rank {rank}: exit {proc.returncode}: {err[-3000:]}")
+            out.append(stdout)
+    return out

@@ -16,6 +16,7 @@ import os
 import sys
 
 from collector.tools.commands import (
+    calibrate,
     collect,
     dashboard,
     demo,
@@ -32,7 +33,21 @@ from collector.tools.commands import (
 from collector.tools.commands.common import examples
 
 # in the order `rankscope --help` lists them
-COMMANDS = (collect, dashboard, demo, sql, ingest, replay, export, health, profile, stacks, simulate, nvme_tune)
+COMMANDS = (
+    collect,
+    dashboard,
+    demo,
+    sql,
+    ingest,
+    replay,
+    export,
+    health,
+    profile,
+    stacks,
+    simulate,
+    calibrate,
+    nvme_tune,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from collector.data import queries
+from collector.data.calibration import load as load_calibration
 from collector.data.findings.clock import implausible_clocks
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
@@ -60,6 +61,7 @@ def summarize(
     links: tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None = None,
     pipeline: pd.DataFrame | None = None,
     deliveries: pd.DataFrame | None = None,
+    calibration: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -69,7 +71,8 @@ def summarize(
     ``moe`` is queries.moe_load (runs without MoE layers have none); ``losses`` queries.loss_series;
     ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off);
     ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links, and
-    ``deliveries`` (queries.deliveries) which host's link where two explain it alike;
+    ``deliveries`` (queries.deliveries) which host's link where two explain it alike, ``calibration``
+    (collector.data.calibration.load's) what a transfer should cost on the run's hosts;
     ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles; on a pipeline
     run they, not the communication notes, speak for the stages' point-to-point traffic."""
     engine, stage = engine_of(source, config)
@@ -89,7 +92,7 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
         + implausible_clocks(clock)
-        + (slow_links(*links, steps, deliveries) if links is not None else [])
+        + (slow_links(*links, steps, deliveries, calibration) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
     )
@@ -133,6 +136,7 @@ def for_run(
         world_size = int(run.world_size) if run is not None else 1
     if rollup is None:
         rollup = queries.comm_rollup(cat, run_id)
+    ranks = queries.ranks(cat, run_id)
     return summarize(
         steps=steps if steps is not None else queries.step_analysis(cat, run_id),
         log_summary=queries.log_summary(rollup, queries.training_filter(queries.comm_dimensions(rollup))),
@@ -148,7 +152,8 @@ def for_run(
         losses=queries.loss_series(cat, run_id),
         memory=queries.memory_trend(cat, run_id),
         clock=queries.clock_skew(cat, run_id),
-        links=(queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, run_id)),
+        links=(queries.link_transfers(rollup), queries.group_members(rollup), ranks),
         pipeline=stage_bubbles(cat, run_id),
         deliveries=queries.deliveries(cat, run_id),
+        calibration=load_calibration(cat.data_dir, ranks.host.dropna().unique()),
     )

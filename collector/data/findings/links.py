@@ -9,8 +9,11 @@ Expected transfer, learned from the run: collectives are put in classes (op, mes
 factor of 4, group span -- inside one host or across hosts -- and group size); a class's expected
 time per collective is the median over its groups of the step, medianed over its first
 BASELINE_STEPS steps after warm-up, then over its last HISTORY_STEPS steps that were not slow
-(so it follows slow drifts, never a fault). Messages under MIN_BYTES are latency, not bandwidth,
-and left out.
+(so it follows slow drifts, never a fault). Where the data dir holds a calibration of the run's
+exact host set (``rankscope calibrate``, collector.data.calibration), a collective the sweep
+covers (its op family, span and group size, its size inside the sizes swept) is expected to take
+the calibrated time instead: a link slow from the first step, which the run cannot learn as slow,
+then shows. Messages under MIN_BYTES are latency, not bandwidth, and left out.
 
 Change points, per communicator (group): its step's transfer over the expected, r = log(ratio),
 runs a one-sided CUSUM, S = max(0, S + r - k); S >= ALARM is a slowdown whose onset is the step
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from collector.data import calibration as calibrated
 from collector.data.bandwidth import bus_factor
 from collector.data.findings.link_side import which_side
 from collector.data.findings.model import Finding, duration, pct
@@ -144,9 +148,12 @@ class Ratios:
     hosts_of: dict[str, frozenset]
 
 
-def transfer_ratios(transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame) -> Ratios | None:
+def transfer_ratios(
+    transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.DataFrame, calibration: pd.DataFrame | None = None
+) -> Ratios | None:
     """``transfers``: queries.link_transfers; ``members``: queries.group_members; ``hosts``:
-    queries.ranks. None where there is nothing to judge (no hosts, one host, no big messages)."""
+    queries.ranks; ``calibration``: collector.data.calibration.load's, of the run's hosts (optional).
+    None where there is nothing to judge (no hosts, one host, no big messages)."""
     if transfers.empty or members.empty or hosts.empty:
         return None
     host_of = dict(zip(hosts["rank"].astype(int), hosts["host"].astype(str), strict=True))
@@ -171,6 +178,11 @@ def transfer_ratios(transfers: pd.DataFrame, members: pd.DataFrame, hosts: pd.Da
     t["bucket"] = (np.log2(t.bytes.clip(lower=1).to_numpy(dtype=float)) // 2).astype(int)
     t["cls"] = t.groupby(["op", "bucket", "span", "size"]).ngroup()
     t["expected_ms"] = expected_transfer(t) * t.n
+    t["calibrated"] = False
+    if calibration is not None:
+        sweep = calibrated.expected_ms(calibration, t.op.to_numpy(), t.bytes.to_numpy(), t.span.to_numpy(), t["size"])
+        t["calibrated"] = ~np.isnan(sweep)
+        t["expected_ms"] = np.where(t.calibrated, sweep * t.n, t.expected_ms)
     per_group = t.groupby(["group_name", "step"])[["transfer_ms", "expected_ms"]].sum().reset_index()
     per_group["ratio"] = per_group.transfer_ms / per_group.expected_ms.clip(lower=1e-9)
     return Ratios(per_group, t, host_of, ranks_of, hosts_of)
@@ -197,12 +209,14 @@ def slow_links(
     hosts: pd.DataFrame,
     steps: pd.DataFrame | None = None,
     deliveries: pd.DataFrame | None = None,
+    calibration: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
     ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
     ``steps``: queries.step_analysis (for the step time a cost is a share of; optional);
-    ``deliveries``: queries.delivery_lags (to break a tie between hosts; optional)."""
-    ratios = transfer_ratios(transfers, members, hosts)
+    ``deliveries``: queries.deliveries (to break a tie between hosts; optional); ``calibration``:
+    collector.data.calibration.load's, of the run's hosts (what transfers should cost; optional)."""
+    ratios = transfer_ratios(transfers, members, hosts, calibration)
     if ratios is None:
         return []
     per_group, t = ratios.per_group, ratios.rows
@@ -305,12 +319,14 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     before_gbs = nbytes * factor / (float(cls_rows.expected_ms.div(cls_rows.n).median()) * 1e6)
     after_gbs = nbytes * factor / (float(cls_rows.per_coll_ms.median()) * 1e6)
     fell = before_gbs / after_gbs if after_gbs > 0 else float("inf")
+    swept = bool(cls_rows.calibrated.all())  # expected from rankscope calibrate's sweep, not the run
     where = " or ".join(f"{_host_list(c)}'s link" if len(c) == 1 else f"the links of {_host_list(c)}" for c in covers)
     spanning = " or ".join(_host_list(c) for c in covers)
     first_alarm = min(e.alarm for e in episode)
     text = (
         f"{op} busbw on groups spanning {spanning} fell {fell:.1f}x at step {onset} "
-        f"({before_gbs:.2g} -> {after_gbs:.2g} GB/s); groups inside hosts unchanged: {where}; "
+        f"({before_gbs:.2g} -> {after_gbs:.2g} GB/s{' calibrated before' if swept else ''}); "
+        f"groups inside hosts unchanged: {where}; "
         f"costs {duration(cost)} per step"
     )
     if step_ms:
@@ -346,6 +362,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
             "slowed_groups": sorted(slowed),
             "unchanged_groups": len(unchanged),
             "affected_ranks": affected,
+            "expected_from": "calibration" if swept else "run",
             "telemetry_jitter_ms": side.jitter_ms if side is not None else None,
             "telemetry_jitter_z": side.z if side is not None else None,
         },

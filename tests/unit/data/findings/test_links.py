@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.data import findings, queries
+from collector.data import calibration, findings, queries
 from collector.data.findings import link_side, links
 from collector.tools import simulate
 
@@ -203,3 +203,65 @@ def test_a_host_whose_flushes_all_arrive_late_but_evenly_is_not_named():
     # and too few flushes to judge is said as such
     short = link_side.which_side(d[d.step < 17], {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], 15, 41)
     assert short.host is None and "too few telemetry flushes" in short.sentence
+
+
+def sweep_of(data_dir, run_id) -> pd.DataFrame:
+    """A calibration table as `rankscope calibrate` writes one, measured here on a healthy run's own
+    collectives: per (op family, bytes, span, group size) the median time per collective."""
+    cat = queries.Catalog(data_dir)
+    rollup = queries.comm_rollup(cat, run_id)
+    ratios = links.transfer_ratios(
+        queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, run_id)
+    )
+    cat.close()
+    t = ratios.rows.groupby(["op", "bytes", "span", "size"]).per_coll_ms.median().reset_index()
+    return pd.DataFrame(
+        {
+            "op": [calibration.family(op) for op in t.op],
+            "bytes": t.bytes,
+            "span": t.span,
+            "group_size": t["size"],
+            "groups": 1,
+            "time_us": t.per_coll_ms * 1e3,
+            "busbw_gbs": 0.0,
+            "measured_at": pd.Timestamp.now(tz="UTC"),
+        }
+    )
+
+
+def test_a_link_slow_from_the_first_step_is_found_only_against_a_calibration_of_its_hosts(tmp_path):
+    healthy = simulate.Simulation(run_id="calm", ranks=32, hosts=4, steps=40, host_groups=True)
+    simulate.write_data_dir(healthy, tmp_path / "calm")
+    sweep = sweep_of(tmp_path / "calm", "calm")
+    hosts = [healthy.host(r) for r in range(32)]
+    # slow from the start: the run itself has nothing healthy to learn from, so without a
+    # calibration nothing is found ...
+    slow = dict(ranks=32, hosts=4, steps=40, slow_links=(simulate.SlowLink(2, 4.0, 0),))
+    assert not only(health(tmp_path / "bare", **slow), "slow_link")
+    # ... with one of these hosts, the link is named from the expected times the sweep gave
+    calibration.write(tmp_path / "swept" / "d", hosts, sweep)
+    [link] = only(health(tmp_path / "swept", **slow), "slow_link")
+    assert link.evidence["hosts"] == [["node-0002"]] and link.evidence["expected_from"] == "calibration", link.text
+    assert link.evidence["factor"] == pytest.approx(4.0, rel=0.2) and "calibrated before" in link.text
+    # a healthy run judged by the same calibration: nothing
+    calibration.write(tmp_path / "fine" / "d", hosts, sweep)
+    assert not only(health(tmp_path / "fine", ranks=32, hosts=4, steps=40, host_groups=True), "slow_link")
+    # a calibration of other hosts is not used
+    calibration.write(tmp_path / "other" / "d", [*hosts[:-1], "elsewhere"], sweep)
+    assert not only(health(tmp_path / "other", **slow), "slow_link")
+
+
+def test_calibrated_times_interpolate_between_sizes_and_cover_nothing_else():
+    sweep = pd.DataFrame(
+        {"op": "all_reduce", "bytes": [1 << 20, 4 << 20], "span": "inter", "group_size": 2, "time_us": [1000.0, 4000.0]}
+    )
+    got = calibration.expected_ms(
+        sweep,
+        ["all_reduce", "all_reduce", "all_reduce", "all_gather_into_tensor", "all_reduce"],
+        [2 << 20, 1 << 20, 8 << 20, 2 << 20, 2 << 20],
+        ["inter", "inter", "inter", "inter", "intra"],
+        [2, 2, 2, 2, 2],
+    )
+    assert got[:2] == pytest.approx([2.0, 1.0])  # log-log between 1 and 4 ms: 2 MiB takes 2 ms
+    assert np.isnan(got[2:]).all()  # past the sizes swept, another op, another span
+    assert calibration.family("_reduce_scatter_base") == "reduce_scatter" and calibration.family("barrier") is None
