@@ -42,7 +42,7 @@ OPS = {
     "broadcast": "broadcast",
 }
 DEFAULT_SIZES = "64K,256K,1M,4M,16M"
-DEFAULT_ITERS = 5
+DEFAULT_ITERS = 20
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

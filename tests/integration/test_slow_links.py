@@ -8,10 +8,11 @@ Skipped where network namespaces cannot be made (not root, no iproute2)."""
 from __future__ import annotations
 
 import statistics
+import sys
 
 import pytest
 
-from collector.data import findings, queries
+from collector.data import calibration, findings, queries
 from collector.testing import multihost, netns
 
 REASON = netns.unavailable()
@@ -102,3 +103,21 @@ def test_a_compute_straggler_over_hosts_is_a_straggler_not_a_link(tmp_path):
     every = found(run)
     assert not [f for f in every if f.kind == "slow_link"], [f.text for f in every]
     assert [f.ranks for f in every if f.kind == "straggler"] == [(3,)], [f.text for f in every]
+
+
+@pytest.mark.slow
+def test_a_link_slow_from_the_start_is_found_only_against_a_calibration_of_the_hosts(tmp_path):
+    # rankscope calibrate on the same two hosts first (its sizes around the workload's 512 KiB)
+    sweep = [sys.executable, "-m", "collector.tools.calibrate", "--data-dir", str(tmp_path / "data")]
+    multihost.run_on_hosts([*sweep, "--sizes", "256K,512K,1M", "--ops", "all_reduce"], hosts=2, ranks_per_host=2)
+    run = multihost.train_on_hosts(
+        tmp_path, hosts=2, ranks_per_host=2, steps=40, throttle=multihost.Throttle.parse("1:50mbit@0")
+    )
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert link.evidence["expected_from"] == "calibration" and link.evidence["hosts"] == [["host-1"]], link.text
+    assert link.evidence["end_step"] is None
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+    # the same run judged by what it learned itself: slow all along is its normal
+    calibration.path(run.data_dir, ["host-0", "host-1"]).unlink()
+    assert not [f for f in found(run) if f.kind == "slow_link"]

@@ -12,10 +12,11 @@ envelopes at once, so at the collector (collector.data.deliveries: each envelope
 a rank's flushes arrive evenly spaced; a queue that fills and drains in front of them spaces them
 unevenly. Per rank, flushes are the envelopes that arrived within FLUSH_GAP_MS of the one before;
 a flush's *jitter* is how far its spacing from the one before lies from the rank's usual spacing
-(its median outside the slowdown). A host whose jitter during the slowdown stands out of every
+(its median: a queue moves flushes both ways around the client's period, and a link slow from the
+first step leaves no healthy stretch to take it from). A host whose jitter during the slowdown stands out of every
 other candidate's -- a one-sided Mann-Whitney test of the jitters during it (normal approximation)
-at MIN_Z, medians at least MIN_EXTRA_MS apart, at least MIN_FLUSHES flushes each during it and
-outside it -- is named; otherwise the finding keeps its "or" and says what the spacing showed.
+at MIN_Z, medians at least MIN_EXTRA_MS apart, at least MIN_FLUSHES flushes each during it -- is
+named; otherwise the finding keeps its "or" and says what the spacing showed.
 
 Why spacing, not delivery lag (receive time less the envelope's latest record time, the first
 idea): measured on the namespace hosts (2 hosts x 2 ranks, tbf 50 Mbit/s on one host's link for
@@ -58,7 +59,7 @@ def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], onset: int, 
     """``deliveries``: queries.delivery_lags (rank, step, received_ns). Per rank and flush (the
     envelopes that arrived within FLUSH_GAP_MS of the one before) after the first: host, step (its
     latest), during (inside steps [onset, stop)), jitter_ms (its spacing from the flush before,
-    less the rank's median spacing outside)."""
+    less the rank's median spacing)."""
     cols = ["host", "rank", "step", "during", "jitter_ms"]
     d = deliveries.dropna(subset=["step", "received_ns"]).sort_values(["rank", "received_ns"])
     if d.empty:
@@ -76,7 +77,7 @@ def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], onset: int, 
     f = f.dropna(subset=["gap_ms"])
     f = f[f.step >= d.step.min() + WARMUP_STEPS]
     f["during"] = (f.step >= onset) & (f.step < stop)
-    usual = f[~f.during].groupby("rank").gap_ms.median()
+    usual = f.groupby("rank").gap_ms.median()
     f["jitter_ms"] = (f.gap_ms - f["rank"].map(usual)).abs()
     f["host"] = f["rank"].map(lambda r: host_of.get(int(r)))
     return f.dropna(subset=["host", "jitter_ms"])[cols].reset_index(drop=True)
@@ -102,9 +103,8 @@ def which_side(
     inside = {}
     for host in candidates:
         mine = flushes[flushes.host == host]
-        n_in, n_out = int(mine.during.sum()), int((~mine.during).sum())
-        if n_in < MIN_FLUSHES or n_out < MIN_FLUSHES:
-            return Side(None, {}, None, f"too few telemetry flushes of {host} to tell ({n_in} during, {n_out} outside)")
+        if (n := int(mine.during.sum())) < MIN_FLUSHES:
+            return Side(None, {}, None, f"too few telemetry flushes of {host} to tell ({n} while it lasted)")
         inside[host] = mine[mine.during].jitter_ms.to_numpy()
     jitter = {h: float(np.median(x)) for h, x in inside.items()}
     order = sorted(candidates, key=lambda h: -jitter[h])

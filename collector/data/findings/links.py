@@ -13,7 +13,8 @@ BASELINE_STEPS steps after warm-up, then over its last HISTORY_STEPS steps that 
 exact host set (``rankscope calibrate``, collector.data.calibration), a collective the sweep
 covers (its op family, span and group size, its size inside the sizes swept) is expected to take
 the calibrated time instead: a link slow from the first step, which the run cannot learn as slow,
-then shows. Messages under MIN_BYTES are latency, not bandwidth, and left out.
+then shows (and for a slowdown that began inside the first BASELINE_STEPS, only such groups can
+show that they kept their speed). Messages under MIN_BYTES are latency, not bandwidth, and left out.
 
 Change points, per communicator (group): its step's transfer over the expected, r = log(ratio),
 runs a one-sided CUSUM, S = max(0, S + r - k); S >= ALARM is a slowdown whose onset is the step
@@ -273,6 +274,11 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     ratio = np.log(during.groupby("group_name").ratio.median())
     slowed = {g for g, r in ratio.items() if r >= refs[g]}
     unchanged = {g for g, r in ratio.items() if r < refs[g] / 2}
+    if onset < int(t.step.min()) + BASELINE_STEPS:
+        # slow from before the run learned what a transfer costs: a group expected from the run
+        # itself learned the slow speed as its own, so only calibrated groups can show they kept it
+        swept = t.groupby("group_name").calibrated.all()
+        unchanged = {g for g in unchanged if swept.get(g, False)}
     if not slowed:
         return None
     if any(len(hosts_of[g]) < 2 for g in slowed):
