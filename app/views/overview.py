@@ -127,11 +127,14 @@ def health_summary(sel: state.Selection, version: str) -> None:
         st.success("Healthy: no straggler, hang or overflow to fix.")
     show = {"critical": st.error, "warning": st.warning}
     captured = evidence.captured(d, run_id) if problems else []
-    for finding in problems:
+    live = sel.is_live()
+    for i, finding in enumerate(problems):
         show[finding.severity](finding.text + finding_link(finding, run_id))
         for found in captured:
             if found.get("suspect") in finding.ranks:
                 evidence.show(d, found)
+        if live and finding.ranks:  # ask the ranks now rather than wait for the escalation
+            evidence.profile_button(d, run_id, finding.ranks[:4], key=f"overview-{run_id}-{finding.kind}-{i}")
     for finding in notes:
         st.info(finding.text + finding_link(finding, run_id))
     if any(f.kind == "straggler" for f in findings):

@@ -63,6 +63,8 @@ def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims:
     )
     first, last = dims["first_step"], dims["last_step"]
     step = c2.number_input("Step", min_value=first, max_value=last, value=cell[1] if cell else first, step=1)
+    if sel.is_live():  # what this rank does in its steps, from now
+        evidence.profile_button(sel.data_dir, sel.run_id, [int(rank)], key=f"drill-{sel.run_id}")
     instances = queries.instances_at(sel.data_dir, sel.run_id, version, int(step), int(rank))
     retained = queries.retention(sel.data_dir, sel.run_id, version)
     if instances.empty and retained and step <= retained["through"]:

@@ -210,6 +210,20 @@ def captures(cat, run_id: str):
     )
 
 
+def request_rows(cat, run_id: str, request_id: str):
+    """One request's ``artifacts`` rows, oldest first; empty where the table is not there yet."""
+    try:
+        return cat.df(
+            "select rank, role, status, step, last_step, detail, time_ns from artifacts "
+            "where run_id = ? and request_id = ? order by time_ns",
+            [run_id, request_id],
+        )
+    except duckdb.Error:
+        import pandas as pd
+
+        return pd.DataFrame(columns=["rank", "role", "status", "step", "last_step", "detail", "time_ns"])
+
+
 def run_evidence(cat, data_dir, run_id: str) -> list[dict]:
     """``evidence`` of a run, or [] where its data dir has no ``artifacts`` table yet (written before it)."""
     try:

@@ -132,7 +132,7 @@ class Capture:
         profiler, sampler, request, first = self.profiler, self.sampler, self.request, self.first_boundary
         profiler.stop()  # torch keeps the events in C++; nothing is parsed into Python here
         if sampler is not None:
-            sampler.stop()
+            sampler.request_stop()  # joined on the capture thread: the training thread never waits for it
         self._clear()
         self.exporting = True
         threading.Thread(
@@ -168,6 +168,7 @@ class Capture:
             with open(path, "rb") as f:
                 raw = f.read()
             if sampler is not None:
+                sampler.finish()
                 raw = with_python_spans(raw, sampler, native_tid)
             data = gzip.compress(raw, compresslevel=6)  # zlib lets go of the GIL while it works
         except Exception as exc:

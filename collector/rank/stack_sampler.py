@@ -16,7 +16,8 @@ the time since the one before (on a busy host, or while the training thread hold
 sampler runs less often than asked): a call's span runs from the sample before the first that
 saw it to the last that saw it, so a step's time is shared out whole. A call shorter than the
 interval may be missed or credited to its neighbour, which a comparison of where milliseconds
-per step went can afford. Consecutive calls whose frames reuse an address merge into one span.
+per step went can afford; a sampler starved of CPU for long (a host loaded many times over)
+credits each long gap to the stack it then finds. Consecutive calls whose frames reuse an address merge into one span.
 """
 
 from __future__ import annotations
@@ -45,16 +46,24 @@ class StackSampler:
         self._last_ns = time.time_ns()
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop sampling and close the spans still open (at the last sample)."""
+    def request_stop(self) -> None:
+        """Stop sampling from the next wake (on the training thread: no wait; ``finish`` on another)."""
+        self._stop.set()
+
+    def finish(self) -> None:
+        """Wait for the sampler to end and close the spans still open (at the last sample)."""
         self._stop.set()
         self._thread.join()
         self._close_from(0, self._last_ns)
 
+    def stop(self) -> None:
+        self.request_stop()
+        self.finish()
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             frame = sys._current_frames().get(self.thread_id)
-            if frame is None:  # the thread ended
+            if frame is None or self._stop.is_set():  # the thread ended, or the capture did meanwhile
                 return
             self._sample(frame, time.time_ns())
             del frame

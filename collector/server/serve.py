@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from collector.server.request_files import RequestFiles
 from collector.server.service import create_server
 from collector.server.settings import CollectorSettings, SettingsError
 
@@ -53,11 +54,12 @@ def serve(
         compaction_config=settings.compaction,
         stream_limits=settings.streams,
     )
-    metrics = None
+    metrics = requested = None
     try:
         if settings.metrics.refreshes_findings:
             metrics = _start_metrics(settings, state)
         server.start()
+        requested = RequestFiles(state)  # the dashboard's "profile now" (collector.data.requests)
         if on_ready is not None:
             on_ready(
                 Listening(
@@ -74,6 +76,8 @@ def serve(
         if on_stopping is not None:
             on_stopping()
     finally:
+        if requested is not None:
+            requested.close()
         server.stop(grace=COMMIT_GRACE_S).wait()
         if metrics is not None:
             metrics.close()

@@ -92,10 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--auto-profile",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="ask the ranks a new live straggler/slow-link/hang/memory finding names (and a reference rank) for a "
-        "profile, stacks or memory report, at most once per run per 5 min, per rank per 15 min (default: off; "
-        "a profiled straggler can run much slower while its trace is exported: see README)",
+        "profile (3 steps, sampled Python stacks), stacks or memory report, at most once per run per 5 min, per "
+        "rank per 15 min (default: on; --no-auto-profile switches it off)",
     )
     p.add_argument(
         "--raw-every",

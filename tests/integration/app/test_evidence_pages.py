@@ -93,3 +93,47 @@ def test_the_stragglers_page_shows_the_evidence_under_its_sentences(data_dir, mo
     without = open_page(data_dir, monkeypatch, "views/stragglers.py", [LIVE.run_id])
     assert not [c.value for c in without.caption if c.value.startswith("Evidence")]
     assert not without.get("download_button")
+
+
+def test_profile_now_beside_a_live_finding_leaves_a_request_for_the_collector(data_dir, monkeypatch):
+    from collector.data import requests
+
+    at = _overview(data_dir, monkeypatch, LIVE.run_id)
+    [button] = [b for b in at.button if b.label == f"Profile rank {SUSPECT} now"]
+    assert not requests.pending(data_dir)
+    at = button.click().run()
+    assert not at.exception
+    [path] = requests.pending(data_dir)
+    try:
+        request = requests.read(path)
+        assert (request["run_id"], request["ranks"], request["kind"], request["steps"]) == (
+            LIVE.run_id, [SUSPECT], "profile", 3,
+        )  # fmt: skip
+        assert request["reference"] is None  # the collector picks one among the ranks streaming to it
+        captions = [c.value for c in at.caption]
+        assert f"Asked: {request['request_id']}: waiting for the collector" in " ".join(captions), captions
+    finally:
+        path.unlink()
+
+
+def test_a_finished_run_offers_no_profile_button(data_dir, monkeypatch):
+    at = _overview(data_dir, monkeypatch, FINISHED.run_id)
+    assert not [b for b in at.button if b.label.startswith("Profile rank")]
+    stragglers = open_page(data_dir, monkeypatch, "views/stragglers.py", [FINISHED.run_id])
+    assert not [b for b in stragglers.button if b.label.startswith("Profile rank")]
+
+
+def test_the_stragglers_drill_down_offers_profile_now_for_its_rank_of_a_live_run(data_dir, monkeypatch):
+    from collector.data import requests
+
+    at = open_page(data_dir, monkeypatch, "views/stragglers.py", [LIVE.run_id])
+    assert not at.exception
+    [rank_box] = [s for s in at.selectbox if s.label == "Rank"]
+    rank = rank_box.value
+    [button] = [b for b in at.button if b.label == f"Profile rank {rank} now"]
+    at = button.click().run()
+    [path] = requests.pending(data_dir)
+    try:
+        assert requests.read(path)["ranks"] == [rank]
+    finally:
+        path.unlink()
