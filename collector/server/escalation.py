@@ -11,6 +11,9 @@ which also feeds the alert webhook), at most every few seconds per run:
 * a ``hang``: the ranks it names send their stacks;
 * ``memory_growth``: the ranks it names report their memory.
 
+A finding whose slowness is over (a straggler "was slow in steps a-b, not since") asks no one:
+the steps a profile would capture are healthy ones.
+
 Only ranks streaming to this collector now are asked (the findings of a finished run ask no one).
 Rate limits: a finding (run, kind, severity, ranks) escalates once; a run at most once per
 ``run_interval_s``; a rank at most once per ``rank_interval_s``. On unless ``rankscope collect
@@ -63,6 +66,8 @@ class Escalation:
         for finding in found:
             if finding.severity not in SEVERITIES or not finding.ranks:
                 continue
+            if (finding.evidence or {}).get("pattern") == "transient":
+                continue  # "was slow in steps a-b, not since": the next steps would show it healthy
             kind = _request_kind(finding.kind)
             if kind is None:
                 continue

@@ -99,6 +99,18 @@ def test_the_per_rank_limit_holds_when_the_run_limit_allows(simulated):
     assert sum(len(s.requests) for s in streams.values()) == 2
 
 
+def test_a_slowness_that_is_over_asks_nobody_and_the_same_finding_ongoing_does(simulated):
+    run_id, liveness, streams, _, _, steps = _live(simulated)
+    text = f"rank {SUSPECT} costs 3.6 ms per step"
+    over = Finding(kind="straggler", severity="warning", text=text + "; was slow in steps 3-16, not since",
+                   ranks=(SUSPECT,), evidence={"pattern": "transient", "first_step": 3, "last_step": 16})  # fmt: skip
+    assert Escalation(Commands(liveness)).offer(run_id, [over], steps) == []
+    assert not _asked(streams)
+    ongoing = Finding(kind="straggler", severity="warning", text=text, ranks=(SUSPECT,), evidence={})
+    assert len(Escalation(Commands(liveness)).offer(run_id, [ongoing], steps)) == 1
+    assert SUSPECT in _asked(streams)
+
+
 def test_a_healthy_1024_rank_run_asks_nobody(simulated):
     healthy, liveness, streams, _, found, steps = _live(simulated, "healthy")
     assert not [f for f in found if f.severity in ("warning", "critical")], [f.text for f in found]
