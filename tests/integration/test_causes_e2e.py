@@ -28,6 +28,7 @@ import sys
 
 import pytest
 
+from collector.data.findings import stragglers
 from collector.testing.dashboard import DashboardProcess, browser_tab
 from collector.testing.ports import free_port
 from collector.tools.launch import CollectorProcess
@@ -118,13 +119,37 @@ def test_the_healthy_run_raises_no_straggler_or_communication_warning(runs):
             assert 0 <= f["evidence"].get(key, 0) <= 1, f
 
 
+def measured_effect(times: dict, fault: str) -> tuple[bool, str]:
+    """Whether the fault slowed the job by what the straggler finding names at all (its own bounds,
+    MIN_COST_MS and MIN_COST_SHARE of the step, twice over, beyond the measurement's noise), and
+    the figures. The delays (sleep, gc, data) always do; CPU contention is a fault only where the
+    host lets it be one: beside enough other load the busy loops on rank 3's core take no more from
+    it than the host already takes from every rank (and on a quiet 2-core host, 4 ranks, it
+    slowed the whole job alike, issue #26)."""
+    slow, healthy = times[f"causes-{fault}"], times[run_name("sleep:0")]
+    rise = median_step_ms(slow) - median_step_ms(healthy)
+    noise = 2 * (median_standard_error_ms(slow) ** 2 + median_standard_error_ms(healthy) ** 2) ** 0.5
+    bound = 2 * max(stragglers.MIN_COST_MS, stragglers.MIN_COST_SHARE * median_step_ms(healthy)) + noise
+    return rise >= bound, f"step time rose {rise:.1f} ms over the healthy run's (bound {bound:.1f} ms)"
+
+
 @pytest.mark.parametrize("fault", list(CAUSES))
 def test_the_cause_is_named(runs, fault):
-    data_dir, _ = runs
+    data_dir, times = runs
     cause, words = CAUSES[fault]
-    (top, *_) = health(data_dir, f"causes-{fault}")
-    assert top["kind"] == "straggler" and top["ranks"] == [RANK], top
-    assert top["evidence"].get("cause") == cause and words in top["text"], top["text"]
+    found = health(data_dir, f"causes-{fault}")
+    took_effect, figures = measured_effect(times, fault)
+    if not took_effect:  # no fault to find: nothing may be claimed about another rank or another cause
+        wrong = [
+            f
+            for f in found
+            if f["kind"] == "straggler" and (f["ranks"] != [RANK] or f["evidence"].get("cause") not in (None, cause))
+        ]
+        assert not wrong, (figures, wrong)
+        return
+    (top, *_) = found
+    assert top["kind"] == "straggler" and top["ranks"] == [RANK], (figures, top)
+    assert top["evidence"].get("cause") == cause and words in top["text"], (figures, top["text"])
 
 
 def test_the_onset_is_where_the_rank_turned_slow(runs):
@@ -145,9 +170,12 @@ def tab(runs):
 @NEEDS_CHROMIUM[0]
 @NEEDS_CHROMIUM[1]
 def test_the_overview_names_the_cause(runs, tab, fault):
-    data_dir, _ = runs
+    data_dir, times = runs
     url, page = tab
     _, words = CAUSES[fault]
+    took_effect, figures = measured_effect(times, fault)
+    if not took_effect:
+        pytest.skip(f"the fault did not slow the job on this host now: {figures} (test_the_cause_is_named checks it)")
     run_id = next(f for f in os.listdir(data_dir / "parquet" / "comm") if f.startswith(f"run=causes-{fault}-"))[4:]
     page.goto(f"{url}/overview?run={run_id}")
     try:
