@@ -70,7 +70,10 @@ def train_on_hosts(
     throttle: Throttle | None = None,
     workload_args: tuple[str, ...] = (),
     timeout_s: float = 600,
+    auto_profile: bool = False,
 ) -> HostsRun:
+    """``auto_profile``: let the collector profile the suspects of its live findings (off: a profiled
+    rank's steps are not the run's, and the slow-link tests check a cost against step times)."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"
     world = hosts * ranks_per_host
@@ -78,7 +81,8 @@ def train_on_hosts(
         collector = net.popen(
             "collector",
             [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(data_dir),
-             "--host", net.ip("collector"), "--port", str(COLLECTOR_PORT), "--insecure"],
+             "--host", net.ip("collector"), "--port", str(COLLECTOR_PORT), "--insecure",
+             *([] if auto_profile else ["--no-auto-profile"])],
             hostname="collector", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         line = collector.stdout.readline()

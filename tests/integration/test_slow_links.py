@@ -38,7 +38,7 @@ def warnings(found_: list[findings.Finding]) -> list[findings.Finding]:
     ]
 
 
-def throttled_link_is_found(tmp_path, host: int) -> None:
+def throttled_link_is_found(tmp_path, host: int, *, alone: bool) -> None:
     # loop index 20 (hook step 21: the optimizer's count starts at 1) to index 40 (step 41)
     run = multihost.train_on_hosts(
         tmp_path, hosts=2, ranks_per_host=2, steps=55, throttle=multihost.Throttle.parse(f"{host}:50mbit@20-40")
@@ -52,9 +52,15 @@ def throttled_link_is_found(tmp_path, host: int) -> None:
     every = found(run)
     [link] = [f for f in every if f.kind == "slow_link"]
     # every group across 2 hosts spans both; the throttled host's telemetry, queued behind its
-    # training traffic, arrived unevenly and names it alone
-    assert link.evidence["hosts"] == [[slow]], link.text
-    assert f"{slow}'s telemetry arrived unevenly" in link.text, link.text
+    # training traffic, arrived unevenly and names it alone. Never the other host alone; on a host
+    # loaded past ~10 the unthrottled host's flushes jitter too and the tie can stay an "or" that
+    # says so (2 of 10 runs here), which only the run that must name it alone (slow) refuses.
+    if alone or len(link.evidence["hosts"]) == 1:
+        assert link.evidence["hosts"] == [[slow]], link.text
+        assert f"{slow}'s telemetry arrived unevenly" in link.text, link.text
+    else:
+        assert link.evidence["hosts"] == [["host-0"], ["host-1"]], link.text
+        assert "the telemetry's arrival does not tell them apart" in link.text, link.text
     assert abs(link.evidence["onset_step"] - 21) <= 3, link.text
     assert link.evidence["detected_step"] - link.evidence["onset_step"] <= 10
     assert link.evidence["end_step"] is not None and abs(link.evidence["end_step"] - 41) <= 3, link.text
@@ -67,13 +73,14 @@ def throttled_link_is_found(tmp_path, host: int) -> None:
 
 @pytest.mark.timing  # the cost is checked against rank 0's measured step times
 def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_cost_and_its_host(tmp_path):
-    throttled_link_is_found(tmp_path, 0)  # the first host: a mix-up with the last host started would show
+    throttled_link_is_found(tmp_path, 0, alone=False)  # the first host: a mix-up with the last one would show
 
 
 @pytest.mark.slow
 @pytest.mark.timing
-def test_the_other_host_throttled_is_named_instead(tmp_path):
-    throttled_link_is_found(tmp_path, 1)
+def test_each_host_throttled_is_named_alone(tmp_path):
+    throttled_link_is_found(tmp_path / "0", 0, alone=True)
+    throttled_link_is_found(tmp_path / "1", 1, alone=True)
 
 
 @pytest.mark.slow
