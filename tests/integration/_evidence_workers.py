@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from collector import hook
 from collector.rank import session
-from collector.testing.gloo import torchrun_env
+from collector.testing.gloo import leave_world, torchrun_env
 
 WORLD = 4
 PG_TIMEOUT_S = 60
@@ -82,7 +82,7 @@ def engine_worker(
     cfg["telemetry"] = {"run": "evidence-engine", "endpoint": endpoint, "hang_after_s": 30.0}
     engine, *_ = trainer.initialize(model=make_model(), config=cfg)
     stop, step = Path(out, "stop"), 0
-    while step < max_steps and not stop.exists():
+    while step < max_steps and not _all_see(stop):
         if rank == slow_rank:
             slow_loader(slow_ms)
         for x, y in micro_batches(step, 8, rank, WORLD, 1):
@@ -92,4 +92,12 @@ def engine_worker(
         step += 1
     engine.close()
     Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": step, "error": None}))
-    dist.destroy_process_group()
+    leave_world()
+
+
+def _all_see(stop: Path) -> bool:
+    """Whether any rank sees ``stop``, agreed by all: every rank leaves after the same step (one
+    that left alone would close its connections under a peer's next collective)."""
+    flag = torch.tensor([float(stop.exists())])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
