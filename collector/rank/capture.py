@@ -76,6 +76,9 @@ class Capture:
         self.profiler = None
         self.sampler: StackSampler | None = None
         self.first_boundary = 0  # the step value at which the profiler started
+        # the thread that started it: torch 2.13's profiler can crash the process when it is stopped
+        # on another thread, so only that thread stops it
+        self.thread: int | None = None
         self.captures = 0  # traces handed to the client, for tests
         self.exporting = False  # a trace is being exported (benches time the steps it overlaps)
 
@@ -109,9 +112,11 @@ class Capture:
     # ---- on the training thread, at each step boundary ----
     def _on_step(self, step: int) -> None:
         try:
-            if self.profiler is None:
+            if step <= 0:  # the session detaching (steps.uninstall): no boundary of training
+                self._give_up("the run ended before the capture finished")
+            elif self.profiler is None:
                 self._start(step)
-            elif step >= self.first_boundary + self.request.steps:
+            elif step >= self.first_boundary + self.request.steps and threading.get_ident() == self.thread:
                 self._stop(step)
         except Exception as exc:  # a capture never fails training
             log.exception("rankscope: profiling failed")
@@ -123,7 +128,7 @@ class Capture:
         request = self.request
         profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=request.record_shapes)
         profiler.start()
-        self.profiler, self.first_boundary = profiler, step
+        self.profiler, self.first_boundary, self.thread = profiler, step, threading.get_ident()
         if request.with_stack:
             self.sampler = StackSampler(threading.get_ident())
             self.sampler.start()
@@ -149,6 +154,10 @@ class Capture:
 
     def _give_up(self, detail: str) -> None:
         request, profiler, sampler = self.request, self.profiler, self.sampler
+        if profiler is not None and threading.get_ident() != self.thread:
+            # Not the thread that started it (e.g. the session closing from another): a profiler
+            # left running beats a crashed rank; the process is ending or will not profile again.
+            profiler = None
         self._clear()
         for running in (profiler, sampler):
             if running is not None:
