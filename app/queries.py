@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import streamlit as st
 
+from collector.data import calibration as calibrations
 from collector.data import layout, pipeline
 from collector.data import queries as q
 from collector.data.findings import links
@@ -170,11 +171,33 @@ def link_frames(data_dir: str, run_id: str, version: str) -> tuple[pd.DataFrame,
     return q.link_transfers(rollup), q.group_members(rollup), ranks(data_dir, run_id, version)
 
 
+deliveries = _per_run("deliveries")
+
+
+@_cached()
+def calibration(data_dir: str, run_id: str, version: str) -> pd.DataFrame | None:
+    """The stored `rankscope calibrate` sweep of exactly the run's hosts, or None."""
+    return calibrations.load(data_dir, ranks(data_dir, run_id, version).host.dropna().unique())
+
+
+def link_evidence(data_dir: str, run_id: str, version: str) -> dict:
+    """What findings.links reads besides the comm rollup: which host's telemetry queued, and what a
+    transfer should cost on these hosts (the same inputs `rankscope health` gives it)."""
+    return {
+        "deliveries": deliveries(data_dir, run_id, version),
+        "calibration": calibration(data_dir, run_id, version),
+    }
+
+
 @_cached()
 def busbw_envelope(data_dir: str, run_id: str, version: str) -> tuple[pd.DataFrame, pd.DataFrame, list]:
     """(band, marks, slow_link findings) of the run: the expected busbw per op and size and the
     sizes a slow link pushed under it (collector.data.findings.links)."""
-    found = links.slow_links(*link_frames(data_dir, run_id, version), step_analysis(data_dir, run_id, version))
+    found = links.slow_links(
+        *link_frames(data_dir, run_id, version),
+        step_analysis(data_dir, run_id, version),
+        **link_evidence(data_dir, run_id, version),
+    )
     band, marks = links.busbw_envelope(q.busbw_by_step_size(comm_rollup(data_dir, run_id, version)), found)
     return band, marks, found
 

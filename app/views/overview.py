@@ -105,6 +105,7 @@ def findings_of(sel: state.Selection, version: str) -> list:
         clock=queries.clock_skew(d, run_id, version),
         links=queries.link_frames(d, run_id, version),
         pipeline=queries.pipe_bubbles(d, run_id, version),
+        **queries.link_evidence(d, run_id, version),
     )
 
 

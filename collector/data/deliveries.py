@@ -1,6 +1,8 @@
 """When each batch of a rank's telemetry reached the collector, against when it was made.
 
-One row per table envelope the collector accepts (collector.server.service): ``made_ns``, the
+One row per *flush* of a rank's client (collector.server.service): the first table envelope that
+arrives more than FLUSH_GAP_NS after that stream's previous one stands for the flush (a client
+sends all it holds at once, every 0.2 s: one row per rank per flush, not one per table). ``made_ns``, the
 latest time among the envelope's records (``end_ns``, ``time_ns``, ``start_ns + dur_ns``: the
 rank's clock, on rank 0's time line), and ``received_ns``, the collector's clock when it took the
 envelope up. ``received_ns - made_ns`` is the envelope's delivery lag: the client's flush wait,
@@ -18,6 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.data.schema import DELIVERIES_SCHEMA
+
+FLUSH_GAP_NS = 50_000_000  # envelopes of one flush arrive within a few ms; flushes are 200 ms apart
 
 
 def made_ns(rows: pa.Table) -> int | None:

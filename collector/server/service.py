@@ -66,7 +66,7 @@ from google.protobuf.message import DecodeError
 
 from collector.data import security
 from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
-from collector.data.deliveries import delivery_row
+from collector.data.deliveries import FLUSH_GAP_NS, delivery_row
 from collector.server import artifacts
 from collector.server.auth import BearerTokenInterceptor
 from collector.server.compaction import CompactionConfig
@@ -145,6 +145,7 @@ class _StreamAcks:
         # handling its envelopes (one at a time)
         self.identity: tuple[str, int] | None = None
         self.identity_from = ""
+        self.received_ns = 0  # when its last table envelope arrived (collector.data.deliveries)
 
     def _wake(self) -> None:
         try:
@@ -346,8 +347,12 @@ class CollectorServicer:
             else:
                 rows = envelope_rows(env)
                 if env.HasField("table") and rows:  # when it arrived: a slow link's side (collector.data.deliveries)
-                    row = delivery_row(env.table.table, env.table.rank, rows[0][2], time.time_ns())
-                    rows += [("deliveries", env.table.run_id, row)] if row is not None else []
+                    now = time.time_ns()
+                    first_of_flush = now - acks.received_ns > FLUSH_GAP_NS  # it stands for its flush
+                    acks.received_ns = now
+                    if first_of_flush:
+                        row = delivery_row(env.table.table, env.table.rank, rows[0][2], now)
+                        rows += [("deliveries", env.table.run_id, row)] if row is not None else []
             self._check_identity(env, acks)  # after the codec: a malformed run_id is named as such
         except SchemaVersionError as exc:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, str(exc), env.seq) from None

@@ -40,7 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-FLUSH_GAP_MS = 50.0  # envelopes of one flush arrive within a few ms; flushes are 200 ms apart
+from collector.data.deliveries import FLUSH_GAP_NS
+
+FLUSH_GAP_MS = FLUSH_GAP_NS / 1e6  # the collector keeps one delivery per flush (collector.data.deliveries)
 MIN_FLUSHES = 10
 MIN_Z = 3.0
 MIN_EXTRA_MS = 3.0
