@@ -109,7 +109,8 @@ def report(rows: list[dict], command: str) -> str:
         "",
         "Where the time goes: the sidebar (Streamlit's frontend booted, its session connected) at ~1-2 s; "
         "the server's first chart reaches the browser right after (the Plotly chunk is asked for then); "
-        "the rest, ~2 s, is the browser compiling and running Plotly's 4.7 MB chunk (from its cache or not: warm pages are no faster) and drawing the first figure. "
+        "the rest, ~2 s, is the browser compiling and running Plotly's 4.7 MB chunk (from its cache or not: "
+        "warm pages are no faster) and drawing the first figure. "
         "Asking for the chunk as the page opens (an `st.html` module import) moved nothing: the first "
         "chart already arrives within ~0.3 s of the sidebar.",
     ]
