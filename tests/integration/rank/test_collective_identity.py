@@ -128,4 +128,8 @@ def test_the_late_rank_of_the_ddp_run_is_named_with_its_cost(ddp_runs):
 
     measured = median_ms("ddp-slow") - median_ms("ddp-healthy")
     cost = stragglers[0]["cost_ms_per_step"]
-    assert 0.75 * measured <= cost <= 1.25 * measured, (stragglers[0]["text"], measured)
+    # 2 ranks on 2 shared cores: a rank that sleeps frees CPU its peer uses, so the job's measured rise
+    # can fall short of the delay the late rank imposes (39 ms for 50 ms once, the finding read 51 ms);
+    # the 25% bound is taken around [measured, injected], as test_causes_e2e does
+    low, high = min(measured, SLOW_MS), max(measured, SLOW_MS)
+    assert 0.75 * low <= cost <= 1.25 * high, (stragglers[0]["text"], measured)
