@@ -117,13 +117,7 @@ def train_on_hosts(
                     net.popen(host, argv, hostname=host, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
                 )  # fmt: skip
-            for rank, proc in enumerate(ranks):
-                try:
-                    _, err = proc.communicate(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    raise RuntimeError(f"rank {rank} did not finish in {timeout_s:.0f} s") from None
-                if proc.returncode != 0:
-                    raise RuntimeError(f"rank {rank}: exit {proc.returncode}: {err[-3000:]}")
+            _wait_for_ranks(ranks, timeout_s)
         if steps_control.error is not None:
             raise RuntimeError(f"applying the throttle failed: {steps_control.error}")
         if sorted(steps_control.done) != sorted(actions):
@@ -167,13 +161,18 @@ def run_on_hosts(
                       stderr=subprocess.PIPE, text=True)
             for rank in range(world)
         ]  # fmt: skip
-        out = []
-        for rank, proc in enumerate(procs):
-            try:
-                stdout, err = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"rank {rank} did not finish in {timeout_s:.0f} s") from None
-            if proc.returncode != 0:
-                raise RuntimeError(f"rank {rank}: exit {proc.returncode}: {err[-3000:]}")
-            out.append(stdout)
+        return _wait_for_ranks(procs, timeout_s)
+
+
+def _wait_for_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[str | None]:
+    """Each rank's stdout once it exits 0; RuntimeError naming the first that did not (its stderr's end)."""
+    out = []
+    for rank, proc in enumerate(procs):
+        try:
+            stdout, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"rank {rank} did not finish in {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"rank {rank}: exit {proc.returncode}: {err[-3000:]}")
+        out.append(stdout)
     return out
