@@ -17,6 +17,7 @@ only the sample on a healthy run).
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 LATE_MS = 5.0
@@ -66,3 +67,23 @@ def artifact_requests_to_drop(rows: pd.DataFrame, kept: int = ARTIFACT_REQUESTS_
         return set()
     first = rows.groupby("request_id").time_ns.min().sort_values(ascending=False, kind="stable")
     return set(first.index[kept:])
+
+
+# Telemetry arrival times (``deliveries``: a row per rank per flush, ~5 a second per rank) are read by
+# one thing: the slow-link finding's tie-break between hosts (collector.data.findings.link_side), over
+# the finding's steps and the flushes just before (its warm-up and the onset's uncertainty). So a
+# thinned run keeps the deliveries of each slow-link finding's steps and DELIVERY_MARGIN_STEPS either
+# side, and drops the rest. A slowdown is found some steps after it began (the CUSUM's alarm), so rows
+# are judged DELIVERY_LAG_STEPS behind the settled steps while the run goes on, all once it ended.
+DELIVERY_MARGIN_STEPS = 10
+DELIVERY_LAG_STEPS = 50
+
+
+def deliveries_kept(steps: np.ndarray, slow_link_steps: list[tuple[int, int]]) -> np.ndarray:
+    """Which of ``steps`` (deliveries rows' steps, judged now) stay: those within
+    DELIVERY_MARGIN_STEPS of a slow-link finding's (first, last) steps."""
+    steps = np.asarray(steps, dtype=np.int64)
+    keep = np.zeros(len(steps), dtype=bool)
+    for first, last in slow_link_steps:
+        keep |= (steps >= first - DELIVERY_MARGIN_STEPS) & (steps <= last + DELIVERY_MARGIN_STEPS)
+    return keep

@@ -2,7 +2,8 @@
 otherwise compute from every raw record -- the comm rollup (``comm_steps``) and the step analysis
 (``step_analysis``: exposed communication, straggler cost) -- and, with ``collect --raw-every N``,
 thin out the raw comm records of those steps (the policy is collector/data/retention.py), and the
-run's captured evidence with them (collector.server.artifact_retention).
+run's captured evidence (collector.server.artifact_retention) and telemetry arrival times
+(collector.server.delivery_retention) with them.
 
 Runs in the compaction thread, per comm partition, on a window of *settled* steps: steps
 every rank has moved past (each rank reported a later step) or, once the run ended, all of
@@ -13,15 +14,17 @@ steps, when the run has ended, or when no rank has entered a collective for the 
 ``hang_after_s`` (collector.data.hang_rule): a hung run never fills a window, since its stuck rank
 reports no later step, and without this every reader would analyse its whole tail from raw records.
 
-One pass, up to four ledger commits, in this order:
+One pass, up to five ledger commits, in this order:
 
 0. the rows of the window's instances it cannot settle (odd, or not every rank of the group in it)
    as an ``unsettled_instances`` segment, then the window's step analysis
    (collector.data.queries.analyse_steps over the raw records of the steps after the last analysed
    one) as a ``step_analysis`` segment: its last step says how far both go;
-1. the window's rollup (collector.data.queries.windows.window_rollup over the raw rows) is added as a
+1. (``raw_every`` only) the run's deliveries up to the window's end (DELIVERY_LAG_STEPS before it
+   while the run goes on) are judged against its slow-link findings (collector.server.delivery_retention);
+2. the window's rollup (collector.data.queries.windows.window_rollup over the raw rows) is added as a
    ``comm_steps`` segment;
-2. (``raw_every`` only) the comm segments holding rows of the window are replaced (as one compaction) by a segment
+3. (``raw_every`` only) the comm segments holding rows of the window are replaced (as one compaction) by a segment
    without the raw rows of the steps the policy drops and, when some of them reach past the
    window (a flush that caught ranks on both sides of ``settled``), a second one with the rows
    past it, as they were: those are decided by a later window. Each row is judged once; a row
@@ -50,9 +53,10 @@ import pyarrow.parquet as pq
 from collector.data import hang_rule, layout
 from collector.data.queries import Catalog, analyse_steps
 from collector.data.queries.windows import unsettled_rows, window_rollup
-from collector.data.retention import steps_to_keep
+from collector.data.retention import DELIVERY_LAG_STEPS, steps_to_keep
 from collector.data.schema import STEP_ANALYSIS_SCHEMA, UNSETTLED_INSTANCES_SCHEMA
 from collector.server.artifact_retention import ArtifactRetention
+from collector.server.delivery_retention import DeliveryRetention
 from collector.server.ledger import Ledger
 from collector.server.store import segment_order, segment_path, write_segment
 
@@ -79,6 +83,7 @@ class Retention:
         self._due: dict[Path, float] = {}  # partition -> seconds until its run counts as stalled (_stalled)
         self._hang_after: dict[str, float] = {}  # run -> its hang_after_s (collector.data.hang_rule)
         self.artifacts = ArtifactRetention(self.data_dir, ledger)  # thinned with raw steps (raw_every)
+        self.deliveries = DeliveryRetention(self.data_dir, ledger)  # likewise
 
     def run(self, partition: Path, offline: bool = False) -> bool:
         """Roll up (and thin out) one window of ``partition`` (a comm run=<id> folder) if one is ready.
@@ -161,6 +166,8 @@ class Retention:
         if settled > analysed:  # before the rollup: a crash between the two redoes this window's, never twice
             self._add(run_id, "unsettled_instances", self._unsettled(run_id, analysed, settled))
             self._add(run_id, "step_analysis", self._analysis(run_id, analysed, settled))  # marks the window done
+        if self.config.raw_every:  # before the rollup lands: a window seen rolled up has its deliveries judged
+            self.deliveries.run(self._catalog_of(), run_id, settled if ended else settled - DELIVERY_LAG_STEPS)
         rollup = window_rollup(self._engine, rows, through, settled)
         self._add(run_id, "comm_steps", rollup)
         if not self.config.raw_every:

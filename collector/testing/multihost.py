@@ -23,9 +23,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.compute as pc
+
+from collector.data import queries
 from collector.testing import netns
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,9 +75,12 @@ def train_on_hosts(
     workload_args: tuple[str, ...] = (),
     timeout_s: float = 600,
     auto_profile: bool = False,
+    raw_every: int = 0,
 ) -> HostsRun:
     """``auto_profile``: let the collector profile the suspects of its live findings (off: a profiled
-    rank's steps are not the run's, and the slow-link tests check a cost against step times)."""
+    rank's steps are not the run's, and the slow-link tests check a cost against step times);
+    ``raw_every``: the collector's retention (``collect --raw-every``), and it is stopped only once
+    retention has rolled up the run's last step (what it thins is then thinned)."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"
     world = hosts * ranks_per_host
@@ -82,7 +89,7 @@ def train_on_hosts(
             "collector",
             [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(data_dir),
              "--host", net.ip("collector"), "--port", str(COLLECTOR_PORT), "--insecure",
-             *([] if auto_profile else ["--no-auto-profile"])],
+             *([] if auto_profile else ["--no-auto-profile"]), *(["--raw-every", str(raw_every)] if raw_every else [])],
             hostname="collector", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         line = collector.stdout.readline()
@@ -122,6 +129,8 @@ def train_on_hosts(
             raise RuntimeError(f"applying the throttle failed: {steps_control.error}")
         if sorted(steps_control.done) != sorted(actions):
             raise RuntimeError(f"throttle steps acted on {steps_control.done}, planned {sorted(actions)}")
+        if raw_every:
+            _wait_for_rollup(data_dir, name, timeout_s)
         collector.terminate()
         try:
             collector.wait(timeout=120)
@@ -176,3 +185,22 @@ def _wait_for_ranks(procs: list[subprocess.Popen], timeout_s: float) -> list[str
             raise RuntimeError(f"rank {rank}: exit {proc.returncode}: {err[-3000:]}")
         out.append(stdout)
     return out
+
+
+def _wait_for_rollup(data_dir: Path, name: str, timeout_s: float) -> None:
+    """Until the collector's retention has rolled up the run's last step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cat = queries.Catalog(data_dir)
+        try:
+            run_id = queries.resolve_run(cat.con, name)
+            rolled = queries.rolled_through(cat, run_id)  # deliveries are thinned before the rollup lands
+            last = pc.max(queries.comm_rollup(cat, run_id)["step"]).as_py()
+        except queries.UnknownRun:
+            rolled = None
+        finally:
+            cat.close()
+        if rolled is not None and rolled >= last:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the collector's retention did not roll up run {name!r} within {timeout_s:.0f} s")

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from collector.data import calibration, findings, queries
+from collector.data.retention import DELIVERY_MARGIN_STEPS
 from collector.testing import multihost, netns
 
 REASON = netns.unavailable()
@@ -38,10 +39,15 @@ def warnings(found_: list[findings.Finding]) -> list[findings.Finding]:
     ]
 
 
-def throttled_link_is_found(tmp_path, host: int, *, alone: bool) -> None:
+def throttled_link_is_found(tmp_path, host: int, *, alone: bool, raw_every: int = 0) -> None:
     # loop index 20 (hook step 21: the optimizer's count starts at 1) to index 40 (step 41)
     run = multihost.train_on_hosts(
-        tmp_path, hosts=2, ranks_per_host=2, steps=55, throttle=multihost.Throttle.parse(f"{host}:50mbit@20-40")
+        tmp_path,
+        hosts=2,
+        ranks_per_host=2,
+        steps=55,
+        throttle=multihost.Throttle.parse(f"{host}:50mbit@20-40"),
+        raw_every=raw_every,
     )
     slow, other = f"host-{host}", f"host-{1 - host}"
     cat = queries.Catalog(run.data_dir)
@@ -69,18 +75,40 @@ def throttled_link_is_found(tmp_path, host: int, *, alone: bool) -> None:
     assert rise_ms > 0
     assert link.cost_ms_per_step == pytest.approx(rise_ms, rel=0.25), (link.text, rise_ms)
     assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+    deliveries_kept_only_near(run, link, thinned=bool(raw_every))
+
+
+def deliveries_kept_only_near(run: multihost.HostsRun, link: findings.Finding, *, thinned: bool) -> None:
+    """With retention the run's telemetry arrival times stay only around the slow link's steps
+    (what the tie-break above read); without it every flush of every rank stays."""
+    cat = queries.Catalog(run.data_dir)
+    try:
+        run_id = queries.resolve_run(cat.con, run.name)
+        steps = queries.deliveries(cat, run_id).groupby("rank").step
+        last = queries.latest_step(cat, run_id)
+    finally:
+        cat.close()
+    first_kept, last_kept = link.steps[0] - DELIVERY_MARGIN_STEPS, link.steps[1] + DELIVERY_MARGIN_STEPS
+    assert first_kept > 1 and last_kept < last, (link.steps, last)  # the run had flushes on either side
+    if thinned:
+        assert (steps.min() >= first_kept).all() and (steps.max() <= last_kept).all(), (steps.min(), steps.max())
+    else:  # flushes from the start to the end of the run, every rank
+        assert (steps.min() < first_kept).all() and (steps.max() > last_kept).all(), (steps.min(), steps.max())
+    assert len(steps.size()) == 4 and (steps.size() >= 10).all()  # around the link: enough for its tie-break
 
 
 @pytest.mark.timing  # the cost is checked against rank 0's measured step times
 def test_a_throttled_link_between_two_hosts_is_found_with_onset_end_cost_and_its_host(tmp_path):
-    throttled_link_is_found(tmp_path, 0, alone=False)  # the first host: a mix-up with the last one would show
+    # the first host: a mix-up with the last one would show; with retention (--raw-every), which
+    # thins the telemetry's arrival times to those around the link
+    throttled_link_is_found(tmp_path, 0, alone=False, raw_every=10)
 
 
 @pytest.mark.slow
 @pytest.mark.timing
 def test_each_host_throttled_is_named_alone(tmp_path):
-    throttled_link_is_found(tmp_path / "0", 0, alone=True)
-    throttled_link_is_found(tmp_path / "1", 1, alone=True)
+    throttled_link_is_found(tmp_path / "0", 0, alone=True, raw_every=10)  # on the deliveries retention kept
+    throttled_link_is_found(tmp_path / "1", 1, alone=True)  # and on all of them
 
 
 @pytest.mark.slow

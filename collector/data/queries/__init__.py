@@ -66,6 +66,7 @@ from collector.data.queries.rollup import (
     comm_rollup_after,
     raw_steps_near,
     retention,
+    rolled_through,
     rollup_sql,
 )
 from collector.data.queries.runs import (
@@ -141,6 +142,7 @@ __all__ = [
     "recent_rank_steps",
     "resolve_run",
     "retention",
+    "rolled_through",
     "rollup_sql",
     "runs_with",
     "signals_by_step",

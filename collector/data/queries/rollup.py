@@ -79,6 +79,12 @@ def comm_rollup_after(cat: Catalog, run_id: str, step: int) -> pa.Table:
     return cat.arrow(COMM_ROLLUP_SQL, [run_id, run_id, int(step), run_id, int(step)])
 
 
+def rolled_through(cat: Catalog, run_id: str) -> int | None:
+    """The last step of the run's stored per-step rollup (``comm_steps``); None before the first."""
+    value = cat.df("SELECT max(step) AS step FROM comm_steps WHERE run_id = ?", [run_id]).step.iloc[0]
+    return None if pd.isna(value) else int(value)
+
+
 def retention(cat: Catalog, run_id: str) -> dict | None:
     """Where retention thinned a run out: {"through": last rolled-up step, "steps": rolled-up
     steps, "raw_steps": of those, the ones whose raw rows were kept}; None if it did not."""

@@ -104,7 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="retention: keep raw comm records only for every Nth step and the steps with findings; "
-        "per-step rollups (comm_steps) keep every step (default: keep every raw record)",
+        "per-step rollups (comm_steps) keep every step; a run's older captures and its telemetry arrival times "
+        "away from slow links go too (default: keep every raw record)",
     )
     p.add_argument(
         "--stream-idle-timeout",
