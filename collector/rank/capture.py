@@ -19,7 +19,16 @@ with rows of the ``artifacts`` table and, for a capture, one ``pb.Artifact`` env
 * for ``memory``: this process's RSS and, where CUDA is in use, the caching allocator's
   counters, as a small JSON artifact (host-side reads only).
 
-One capture at a time per process: a second request while one waits or runs is refused.
+One capture at a time per process: a second request while one waits, runs or is still being
+exported is refused (torch starts no new profiler while the last one's trace is written).
+
+No capture may take the process down, so torch is touched on two threads only, never at once
+for one profiler: the training thread starts and stops it (torch 2.13's profiler can crash a
+process when it is stopped on a thread other than the one that started it), and the capture
+thread exports it once stopped. The sampler thread reads Python frames only. A process that ends
+(the session stopping: detach, atexit) while a trace is exported waits for that thread, up to
+EXIT_WAIT_S, and the trace goes out with the session's last flush: a thread still inside torch's
+C++ writer while the interpreter finalizes and the library's globals are destroyed can crash it.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ log = logging.getLogger("rankscope.capture")
 
 MAX_STEPS = 20  # longest capture a request may ask for
 MAX_TRACE_BYTES = 32 << 20  # compressed; the collector accepts envelopes up to 64 MiB
+EXIT_WAIT_S = 10.0  # a session ending waits this long for a trace being exported (and sent with its last flush)
 KINDS = ("profile", "memory")
 _EVENTS_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BASE_NS = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
@@ -81,6 +91,7 @@ class Capture:
         self.thread: int | None = None
         self.captures = 0  # traces handed to the client, for tests
         self.exporting = False  # a trace is being exported (benches time the steps it overlaps)
+        self.workers: list[threading.Thread] = []  # capture threads exporting or reporting (joined at the end)
 
     # ---- from the ack reader thread ----
     def handle(self, request) -> None:
@@ -90,7 +101,7 @@ class Capture:
             return
         if request.kind == "memory":
             answer(request, "accepted", "this process's memory, now")
-            threading.Thread(target=self._report_memory, args=(request,), name="rankscope-capture", daemon=True).start()
+            self._work(self._report_memory, request)
             return
         if not 1 <= request.steps <= MAX_STEPS:
             answer(request, "refused", f"steps {request.steps} is outside 1..{MAX_STEPS}")
@@ -98,6 +109,8 @@ class Capture:
         with self._lock:
             if self.request is not None:
                 refusal = f"a profiler is already active (request {self.request.id})"
+            elif self.exporting:
+                refusal = "a profiler is already active (the last capture's trace is still being exported)"
             elif _profiler_in_use():
                 refusal = "a profiler is already active (the script's own)"
             else:
@@ -138,14 +151,16 @@ class Capture:
         profiler.stop()  # torch keeps the events in C++; nothing is parsed into Python here
         if sampler is not None:
             sampler.request_stop()  # joined on the capture thread: the training thread never waits for it
+        self.exporting = True  # before the request clears: no new profiler while this one is written
         self._clear()
-        self.exporting = True
-        threading.Thread(
-            target=self._ship,
-            args=(profiler, sampler, threading.get_native_id(), request, first, step - 1),
-            name="rankscope-capture",
-            daemon=True,
-        ).start()
+        self._work(self._ship, profiler, sampler, threading.get_native_id(), request, first, step - 1)
+
+    def _work(self, target, *args) -> None:
+        """``target(*args)`` on a capture thread of its own, remembered until the session ends."""
+        thread = threading.Thread(target=target, args=args, name="rankscope-capture", daemon=True)
+        with self._lock:
+            self.workers = [t for t in self.workers if t.is_alive()] + [thread]
+        thread.start()
 
     def _clear(self) -> None:
         with self._lock:
@@ -235,6 +250,13 @@ class Capture:
         if self.request is not None:
             done = state.get_step() - self.first_boundary if self.profiler is not None else 0
             self._give_up(f"the run ended after {max(done, 0)} of {self.request.steps} step(s)")
+        # a trace being exported goes out with the session's last flush, and the process does not
+        # finalize under a thread inside torch's writer
+        deadline = time.monotonic() + EXIT_WAIT_S
+        with self._lock:
+            workers, self.workers = self.workers, []
+        for thread in workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def with_python_spans(trace: bytes, sampler: StackSampler, tid: int) -> bytes:

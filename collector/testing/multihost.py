@@ -89,7 +89,8 @@ def train_on_hosts(
             "collector",
             [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(data_dir),
              "--host", net.ip("collector"), "--port", str(COLLECTOR_PORT), "--insecure",
-             *([] if auto_profile else ["--no-auto-profile"]), *(["--raw-every", str(raw_every)] if raw_every else [])],
+             "--auto-profile" if auto_profile else "--no-auto-profile",
+             *(["--raw-every", str(raw_every)] if raw_every else [])],
             hostname="collector", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         line = collector.stdout.readline()
