@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from collector.data import layout, queries
 from collector.data.calibration import load as load_calibration
-from collector.data.findings.links import slow_links
+from collector.data.findings.links import MIN_BYTES, slow_links
 from collector.data.retention import deliveries_kept
 from collector.server.ledger import Ledger
 from collector.server.store import segment_order, segment_path, write_segment
@@ -96,7 +96,7 @@ def slow_link_steps(cat: queries.Catalog, run_id: str) -> list[tuple[int, int]]:
         return []
     rollup = queries.comm_rollup(cat, run_id)
     found = slow_links(
-        queries.link_transfers(rollup),
+        queries.link_transfers(rollup, MIN_BYTES),
         queries.group_members(rollup),
         ranks,
         calibration=load_calibration(cat.data_dir, hosts),

