@@ -1,6 +1,6 @@
 """The fault-injection suite: how well `rankscope health` diagnoses, scored the way papers score it.
 
-    python -m benches.faults [--only NAME,...] [--quick] [--repeat N] [--out benches/RESULTS-faults.md]
+    python -m benches.faults [--only NAME,...] [--quick] [--repeat N] [--auto-profile] [--out benches/RESULTS-faults.md]
 
 Target (issue 27): F1 >= 0.97 overall and >= 0.9 per class; no warning on any healthy case;
 stragglers named with the right onset; cost within +-25% of the measured step-time rise; hangs,
@@ -621,14 +621,15 @@ def table(outcomes: list[Outcome]) -> tuple[str, dict]:
     return "\n".join(lines), summary
 
 
-def run_suite(selected: list[Case], work: Path, log=print) -> list[Outcome]:
+def run_suite(selected: list[Case], work: Path, log=print, auto_profile: bool = False) -> list[Outcome]:
+    """``auto_profile``: the live cases' collector profiles the suspects of its findings (collect's default)."""
     from collector.tools.launch import CollectorProcess
 
     outcomes: list[Outcome] = []
     data_dir = work / "data"
     live = [c for c in selected if c.source in ("ddp", "engine", "hf", "lightning")]
     if live:
-        with CollectorProcess(data_dir) as collector:
+        with CollectorProcess(data_dir, auto_profile=auto_profile) as collector:
             for case in [c for c in live if c.source == "ddp"] + [c for c in live if c.source in ("hf", "lightning")]:
                 t0 = time.perf_counter()
                 o = (
@@ -760,6 +761,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "benches" / "RESULTS-faults.md"))
     p.add_argument("--work", default=None, help="keep the runs here (default: a temporary directory)")
     p.add_argument("--repeat", type=int, default=1, help="run each selected live case (hang, crash, desync) N times")
+    p.add_argument(
+        "--auto-profile",
+        action="store_true",
+        help="the live cases' collector profiles the suspects of its findings, as rankscope collect does by default "
+        "(off: a capture changes the profiled rank's steps, which the cost error measures)",
+    )
     args = p.parse_args(argv)
     selected = cases()
     if args.quick:
@@ -776,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rankscope-faults-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
-        outcomes = run_suite(selected, work)
+        outcomes = run_suite(selected, work, auto_profile=args.auto_profile)
     text = report(outcomes, time.perf_counter() - t0)
     print(text)
     Path(args.out).write_text(text)

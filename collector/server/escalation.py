@@ -16,11 +16,11 @@ the steps a profile would capture are healthy ones.
 
 Only ranks streaming to this collector now are asked (the findings of a finished run ask no one).
 Rate limits: a finding (run, kind, severity, ranks) escalates once; a run at most once per
-``run_interval_s``; a rank at most once per ``rank_interval_s``. Off unless ``rankscope collect
---auto-profile``: a capture's Python stacks are sampled (collector.rank.stack_sampler), which
-bounds what it costs the profiled rank, but two ranks of a namespace test died of SIGSEGV just
-after their capture started (not reproduced since; README). What was asked is in ``asked`` (and, as the ranks answer,
-in the run's ``artifacts`` rows, whose ``finding`` column carries the finding's sentence).
+``run_interval_s``; a rank at most once per ``rank_interval_s``. On by default (``rankscope collect
+--no-auto-profile`` switches it off). A capture's Python stacks are sampled
+(collector.rank.stack_sampler), which bounds what it costs the profiled rank; how a capture is kept
+from taking a rank down: collector.rank.capture. What was asked is in ``asked`` (and, as the ranks
+answer, in the run's ``artifacts`` rows, whose ``finding`` column carries the finding's sentence).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class MetricsSettings(ConfigBlock):
     # module pulls in pandas, which a collector without /metrics never loads)
     max_runs: int | None = None
     alert_webhook: str | None = None  # post each new finding here (collector.server.alerts)
-    auto_profile: bool = False  # ask the ranks a new live finding names for evidence (server.escalation)
+    auto_profile: bool = True  # ask the ranks a new live finding names for evidence (server.escalation)
 
     @property
     def refreshes_findings(self) -> bool:

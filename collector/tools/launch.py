@@ -90,17 +90,24 @@ class CollectorProcess:
     ``port`` 0 lets the collector pick one; ``args`` are more ``collect`` options
     (``--flush-interval 0.02``, ``--writer-id east``, ``--token ...``); ``tree`` runs the
     collector from another source tree (a benchmark's baseline: another commit, exported).
+    It profiles no rank unless ``auto_profile`` (``collect --no-auto-profile``; a ``tree`` keeps its
+    own default, an older commit may not know the flag): a capture changes the profiled ranks' steps,
+    which the tests and benchmarks that start it measure.
     Raises RuntimeError with the collector's stderr if it exits before listening."""
 
     _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
 
-    def __init__(self, data_dir, *args: str, port: int = 0, tree: Path | None = None) -> None:
+    def __init__(
+        self, data_dir, *args: str, port: int = 0, tree: Path | None = None, auto_profile: bool = False
+    ) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")
         env = None
         if tree is not None:  # `python -m` puts the working directory first on the path: run from there
             env = {**os.environ, "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(
-            collector_command(str(Path(data_dir).resolve()), port=port) + list(args),
+            collector_command(str(Path(data_dir).resolve()), port=port)
+            + ([] if auto_profile or tree is not None else ["--no-auto-profile"])
+            + list(args),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,

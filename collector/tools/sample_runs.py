@@ -146,7 +146,9 @@ def record(raw: Path, names: dict[str, dict], steps: int) -> None:
     """Run the scenarios against a collector writing into ``raw``; stop it so it commits."""
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
-    collector = subprocess.Popen(collector_command(str(raw), port=port), stdout=subprocess.DEVNULL)
+    # the archived runs are the scenarios as trained: no capture changing a profiled rank's steps
+    command = [*collector_command(str(raw), port=port), "--no-auto-profile"]
+    collector = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
         _wait_until_listening(collector, endpoint)
         for name in names:

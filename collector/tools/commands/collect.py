@@ -93,10 +93,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--auto-profile",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="ask the ranks a new live straggler/slow-link/hang/memory finding names (and a reference rank) for a "
         "profile (3 steps, sampled Python stacks), stacks or memory report, at most once per run per 5 min, per "
-        "rank per 15 min (default: off until a rank crash seen once with it on is understood: see README)",
+        "rank per 15 min (default: on; --no-auto-profile: never ask unprompted)",
     )
     p.add_argument(
         "--raw-every",

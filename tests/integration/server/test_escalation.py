@@ -148,3 +148,17 @@ def test_the_escalations_own_refresh_reads_nothing_while_no_run_streams_here(tmp
                 assert set(metrics._computed) == computed
             finally:
                 metrics.close()
+
+
+@pytest.mark.parametrize("flags, on", [((), True), (("--no-auto-profile",), False), (("--auto-profile",), True)])
+def test_collect_escalates_by_default_and_no_auto_profile_switches_it_off(tmp_path, flags, on):
+    """Issue 32: automatic escalation is on unless ``collect --no-auto-profile``; off, nothing refreshes
+    the findings for it (no --metrics-port, no --alert-webhook)."""
+    import argparse
+
+    from collector.tools.commands import collect
+
+    parser = argparse.ArgumentParser()
+    collect.add_arguments(parser)
+    metrics = collect.settings_from_args(parser.parse_args(["--data-dir", str(tmp_path), *flags])).metrics
+    assert metrics.auto_profile is on and metrics.refreshes_findings is on
