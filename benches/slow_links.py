@@ -128,7 +128,11 @@ def scale(args) -> str:
         cat = queries.Catalog(d)
         rollup = queries.comm_rollup(cat, "cost")
         t0 = time.perf_counter()
-        frames = (queries.link_transfers(rollup), queries.group_members(rollup), queries.ranks(cat, "cost"))
+        frames = (
+            queries.link_transfers(rollup, links.MIN_BYTES),  # as findings.for_run asks
+            queries.group_members(rollup),
+            queries.ranks(cat, "cost"),
+        )
         query_s = time.perf_counter() - t0
         steps = queries.step_analysis(cat, "cost")
         cat.close()
