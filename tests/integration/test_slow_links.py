@@ -85,7 +85,7 @@ def deliveries_kept_only_near(run: multihost.HostsRun, link: findings.Finding, *
     try:
         run_id = queries.resolve_run(cat.con, run.name)
         steps = queries.deliveries(cat, run_id).groupby("rank").step
-        last = queries.latest_step(cat, run_id)
+        last = int(queries.comm_rollup(cat, run_id)["step"].to_pandas().max())  # raw comm rows may be thinned
     finally:
         cat.close()
     first_kept, last_kept = link.steps[0] - DELIVERY_MARGIN_STEPS, link.steps[1] + DELIVERY_MARGIN_STEPS
