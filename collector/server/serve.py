@@ -11,11 +11,13 @@ messages and exit codes.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from collector.data import live_collector
 from collector.server.request_files import RequestFiles
 from collector.server.service import create_server
 from collector.server.settings import CollectorSettings, SettingsError
@@ -54,28 +56,32 @@ def serve(
         compaction_config=settings.compaction,
         stream_limits=settings.streams,
     )
-    metrics = requested = None
+    metrics = requested = advertised = None
     try:
         if settings.metrics.refreshes_findings:
             metrics = _start_metrics(settings, state)
         server.start()
         requested = RequestFiles(state)  # the dashboard's "profile now" (collector.data.requests)
+        listening = Listening(
+            host=settings.address.rsplit(":", 1)[0],
+            port=bound,
+            tls=access.tls is not None,
+            token_required=access.token is not None,
+            data_dir=state.data_dir,
+            metrics_port=metrics.port if metrics is not None else None,
+        )
+        # D/collector.json: how the CLI's profile/stacks/replay/health find this collector with no flag
+        advertised = live_collector.dialable(listening.host, bound)
+        live_collector.write(state.data_dir, advertised, listening.token_required, os.getpid(), tls=listening.tls)
         if on_ready is not None:
-            on_ready(
-                Listening(
-                    host=settings.address.rsplit(":", 1)[0],
-                    port=bound,
-                    tls=access.tls is not None,
-                    token_required=access.token is not None,
-                    data_dir=state.data_dir,
-                    metrics_port=metrics.port if metrics is not None else None,
-                )
-            )
+            on_ready(listening)
         while not stop.wait(1.0):  # wakes now and then, so a signal handler in this thread runs
             pass
         if on_stopping is not None:
             on_stopping()
     finally:
+        if advertised is not None:
+            live_collector.remove(state.data_dir, os.getpid(), advertised)
         if requested is not None:
             requested.close()
         server.stop(grace=COMMIT_GRACE_S).wait()

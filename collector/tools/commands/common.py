@@ -23,6 +23,44 @@ def data_dir_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def endpoint_arg(p: argparse.ArgumentParser, *, what: str = "collector address") -> None:
+    """--endpoint, default: the collector advertised in --data-dir (``resolve_endpoint``)."""
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"{what} (default: the collector serving --data-dir, from D/collector.json; else {DEFAULT_ENDPOINT})",
+    )
+
+
+def resolve_endpoint(args: argparse.Namespace, command: str) -> str:
+    """--endpoint when given; else the collector advertised in --data-dir (D/collector.json, written
+    by a running ``rankscope collect`` or ``rankscope demo``); else the default port. Says on stderr
+    which it took, so a refusal names the address it came from."""
+    from collector.data import live_collector
+
+    if args.endpoint:
+        return args.endpoint
+    data_dir = getattr(args, "data_dir", None) or DEFAULT_DATA_DIR
+    live = live_collector.read(data_dir)
+    if live is not None:
+        token_note = " (it wants a token: --token or $RANKSCOPE_TOKEN)" if live.token_required else ""
+        print(
+            f"rankscope {command}: using the collector at {live.endpoint}, "
+            f"from {live_collector.path(data_dir)}{token_note}",
+            file=sys.stderr,
+        )
+        args.endpoint = live.endpoint
+        return live.endpoint
+    print(
+        f"rankscope {command}: no running collector advertised in {live_collector.path(data_dir)}; "
+        f"trying {DEFAULT_ENDPOINT} (pass --endpoint HOST:PORT or the collector's --data-dir)",
+        file=sys.stderr,
+    )
+    args.endpoint = DEFAULT_ENDPOINT
+    return DEFAULT_ENDPOINT
+
+
 def tls_ca_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tls-ca",

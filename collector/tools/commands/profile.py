@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from collector.tools.commands.common import DEFAULT_ENDPOINT, data_dir_arg, tls_ca_arg
+from collector.tools.commands.common import data_dir_arg, endpoint_arg, resolve_endpoint, tls_ca_arg
 
 NAME = "profile"
 HELP = "Profile ranks of a live run over their next steps (torch.profiler, Python stacks) and diff them."
@@ -20,7 +20,7 @@ def ask_arguments(p: argparse.ArgumentParser) -> None:
     data_dir_arg(p)
     p.add_argument("run", metavar="RUN", help="run id, or run name (resolved in --data-dir where readable)")
     p.add_argument("--ranks", required=True, metavar="R[,R-R]", help="ranks to ask: 3,517 or 0-3")
-    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"collector address (default {DEFAULT_ENDPOINT})")
+    endpoint_arg(p)
     p.add_argument("--token", default=None, help="the collector's bearer token (default: $RANKSCOPE_TOKEN)")
     tls_ca_arg(p)
     p.add_argument(
@@ -39,4 +39,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from collector.tools.profile import main as profile_main
 
+    resolve_endpoint(args, NAME)
     return profile_main(args, NAME)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from collector.tools.commands.common import resolve_endpoint
 from collector.tools.commands.profile import ask_arguments
 
 NAME = "stacks"
@@ -21,4 +22,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from collector.tools.profile import main as profile_main
 
+    resolve_endpoint(args, NAME)
     return profile_main(args, NAME)
