@@ -64,8 +64,11 @@ _NP_DTYPES = {I64: np.dtype("<i8"), F64: np.dtype("<f8"), BOOL: np.dtype("u1")}
 
 
 REJECTED_SEQ_KEY = "rankscope-rejected-seq"
+# Call metadata marking a stream of spool files left by exited processes (collector.rank.resend):
+# the collector counts and reports what such streams bring, or refuses them (collect --no-resends).
+RESEND_KEY = "rankscope-resend"
 MAX_CLIENT_ID_CHARS = 256
-RUN_END_STATUSES = ("finished", "failed")
+RUN_END_STATUSES = ("finished", "failed", "stopped")  # stopped: ended by its user (Ctrl-C, a stop signal)
 
 Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
 

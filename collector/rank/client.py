@@ -10,8 +10,11 @@ un-acked envelope with its original seq; the collector drops duplicates.
 
 While the collector is unreachable, envelopes go to spool files (collector.rank.spool)
 instead of piling up in memory; after a reconnect the files are streamed again
-and deleted once all their envelopes are acked. ``close`` sends RunEnd, waits a
-bounded time for acks, and spools whatever is still un-acked.
+and deleted once all their envelopes are acked. When the spool cannot be written (a full
+disk, a spool dir that is not private to this user) the envelopes stay in memory up to
+``max_unacked_bytes``; beyond it the oldest are dropped (never the Hello), their rows
+counted in ``dropped_unspooled``, in the RunEnd's dropped count and in one warning per outage.
+``close`` sends RunEnd, waits a bounded time for acks, and spools whatever is still un-acked.
 
 Errors from the collector: INVALID_ARGUMENT names the rejected envelope in the
 trailing metadata key ``rankscope-rejected-seq``: that envelope is dropped (its
@@ -65,6 +68,7 @@ _OPERATOR_ERRORS = (
 # ``close`` still tries a collector that has been out of reach: it spools at once rather than waiting
 # close_timeout_s for acks that cannot come (the exit stays prompt).
 UNREACHABLE_WARN_S = 3.0
+SPOOL_RETRY_S = 5.0  # after a failed spool write (full disk, refused dir), the next try
 UNREACHABLE_CLOSE_S = 1.0
 
 
@@ -112,6 +116,9 @@ class Client:
         self._spooled_seq: dict[int, Path] = {}
         self._rows_of: dict[int, int] = {}  # spooled seq -> rows, for drop accounting
         self.dropped_rejected = 0
+        self.dropped_unspooled = 0  # rows dropped, oldest first, while the spool could not be written
+        self._spool_error: str | None = None  # why the last spool write failed (said once per failure)
+        self._spool_retry_at = 0.0
         self._stream: Stream | None = None
         self._connected_at: float | None = None
         self._disconnected_since = time.monotonic()
@@ -213,7 +220,7 @@ class Client:
         # so its dropped count includes batches the collector rejected.
         self._wait_acked(start + 0.8 * self.cfg.close_timeout_s, give_up)
         end = self._end
-        end.dropped_records += self.buffer.dropped + self.dropped_rejected
+        end.dropped_records += self.buffer.dropped + self.dropped_rejected + self.dropped_unspooled
         self._enqueue(self._envelope(end=end))
         self._wait_acked(deadline, give_up)
         if self._stream is not None:
@@ -466,14 +473,19 @@ class Client:
 
     # ---- spool (callers hold self._lock) ----
     def _spool_unacked(self) -> None:
+        if self._spool_error is not None and time.monotonic() < self._spool_retry_at:
+            self._keep_in_memory(None)  # not every flush: a failing write of all that is held costs
+            return
         envs = [env for env, _, _ in self._unacked.values()]
         try:
             path = spool.write(self.cfg.spool_dir, self.client_id, envs, self.cfg.endpoint)
         except OSError as e:
-            log.error(
-                "rankscope: cannot spool to %s (%s); keeping %d envelope(s) in memory", self.cfg.spool_dir, e, len(envs)
-            )
+            self._spool_retry_at = time.monotonic() + SPOOL_RETRY_S
+            self._keep_in_memory(e)
             return
+        if self._spool_error is not None:
+            self._spool_error = None
+            log.warning("rankscope: spooling to %s works again", self.cfg.spool_dir)
         seqs = set()
         for seq, (_, _, rows) in self._unacked.items():
             seqs.add(seq)
@@ -482,6 +494,35 @@ class Client:
         self._spooled[path] = seqs
         self._unacked.clear()
         self._unacked_bytes = 0
+
+    def _keep_in_memory(self, error: OSError | None) -> None:
+        """The spool cannot be written: hold envelopes in memory, the oldest dropped beyond
+        max_unacked_bytes (the Hello never: without it nothing of the rank is stored)."""
+        if self._spool_error is None and error is not None:
+            self._spool_error = str(error)
+            log.error(
+                "rankscope: cannot spool: %s; un-acked records stay in memory (up to %d bytes, the oldest dropped "
+                "and counted beyond that) until the collector takes them",
+                error if isinstance(error, spool.UnsafeSpoolDir) else f"{self.cfg.spool_dir}: {error}",
+                self.cfg.max_unacked_bytes,
+            )
+        dropped = 0
+        for seq in list(self._unacked):
+            if self._unacked_bytes <= self.cfg.max_unacked_bytes:
+                break
+            if seq == self._hello.seq:
+                continue
+            _, size, rows = self._unacked.pop(seq)
+            self._unacked_bytes -= size
+            dropped += rows
+        if dropped:
+            if not self.dropped_unspooled:
+                log.warning(
+                    "rankscope: dropping the oldest un-acked records: the collector at %s does not take them and the "
+                    "spool cannot hold them (counted in the run's dropped records)",
+                    self.cfg.endpoint,
+                )
+            self.dropped_unspooled += dropped
 
     def _forget_spooled(self, seq: int) -> None:
         path = self._spooled_seq.pop(seq)

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 
 from collector.data import security
+from collector.data.codec import RESEND_KEY
 from collector.rank import spool
 from collector.rank.stream import rejected_seq
 from proto import pb, pb_grpc
@@ -42,6 +43,10 @@ def resend_spooled(
         return 0, 0
 
 
+class _Refused(Exception):
+    """The collector refuses resent spool files (rankscope collect --no-resends)."""
+
+
 @dataclass
 class _Resent:
     delivered: int = 0
@@ -52,10 +57,15 @@ class _Resent:
 
 
 def _resend_spooled(directory: Path, endpoint: str, token, timeout_s: float, tls_ca) -> tuple[int, int]:
-    groups = spool.orphans(directory, endpoint)
+    try:
+        groups = spool.orphans(directory, endpoint)
+    except spool.UnsafeSpoolDir as e:
+        log.error("rankscope: not resending earlier spool files: %s", e)
+        return 0, 0
     if not groups:
         return 0, 0
-    metadata = security.auth_metadata(token)
+    # marked as a resend: the collector reports what earlier runs it got this way, or refuses them
+    metadata = [*(security.auth_metadata(token) or []), (RESEND_KEY, "spool")]
     try:
         channel = security.open_channel(endpoint, tls_ca=tls_ca)
     except security.SecurityConfigError as e:
@@ -70,6 +80,17 @@ def _resend_spooled(directory: Path, endpoint: str, token, timeout_s: float, tls
                 continue
             try:
                 _resend_files(stub, metadata, timeout_s, client_id, claimed, endpoint, tally)
+            except _Refused as e:
+                log.warning(
+                    "rankscope: the collector at %s takes no resends (%s); the spool files stay in %s",
+                    endpoint,
+                    e,
+                    directory,
+                )
+                for path in claimed:
+                    spool.release(path)
+                tally.left = sum(len(p) for p in groups.values()) - tally.delivered
+                break
             except Exception:  # a bug or a disk error on one writer's files: the others still go
                 log.exception("rankscope: resending the spool files of %s failed", client_id)
                 for path in claimed:
@@ -78,9 +99,10 @@ def _resend_spooled(directory: Path, endpoint: str, token, timeout_s: float, tls
                         tally.left += 1
     if tally.delivered:
         log.warning(
-            "rankscope: resent %d record(s) of run(s) %s, left in %s by processes that have exited, "
-            "to the collector at %s%s",
+            "rankscope: resent %d record(s) of %d earlier run(s) spooled for this endpoint (%s), left in %s by "
+            "processes that have exited, to the collector at %s%s",
             tally.records,
+            len(tally.runs),
             ", ".join(sorted(tally.runs)) or "?",
             directory,
             endpoint,
@@ -120,6 +142,8 @@ def _resend_files(stub, metadata, timeout_s: float, client_id: str, claimed: lis
                     break
         except grpc.RpcError as e:
             detail = e.details() if hasattr(e, "details") else str(e)
+            if getattr(e, "code", lambda: None)() == grpc.StatusCode.FAILED_PRECONDITION and not acked:
+                raise _Refused(detail) from None
             seq = rejected_seq(e) if getattr(e, "code", lambda: None)() == grpc.StatusCode.INVALID_ARGUMENT else None
             if seq in file_of and seq not in acked and seq not in refused:
                 refused[seq] = detail  # set it aside; the rest goes again on a new stream

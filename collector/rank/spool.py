@@ -18,6 +18,14 @@ because its spool shares the directory. Files are written under a ``.tmp`` name,
 fsync'd and renamed, so a reader never sees half a file; they are deleted once
 every envelope in them is acknowledged.
 
+The directory is private (``ensure_private``): made 0700, its files 0600, and checked before every
+use to be a real directory (no symlink) owned by this user; a directory another user made first,
+or a symlink, is refused with ``UnsafeSpoolDir`` naming it and RANKSCOPE_SPOOL_DIR (the client then
+keeps its records in memory, bounded, and says so once). Otherwise another local user could read
+every spooled record, delete them, or plant files that the next rank resends as its own. Only
+files owned by this user are resent, and only to the endpoint the file names (a file of the first
+format, ``RSSPOOL1``, names none and is never resent).
+
 Several processes may find the same orphan at once (every rank of a new job on
 the host reaches the collector at about the same moment), so an orphan is
 *claimed* before it is read: renamed to ``<name>.claimed-<host>.<pid>``, which
@@ -31,6 +39,7 @@ import getpass
 import os
 import re
 import socket
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -50,6 +59,64 @@ class SpoolError(ValueError):
     """A spool file that is not one, or is cut short; the message names the file."""
 
 
+class UnsafeSpoolDir(OSError):
+    """The spool directory is not private to this user; the message names it and the way out."""
+
+
+_OWN_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def ensure_private(directory: Path) -> Path:
+    """Make ``directory`` (0700, parents as needed) or check it: a real directory, not a symlink,
+    owned by this user; one of ours left group- or world-accessible (by a rankscope before this
+    check) is made 0700. Raises UnsafeSpoolDir otherwise, naming the path and RANKSCOPE_SPOOL_DIR."""
+    directory = Path(directory)
+    if not directory.is_symlink():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+    st = os.lstat(directory)
+    way_out = "set RANKSCOPE_SPOOL_DIR (or telemetry.spool_dir) to a directory of your own"
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeSpoolDir(f"spool directory {directory} is a symbolic link; refusing to spool through it: {way_out}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeSpoolDir(f"spool directory {directory} is not a directory: {way_out}")
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UnsafeSpoolDir(
+            f"spool directory {directory} belongs to {_user_name(st.st_uid)}, not to you ({_user_name(me)}): "
+            f"another user could read or plant spooled telemetry there; refusing it: {way_out}"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+    return directory
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _owned_file(path: Path) -> bool:
+    """A regular file of this user (not a link, not someone else's plant)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _create(path: Path):
+    """``path`` opened for writing, 0600, never through a symlink."""
+    return os.fdopen(os.open(path, _OWN_FILE, 0o600), "wb")
+
+
 def default_dir() -> Path:
     """RANKSCOPE_SPOOL_DIR, else a per-user directory under the system temp dir."""
     env = os.environ.get("RANKSCOPE_SPOOL_DIR")
@@ -64,21 +131,25 @@ def default_dir() -> Path:
 
 def write(directory: Path, client_id: str, envelopes: list[pb.Envelope], endpoint: str = "") -> Path:
     """One file holding ``envelopes`` (at least one) meant for ``endpoint``, made visible atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
+    ensure_private(directory)
     name = f"{client_id}-{envelopes[0].seq:012d}-{envelopes[-1].seq:012d}{SUFFIX}"
     path = directory / name
     tmp = directory / (name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC)
-        target = endpoint.encode()
-        f.write(_LEN.pack(len(target)) + target)
-        for env in envelopes:
-            data = env.SerializeToString()
-            f.write(_LEN.pack(len(data)))
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with _create(tmp) as f:
+            f.write(MAGIC)
+            target = endpoint.encode()
+            f.write(_LEN.pack(len(target)) + target)
+            for env in envelopes:
+                data = env.SerializeToString()
+                f.write(_LEN.pack(len(data)))
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half file taking what space there is
+        raise
     return path
 
 
@@ -129,7 +200,8 @@ def quarantine(path: Path, records: list[bytes], endpoint: str = "") -> Path:
     and never deleted by rankscope: it is kept for inspection."""
     side = path.with_name(unclaimed_name(path) + QUARANTINE_SUFFIX)
     new = not side.exists()
-    with open(side, "ab") as f:
+    fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "ab") as f:
         if new:
             target = endpoint.encode()
             f.write(MAGIC + _LEN.pack(len(target)) + target)
@@ -144,7 +216,7 @@ def rewrite(path: Path, envelopes: list[pb.Envelope], endpoint: str) -> None:
     """Replaces the (claimed) file ``path`` by one holding only ``envelopes``, atomically: what was
     set aside or delivered is not sent again by whoever takes the file next."""
     tmp = path.with_name(unclaimed_name(path) + ".rewrite-tmp")  # neither a spool file nor a claim
-    with open(tmp, "wb") as f:
+    with _create(tmp) as f:
         target = endpoint.encode()
         f.write(MAGIC + _LEN.pack(len(target)) + target)
         for env in envelopes:
@@ -239,8 +311,12 @@ def local_host_id() -> str:
 
 
 def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path]]:
-    """Spool files of writers on this host that no longer run, by client_id; with
-    ``endpoint``, only those meant for it (or not saying which collector they were for)."""
+    """Spool files of this user's writers on this host that no longer run, by client_id; with
+    ``endpoint``, only those that name it as where they were meant to go. Raises UnsafeSpoolDir
+    for a directory that is not private to this user."""
+    if not directory.exists() and not directory.is_symlink():
+        return {}
+    ensure_private(directory)
     host = local_host_id()
     out: dict[str, list[Path]] = {}
     abandoned = (
@@ -249,14 +325,14 @@ def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path
     for path in sorted(files(directory) + abandoned, key=unclaimed_name):
         cid = client_id_of(path)
         owner_host, pid, _ = ([*cid.rsplit(".", 2), "", ""])[:3]
-        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)) or not _owned_file(path):
             continue
         if endpoint is not None:
             try:
                 target = endpoint_of(path)
             except (OSError, SpoolError):
-                target = None  # let the resend report what is wrong with it
-            if target not in (None, endpoint):
+                target = endpoint  # damaged: the resend sets it aside and says what is wrong with it
+            if target != endpoint:  # another collector's, or (RSSPOOL1) nobody knows whose
                 continue
         out.setdefault(cid, []).append(path)
     return out

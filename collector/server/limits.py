@@ -33,6 +33,7 @@ class StreamLimits(ConfigBlock):
     max_streams_per_peer: int = setting(8192, ge=1)  # a host of simulated or real ranks shares one address
     rows_per_s: float = setting(4_000_000.0, gt=0)  # per stream; a busy real rank sends ~10^4-10^5
     bytes_per_s: float = setting(float(256 << 20), gt=0)  # per stream, on the wire
+    resends: bool = True  # take streams of earlier runs' spool files (collector.server.resends)
 
 
 class StreamBudget:

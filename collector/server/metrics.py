@@ -15,7 +15,9 @@ that ended in the last ``keep_ended_s``:
 
 and the collector's own counters: ``rankscope_collector_records_durable_total``,
 ``rankscope_collector_batches_rejected_total``, ``rankscope_collector_open_streams``,
-``rankscope_collector_uptime_seconds``, and ``rankscope_metrics_refresh_seconds`` /
+``rankscope_collector_uptime_seconds``, ``rankscope_collector_resent_records_total`` /
+``rankscope_collector_resent_runs`` (earlier runs' spool files resent to it, collector.server.resends),
+and ``rankscope_metrics_refresh_seconds`` /
 ``rankscope_metrics_refresh_errors_total`` / ``rankscope_metrics_run_errors_total{run_id}``
 for this endpoint's own work.
 
@@ -209,6 +211,14 @@ class MetricsEndpoint:
             (GaugeMetricFamily, "rankscope_metrics_refresh_seconds", "Last refresh's duration", self.refresh_seconds),
             (CounterMetricFamily, "rankscope_metrics_refresh_errors", "Refreshes that failed", self.refresh_errors),
             (GaugeMetricFamily, "rankscope_runs_omitted", "Live runs left out (max_runs)", self.runs_omitted),
+            # earlier runs' spool files resent by ranks (collector.server.resends), since the data dir began
+            (
+                CounterMetricFamily,
+                "rankscope_collector_resent_records",
+                "Records of resent spool files",
+                s.resends.records,
+            ),
+            (GaugeMetricFamily, "rankscope_collector_resent_runs", "Runs with resent spool files", len(s.resends.runs)),
         )
         for family, name, help_text, value in own:
             yield family(name, help_text, value=value)

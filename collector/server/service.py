@@ -65,9 +65,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from collector.data import security
-from collector.data.codec import REJECTED_SEQ_KEY, CodecError, SchemaVersionError, check_header, envelope_rows
+from collector.data.codec import (
+    REJECTED_SEQ_KEY,
+    RESEND_KEY,
+    CodecError,
+    SchemaVersionError,
+    check_header,
+    envelope_rows,
+)
 from collector.data.deliveries import FLUSH_GAP_NS, delivery_row
-from collector.server import artifacts
+from collector.server import artifacts, resends
 from collector.server.auth import BearerTokenInterceptor
 from collector.server.compaction import CompactionConfig
 from collector.server.limits import StreamBudget, StreamLimits, peer_host
@@ -146,6 +153,7 @@ class _StreamAcks:
         self.identity: tuple[str, int] | None = None
         self.identity_from = ""
         self.received_ns = 0  # when its last table envelope arrived (collector.data.deliveries)
+        self.resend = False  # it carries spool files of exited processes (collector.server.resends)
 
     def _wake(self) -> None:
         try:
@@ -227,11 +235,15 @@ class CollectorServicer:
 
     async def Stream(self, request_iterator, context):
         peer = peer_host(context.peer() or "unknown")
+        resend = any(key == RESEND_KEY for key, _ in context.invocation_metadata() or ())
+        if resend and not self.state.limits.resends:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, resends.REFUSED)
         refusal = self.state.peers.open(peer)
         if refusal is not None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         loop = asyncio.get_running_loop()
         acks = _StreamAcks(loop)
+        acks.resend = resend
         self.state.count(streams=1)
         reader = asyncio.create_task(self._read(request_iterator, acks))
         try:
@@ -250,6 +262,8 @@ class CollectorServicer:
             # closed() may store a rank event, and a store submit can block: not on the loop
             try:
                 self.intake.submit(self.state.liveness.closed, acks)
+                if resend:  # saves a small file: not on the loop
+                    self.intake.submit(self.state.resends.stream_ended)
             except RuntimeError:  # the intake pool is shut down: the collector is stopping
                 self.state.liveness.closed(acks)
 
@@ -363,8 +377,11 @@ class CollectorServicer:
             if acks.identity is None:
                 acks.identity, acks.identity_from = (env.hello.run_id, env.hello.rank), "its Hello"
         acks.submitted()
+        durable = partial(acks.durable, env.seq)
+        if acks.resend and env.HasField("table") and rows:  # counted once durable (a kill before: resent again)
+            durable = partial(_count_resent, self.state.resends, env.table.run_id, env.table.rows, durable)
         try:
-            store.submit(env.client_id, env.seq, rows, partial(acks.durable, env.seq))
+            store.submit(env.client_id, env.seq, rows, durable)
         except BaseException:
             acks.withdraw()
             raise
@@ -391,6 +408,12 @@ class CollectorServicer:
             records_durable=s.store.records_durable,
             batches_rejected=s.batches_rejected,
         )
+
+
+def _count_resent(resent, run_id: str, records: int, then, error: BaseException | None) -> None:
+    if error is None:
+        resent.stored(run_id, records)
+    then(error)
 
 
 def _add_servicer(servicer: CollectorServicer, server: grpc.aio.Server) -> None:

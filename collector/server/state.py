@@ -14,6 +14,7 @@ from collector.server.commands import Commands
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.limits import PeerStreams, StreamLimits
 from collector.server.liveness import Liveness
+from collector.server.resends import Resends
 from collector.server.store import Store, StoreConfig
 from proto import pb
 
@@ -39,6 +40,7 @@ class CollectorState:
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
         self.liveness = Liveness(self.store)
         self.commands = Commands(self.liveness)
+        self.resends = Resends(self.data_dir)
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self.open_streams = 0
@@ -75,3 +77,4 @@ class CollectorState:
         self.liveness.stop()
         self.compactor.stop()
         self.store.close()
+        self.resends.close()

@@ -20,12 +20,17 @@ import json
 import sys
 
 from collector.data import findings, queries, retention, trace_diff
+from collector.server import resends
 
 UNREADABLE = 3
 
 
 def report(
-    findings_: list[findings.Finding], run_id: str, notes: bool = False, retained_state: dict | None = None
+    findings_: list[findings.Finding],
+    run_id: str,
+    notes: bool = False,
+    retained_state: dict | None = None,
+    resent: str | None = None,
 ) -> str:
     problems = [f for f in findings_ if f.severity in ("critical", "warning")]
     infos = [f for f in findings_ if f.severity == "info"]
@@ -37,6 +42,8 @@ def report(
         lines += [f"{run_id}: info: {f.text}" for f in infos]
     if retained_state:
         lines.append(f"{run_id}: note: {retention.note(retained_state)}")
+    if resent:
+        lines.append(f"{run_id}: note: {resent}")
     return "\n".join(lines)
 
 
@@ -59,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([trace_diff.attach(f.to_json(), captured) for f in found], indent=2))
     else:
-        print(report(found, run_id, notes=args.all, retained_state=retained))
+        resent = resends.note_for_run(args.data_dir, run_id)
+        print(report(found, run_id, notes=args.all, retained_state=retained, resent=resent))
         for e in captured:
             shown = e.get("headline") or e.get("error")
             print(f"{run_id}: evidence: {shown} (request {e['request_id']}, steps {e.get('steps')})")

@@ -138,6 +138,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="B",
         help="bytes per second one stream may send, on the wire (default 268435456 = 256 MiB)",
     )
+    p.add_argument(
+        "--no-resends",
+        action="store_true",
+        help="refuse the spool files of earlier runs that ranks resend once they reach this collector (they stay "
+        "in the ranks' spool); by default they are taken, and the log, /metrics and health say how many",
+    )
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -169,6 +175,7 @@ def settings_from_args(args: argparse.Namespace):
                 max_streams_per_peer=args.max_streams_per_peer,
                 rows_per_s=args.stream_rows_per_s,
                 bytes_per_s=args.stream_bytes_per_s,
+                resends=False if args.no_resends else None,
             )
         ),
         metrics=MetricsSettings(

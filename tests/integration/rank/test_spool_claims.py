@@ -80,7 +80,7 @@ def test_orphans_are_claimed_once_and_resent_once_with_one_summary_line(tmp_path
     for p, (_, err) in zip(ranks, outputs, strict=True):
         assert p.returncode == 0, err
         assert "skipping spool file" not in err and "No such file" not in err and "Traceback" not in err, err
-    summaries = [line for _, err in outputs for line in err.splitlines() if "resent" in line]
+    summaries = [line for _, err in outputs for line in err.splitlines() if "rankscope: resent" in line]
     assert summaries and all("old-a" in s or "old-b" in s for s in summaries), [err for _, err in outputs]
     assert not list(spool_dir.glob("*")), "every orphan was delivered and deleted"
 

@@ -71,8 +71,11 @@ def test_a_refused_envelope_is_set_aside_and_the_rest_of_the_file_delivered_once
     assert [e.seq for e in kept] == [3] and kept[0].table.table == "no_such_table" and bad == []
     aside = [r.getMessage() for r in caplog.records if "cannot be delivered" in r.getMessage()]
     assert len(aside) == 1 and "seq 3 refused by the collector" in aside[0] and str(side) in aside[0], aside
-    summary = [r.getMessage() for r in caplog.records if "resent" in r.getMessage()]
-    assert len(summary) == 1 and "resent 30 record(s) of run(s) old-run" in summary[0], summary
+    summary = [r.getMessage() for r in caplog.records if r.name == "rankscope.client" and "resent" in r.getMessage()]
+    assert len(summary) == 1, summary
+    assert "resent 30 record(s) of 1 earlier run(s) spooled for this endpoint (old-run)" in summary[0], summary
+    said = [r.getMessage() for r in caplog.records if r.name == "rankscope.collector"]
+    assert said and "resent 30 records of 1 earlier run spooled for this endpoint" in said[-1], said
     assert "1 record(s) set aside" in summary[0], summary
 
 
