@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from collector.testing.ports import free_port
+from tests._durations import pytest_configure, pytest_fixture_setup, pytest_runtest_makereport  # noqa: F401 (hooks)
 
 # The test files that run real DeepSpeed: when any is selected, its JIT ops compile in the background
 # from the start of the session (nice 19), in the CPU other tests leave idle. A DeepSpeed test that

@@ -5,6 +5,7 @@ training rank that loads none of the dashboard's or the collector's heavy parts.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,33 @@ def test_the_unit_tier_imports_nothing_from_the_integration_tier():
         if modules:
             wrong[str(path.relative_to(ROOT))] = modules
     assert wrong == {}
+
+
+def test_the_time_guard_fails_a_slow_test_and_lists_the_slowest(tmp_path):
+    """tests/_durations.py: a test over the limit fails the session (exit 1) and is named with its time;
+    the same test marked slow, or under the limit, passes."""
+    (tmp_path / "test_sleepy.py").write_text(
+        "import time, pytest\n"
+        "@pytest.fixture(scope='module')\n"
+        "def shared():\n    time.sleep(0.3)\n"
+        "def test_sleepy(shared):\n    time.sleep(0.6)\n"
+        "@pytest.mark.slow\ndef test_sleepy_but_slow():\n    time.sleep(0.6)\n"
+    )
+
+    def run(limit: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "tests._durations", "-p", "no:cacheprovider", str(tmp_path)],
+            cwd=ROOT,
+            env={**os.environ, "RANKSCOPE_TEST_TIME_LIMIT_S": limit},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    over = run("0.5")
+    assert over.returncode == 1, over.stdout + over.stderr
+    assert "over the time limit" in over.stdout and "test_sleepy.py::test_sleepy:" in over.stdout, over.stdout
+    assert "test_sleepy_but_slow:" not in over.stdout.split("over the time limit")[1], over.stdout
+    assert "shared [module fixture of" in over.stdout, over.stdout  # listed on its own, not in the test's time
+    within = run("30")
+    assert within.returncode == 0 and "slowest" in within.stdout, within.stdout + within.stderr

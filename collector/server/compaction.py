@@ -104,6 +104,8 @@ class Compactor:
         self._settled: dict[Path, int] = {}  # partition -> dir mtime when it had nothing to merge
         self._footers_ok: set[Path] = set()  # segments whose footer was read once already
         self._stop = threading.Event()
+        # one pass at a time: the background thread's, or one asked for (``run_pass``, e.g. SIGUSR1)
+        self._pass_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="rankscope-compact", daemon=True)
         self.retention = Retention(self.data_dir, ledger, self.config)
 
@@ -122,14 +124,25 @@ class Compactor:
         except (AttributeError, OSError):
             pass
         while not self._stop.wait(self.config.interval):
+            self.run_pass()
+
+    def run_pass(self) -> int:
+        """One pass of the background thread's work (rollups, merges, retired segments deleted) on the
+        calling thread, at its priority; returns the merges made. Passes never overlap: a pass asked
+        for while the background thread is in one waits for it. The collector runs one when asked
+        (``rankscope collect`` on SIGUSR1), so an operator or a test need not wait for the next scan
+        of a thread that runs at nice +10."""
+        merges = 0
+        with self._pass_lock:
             try:
-                self.run_once()
+                merges = self.run_once()
             except Exception:  # a failed merge leaves its inputs in place; try again next scan
                 log.exception("compaction failed")
             try:
                 self.ledger.collect_garbage(self.config.delete_after_s)
             except OSError:
                 log.exception("deleting retired segments failed; trying again next scan")
+        return merges
 
     def run_once(self) -> int:
         """One pass over every partition; returns how many merges were made."""
