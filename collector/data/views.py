@@ -100,7 +100,8 @@ def view_definitions(root: str | None = "") -> dict[str, str]:
                e.ended_at, coalesce(e.status, 'running') AS status, e.dropped_records
         FROM hello h LEFT JOIN rank_ends e USING (run_id, rank)"""
     # First Hello of a run wins; a run is finished once every rank of world_size sent
-    # RunEnd(finished), failed as soon as one rank failed.
+    # RunEnd(finished), failed as soon as one rank failed, stopped (ended by its user: Ctrl-C,
+    # a stop signal) once every rank ended and one or more of them were stopped.
     views["runs"] = """
         WITH first_hello AS (
             SELECT * FROM _runs_raw
@@ -109,11 +110,14 @@ def view_definitions(root: str | None = "") -> dict[str, str]:
             SELECT run_id, count(*) AS n_ranks,
                    count(*) FILTER (WHERE status = 'failed') AS n_failed,
                    count(*) FILTER (WHERE status = 'finished') AS n_finished,
+                   count(*) FILTER (WHERE status = 'stopped') AS n_stopped,
                    max(ended_at) AS last_end
             FROM ranks GROUP BY run_id),
         judged AS (
             SELECT h.*, coalesce(p.n_ranks, 0) AS n_ranks, p.last_end,
                    CASE WHEN coalesce(p.n_failed, 0) > 0 THEN 'failed'
+                        WHEN coalesce(p.n_stopped, 0) > 0
+                             AND p.n_stopped + p.n_finished >= h.world_size THEN 'stopped'
                         WHEN coalesce(p.n_finished, 0) >= h.world_size THEN 'finished'
                         ELSE 'running' END AS status
             FROM first_hello h LEFT JOIN per_run p USING (run_id))

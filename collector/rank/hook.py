@@ -153,12 +153,15 @@ def is_attached() -> bool:
 @contextlib.contextmanager
 def attached(*args, **kwargs):
     """``attach`` (the same arguments) for the ``with`` block, then ``detach`` with the block's
-    status: finished, or failed on an exception or a non-zero ``sys.exit``."""
+    status: finished, stopped on Ctrl-C, or failed on an exception or a non-zero ``sys.exit``."""
     active = attach(*args, **kwargs)
     try:
         yield active
     except SystemExit as e:  # sys.exit(0) in a script is a normal end
         detach("finished" if e.code in (None, 0) else "failed")
+        raise
+    except KeyboardInterrupt:  # its user stopped it
+        detach("stopped")
         raise
     except BaseException:
         detach("failed")

@@ -64,6 +64,19 @@ STOP_WAIT_S = 1.0
 _session: Session | None = None
 _lock = threading.RLock()
 _failed = False  # set by the excepthook: the run ends as "failed"
+_stopped = False  # Ctrl-C, or a stop signal noted by ``note_stopped``: the run ends as "stopped"
+
+
+def note_stopped() -> None:
+    """This process was asked to stop (SIGINT, SIGTERM, SIGHUP from its user or its supervisor):
+    its run ends "stopped", not "failed", whatever it raises on the way out (a collective whose
+    peer stopped first fails). collector.tools.supervise calls it from its signal handlers."""
+    global _stopped
+    _stopped = True
+
+
+def _end_status() -> str:
+    return "stopped" if _stopped else "failed" if _failed else "finished"
 
 
 @dataclass(kw_only=True)
@@ -399,18 +412,22 @@ _hooks_installed = False
 
 
 def _install_exit_hooks() -> None:
-    """Flush at interpreter exit; a run that dies of an uncaught exception ends "failed";
-    a forked child (DataLoader worker) does not inherit the parent's session."""
+    """Flush at interpreter exit; a run that dies of an uncaught exception ends "failed", of Ctrl-C
+    (KeyboardInterrupt) "stopped"; a forked child (DataLoader worker) does not inherit the parent's
+    session."""
     global _hooks_installed
     if _hooks_installed:
         return
     _hooks_installed = True
-    atexit.register(lambda: stop("failed" if _failed else "finished"))
+    atexit.register(lambda: stop(_end_status()))
     previous = sys.excepthook
 
     def excepthook(*exc_info):
-        global _failed
-        _failed = True
+        global _failed, _stopped
+        if issubclass(exc_info[0], KeyboardInterrupt):
+            _stopped = True
+        else:
+            _failed = True
         previous(*exc_info)
 
     sys.excepthook = excepthook

@@ -9,9 +9,22 @@ shown, and shows a training progress line only every ``PROGRESS_EVERY`` steps.
 
 It trains until Ctrl-C (or ``--steps``), on a collector port and a spool dir of its
 own (a free port, a fresh temporary dir), so it neither receives nor resends other
-processes' telemetry meant for the default endpoint. After a healthy start it stages
-a fault (``--straggler``, by default rank 1 slowed by 40 ms per step from step 300),
-so the first minute shows a finding appear live and its cost rise.
+processes' telemetry meant for the default endpoint. The collector advertises its port in
+the data dir (collector.data.live_collector), so ``rankscope health|profile|stacks`` find it
+with no flag; the banner prints those lines for the demo's run. After a healthy start it stages
+a fault (``--straggler``, by default rank 1 slowed by 40 ms per step from step 300), so the
+first minutes show a finding appear live, its cost rise, and the collector's automatic
+evidence (a profile of the straggler and a reference rank) arrive; the console tells each.
+
+Stopping, whatever stops it (collector.tools.supervise):
+* Ctrl-C. Started by another program in the terminal's foreground (``make demo``), the demo makes
+  itself the terminal's foreground process group, so Ctrl-C reaches the demo and what it started,
+  not make, which then exits with the demo's 0 instead of dying of SIGINT ("Error 130").
+* SIGTERM, SIGHUP: as Ctrl-C.
+* the demo itself killed (SIGKILL, its parent gone): its collector, dashboard and torchrun get a
+  death signal from the kernel (PR_SET_PDEATHSIG), and each rank one when torchrun goes.
+Each rank notes a stop signal as its user's (collector.rank.session.note_stopped), so the run ends
+``stopped``, not ``failed``; the spool dir is removed once empty.
 """
 
 from __future__ import annotations
@@ -26,14 +39,22 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from pathlib import Path
 
+from collector.tools.commands.common import DEFAULT_DATA_DIR
 from collector.tools.launch import CollectorProcess, dashboard_command, free_port, stop_group, torchrun_command
+from collector.tools.supervise import die_with_parent
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 UNTIL_STOPPED = 10**9  # "--steps" when none is given: train until Ctrl-C
 PROGRESS_EVERY = 50
 _PROGRESS = re.compile(r"^\[\w+\] step (\d+) loss |^\[engine\] step=(\d+) ")
 _ENGINE_TIMERS = "time (ms) |"  # the engine's breakdown line, printed right after its step line
+
+
+RUN_NAME = "demo"
+EVIDENCE_POLL_S = 2.0  # how often the console looks for new evidence files (a directory listing)
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -116,19 +137,139 @@ def _stop_on(signum, _frame) -> None:
     raise _Stopped(signal.Signals(signum).name)
 
 
+class _Terminal:
+    """The terminal's foreground, taken when another program (make) started the demo in it, and
+    given back on the way out: Ctrl-C then reaches the demo's process group alone (module docstring)."""
+
+    def __init__(self) -> None:
+        self.fd = self.previous = None
+        try:
+            fd = sys.stdin.fileno()
+            if not os.isatty(fd) or os.getpgrp() == os.getpid() or os.tcgetpgrp(fd) != os.getpgrp():
+                return  # not a terminal, already a group of its own (a shell's job), or in the background
+            previous = os.getpgrp()
+            os.setpgid(0, 0)
+            self._set_foreground(fd, os.getpgrp())
+            self.fd, self.previous = fd, previous
+        except (OSError, ValueError):
+            pass
+
+    @staticmethod
+    def _set_foreground(fd: int, pgrp: int) -> None:
+        quiet = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may not set it otherwise
+        try:
+            os.tcsetpgrp(fd, pgrp)
+        finally:
+            signal.signal(signal.SIGTTOU, quiet)
+
+    def give_back(self) -> None:
+        if self.fd is not None:
+            try:
+                self._set_foreground(self.fd, self.previous)
+            except OSError:
+                pass
+            self.fd = None
+
+
+def _die_with_parent(nice: int = 0, sig: int = signal.SIGTERM):
+    """A preexec_fn: ``nice``, and ``sig`` from the kernel when the demo goes."""
+
+    def preexec() -> None:
+        if nice:
+            os.nice(nice)
+        die_with_parent(sig)
+
+    return preexec
+
+
+def _rankscope() -> str:
+    """How to call the CLI from here: this environment's ``rankscope``, as a path relative to the
+    working directory when it is below it (``.venv/bin/rankscope``)."""
+    exe = Path(sys.executable).parent / "rankscope"
+    if not exe.exists():
+        return "rankscope"
+    rel = os.path.relpath(exe)
+    return rel if not rel.startswith("..") else str(exe)
+
+
+def _demo_run_id(data_dir: str, since: float, proc: subprocess.Popen, timeout_s: float = 120.0) -> str | None:
+    """The id of the demo's run once its ranks said Hello (the newest run named RUN_NAME started
+    after ``since``), or None if the training ended or took too long."""
+    from collector.data import catalog
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            con = catalog.connect(data_dir)
+            try:
+                row = con.execute(
+                    "SELECT run_id FROM runs WHERE name = ? AND epoch(started_at::TIMESTAMPTZ) >= ? "
+                    "ORDER BY started_at DESC LIMIT 1",
+                    [RUN_NAME, since - 5],
+                ).fetchone()
+            finally:
+                con.close()
+            if row:
+                return row[0]
+        except Exception:  # the catalog not written yet, or a file compacted while read: look again
+            pass
+        time.sleep(1.0)
+    return None
+
+
+def _tell_commands(run_id: str, data_dir_flag: str, suspect: int | None, nproc: int) -> None:
+    cli = _rankscope()
+    rank = suspect if suspect is not None else min(1, nproc - 1)
+    reference = 0 if rank != 0 else 1
+    print(
+        f"[demo] run {run_id}; in another terminal (the collector is found from the data dir):\n"
+        f"  {cli} health {run_id}{data_dir_flag}\n"
+        f"  {cli} stacks {run_id} --ranks {rank}{data_dir_flag}\n"
+        f"  {cli} profile {run_id} --ranks {rank} --reference {reference} --steps 3{data_dir_flag}",
+        flush=True,
+    )
+
+
+def _watch_evidence(data_dir: str, stop: threading.Event) -> None:
+    """Tell the console each time the collector's automatic evidence lands (D/artifacts/run=*/)."""
+    root = Path(data_dir) / "artifacts"
+
+    def files() -> set[Path]:
+        try:
+            return set(root.glob("run=*/*.json.gz"))
+        except OSError:
+            return set()
+
+    seen = files()
+    while not stop.wait(EVIDENCE_POLL_S):
+        new = sorted(files() - seen)
+        seen.update(new)
+        for path in new:
+            what = path.name.removesuffix(".json.gz").rsplit("-", 2)[-2:]  # rank<R>, kind
+            print(
+                f"[demo] evidence: {' '.join(what)} captured by the collector ({path}); "
+                "Overview's evidence line links it",
+                flush=True,
+            )
+
+
 def run_demo(args: argparse.Namespace) -> int:
     # Without these the demo would die at once and leave its collector (holding the data dir) and
     # dashboard running; with them, the finally below stops them as Ctrl-C does.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop_on)
+    terminal = _Terminal()
     data_dir = os.path.abspath(args.data_dir)
+    data_dir_flag = "" if os.path.abspath(DEFAULT_DATA_DIR) == data_dir else f" --data-dir {args.data_dir}"
     os.makedirs(data_dir, exist_ok=True)
     collector = dashboard = train_proc = once = None
+    watching = threading.Event()
     spool_dir = tempfile.mkdtemp(prefix="rankscope-demo-spool-")
     steps = args.steps or UNTIL_STOPPED
+    stopped_by = None
     try:
         try:
-            collector = CollectorProcess(data_dir, port=args.port)
+            collector = CollectorProcess(data_dir, port=args.port, auto_profile=True, preexec_fn=_die_with_parent())
         except RuntimeError as exc:
             print(
                 f"[demo] the collector did not start on port {args.port}: {exc}\n"
@@ -137,7 +278,11 @@ def run_demo(args: argparse.Namespace) -> int:
             )
             return 1
         endpoint = collector.address
-        print(f"[demo] collector: {endpoint} (a port of its own; data in {data_dir})", flush=True)
+        print(
+            f"[demo] collector: {endpoint} (a port of its own, advertised in {data_dir}/collector.json; "
+            "automatic evidence on)",
+            flush=True,
+        )
         print(f"[demo] spool dir: {spool_dir} (the ranks' own, for what the collector has not acked)", flush=True)
         if not args.no_dashboard:
             port = _port_or_free(args.dashboard_port)
@@ -145,19 +290,25 @@ def run_demo(args: argparse.Namespace) -> int:
                 dashboard_command(data_dir, port=port),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent(),
             )
             print(f"[demo] dashboard: http://127.0.0.1:{port}", flush=True)
         extra = []
         fault = args.straggler if args.straggler and args.straggler.lower() != "none" else None
+        suspect = None
         if fault:
             rank, ms, first = parse_straggler(fault)
             if rank >= args.nproc or first >= steps:
                 fault = None
             else:
                 extra = ["--straggler", fault]
+                suspect = rank
+        # Each rank under collector.tools.supervise: it stops when torchrun goes, and a stop signal
+        # ends its run "stopped".
         train = torchrun_command(
             args.nproc,
             "-m",
+            "collector.tools.supervise",
             "trainer.examples.gpt",
             "--config",
             args.config or EXAMPLE_CONFIG,
@@ -169,7 +320,7 @@ def run_demo(args: argparse.Namespace) -> int:
         env = dict(
             os.environ,
             RANKSCOPE_ENDPOINT=endpoint,
-            RANKSCOPE_RUN="demo",
+            RANKSCOPE_RUN=RUN_NAME,
             RANKSCOPE_SPOOL_DIR=spool_dir,
             OMP_NUM_THREADS="1",
         )
@@ -187,9 +338,11 @@ def run_demo(args: argparse.Namespace) -> int:
         if fault:
             print(
                 f"[demo] staged fault: from step {first}, rank {rank} waits {ms:g} ms before each forward "
-                "(a straggler); watch Overview's Health name it and its cost rise, and the Stragglers page",
+                "(a straggler); the console says when it starts, Overview's Health names it and its cost, "
+                "and the collector profiles it and a reference rank on its own (an 'evidence:' line here)",
                 flush=True,
             )
+        started = time.time()
         # Its own session: Ctrl-C reaches the demo alone, which stops the training quietly (the
         # ranks' KeyboardInterrupt tracebacks would bury the console) and exits 0.
         proc = train_proc = subprocess.Popen(
@@ -200,18 +353,23 @@ def run_demo(args: argparse.Namespace) -> int:
             text=True,
             bufsize=1,
             start_new_session=True,
-            # the ranks (torchrun's children) inherit it; priority only, never speed the run cannot use
-            preexec_fn=(lambda: os.nice(args.training_nice)) if args.training_nice else None,
+            # the ranks (torchrun's children) inherit the niceness: priority only, never speed the
+            # run cannot use; torchrun gets SIGINT when the demo goes, and stops its ranks
+            preexec_fn=_die_with_parent(args.training_nice, signal.SIGINT),
         )
         once = OnceFilter(sys.stdout, last_step=None if steps == UNTIL_STOPPED else steps)
         pump = threading.Thread(target=once.pump, args=(proc.stdout,), daemon=True)
         pump.start()
+        threading.Thread(target=_watch_evidence, args=(data_dir, watching), daemon=True).start()
+        run_id = _demo_run_id(data_dir, started, proc)
+        if run_id is not None:
+            _tell_commands(run_id, data_dir_flag, suspect, args.nproc)
         rc = proc.wait()
         pump.join(timeout=5)
+        health = f"  {_rankscope()} health {RUN_NAME}{data_dir_flag}\n" if run_id is None else ""
         print(
-            f"[demo] training finished (exit {rc}); try:\n"
-            f"  .venv/bin/rankscope health demo --data-dir {args.data_dir}\n"
-            f"  .venv/bin/rankscope sql --data-dir {args.data_dir} "
+            f"[demo] training finished (exit {rc}); try:\n{health}"
+            f"  {_rankscope()} sql{data_dir_flag} "
             f'"select op, count(*) n, round(avg(busbw_gbs), 3) busbw from comm group by op"',
             flush=True,
         )
@@ -225,12 +383,20 @@ def run_demo(args: argparse.Namespace) -> int:
         # a normal end, exit 0, so that `make demo` does not report "Error 130" for it.
         if once is not None:
             once.muted = True
-        how = stopped if isinstance(stopped, _Stopped) else "Ctrl-C"
-        print(f"\n[demo] stopped ({how}); the run so far is in the data dir.", flush=True)
+        stopped_by = stopped if isinstance(stopped, _Stopped) else "Ctrl-C"
+        print(f"\n[demo] stopping ({stopped_by}): the training, then the dashboard and the collector ...", flush=True)
         return 0
     finally:
+        # a second Ctrl-C while stopping must not leave the collector or the spool dir behind
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        watching.set()
         stop_group(train_proc)
         _stop(dashboard)
         if collector is not None:
             collector.stop()
         _drop_spool(spool_dir)
+        terminal.give_back()
+        if stopped_by is not None:
+            print(
+                f"[demo] stopped ({stopped_by}); the run so far is in the data dir, its status 'stopped'.", flush=True
+            )

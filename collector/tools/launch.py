@@ -92,13 +92,20 @@ class CollectorProcess:
     collector from another source tree (a benchmark's baseline: another commit, exported).
     It profiles no rank unless ``auto_profile`` (``collect --no-auto-profile``; a ``tree`` keeps its
     own default, an older commit may not know the flag): a capture changes the profiled ranks' steps,
-    which the tests and benchmarks that start it measure.
+    which the tests and benchmarks that start it measure. ``preexec_fn`` runs in the child before
+    the collector starts (the demo's ``supervise.die_with_parent``).
     Raises RuntimeError with the collector's stderr if it exits before listening."""
 
     _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
 
     def __init__(
-        self, data_dir, *args: str, port: int = 0, tree: Path | None = None, auto_profile: bool = False
+        self,
+        data_dir,
+        *args: str,
+        port: int = 0,
+        tree: Path | None = None,
+        auto_profile: bool = False,
+        preexec_fn=None,
     ) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")
         env = None
@@ -113,6 +120,7 @@ class CollectorProcess:
             text=True,
             cwd=tree,
             env=env,
+            preexec_fn=preexec_fn,
         )
         line = self.proc.stdout.readline()
         match = self._LISTENING.match(line)

@@ -54,7 +54,7 @@ def silent_ranks(liveness: pd.DataFrame) -> list[Finding]:
     quiet = (open_.behind_s > limit) | (open_.silent_s > limit + DELIVERY_GRACE_S)
     # gone: its stream closed without RunEnd; or quiet by the reader's clock, grace included,
     # while the rest of the run has ended (a rank whose own RunEnd is still on its way is not)
-    run_over = open_.run_status.isin(["finished", "failed"])
+    run_over = open_.run_status.isin(["finished", "failed", "stopped"])
     stopped = open_[open_.gone.astype(bool) | (run_over & (open_.silent_s > limit + DELIVERY_GRACE_S))]
     silent = open_[~open_.index.isin(stopped.index) & quiet]
     found = []

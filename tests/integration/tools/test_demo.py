@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 from collector.data import catalog
 from tests.integration._demo import start_demo
@@ -84,6 +86,16 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
     assert rc == 0, text
     assert "[demo] stopped (Ctrl-C)" in text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    spool = re.search(r"\[demo\] spool dir: (\S+)", text)
+    assert spool and not os.path.exists(spool[1]), f"the spool dir is left behind: {spool and spool[1]}"
+    assert not (tmp_path / "data" / "collector.json").exists(), "the demo's collector did not withdraw its endpoint"
+    con = catalog.connect(tmp_path / "data")
+    try:
+        ended = con.execute("SELECT status FROM runs").fetchall()
+        ranks = con.execute("SELECT rank, status FROM ranks ORDER BY rank").fetchall()
+    finally:
+        con.close()
+    assert ended == [("stopped",)], f"a run its user stopped must read 'stopped': {ended}, ranks {ranks}"
 
 
 def test_sigterm_ends_the_demo_and_everything_it_started(tmp_path):
@@ -143,3 +155,75 @@ def _descendants(root: int) -> list[tuple[int, str, int]]:
             out.append((child, cmd[child], nice[child]))
             todo.append(child)
     return out
+
+
+def test_the_demo_killed_takes_everything_it_started_with_it(tmp_path):
+    """The demo's parent gone and the demo with it (SIGKILL: no handler runs): the kernel's death
+    signals stop its collector, dashboard and torchrun, and torchrun's going stops each rank (before,
+    the 4 ranks trained on for minutes, spooling into /tmp)."""
+    proc = start_demo(tmp_path / "data", "--nproc", "2", "--steps", "100000", "--port", "0", cwd=tmp_path)
+    started = []
+    try:
+        for line in proc.stdout:
+            if "step 1 loss" in line:
+                break
+        started = _descendants(proc.pid)
+        assert any("collector.tools.supervise" in cmd for _, cmd, _ in started), started
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        left = _wait_all_gone([pid for pid, _, _ in started], timeout_s=90)
+        assert left == [], f"still running 90 s after the demo was killed: {[c for p, c, _ in started if p in left]}"
+    finally:
+        for pid in [pid for pid, _, _ in started]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_in_make_demo_exits_0(tmp_path):
+    """`make demo`, Ctrl-C typed in its terminal (a pty here: the line discipline sends SIGINT to the
+    terminal's foreground process group). The demo takes that foreground from make, so make is not
+    interrupted and ends with the demo's exit 0, not "Error 130"."""
+    import pty
+
+    (tmp_path / "Makefile").write_text(
+        f"demo:\n\t{sys.executable} -m collector.tools.cli demo --data-dir data --nproc 2 --steps 100000 "
+        "--no-dashboard --port 0\n"
+    )
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: make, the session leader on the pty, as in a terminal
+        os.chdir(tmp_path)
+        os.execvp("make", ["make", "-s", "demo"])
+    seen = b""
+    try:
+        while b"step 1 loss" not in seen:
+            chunk = _read(fd)
+            assert chunk, f"make demo ended before training: {seen.decode(errors='replace')}"
+            seen += chunk
+        os.write(fd, b"\x03")  # Ctrl-C
+        while chunk := _read(fd):
+            seen += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, f"make demo ended {os.waitstatus_to_exitcode(status)}: {text}"
+    assert "[demo] stopped (Ctrl-C)" in text and "Error" not in text, text
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: every process holding the pty's other end has exited
+        return b""
+
+
+def _wait_all_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if _alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.5)
+    return [pid for pid in pids if _alive(pid)]
