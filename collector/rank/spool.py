@@ -318,6 +318,10 @@ def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path
         return {}
     ensure_private(directory)
     host = local_host_id()
+    for tmp in directory.glob(f"*{SUFFIX}.tmp"):  # a writer killed mid-write: never a spool file, never resent
+        owner_host, pid, _ = ([*client_id_of(tmp).rsplit(".", 2), "", ""])[:3]
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)) and _owned_file(tmp):
+            tmp.unlink(missing_ok=True)
     out: dict[str, list[Path]] = {}
     abandoned = (
         [p for p in directory.glob(f"*{SUFFIX}{CLAIM_MARK}*") if _claimer_gone(p, host)] if directory.is_dir() else []
