@@ -6,17 +6,24 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 DATA    ?= rankscope-data
 
-.PHONY: all install stubs native ds-venv test test-unit lint format demo bench sample-runs soak clean
+.PHONY: all install stubs native ds-venv test test-unit lint docs format demo bench sample-runs soak clean
 
 all: install
 
+# pip's own output goes to $(INSTALL_LOG); the console gets a line per step, and the log's tail and
+# its name when a step fails.
+INSTALL_LOG := .venv/install.log
+QUIETLY = >>$(INSTALL_LOG) 2>&1 || { tail -n 30 $(INSTALL_LOG); echo "make: the install failed; pip's output is in $(INSTALL_LOG)"; exit 1; }
+
 $(STAMP): pyproject.toml constraints.txt setup.py
-	python3 -m venv .venv
-	$(PIP) install --quiet --upgrade pip
-	# the build's own requirements, pinned, then the package built with them (no isolated build env)
-	$(PIP) install --quiet -c constraints.txt setuptools grpcio-tools
-	$(PIP) install --quiet --no-build-isolation -c constraints.txt -e '.[all,test]'
-	touch $(STAMP)
+	@echo "make: setting up .venv (pinned by constraints.txt; pip's output in $(INSTALL_LOG)) ..."
+	@python3 -m venv .venv && : > $(INSTALL_LOG)
+	@$(PIP) install --upgrade pip $(QUIETLY)
+	@# the build's own requirements, pinned, then the package built with them (no isolated build env)
+	@$(PIP) install -c constraints.txt setuptools grpcio-tools $(QUIETLY)
+	@$(PIP) install --no-build-isolation -c constraints.txt -e '.[all,test]' $(QUIETLY)
+	@touch $(STAMP)
+	@echo "make: .venv ready"
 
 install: $(STAMP) stubs
 
@@ -36,9 +43,9 @@ ds-venv: install
 	-$(PY) -m benches._deepspeed_venv
 
 # Both tiers (tests/unit, tests/integration) and the house checks in tests/, all but the slow tests.
-# The three set-up steps are independent (a compiler, ruff, pip): they run side by side.
+# The set-up steps are independent (a compiler, ruff, pip, mkdocs): they run side by side.
 test: install
-	$(MAKE) --no-print-directory -j3 native lint ds-venv
+	$(MAKE) --no-print-directory -j4 native lint ds-venv docs
 	$(PY) -m pytest -q -m "not slow" tests
 
 # The unit tier alone (pure functions: no process, socket, browser or process group; tests/unit/conftest.py
@@ -55,6 +62,11 @@ test-stress: install native
 lint: install
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+
+# The docs site (mkdocs.yml): --strict fails on a broken link or anchor, a page left out of the nav,
+# and the generated CLI and config-key references (docs/hooks/reference.py) are built from the code.
+docs: install
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site
 
 format: install
 	.venv/bin/ruff check --fix .
