@@ -17,7 +17,12 @@ users write), then `rankscope health RUN --json` as a user runs it:
 - ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks (and a slow host link at 1,024);
 - ``hosts``: collector/testing/workloads/hosts_train.py over 2 or 3 "hosts" (network namespaces,
   collector.testing.multihost; skipped where namespaces cannot be made), one host's link throttled
-  with tc tbf from a loop index (and restored at another), or a compute straggler;
+  with tc tbf from a loop index (and restored at another), or a compute straggler; cases whose
+  args start with ``world`` run collector/testing/workloads/world_train.py instead: plain DDP or
+  FSDP2 over the world group only (1 or 4 ranks a host, 2 to 4 hosts), as most jobs are written.
+  Multi-host runs are also scored apart: slow-link and straggler F1 over them alone, where the
+  slow link was put (its host named alone and right / an honest "or" that holds it / wrong) and
+  its detection delay in steps;
 - ``sample``: the archived sample runs (sample_runs/).
 Live faults (hang, crash, desync) are polled from the fault's own timestamp (the rank writes it
 when it injects) until the expected finding appears; the delay is the time to detect. The poll
@@ -111,6 +116,8 @@ class Outcome:
     onset_error: int | None = None
     median_step_ms: float | None = None  # step times the script measured (the first 2 left out)
     link_rise_ms: float | None = None  # hosts: the median step's rise while the link was throttled
+    localised: str | None = None  # hosts, throttled: the link's host named "alone", among an "or", or "wrong"
+    delay_steps: int | None = None  # hosts, throttled: the slow link's detection step less its onset
     mean_step_ms: float | None = None
     seconds: float = 0.0
     health_s: float | None = None  # `rankscope health` on the finished run (a fresh process)
@@ -244,6 +251,29 @@ def cases() -> list[Case]:
         Case("hosts2x2-healthy", "hosts", ("2", "2", "-"), ranks=4),
         Case("hosts2x2-straggler", "hosts", ("2", "2", "-", "--fault", "sleep:3:60@15"), (Expect(S, (3,)),), 4),
     ]
+    # the world group only (issue 43): any ranks for the slow link's F1 (an honest "or" names every
+    # host's ranks), where it was put scored apart (Outcome.localised)
+    world_link = Expect(link, None, onset=21)
+    world = [
+        ("ddp3x1-throttled-host1", "ddp", 3, 1, "1:80mbit@20", (world_link,)),
+        ("ddp3x1-throttled-host0", "ddp", 3, 1, "0:80mbit@20-45", (world_link,)),
+        ("ddp3x1-throttled-host2", "ddp", 3, 1, "2:80mbit@20", (world_link,)),
+        ("ddp2x1-throttled", "ddp", 2, 1, "1:80mbit@20", (world_link,)),
+        ("ddp4x1-throttled", "ddp", 4, 1, "3:80mbit@20", (world_link,)),
+        ("ddp2x4-throttled", "ddp", 2, 4, "1:80mbit@20", (world_link,)),
+        ("ddp3x4-throttled", "ddp", 3, 4, "2:80mbit@20", (world_link,)),
+        ("fsdp2x2-throttled", "fsdp2", 2, 2, "0:120mbit@20", (world_link,)),
+        ("fsdp3x1-throttled", "fsdp2", 3, 1, "1:120mbit@20", (world_link,)),
+        ("ddp3x1-healthy", "ddp", 3, 1, "-", ()),
+        ("ddp2x4-healthy", "ddp", 2, 4, "-", ()),
+        ("fsdp2x2-healthy", "fsdp2", 2, 2, "-", ()),
+        ("ddp3x1-straggler", "ddp", 3, 1, "-", (Expect(S, (2,)),), "sleep:2:60@15"),
+        ("ddp2x4-straggler", "ddp", 2, 4, "-", (Expect(S, (5,)),), "sleep:5:60@15"),
+        ("fsdp2x2-straggler", "fsdp2", 2, 2, "-", (Expect(S, (1,)),), "sleep:1:60@15"),
+    ]
+    for name, mode, n_hosts, per_host, spec, expect, *fault in world:
+        args = ("world", str(n_hosts), str(per_host), spec, "--mode", mode, *(("--fault", fault[0]) if fault else ()))
+        hosts.append(Case(f"world-{name}", "hosts", args, expect, ranks=n_hosts * per_host))
     sample = [
         Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4, quick=True),
         Case(
@@ -508,11 +538,14 @@ def run_simulated(case: Case, work: Path) -> Outcome:
 def run_hosts(case: Case, work: Path) -> Outcome:
     from collector.testing import multihost
 
-    n_hosts, per_host, spec, *args = case.args
+    workload, given = multihost.WORKLOAD, case.args
+    if given[0] == "world":  # the world group only; ~2 MiB of gradients, so an 80 Mbit/s link shows
+        workload, given = multihost.WORLD_WORKLOAD, (*given[1:], "--width", "256", "--layers", "8")
+    n_hosts, per_host, spec, *args = given
     throttle = None if spec == "-" else multihost.Throttle.parse(spec)
     run = multihost.train_on_hosts(
         work / case.name, hosts=int(n_hosts), ranks_per_host=int(per_host), steps=55, name=case.name,
-        throttle=throttle, workload_args=tuple(args),
+        throttle=throttle, workload_args=tuple(args), workload=workload,
     )  # fmt: skip
     outcome = Outcome(case)
     times = run.step_times[2:]
@@ -523,7 +556,37 @@ def run_hosts(case: Case, work: Path) -> Outcome:
         during = t[throttle.from_step + 2 : end]
         outcome.link_rise_ms = 1e3 * (statistics.median(during) - statistics.median(t[5 : throttle.from_step]))
     outcome.found = health(run.data_dir, case.name)
+    links = [f for f in outcome.found if f["kind"] == "slow_link"]
+    if throttle is not None and links:
+        right, named = f"host-{throttle.host}", links[0]["evidence"]["hosts"]
+        outcome.localised = "alone" if named == [[right]] else "or" if [right] in named else "wrong"
+        outcome.delay_steps = int(links[0]["evidence"]["detected_step"]) - (throttle.from_step + 1)
     return outcome
+
+
+def multihost_table(outcomes: list[Outcome]) -> str:
+    """Slow-link and straggler F1 over the multi-host runs alone, where the link was put, and how
+    many steps after its onset it was found."""
+    hosts = [o for o in outcomes if o.case.source == "hosts"]
+    if not hosts:
+        return ""
+    lines = ["| class (multi-host runs) | cases | TP | FP | FN | F1 |", "|---|---:|---:|---:|---:|---:|"]
+    for cls in ("slow_link", S):
+        tp = sum(1 for o in hosts for e, _ in o.tp if e.cls == cls)
+        fp = sum(1 for o in hosts for f in o.fp if CLASSES.get(f["kind"], f["kind"]) == cls)
+        fn = sum(1 for o in hosts for e in o.fn if e.cls == cls)
+        cases = sum(1 for o in hosts if any(e.cls == cls for e in o.case.expect))
+        f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0
+        lines.append(f"| {cls} | {cases} | {tp} | {fp} | {fn} | {f1:.2f} |")
+    placed = [o.localised for o in hosts if o.localised is not None]
+    delays = sorted(o.delay_steps for o in hosts if o.delay_steps is not None)
+    lines.append("")
+    lines.append(
+        f"Where the slow link was put ({len(placed)} runs that found one): its host named alone "
+        f'{placed.count("alone")}, an honest "or" that holds it {placed.count("or")}, wrong {placed.count("wrong")}. '
+        + (f"Detection delay: median {statistics.median(delays):g} steps, max {delays[-1]} steps." if delays else "")
+    )
+    return "\n".join(lines)
 
 
 def _step_time(outcome: Outcome, out: Path) -> None:
@@ -696,6 +759,8 @@ def report(outcomes: list[Outcome], wall_s: float) -> str:
             or "nothing"
         )
         verdict = "ok" if not o.fp and not o.fn else f"{len(o.fp)} FP, {len(o.fn)} FN"
+        if o.localised is not None:
+            verdict += f" (link's host: {o.localised}, +{o.delay_steps} steps)"
         det = f"{o.detect_s:.1f} s" if o.detect_s is not None else ""
         cost = f"{100 * o.cost_error:.0f}%" if o.cost_error is not None else ""
         onset = f"{o.onset_error:+d}" if o.onset_error is not None else ""
@@ -713,7 +778,9 @@ def report(outcomes: list[Outcome], wall_s: float) -> str:
         if costs
         else ""
     )
-    return head + text + "\n\n## Per case\n\n" + "\n".join(rows) + "\n" + hop_table(outcomes)
+    multi = multihost_table(outcomes)
+    multi = f"\n\n## Multi-host runs\n\n{multi}" if multi else ""
+    return head + text + multi + "\n\n## Per case\n\n" + "\n".join(rows) + "\n" + hop_table(outcomes)
 
 
 HOPS = (

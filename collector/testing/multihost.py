@@ -33,7 +33,9 @@ from collector.data import queries
 from collector.testing import netns
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOAD = REPO / "collector" / "testing" / "workloads" / "hosts_train.py"
+WORKLOADS = REPO / "collector" / "testing" / "workloads"
+WORKLOAD = WORKLOADS / "hosts_train.py"
+WORLD_WORKLOAD = WORKLOADS / "world_train.py"  # plain DDP / FSDP2 over the world group only
 COLLECTOR_PORT = 50051  # the collector's namespace is its own: no port to share
 MASTER_PORT = 29500
 
@@ -76,11 +78,14 @@ def train_on_hosts(
     timeout_s: float = 600,
     auto_profile: bool = False,
     raw_every: int = 0,
+    workload: Path = WORKLOAD,
 ) -> HostsRun:
     """``auto_profile``: let the collector profile the suspects of its live findings (off: a profiled
     rank's steps are not the run's, and the slow-link tests check a cost against step times);
     ``raw_every``: the collector's retention (``collect --raw-every``), and it is stopped only once
-    retention has rolled up the run's last step (what it thins is then thinned)."""
+    retention has rolled up the run's last step (what it thins is then thinned); ``workload``: the
+    training script (hosts_train.py's groups inside and across hosts, or WORLD_WORKLOAD's world
+    group only; both take --ranks-per-host, --steps, --control/--pause-at)."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"
     world = hosts * ranks_per_host
@@ -117,7 +122,7 @@ def train_on_hosts(
                     RANKSCOPE_RUN=name,
                     RANKSCOPE_SPOOL_DIR=str(work / "spool"),
                 )
-                argv = [sys.executable, "-m", "collector.hook", str(WORKLOAD), str(out)]
+                argv = [sys.executable, "-m", "collector.hook", str(workload), str(out)]
                 argv += ["--ranks-per-host", str(ranks_per_host), "--steps", str(steps), *workload_args]
                 if actions:
                     argv += ["--control", str(control), "--pause-at", steps_control.pause_at]

@@ -66,6 +66,10 @@ MIN_EPISODE_STEPS = 3
 # a link's cost must be at least this much per step, and this share of the step, to be named
 MIN_COST_MS = 1.0
 MIN_COST_SHARE = 0.05
+# Without groups inside hosts (the world group only): a host whose busy time per step (step less
+# communication) rose by more than this share of the link's cost per step slowed itself (CPU
+# contention slows transfers and compute alike), so no link is named.
+MAX_BUSY_RISE = 0.25
 
 
 @dataclass
@@ -283,8 +287,8 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
         return None
     if any(len(hosts_of[g]) < 2 for g in slowed):
         return None  # groups inside a host slowed too: not a link
-    if not any(len(hosts_of[g]) < 2 for g in unchanged):
-        return None  # nothing shows the hosts themselves kept their speed
+    if any(len(hosts_of[g]) < 2 for g in ratio.index) and not any(len(hosts_of[g]) < 2 for g in unchanged):
+        return None  # groups inside hosts exist and none shows the hosts themselves kept their speed
     cleared = set().union(*(hosts_of[g] for g in unchanged if len(hosts_of[g]) > 1)) if unchanged else set()
     covers = _smallest_covers([hosts_of[g] - cleared for g in slowed])
     if not covers:
@@ -308,12 +312,26 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     if by_step.empty:
         return None
     cost = float(by_step.groupby(level=1).max().mean())
+    inside = any(len(hosts_of[g]) < 2 for g in ratio.index)
+    if not inside:
+        # the world group only: DDP's buckets and FSDP's prefetches are async collectives in flight
+        # together, each counting the time the link took for all of them; the step lost at most
+        # what its ranks' transfer, as a union of their communication less their waiting, grew
+        grew = transfer_growth(steps, onset, stop)
+        cost = min(cost, grew) if grew is not None else cost
     step_ms = None
     if steps is not None and not steps.empty and "step_ms" in steps:
         before = steps[(steps.step < onset) & (steps.step > steps.step.min())]
         step_ms = float(before.groupby("step").step_ms.median().median()) if not before.empty else None
     if cost < MIN_COST_MS or (step_ms and cost < MIN_COST_SHARE * step_ms):
         return None
+    busy = None
+    if not inside:
+        # no group inside a host to show the hosts kept their speed (the world group only, as plain
+        # DDP/FSDP run): their compute must have, on every host, while the transfer grew
+        busy = busy_before_after(steps, host_of, onset, stop)
+        if busy is None or any(after - before > MAX_BUSY_RISE * cost for before, after in busy.values()):
+            return None
 
     # the sentence's numbers: the busiest slowed class, its busbw before and during
     rows = t[t.group_name.isin(slowed) & (t.step >= onset) & (t.step < stop)]
@@ -332,7 +350,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     text = (
         f"{op} busbw on groups spanning {spanning} fell {fell:.1f}x at step {onset} "
         f"({before_gbs:.2g} -> {after_gbs:.2g} GB/s{' calibrated before' if swept else ''}); "
-        f"groups inside hosts unchanged: {where}; "
+        f"{_control_words(busy)}: {where}; "
         f"costs {duration(cost)} per step"
     )
     if step_ms:
@@ -369,11 +387,56 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
             "unchanged_groups": len(unchanged),
             "affected_ranks": affected,
             "expected_from": "calibration" if swept else "run",
+            "control": "host groups" if busy is None else "compute",
+            "busy_ms": {h: [round(b, 2), round(a, 2)] for h, (b, a) in busy.items()} if busy else None,
             "telemetry_jitter_ms": side.jitter_ms if side is not None else None,
             "telemetry_jitter_z": side.z if side is not None else None,
         },
         page="comms",
     )
+
+
+def transfer_growth(steps: pd.DataFrame | None, onset: int, stop: int) -> float | None:
+    """How much the ranks' transfer per step (their communication less waiting, each a union over
+    the step's collectives) grew over [onset, stop) from the HISTORY_STEPS steps before: the per
+    step maximum over ranks, mean during less median before. None without step analysis."""
+    if steps is None or steps.empty or not {"comm_ms", "waiting_ms"} <= set(steps.columns):
+        return None
+    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
+    per_step = (s.comm_ms - s.waiting_ms.fillna(0.0)).groupby(s.step).max()
+    before = per_step[(per_step.index < onset) & (per_step.index >= onset - HISTORY_STEPS)]
+    during = per_step[(per_step.index >= onset) & (per_step.index < stop)]
+    if len(before) < MIN_EPISODE_STEPS or len(during) < MIN_EPISODE_STEPS:
+        return None
+    return max(0.0, float(during.mean() - before.median()))
+
+
+def busy_before_after(
+    steps: pd.DataFrame | None, host_of: dict[int, str], onset: int, stop: int
+) -> dict[str, tuple[float, float]] | None:
+    """Per host, its ranks' typical busy time per step (step less communication: compute and
+    whatever else is not a collective) over the HISTORY_STEPS steps before ``onset`` (warm-up left
+    out) and over [onset, stop). None without step analysis or steps on both sides."""
+    if steps is None or steps.empty or not {"step_ms", "comm_ms"} <= set(steps.columns):
+        return None
+    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
+    s = s.assign(busy=s.step_ms - s.comm_ms, host=s["rank"].map(host_of))
+    before = s[(s.step < onset) & (s.step >= onset - HISTORY_STEPS)]
+    during = s[(s.step >= onset) & (s.step < stop)]
+    if before.step.nunique() < MIN_EPISODE_STEPS or during.step.nunique() < MIN_EPISODE_STEPS:
+        return None
+    b = before.groupby(["host", "step"]).busy.median().groupby(level="host").median()
+    a = during.groupby(["host", "step"]).busy.median().groupby(level="host").median()
+    return {str(h): (float(b[h]), float(a[h])) for h in b.index.intersection(a.index)} or None
+
+
+def _control_words(busy: dict[str, tuple[float, float]] | None) -> str:
+    """What shows the hosts themselves kept their speed."""
+    if busy is None:
+        return "groups inside hosts unchanged"
+    before = np.median([b for b, _ in busy.values()])
+    after = np.median([a for _, a in busy.values()])
+    return f"compute on every host unchanged ({duration(before)} -> {duration(after)} a step)"
 
 
 def _smallest_covers(sets: list[frozenset]) -> list[frozenset]:

@@ -20,7 +20,13 @@ from collector.data.schema import STEP_ANALYSIS_SCHEMA
 #   imposed_ms    the wait this rank imposed on the others by arriving last: per instance, the
 #                 span from the second-latest arrival to its own (what the step would have saved
 #                 had it come with the others), combined over the instances of the step it was
-#                 last at as a union (concurrent async collectives hold the others once);
+#                 last at as a union (concurrent async collectives hold the others once). Less
+#                 the part of that span its own previous collective was still in flight, where
+#                 that one had ended when it arrived (it may have held the rank; one still in
+#                 flight at its arrival was async and left the rank free): a rank that leaves a
+#                 collective last (in a ring the ranks finish at different times, and a slow link
+#                 stretches that) arrives last at the next one through no compute of its own;
+#                 the network, not the rank, held the others;
 #   late_op       the op where it imposed the longest wait;
 #   held_ms       per step (the same on every rank's row), the union of every rank's imposed
 #                 waits: step time less held_ms is the "what-if" step without late arrivals.
@@ -73,13 +79,19 @@ def _step_analysis_body(timed: bool) -> str:
     compute = ", ".join(f"'{name}'" for name in COMPUTE_TIMERS)
     return f"""
     win AS (SELECT rank, step, min(start_ns) AS w0, max(end_ns) AS w1 FROM {span_of} GROUP BY rank, step),
+    cp AS (SELECT *, max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns, end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM c),
     cw AS MATERIALIZED (
-        SELECT c.rank, c.step, c.group_name, c.seq, c.op, c.start_ns,
+        SELECT c.rank, c.step, c.group_name, c.seq, c.op, c.start_ns, c.prev_end,
                greatest(c.start_ns, w.w0) AS s, least(c.end_ns, w.w1) AS e
-        FROM c JOIN win w ON c.rank = w.rank AND c.step = w.step
+        FROM cp c JOIN win w ON c.rank = w.rank AND c.step = w.step
         WHERE c.end_ns > w.w0 AND c.start_ns < w.w1),
     inst AS MATERIALIZED ({
-        instances_sql("cw", runner_up=True, extra=("any_value(step) AS step", "any_value(op) AS op"))
+        instances_sql(
+            "cw",
+            runner_up=True,
+            extra=("any_value(step) AS step", "any_value(op) AS op", "arg_max(prev_end, start_ns) AS last_prev_end"),
+        )
     }),
     iv AS (
         SELECT cw.rank, cw.step, true AS is_comm, cw.s, cw.e,
@@ -101,7 +113,10 @@ def _step_analysis_body(timed: bool) -> str:
         )
     }),
     late AS MATERIALIZED (
-        SELECT step, last_rank AS rank, op, runner_up_ns AS s, last_ns AS e FROM inst WHERE n_ranks > 1),
+        SELECT step, last_rank AS rank, op,
+               CASE WHEN last_prev_end <= last_ns THEN greatest(runner_up_ns, last_prev_end)
+                    ELSE runner_up_ns END AS s, last_ns AS e
+        FROM inst WHERE n_ranks > 1),
     imposed AS ({_union_lengths("rank, step", "late", {"late": (None, "e")})}),
     late_op AS (SELECT rank, step, arg_max(op, e - s) AS op FROM late GROUP BY rank, step),
     held AS ({_union_lengths("step", "late", {"late": (None, "e")})})

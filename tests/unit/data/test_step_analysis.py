@@ -129,3 +129,19 @@ def test_unions_match_a_brute_force_reference_on_random_steps():
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=1e-3), key
     assert (df.comm_ms <= df.step_ms + 1e-9).all()
+
+
+def test_a_rank_late_only_because_its_previous_collective_ended_late_imposes_nothing():
+    # Ring order / a slow link: rank 2 leaves all_reduce 0 last (at 60, the others at 30) and enters
+    # all_reduce 1 as soon as it can (61, the others at 31): the network held it, not its compute.
+    # Rank 1 in a second step leaves on time (30) and then computes 25 ms longer: that is its own.
+    timers = timer_table([(r, s, "step", 100 * s, 100 * s + 100) for r in range(3) for s in (1, 2)])
+    rows = []
+    for r, end in ((0, 30), (1, 30), (2, 60)):
+        rows += [(r, 1, "w", 0, "all_reduce", 110, 100 + end), (r, 1, "w", 1, "all_reduce", 101 + end, 170)]
+    for r, late in ((0, 0), (1, 25), (2, 0)):
+        rows += [(r, 2, "w", 2, "all_reduce", 210, 230), (r, 2, "w", 3, "all_reduce", 231 + late, 270)]
+    df = queries.step_analysis_of(comm_table(rows), timers).set_index(["step", "rank"])
+    # arrived at 161, 30 ms after the runner-up, its previous one ended at 160: 1 ms is its own
+    assert df.loc[(1, 2), "imposed_ms"] == pytest.approx(1)
+    assert df.loc[(2, 1), "imposed_ms"] == pytest.approx(25)  # left at 230, came at 256 (runner-up 231)

@@ -270,3 +270,42 @@ def test_calibrated_times_interpolate_between_sizes_and_cover_nothing_else():
     assert got[:2] == pytest.approx([2.0, 1.0])  # log-log between 1 and 4 ms: 2 MiB takes 2 ms
     assert np.isnan(got[2:]).all()  # past the sizes swept, another op, another span
     assert calibration.family("_reduce_scatter_base") == "reduce_scatter" and calibration.family("barrier") is None
+
+
+def world_only(slow_from: int, factor: float, busy_factor: float = 1.0, steps: int = 50, seed: int = 0):
+    """A plain DDP job's frames: 3 hosts, one rank each, the world group only; its all_reduce's
+    transfer (15 ms) x ``factor`` from step ``slow_from`` and each rank's busy time (40 ms) x
+    ``busy_factor`` from then (a host's own slowdown, not its link's)."""
+    rng = np.random.default_rng(seed)
+    at = np.arange(1, steps + 1)
+    slow = at >= slow_from
+    transfer = 15.0 * np.where(slow, factor, 1.0) * rng.uniform(0.95, 1.05, steps)
+    transfers = pd.DataFrame(
+        {"group_name": "world", "step": at, "op": "all_reduce", "bytes": 2 << 20, "transfer_ms": transfer, "n": 1}
+    )
+    members = pd.DataFrame({"group_name": "world", "rank": [0, 1, 2]})
+    hosts = pd.DataFrame({"rank": [0, 1, 2], "host": ["host-0", "host-1", "host-2"]})
+    busy = 40.0 * np.where(slow, busy_factor, 1.0)
+    rows = [
+        (r, s, b + t + w, t + w, w)
+        for r in range(3)
+        for s, t, b, w in zip(at, transfer, busy, rng.uniform(0, 2, steps), strict=True)
+    ]
+    steps_ = pd.DataFrame(rows, columns=["rank", "step", "step_ms", "comm_ms", "waiting_ms"])
+    return transfers, members, hosts, steps_
+
+
+def test_the_world_group_only_a_transfer_collapse_is_the_network_with_its_size_and_an_honest_or():
+    [link] = links.slow_links(*world_only(25, 8.0))
+    assert link.evidence["control"] == "compute" and link.evidence["onset_step"] == 25, link.text
+    assert link.evidence["factor"] == pytest.approx(8.0, rel=0.2)
+    assert link.cost_ms_per_step == pytest.approx(7 * 15, rel=0.2)
+    # nothing tells the hosts apart here (no telemetry arrival times): every host, "or"
+    assert link.evidence["hosts"] == [["host-0"], ["host-1"], ["host-2"]], link.text
+    assert "compute on every host unchanged" in link.text and " or " in link.text
+
+
+def test_the_world_group_only_hosts_that_slowed_themselves_are_not_a_link():
+    # transfer and compute both slower (a loaded host): not the network
+    assert not links.slow_links(*world_only(25, 3.0, busy_factor=2.0))
+    assert not links.slow_links(*world_only(60, 1.0))  # healthy

@@ -1,0 +1,101 @@
+"""A training script as most multi-node jobs are written: one process group, the world, and the
+framework's own collectives over it -- plain DDP (``--mode ddp``) or FSDP2's ``fully_shard`` per
+layer (``--mode fsdp2``) -- for runs over several hosts (collector/testing/netns.py); run under
+the hook, one process per rank:
+
+    RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m collector.hook world_train.py OUT \\
+        --ranks-per-host R [--mode ddp|fsdp2] [--steps S] [--width W] [--control DIR --pause-at K,...] \\
+        [--fault sleep:RANK:MS@FROM]
+
+No group inside a host, none across some hosts only: every collective spans every host, so a slow
+link slows all of them alike (what findings.links must still see as the network). Each step:
+``--device-ms`` asleep (the device's kernels), a ``--layers``-deep MLP of ``--width`` (its
+gradients ~ 4 x layers x width^2 bytes), AdamW, and the loss all_reduced for the log, as users do.
+``--control``/``--pause-at`` and ``--fault`` as in hosts_train.py (a network change lands on a
+known step; a compute straggler busy-waits before its steps). Writes ``OUT/times.json`` (rank 0's
+seconds per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from collector.rank import hook
+from collector.testing.workloads.hosts_train import busy_wait, wait_for_ack
+
+BATCH = 16
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--ranks-per-host", type=int, required=True)
+    p.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--device-ms", type=float, default=30.0)
+    p.add_argument("--control", type=Path)
+    p.add_argument("--pause-at", default="")
+    p.add_argument("--fault", default="", help="sleep:RANK:MS@FROM, a compute straggler")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pause_at = {int(k) for k in args.pause_at.split(",") if k}
+    fault = None
+    if args.fault:
+        kind, who, ms_at = args.fault.split(":")
+        ms, _, first = ms_at.partition("@")
+        if kind != "sleep":
+            raise SystemExit(f"world_train: --fault {args.fault!r}: only sleep:RANK:MS@FROM")
+        fault = (int(who), float(ms) / 1e3, int(first or 0))
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(args.layers):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1))
+    if args.mode == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+    times: list[float] = []
+    for step in range(args.steps):
+        if step in pause_at and args.control is not None:
+            wait_for_ack(args.control, step, rank)
+        began = time.perf_counter()
+        if fault and rank == fault[0] and step >= fault[2]:
+            busy_wait(fault[1])
+        time.sleep(args.device_ms / 1e3)
+        x = torch.randn(BATCH, args.width, generator=gen)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        times.append(time.perf_counter() - began)
+        hook.log({"loss": float(total) / world})
+    if rank == 0:
+        (args.out / "times.json").write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
