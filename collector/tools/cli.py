@@ -29,6 +29,7 @@ from collector.tools.commands import (
     simulate,
     sql,
     stacks,
+    whatif,
 )
 from collector.tools.commands.common import examples
 
@@ -42,6 +43,7 @@ COMMANDS = (
     replay,
     export,
     health,
+    whatif,
     profile,
     stacks,
     simulate,

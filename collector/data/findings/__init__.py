@@ -32,6 +32,7 @@ from collector.data.findings.moe import expert_imbalance
 from collector.data.findings.pipeline import pipelined, stage_imbalance, too_few_micro_batches
 from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import costly_ranks
+from collector.data.findings.whatif import whatif_findings
 from collector.data.pipeline import stage_bubbles
 
 __all__ = ["Finding", "duration", "exit_code", "for_run", "liveness_findings", "pct", "ranked", "summarize"]
@@ -63,6 +64,7 @@ def summarize(
     pipeline: pd.DataFrame | None = None,
     deliveries: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
+    whatif: dict | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -75,7 +77,9 @@ def summarize(
     ``deliveries`` (queries.deliveries) which host's link where two explain it alike, ``calibration``
     (collector.data.calibration.load's) what a transfer should cost on the run's hosts;
     ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles; on a pipeline
-    run they, not the communication notes, speak for the stages' point-to-point traffic."""
+    run they, not the communication notes, speak for the stages' point-to-point traffic; ``whatif``
+    (collector.data.whatif.for_run's result, where the run has ops it models): which cause the
+    dependency-graph replay shows (one worker, a slowdown moving across workers, a long last stage)."""
     engine, stage = engine_of(source, config)
     piped = pipelined(pipeline) and has_point_to_point(log_summary)
     empty = pd.DataFrame()
@@ -96,6 +100,7 @@ def summarize(
         + (slow_links(*links, steps, deliveries, calibration) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
+        + whatif_findings(whatif)
     )
 
 
@@ -105,12 +110,16 @@ def _one_story(found: list[Finding]) -> list[Finding]:
     late because their link was slow are the slow link's, not stragglers."""
     hung = {r for f in found if f.kind == "hang" for r in f.evidence.get("missing_ranks", ())}
     link = [f for f in found if f.kind == "slow_link"]
+    # a slowdown the what-if replay shows moving across workers step by step (data imbalance)
+    # makes every rank late some of the time: it is one story, not a straggler per rank
+    moving = any(f.kind == "whatif_moving" for f in found)
     return ranked(
         [
             f
             for f in found
             if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)
             and not (f.kind == "straggler" and any(_explained_by(f, x) for x in link))
+            and not (f.kind == "straggler" and moving)
         ]
     )
 
@@ -157,4 +166,15 @@ def for_run(
         pipeline=stage_bubbles(cat, run_id),
         deliveries=queries.deliveries(cat, run_id),
         calibration=load_calibration(cat.data_dir, ranks.host.dropna().unique()),
+        whatif=_whatif(cat, run_id),
     )
+
+
+def _whatif(cat: queries.Catalog, run_id: str) -> dict | None:
+    """The what-if replay of the run, or None where it has nothing the replay models."""
+    from collector.data import whatif
+
+    try:
+        return whatif.for_run(cat, run_id)
+    except (whatif.NoSteps, whatif.GraphError):
+        return None

@@ -64,9 +64,10 @@ def stage_imbalance(bubbles: pd.DataFrame | None) -> list[Finding]:
     span = float(rows.groupby("step").span_ms.max().median())
     if excess < IMBALANCE or cost < MIN_COST_SHARE * span:
         return []
-    layers = int(per_stage.layers[slow])
+    # an imported trace may not say how many layers a stage holds: then no move is suggested
+    layers = int(per_stage.layers[slow]) if pd.notna(per_stage.layers[slow]) else None
     neighbour = min((s for s in (slow - 1, slow + 1) if s in t.index), key=lambda s: t[s])
-    moved, new_max = _best_move(t, slow, neighbour, layers)
+    moved, new_max = _best_move(t, slow, neighbour, layers) if layers else (0, t_max)
     saving = (m - 1) * (t_max - new_max)
     text = (
         f"stage {slow} takes {pct(excess)} longer per micro-batch than the other stages "
@@ -78,6 +79,8 @@ def stage_imbalance(bubbles: pd.DataFrame | None) -> list[Finding]:
             f"; moving about {moved} layer{'s' if moved > 1 else ''} to stage {neighbour} "
             f"would save ~{duration(saving)}/step (PipelineModule partition_method, or the layers' order)"
         )
+    elif layers is None:
+        text += "; the run does not say how many layers each stage holds: repartition so the stages take alike"
     else:
         text += (
             f"; no move of whole layers evens it out (~{duration(t_max / max(layers, 1))} per layer on "

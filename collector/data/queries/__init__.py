@@ -91,6 +91,7 @@ from collector.data.queries.series import (
 )
 from collector.data.queries.signals import memory_trend, signals_by_step
 from collector.data.queries.steps import COMPUTE_TIMERS, analyse_steps, step_analysis, step_analysis_of
+from collector.data.queries.whatif import whatif_ops
 
 __all__ = [
     "COMM_ROLLUP_SQL",
@@ -153,4 +154,5 @@ __all__ = [
     "step_wall_ms",
     "training_filter",
     "wavefront",
+    "whatif_ops",
 ]

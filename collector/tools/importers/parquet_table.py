@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.data.schema import TABLES
-from collector.tools.importers import base
+from collector.tools.importers import base, osdi_trace
 from collector.tools.importers.base import Parsed
 
 NAME = "parquet"
@@ -29,6 +29,8 @@ def detect(path: Path) -> bool:
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException):
         return True  # unreadable: parse() reports it
+    if osdi_trace.is_trace_schema(schema):
+        return False  # the OSDI'25 study's trace format: osdi_trace imports it
     return table_name(path, schema) is not None or path.stem not in _COLLECTOR_TABLES
 
 

@@ -1,0 +1,110 @@
+"""The what-if replay's verdict in words (collector.data.whatif): which cause the figures show.
+
+- **one worker** (M_W, the share of the slowdown the top 3% of workers explain, at least
+  ``ONE_WORKER_MW``): that worker by rank, dp_rank and stage, and what fixing it alone saves a step;
+- **a slowdown that moves across workers** from step to step (the slowest worker of a step is
+  a different one in most steps, and M_W is small): sequence-length or data imbalance, not a bad
+  machine; a long last stage (M_S at least ``SECOND_CAUSE_MS``) is named as the second cause;
+- **a long last stage** (M_S at least ``LONG_STAGE_MS``, and no moving slowdown): repartition,
+  with what an even stage would save a step.
+
+A run whose slowdown S is under ``MIN_SLOWDOWN`` gets no finding: its steps are as fast as its
+typical ops allow. Pure functions of the replay's result dict.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from collector.data.findings.model import Finding
+
+MIN_SLOWDOWN = 1.05  # stragglers costing under 5% of a step are noise between steps
+ONE_WORKER_MW = 0.5  # the top 3% of workers explain at least half the slowdown
+LONG_STAGE_MS = 0.5
+SECOND_CAUSE_MS = 0.3
+MOVING_TOP_SHARE = 0.5  # the most frequent slowest worker is the slowest in under half the steps
+
+
+def slowest_per_step(result: dict) -> list[int]:
+    """The rank with the highest per-step worker slowdown, for each replayed step."""
+    out = []
+    for row in result["per_step"].values():
+        by_worker = row["by_worker"]
+        out.append(int(max(by_worker, key=lambda k: (by_worker[k], -int(k)))))
+    return out
+
+
+def describe(result: dict | None) -> Finding | None:
+    """The one finding the figures support, or None (no replay, or no slowdown worth a word)."""
+    if not result or result["slowdown"] < MIN_SLOWDOWN:
+        return None
+    s, m_w, m_s = result["slowdown"], result["m_w"], result["m_s"]
+    steps = [int(k) for k in result["per_step"]]
+    span = (min(steps), max(steps))
+    lost_ms = (result["step_time_s"] - result["ideal_step_time_s"]) * 1e3
+    evidence = {
+        "slowdown": round(s, 4),
+        "m_w": None if m_w is None else round(m_w, 4),
+        "m_s": None if m_s is None else round(m_s, 4),
+        "by_stage": result["by_stage"],
+        "top_workers": dict(list(result["by_worker"].items())[:5]),
+        "lost_ms_per_step": round(lost_ms, 1),
+    }
+    head = f"stragglers slow every step {s:.2f}x (what-if replay: {lost_ms:,.0f} ms a step lost)"
+    tops = slowest_per_step(result)
+    _, most_count = Counter(tops).most_common(1)[0]
+    moving = most_count / len(tops) < MOVING_TOP_SHARE
+    common = dict(severity="warning", steps=span, evidence=evidence, page="stragglers")
+    if m_w is not None and m_w >= ONE_WORKER_MW:
+        rank = result["m_w_workers"][0]
+        where = result["workers"][str(rank)]
+        saved = result["m_w_saved_s"] * 1e3
+        names = ", ".join(str(r) for r in result["m_w_workers"])
+        who = f"rank {rank} (dp_rank {where['dp_rank']}, stage {where['stage']})"
+        if len(result["m_w_workers"]) > 1:
+            who += f" and its fellow worst ({names})"
+        return Finding(
+            kind="whatif_worker",
+            text=f"{head}: one worker explains {m_w:.0%} of it: {who}; fixing it alone would save "
+            f"{saved:,.0f} ms a step",
+            ranks=tuple(result["m_w_workers"]),
+            cost_ms_per_step=round(saved, 1),
+            filters={"rank": rank},
+            **common,
+        )
+    if moving:
+        distinct = len(set(tops))
+        text = (
+            f"{head}: the slowdown moves across workers from step to step ({distinct} different "
+            f"workers are the slowest in {len(tops)} steps; the worst 3% explain only "
+            f"{(m_w or 0):.0%}): sequence-length or data imbalance between micro-batches, not one bad worker"
+        )
+        if m_s is not None and m_s >= SECOND_CAUSE_MS:
+            text += (
+                f"; second cause, the last stage (stage {result['last_stage']}) is long: making it run like "
+                f"the others would save {result['m_s_saved_s'] * 1e3:,.0f} ms a step (M_S {m_s:.0%}): repartition"
+            )
+        return Finding(kind="whatif_moving", text=text, cost_ms_per_step=round(lost_ms, 1), **common)
+    if m_s is not None and m_s >= LONG_STAGE_MS:
+        saved = result["m_s_saved_s"] * 1e3
+        return Finding(
+            kind="whatif_stage",
+            text=f"{head}: the last stage (stage {result['last_stage']}) is long and explains {m_s:.0%} of it: "
+            f"repartition the layers; an even split would save {saved:,.0f} ms a step",
+            cost_ms_per_step=round(saved, 1),
+            filters={"stage": result["last_stage"]},
+            **common,
+        )
+    top = next(iter(result["by_worker"]))
+    return Finding(
+        kind="whatif_spread",
+        text=f"{head}: spread over several workers (the worst 3% explain {(m_w or 0):.0%}, the last stage "
+        f"{(m_s or 0):.0%}); the slowest is rank {top} (rankscope whatif shows each)",
+        cost_ms_per_step=round(lost_ms, 1),
+        **common,
+    )
+
+
+def whatif_findings(result: dict | None) -> list[Finding]:
+    found = describe(result)
+    return [found] if found else []

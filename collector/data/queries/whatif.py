@@ -1,0 +1,42 @@
+"""What the what-if replay (collector.data.whatif) reads of a run: one row per op, with the
+worker's dp_rank and stage.
+
+Imported OSDI'25 traces (collector/tools/importers/osdi_trace.py) keep the paper's op types:
+compute as ``timers`` named by op type, communication as ``comm`` rows whose ``log_name`` is the
+op type, each worker's stage and data-parallel rank in its ``pipe`` rows.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from collector.data.queries.connection import Catalog
+from collector.data.whatif.graph import COMM_OPTYPES, KNOWN_OPTYPES
+
+_COMPUTE = sorted(KNOWN_OPTYPES - COMM_OPTYPES)
+_COMM = sorted(COMM_OPTYPES)
+
+
+def whatif_ops(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """rank, dp_rank, stage, step, optype, start, dur (seconds) of the run's ops the replay models;
+    ranks with no ``pipe`` rows are their own replica on stage 0 (data parallelism alone)."""
+    marks = ", ".join("?" for _ in _COMPUTE)
+    comm_marks = ", ".join("?" for _ in _COMM)
+    return cat.df(
+        f"""
+        WITH workers AS (
+            SELECT rank, min(data_rank) AS dp_rank, min(stage) AS stage
+            FROM pipe WHERE run_id = ? GROUP BY rank),
+        ops AS (
+            SELECT rank, step, name AS optype, start_ns, dur_ns
+            FROM timers WHERE run_id = ? AND name IN ({marks})
+            UNION ALL
+            SELECT rank, step, log_name, start_ns, end_ns - start_ns
+            FROM comm WHERE run_id = ? AND log_name IN ({comm_marks}))
+        SELECT o.rank, coalesce(w.dp_rank, o.rank) AS dp_rank, coalesce(w.stage, 0) AS stage, o.step,
+               o.optype, (o.start_ns - min(o.start_ns) OVER (PARTITION BY o.step)) / 1e9 AS start,
+               o.dur_ns / 1e9 AS dur
+        FROM ops o LEFT JOIN workers w USING (rank)
+        WHERE o.start_ns IS NOT NULL AND o.dur_ns IS NOT NULL""",
+        [run_id, run_id, *_COMPUTE, run_id, *_COMM],
+    )

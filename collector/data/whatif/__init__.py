@@ -1,0 +1,34 @@
+"""What-if analysis of a run's steps: how much faster would each step be without its stragglers,
+and whose ops (which op type, dp_rank, stage, worker) the slowdown belongs to.
+
+    from collector.data import queries, whatif
+    result = whatif.for_run(queries.Catalog(data_dir), run_id)   # JSON-ready dict
+
+``graph`` is the step's dependency model, ``replay`` the simulator and the figures (the OSDI'25
+study's S, S_optype, S_dp_rank, S_stage, S_worker, M_W, M_S). ``NoSteps`` / ``GraphError`` say why
+a run cannot be replayed.
+"""
+
+from __future__ import annotations
+
+from collector.data.whatif.graph import GraphError
+from collector.data.whatif.replay import analyze
+
+__all__ = ["GraphError", "NoSteps", "analyze", "for_run"]
+
+
+class NoSteps(LookupError):
+    """The run has no ops the replay models (yet)."""
+
+
+def for_run(cat, run_id: str) -> dict:
+    """The what-if figures of ``run_id`` (collector.data.whatif.replay.analyze)."""
+    from collector.data import queries
+
+    ops = queries.whatif_ops(cat, run_id)
+    if ops.empty:
+        raise NoSteps(
+            "no ops the what-if replay models: it reads imported OSDI'25 traces' op types "
+            "(timers forward-compute/backward-compute/optimizer, comm log_names such as forward-send)"
+        )
+    return analyze(ops)
