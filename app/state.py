@@ -21,6 +21,7 @@ import streamlit as st
 
 from app import queries
 from collector.data import retention
+from collector.data.queries.runs import AmbiguousRun, UnknownRun, pick_run
 
 DEFAULT_DATA_DIR = "rankscope-data"
 REFRESH_S = 1.0  # how often a live page's sections look for new data (each its own fragment)
@@ -31,6 +32,7 @@ STATUS_KEY = "rankscope.live_status"
 T = TypeVar("T")
 MAX_COMPARED = 2
 SELECTION_KEY = "selected_runs"
+AMBIGUOUS_KEY = "rankscope.ambiguous_run"  # (name, its run ids) while ?run= names several runs
 
 
 def data_dir() -> str:
@@ -96,14 +98,52 @@ def sidebar_picker() -> None:
         return
     known = list(runs.run_id)
     if SELECTION_KEY not in st.session_state:
-        wanted = [r for r in st.query_params.get_all("run") if r in known]
-        st.session_state[SELECTION_KEY] = wanted[:MAX_COMPARED] or known[:1]
+        wanted, st.session_state[AMBIGUOUS_KEY] = runs_in_url(runs, st.query_params.get_all("run"))
+        st.session_state[SELECTION_KEY] = wanted[:MAX_COMPARED] or (
+            [] if st.session_state[AMBIGUOUS_KEY] else known[:1]
+        )
+    ambiguous = st.session_state.get(AMBIGUOUS_KEY)
+    if ambiguous:
+        _pick_among(runs, *ambiguous)
     # Runs can disappear (a data dir swapped under us): keep only known ones.
-    st.session_state[SELECTION_KEY] = [r for r in st.session_state[SELECTION_KEY] if r in known] or known[:1]
+    kept = [r for r in st.session_state[SELECTION_KEY] if r in known]
+    st.session_state[SELECTION_KEY] = kept or ([] if st.session_state.get(AMBIGUOUS_KEY) else known[:1])
     chosen = st.sidebar.multiselect(
         "Runs (pick two to compare)", known, key=SELECTION_KEY, format_func=_label(runs), max_selections=MAX_COMPARED
     )
     st.query_params["run"] = chosen
+
+
+def runs_in_url(runs: pd.DataFrame, asked: list[str]) -> tuple[list[str], tuple[str, list[str]] | None]:
+    """The run ids ``?run=`` names, each an id or a name as the CLI takes it (queries.pick_run), and
+    the first name that several runs share, with their ids, for a picker (None if there is none)."""
+    rows = list(runs[["run_id", "name", "status", "started_at"]].itertuples(index=False, name=None))
+    chosen, ambiguous = [], None
+    for run in asked:
+        try:
+            run_id = pick_run(run, rows)
+        except AmbiguousRun as exc:
+            ambiguous = ambiguous or (run, exc.matches)
+            continue
+        except UnknownRun:
+            continue
+        if run_id not in chosen:
+            chosen.append(run_id)
+    return chosen, ambiguous
+
+
+def _pick_among(runs: pd.DataFrame, name: str, matches: list[str]) -> None:
+    """``?run=NAME`` that several runs share: ask which, instead of opening one of them silently."""
+    pick = st.sidebar.radio(
+        f"`?run={name}` names {len(matches)} runs: which one?",
+        matches,
+        index=None,
+        format_func=_label(runs),
+        key="rankscope.ambiguous_pick",
+    )
+    if pick is not None:
+        st.session_state[AMBIGUOUS_KEY] = None
+        st.session_state[SELECTION_KEY] = [pick, *st.session_state.get(SELECTION_KEY, [])][:MAX_COMPARED]
 
 
 def select_runs(run_ids: list[str]) -> None:

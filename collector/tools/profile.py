@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from collector.data import queries, security, trace_diff
+from collector.data.queries.runs import AmbiguousRun
 from collector.server.commands import new_request_id
 from proto import pb, pb_grpc
 
@@ -50,6 +51,8 @@ def _resolve(data_dir, run: str) -> str:
         return run
     try:
         return queries.resolve_run(cat.con, run)
+    except AmbiguousRun:
+        raise
     except queries.UnknownRun:
         return run
     finally:
@@ -90,7 +93,11 @@ def main(args: argparse.Namespace, kind: str) -> int:
     except (ValueError, security.SecurityConfigError) as exc:
         print(f"rankscope {kind}: {exc}", file=sys.stderr)
         return 2
-    run_id = _resolve(args.data_dir, args.run)
+    try:
+        run_id = _resolve(args.data_dir, args.run)
+    except AmbiguousRun as exc:
+        print(f"rankscope {kind}: {exc}", file=sys.stderr)
+        return 2
     request_id = new_request_id(kind)
     reference = getattr(args, "reference", None)
     if reference is not None and reference not in ranks:

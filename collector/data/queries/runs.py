@@ -38,16 +38,59 @@ class UnknownRun(LookupError):
     """No run has that id or name."""
 
 
-def resolve_run(con, run: str) -> str:
-    """The run id of ``run``: a run id, or a run name (the newest run of that name).
-    ``con`` is a catalog connection or cursor."""
-    rows = con.execute(
-        "SELECT run_id FROM runs WHERE run_id = ? OR name = ? ORDER BY (run_id = ?) DESC, started_at DESC",
-        [run, run, run],
-    ).fetchall()
-    if not rows:
+class AmbiguousRun(UnknownRun):
+    """A run name several runs share, none of them the one still running; ``matches`` holds their
+    ids, newest first, and the message lists them with how to name one."""
+
+    def __init__(self, message: str, matches: list[str]):
+        super().__init__(message)
+        self.matches = matches
+
+
+MAX_LISTED = 8  # matches an ambiguity message names; it counts the rest
+
+
+def pick_run(run: str, rows) -> str:
+    """The run ``run`` names, among ``rows`` of (run_id, name, status, started_at), newest first,
+    as every command and the dashboard's ``?run=`` take it: a run id; else a run name that one run
+    has; else, of several runs of that name, the only one still running. Otherwise raises
+    UnknownRun, or AmbiguousRun listing the matches (no silent "newest wins")."""
+    named = []
+    for row in rows:
+        if row[0] == run:
+            return run
+        if row[1] == run:
+            named.append(row)
+    if not named:
         raise UnknownRun(f"no run with id or name {run!r}")
-    return rows[0][0]
+    if len(named) == 1:
+        return named[0][0]
+    running = [row for row in named if row[2] == "running"]
+    if len(running) == 1:
+        return running[0][0]
+    listed = "; ".join(f"{row[0]} ({row[2]}, started {_when(row[3])})" for row in named[:MAX_LISTED])
+    more = f"; and {len(named) - MAX_LISTED} more" if len(named) > MAX_LISTED else ""
+    raise AmbiguousRun(
+        f"{len(named)} runs are named {run!r}{' (none of them the one running)' if not running else ''}: "
+        f"{listed}{more}. Name one by its run id",
+        [row[0] for row in named],
+    )
+
+
+def _when(started) -> str:
+    try:
+        return pd.Timestamp(started).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, TypeError):
+        return str(started)
+
+
+def resolve_run(con, run: str) -> str:
+    """The run id of ``run`` (``pick_run``'s rule). ``con`` is a catalog connection or cursor."""
+    rows = con.execute(
+        "SELECT run_id, name, status, started_at FROM runs WHERE run_id = ? OR name = ? ORDER BY started_at DESC",
+        [run, run],
+    ).fetchall()
+    return pick_run(run, rows)
 
 
 def data_version(data_dir: str, run_id: str) -> str:
