@@ -34,10 +34,22 @@ breaks the tie where it is decisive (collector.data.findings.link_side: the slow
 envelopes queue behind its training traffic and arrive unevenly); else it names them all, "or",
 and says what the telemetry showed.
 
+The world group only (plain DDP or FSDP over every rank, one or many ranks a host: most jobs):
+there is no group inside a host to compare with, and every collective spans every host, so every
+host is a suspect. What shows the hosts kept their speed is then their busy time per step (step
+less communication, from step analysis): unchanged on every host (risen by less than MAX_BUSY_RISE
+of the link's cost) while the transfer jumped is the network; risen with it, the hosts slowed
+themselves (a loaded CPU slows a transfer too) and no link is named. Which host: the telemetry
+tie-break above (a third place only one link carries), else the honest "or" of every host. A slow
+link is never a straggler: a rank that leaves a collective last (ring order; a slow link stretches
+it) and so arrives last at the next has its wait taken out of what it imposes (queries.step_analysis).
+
 Cost per step: for each rank, the extra transfer of the cross-host groups it is in that pass
 through the named links (slowed enough to prove it or not); the job waits
 for the rank that lost most (a synchronous step ends with its last rank), so the step's cost is
-the largest, averaged over the episode's steps.
+the largest, averaged over the episode's steps. Over the world group only, at most what the ranks'
+transfer per step grew as a union (async collectives in flight together, DDP's buckets, FSDP's
+prefetches, each count the link's time for all of them).
 """
 
 from __future__ import annotations
@@ -218,7 +230,9 @@ def slow_links(
 ) -> list[Finding]:
     """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
     ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
-    ``steps``: queries.step_analysis (for the step time a cost is a share of; optional);
+    ``steps``: queries.step_analysis (for the step time a cost is a share of, and where no group
+    lies inside a host for the hosts' busy time that shows they kept their speed; optional: without
+    it such runs are judged on their transfer alone);
     ``deliveries``: queries.deliveries (to break a tie between hosts; optional); ``calibration``:
     collector.data.calibration.load's, of the run's hosts (what transfers should cost; optional)."""
     ratios = transfer_ratios(transfers, members, hosts, calibration)
@@ -326,9 +340,10 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     if cost < MIN_COST_MS or (step_ms and cost < MIN_COST_SHARE * step_ms):
         return None
     busy = None
-    if not inside:
+    if not inside and steps is not None:
         # no group inside a host to show the hosts kept their speed (the world group only, as plain
-        # DDP/FSDP run): their compute must have, on every host, while the transfer grew
+        # DDP/FSDP run): their compute must have, on every host, while the transfer grew. (Without
+        # step analysis, as delivery retention asks, the transfer alone decides: a superset.)
         busy = busy_before_after(steps, host_of, onset, stop)
         if busy is None or any(after - before > MAX_BUSY_RISE * cost for before, after in busy.values()):
             return None
@@ -350,7 +365,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     text = (
         f"{op} busbw on groups spanning {spanning} fell {fell:.1f}x at step {onset} "
         f"({before_gbs:.2g} -> {after_gbs:.2g} GB/s{' calibrated before' if swept else ''}); "
-        f"{_control_words(busy)}: {where}; "
+        f"{_control_words(inside, busy)}: {where}; "
         f"costs {duration(cost)} per step"
     )
     if step_ms:
@@ -387,7 +402,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
             "unchanged_groups": len(unchanged),
             "affected_ranks": affected,
             "expected_from": "calibration" if swept else "run",
-            "control": "host groups" if busy is None else "compute",
+            "control": "host groups" if inside else "compute" if busy else "none",
             "busy_ms": {h: [round(b, 2), round(a, 2)] for h, (b, a) in busy.items()} if busy else None,
             "telemetry_jitter_ms": side.jitter_ms if side is not None else None,
             "telemetry_jitter_z": side.z if side is not None else None,
@@ -430,10 +445,12 @@ def busy_before_after(
     return {str(h): (float(b[h]), float(a[h])) for h in b.index.intersection(a.index)} or None
 
 
-def _control_words(busy: dict[str, tuple[float, float]] | None) -> str:
+def _control_words(inside: bool, busy: dict[str, tuple[float, float]] | None) -> str:
     """What shows the hosts themselves kept their speed."""
-    if busy is None:
+    if inside:
         return "groups inside hosts unchanged"
+    if busy is None:
+        return "no group inside a host or step time to compare with"
     before = np.median([b for b, _ in busy.values()])
     after = np.median([a for _, a in busy.values()])
     return f"compute on every host unchanged ({duration(before)} -> {duration(after)} a step)"
