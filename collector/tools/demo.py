@@ -75,9 +75,16 @@ class OnceFilter:
         self.muted = False  # after Ctrl-C: the ranks' and torchrun's KeyboardInterrupt tracebacks are noise
         self.last_step = last_step
         self.showing = True  # whether the last progress line was shown (its timers line follows it)
+        self.error: str | None = None  # a rank's one-line "error: ..." (collector.tools.supervise)
 
     def write_line(self, line: str) -> None:
         if self.muted:
+            return
+        if line.startswith("error: "):  # a user error, said once: torchrun's report of it is noise
+            self.error = line.strip()
+            self.muted = True
+            self.out.write(line)
+            self.out.flush()
             return
         progress = _PROGRESS.match(line)
         if progress:  # "[gpt] step N loss ...", "[engine] step=N ...": the first, every PROGRESS_EVERY-th and the last
@@ -366,6 +373,9 @@ def run_demo(args: argparse.Namespace) -> int:
             _tell_commands(run_id, data_dir_flag, suspect, args.nproc)
         rc = proc.wait()
         pump.join(timeout=5)
+        if once.error is not None:
+            print("[demo] the training did not start: fix what the line above names, then run the demo again")
+            return 2
         health = f"  {_rankscope()} health {RUN_NAME}{data_dir_flag}\n" if run_id is None else ""
         print(
             f"[demo] training finished (exit {rc}); try:\n{health}"

@@ -12,7 +12,9 @@ Two pieces, used by ``rankscope demo`` (collector/tools/demo.py):
     (before, a demo whose parent vanished left 4 ranks training, spooling into /tmp, for minutes);
   - SIGINT, SIGTERM and SIGHUP noted as a stop asked by the user (collector.rank.session
     ``note_stopped``: the run ends ``stopped``, not ``failed``), then raised as KeyboardInterrupt, so
-    the training unwinds, its telemetry flushes at exit, and no rank prints a traceback for it.
+    the training unwinds, its telemetry flushes at exit, and no rank prints a traceback for it;
+  - a ``ConfigError`` (a bad value, a world size the config's layout cannot take) said in one line
+    naming the key, exit 2; the traceback only with ``RANKSCOPE_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import runpy
 import signal
 import sys
 
+from collector.data.config import ConfigError
+
 PR_SET_PDEATHSIG = 1
+USER_ERROR_EXIT = 2  # a config error: one line naming the key, no traceback
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -56,6 +61,12 @@ def run_module(module: str, argv: list[str]) -> None:
     sys.argv = [module, *argv]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except ConfigError as exc:  # a bad config value, a world size its layout cannot take: the user's to fix
+        if os.environ.get("RANKSCOPE_DEBUG") == "1":
+            raise
+        # every rank says it (the first to fail has torchrun stop the others): the demo shows it once
+        print(f"error: {exc} (RANKSCOPE_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT)
     except KeyboardInterrupt:
         # asked to stop: a quiet end with the shell's code for it; the session's atexit hook
         # flushes the telemetry and sends RunEnd("stopped")

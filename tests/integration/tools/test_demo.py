@@ -5,12 +5,14 @@ library deprecation warnings, nothing printed once per rank; and the run is in t
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from collector.data import catalog
 from tests.integration._demo import start_demo
@@ -227,3 +229,25 @@ def _wait_all_gone(pids: list[int], timeout_s: float) -> list[int]:
             return []
         time.sleep(0.5)
     return [pid for pid in pids if _alive(pid)]
+
+
+def test_a_bad_config_value_is_one_line_naming_the_key_and_exit_2(tmp_path):
+    """ZeRO stage 4: the key, what is allowed and what was given, in one line; no torchrun traceback
+    (it was 110 lines), exit 2."""
+    from trainer.examples import gpt
+
+    config = json.loads((Path(gpt.__file__).parent / "configs" / "zero2.json").read_text())
+    config["zero_optimization"]["stage"] = 4
+    (tmp_path / "bad.json").write_text(json.dumps(config))
+    flags = ["--nproc", "2", "--steps", "5", "--no-dashboard", "--port", "0", "--config", str(tmp_path / "bad.json")]
+    out = subprocess.run(
+        [sys.executable, "-m", "collector.tools.cli", "demo", "--data-dir", str(tmp_path / "data"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    console = out.stdout + out.stderr
+    assert out.returncode == 2, console
+    assert "error: zero_optimization.stage: must be one of 0, 1, 2, 3 (got 4)" in console, console
+    assert "Traceback" not in console and len(console.splitlines()) < 12, console
