@@ -4,23 +4,42 @@ hang's collective, and the stuck rank's stack as the collector's request for it 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from collector.data.schema import rank_ranges
+from collector.tools.simulate.faults import Hang
 from collector.tools.simulate.rows import GROUP, hash_uniform, stored_table
 
-if TYPE_CHECKING:
-    from collector.tools.simulate.simulation import Simulation
+
+class HungRun(Protocol):
+    """What the hang's rows are made from: a Simulation is one (this module does not import it,
+    which imports this one)."""
+
+    ranks: int
+    seed: int
+    hang: Hang | None
+    hang_after_s: float
+    start_ns: int
+
+    @property
+    def end_ns(self) -> int: ...
+
+    @property
+    def hang_seq(self) -> int: ...
+
+    @property
+    def step_period_ns(self) -> int: ...
+
 
 HEARTBEAT_NS = 1_000_000_000  # the ranks' default heartbeat period
 REPORT_AFTER_NS = 500_000_000  # a collective in flight this long is reported (collector.rank.watchdog)
 HANG_SEEN_S = 5.0  # a --hang run ends this long after the waiting ranks crossed hang_after_s
 
 
-def hang_rows(sim: Simulation, ranks: np.ndarray, entered: np.ndarray, hung_in) -> dict[str, pa.Table]:
+def hang_rows(sim: HungRun, ranks: np.ndarray, entered: np.ndarray, hung_in) -> dict[str, pa.Table]:
     """What ranks send while one of them is stuck: heartbeats from all, ``inflight`` reports and
     stacks from those waiting in the hang's collective (``entered``: when each rank entered it),
     and the stuck rank's stack answering the collector's request."""

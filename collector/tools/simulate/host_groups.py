@@ -7,45 +7,61 @@ through it and every collective over all hosts, not those inside a host."""
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from collector.data.bandwidth import bus_factor
+from collector.tools.simulate.faults import SlowLink
 from collector.tools.simulate.rows import JITTER_NS, hash_uniform, stored_table
+from collector.tools.simulate_template import Template
 
-if TYPE_CHECKING:
-    from collector.tools.simulate.simulation import Simulation
+
+class HostRun(Protocol):
+    """What the host-group rows are made from: a Simulation is one (this module does not import
+    it, which imports this one)."""
+
+    seed: int
+    host_groups: bool
+    slow_links: tuple[SlowLink, ...]
+    template: Template
+
+    @property
+    def ranks_per_host(self) -> int: ...
+
+    @property
+    def n_hosts(self) -> int: ...
+
 
 HOST_GROUP_BYTES = 4 << 20
 INTRA_TRANSFER_NS = 2_000_000
 PAIR_TRANSFER_NS = 4_000_000
 
 
-def pair_slot_ns(sim: Simulation) -> int:
+def pair_slot_ns(sim: HostRun) -> int:
     slowest = max((link.factor for link in sim.slow_links), default=1.0)
     return int(PAIR_TRANSFER_NS * slowest) + 2 * JITTER_NS
 
 
-def starts_at_ns(sim: Simulation) -> int:
+def starts_at_ns(sim: HostRun) -> int:
     """When a step's host-group collectives begin, after the template's last one ends."""
     last = sim.template.collectives[-1]
     return sim.template.collective_offset_ns + last.offset_ns + last.transfer_ns + JITTER_NS
 
 
-def added_step_ns(sim: Simulation) -> int:
+def added_step_ns(sim: HostRun) -> int:
     """What the host-group collectives add to a step: the intra-host one, three pair slots."""
     return INTRA_TRANSFER_NS + 2 * JITTER_NS + 3 * pair_slot_ns(sim) if sim.host_groups else 0
 
 
-def pair_slot(sim: Simulation, pair: int) -> int:
+def pair_slot(sim: HostRun, pair: int) -> int:
     """Pairs a rank is in never share a slot: even pairs first, then odd, then the pair that
     closes an odd ring of hosts."""
     return 2 if sim.n_hosts % 2 and pair == sim.n_hosts - 1 else pair % 2
 
 
-def link_factor(sim: Simulation, hosts: np.ndarray, steps: np.ndarray) -> np.ndarray:
+def link_factor(sim: HostRun, hosts: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """[len(hosts), len(steps)]: how many times slower each host's link is at each step."""
     out = np.ones((len(hosts), len(steps)))
     for link in sim.slow_links:
@@ -53,7 +69,7 @@ def link_factor(sim: Simulation, hosts: np.ndarray, steps: np.ndarray) -> np.nda
     return out
 
 
-def comm_rows(sim: Simulation, ranks: np.ndarray, steps: np.ndarray, step_start: np.ndarray) -> pa.Table:
+def comm_rows(sim: HostRun, ranks: np.ndarray, steps: np.ndarray, step_start: np.ndarray) -> pa.Table:
     """The comm rows of --host-groups for ``ranks``: per step, the all_reduce inside the rank's
     host, then one with each neighbouring host (the pairs (h-1, h) and (h, h+1) of its local rank)."""
     per, n_hosts = sim.ranks_per_host, sim.n_hosts
