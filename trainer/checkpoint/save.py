@@ -107,6 +107,10 @@ def _write_shard(engine, tag_dir: str, names: ModelNames) -> dict:
                     str(s.param.dtype).removeprefix("torch."),
                     b.group_index,
                 )
+        # a pipeline's tied weight lives on several stages: only the first of them writes it
+        saved_elsewhere = getattr(engine, "saved_elsewhere", None)
+        if saved_elsewhere is not None:
+            fragments = {n: f for n, f in fragments.items() if not saved_elsewhere(n)}
         tensors = {
             n: t.cpu() for n, t in {**names.buffers, **names.frozen}.items() if _writes_resident(engine, names, n)
         }

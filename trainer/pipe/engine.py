@@ -104,6 +104,13 @@ class PipelineEngine(Engine):
             return not self.module.owns_layer(int(head))
         return head == "tied_modules" and rest.partition(".")[0] not in self.module.tied_modules
 
+    def saved_elsewhere(self, name: str) -> bool:
+        """Whether another stage writes parameter ``name`` to a checkpoint: a tied module's weight is
+        written by the first stage sharing it (each stage holding a copy would overlap in the index)."""
+        head, _, rest = name.partition(".")
+        tie = self.module.tied_comms.get(rest.partition(".")[0]) if head == "tied_modules" else None
+        return tie is not None and tie["ranks"][0] != self.rank
+
     def set_dataiterator(self, iterator) -> None:
         self.data_iterator = iterator
 

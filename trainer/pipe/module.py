@@ -231,6 +231,9 @@ class PipelineModule(nn.Module):
                 group = comm.new_group(ranks=ranks)  # every rank creates every group, in the same order
                 if self.topology.rank in ranks:
                     out[key] = {"ranks": ranks, "group": group, "weight_attr": self.tied_weight_attrs[key]}
+                    if self.topology.rank != ranks[0]:  # DeepSpeed's mark: the gradient norm counts it once
+                        for p in self.tied_modules[key].parameters():
+                            p.ds_pipe_replicated = True
         return out
 
     def _tied_weights(self):

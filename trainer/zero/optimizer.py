@@ -15,10 +15,12 @@ world: a bucket is counted on every rank of its group when it is partitioned
 (stages 1-3: each rank owns a different shard), else only on its group's first
 rank (stage 0, or MoE experts' replicas); within a bucket a tensor-parallel
 shard (``param.tensor_model_parallel``) counts on every tensor-parallel rank, a
-parameter replicated over the tensor-parallel group only on tp_rank 0. Expert
-buckets of different expert-parallel ranks hold different experts, so they all
-count. The overflow vote is over the world too, so every rank (tensor-parallel
-peers included) skips the same steps.
+parameter replicated over the tensor-parallel group only on tp_rank 0; a
+pipeline's tied weight (``param.ds_pipe_replicated`` on every stage but the
+first holding it) only on that first stage. Expert buckets of different
+expert-parallel ranks hold different experts, so they all count. The overflow
+vote is over the world too, so every rank (tensor-parallel peers included)
+skips the same steps.
 
 Subclasses (one module per stage) decide how gradients get reduced into the
 shards and how parameters are laid out; see their docstrings.
@@ -212,11 +214,13 @@ class ZeroOptimizer:
             if b.num_shards == 1 and b.group_size > 1 and comm.get_rank(b.group) != 0:
                 continue  # a replica: its group's first rank counts it
             g = g.float()
-            if self.tp_rank == 0:
+            if self.tp_rank == 0 and not any(_pipe_replicated(s.param) for s in b.slots):
                 sumsq += g.pow(2).sum().to(self.device)
                 continue
             for s, lo, hi in b.owned_slots():
-                if getattr(s.param, "tensor_model_parallel", False):
+                if _pipe_replicated(s.param):
+                    continue  # a pipeline's tied weight: its first stage counts it
+                if self.tp_rank == 0 or getattr(s.param, "tensor_model_parallel", False):
                     sumsq += g[lo:hi].pow(2).sum().to(self.device)
         return sumsq
 
@@ -285,3 +289,8 @@ class ZeroOptimizer:
                 self.master.refresh_shards()
         if modified:
             self.after_step()
+
+
+def _pipe_replicated(p: nn.Parameter) -> bool:
+    """DeepSpeed's mark on a tied weight held by a later pipeline stage too (trainer.pipe.module)."""
+    return getattr(p, "ds_pipe_replicated", False)
