@@ -16,6 +16,17 @@ ranks for stacks), the catalog's ``hangs`` view and queries' ``hangs`` (what ``r
 names), and retention (collector.server.retention: a run stalled that long has its settled steps
 rolled up without waiting for a full window). The SQL forms below are the same rule over rows
 with ``waiting_s`` and ``hang_after_s`` columns.
+
+Stuck, sooner (adaptive, on by default): before a collective is hung it can be *stuck*. The live
+collector learns from the run itself how long each kind of collective normally keeps a rank
+waiting, per (group, op, size class): the longest wait among its recent completions
+(``NORMAL_WINDOW`` batches' worst). A collective in flight ``STUCK_FACTOR`` times its normal,
+and at least ``STUCK_FLOOR_S``, is stuck: a warning that names who has not arrived and where they
+are (collector.data.findings.stuck), seconds after it began instead of ``hang_after_s``. A kind
+of collective seen fewer than ``MIN_SAMPLES`` times has no normal yet and waits
+``UNLEARNED_STUCK_S`` (a first checkpoint barrier, the set-up collectives while slow ranks are
+still importing). The floor keeps ordinary stalls quiet: a 1 s data-loader hiccup, a slow first
+step, scheduler noise on a loaded host.
 """
 
 from __future__ import annotations
@@ -24,6 +35,26 @@ import math
 from collections.abc import Iterable
 
 DEFAULT_HANG_AFTER_S = 60.0  # a rank's setting when nothing sets it
+
+STUCK_FLOOR_S = 3.0  # never stuck sooner: longer than a data-loader hiccup or a slow first step
+STUCK_FACTOR = 5.0  # stuck at this many times the kind's normal wait
+UNLEARNED_STUCK_S = 10.0  # a kind of collective without a normal yet
+MIN_SAMPLES = 3  # completions (batches' worst waits) before a normal is trusted
+NORMAL_WINDOW = 64  # batches whose worst wait make up a kind's normal
+
+
+def size_class(nbytes: int | None) -> int:
+    """Collectives of the same op and group wait alike within a power of four of bytes
+    (0: no payload, a barrier)."""
+    n = int(nbytes or 0)
+    return 0 if n <= 0 else 1 + (n.bit_length() - 1) // 2
+
+
+def stuck_after(normal_s: float | None, hang_after_s: float = math.inf) -> float:
+    """Seconds in flight after which a collective whose kind normally waits ``normal_s`` (None:
+    not learned yet) is stuck; never later than its hang threshold."""
+    adaptive = UNLEARNED_STUCK_S if normal_s is None else max(STUCK_FLOOR_S, STUCK_FACTOR * normal_s)
+    return min(adaptive, hang_after_s)
 
 
 def threshold(settings: Iterable[float | None]) -> float:

@@ -5,13 +5,21 @@ when a stream ends), it keeps per run, in memory:
 
 * each rank's stream (to send it requests), its last heartbeat and period;
 * the collectives each rank reports in flight (collector.rank.watchdog's ``inflight``
-  rows), with their group's members.
+  rows), with their group's members;
+* each kind of collective's normal wait (collector.data.hang_rule: per group, op and size class,
+  the worst wait of its recent completions), learned from the ``comm`` rows the ranks send (at
+  most ``LEARN_PER_S`` batches a second per run: a 1,024-rank run teaches as much as an 8-rank one);
+* each rank's latest main-thread stack.
 
-A checker thread looks every ``CHECK_INTERVAL_S``:
+A checker thread looks every ``CHECK_INTERVAL_S`` (so a stream's in-flight report is judged
+within that, not at the findings refresh):
 
-* a collective hung by collector.data.hang_rule (some rank has waited in it for the smallest
-  ``hang_after_s`` of the ranks waiting in it): every member that is not waiting in it (missing)
-  is asked for its Python stacks, once per collective;
+* a collective stuck by collector.data.hang_rule (in flight ``STUCK_FACTOR`` times its kind's
+  normal wait and at least ``STUCK_FLOOR_S``; hung at the smallest ``hang_after_s`` of the ranks
+  waiting in it): every member that is not waiting in it (missing) is asked for its Python
+  stacks, once per collective, and the collective is a live finding (``findings(run_id)``,
+  collector.data.findings.stuck) until it leaves flight; ``on_change`` hears when a run's live
+  findings change (collector.server.live_findings: the Health RPC, /metrics and alerts);
 * a rank without a heartbeat for ``SILENT_AFTER_PERIODS`` periods is asked once per
   silence;
 * a rank asked that sends no ``stacks`` rows within ``answer_within_s`` (process
@@ -27,7 +35,7 @@ A stream that ends without the rank's RunEnd gets a ``rank_events`` row
 the store like any envelope (under this collector's own client id), so the catalog's
 ``rank_liveness`` view and ``rankscope health`` see them.
 
-The service talks to this module through three calls, ``observe(stream, env)``,
+The service talks to this module through three calls, ``observe(stream, env, rows)``,
 ``closed(stream)`` and ``stop()``, and gives it a ``stream`` object with
 ``request(pb.RankRequest)``; nothing here knows about gRPC threads, so a port of the
 service to grpc.aio keeps this module as is.
@@ -35,6 +43,7 @@ service to grpc.aio keeps this module as is.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import secrets
@@ -44,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.data import hang_rule
 from collector.data.codec import decode_batch
@@ -55,6 +65,8 @@ log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 0.25
 SILENT_AFTER_PERIODS = 3
 ANSWER_WITHIN_S = 5.0
+LEARN_PER_S = 20.0  # comm batches per run and second that teach the normal waits
+ASK_AT_SHARE = 0.5  # missing ranks are asked for stacks this far to stuck, so the words are ready on time
 
 
 def _crossed(entered_ns: int | None, time_ns: int | None, hang_after_s: float | None) -> bool:
@@ -87,10 +99,38 @@ class _Rank:
     last_seen: float = 0.0  # our monotonic clock, when its last heartbeat arrived
     period_s: float = 1.0
     step: int = 0
-    inflight: dict = field(default_factory=dict)  # (group, seq) -> (entered_ns, time_ns, hang_after_s, members, op)
+    # (group, seq) -> (entered_ns, time_ns, hang_after_s, members, op, bytes, step)
+    inflight: dict = field(default_factory=dict)
     asked_at: float | None = None  # our monotonic clock, when we last asked for stacks
     answered: bool = True
     silent_asked: bool = False
+    gone: bool = False  # its stream closed without RunEnd
+    stack: tuple[int, str, str] | None = None  # its main thread's latest stack: (time_ns, stack, innermost)
+
+
+@dataclass
+class _Normals:
+    """A run's normal waits: (group, op, size class) -> the worst wait of each recent batch (s)."""
+
+    waits: dict = field(default_factory=dict)
+    learn_at: float = 0.0  # our monotonic clock: the next batch that may teach
+
+    def normal(self, group: str, op: str, nbytes: int | None) -> float | None:
+        seen = self.waits.get((group, op, hang_rule.size_class(nbytes)))
+        return max(seen) if seen is not None and len(seen) >= hang_rule.MIN_SAMPLES else None
+
+    def learn(self, comm: pa.Table) -> None:
+        done = comm.filter(pc.is_valid(comm["end_ns"]))
+        if not done.num_rows:
+            return
+        waits = pc.divide(pc.subtract(done["end_ns"], done["start_ns"]).cast(pa.float64()), 1e9)
+        sizes = [hang_rule.size_class(b) for b in done["bytes"].to_pylist()]
+        worst: dict = {}
+        for key, wait in zip(zip(done["group_name"].to_pylist(), done["op"].to_pylist(), sizes), waits.to_pylist()):
+            if wait is not None and wait > worst.get(key, -1.0):
+                worst[key] = wait
+        for key, wait in worst.items():
+            self.waits.setdefault(key, collections.deque(maxlen=hang_rule.NORMAL_WINDOW)).append(wait)
 
 
 class Liveness:
@@ -98,6 +138,11 @@ class Liveness:
         self.store = store
         self.answer_within_s = answer_within_s
         self.runs: dict[str, dict[int, _Rank]] = {}
+        self.normals: dict[str, _Normals] = {}
+        self.names: dict[str, str] = {}  # run_id -> the name its Hello gave
+        self.on_change = None  # called with a run id when its live findings change (from the checker)
+        self._live: dict[str, list] = {}  # run_id -> its stuck collectives (findings.stuck.Stuck), last check
+        self._live_keys: dict[str, frozenset] = {}  # run_id -> what its live findings say, to tell a change
         self._asked_for: set[tuple] = set()  # (run_id, group, seq, rank): each missing rank asked once per hang
         self._lock = threading.Lock()
         self._client_id = f"rankscope-collector.{secrets.token_hex(6)}"
@@ -108,20 +153,24 @@ class Liveness:
             self._thread.start()
 
     # ---- fed by the service ----
-    def observe(self, stream: RankStream, env: pb.Envelope) -> None:
-        """An accepted envelope; never raises (the live view must not cost a stream)."""
+    def observe(self, stream: RankStream, env: pb.Envelope, rows: list | None = None) -> None:
+        """An accepted envelope (``rows``: what the codec made of it, (table, run_id, Arrow table)
+        each); never raises (the live view must not cost a stream)."""
         try:
             body = env.WhichOneof("body")
             if body == "hello":
                 with self._lock:
                     rank = self._rank(env.hello.run_id, env.hello.rank)
-                    rank.stream, rank.ended, rank.host = stream, False, env.hello.host
+                    rank.stream, rank.ended, rank.host, rank.gone = stream, False, env.hello.host, False
+                    self.names[env.hello.run_id] = env.hello.run_name or env.hello.run_id
                     rank.last_seen = rank.last_seen or time.monotonic()
             elif body == "end":
                 with self._lock:
                     self._rank(env.end.run_id, env.end.rank).ended = True
             elif body == "table" and env.table.table in ("heartbeats", "inflight", "stacks"):
                 self._table(stream, env.table)
+            elif body == "table" and env.table.table == "comm" and rows:
+                self._learn(env.table.run_id, rows)
         except Exception:
             log.exception("liveness: could not read envelope seq %d", env.seq)
 
@@ -134,6 +183,7 @@ class Liveness:
                     if rank.stream is stream:
                         rank.stream = None
                         if not rank.ended:
+                            rank.gone = True
                             gone.append((run_id, r))
         for run_id, r in gone:
             self._event(run_id, r, "disconnected", "the stream closed without RunEnd")
@@ -157,6 +207,21 @@ class Liveness:
 
     def _rank(self, run_id: str, rank: int) -> _Rank:
         return self.runs.setdefault(run_id, {}).setdefault(rank, _Rank())
+
+    def _learn(self, run_id: str, rows: list) -> None:
+        now = time.monotonic()
+        with self._lock:
+            normals = self.normals.setdefault(run_id, _Normals())
+            if now < normals.learn_at:
+                return
+            normals.learn_at = now + 1.0 / LEARN_PER_S
+        for table, _, comm in rows:
+            if table == "comm":
+                learned = _Normals()
+                learned.learn(comm)  # outside the lock: the checker never waits on Arrow
+                with self._lock:
+                    for key, waits in learned.waits.items():
+                        normals.waits.setdefault(key, collections.deque(maxlen=hang_rule.NORMAL_WINDOW)).extend(waits)
 
     def _table(self, stream: RankStream, batch: pb.TableBatch) -> None:
         rows = decode_batch(batch).to_pylist()
@@ -191,9 +256,14 @@ class Liveness:
                         row["hang_after_s"],
                         members(row["group_ranks"] or "", row["group_size"] or 0),
                         row["op"],
+                        row["bytes"],
+                        row["step"],
                     )
             else:  # stacks: an answer (or a capture of its own, which answers as well)
                 rank.answered = True
+                for row in rows:
+                    if row["is_main"] and (rank.stack is None or (row["time_ns"] or 0) >= rank.stack[0]):
+                        rank.stack = (row["time_ns"] or 0, row["stack"] or "", row["innermost"] or "")
         if news:  # readable now, not at the store's next interval (the envelope is submitted already)
             self._readable_now()
 
@@ -211,10 +281,17 @@ class Liveness:
         now = time.monotonic()
         asks: list[tuple[_Rank, str]] = []
         unresponsive: list[tuple[str, int, str]] = []
+        live: dict[str, list] = {}
         with self._lock:
             for run_id, ranks in self.runs.items():
-                for key, (op, waiting, threshold_s, group_members, oldest_ns) in self._stuck(ranks).items():
-                    if not hang_rule.is_hung((now_ns - oldest_ns) / 1e9, threshold_s):
+                normals = self.normals.get(run_id) or _Normals()
+                for key, (op, waiting, threshold_s, group_members, oldest_ns, nbytes, step) in self._stuck(
+                    ranks
+                ).items():
+                    waited_s = (now_ns - oldest_ns) / 1e9
+                    normal_s = normals.normal(key[0], op, nbytes)
+                    stuck_after_s = hang_rule.stuck_after(normal_s, threshold_s)
+                    if not hang_rule.is_hung(waited_s, ASK_AT_SHARE * stuck_after_s):
                         continue
                     group, seq = key
                     for m in group_members:
@@ -224,6 +301,22 @@ class Liveness:
                         rank = ranks.get(m)
                         if rank is not None and not rank.ended:
                             asks.append((rank, f"missing from {op} #{seq} of {group}"))
+                    if not hang_rule.is_hung(waited_s, stuck_after_s):
+                        continue
+                    live.setdefault(run_id, []).append(
+                        (
+                            key,
+                            op,
+                            step,
+                            waiting,
+                            group_members,
+                            oldest_ns,
+                            waited_s,
+                            normal_s,
+                            stuck_after_s,
+                            threshold_s,
+                        )
+                    )
                 for r, rank in ranks.items():
                     silent = now - rank.last_seen > SILENT_AFTER_PERIODS * rank.period_s
                     if silent and rank.last_beat_ns and not rank.ended and not rank.silent_asked:
@@ -234,6 +327,7 @@ class Liveness:
                         unresponsive.append((run_id, r, f"no stacks within {self.answer_within_s:g} s of asking"))
             for rank, _ in asks:
                 rank.asked_at, rank.answered = now, False
+            changed = self._judge(live, now)
             self._forget_quiet_runs()
         for rank, reason in asks:
             if rank.stream is not None:
@@ -243,6 +337,117 @@ class Liveness:
                     log.exception("liveness: could not send a stack request")
         for run_id, r, detail in unresponsive:
             self._event(run_id, r, "unresponsive", detail)
+        for run_id in changed:
+            if self.on_change is not None:
+                try:
+                    self.on_change(run_id)
+                except Exception:
+                    log.exception("liveness: a listener of live findings failed")
+
+    def findings(self, run_id: str) -> list:
+        """The run's live findings as of the last check: its stuck and hung collectives, with where
+        their missing ranks are (collector.data.findings.stuck)."""
+        with self._lock:
+            stuck = list(self._live.get(run_id, ()))
+        if not stuck:
+            return []
+        from collector.data.findings.stuck import stuck_collectives  # pandas-free, but the package is not
+
+        return stuck_collectives(stuck)
+
+    def name_of(self, run_id: str) -> str:
+        with self._lock:
+            return self.names.get(run_id, run_id)
+
+    def resolve(self, run: str) -> str | None:
+        """A run id, or a name (the newest run of that name followed here), -> the run's id."""
+        with self._lock:
+            if run in self.runs:
+                return run
+            named = [run_id for run_id in self.runs if self.names.get(run_id) == run]
+        return named[-1] if named else None
+
+    def holds(self, run_id: str) -> bool:
+        """Whether this collector follows the run live (some rank of it streams here)."""
+        with self._lock:
+            return any(r.stream is not None for r in self.runs.get(run_id, {}).values())
+
+    def _judge(self, live: dict, now: float) -> list[str]:
+        """Turn this check's stuck collectives into findings.stuck's input (under the lock); the
+        runs whose live findings changed."""
+        if not live and not self._live:
+            return []
+        from collector.data.findings.stuck import MAX_NAMED, Missing, Stuck, activity
+
+        judged: dict[str, list] = {}
+        for run_id, entries in live.items():
+            ranks = self.runs[run_id]
+            for key, op, step, waiting, group_members, oldest_ns, waited_s, normal_s, stuck_s, hang_s in entries:
+                missing, pending = [], False
+                for m in group_members:
+                    if m in waiting:
+                        continue
+                    rank = ranks.get(m)
+                    if rank is None:
+                        missing.append(Missing(rank=m))
+                        continue
+                    elsewhere = [(k, v) for k, v in rank.inflight.items() if k != key]
+                    silent_s = now - rank.last_seen
+                    stack = rank.stack if rank.stack is not None and rank.stack[0] >= oldest_ns else None
+                    if stack is None and not rank.gone and not elsewhere and len(missing) < MAX_NAMED:
+                        # its stack is on its way: the words wait for it (a checkpoint is no warning)
+                        asked = rank.asked_at is not None and now - rank.asked_at < self.answer_within_s
+                        pending = pending or (
+                            asked and not rank.ended and silent_s <= SILENT_AFTER_PERIODS * rank.period_s
+                        )
+                    missing.append(
+                        Missing(
+                            rank=m,
+                            gone=rank.gone,
+                            silent_s=silent_s if silent_s > SILENT_AFTER_PERIODS * rank.period_s else None,
+                            elsewhere=(
+                                (lambda k, v: (k[0], int(k[1]), v[4]))(*min(elsewhere, key=lambda kv: kv[1][0]))
+                                if elsewhere
+                                else None
+                            ),
+                            stack=stack[1] if stack else "",
+                            innermost=stack[2] if stack else "",
+                        )
+                    )
+                if pending:
+                    previous = [c for c in self._live.get(run_id, ()) if (c.group_name, c.seq) == key]
+                    judged.setdefault(run_id, []).extend(previous)  # as judged before, if it was
+                    continue
+                judged.setdefault(run_id, []).append(
+                    Stuck(
+                        group_name=key[0],
+                        seq=int(key[1]),
+                        op=op,
+                        step=None if step is None else int(step),
+                        waiting=tuple(sorted(waiting)),
+                        missing=tuple(missing),
+                        waited_s=waited_s,
+                        normal_s=normal_s,
+                        stuck_after_s=stuck_s,
+                        hang_after_s=hang_s,
+                    )
+                )
+        changed = []
+        for run_id in set(judged) | set(self._live):
+            stuck = judged.get(run_id, [])
+            keys = frozenset(
+                (c.group_name, c.seq, c.waited_s >= c.hang_after_s, tuple((m.rank, m.gone, m.elsewhere is not None,
+                 m.silent_s is not None, activity(m.stack)) for m in c.missing))
+                for c in stuck
+            )  # fmt: skip
+            if keys != self._live_keys.get(run_id, frozenset()):
+                changed.append(run_id)
+            if stuck:
+                self._live[run_id], self._live_keys[run_id] = stuck, keys
+            else:
+                self._live.pop(run_id, None)
+                self._live_keys.pop(run_id, None)
+        return changed
 
     def _forget_quiet_runs(self) -> None:
         """Drop the runs nothing can happen to any more without new data (see the module's docstring)."""
@@ -257,24 +462,29 @@ class Liveness:
         done = [run_id for run_id, ranks in self.runs.items() if all(quiet(r) for r in ranks.values())]
         for run_id in done:
             del self.runs[run_id]
+            self.normals.pop(run_id, None)
+            self.names.pop(run_id, None)
         if done:
             gone = set(done)
             self._asked_for = {key for key in self._asked_for if key[0] not in gone}
 
     @staticmethod
     def _stuck(ranks: dict[int, _Rank]) -> dict:
-        """(group, seq) -> (op, waiting ranks, threshold (hang_rule), members, earliest entry) over
-        in-flight reports."""
+        """(group, seq) -> (op, waiting ranks, threshold (hang_rule), members, earliest entry, bytes,
+        step) over in-flight reports."""
         stuck: dict = {}
         for r, rank in ranks.items():
             if rank.ended:
                 continue
-            for key, (entered_ns, _, hang_after_s, group_members, op) in rank.inflight.items():
-                entry = stuck.setdefault(key, [op, set(), [], group_members, entered_ns])
+            for key, (entered_ns, _, hang_after_s, group_members, op, nbytes, step) in rank.inflight.items():
+                entry = stuck.setdefault(key, [op, set(), [], group_members, entered_ns, nbytes, step])
                 entry[1].add(r)
                 entry[2].append(hang_after_s)
                 entry[4] = min(entry[4], entered_ns)
-        return {k: (op, waiting, hang_rule.threshold(s), m, oldest) for k, (op, waiting, s, m, oldest) in stuck.items()}
+        return {
+            k: (op, waiting, hang_rule.threshold(s), m, oldest, nbytes, step)
+            for k, (op, waiting, s, m, oldest, nbytes, step) in stuck.items()
+        }
 
     def _readable_now(self) -> None:
         """Have the store commit what it holds now (collector.server.store.Store.flush_soon)."""

@@ -43,8 +43,14 @@ def serve(
     *,
     on_ready: Callable[[Listening], None] | None = None,
     on_stopping: Callable[[], None] | None = None,
+    compact_now: threading.Event | None = None,
+    on_compacted: Callable[[int], None] | None = None,
 ) -> None:
-    """Run a collector until ``stop`` is set, then commit what is buffered and return."""
+    """Run a collector until ``stop`` is set, then commit what is buffered and return.
+
+    ``compact_now`` set (``rankscope collect`` sets it on SIGUSR1) runs one compaction pass on this
+    thread, then ``on_compacted(merges)``: for an operator, and for tests that need a merge, a
+    rollup or a retention pass to have happened rather than wait for the nice +10 thread's scan."""
     access = settings.security
     server, bound, state = create_server(
         settings.address,
@@ -58,8 +64,9 @@ def serve(
     )
     metrics = requested = advertised = None
     try:
-        if settings.metrics.refreshes_findings:
-            metrics = _start_metrics(settings, state)
+        # always: the findings the Health RPC answers from (collector.server.live_findings); with no
+        # --metrics-port nor webhook it follows only the runs streaming here, so an idle collector idles
+        metrics = _start_metrics(settings, state)
         server.start()
         requested = RequestFiles(state)  # the dashboard's "profile now" (collector.data.requests)
         listening = Listening(
@@ -75,8 +82,12 @@ def serve(
         live_collector.write(state.data_dir, advertised, listening.token_required, os.getpid(), tls=listening.tls)
         if on_ready is not None:
             on_ready(listening)
-        while not stop.wait(1.0):  # wakes now and then, so a signal handler in this thread runs
-            pass
+        while not stop.wait(0.2):  # wakes now and then, so a signal handler in this thread runs
+            if compact_now is not None and compact_now.is_set():
+                compact_now.clear()
+                merges = state.compactor.run_pass()
+                if on_compacted is not None:
+                    on_compacted(merges)
         if on_stopping is not None:
             on_stopping()
     finally:
@@ -92,7 +103,7 @@ def serve(
 
 def _start_metrics(settings: CollectorSettings, state):
     """The findings refresh, with /metrics, the alert webhook and the escalation as asked."""
-    # imported only when asked for: the findings pull in pandas, the endpoint prometheus_client
+    # imported here, not at the top: the findings pull in pandas, the endpoint prometheus_client
     from collector.server.alerts import AlertWebhook
     from collector.server.escalation import Escalation
     from collector.server.metrics import MetricsEndpoint

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import logging
 import threading
 import time
@@ -385,7 +386,7 @@ class CollectorServicer:
         except BaseException:
             acks.withdraw()
             raise
-        self.state.liveness.observe(acks, env)  # a resent Hello too: it names the rank's new stream
+        self.state.liveness.observe(acks, env, rows)  # a resent Hello too: it names the rank's new stream
 
     async def Command(self, request, context):
         if isinstance(request, Undecodable):
@@ -400,7 +401,7 @@ class CollectorServicer:
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"health request: {request.problem}")
         s = self.state
-        return pb.HealthReply(
+        reply = pb.HealthReply(
             schema_version=SCHEMA_VERSION,
             server_version=SERVER_VERSION,
             uptime_s=time.monotonic() - s.started,
@@ -408,6 +409,12 @@ class CollectorServicer:
             records_durable=s.store.records_durable,
             batches_rejected=s.batches_rejected,
         )
+        if request.run:  # the findings held in memory (collector.server.live_findings)
+            run_id, held, found, age_s = s.findings.answer(request.run)
+            reply.run_id, reply.held, reply.findings_age_s = run_id or "", held, age_s
+            if held:
+                reply.findings_json = json.dumps([f.to_json() for f in found], default=str)
+        return reply
 
 
 def _count_resent(resent, run_id: str, records: int, then, error: BaseException | None) -> None:

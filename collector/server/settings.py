@@ -41,11 +41,6 @@ class MetricsSettings(ConfigBlock):
     alert_webhook: str | None = None  # post each new finding here (collector.server.alerts)
     auto_profile: bool = True  # ask the ranks a new live finding names for evidence (server.escalation)
 
-    @property
-    def refreshes_findings(self) -> bool:
-        """Whether anything needs the findings refresh (collector.server.metrics)."""
-        return self.port is not None or bool(self.alert_webhook) or self.auto_profile
-
 
 @dataclass(kw_only=True)
 class SecuritySettings(ConfigBlock):

@@ -1,6 +1,6 @@
-"""What a running collector holds: its store, compactor, liveness and commands, the stream
-limits, the counters ``Health`` reports, and who each client is (its Hello), for streams that
-send none (collector.server.service)."""
+"""What a running collector holds: its store, compactor, liveness and commands, the findings it
+holds per run (collector.server.live_findings), the stream limits, the counters ``Health``
+reports, and who each client is (its Hello), for streams that send none (collector.server.service)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from collector.data import catalog
 from collector.server.commands import Commands
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.limits import PeerStreams, StreamLimits
+from collector.server.live_findings import LiveFindings
 from collector.server.liveness import Liveness
 from collector.server.resends import Resends
 from collector.server.store import Store, StoreConfig
+from collector.server.write_status import WriteStatus
 from proto import pb
 
 CLIENT_IDENTITIES = 1 << 18  # client_id -> (run, rank) of its Hello, newest kept (~100 bytes each)
@@ -36,10 +38,12 @@ class CollectorState:
         self.limits = stream_limits or StreamLimits()
         self.peers = PeerStreams(self.limits.max_streams_per_peer)
         self.store = Store(self.data_dir, store_config, writer)  # recovers the data dir first
+        self.store.write_status = WriteStatus(self.data_dir)  # a failing disk, said in the log, /metrics, health
         catalog.ensure_catalog(self.data_dir)
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
         self.liveness = Liveness(self.store)
         self.commands = Commands(self.liveness)
+        self.findings = LiveFindings(self.liveness)
         self.resends = Resends(self.data_dir)
         self.started = time.monotonic()
         self._lock = threading.Lock()

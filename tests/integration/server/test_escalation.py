@@ -152,8 +152,8 @@ def test_the_escalations_own_refresh_reads_nothing_while_no_run_streams_here(tmp
 
 @pytest.mark.parametrize("flags, on", [((), True), (("--no-auto-profile",), False), (("--auto-profile",), True)])
 def test_collect_escalates_by_default_and_no_auto_profile_switches_it_off(tmp_path, flags, on):
-    """Issue 32: automatic escalation is on unless ``collect --no-auto-profile``; off, nothing refreshes
-    the findings for it (no --metrics-port, no --alert-webhook)."""
+    """Issue 32: automatic escalation is on unless ``collect --no-auto-profile`` (the findings refresh
+    runs either way since issue 45: the Health RPC answers from it)."""
     import argparse
 
     from collector.tools.commands import collect
@@ -161,4 +161,4 @@ def test_collect_escalates_by_default_and_no_auto_profile_switches_it_off(tmp_pa
     parser = argparse.ArgumentParser()
     collect.add_arguments(parser)
     metrics = collect.settings_from_args(parser.parse_args(["--data-dir", str(tmp_path), *flags])).metrics
-    assert metrics.auto_profile is on and metrics.refreshes_findings is on
+    assert metrics.auto_profile is on

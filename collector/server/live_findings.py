@@ -1,0 +1,110 @@
+"""The findings a running collector holds in memory, per run: one source for the Health RPC
+(``rankscope health``'s fast path), /metrics' ``rankscope_findings`` and the alert webhook, so
+they all say the same thing.
+
+Two parts make a run's findings:
+
+* the stored-data findings (collector.data.findings.for_run over the catalog), which the findings
+  refresh (collector.server.metrics) computes every ``refresh_s`` for the runs streaming here and
+  hands over with ``stored``;
+* the live ones (collector.server.liveness: stuck and hung collectives, with where their missing
+  ranks are), judged every ``liveness.CHECK_INTERVAL_S`` from what the streams report. They take
+  the place of the stored ``stuck`` findings and of a stored ``hang`` of the same collective (the
+  same story, told sooner); every other stored finding stands.
+
+When the live part changes (a collective gets stuck, a stack names where its missing rank is, it
+leaves flight) the listeners (``listen``: the alert webhook) hear it from the liveness checker at
+once, not at the next refresh.
+
+A run is *held* while a rank of it streams here and the refresh has computed its stored part at
+least once; otherwise the Health RPC says so and ``rankscope health`` computes from the data dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("rankscope.live_findings")
+
+REPLACED_BY_LIVE = ("stuck",)  # stored kinds the live judgment always replaces
+
+
+class LiveFindings:
+    def __init__(self, liveness) -> None:
+        self.liveness = liveness
+        self._stored: dict[str, tuple[str, list, float]] = {}  # run_id -> (name, findings, when: monotonic)
+        self._lock = threading.Lock()
+        self._listeners: list[Callable] = []
+        liveness.on_change = self._live_changed
+
+    def listen(self, listener: Callable[[str, str, list], None]) -> None:
+        """``listener(run_id, run_name, findings)`` on each change of a run's live findings."""
+        self._listeners.append(listener)
+
+    def stored(self, run_id: str, name: str, found: list) -> None:
+        """The refresh computed a run's findings from the stored data."""
+        with self._lock:
+            self._stored[run_id] = (name, list(found), time.monotonic())
+
+    def keep(self, run_ids) -> None:
+        """Forget the stored findings of runs the refresh no longer follows."""
+        keep = set(run_ids)
+        with self._lock:
+            for run_id in [r for r in self._stored if r not in keep]:
+                del self._stored[run_id]
+
+    def name_of(self, run_id: str) -> str:
+        with self._lock:
+            stored = self._stored.get(run_id)
+        return stored[0] if stored else self.liveness.name_of(run_id)
+
+    def current(self, run_id: str) -> list:
+        """The run's findings now: stored ones, with the live judgment in place of the stale one."""
+        live = self.liveness.findings(run_id)
+        with self._lock:
+            stored = self._stored.get(run_id)
+        found = list(stored[1]) if stored else []
+        collectives = {(f.evidence.get("group_name"), f.evidence.get("seq")) for f in live}
+        merged = [
+            f
+            for f in found
+            if f.kind not in REPLACED_BY_LIVE
+            and not (f.kind == "hang" and (f.evidence.get("group_name"), f.evidence.get("seq")) in collectives)
+        ] + live
+        from collector.data.findings.model import ranked
+
+        return ranked(merged)
+
+    def runs(self) -> list[str]:
+        """Runs with stored findings, or live ones."""
+        with self._lock:
+            held = list(self._stored)
+        return held + [r for r in self.liveness.streaming_runs() if r not in held and self.liveness.findings(r)]
+
+    def resolve(self, run: str) -> str | None:
+        """A run id or name (the newest run of that name followed here) -> its id; None if not followed."""
+        return self.liveness.resolve(run)
+
+    def answer(self, run: str) -> tuple[str | None, bool, list, float]:
+        """(run id, held, findings, age of the stored part in s) for the Health RPC."""
+        run_id = self.resolve(run)
+        if run_id is None or not self.liveness.holds(run_id):
+            return run_id, False, [], 0.0
+        with self._lock:
+            stored = self._stored.get(run_id)
+        if stored is None:  # streaming, but not refreshed yet: the data dir has the whole story
+            return run_id, False, [], 0.0
+        return run_id, True, self.current(run_id), time.monotonic() - stored[2]
+
+    def _live_changed(self, run_id: str) -> None:
+        if not self._listeners:
+            return
+        found, name = self.current(run_id), self.name_of(run_id)
+        for listener in self._listeners:
+            try:
+                listener(run_id, name, found)
+            except Exception:
+                log.exception("live findings: a listener failed")

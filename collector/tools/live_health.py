@@ -1,0 +1,90 @@
+"""``rankscope health RUN``'s fast path: ask the collector serving the data dir for the findings it
+holds in memory (its Health RPC; collector.server.live_findings) instead of computing them again.
+
+The collector found in ``D/collector.json`` (collector.data.live_collector) follows a run live while
+a rank of it streams there: its findings are the stored-data ones of its last refresh (at most
+``refresh_s`` old) with the live judgment of stuck and hung collectives, current to a quarter of a
+second. This path imports grpc and the stubs, never pandas or duckdb, so the answer is printed in
+a fraction of a second where computing it costs seconds of CPU.
+
+``ask`` returns None when there is nothing to ask (no collector advertised, it does not answer
+within ``TIMEOUT_S``, refuses the token, or does not follow the run): the caller computes from
+the data dir then (collector.tools.health). The lines printed and the exit code are those of the
+data-dir path; what only the data dir has (captured evidence, retention notes) is left to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import NamedTuple
+
+TIMEOUT_S = 1.0
+SEVERITY_EXIT = {"critical": 2, "warning": 1}
+
+
+class Answer(NamedTuple):
+    run_id: str
+    findings: list[dict]  # as Finding.to_json gives them, most urgent first
+    age_s: float  # since the collector computed the stored-data part (the live part is current)
+
+
+def lines(found: list[dict], run_id: str, notes: bool = False) -> list[str]:
+    """The same lines collector.tools.health.report prints, from findings as JSON."""
+    problems = [f for f in found if f["severity"] in ("critical", "warning")]
+    infos = [f for f in found if f["severity"] == "info"]
+    out = [f"{run_id}: {f['severity']}: {f['text']}" for f in problems]
+    if not problems:
+        hint = f" ({len(infos)} note{'s' * (len(infos) != 1)}: --all shows them)" if infos and not notes else ""
+        out.append(f"{run_id}: healthy, nothing to fix{hint}")
+    if notes:
+        out += [f"{run_id}: info: {f['text']}" for f in infos]
+    return out
+
+
+def exit_code(found: list[dict]) -> int:
+    return max((SEVERITY_EXIT.get(f["severity"], 0) for f in found), default=0)
+
+
+def fetch(data_dir, run: str, *, timeout_s: float = TIMEOUT_S) -> Answer | None:
+    """The live collector of ``data_dir``'s answer for ``run``, or None."""
+    from collector.data import live_collector, security
+
+    live = live_collector.read(data_dir)
+    if live is None:
+        return None
+    token = security.resolve_token()
+    if live.token_required and not token:
+        return None
+    tls_ca = security.resolve_tls_ca()
+    if live.tls and not tls_ca:
+        return None
+    import grpc
+
+    from proto import pb, pb_grpc
+
+    try:
+        with security.open_channel(live.endpoint, tls_ca=tls_ca if live.tls else None) as channel:
+            reply = pb_grpc.CollectorStub(channel).Health(
+                pb.HealthRequest(run=run), timeout=timeout_s, metadata=security.auth_metadata(token)
+            )
+    except (grpc.RpcError, security.SecurityConfigError):
+        return None
+    if not reply.held:
+        return None
+    return Answer(reply.run_id, json.loads(reply.findings_json or "[]"), reply.findings_age_s)
+
+
+def ask(args: argparse.Namespace) -> int | None:
+    """Print the live collector's answer and return the exit code; None: not answered here."""
+    answer = fetch(args.data_dir, args.run)
+    if answer is None:
+        return None
+    run_id, found, _ = answer
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        print("\n".join(lines(found, run_id, notes=args.all)))
+    sys.stdout.flush()
+    return exit_code(found)

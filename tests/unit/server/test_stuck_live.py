@@ -1,0 +1,130 @@
+"""The collector's live view learns each collective's normal wait from the comm rows the ranks send
+and names a collective stuck far beyond it, seconds in, at default settings (hang_after_s 60 s),
+with where the missing rank is (its stack); and not before (a wait within the floor, a kind of
+collective without a normal yet)."""
+
+from __future__ import annotations
+
+import time
+
+from collector.data import hang_rule
+from collector.data.codec import encode_batch, envelope_rows
+from collector.server.liveness import Liveness
+from collector.testing import fake_runs
+from tests.unit.server.test_hang_rule import NoStore, RecordingStream, _waiting
+
+RUN, WORLD = "run", 3
+
+
+def _comm(rank: int, seq0: int, wait_s: float, n: int = 8) -> tuple:
+    now = time.time_ns()
+    cols = {
+        "step": list(range(n)), "group_name": ["world"] * n, "group_size": [WORLD] * n,
+        "seq": list(range(seq0, seq0 + n)), "op": ["all_reduce"] * n, "log_name": ["all_reduce"] * n,
+        "dtype": ["float32"] * n, "numel": [4] * n, "bytes": [16] * n,
+        "start_ns": [now - int(wait_s * 1e9)] * n, "end_ns": [now] * n, "async_op": [False] * n,
+        "algbw_gbs": [0.0] * n, "busbw_gbs": [0.0] * n,
+    }  # fmt: skip
+    env = fake_runs.envelope(f"c{rank}", seq0, table=encode_batch("comm", RUN, rank, cols))
+    return env, envelope_rows(env)
+
+
+def _stacks(rank: int, stack: str, time_ns: int):
+    cols = {
+        "step": [5], "reason": ["missing"], "thread_name": ["MainThread"], "thread_id": [1], "is_main": [True],
+        "stack": [stack], "innermost": ["train.py:88 in stall"], "time_ns": [time_ns],
+    }  # fmt: skip
+    return fake_runs.envelope(f"c{rank}", 99, table=encode_batch("stacks", RUN, rank, cols))
+
+
+def _live(learned_wait_s: float | None, answer_within_s: float = 0.0) -> tuple[Liveness, dict]:
+    """A live view of 3 ranks; ``answer_within_s`` 0: a missing rank's stack is not waited for."""
+    liveness = Liveness(NoStore(), start=False, answer_within_s=answer_within_s)
+    streams = {r: RecordingStream() for r in range(WORLD)}
+    for r in range(WORLD):
+        liveness.observe(streams[r], fake_runs.hello(f"c{r}", 1, RUN, r, WORLD))
+    if learned_wait_s is not None:
+        for batch in range(hang_rule.MIN_SAMPLES):
+            env, rows = _comm(0, 1 + 8 * batch, learned_wait_s)
+            liveness.observe(streams[0], env, rows)
+            liveness.normals[RUN].learn_at = 0.0  # each batch teaches (the rate limit is for 1,024 ranks)
+    return liveness, streams
+
+
+def _waits(liveness, streams, waited_s: float, now_ns: int) -> None:
+    for r in (0, 1):
+        liveness.observe(streams[r], _waiting(RUN, r, waited_s, hang_rule.DEFAULT_HANG_AFTER_S, now_ns))
+
+
+def test_a_collective_far_beyond_its_normal_is_stuck_in_seconds_naming_the_missing_ranks_stack():
+    liveness, streams = _live(learned_wait_s=0.02, answer_within_s=5.0)
+    assert liveness.normals[RUN].normal("world", "all_reduce", 16) == 0.02
+    changes = []
+    liveness.on_change = changes.append
+    now_ns = time.time_ns()
+    _waits(liveness, streams, hang_rule.STUCK_FLOOR_S / 2 + 0.1, now_ns)  # half way: rank 2 is asked already
+    liveness.check(now_ns)
+    assert [q.reason for q in streams[2].requests] == ["missing from all_reduce #7 of world"], "rank 2 not asked"
+    assert liveness.findings(RUN) == []
+    _waits(liveness, streams, hang_rule.STUCK_FLOOR_S + 0.5, now_ns)
+    liveness.check(now_ns)
+    assert liveness.findings(RUN) == [], "named before its stack could say where rank 2 is"
+    # its stack arrives: the words follow it
+    stack = '  File "/job/train.py", line 88, in stall_before_collective\n    time.sleep(9)\n'
+    liveness.observe(streams[2], _stacks(2, stack, now_ns))
+    liveness.check(now_ns)
+    [f] = liveness.findings(RUN)
+    assert (f.kind, f.severity, f.ranks) == ("stuck", "warning", (2,)), f
+    assert "ranks 0-1 waiting 4 s in all_reduce #7 of world" in f.text, f.text
+    assert "rank 2 is at train.py:88 in stall_before_collective" in f.text, f.text
+    assert changes == [RUN], "the change was not announced"
+    assert len(streams[2].requests) == 1, "asked twice"
+
+
+def test_a_missing_rank_that_does_not_answer_is_named_without_its_stack():
+    liveness, streams = _live(learned_wait_s=0.02)
+    now_ns = time.time_ns()
+    _waits(liveness, streams, hang_rule.STUCK_FLOOR_S + 0.5, now_ns)
+    liveness.check(now_ns)
+    [f] = liveness.findings(RUN)
+    assert "rank 2 is not there yet (stacks asked for)" in f.text, f.text
+
+
+def test_no_stuck_within_the_floor_or_for_a_kind_without_a_normal_yet():
+    liveness, streams = _live(learned_wait_s=0.02)
+    now_ns = time.time_ns()
+    _waits(liveness, streams, hang_rule.STUCK_FLOOR_S - 0.5, now_ns)  # a 1 s data-loader hiccup, twice over
+    liveness.check(now_ns)
+    assert liveness.findings(RUN) == []  # (rank 2 was asked for its stack: half way to stuck)
+    liveness, streams = _live(learned_wait_s=None)  # a first checkpoint barrier: nothing learned
+    _waits(liveness, streams, hang_rule.UNLEARNED_STUCK_S - 1.0, now_ns)
+    liveness.check(now_ns)
+    assert liveness.findings(RUN) == []
+    _waits(liveness, streams, hang_rule.UNLEARNED_STUCK_S + 0.5, now_ns)
+    liveness.check(now_ns)
+    assert [f.kind for f in liveness.findings(RUN)] == ["stuck"]
+
+
+def test_a_slow_kind_of_collective_is_judged_against_its_own_normal():
+    liveness, streams = _live(learned_wait_s=2.0)  # e.g. a rank-0 eval that others always wait for
+    now_ns = time.time_ns()
+    _waits(liveness, streams, 2.0 * hang_rule.STUCK_FACTOR - 1.0, now_ns)
+    liveness.check(now_ns)
+    assert liveness.findings(RUN) == []
+    _waits(liveness, streams, 2.0 * hang_rule.STUCK_FACTOR + 0.5, now_ns)
+    liveness.check(now_ns)
+    assert [f.kind for f in liveness.findings(RUN)] == ["stuck"]
+
+
+def test_the_finding_leaves_with_the_collective():
+    liveness, streams = _live(learned_wait_s=0.02)
+    changes = []
+    liveness.on_change = changes.append
+    now_ns = time.time_ns()
+    _waits(liveness, streams, 5.0, now_ns)
+    liveness.check(now_ns)
+    assert liveness.findings(RUN)
+    for r in (0, 1):  # the collective completed: the next beats no longer report it
+        liveness.runs[RUN][r].inflight.clear()
+    liveness.check(now_ns)
+    assert liveness.findings(RUN) == [] and changes == [RUN, RUN]
