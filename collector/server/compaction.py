@@ -42,6 +42,7 @@ from collector.data.catalog import segment_problem
 from collector.data.config import ConfigBlock, setting
 from collector.data.queries import DataDirError
 from collector.data.schema import as_stored
+from collector.server import write_status
 from collector.server.ledger import DELETE_AFTER_S, Ledger
 from collector.server.retention import Retention
 from collector.server.store import segment_order, segment_path, write_segment
@@ -101,6 +102,7 @@ class Compactor:
         self.ledger = ledger
         self.config = config or CompactionConfig()
         self.merges = 0
+        self._disk_full = False  # said once (collector.server.write_status), until a pass succeeds
         self._settled: dict[Path, int] = {}  # partition -> dir mtime when it had nothing to merge
         self._footers_ok: set[Path] = set()  # segments whose footer was read once already
         self._stop = threading.Event()
@@ -136,13 +138,24 @@ class Compactor:
         with self._pass_lock:
             try:
                 merges = self.run_once()
-            except Exception:  # a failed merge leaves its inputs in place; try again next scan
-                log.exception("compaction failed")
+            except Exception as exc:  # a failed merge leaves its inputs in place; try again next scan
+                self._failed("compaction", exc)
+            else:
+                self._disk_full = False
             try:
                 self.ledger.collect_garbage(self.config.delete_after_s)
             except OSError:
                 log.exception("deleting retired segments failed; trying again next scan")
         return merges
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """A full disk is said once until a pass succeeds (the store says it too); anything else
+        with its traceback."""
+        if write_status.reason(exc) != "disk full":
+            log.exception("%s failed; its segments are left as they are", what)
+        elif not self._disk_full:
+            self._disk_full = True
+            log.warning("%s waits: disk full; its segments are left as they are, tried again each pass", what)
 
     def run_once(self) -> int:
         """One pass over every partition; returns how many merges were made."""
@@ -166,8 +179,8 @@ class Compactor:
                 break
             try:
                 merges += self._compact(partition)
-            except Exception:  # one partition's trouble must not stop the others
-                log.exception("compaction of %s failed; its segments are left as they are", partition)
+            except Exception as exc:  # one partition's trouble must not stop the others
+                self._failed(f"compaction of {partition}", exc)
         self.merges += merges
         return merges
 

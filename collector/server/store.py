@@ -11,6 +11,10 @@ Deduplication happens here: an envelope whose (client_id, seq) is durable is
 acknowledged at once; one that is already buffered or being committed (the same
 envelope resent on a second stream) just waits for that commit.
 
+A commit that fails (disk full) acknowledges nothing: the clients resend, and each resend tries
+again, so the store resumes by itself once it can write; a collector's ``write_status``
+(collector.server.write_status) says so once in its log, on /metrics and to ``rankscope health``.
+
 Segment names are ``seg-<commit>-<part>.parquet`` (``cmp-`` for compaction
 output): unique, in commit order, and recognisably the store's own.
 """
@@ -181,6 +185,7 @@ class Store:
         self._committing: dict[tuple[str, int], list[Callback]] = {}
         self._closing = False
         self.records_durable = 0
+        self.write_status = None  # a running collector's collector.server.write_status.WriteStatus
         self._writers = ThreadPoolExecutor(2, thread_name_prefix="rankscope-write")
         self._flusher = threading.Thread(target=self._flush_loop, name="rankscope-flush", daemon=True)
         self._flusher.start()
@@ -305,10 +310,16 @@ class Store:
                 acked.setdefault(client_id, []).append(seq)
             self.ledger.commit_segments(commit, finals, acked)
         except Exception as exc:  # disk full, permissions: nothing is acked, clients resend
-            log.exception("commit %d failed; %d envelopes not acknowledged", commit, len(self._committing))
+            if self.write_status is not None:  # said once per episode, with what people should read
+                self.write_status.failed(exc, len(self._committing))
+            else:
+                log.exception("commit %d failed; %d envelopes not acknowledged", commit, len(self._committing))
             for final in finals:
                 layout.temp_name(final).unlink(missing_ok=True)
             error = exc
+        else:
+            if self.write_status is not None:
+                self.write_status.succeeded()
         with self._cond:
             done, self._committing = self._committing, {}
             self._bytes -= nbytes

@@ -190,54 +190,80 @@ def count_stored(data_dir: Path, run_id: str) -> dict[str, int]:
 
 
 def kill_collectors(
-    data_dir: Path, kills: int, seed: int, *, raw_every: int = 0, max_delay_s: float = 1.5, steps: int = 24, log=None
+    data_dir: Path,
+    kills: int,
+    seed: int,
+    *,
+    raw_every: int = 0,
+    max_delay_s: float = 1.5,
+    steps: int = 12,
+    new_run_every: int = 2,
+    log=None,
 ) -> KillReport:
-    """``kills`` SIGKILLs of a collector over ``data_dir`` (see the module's docstring)."""
+    """``kills`` SIGKILLs of a collector over ``data_dir`` (see the module's docstring). Every
+    ``new_run_every`` rounds a new run joins the ones still being (re)sent, so kills keep landing
+    in ingest as well as in the compaction and rollups of the runs before it."""
     rng = random.Random(seed)
-    sim, per_rank, expected = workload(seed, steps=steps)
-    report = KillReport(envelopes=sum(map(len, per_rank)), rows_expected=sum(expected.values()))
+    runs: list[tuple] = []  # (sim, per_rank envelopes, expected rows per table, acked seqs per rank)
+    report = KillReport()
     args = FAST + (("--raw-every", str(raw_every)) if raw_every else ())
-    acked: list[set[int]] = [set() for _ in per_rank]
     started = time.monotonic()
+
+    def all_envelopes():
+        return [env for _, per_rank, _, _ in runs for env in per_rank], [a for *_, acked in runs for a in acked]
+
+    def add_run() -> None:
+        sim, per_rank, expected = workload(seed * 10_000 + len(runs), steps=steps)
+        runs.append((sim, per_rank, expected, [set() for _ in per_rank]))
+        report.envelopes += sum(map(len, per_rank))
+        report.rows_expected += sum(expected.values())
+
     for i in range(kills):
+        if i % new_run_every == 0:
+            add_run()
         try:
             collector = CollectorProcess(data_dir, *args)
         except RuntimeError as e:
             report.restart_errors.append(f"restart {i}: {e}"[:500])
             break
         delay = rng.uniform(0, max_delay_s)
+        envs, acked = all_envelopes()
         try:
-            _send_round(collector.port, per_rank, acked, rng, report, time.monotonic() + delay)
-            if delay > 0.0 and all(len(a) == len(e) for a, e in zip(acked, per_rank, strict=True)):
-                time.sleep(rng.uniform(0, max_delay_s))  # all acked: the kill lands in compaction, rollup...
+            _send_round(collector.port, envs, acked, rng, report, time.monotonic() + delay)
         finally:
             collector.kill()
         report.kills += 1
-        report.killed_with_unacked += any(len(a) < len(e) for a, e in zip(acked, per_rank, strict=True))
+        report.killed_with_unacked += any(len(a) < len(e) for a, e in zip(acked, envs, strict=True))
         check_readers(data_dir, report, f"after kill {i} (at {delay:.2f} s)")
         if log:
             log(f"kill {i + 1}/{kills} at {delay:.2f} s: {sum(map(len, acked))}/{report.envelopes} acked")
     if not report.restart_errors:
         with CollectorProcess(data_dir, *args) as collector:
-            _send_round(collector.port, per_rank, acked, rng, report, None)
-            missing = sum(len(e) - len(a) for a, e in zip(acked, per_rank, strict=True))
+            envs, acked = all_envelopes()
+            _send_round(collector.port, envs, acked, rng, report, None)
+            missing = sum(len(e) - len(a) for a, e in zip(acked, envs, strict=True))
             if missing:
                 report.lost_or_doubled.append(f"{missing} envelope(s) never acked after the last restart")
             if collector.stop() != 0:
                 report.restart_errors.append(f"the last collector did not stop cleanly: {collector.stderr()}")
         check_readers(data_dir, report, "at the end")
-        stored = count_stored(data_dir, sim.run_id)
-        report.rows_stored = sum(stored.get(t, 0) for t in expected if t != "comm") + stored["comm (reader's count)"]
-        for table, n in expected.items():
-            got = stored["comm (reader's count)"] if table == "comm" else stored.get(table, 0)
-            if table == "comm" and not raw_every and stored["comm"] != n:
-                report.lost_or_doubled.append(f"comm: {stored['comm']} raw rows stored, {n} sent")
-            if got != n:
-                report.lost_or_doubled.append(f"{table}: {got} rows stored, {n} sent and acked")
-        if stored["comm duplicate keys"]:
-            report.lost_or_doubled.append(f"comm: {stored['comm duplicate keys']} rows stored twice")
+        for sim, _, expected, _ in runs:
+            _check_run(data_dir, sim.run_id, expected, raw_every, report)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _check_run(data_dir: Path, run_id: str, expected: dict[str, int], raw_every: int, report: KillReport) -> None:
+    stored = count_stored(data_dir, run_id)
+    report.rows_stored += sum(stored.get(t, 0) for t in expected if t != "comm") + stored["comm (reader's count)"]
+    for table, n in expected.items():
+        got = stored["comm (reader's count)"] if table == "comm" else stored.get(table, 0)
+        if table == "comm" and not raw_every and stored["comm"] != n:
+            report.lost_or_doubled.append(f"{run_id} comm: {stored['comm']} raw rows stored, {n} sent")
+        if got != n:
+            report.lost_or_doubled.append(f"{run_id} {table}: {got} rows stored, {n} sent and acked")
+    if stored["comm duplicate keys"]:
+        report.lost_or_doubled.append(f"{run_id} comm: {stored['comm duplicate keys']} rows stored twice")
 
 
 # ---- rank side ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import json
 import sys
 
 from collector.data import findings, queries, retention, trace_diff
-from collector.server import resends
+from collector.server import resends, write_status
 
 UNREADABLE = 3
 
@@ -63,6 +63,9 @@ def main(args: argparse.Namespace) -> int:
         return UNREADABLE
     finally:
         cat.close()
+    disk = write_status.note(args.data_dir)
+    if disk:  # before the findings: what is stored may be behind
+        print(f"{run_id}: warning: {disk}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps([trace_diff.attach(f.to_json(), captured) for f in found], indent=2))
     else:
@@ -71,4 +74,4 @@ def main(args: argparse.Namespace) -> int:
         for e in captured:
             shown = e.get("headline") or e.get("error")
             print(f"{run_id}: evidence: {shown} (request {e['request_id']}, steps {e.get('steps')})")
-    return findings.exit_code(found)
+    return max(findings.exit_code(found), 1 if disk else 0)

@@ -10,7 +10,7 @@ from collector.testing.kill_harness import kill_collectors, kill_ranks
 
 
 def test_collector_kills_lose_nothing_double_nothing_and_readers_never_fail(tmp_path):
-    report = kill_collectors(tmp_path / "data", kills=4, seed=49, max_delay_s=1.0, steps=12)
+    report = kill_collectors(tmp_path / "data", kills=4, seed=49, max_delay_s=1.0, steps=8)
     assert report.ok, report.problems()
     assert report.kills == 4 and report.rows_stored == report.rows_expected > 0
     assert report.killed_with_unacked > 0, "every kill came after everything was acked: no kill mid-ingest"
