@@ -10,7 +10,7 @@ that ended in the last ``keep_ended_s``:
 | ``rankscope_exposed_comm_share`` | communication not beside compute / step time, same steps (timed runs) |
 | ``rankscope_busbw_gbytes_per_second{op}`` | mean bus bandwidth per op over the last ``window`` steps |
 | ``rankscope_last_arrival_share`` | share of the run's collective instances this rank arrived last to |
-| ``rankscope_findings{kind,severity}`` | findings of the run (collector.data.findings), per run |
+| ``rankscope_findings{kind,severity}`` | findings of the run as held at the scrape (collector.server.live_findings) |
 | ``rankscope_ranks_omitted`` | ranks of the run whose per-rank series are left out (``max_ranks``) |
 
 and the collector's own counters: ``rankscope_collector_records_durable_total``,
@@ -46,9 +46,11 @@ fails (a segment compacted away under it, a bad run) is logged and counted, and 
 snapshot stays. One run's failure stays with that run: its series keep their previous values,
 ``rankscope_metrics_run_errors_total{run_id}`` counts it (logged with its traceback the first time,
 in one line after), and every other run is refreshed and alerted on as usual. Each refresh also
-hands the runs' findings to the alert webhook, if one is set (collector.server.alerts), which posts
+hands the runs' findings to the collector's held findings (collector.server.live_findings: what the
+Health RPC answers), to the alert webhook, if one is set (collector.server.alerts), which posts
 the new ones, and to the escalation, if one is set (collector.server.escalation), which asks the
-ranks they name for evidence.
+ranks they name for evidence. The live part of the findings (stuck and hung collectives) reaches
+the webhook from the liveness checker as it changes, and ``rankscope_findings`` at every scrape.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ MAX_LABEL_CHARS = 64  # a run's name or an op, as a label value
 MAX_RANKS = 256  # per-rank series per run (the worst ranks)
 MAX_RUNS = 64  # runs exported (streaming here first, then the newest)
 IDLE_REFRESH_S = 300.0  # figures of a run with no new data and no stream here are computed again this often
+
+
+def _counts(found) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for f in found:
+        counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
+    return counts
 
 
 def label(value, limit: int = MAX_LABEL_CHARS) -> str:
@@ -163,6 +172,9 @@ class MetricsEndpoint:
         self.port = None
         if port is not None:
             self._serve(host, port)
+        self.held = getattr(state, "findings", None)  # collector.server.live_findings.LiveFindings
+        if self.held is not None and webhook is not None:
+            self.held.listen(webhook.offer)  # stuck, hung, cleared: posted as judged, not at the next refresh
         self._thread = threading.Thread(target=self._run, name="rankscope-metrics", daemon=True)
         self._thread.start()
 
@@ -235,11 +247,21 @@ class MetricsEndpoint:
             run_errors.add_metric((run_id,), n)
         yield run_errors
         snapshot = self.snapshot
+        if self.held is not None:  # the findings as held now (live judgment included), not as last refreshed
+            snapshot = Snapshot({**snapshot.gauges, "rankscope_findings": self._held_counts()})
         for name, (help_text, labels) in GAUGES.items():
             family = GaugeMetricFamily(name, help_text, labels=labels)
             for label_values, value in snapshot.gauges.get(name, ()):
                 family.add_metric(label_values, value)
             yield family
+
+    def _held_counts(self) -> list:
+        samples = Snapshot()
+        for run_id in self.held.runs():
+            run_labels = (run_id, label(self.held.name_of(run_id)))
+            for (kind, severity), n in _counts(self.held.current(run_id)).items():
+                samples.add("rankscope_findings", (*run_labels, kind, severity), n)
+        return samples.gauges.get("rankscope_findings", [])
 
     # ---------------------------------------------------------------- refresh (its own thread)
 
@@ -306,6 +328,8 @@ class MetricsEndpoint:
             for run_id in [r for r in known if r not in live]:
                 del known[run_id]
         self._failed &= live
+        if self.held is not None:
+            self.held.keep(live)
         return snapshot
 
     def _refresh_run(self, run) -> Snapshot:
@@ -339,11 +363,11 @@ class MetricsEndpoint:
                     mine.add(name, (*run_labels, rank, *extra), value)
         mine.add("rankscope_ranks_omitted", run_labels, len(ranks) - len(shown))
         found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps)
-        counts: dict[tuple[str, str], int] = {}
-        for f in found:
-            counts[(f.kind, f.severity)] = counts.get((f.kind, f.severity), 0) + 1
-        for (kind, severity), n in counts.items():
+        for (kind, severity), n in _counts(found).items():
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
+        if self.held is not None:
+            self.held.stored(run.run_id, run.name, found)
+            found = self.held.current(run.run_id)  # the live judgment in place of the stored one
         if self.webhook is not None:
             self.webhook.offer(run.run_id, run.name, found)
         if self.escalation is not None:

@@ -1,6 +1,6 @@
-"""What a running collector holds: its store, compactor, liveness and commands, the stream
-limits, the counters ``Health`` reports, and who each client is (its Hello), for streams that
-send none (collector.server.service)."""
+"""What a running collector holds: its store, compactor, liveness and commands, the findings it
+holds per run (collector.server.live_findings), the stream limits, the counters ``Health``
+reports, and who each client is (its Hello), for streams that send none (collector.server.service)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collector.data import catalog
 from collector.server.commands import Commands
 from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.limits import PeerStreams, StreamLimits
+from collector.server.live_findings import LiveFindings
 from collector.server.liveness import Liveness
 from collector.server.resends import Resends
 from collector.server.store import Store, StoreConfig
@@ -42,6 +43,7 @@ class CollectorState:
         self.compactor = Compactor(self.data_dir, self.store.ledger, compaction_config).start()
         self.liveness = Liveness(self.store)
         self.commands = Commands(self.liveness)
+        self.findings = LiveFindings(self.liveness)
         self.resends = Resends(self.data_dir)
         self.started = time.monotonic()
         self._lock = threading.Lock()
