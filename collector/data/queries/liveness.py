@@ -41,7 +41,7 @@ def desyncs(cat: Catalog, run_id: str) -> pd.DataFrame:
         SELECT ?::VARCHAR AS run_id, rank, group_name, seq, op, dtype, numel FROM unsettled_instances WHERE run_id = ?
         UNION ALL
         SELECT run_id, rank, group_name, seq, op, dtype, numel FROM comm
-        WHERE run_id = ? AND step > ? AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')"""
+        WHERE run_id = ? AND (step IS NULL OR step > ?) AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')"""
     return cat.df(
         f"""SELECT group_name, seq, sides, n_sides FROM ({catalog.desyncs_sql(completed)})
             WHERE run_id = ? ORDER BY group_name, seq""",

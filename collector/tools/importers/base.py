@@ -119,6 +119,7 @@ class Parsed:
     problems: list[Problem] = field(default_factory=list)
     world_size: int | None = None  # when the file says (summary metadata, profiler header)
     sources: list[str] = field(default_factory=list)
+    hints: dict = field(default_factory=dict)  # a format's facts that its settle() reads across files
     refused: bool = False
     _kept: int = 0
     _problems_seen: int = 0
@@ -175,6 +176,7 @@ class Parsed:
             self.rows[key].extend(rows)
         self.problems.extend(other.problems)
         self.sources.extend(other.sources)
+        self.hints.update(other.hints)
         if other.world_size:
             self.world_size = max(self.world_size or 0, other.world_size)
 

@@ -122,7 +122,7 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
                 )
                 del parsed.rows[key]
     _drop_csv_duplicates(parsed_by_format, result)
-    flight_recorder.settle([p for fmt, p in parsed_by_format if fmt is flight_recorder])
+    result.notes += flight_recorder.settle([p for fmt, p in parsed_by_format if fmt is flight_recorder])
     torch_profiler.settle([p for fmt, p in parsed_by_format if fmt is torch_profiler])
     for _, parsed in parsed_by_format:
         result.parsed.merge(parsed)

@@ -4,41 +4,59 @@
 A dump is ``{"version", "pg_config": {pg: {"desc", "ranks"}}, "entries": [...]}``; each entry is
 one collective a rank issued: its process group, ``collective_seq_id`` (rankscope's ``seq``: the
 same number, DESIGN.md's collective identity), ``profiling_name`` ("nccl:all_reduce"), input and
-output sizes and dtypes, ``state`` and times, and the Python ``frames`` that issued it.
+output sizes and dtypes, ``state`` and times, and the Python ``frames`` that issued it (pickles
+only: torch 2.13's JSON dump leaves them out).
 
 Which rank wrote a dump: its ``rank`` key where the version has one, else the number its file
-name ends in (``fr3.json``, ``nccl_trace_rank_3``). Groups take the hook's names: the default
-group is ``world``, another ``g[<ranks>]``.
+name ends in (``fr3.json``, ``nccl_trace_rank_3``, ``host-a.example_rank3``, any
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` prefix). Groups take the hook's names: the default group is
+``world``, another ``g[<ranks>]`` (``g[<ranks>]#<pg>`` for a second group of the same ranks).
 
-Completed or in flight: where the backend tracks state (NCCL: a ``time_discovered_*`` time, a
-``started``/``completed`` state), the state says. gloo records every entry as ``scheduled``; then an
-entry counts as completed when every member of its group entered that seq or a later one (each
-rank's dump in the same import), and in flight otherwise -- the match torch's own analyzer
-(``torch.distributed.flight_recorder.fr_trace``) makes. A member with no dump has entered nothing.
-Completed entries become ``comm`` rows (``start_ns``/``end_ns`` where recorded), in-flight ones
-``inflight`` rows (``entered_ns`` = when the entry was made, ``time_ns`` = when the dump was
-written, its file's mtime; ``hang_after_s`` = the entry's ``timeout_ms``) and one ``stacks`` row
-each from its frames. A run with an in-flight row gets no RunEnd (it is still ``running``), so
-the ``hangs`` and ``desyncs`` views and ``rankscope health`` judge it as a live hang. p2p entries
-(send/recv) are not imported. Pickles load with no class allowed: a dump holds
-only dicts, lists, tuples, strings and numbers, and anything else is refused unexecuted.
+Who is in a group, from every place a dump says it: ``pg_config`` of any rank (NCCL lists every
+group it made a communicator for). Where no dump says (gloo lists only the default group, and with
+``ranks '[]'``): the world is every rank up to the highest one that left a dump or is named, and a
+subgroup is the ranks whose dumps hold its entries -- inferred, and the import says so in a note
+(a member that never entered any of the group's collectives cannot be seen that way).
+
+Parsing is per file and keeps each entry as it was read; ``settle`` decides, across every rank's
+dump of one import, what the rows are. Completed or in flight: where the backend tracks state
+(NCCL: a ``time_discovered_*`` time, a ``started``/``completed`` state), the state says. gloo
+records every entry as ``scheduled``; then an entry counts as completed when every member that
+left a dump entered that seq or a later one -- the match torch's own analyzer
+(``torch.distributed.flight_recorder.fr_trace --allow-incomplete-ranks``) makes. Completed entries
+become ``comm`` rows, the rest ``inflight`` rows (``entered_ns`` = when the entry was made,
+``time_ns`` = when the dump was written, its file's mtime) and one ``stacks`` row each from its
+frames; each rank's newest entry gives a ``stacks`` row too ("last seen"), so a rank that never
+arrived shows where it was. A dump is written after the fact, so an entry some member never
+entered is hung whatever the dump's age (``hang_after_s`` 0); one every member entered and that
+is still running is judged by its own timeout. A run with an in-flight row gets no RunEnd, so the
+``hangs`` and ``desyncs`` views and ``rankscope health`` judge it as they judge a live hang.
+
+p2p entries (send/recv: ``is_p2p``) are not collectives of a group and are not imported. Pickles
+load with no class allowed: a dump holds only dicts, lists, tuples, strings and numbers, and
+anything else is refused unexecuted. Every field is checked for its type before use: an entry that
+is not what the format says is named (file, entry, field) and skipped, never a traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import io
-import json
 import math
 import pickle
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from collector.data.codec import MAX_WORLD_SIZE
 from collector.data.schema import rank_ranges
 from collector.tools.importers import base
 from collector.tools.importers.base import Parsed
 
 NAME = "flight_recorder"
 WORLD_DESC = "default_pg"
+_WORLD = "\0world"  # the key of the default group, whatever a rank's dump names it
+WITHOUT_DUMP = "flight_recorder.without_dump"  # the hint settle() leaves: member ranks that left no dump
 _TRACKED_STATES = {"started", "completed"}
 # Flight Recorder's op names (after "nccl:"/"gloo:") -> torch.distributed's function names
 OPS = {
@@ -86,11 +104,52 @@ DTYPES = {
 }
 _RANK_IN_NAME = re.compile(r"(\d+)$")
 MAX_STACK_FRAMES = 64  # innermost frames kept, as the hook's stack capture keeps
+MAX_DIMS = 64  # a tensor of more dimensions than this is no tensor torch made
+MAX_RANK_LIST = 1 << 20  # a pg_config "ranks" longer than this (characters) is not read
 
 
 class _DataOnly(pickle.Unpickler):
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"a Flight Recorder dump holds no objects, but this one names {module}.{name}")
+
+
+class BadEntry(ValueError):
+    """An entry (or a field of the dump) that is not what the format says; the message names the field."""
+
+
+@dataclass
+class Entry:
+    """One Flight Recorder entry as read, before the import knows who else was in its group."""
+
+    index: int
+    pg: str  # the group's key across ranks (_WORLD for the default group)
+    pg_label: str  # the group as the dump names it, for messages: "1 (undefined)"
+    seq: int
+    op: str
+    dtype: str | None
+    numel: int
+    bytes: int | None
+    state: str
+    start_ns: int | None
+    end_ns: int | None
+    created_ns: int | None
+    timeout_s: float
+    thread_name: str | None
+    thread_id: int | None
+    stack: str
+    innermost: str
+
+
+@dataclass
+class Dump:
+    """What ``parse`` keeps of one rank's dump for ``settle``."""
+
+    path: str
+    rank: int
+    stated: dict[str, list[int]] = field(default_factory=dict)  # group key -> members, where pg_config says
+    entries: list[Entry] = field(default_factory=list)
+    tracked: bool = False  # the backend records each entry's state (NCCL)
+    dumped_ns: int = 0
 
 
 def _load(path: Path) -> dict | None:
@@ -118,43 +177,144 @@ def detect(path: Path) -> bool:
 
 
 def _rank_of(path: Path, dump: dict) -> int | None:
-    if isinstance(dump.get("rank"), int):
+    if isinstance(dump.get("rank"), int) and not isinstance(dump.get("rank"), bool):
         return dump["rank"]
-    m = _RANK_IN_NAME.search(path.name.split(".")[0])
+    m = _RANK_IN_NAME.search(path.name.removesuffix(".json").removesuffix(".pkl"))
     return int(m.group(1)) if m else None
 
 
-def _groups(dump: dict) -> dict[str, tuple[str, list[int]]]:
-    """pg name -> (rankscope's group name, member ranks); WORLD_DESC -> the default group's.
-    (torch 2.13 on gloo keys the default group's pg_config by '' while its entries say "0".)"""
-    out = {}
-    for pg, cfg in (dump.get("pg_config") or {}).items():
-        ranks = cfg.get("ranks", "[]")
-        ranks = sorted(int(r) for r in (json.loads(ranks) if isinstance(ranks, str) else ranks))
-        world = cfg.get("desc") == WORLD_DESC or pg == ""
-        out[str(pg)] = ("world" if world else f"g[{rank_ranges(ranks)}]", ranks)
-        if world or len(ranks) > len(out.get(WORLD_DESC, ("", []))[1]):
-            out.setdefault(WORLD_DESC, ("world", ranks))
-    return out
+def _ranks(value) -> list[int]:
+    """A pg_config ``ranks`` ('[0, 1]' as NCCL writes it, or a list) as sorted ints."""
+    if isinstance(value, str):
+        if len(value) > MAX_RANK_LIST:
+            raise BadEntry(f"'ranks' is {len(value):,} characters long")
+        try:
+            value = ast.literal_eval(value) if value.strip() else []
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+            raise BadEntry(f"'ranks' is not a list of ranks ({value[:40]!r})") from exc
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD_SIZE for r in value
+    ):
+        raise BadEntry(f"'ranks' is not a list of ranks below {MAX_WORLD_SIZE:,} ({str(value)[:40]!r})")
+    return sorted(set(value))
 
 
-def _elements(sizes) -> int:
-    return sum(math.prod(int(d) for d in s) for s in sizes or [])
+def _stated_groups(dump: dict, out: Parsed, path: Path) -> tuple[dict[str, list[int]], set[str]]:
+    """(group key -> members where this dump's pg_config lists them; the pg names that are the world)."""
+    stated, world_names = {}, set()
+    config = dump.get("pg_config")
+    if not isinstance(config, dict):
+        out.problem(path, "pg_config", f"is a {type(config).__name__}, not a map of process groups; ignored")
+        return stated, world_names
+    for pg, cfg in config.items():
+        if not isinstance(cfg, dict):
+            out.problem(path, f"pg_config[{str(pg)[:40]!r}]", "is not a map with 'desc' and 'ranks'; ignored")
+            continue
+        world = cfg.get("desc") == WORLD_DESC or pg == ""  # torch 2.13's gloo keys the world by ''
+        if world:
+            world_names.add(str(pg))
+        try:
+            ranks = _ranks(cfg.get("ranks", []))
+        except BadEntry as exc:
+            out.problem(path, f"pg_config[{str(pg)[:40]!r}]", f"{exc}; its members are inferred instead")
+            continue
+        if ranks:
+            stated[_WORLD if world else str(pg)] = ranks
+    return stated, world_names
 
 
-def _stack(frames: list) -> tuple[str, str]:
+def _int(e: dict, key: str, default=None) -> int | None:
+    value = e.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise BadEntry(f"{key!r} is a {type(value).__name__}, not a number")
+    try:
+        return int(value)
+    except (ValueError, OverflowError) as exc:
+        raise BadEntry(f"{key!r} is {str(value)[:40]!r}, not a number") from exc
+
+
+def _elements(sizes, key: str) -> int:
+    if sizes is None:
+        return 0
+    if not isinstance(sizes, list | tuple):
+        raise BadEntry(f"{key!r} is a {type(sizes).__name__}, not a list of shapes")
+    total = 0
+    for shape in sizes:
+        if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
+            raise BadEntry(f"{key!r} holds {str(shape)[:40]!r}, not a shape")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise BadEntry(f"{key!r} holds {str(shape)[:40]!r}, not a shape of sizes")
+        total += math.prod(shape)
+    return total
+
+
+def _stack(frames) -> tuple[str, str]:
     """(the stack as traceback.format_list writes it, innermost frame last; the innermost frame)."""
-    frames = list(reversed((frames or [])[:MAX_STACK_FRAMES]))  # Flight Recorder lists the innermost first
-    text = "".join(f'  File "{f.get("filename")}", line {f.get("line")}, in {f.get("name")}\n' for f in frames)
-    inner = frames[-1] if frames else None
+    if not isinstance(frames, list | tuple):
+        return "", ""
+    kept = [f for f in frames[:MAX_STACK_FRAMES] if isinstance(f, dict)]
+    kept.reverse()  # Flight Recorder lists the innermost first
+    text = "".join(f'  File "{f.get("filename")}", line {f.get("line")}, in {f.get("name")}\n' for f in kept)
+    inner = kept[-1] if kept else None
     return text, f"{inner.get('filename')}:{inner.get('line')} in {inner.get('name')}" if inner else ""
 
 
+def _entry(i: int, e, world_names: set[str]) -> Entry | None:
+    """The entry, None for p2p; raises BadEntry naming the field that is wrong."""
+    if not isinstance(e, dict):
+        raise BadEntry(f"is a {type(e).__name__}, not a map")
+    if e.get("is_p2p"):
+        return None
+    group = e.get("process_group")
+    if not isinstance(group, list | tuple) or not group or not all(isinstance(g, str | int) for g in group):
+        raise BadEntry(f"'process_group' is {str(group)[:40]!r}, not [name, desc]")
+    pg, desc = str(group[0]), str(group[1]) if len(group) > 1 else ""
+    key = _WORLD if desc == WORLD_DESC or pg in world_names else pg
+    seq = _int(e, "collective_seq_id")
+    if seq is None or seq < 0:
+        raise BadEntry("'collective_seq_id' is missing")
+    name = e.get("profiling_name")
+    if not isinstance(name, str) or not name:
+        raise BadEntry(f"'profiling_name' is {str(name)[:40]!r}, not an op's name")
+    fr_op = name.split(":", 1)[-1].split(" ", 1)[0]
+    op = OPS.get(fr_op, fr_op)
+    side = "output" if op in _OUTPUT_SIDE else "input"
+    dtypes = e.get(f"{side}_dtypes")
+    first = dtypes[0] if isinstance(dtypes, list | tuple) and dtypes and isinstance(dtypes[0], str) else None
+    dtype, itemsize = DTYPES.get(first, (first, None))
+    numel = 0 if op == "barrier" else _elements(e.get(f"{side}_sizes"), f"{side}_sizes")
+    thread_id = e.get("thread_id")
+    stack, innermost = _stack(e.get("frames"))
+    state = e.get("state")
+    return Entry(
+        index=i,
+        pg=key,
+        pg_label=f"{pg} ({desc})" if desc else pg,
+        seq=seq,
+        op=op,
+        dtype=dtype,
+        numel=numel,
+        bytes=numel * itemsize if itemsize else None,
+        state=state if isinstance(state, str) else "",
+        start_ns=_int(e, "time_discovered_started_ns") or None,
+        end_ns=_int(e, "time_discovered_completed_ns") or None,
+        created_ns=_int(e, "time_created_ns") or None,
+        timeout_s=(_int(e, "timeout_ms") or 0) / 1000,
+        thread_name=e.get("thread_name") if isinstance(e.get("thread_name"), str) else None,
+        thread_id=int(thread_id) if str(thread_id or "").isdigit() and len(str(thread_id)) < 19 else None,
+        stack=stack,
+        innermost=innermost,
+    )
+
+
 def parse(path: Path) -> Parsed:
+    """One rank's dump, read and checked; its rows are made by ``settle`` once every dump is read."""
     out = Parsed(sources=[str(path)])
     try:
         dump = _load(path)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, RecursionError) as exc:
         out.problem(path, "", f"not a readable Flight Recorder dump ({exc}); skipped")
         return out
     if dump is None:
@@ -164,116 +324,182 @@ def parse(path: Path) -> Parsed:
     if rank is None:
         out.problem(path, "", "cannot tell which rank wrote this dump: name it <anything><rank> (fr3.json)")
         return out
-    groups = _groups(dump)
-    dumped_ns = path.stat().st_mtime_ns
-    tracked = any(
-        e.get("state") in _TRACKED_STATES or e.get("time_discovered_started_ns") for e in dump.get("entries", [])
-    )
-    for i, e in enumerate(dump.get("entries", [])):
-        where = f"entry {i}"
-        if e.get("is_p2p"):
+    if not 0 <= rank < MAX_WORLD_SIZE:
+        out.problem(path, "", f"rank {rank} is out of range (0 to {MAX_WORLD_SIZE - 1:,}); skipped")
+        return out
+    entries = dump.get("entries")
+    if not isinstance(entries, list | tuple):
+        out.problem(path, "entries", f"is a {type(entries).__name__}, not a list; skipped")
+        return out
+    stated, world_names = _stated_groups(dump, out, path)
+    read = Dump(str(path), rank, stated, dumped_ns=path.stat().st_mtime_ns)
+    for i, e in enumerate(entries):
+        try:
+            entry = _entry(i, e, world_names)
+        except BadEntry as exc:
+            out.problem(path, f"entry {i}", f"{exc}; entry skipped")
             continue
-        pg, desc = [*(e.get("process_group") or []), "", ""][:2]
-        pg = str(pg) if str(pg) in groups and desc != WORLD_DESC else desc
-        if pg not in groups:
-            out.problem(path, where, f"process group {pg!r} is not in pg_config; entry skipped")
+        if entry is not None:
+            read.entries.append(entry)
+            read.tracked |= entry.state in _TRACKED_STATES or entry.start_ns is not None
+    out.hints[NAME] = read
+    return out
+
+
+# -- across every rank's dump -------------------------------------------------------------------
+
+
+def _memberships(dumps: list[Dump], notes: list[str]) -> dict[str, list[int]]:
+    """Group key -> members: where a dump states them, else inferred (and noted)."""
+    members: dict[str, list[int]] = {}
+    for d in dumps:
+        for key, ranks in d.stated.items():
+            if key in members and members[key] != ranks:
+                notes.append(
+                    f"{d.path}: process group {_label(key)} lists ranks {rank_ranges(ranks)}, another dump "
+                    f"{rank_ranges(members[key])}; the first kept"
+                )
+            members.setdefault(key, ranks)
+    holders: dict[str, set[int]] = {}
+    labels: dict[str, str] = {}
+    for d in dumps:
+        for e in d.entries:
+            holders.setdefault(e.pg, set()).add(d.rank)
+            labels.setdefault(e.pg, e.pg_label)
+    if _WORLD not in members:
+        named = {r for ranks in members.values() for r in ranks} | {d.rank for d in dumps}
+        members[_WORLD] = list(range(max(named) + 1)) if named else []
+        if _WORLD in holders:
+            notes.append(
+                f"the default group's members are listed by no dump (gloo lists none): taken as ranks "
+                f"{rank_ranges(members[_WORLD])}, up to the highest rank that left a dump or is named in one"
+            )
+    for key, ranks in sorted(holders.items()):
+        if key not in members:
+            members[key] = sorted(ranks)
+            notes.append(
+                f"process group {labels[key]}: no dump lists its members (gloo's pg_config holds only the default "
+                f"group); taken as the ranks whose dumps hold its entries: {rank_ranges(members[key])}"
+            )
+    return members
+
+
+def _label(key: str) -> str:
+    return "default_pg" if key == _WORLD else key
+
+
+def _names(members: dict[str, list[int]]) -> dict[str, str]:
+    """Group key -> rankscope's group name, as the hook names groups."""
+    names, taken = {}, set()
+    for key in sorted(members, key=lambda k: (k != _WORLD, len(k), k)):
+        name = "world" if key == _WORLD else f"g[{rank_ranges(members[key])}]"
+        if name in taken:
+            name += f"#{key}"
+        names[key] = name
+        taken.add(name)
+    return names
+
+
+def settle(parsed: list[Parsed]) -> list[str]:
+    """Every dump's rows, decided across the ranks of one import; returns the import's notes
+    (memberships inferred, ranks without a dump)."""
+    notes: list[str] = []
+    dumps: dict[int, tuple[Parsed, Dump]] = {}
+    for p in parsed:
+        d = p.hints.pop(NAME, None)
+        if d is None:
             continue
-        group, members = groups[pg]
-        fr_op = str(e.get("profiling_name", "")).split(":", 1)[-1]
-        op = OPS.get(fr_op, fr_op)
-        sizes, dtypes = (
-            (e.get("output_sizes"), e.get("output_dtypes"))
-            if op in _OUTPUT_SIDE
-            else (e.get("input_sizes"), e.get("input_dtypes"))
+        if d.rank in dumps:  # a rank dumped twice (JSON and pickle): the first file read is kept
+            notes.append(f"{d.path}: rank {d.rank}'s dump is also in {dumps[d.rank][1].path}; the second not imported")
+            continue
+        dumps[d.rank] = (p, d)
+    if not dumps:
+        return notes
+    members = _memberships([d for _, d in dumps.values()], notes)
+    names = _names(members)
+    entered: dict[tuple[str, int], int] = {}  # (group, rank) -> the highest seq it entered
+    for _, d in dumps.values():
+        for e in d.entries:
+            entered[(e.pg, d.rank)] = max(entered.get((e.pg, d.rank), 0), e.seq)
+    without_dump = sorted({r for ranks in members.values() for r in ranks} - dumps.keys())
+    if without_dump:
+        notes.append(
+            f"no dump from rank{'s' if len(without_dump) > 1 else ''} {rank_ranges(without_dump)}: judged on the "
+            "ranks that left one; in a group known to hold them, a collective counts as joined by them only where a "
+            "rank with a dump went on past it"
         )
-        dtype, itemsize = DTYPES.get((dtypes or ["?"])[0], ((dtypes or [None])[0], None))
-        numel = 0 if op == "barrier" else _elements(sizes)
+    furthest: dict[str, int] = {}
+    for (pg, _), seq in entered.items():
+        furthest[pg] = max(furthest.get(pg, 0), seq)
+    world = max((max(m) + 1 for m in members.values() if m), default=0)
+    next(iter(dumps.values()))[0].hints[WITHOUT_DUMP] = without_dump
+    for p, d in dumps.values():
+        p.world_size = world or None
+        _rows(p, d, members, names, entered, furthest, dumps.keys())
+    return notes
+
+
+def _rows(p: Parsed, d: Dump, members, names, entered, furthest, dumped) -> None:
+    """``d``'s entries as comm, inflight and stacks rows of ``p``: ``entered`` maps (group, rank) to the
+    highest seq the rank entered, ``furthest`` a group to the highest any rank with a dump entered."""
+    newest, stuck = None, set()
+    for e in d.entries:
+        where = f"entry {e.index}"
+        group_members = members.get(e.pg, [])
         row = dict(
             step=None,
-            group_name=group,
-            group_size=len(members),
-            seq=int(e["collective_seq_id"]),
-            op=op,
-            dtype=dtype,
-            numel=numel,
-            bytes=numel * itemsize if itemsize else None,
+            group_name=names[e.pg],
+            group_size=len(group_members),
+            seq=e.seq,
+            op=e.op,
+            dtype=e.dtype,
+            numel=e.numel,
+            bytes=e.bytes,
         )
-        state = e.get("state")
-        if tracked and state == "completed":
-            start, end = e.get("time_discovered_started_ns") or None, e.get("time_discovered_completed_ns") or None
-            out.add("comm", rank, where, **row, log_name=op, start_ns=start, end_ns=end, async_op=None)
+        if newest is None or (e.created_ns or 0) >= (newest.created_ns or 0):
+            newest = e
+        absent = [m for m in group_members if m in dumped and entered.get((e.pg, m), 0) < e.seq]
+        if d.tracked:
+            done = e.state == "completed"
+        else:  # a member without a dump joined it only if a rank with one went on past it
+            unconfirmed = any(m not in dumped for m in group_members) and furthest.get(e.pg, 0) <= e.seq
+            done = not absent and not unconfirmed
+        if done:
+            start = e.start_ns if d.tracked else e.created_ns
+            p.add("comm", d.rank, where, **row, log_name=e.op, start_ns=start, end_ns=e.end_ns, async_op=None)
             continue
-        stack, innermost = _stack(e.get("frames"))
-        entered = int(e.get("time_created_ns") or dumped_ns)
-        out.add(
+        p.add(
             "inflight",
-            rank,
+            d.rank,
             where,
             **row,
-            group_ranks=rank_ranges(members),
-            entered_ns=entered,
-            time_ns=dumped_ns,
-            hang_after_s=(e.get("timeout_ms") or 0) / 1000,
+            group_ranks=rank_ranges(group_members),
+            entered_ns=e.created_ns or d.dumped_ns,
+            time_ns=d.dumped_ns,
+            # written after the fact, a dump shows a member that never entered it (or one without a dump that
+            # nobody saw go past it) as it will stay: hung at once; every member in it and running: its timeout
+            hang_after_s=0.0 if absent or not d.tracked else e.timeout_s,
             state="waiting",
-            _inferred=not tracked,  # settle() decides, across the ranks' dumps
-            _stack=(e.get("thread_name"), e.get("thread_id"), stack, innermost),
         )
-    out.world_size = max((max(m) + 1 for _, m in groups.values() if m), default=None)
-    return out
+        _stack_row(p, d, e, f"in flight: {e.op} #{e.seq} of {names[e.pg]} (Flight Recorder)")
+        stuck.add(e.index)
+    if newest is not None and newest.index not in stuck:
+        _stack_row(p, d, newest, f"last seen: {newest.op} #{newest.seq} of {names[newest.pg]} (Flight Recorder)")
 
 
-def settle(parsed: list[Parsed]) -> None:
-    """Across every rank's dump of one import: an inferred in-flight entry that every member of its
-    group entered (that seq or a later one) was completed: it becomes a comm row. What stays in
-    flight gets its stack row."""
-    seen: set[tuple[str, int, str, int]] = set()  # a rank dumped twice (JSON and pickle): its entries once
-    for p in parsed:
-        for (table, rank), rows in p.rows.items():
-            if table in ("comm", "inflight"):
-                kept = [r for r in rows if (key := (table, rank, r["group_name"], r["seq"])) not in seen]
-                seen.update((table, rank, r["group_name"], r["seq"]) for r in kept)
-                rows[:] = kept
-    entered: dict[tuple[str, int], int] = {}  # (group, rank) -> the highest seq it entered
-    for p in parsed:
-        for (table, rank), rows in p.rows.items():
-            if table in ("comm", "inflight"):
-                for r in rows:
-                    key = (r["group_name"], rank)
-                    entered[key] = max(entered.get(key, 0), r["seq"])
-    for p in parsed:
-        for (table, rank), rows in list(p.rows.items()):
-            if table != "inflight":
-                continue
-            still = []
-            for r in rows:
-                members = _members(r["group_ranks"])
-                if r.pop("_inferred") and all(entered.get((r["group_name"], m), 0) >= r["seq"] for m in members):
-                    r.pop("_stack")
-                    done = {k: r[k] for k in ("step", "group_name", "group_size", "seq", "op", "dtype", "numel")}
-                    p.rows[("comm", rank)].append(
-                        dict(done, bytes=r["bytes"], log_name=r["op"], start_ns=r["entered_ns"], end_ns=None)
-                    )
-                    continue
-                thread_name, thread_id, stack, innermost = r.pop("_stack")
-                still.append(r)
-                p.rows[("stacks", rank)].append(
-                    dict(
-                        step=None,
-                        reason=f"in flight: {r['op']} #{r['seq']} of {r['group_name']} (Flight Recorder)",
-                        thread_name=thread_name,
-                        thread_id=int(thread_id) if str(thread_id or "").isdigit() else None,
-                        is_main=None,
-                        stack=stack,
-                        innermost=innermost,
-                        time_ns=r["time_ns"],
-                    )
-                )
-            rows[:] = still
-
-
-def _members(label: str) -> list[int]:
-    out = []
-    for part in label.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
+def _stack_row(p: Parsed, d: Dump, e: Entry, reason: str) -> None:
+    if not e.stack:
+        return
+    p.add(
+        "stacks",
+        d.rank,
+        f"entry {e.index}",
+        step=None,
+        reason=reason,
+        thread_name=e.thread_name,
+        thread_id=e.thread_id,
+        is_main=None,
+        stack=e.stack,
+        innermost=e.innermost,
+        time_ns=d.dumped_ns,
+    )

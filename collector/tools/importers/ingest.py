@@ -22,6 +22,8 @@ class ImportReport:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    world_size: int | None = None
+    hints: dict = field(default_factory=dict)  # what a format's settle() found across files (importers/base.py)
 
 
 def open_sink(data_dir=None, endpoint: str | None = None, token: str | None = None, tls_ca: str | None = None):
@@ -50,6 +52,8 @@ def import_path(
         problems=parsed.problems,
         notes=result.notes,
         skipped=result.skipped,
+        world_size=parsed.world_size,
+        hints=parsed.hints,
     )
     if not parsed.rows:
         return report

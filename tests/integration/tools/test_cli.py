@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-COMMANDS = ["collect", "dashboard", "demo", "sql", "calibrate", "nvme-tune"]
+COMMANDS = ["collect", "dashboard", "demo", "sql", "calibrate", "nvme-tune", "fr"]
 
 
 def rankscope(*args: str) -> subprocess.CompletedProcess:
