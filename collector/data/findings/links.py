@@ -73,6 +73,8 @@ HISTORY_STEPS = 50
 SLOW_RATIO = 1.5
 NOISE_K = 2.0
 ALARM = 1.5
+# the CUSUM's reference never above log of this: a collective this much slower for good is out of any noise
+MAX_REFERENCE = 4.0
 # a slowdown must last this many steps (a scheduler stall of a step or two on a busy host is not a link)
 MIN_EPISODE_STEPS = 3
 # a link's cost must be at least this much per step, and this share of the step, to be named
@@ -114,7 +116,9 @@ def expected_transfer(t: pd.DataFrame) -> pd.Series:
 def references(first: dict[str, np.ndarray], kind_of: dict[str, tuple]) -> dict[str, float]:
     """The CUSUM's reference k per group: log SLOW_RATIO, or NOISE_K robust standard deviations
     of the first BASELINE_STEPS log ratios of the groups of its kind (span, size), pooled, where
-    their healthy transfers are noisier (a loaded host's): a slowdown must stand out of the noise."""
+    their healthy transfers are noisier (a loaded host's): a slowdown must stand out of the noise.
+    At most log MAX_REFERENCE: first steps that jittered 3x (start-up on a loaded host) must not hide
+    a link 10x slower for good (whether the hosts kept their speed is the controls' to say)."""
     pooled: dict[tuple, list] = {}
     for g, x in first.items():
         pooled.setdefault(kind_of[g], []).extend(x.tolist())
@@ -122,7 +126,7 @@ def references(first: dict[str, np.ndarray], kind_of: dict[str, tuple]) -> dict[
     for kind, xs in pooled.items():
         x = np.asarray(xs)
         sigma[kind] = 1.4826 * float(np.median(np.abs(x - np.median(x)))) if len(x) else 0.0
-    return {g: max(math.log(SLOW_RATIO), NOISE_K * sigma[kind_of[g]]) for g in first}
+    return {g: min(max(math.log(SLOW_RATIO), NOISE_K * sigma[kind_of[g]]), math.log(MAX_REFERENCE)) for g in first}
 
 
 def change_points(steps: np.ndarray, log_ratio: np.ndarray, k: float) -> list[tuple[int, int, int | None]]:
@@ -361,6 +365,9 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     swept = bool(cls_rows.calibrated.all())  # expected from rankscope calibrate's sweep, not the run
     where = " or ".join(f"{_host_list(c)}'s link" if len(c) == 1 else f"the links of {_host_list(c)}" for c in covers)
     spanning = " or ".join(_host_list(c) for c in covers)
+    n_hosts = len(set(host_of.values()))
+    if all(hosts_of[g] == set(host_of.values()) for g in slowed):  # the world group: every host, whichever
+        spanning = "both hosts" if n_hosts == 2 else f"all {n_hosts} hosts"
     first_alarm = min(e.alarm for e in episode)
     text = (
         f"{op} busbw on groups spanning {spanning} fell {fell:.1f}x at step {onset} "
