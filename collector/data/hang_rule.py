@@ -19,8 +19,8 @@ with ``waiting_s`` and ``hang_after_s`` columns.
 
 Stuck, sooner (adaptive, on by default): before a collective is hung it can be *stuck*. The live
 collector learns from the run itself how long each kind of collective normally keeps a rank
-waiting, per (group, op, size class): the longest wait among its recent completions
-(``NORMAL_WINDOW`` batches' worst). A collective in flight ``STUCK_FACTOR`` times its normal,
+waiting, per (group, op, size class): ``normal_wait`` of its recent completions (the worst wait
+of each of ``NORMAL_WINDOW`` batches; waits that were themselves stuck are not learned). A collective in flight ``STUCK_FACTOR`` times its normal,
 and at least ``STUCK_FLOOR_S``, is stuck: a warning that names who has not arrived and where they
 are (collector.data.findings.stuck), seconds after it began instead of ``hang_after_s``. A kind
 of collective seen fewer than ``MIN_SAMPLES`` times has no normal yet and waits
@@ -41,6 +41,7 @@ STUCK_FACTOR = 5.0  # stuck at this many times the kind's normal wait
 UNLEARNED_STUCK_S = 10.0  # a kind of collective without a normal yet
 MIN_SAMPLES = 3  # completions (batches' worst waits) before a normal is trusted
 NORMAL_WINDOW = 64  # batches whose worst wait make up a kind's normal
+NORMAL_QUANTILE = 0.9
 
 
 def size_class(nbytes: int | None) -> int:
@@ -48,6 +49,14 @@ def size_class(nbytes: int | None) -> int:
     (0: no payload, a barrier)."""
     n = int(nbytes or 0)
     return 0 if n <= 0 else 1 + (n.bit_length() - 1) // 2
+
+
+def normal_wait(worst_waits) -> float:
+    """A kind of collective's normal wait from the worst wait of each recent batch: their 90th
+    percentile (nearest rank), so one long wait among many (a 2 s data-loader stall) does not make
+    the next hang wait five times as long to be named."""
+    ordered = sorted(worst_waits)
+    return ordered[min(len(ordered) - 1, math.ceil(NORMAL_QUANTILE * len(ordered)) - 1)]
 
 
 def stuck_after(normal_s: float | None, hang_after_s: float = math.inf) -> float:

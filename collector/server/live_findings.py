@@ -86,7 +86,12 @@ class LiveFindings:
 
     def resolve(self, run: str) -> str | None:
         """A run id or name (the newest run of that name followed here) -> its id; None if not followed."""
-        return self.liveness.resolve(run)
+        found = self.liveness.resolve(run)
+        if found is not None:
+            return found
+        with self._lock:  # the name the catalog knows (the refresh's), where the Hello gave none
+            named = [run_id for run_id, (name, _, _) in self._stored.items() if name == run]
+        return named[-1] if named else None
 
     def answer(self, run: str) -> tuple[str | None, bool, list, float]:
         """(run id, held, findings, age of the stored part in s) for the Health RPC."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import secrets
 import threading
 import time
@@ -116,8 +117,21 @@ class _Normals:
     learn_at: float = 0.0  # our monotonic clock: the next batch that may teach
 
     def normal(self, group: str, op: str, nbytes: int | None) -> float | None:
-        seen = self.waits.get((group, op, hang_rule.size_class(nbytes)))
-        return max(seen) if seen is not None and len(seen) >= hang_rule.MIN_SAMPLES else None
+        return self._normal((group, op, hang_rule.size_class(nbytes)))
+
+    def _normal(self, key: tuple) -> float | None:
+        seen = self.waits.get(key)
+        if seen is None or len(seen) < hang_rule.MIN_SAMPLES:
+            return None
+        return hang_rule.normal_wait(seen)
+
+    def add(self, key: tuple, waits) -> None:
+        """Learn ``waits`` (s) of a kind of collective, but for those that were stuck: a hang that
+        resolved is no normal (the next one would wait five times as long to be named)."""
+        normal = self._normal(key)
+        limit = math.inf if normal is None else hang_rule.stuck_after(normal)
+        kept = self.waits.setdefault(key, collections.deque(maxlen=hang_rule.NORMAL_WINDOW))
+        kept.extend(w for w in waits if w < limit)
 
     def learn(self, comm: pa.Table) -> None:
         done = comm.filter(pc.is_valid(comm["end_ns"]))
@@ -130,7 +144,7 @@ class _Normals:
             if wait is not None and wait > worst.get(key, -1.0):
                 worst[key] = wait
         for key, wait in worst.items():
-            self.waits.setdefault(key, collections.deque(maxlen=hang_rule.NORMAL_WINDOW)).append(wait)
+            self.add(key, [wait])
 
 
 class Liveness:
@@ -221,7 +235,7 @@ class Liveness:
                 learned.learn(comm)  # outside the lock: the checker never waits on Arrow
                 with self._lock:
                     for key, waits in learned.waits.items():
-                        normals.waits.setdefault(key, collections.deque(maxlen=hang_rule.NORMAL_WINDOW)).extend(waits)
+                        normals.add(key, waits)
 
     def _table(self, stream: RankStream, batch: pb.TableBatch) -> None:
         rows = decode_batch(batch).to_pylist()

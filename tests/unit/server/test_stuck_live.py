@@ -128,3 +128,41 @@ def test_the_finding_leaves_with_the_collective():
         liveness.runs[RUN][r].inflight.clear()
     liveness.check(now_ns)
     assert liveness.findings(RUN) == [] and changes == [RUN, RUN]
+
+
+def test_a_stuck_wait_is_not_learned_as_normal_and_one_long_wait_among_many_does_not_move_it():
+    liveness, streams = _live(learned_wait_s=0.02)
+    env, rows = _comm(0, 100, 8.0)  # the hang that resolved: rank 0 waited 8 s
+    liveness.normals[RUN].learn_at = 0.0
+    liveness.observe(streams[0], env, rows)
+    assert liveness.normals[RUN].normal("world", "all_reduce", 16) == 0.02
+    for batch in range(20):  # a 2 s data-loader stall once among 20 batches of 20 ms waits
+        env, rows = _comm(1, 200 + 8 * batch, 2.0 if batch == 7 else 0.02)
+        liveness.normals[RUN].learn_at = 0.0
+        liveness.observe(streams[1], env, rows)
+    assert liveness.normals[RUN].normal("world", "all_reduce", 16) == 0.02
+
+
+def test_the_held_findings_merge_the_live_judgment_and_tell_listeners_at_once():
+    """collector.server.live_findings: what Health, /metrics and the webhook read."""
+    from collector.data.findings.model import Finding
+    from collector.server.live_findings import LiveFindings
+
+    liveness, streams = _live(learned_wait_s=0.02)
+    held = LiveFindings(liveness)
+    heard = []
+    held.listen(lambda run_id, name, found: heard.append((run_id, name, [f.kind for f in found])))
+    assert held.answer(RUN)[1] is False, "held before the refresh computed the stored part"
+    stored = [
+        Finding(kind="hang", severity="critical", text="stored hang", evidence={"group_name": "world", "seq": 7}),
+        Finding(kind="stuck", severity="warning", text="stale stuck", evidence={"group_name": "world", "seq": 3}),
+        Finding(kind="straggler", severity="warning", text="rank 1 is late", ranks=(1,)),
+    ]
+    held.stored(RUN, "job", stored)
+    run_id, is_held, found, _ = held.answer("job")  # by name
+    assert (run_id, is_held, [f.kind for f in found]) == (RUN, True, ["hang", "straggler"])  # stuck: live only
+    now_ns = time.time_ns()
+    _waits(liveness, streams, 5.0, now_ns)
+    liveness.check(now_ns)
+    assert heard == [(RUN, "job", ["straggler", "stuck"])], heard  # the live one in place of the stored two
+    assert [f.text for f in held.current(RUN)][0] == "rank 1 is late"
