@@ -6,7 +6,9 @@
   a different one in most steps, and M_W is small): sequence-length or data imbalance, not a bad
   machine; a long last stage (M_S at least ``SECOND_CAUSE_MS``) is named as the second cause;
 - **a long last stage** (M_S at least ``LONG_STAGE_MS``, and no moving slowdown): repartition,
-  with what an even stage would save a step.
+  with what an even stage would save a step. Where the last stage explains as much as the worst
+  workers (a pipeline of one replica: its last stage *is* one worker), the stage is named, not the
+  worker; the one-worker verdict needs M_W above M_S.
 
 A run whose slowdown S is under ``MIN_SLOWDOWN`` gets no finding: its steps are as fast as its
 typical ops allow. Pure functions of the replay's result dict.
@@ -55,12 +57,17 @@ def describe(result: dict | None) -> Finding | None:
     _, most_count = Counter(tops).most_common(1)[0]
     moving = most_count / len(tops) < MOVING_TOP_SHARE
     common = dict(severity="warning", steps=span, evidence=evidence, page="stragglers")
-    if m_w is not None and m_w >= ONE_WORKER_MW:
+    # with one stage, "the last stage" is every worker: no partition to blame
+    staged = result["last_stage"] > 0 and m_s is not None
+    stage_first = staged and m_s >= LONG_STAGE_MS and (m_w is None or m_s >= m_w - 0.05)
+    if m_w is not None and m_w >= ONE_WORKER_MW and not stage_first:
         rank = result["m_w_workers"][0]
         where = result["workers"][str(rank)]
         saved = result["m_w_saved_s"] * 1e3
         names = ", ".join(str(r) for r in result["m_w_workers"])
         who = f"rank {rank} (dp_rank {where['dp_rank']}, stage {where['stage']})"
+        if len({w["dp_rank"] for w in result["workers"].values()}) == 1:  # one replica: a worker is a stage
+            who += ", the only worker of its stage: a slow machine or a heavy stage"
         if len(result["m_w_workers"]) > 1:
             who += f" and its fellow worst ({names})"
         return Finding(
@@ -79,13 +86,13 @@ def describe(result: dict | None) -> Finding | None:
             f"workers are the slowest in {len(tops)} steps; the worst 3% explain only "
             f"{(m_w or 0):.0%}): sequence-length or data imbalance between micro-batches, not one bad worker"
         )
-        if m_s is not None and m_s >= SECOND_CAUSE_MS:
+        if staged and m_s >= SECOND_CAUSE_MS:
             text += (
                 f"; second cause, the last stage (stage {result['last_stage']}) is long: making it run like "
                 f"the others would save {result['m_s_saved_s'] * 1e3:,.0f} ms a step (M_S {m_s:.0%}): repartition"
             )
         return Finding(kind="whatif_moving", text=text, cost_ms_per_step=round(lost_ms, 1), **common)
-    if m_s is not None and m_s >= LONG_STAGE_MS:
+    if staged and m_s >= LONG_STAGE_MS:
         saved = result["m_s_saved_s"] * 1e3
         return Finding(
             kind="whatif_stage",

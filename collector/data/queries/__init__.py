@@ -91,7 +91,7 @@ from collector.data.queries.series import (
 )
 from collector.data.queries.signals import memory_trend, signals_by_step
 from collector.data.queries.steps import COMPUTE_TIMERS, analyse_steps, step_analysis, step_analysis_of
-from collector.data.queries.whatif import whatif_ops
+from collector.data.queries.whatif import whatif_ops, whatif_pipe_ops
 
 __all__ = [
     "COMM_ROLLUP_SQL",
@@ -155,4 +155,5 @@ __all__ = [
     "training_filter",
     "wavefront",
     "whatif_ops",
+    "whatif_pipe_ops",
 ]

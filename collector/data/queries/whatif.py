@@ -4,6 +4,11 @@ worker's dp_rank and stage.
 Imported OSDI'25 traces (collector/tools/importers/osdi_trace.py) keep the paper's op types:
 compute as ``timers`` named by op type, communication as ``comm`` rows whose ``log_name`` is the
 op type, each worker's stage and data-parallel rank in its ``pipe`` rows.
+
+The bundled pipeline engine's runs (trainer/pipe) say the same in their ``pipe`` rows
+(``whatif_pipe_ops``): fwd / bwd are the compute, recv_act / recv_grad the receives, reduce the
+data-parallel gradient reduction (named grads-reduce-scatter: it is the step's DP collective); the
+engine's sends are asynchronous and not timed, so each is a send of no duration when its compute ends.
 """
 
 from __future__ import annotations
@@ -39,4 +44,27 @@ def whatif_ops(cat: Catalog, run_id: str) -> pd.DataFrame:
         FROM ops o LEFT JOIN workers w USING (rank)
         WHERE o.start_ns IS NOT NULL AND o.dur_ns IS NOT NULL""",
         [run_id, run_id, *_COMPUTE, run_id, *_COMM],
+    )
+
+
+def whatif_pipe_ops(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """``whatif_ops``'s columns from a pipeline engine run's ``pipe`` rows (empty without them)."""
+    return cat.df(
+        """
+        WITH p AS (SELECT * FROM pipe WHERE run_id = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL),
+        ops AS (
+            SELECT rank, data_rank, stage, step,
+                   CASE kind WHEN 'fwd' THEN 'forward-compute' WHEN 'bwd' THEN 'backward-compute'
+                             WHEN 'recv_act' THEN 'forward-recv' WHEN 'recv_grad' THEN 'backward-recv'
+                             ELSE 'grads-reduce-scatter' END AS optype,
+                   start_ns, end_ns - start_ns AS dur_ns
+            FROM p WHERE kind IN ('fwd', 'bwd', 'recv_act', 'recv_grad', 'reduce')
+            UNION ALL
+            SELECT rank, data_rank, stage, step,
+                   CASE kind WHEN 'fwd' THEN 'forward-send' ELSE 'backward-send' END, end_ns, 0
+            FROM p WHERE (kind = 'fwd' AND stage < stages - 1) OR (kind = 'bwd' AND stage > 0))
+        SELECT rank, data_rank AS dp_rank, stage, step, optype,
+               (start_ns - min(start_ns) OVER (PARTITION BY step)) / 1e9 AS start, dur_ns / 1e9 AS dur
+        FROM ops""",
+        [run_id],
     )

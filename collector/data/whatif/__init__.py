@@ -26,9 +26,11 @@ def for_run(cat, run_id: str) -> dict:
     from collector.data import queries
 
     ops = queries.whatif_ops(cat, run_id)
+    if ops.empty:  # not an imported trace: a pipeline engine run?
+        ops = queries.whatif_pipe_ops(cat, run_id)
     if ops.empty:
         raise NoSteps(
-            "no ops the what-if replay models: it reads imported OSDI'25 traces' op types "
-            "(timers forward-compute/backward-compute/optimizer, comm log_names such as forward-send)"
+            "no ops the what-if replay models: it reads imported OSDI'25 traces and the pipeline "
+            "engine's pipe rows (data-parallel-only runs are not modelled yet)"
         )
     return analyze(ops)

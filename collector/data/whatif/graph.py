@@ -173,7 +173,7 @@ def _stage_edges(g, on: pd.DataFrame, stage: int, pp: int, use_dp: bool, key, p2
     after = gc[:1] if gc else ([last_compute] if last_compute is not None else [])
     if gc and last_compute is not None:
         deps[gc[0]].append(last_compute)
-    for optype in (LAYERNORM, EMBEDDING, *((GRADS_RS,) if use_dp else ()), CLIP, OPTIMIZER):
+    for optype in (LAYERNORM, EMBEDDING, GRADS_RS, CLIP, OPTIMIZER):
         if optype == EMBEDDING and stage not in (0, pp - 1):
             continue
         tail += on[on.optype == optype].sort_values("seq").node.tolist()

@@ -47,64 +47,99 @@ class Trace:
 
 def prepare(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = None) -> Trace:
     """``ops``: one row per op (rank, dp_rank, stage, step, optype, start, dur; seconds).
-    Steps where some replica's ops differ from the first replica's are left out
-    (``dropped_steps``); GraphError when no step is complete or the step is not understood."""
+    Steps where some replica's ops differ from the reference step's are left out
+    (``dropped_steps``); GraphError when no step is complete or the step is not understood.
+    Vectorised (integer keys, one sort): a 1,024-worker run of 100 steps is ~17M ops."""
     if ops.empty:
         raise GraphError("no ops to replay")
-    ops = ops.sort_values(["step", "dp_rank", "stage", "optype", "start"], kind="stable").reset_index(drop=True)
-    ops["seq"] = ops.groupby(["step", "dp_rank", "stage", "optype"], sort=False).cumcount()
-    ops["end"] = ops.start + ops.dur
-    pp = int(pp or ops.stage.max() + 1)
-    dp_ranks = np.sort(ops.dp_rank.unique())
-    use_dp = len(dp_ranks) > 1 or (dp_size or 1) > 1
-    shape = ops.groupby(["step", "dp_rank"]).size()
-    steps_all = np.sort(ops.step.unique())
-    ref_step = steps_all[0]
+    n = len(ops)
+    optype_code, optypes = pd.factorize(ops.optype, sort=True)
+    step_code, steps_all = pd.factorize(ops.step, sort=True)
+    dp_code, dp_ranks = pd.factorize(ops.dp_rank, sort=True)
+    steps_all, dp_ranks = np.asarray(steps_all), np.asarray(dp_ranks)
+    stage = ops.stage.to_numpy(np.int64)
+    start = ops.start.to_numpy(np.float64)
+    dur = ops.dur.to_numpy(np.float64)
+    pp = int(pp or stage.max() + 1)
+    n_types, n_dp = len(optypes), len(dp_ranks)
+    use_dp = n_dp > 1 or (dp_size or 1) > 1
+    # seq: the op's place among its (step, replica, stage, op type) fellows, in start order
+    key = ((step_code.astype(np.int64) * n_dp + dp_code) * pp + stage) * n_types + optype_code
+    order = np.lexsort((start, key))
+    sorted_key = key[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = sorted_key[1:] != sorted_key[:-1]
+    at = np.arange(n)
+    seq = np.empty(n, dtype=np.int64)
+    seq[order] = at - np.maximum.accumulate(np.where(first, at, 0))
     # the reference: the first step every replica ran in full (as many ops as the most any ran)
-    full = shape[shape == shape.max()].reset_index()
-    complete = full.groupby("step").dp_rank.nunique()
-    complete = complete[complete == len(dp_ranks)].index.to_numpy()
+    per_replica = np.bincount(step_code * n_dp + dp_code, minlength=len(steps_all) * n_dp).reshape(-1, n_dp)
+    complete = np.flatnonzero((per_replica == per_replica.max()).all(axis=1))
     if len(complete) == 0:
         raise GraphError("no step in which every data-parallel replica recorded all its ops")
-    ref_step = complete[0]
-    ref = ops[(ops.step == ref_step) & (ops.dp_rank == dp_ranks[0])]
-    graph = build(ref[["stage", "optype", "seq", "start", "end"]], pp=pp, use_dp=use_dp)
-    node_of = graph.nodes.set_index(["stage", "optype", "seq"]).node
-    ops = ops[ops.step.isin(complete)]
-    node = node_of.reindex(pd.MultiIndex.from_frame(ops[["stage", "optype", "seq"]])).to_numpy()
-    bad_steps = set(ops.step[np.isnan(node)].unique())
-    keep = ~ops.step.isin(bad_steps).to_numpy()
-    ops, node = ops[keep], node[keep].astype(np.int64)
-    steps = np.array(sorted(set(complete) - bad_steps))
-    if len(steps) == 0:
+    ref_rows = np.flatnonzero((step_code == complete[0]) & (dp_code == 0))
+    ref = pd.DataFrame(
+        {
+            "stage": stage[ref_rows],
+            "optype": np.asarray(optypes)[optype_code[ref_rows]],
+            "seq": seq[ref_rows],
+            "start": start[ref_rows],
+            "end": start[ref_rows] + dur[ref_rows],
+        }
+    )
+    graph = build(ref, pp=pp, use_dp=use_dp)
+    # node of every op through a dense (stage, op type, seq) table; -1: not in the reference step
+    code_of = {name: k for k, name in enumerate(optypes)}
+    lookup = np.full((pp, n_types, int(seq.max()) + 1), -1, dtype=np.int64)
+    gn = graph.nodes
+    lookup[gn.stage.to_numpy(), gn.optype.map(code_of).to_numpy(), gn.seq.to_numpy()] = gn.node.to_numpy()
+    node = lookup[stage, optype_code, seq]
+    good_step = np.zeros(len(steps_all), dtype=bool)
+    good_step[complete] = True
+    good_step[np.unique(step_code[node < 0])] = False
+    kept_steps = np.flatnonzero(good_step)
+    if len(kept_steps) == 0:
         raise GraphError("no step has the same ops as the first complete one")
-    dropped = sorted(int(s) for s in set(steps_all) - set(steps))
-    n, s_count, d_count = len(graph.nodes), len(steps), len(dp_ranks)
-    si = np.searchsorted(steps, ops.step.to_numpy())
-    di = np.searchsorted(dp_ranks, ops.dp_rank.to_numpy())
-    start = np.full((n, s_count, d_count), np.nan)
-    end = np.full((n, s_count, d_count), np.nan)
-    start[node, si, di] = ops.start.to_numpy()
-    end[node, si, di] = ops.end.to_numpy()
-    cost = end - start
+    keep = good_step[step_code]
+    new_index = np.cumsum(good_step) - 1  # old step code -> position among the kept steps
+    n_nodes = len(gn)
+    begin = np.full((n_nodes, len(kept_steps), n_dp), np.nan)
+    end = np.full_like(begin, np.nan)
+    si, di, ni = new_index[step_code[keep]], dp_code[keep], node[keep]
+    begin[ni, si, di] = start[keep]
+    end[ni, si, di] = start[keep] + dur[keep]
+    cost = end - begin
     for members, synced in zip(graph.groups, graph.synced):
-        began = start[members].max(axis=0)
+        began = begin[members].max(axis=0)
         if synced:
             began = began.max(axis=1, keepdims=True)
         cost[members] = np.maximum(end[members] - began, 0.0)
-    workers = ops[["rank", "dp_rank", "stage"]].drop_duplicates().sort_values("rank").reset_index(drop=True)
+    first_of_rank = ~pd.Series(ops["rank"].to_numpy()).duplicated().to_numpy()
+    workers = (
+        pd.DataFrame(
+            {
+                "rank": ops["rank"].to_numpy()[first_of_rank],
+                "dp_rank": ops.dp_rank.to_numpy()[first_of_rank],
+                "stage": stage[first_of_rank],
+            }
+        )
+        .sort_values("rank")
+        .reset_index(drop=True)
+    )
+    steps = steps_all[kept_steps]
+    dropped = sorted(int(s) for s in set(steps_all.tolist()) - set(steps.tolist()))
     return Trace(graph, steps, dp_ranks, cost, workers, dropped)
 
 
-def simulate(trace: Trace, cost: np.ndarray) -> np.ndarray:
-    """Each step's time (S,) when the ops cost ``cost`` (N, S, D), every replica from t=0."""
+def simulate(trace: Trace, cost: np.ndarray, dp_axis: int = 1) -> np.ndarray:
+    """Each step's time when the ops cost ``cost`` (N, S, D), every replica from t=0: (S,).
+    ``cost`` may hold several scenarios side by side, e.g. (N, S, B, 2) with the replicas on the
+    last axis (``dp_axis`` = 2, its place in cost.shape[1:]): then the times are (S, B)."""
     g = trace.graph
     end = np.empty_like(cost)
     zero = np.zeros(cost.shape[1:])
-    deps, comm = g.deps, g.is_comm
-    synced_of = {}
-    for members, synced in zip(g.groups, g.synced):
-        synced_of[members[0]] = synced
+    deps = g.deps
+    synced_of = {members[0]: synced for members, synced in zip(g.groups, g.synced)}
 
     def ready(node):
         ds = deps[node]
@@ -112,21 +147,42 @@ def simulate(trace: Trace, cost: np.ndarray) -> np.ndarray:
             return zero
         if len(ds) == 1:
             return end[ds[0]]
-        return end[ds].max(axis=0)
+        out = np.maximum(end[ds[0]], end[ds[1]])
+        for d in ds[2:]:
+            np.maximum(out, end[d], out=out)
+        return out
 
     for unit in g.order:
         first = unit[0]
-        if len(unit) == 1 and not (comm[first] and synced_of.get(first)):
-            end[first] = ready(first) + cost[first]
+        synced = synced_of.get(first, False)
+        if len(unit) == 1 and not synced:
+            np.add(ready(first), cost[first], out=end[first])
             continue
         began = ready(first)
         for m in unit[1:]:
             began = np.maximum(began, ready(m))
-        if synced_of.get(first):
-            began = began.max(axis=1, keepdims=True)
+        if synced:
+            began = began.max(axis=dp_axis, keepdims=True)
         for m in unit:
-            end[m] = began + cost[m]
-    return end.max(axis=(0, 2))
+            np.add(began, cost[m], out=end[m])
+    return end.max(axis=0).max(axis=dp_axis)
+
+
+def by_replica(trace: Trace, orig: np.ndarray, ideal_nodes: np.ndarray, chunk: int = 16) -> np.ndarray:
+    """(S, D): step times with replica d as run and every other replica ideal, for each d. The
+    other replicas are alike, so each scenario is a two-replica job (d, one ideal replica): all
+    scenarios run side by side in one replay per ``chunk`` of replicas, not one replay each."""
+    n, s_count, d_count = orig.shape
+    if d_count == 1:
+        return simulate(trace, orig)[:, None]
+    out = np.empty((s_count, d_count))
+    for lo in range(0, d_count, chunk):
+        hi = min(d_count, lo + chunk)
+        pair = np.empty((n, s_count, hi - lo, 2))
+        pair[..., 0] = orig[:, :, lo:hi]
+        pair[..., 1] = ideal_nodes[:, None, None]
+        out[:, lo:hi] = simulate(trace, pair, dp_axis=2)
+    return out
 
 
 def ideal_cost(trace: Trace) -> np.ndarray:
@@ -160,7 +216,6 @@ def analyze(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
     per: dict[str, dict] = {}
     for name, keys, mask_of in (
         ("by_optype", sorted(set(labels)), lambda k: (labels == k)[:, None, None]),
-        ("by_dp_rank", trace.dp_ranks.tolist(), lambda k: (trace.dp_ranks == k)[None, None, :]),
         ("by_stage", sorted(set(node_stage.tolist())), lambda k: (node_stage == k)[:, None, None]),
     ):
         by[name], per[name] = {}, {}
@@ -168,6 +223,9 @@ def analyze(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
             overall, steps = keep_as_run(mask_of(k))
             by[name][str(k)] = float(overall)
             per[name][str(k)] = steps
+    replica_times = by_replica(trace, orig, ideal[:, 0, 0])
+    by["by_dp_rank"] = {str(d): float(replica_times[:, i].mean() / base) for i, d in enumerate(trace.dp_ranks)}
+    per["by_dp_rank"] = {str(d): replica_times[:, i] / t_ideal for i, d in enumerate(trace.dp_ranks)}
     workers = trace.workers
     by_worker = {
         str(r.rank): min(by["by_dp_rank"][str(r.dp_rank)], by["by_stage"][str(r.stage)]) for r in workers.itertuples()
