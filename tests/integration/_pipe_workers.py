@@ -10,7 +10,8 @@ stage's time is what the test sets, also on a loaded machine (sleeping needs no 
 - ``data_parallel``: no pipeline, the same layers replicated on both ranks, gradients all-reduced in
   small buckets after each backward (``reduce_bucket_size`` ``DP_BUCKET``): exposed, small messages.
 
-Rank r writes ``{run: run_id}`` to ``out/rank<r>.json``.
+Rank r writes ``{run: run_id}`` to ``out/rank<r>.json`` and ``{run: [train_batch wall seconds per
+step]}`` (measured around the call) to ``out/walls<r>.json``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def _config(name: str, micro_batches: int, endpoint: str, **blocks) -> dict:
     }
 
 
+WALLS: dict[str, list[float]] = {}  # run name -> this rank's train_batch wall seconds per step
+
+
 def _train(name: str, micro_batches: int, slow_s: float, endpoint: str) -> str:
     import trainer
     from collector.rank import session
@@ -87,8 +91,11 @@ def _train(name: str, micro_batches: int, slow_s: float, endpoint: str) -> str:
     net = PipelineModule(layers(slow_s), num_stages=STAGES, loss_fn=nn.functional.mse_loss, partition_method="uniform")
     engine, *_ = trainer.initialize(model=net, config=_config(name, micro_batches, endpoint))
     data = iter([(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(STEPS * micro_batches)])
+    walls = WALLS.setdefault(name, [])
     for _ in range(STEPS):
+        t0 = time.perf_counter()
         engine.train_batch(data)
+        walls.append(time.perf_counter() - t0)
     run_id = session.active().run_id
     engine.close()
     return run_id
@@ -122,3 +129,4 @@ def pipe_runs_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     run_ids["data_parallel"] = _train_data_parallel(endpoint)
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(run_ids))
+    Path(out, f"walls{rank}.json").write_text(json.dumps(WALLS))

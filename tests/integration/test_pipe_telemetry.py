@@ -7,6 +7,9 @@ rows into a real collector; the bubbles and findings are read back from the stor
   (m - 1) * (max - mean stage time) = 3 * 15 ms = 45 ms/step within 40% (sleeps overshoot on a
   loaded machine), with layers to move to stage 0;
 - few (2 micro-batches): the bubble finding, ideal 33%, suggesting more micro-batches;
+- a pipeline's step is ``train_batch`` on every stage: the step analysis's step time equals the call's wall
+  time within 5% per rank and step (not the optimizer step's 1-2 ms), and the receive waits are bubbles,
+  never straggler lateness: no straggler finding on any pipeline run, the slow-stage one included;
 - the pipeline runs' point-to-point traffic gets no communication note (no "in flight" share, no
   bucket advice for activations); a data-parallel run of the same layers on the same ranks still
   gets both for its gradient all_reduces.
@@ -14,6 +17,9 @@ Stage times come from sleeps (tests/integration/_pipe_workers.py), not from CPU 
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +41,14 @@ def runs(tmp_path_factory):
         ranks = spawn(script.pipe_runs_worker, script.WORLD, endpoint, tmp)
     assert all(r == ranks[0] for r in ranks), ranks
     return queries.Catalog(data_dir), ranks[0]
+
+
+@pytest.fixture(scope="module")
+def walls(runs) -> list[dict]:
+    """Per rank: {run name: train_batch wall seconds per step, measured around the call}."""
+    cat, _ = runs
+    out = Path(cat.data_dir).parent
+    return [json.loads((out / f"walls{r}.json").read_text()) for r in range(script.WORLD)]
 
 
 def _kinds(cat, run_id) -> dict[str, list]:
@@ -136,3 +150,25 @@ def test_the_overview_says_what_rankscope_health_says_about_a_pipeline(runs, mon
     assert not [s for s in shown if "in flight" in s], shown
     for note in (s for s in shown if "reduce_bucket_size" in s):  # the gradient all_reduces' note only
         assert not any(op in note.split("[→")[0].replace(",", " ").split() for op in POINT_TO_POINT), note
+
+
+@pytest.mark.parametrize("name", ["balanced", "slow", "few"])
+def test_a_pipelines_step_is_train_batch_on_every_stage(runs, walls, name):
+    cat, run_ids = runs
+    analysis = queries.step_analysis(cat, run_ids[name])
+    assert set(analysis["rank"]) == set(range(script.WORLD)), analysis
+    for rank, rows in analysis.groupby("rank"):
+        measured = walls[rank][name]
+        for step, step_ms in zip(rows.step, rows.step_ms, strict=True):
+            want = measured[int(step)] * 1e3
+            assert step_ms == pytest.approx(want, rel=0.05), (
+                f"{name}: rank {rank} step {step}: the step analysis reads {step_ms:.1f} ms, "
+                f"train_batch took {want:.1f} ms"
+            )
+
+
+@pytest.mark.parametrize("name", ["balanced", "slow", "few"])
+def test_pipeline_receive_waits_are_bubbles_not_stragglers(runs, name):
+    cat, run_ids = runs
+    found = findings.for_run(cat, run_ids[name])
+    assert not [f.text for f in found if f.kind == "straggler"], [(f.kind, f.text) for f in found]

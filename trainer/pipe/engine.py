@@ -12,7 +12,8 @@ a blocking recv for what this stage needs next, so the waits are the bubbles), t
 gradients are summed over their stages, then the engine's ZeRO optimizer (stage 0 or 1) averages
 gradients over the stage's data-parallel replicas and steps, as in a non-pipelined step. Only the
 first stage reads inputs and only the last reads labels from ``data_iter``, as in DeepSpeed.
-Every step's per-stage timeline is sent as ``pipe`` rows (trainer.pipe.telemetry).
+Every step's per-stage timeline is sent as ``pipe`` rows (trainer.pipe.telemetry), and the
+``train_batch`` timer spans the whole step on every stage (the rank's step for the step analysis).
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class PipelineEngine(Engine):
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
         self.module.train()
+        # The pipeline's step, on every stage: first forward (or the wait for it) to the optimizer's end;
+        # _report stops it, so step charts, the step analysis and costs see the whole of it.
+        self.timers.start("train_batch")
         batches = self._batches(data_iter)
         m = self.micro_batches
         self.profiler.begin(self.global_steps)
@@ -156,6 +160,10 @@ class PipelineEngine(Engine):
         self.step()
         self.last_pipe_columns = self.timeline.emit(step, m)
         return self.agg_train_loss
+
+    def _report(self, outcome) -> None:
+        self.timers.stop("train_batch")  # Engine.step reports right after the optimizer step
+        super()._report(outcome)
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg", bcast_loss=True,
                    num_micro_batches=None):  # fmt: skip

@@ -27,6 +27,8 @@ from collector.data.schema import STEP_ANALYSIS_SCHEMA
 #                 collective last (in a ring the ranks finish at different times, and a slow link
 #                 stretches that) arrives last at the next one through no compute of its own;
 #                 the network, not the rank, held the others;
+#                 Point-to-point instances never count: a receive waits for its producer's
+#                 compute (a pipeline's bubble, collector.data.pipeline), not for a late peer;
 #   late_op       the op where it imposed the longest wait;
 #   held_ms       per step (the same on every rank's row), the union of every rank's imposed
 #                 waits: step time less held_ms is the "what-if" step without late arrivals.
@@ -116,7 +118,7 @@ def _step_analysis_body(timed: bool) -> str:
         SELECT step, last_rank AS rank, op,
                CASE WHEN last_prev_end <= last_ns THEN greatest(runner_up_ns, last_prev_end)
                     ELSE runner_up_ns END AS s, last_ns AS e
-        FROM inst WHERE n_ranks > 1),
+        FROM inst WHERE n_ranks > 1 AND NOT starts_with(group_name, 'p2p[')),
     imposed AS ({_union_lengths("rank, step", "late", {"late": (None, "e")})}),
     late_op AS (SELECT rank, step, arg_max(op, e - s) AS op FROM late GROUP BY rank, step),
     held AS ({_union_lengths("step", "late", {"late": (None, "e")})})

@@ -145,3 +145,22 @@ def test_a_rank_late_only_because_its_previous_collective_ended_late_imposes_not
     # arrived at 161, 30 ms after the runner-up, its previous one ended at 160: 1 ms is its own
     assert df.loc[(1, 2), "imposed_ms"] == pytest.approx(1)
     assert df.loc[(2, 1), "imposed_ms"] == pytest.approx(25)  # left at 230, came at 256 (runner-up 231)
+
+
+def test_a_receive_waiting_for_its_producer_imposes_no_lateness():
+    # A pipeline: rank 1 waits 40 ms in recv for rank 0's activations (rank 0 computed them), then both
+    # all_reduce where rank 1 arrives 30 ms after rank 0. Only the all_reduce's wait is lateness.
+    timers = timer_table([(0, 0, "train_batch", 0, 100), (1, 0, "train_batch", 0, 100)])
+    comm = comm_table(
+        [
+            (0, 0, "p2p[0->1]", 0, "isend", 45, 46),
+            (1, 0, "p2p[0->1]", 0, "recv", 5, 46),
+            (0, 0, "world", 1, "all_reduce", 60, 92),
+            (1, 0, "world", 1, "all_reduce", 90, 92),
+        ]
+    )
+    out = queries.step_analysis_of(comm, timers).set_index("rank")
+    assert out.loc[0, "imposed_ms"] == 0, "the sender of a p2p op is not late for its receiver"
+    assert out.loc[1, "imposed_ms"] == pytest.approx(30) and out.loc[1, "late_op"] == "all_reduce"
+    assert list(out.held_ms) == pytest.approx([30, 30])
+    assert out.loc[1, "waiting_ms"] == pytest.approx(40 + 0), "the receive's wait is still waiting time"
