@@ -51,6 +51,7 @@ UNTIL_STOPPED = 10**9  # "--steps" when none is given: train until Ctrl-C
 PROGRESS_EVERY = 50
 _PROGRESS = re.compile(r"^\[\w+\] step (\d+) loss |^\[engine\] step=(\d+) ")
 _ENGINE_TIMERS = "time (ms) |"  # the engine's breakdown line, printed right after its step line
+_PROFILER_NOISE = "USDT:"  # kineto's "profiler_start"/"profiler_stop" lines while the collector profiles a rank
 
 
 RUN_NAME = "demo"
@@ -76,6 +77,7 @@ class OnceFilter:
         self.last_step = last_step
         self.showing = True  # whether the last progress line was shown (its timers line follows it)
         self.error: str | None = None  # a rank's one-line "error: ..." (collector.tools.supervise)
+        self.fault: tuple[int, str] | None = None  # (step, what to say once the training reaches it)
 
     def write_line(self, line: str) -> None:
         if self.muted:
@@ -86,9 +88,14 @@ class OnceFilter:
             self.out.write(line)
             self.out.flush()
             return
+        if line.startswith(_PROFILER_NOISE):  # the profiler's own trace points, per capture and rank
+            return
         progress = _PROGRESS.match(line)
         if progress:  # "[gpt] step N loss ...", "[engine] step=N ...": the first, every PROGRESS_EVERY-th and the last
             step = int(progress.group(1) or progress.group(2))
+            if self.fault is not None and step >= self.fault[0]:
+                self.out.write(f"[demo] step {step}: {self.fault[1]}\n")
+                self.fault = None
             self.showing = step in (1, self.last_step) or step % PROGRESS_EVERY == 0
             if not self.showing:
                 return
@@ -333,7 +340,8 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         length = "until Ctrl-C" if steps == UNTIL_STOPPED else f"x {steps} steps"
         print(
-            f"[demo] training: {args.nproc} ranks {length}, the example GPT (ZeRO-2), streaming into the collector",
+            f"[demo] training: {args.nproc} ranks {length}, the example GPT ({args.config or 'ZeRO-2'}), "
+            "streaming into the collector",
             flush=True,
         )
         if args.training_nice:
@@ -365,6 +373,12 @@ def run_demo(args: argparse.Namespace) -> int:
             preexec_fn=_die_with_parent(args.training_nice, signal.SIGINT),
         )
         once = OnceFilter(sys.stdout, last_step=None if steps == UNTIL_STOPPED else steps)
+        if fault:
+            once.fault = (
+                first,
+                f"the staged fault is on: rank {rank} now waits {ms:g} ms before each forward; Overview's Health "
+                "names it within a refresh or two, and the collector profiles it (an 'evidence:' line follows)",
+            )
         pump = threading.Thread(target=once.pump, args=(proc.stdout,), daemon=True)
         pump.start()
         threading.Thread(target=_watch_evidence, args=(data_dir, watching), daemon=True).start()
@@ -407,6 +421,4 @@ def run_demo(args: argparse.Namespace) -> int:
         _drop_spool(spool_dir)
         terminal.give_back()
         if stopped_by is not None:
-            print(
-                f"[demo] stopped ({stopped_by}); the run so far is in the data dir, its status 'stopped'.", flush=True
-            )
+            print(f"[demo] stopped ({stopped_by}); the run so far is in the data dir.", flush=True)
