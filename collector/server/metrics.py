@@ -401,5 +401,7 @@ class MetricsEndpoint:
             self._server.server_close()
         if self.webhook is not None:
             self.webhook.close()
-        if self._catalog is not None:
+        if self._catalog is not None and not self._thread.is_alive():
+            # a refresh still running (a loaded machine: over 30 s) holds the connection: closing it
+            # under that call aborts the process (DuckDB "connection is busy") before the store commits
             self._catalog.close()
