@@ -194,7 +194,8 @@ class Compactor:
                     pass
         self.merges += self.fold()
         for partition in layout.partitions(self.data_dir):
-            self.merges += self._compact(partition)
+            while merges := self._compact(partition):  # until its merged segments are merged in turn
+                self.merges += merges
         # Offline, nobody is expected to be reading: the merged-away files go now rather than
         # hold their disk space until a collector next runs here (a reader that was is retried).
         self.ledger.collect_garbage(0)
@@ -244,33 +245,41 @@ class Compactor:
         return merges
 
     def _compact(self, partition: Path) -> int:
+        """Merges the segments the partition holds as this pass lists it; what lands during the
+        pass waits for the next one. (Re-listing after each merge never ended under sustained
+        ingest: each merge took longer than two flushes, so the pass, and every partition after
+        this one, the rollups and the deletion of retired segments, waited for the ingest to stop.)"""
+        try:
+            mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
+        except FileNotFoundError:
+            self._settled.pop(partition, None)
+            return 0
+        if self._settled.get(partition) == mtime:
+            return 0  # no file came or went since it last had nothing to merge
+        # Only segments the store named: files put there by hand or by git are left alone
+        # (and listed to readers as they are).
+        files = list(partition.glob(f"*{layout.SEGMENT_SUFFIX}"))
+        self.ledger.note_foreign(partition, [p for p in files if not layout.ANY_WRITER_SEGMENT_RE.match(p.stem)])
+        ours = [(order, p) for p in files if (order := segment_order(p, self.ledger.writer)) is not None]
+        segments = [p for _, p in sorted(ours) if self._footer_reads(p)]
+        sizes = []
+        for path in segments:
+            try:
+                sizes.append((path, path.stat().st_size))
+            except FileNotFoundError:
+                pass
         merges = 0
         while not self._stop.is_set():
-            try:
-                mtime = partition.stat().st_mtime_ns  # taken before listing, so nothing slips by
-            except FileNotFoundError:
-                self._settled.pop(partition, None)
-                break
-            if self._settled.get(partition) == mtime:
-                break  # no file came or went since it last had nothing to merge
-            # Only segments the store named: files put there by hand or by git are left alone
-            # (and listed to readers as they are).
-            files = list(partition.glob(f"*{layout.SEGMENT_SUFFIX}"))
-            self.ledger.note_foreign(partition, [p for p in files if not layout.ANY_WRITER_SEGMENT_RE.match(p.stem)])
-            ours = [(order, p) for p in files if (order := segment_order(p, self.ledger.writer)) is not None]
-            segments = [p for _, p in sorted(ours) if self._footer_reads(p)]
-            sizes = []
-            for path in segments:
-                try:
-                    sizes.append((path, path.stat().st_size))
-                except FileNotFoundError:
-                    pass
             inputs = pick_inputs(sizes, self.config)
             if not inputs:
-                self._settled[partition] = mtime
+                if not merges:
+                    self._settled[partition] = mtime
                 break
-            if self._merge(partition, inputs):
-                merges += 1
+            if not self._merge(partition, inputs):
+                break  # left as they are (or quarantined): the next pass lists the partition again
+            merges += 1
+            merged = set(inputs)
+            sizes = [(path, size) for path, size in sizes if path not in merged]
         return merges
 
     def _footer_reads(self, path: Path) -> bool:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -97,6 +98,7 @@ class CollectorProcess:
     Raises RuntimeError with the collector's stderr if it exits before listening."""
 
     _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
+    _COMPACTED = re.compile(r"rankscope collector: compaction pass done \((\d+) merges\)")
 
     def __init__(
         self,
@@ -130,10 +132,46 @@ class CollectorProcess:
             raise RuntimeError(f"collector did not start (exit {self.proc.returncode}): {line!r} {self.stderr()}")
         self.port = int(match.group(1))
         self.address = f"127.0.0.1:{self.port}"
+        self._stdout: list[str] = []
+        self._said = threading.Condition()
+        threading.Thread(target=self._read_stdout, name="collector-stdout", daemon=True).start()
 
     def stderr(self) -> str:
         self._stderr.seek(0)
         return self._stderr.read()[-4000:]
+
+    def compact_now(self, timeout_s: float = 120) -> int:
+        """SIGUSR1: one compaction pass (rollups, merges, retention) now, on the collector's main
+        thread; returns its merges once the collector says it is done. Raises TimeoutError naming
+        the wait and the host's load if it does not say so within ``timeout_s``."""
+        with self._said:
+            done_before = sum(1 for line in self._stdout if self._COMPACTED.match(line))
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        with self._said:
+            while (left := deadline - time.monotonic()) > 0:
+                done = [m for line in self._stdout if (m := self._COMPACTED.match(line))]
+                if len(done) > done_before:
+                    return int(done[done_before].group(1))
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"collector exited ({self.proc.returncode}) before its pass: {self.stderr()}")
+                self._said.wait(min(left, 1.0))
+        raise TimeoutError(
+            f"no compaction pass done within {timeout_s:.0f} s of SIGUSR1 (load {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} cores): {self.stderr()}"
+        )
+
+    def stdout(self) -> str:
+        """What the collector printed after its listening line (read as it comes: a collector that
+        prints a lot never blocks on a full pipe)."""
+        with self._said:
+            return "".join(self._stdout)
+
+    def _read_stdout(self) -> None:
+        for line in self.proc.stdout:
+            with self._said:
+                self._stdout.append(line)
+                self._said.notify_all()
 
     def stop(self, timeout_s: float = 60) -> int:
         """SIGTERM: the collector commits what it buffered, then exits."""

@@ -188,17 +188,25 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM, then commit what is buffered (exit 0)."""
+    """Serve until SIGINT/SIGTERM, then commit what is buffered (exit 0); SIGUSR1 runs a compaction pass now."""
     from collector.server.ledger import DataDirBusy
     from collector.server.serve import serve
 
-    stop = threading.Event()
+    stop, compact_now = threading.Event(), threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: compact_now.set())
     try:
         settings = settings_from_args(args)
         for warning in settings.bind_warnings():
             _complain(warning)
-        serve(settings, stop, on_ready=_listening, on_stopping=_stopping)
+        serve(
+            settings,
+            stop,
+            on_ready=_listening,
+            on_stopping=_stopping,
+            compact_now=compact_now,
+            on_compacted=_compacted,
+        )
     except ValueError as exc:  # ConfigError, SecurityConfigError, SettingsError: a bad setting
         _complain(exc)
         return 2
@@ -219,6 +227,11 @@ def _listening(at: Listening) -> None:
     )
     if at.metrics_port is not None:
         print(f"rankscope collector: Prometheus metrics on http://{at.host}:{at.metrics_port}/metrics", flush=True)
+
+
+def _compacted(merges: int) -> None:
+    # the line CollectorProcess.compact_now waits for (collector/tools/launch.py)
+    print(f"rankscope collector: compaction pass done ({merges} merges)", flush=True)
 
 
 def _stopping() -> None:

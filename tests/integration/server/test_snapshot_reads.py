@@ -6,7 +6,11 @@ envelope acked before the read began, no envelope twice or in part, no error.
 
 Each envelope k of run r carries ROWS comm rows with ``seq`` in [k*ROWS, (k+1)*ROWS), so a read's
 ``GROUP BY run_id, seq // ROWS`` says which envelopes it saw and whether each was whole.
-``RANKSCOPE_SNAPSHOT_TEST_S`` sets the read loop's length (default 30 s)."""
+The collector's background compactor (a nice +10 thread) is left idle; the test asks for
+compaction passes one after the other while it reads (SIGUSR1, ``CollectorProcess.compact_now``: a
+pass on the collector's main thread), so merges and rollups happen during the reads whatever the
+host's load, and the test waits on the collector's word that each pass is done, not on luck.
+``RANKSCOPE_SNAPSHOT_TEST_S`` sets the read loop's length (default 8 s)."""
 
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ from collector.tools.launch import CollectorProcess
 RUNS = ("snap-a", "snap-b", "snap-c")
 ROWS = 200  # rows per envelope
 WINDOW = 16  # envelopes in flight per stream
-READ_FOR_S = float(os.environ.get("RANKSCOPE_SNAPSHOT_TEST_S", "30"))
+READ_FOR_S = float(os.environ.get("RANKSCOPE_SNAPSHOT_TEST_S", "8"))
+MIN_PASSES = 2  # compaction passes (each merges, rolls up, retires) done while reading, at least
+PASS_BOUND_S = 120  # the wait for one asked-for pass, on a loaded host
 SQL = f"""SELECT run_id, seq // {ROWS} AS env, count(*) AS n, count(DISTINCT seq) AS d
           FROM comm GROUP BY ALL"""
 
@@ -93,7 +99,7 @@ def _compacted(data: Path) -> bool:
 
 def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(tmp_path):
     data = tmp_path / "data"
-    args = ("--flush-interval", "0.05", "--compaction-interval", "0.1", "--compaction-min-files", "2")
+    args = ("--flush-interval", "0.05", "--compaction-interval", "3600", "--compaction-min-files", "2")
     with CollectorProcess(data, *args) as collector:
         stop = threading.Event()
         senders = [Sender(collector.address, r, stop) for r in RUNS]
@@ -104,10 +110,21 @@ def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(t
         catalog.ensure_catalog(data)
         cat = queries.Catalog(data)
         reads, failures = {"sql": 0, "catalog": 0, "connect": 0}, []
+        passes: list[int | str] = []  # merges of each asked-for pass, or why it failed
+
+        def ask_for_passes() -> None:
+            while time.monotonic() < deadline or len(passes) < MIN_PASSES:
+                try:
+                    passes.append(collector.compact_now(PASS_BOUND_S))
+                except (TimeoutError, RuntimeError) as exc:
+                    passes.append(str(exc))
+                    return
+
         deadline = time.monotonic() + READ_FOR_S
-        # read for READ_FOR_S, and on until a merge and a rollup have happened while reading (the
-        # compactor runs at nice +10: on a loaded host its first merge can take longer)
-        while time.monotonic() < deadline or (not _compacted(data) and time.monotonic() < deadline + 4 * READ_FOR_S):
+        asker = threading.Thread(target=ask_for_passes, daemon=True)
+        asker.start()
+        # read for READ_FOR_S and on until MIN_PASSES passes are done (each bounded above)
+        while time.monotonic() < deadline or asker.is_alive():
             for kind in reads:
                 acked = {s.run_id: s.acked() for s in senders}
                 try:
@@ -137,9 +154,12 @@ def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(t
         merges = collector.stderr()
     merged, rolled = _merged(data), _rolled(data)
     acked_total = sum(len(s.acked()) for s in senders)
-    print(f"reads {reads}, envelopes acked {acked_total}, rows {acked_total * ROWS}, failures {len(failures)}")
-    assert acked_total > 100, f"the load did not flow: {acked_total} envelopes acked; {merges}"
-    assert min(reads.values()) >= 10, reads
-    assert merged, "no compaction ran"
-    assert rolled, "no rollup ran"
+    load = f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    print(f"reads {reads}, envelopes acked {acked_total}, rows {acked_total * ROWS}, passes {passes}, {load}")
+    assert acked_total > 100, f"the load did not flow: {acked_total} envelopes acked ({load}); {merges}"
+    assert min(reads.values()) >= 10, (reads, load)
+    problems = [p for p in passes if isinstance(p, str)]
+    assert not problems, f"an asked-for compaction pass did not happen: {problems[0]}"
+    assert merged and sum(passes) > 0, f"passes {passes} merged nothing: no compaction happened while reading"
+    assert rolled, f"no rollup after {len(passes)} passes ({load})"
     assert not failures, f"{len(failures)} bad reads of {sum(reads.values())}:\n" + "\n".join(failures[:20])
