@@ -130,3 +130,32 @@ def pipe_runs_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(run_ids))
     Path(out, f"walls{rank}.json").write_text(json.dumps(WALLS))
+
+
+DP_WORLD, SLOW_RANK, DP_STEPS, DP_SLOW_S = 4, 1, 12, 0.04
+
+
+def pipe_dp_straggler_worker(rank: int, port: int, endpoint: str, out: str) -> None:
+    """2 stages x 2 data-parallel replicas; rank ``SLOW_RANK`` (stage 0 of replica 1) sleeps ``DP_SLOW_S``
+    more in each micro-batch's forward from step 2 on: a slow replica inside a stage, not a slow stage."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(DP_WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    import trainer
+    from collector.rank import session
+    from trainer.pipe import PipelineModule
+
+    torch.manual_seed(0)
+    net = PipelineModule(layers(0.0), num_stages=STAGES, loss_fn=nn.functional.mse_loss, partition_method="uniform")
+    engine, *_ = trainer.initialize(model=net, config=_config("dp-straggler", MICRO_BATCHES, endpoint))
+    data = iter([(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(DP_STEPS * MICRO_BATCHES)])
+    for step in range(DP_STEPS):
+        if step == 2 and rank == SLOW_RANK:
+            engine.module.forward_funcs[0].fwd_s += DP_SLOW_S
+        engine.train_batch(data)
+    run_id = session.active().run_id
+    engine.close()
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"dp_straggler": run_id}))

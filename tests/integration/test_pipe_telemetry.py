@@ -10,6 +10,8 @@ rows into a real collector; the bubbles and findings are read back from the stor
 - a pipeline's step is ``train_batch`` on every stage: the step analysis's step time equals the call's wall
   time within 5% per rank and step (not the optimizer step's 1-2 ms), and the receive waits are bubbles,
   never straggler lateness: no straggler finding on any pipeline run, the slow-stage one included;
+- a slow replica inside a stage (2 stages x 2 replicas, slow test) is a straggler, named alone, and not a
+  slow stage;
 - the pipeline runs' point-to-point traffic gets no communication note (no "in flight" share, no
   bucket advice for activations); a data-parallel run of the same layers on the same ranks still
   gets both for its gradient all_reduces.
@@ -172,3 +174,17 @@ def test_pipeline_receive_waits_are_bubbles_not_stragglers(runs, name):
     cat, run_ids = runs
     found = findings.for_run(cat, run_ids[name])
     assert not [f.text for f in found if f.kind == "straggler"], [(f.kind, f.text) for f in found]
+
+
+@pytest.mark.slow
+def test_a_slow_replica_inside_a_stage_is_still_a_straggler(tmp_path):
+    """2 stages x 2 replicas on 4 ranks, rank 1 (stage 0 of replica 1) slow: the stage's data-parallel
+    all_reduce waits for it, which is lateness, and the straggler finding names it."""
+    with live_collector(tmp_path / "data") as (endpoint, data_dir):
+        ranks = spawn(script.pipe_dp_straggler_worker, script.DP_WORLD, endpoint, tmp_path)
+    cat, run_id = queries.Catalog(data_dir), ranks[0]["dp_straggler"]
+    found = findings.for_run(cat, run_id)
+    stragglers = [f for f in found if f.kind == "straggler"]
+    shown = [(f.kind, f.ranks, f.text) for f in found]
+    assert [f.ranks for f in stragglers] == [(script.SLOW_RANK,)], shown
+    assert not [f for f in found if f.kind == "stage_imbalance"], f"one slow replica is not a slow stage: {shown}"

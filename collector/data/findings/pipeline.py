@@ -2,7 +2,8 @@
 
 Input: collector.data.pipeline.stage_bubbles (per step, pipeline and stage: busy and bubble time),
 the run's first step left out (warm-up) when it has more. Per stage, its forward + backward time
-per micro-batch t_s (median over steps and pipelines). Under 1F1B a step takes about
+per micro-batch t_s (median over steps of its fastest data-parallel replica: a replica slower than
+its peers is a straggler, which the straggler findings name). Under 1F1B a step takes about
 sum(t_s) + (m - 1) * max(t_s): after the fill, the pipeline moves at its slowest stage's pace.
 
 - Stage imbalance: the slowest stage takes ``IMBALANCE`` or more longer than the others' mean and
@@ -55,7 +56,10 @@ def stage_imbalance(bubbles: pd.DataFrame | None) -> list[Finding]:
     if (pipeline := _pipeline(bubbles)) is None:
         return []
     rows, stages, m = pipeline
-    per_stage = rows.groupby("stage").agg(busy=("busy_ms", "median"), layers=("layers", "max"))
+    # a stage's time is its fastest replica's in each step: one slow replica is a straggler (the stage's
+    # data-parallel all_reduce waits for it), not a slow stage
+    fastest = rows.groupby(["step", "stage"], as_index=False).agg(busy_ms=("busy_ms", "min"), layers=("layers", "max"))
+    per_stage = fastest.groupby("stage").agg(busy=("busy_ms", "median"), layers=("layers", "max"))
     t = per_stage.busy / m
     slow = int(t.idxmax())
     t_max, t_others = float(t[slow]), float(t.drop(slow).mean())
