@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import typing
 
 from mkdocs.structure.files import File
@@ -182,3 +183,26 @@ def _title(docs: str, page: str) -> str:
             if line.startswith("# "):
                 return line[2:].strip()
     return page.removesuffix(".md")
+
+
+# -- links out of docs/ ---------------------------------------------------------------------------
+# A page may point at a file of the repository outside docs/ (`../benches/RESULTS-x.md`, `../README.md`):
+# not part of the site, so it is shown as the file's path; a target that does not exist stays a link,
+# which `mkdocs build --strict` then reports.
+_OUTSIDE = re.compile(r"\[([^\]]+)\]\((\.\./[^)#\s]+)(#[^)\s]*)?\)")
+
+
+def on_page_markdown(markdown, page, config, files):
+    here = os.path.dirname(os.path.join(os.path.abspath(config["docs_dir"]), page.file.src_path))
+
+    def outside(match):
+        target = os.path.normpath(os.path.join(here, match.group(2)))
+        if not os.path.exists(target) or not target.startswith(ROOT + os.sep):
+            return match.group(0)
+        path = os.path.relpath(target, ROOT)
+        text = match.group(1)
+        if text.strip("`") in (path, os.path.basename(path)):
+            return f"`{path}`"
+        return f"{text} (`{path}`)"
+
+    return _OUTSIDE.sub(outside, markdown)
