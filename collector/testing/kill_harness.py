@@ -360,7 +360,9 @@ def kill_ranks(work: Path, kills: int, seed: int, *, log=None) -> KillReport:
             report.kills += 1
             if log:
                 log(f"rank kill {i + 1}/{kills}")
-        subprocess.run([sys.executable, "-c", _RESENDER, str(directory), c.endpoint], cwd=ROOT, timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", _RESENDER, str(directory), c.endpoint], cwd=ROOT, capture_output=True, timeout=120
+        )
         left = _spooled_rows(directory, report, "after the last resend")
         if left:
             report.lost_or_doubled.append(f"rows left in the spool after the last resend: {left}")
