@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import streamlit as st
 
 from collector.data import calibration as calibrations
-from collector.data import layout, pipeline
+from collector.data import layout, pipeline, whatif
 from collector.data import queries as q
 from collector.data.findings import links
 from collector.data.queries import CommFilter, DataDirError, data_version, training_filter
@@ -267,6 +267,15 @@ def pipe_bubbles(data_dir: str, run_id: str, version: str) -> pd.DataFrame:
 @_cached()
 def pipe_timeline(data_dir: str, run_id: str, step: int, data_rank: int, version: str) -> pd.DataFrame:
     return pipeline.timeline(catalog(data_dir), run_id, step, data_rank)
+
+
+@_cached()
+def whatif_result(data_dir: str, run_id: str, version: str) -> dict | None:
+    """The run's what-if replay (collector.data.whatif), or None where it has no ops the replay models."""
+    try:
+        return whatif.for_run(catalog(data_dir), run_id)
+    except (whatif.NoSteps, whatif.GraphError):
+        return None
 
 
 @st.cache_data(ttl=5, show_spinner=False)

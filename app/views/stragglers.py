@@ -14,8 +14,9 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, evidence, queries, state
-from collector.data import binning
+from collector.data import binning, whatif
 from collector.data.findings.stragglers import late_ranks
+from collector.data.findings.whatif import describe
 
 HEATMAP_KEY = "delay_heatmap"
 OPEN_BIN_KEY = "open_bin"
@@ -220,9 +221,30 @@ def stragglers_page() -> None:
                 st.markdown(sentence)
             for found in evidence.captured(d, run_id):  # what the suspects did, if profiled
                 evidence.show(d, found)
+        whatif_section(d, run_id, version)
         drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version), cell)
 
     state.live(sel, body)
+
+
+def whatif_section(data_dir: str, run_id: str, version: str) -> None:
+    """The what-if replay's verdict and its worker x step heatmap (the OSDI'25 study's Fig. 14),
+    where the run has the ops the replay models (docs/whatif.md)."""
+    result = queries.whatif_result(data_dir, run_id, version)
+    if result is None:
+        return
+    st.subheader("What-if: how much faster without stragglers, and whose they are")
+    verdict = describe(result)
+    st.markdown(
+        f"Slowdown S = **{result['slowdown']:.2f}x** over {result['steps']} steps "
+        f"(M_W {result['m_w'] or 0:.0%}, M_S {result['m_s'] or 0:.0%}). "
+        + (verdict.text if verdict else "The steps run as fast as their typical ops allow.")
+    )
+    grid = whatif.worker_steps(result)
+    labels = dict(zip(grid["rank"], grid["label"]))
+    st.plotly_chart(
+        charts.heatmap(grid, "slowdown", "Worker x step slowdown (1 = no straggling)", y_labels=labels, colorbar="x")
+    )
 
 
 st.title("Stragglers")

@@ -110,16 +110,19 @@ def _one_story(found: list[Finding]) -> list[Finding]:
     late because their link was slow are the slow link's, not stragglers."""
     hung = {r for f in found if f.kind == "hang" for r in f.evidence.get("missing_ranks", ())}
     link = [f for f in found if f.kind == "slow_link"]
-    # a slowdown the what-if replay shows moving across workers step by step (data imbalance)
-    # makes every rank late some of the time: it is one story, not a straggler per rank
+    # where the what-if replay modelled the steps (a 3D-parallel trace, a pipeline), its verdict
+    # tells the story: a slowdown moving across workers step by step is no straggler per rank, and
+    # of a slow worker's stragglers only the one naming that worker alone stays (arrival lateness
+    # also names the ranks waiting downstream of it: AR's last stage at the clip's all_reduce)
     moving = any(f.kind == "whatif_moving" for f in found)
+    worst = [set(f.ranks) for f in found if f.kind == "whatif_worker"]
     return ranked(
         [
             f
             for f in found
             if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)
             and not (f.kind == "straggler" and any(_explained_by(f, x) for x in link))
-            and not (f.kind == "straggler" and moving)
+            and not (f.kind == "straggler" and (moving or any(not set(f.ranks) <= w for w in worst)))
         ]
     )
 

@@ -11,10 +11,12 @@ a run cannot be replayed.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from collector.data.whatif.graph import GraphError
 from collector.data.whatif.replay import analyze
 
-__all__ = ["GraphError", "NoSteps", "analyze", "for_run"]
+__all__ = ["GraphError", "NoSteps", "analyze", "for_run", "worker_steps"]
 
 
 class NoSteps(LookupError):
@@ -34,3 +36,17 @@ def for_run(cat, run_id: str) -> dict:
             "engine's pipe rows (data-parallel-only runs are not modelled yet)"
         )
     return analyze(ops)
+
+
+def worker_steps(result: dict) -> pd.DataFrame:
+    """rank, step, slowdown (the worker's per-step score, min of its dp_rank's and stage's) and
+    label: the paper's Fig. 14 heatmap, one row per (worker, step)."""
+    rows = [
+        (int(rank), int(step), value)
+        for step, row in result["per_step"].items()
+        for rank, value in row["by_worker"].items()
+    ]
+    out = pd.DataFrame(rows, columns=["rank", "step", "slowdown"])
+    where = result["workers"]
+    out["label"] = [f"rank {r} (dp {where[str(r)]['dp_rank']}, stage {where[str(r)]['stage']})" for r in out["rank"]]
+    return out

@@ -65,10 +65,14 @@ def prepare(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
     use_dp = n_dp > 1 or (dp_size or 1) > 1
     # seq: the op's place among its (step, replica, stage, op type) fellows, in start order
     key = ((step_code.astype(np.int64) * n_dp + dp_code) * pp + stage) * n_types + optype_code
-    order = np.lexsort((start, key))
+    # rows usually come in time order within a group (as stored): one stable sort by key then
+    # suffices; otherwise sort by start within the key as well
+    order = np.argsort(key, kind="stable")
     sorted_key = key[order]
     first = np.ones(n, dtype=bool)
     first[1:] = sorted_key[1:] != sorted_key[:-1]
+    if (np.diff(start[order])[~first[1:]] < 0).any():
+        order = np.lexsort((start, key))
     at = np.arange(n)
     seq = np.empty(n, dtype=np.int64)
     seq[order] = at - np.maximum.accumulate(np.where(first, at, 0))

@@ -1,8 +1,9 @@
 """``rankscope import`` of the OSDI'25 traces into a real data dir (Parquet segments, DuckDB
 catalog), then ``rankscope whatif --json`` and ``rankscope health --json`` on the stored run:
 the figures survive the round trip through rankscope's tables within the issue's tolerances
-(3% slowdown / by_stage / by_dp_rank, 10% M_W / M_S of the authors' files), and health says
-AR's slowed worker alone and SE's slowdown as moving across workers."""
+(3% slowdown / by_stage / by_dp_rank, 10% M_W / M_S of the authors' files), health says AR's
+slowed worker alone and SE's slowdown as moving across workers, and the Stragglers page shows the
+verdict above the worker x step heatmap."""
 
 from __future__ import annotations
 
@@ -23,15 +24,23 @@ def _json_of(capsys, *args) -> tuple[int, object]:
     return rc, json.loads(capsys.readouterr().out)
 
 
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """AR and SE imported with ``rankscope import`` (the meta yaml beside each trace) into one data dir."""
+    tmp = tmp_path_factory.mktemp("osdi")
+    data = tmp / "data"
+    for name in ("AR", "SE"):
+        src = tmp / name
+        src.mkdir()
+        for f in (f"trace-{name}.parquet", f"meta-{name}.yaml"):
+            shutil.copy(DATA / f, src / f)
+        assert rankscope("import", src / f"trace-{name}.parquet", "--run", name, "--data-dir", data) == 0
+    return data
+
+
 @pytest.mark.parametrize("name", ["AR", "SE"])
-def test_import_whatif_health(tmp_path, capsys, name):
-    src = tmp_path / "in"
-    src.mkdir()
-    for f in (f"trace-{name}.parquet", f"meta-{name}.yaml"):
-        shutil.copy(DATA / f, src / f)
-    data = tmp_path / "data"
-    assert rankscope("import", src / f"trace-{name}.parquet", "--run", name, "--data-dir", data) == 0
-    rc, ours = _json_of(capsys, "whatif", name, "--data-dir", data, "--json")
+def test_whatif_json_matches_the_authors(imported, capsys, name):
+    rc, ours = _json_of(capsys, "whatif", name, "--data-dir", imported, "--json")
     assert rc == 0
     result = json.loads((DATA / f"result-{name}.json").read_text())
     mw = json.loads((DATA / f"mw-{name}.json").read_text())["Mw"]
@@ -44,8 +53,11 @@ def test_import_whatif_health(tmp_path, capsys, name):
     assert ours["m_s"] == pytest.approx(ms, rel=0.10, abs=0.01)
     assert {"by_optype", "by_worker", "per_step"} <= set(ours)
 
+
+@pytest.mark.parametrize("name", ["AR", "SE"])
+def test_health_names_the_cause(imported, capsys, name):
     capsys.readouterr()
-    assert rankscope("health", name, "--data-dir", data, "--json") == 1  # warnings
+    assert rankscope("health", name, "--data-dir", imported, "--json") == 1  # warnings
     found = json.loads(capsys.readouterr().out)
     kinds = {f["kind"] for f in found}
     if name == "AR":
@@ -56,6 +68,21 @@ def test_import_whatif_health(tmp_path, capsys, name):
     else:
         assert "whatif_moving" in kinds, kinds
         assert "straggler" not in kinds and "whatif_worker" not in kinds, kinds
+
+
+def test_stragglers_page_shows_the_heatmap(imported, monkeypatch):
+    from collector.data import catalog
+    from tests.integration.app._pages import open_page
+
+    con = catalog.connect(imported)
+    try:
+        (run_id,) = con.execute("SELECT run_id FROM runs WHERE name = 'AR'").fetchone()
+    finally:
+        con.close()
+    at = open_page(imported, monkeypatch, "views/stragglers.py", [run_id], timeout=120)
+    assert any("What-if" in h.value for h in at.subheader), [h.value for h in at.subheader]
+    text = " ".join(m.value for m in at.markdown)
+    assert "S = **1.97x**" in text and "one worker explains" in text, text
 
 
 def test_import_without_meta_says_what_is_missing(tmp_path, capsys):

@@ -139,3 +139,13 @@ def test_a_lost_pipeline_transfer_is_named():
     ops = ops[~((ops.stage == 1) & (ops.optype == "forward-recv"))]
     with pytest.raises(GraphError, match="forward-send"):
         analyze(ops)
+
+
+def test_row_order_does_not_matter():
+    ops = trace_ops("SE")
+    ops = ops[ops.step.isin(sorted(ops.step.unique())[:3])]
+    shuffled = ops.sample(frac=1.0, random_state=7)
+    a, b = analyze(ops), analyze(shuffled)
+    assert b["slowdown"] == pytest.approx(a["slowdown"], rel=1e-12)
+    assert b["by_dp_rank"] == pytest.approx(a["by_dp_rank"], rel=1e-12)
+    assert b["m_s"] == pytest.approx(a["m_s"], rel=1e-12)
