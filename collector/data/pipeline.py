@@ -1,4 +1,4 @@
-"""Pipeline-parallel bubbles from the ``pipe`` table (trainer.pipe.telemetry).
+"""Pipeline-parallel bubbles from the ``pipe`` table (collector.rank.pipe_timeline).
 
 A pipeline's step is the span from its first forward to its last backward over all its stages
 (one data-parallel replica: the ranks sharing a ``data_rank``); a stage is busy during its own

@@ -124,7 +124,7 @@ TABLES: dict[str, Table] = {
         # ... and, in hook runs (collector.rank.between_steps), the wait from the end of the step
         # before to this step's first forward pass: data loading and host work between steps.
         _table("between_steps", ("start_ns", I64), ("dur_ns", I64)),
-        # Pipeline parallelism (trainer.pipe.telemetry): what a stage did in a step and when -- kind
+        # Pipeline parallelism (collector.rank.pipe_timeline): what a stage did in a step and when -- kind
         # fwd / bwd per micro-batch, recv_act / recv_grad (waiting for the neighbour stage),
         # send_wait and reduce (micro_batch -1) -- on rank 0's clock; collector.data.pipeline
         # turns them into bubbles.

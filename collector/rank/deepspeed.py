@@ -9,7 +9,14 @@
   ``loss_scale`` row on each rank: the scale before and after, whether the step overflowed,
   and the hysteresis left.
 
-DeepSpeed is never imported here. ``install`` patches the three classes if their modules are
+* pipelines: every ``PipelineEngine.train_batch`` becomes ``pipe`` rows (collector.rank.pipe_timeline),
+  read off its instruction schedule: each ``ForwardPass`` / ``BackwardPass`` (the micro-batch counted in
+  schedule order), ``RecvActivation`` / ``RecvGrad`` (the waits for the neighbour stage, the bubbles),
+  ``SendActivation`` / ``SendGrad`` (``send_wait``), ``ReduceGrads`` / ``ReduceTiedGrads`` (``reduce``),
+  stamped with the step in progress. ``train_batch`` also counts as the engine's step (DeepSpeed's
+  pipeline steps its optimizer without ``engine.step()``), so steps follow its ``global_steps``.
+
+DeepSpeed is never imported here. ``install`` patches these classes if their modules are
 loaded already and otherwise waits for them: a finder on ``sys.meta_path`` patches each module
 right after it is first imported, so ``attach()`` may come before or after ``import deepspeed``.
 ``uninstall`` restores the originals. A patch that fails (another DeepSpeed version without
@@ -24,7 +31,9 @@ import logging
 import sys
 import time
 
-from collector.rank import session, steps
+from collector.rank import session, state, steps
+from collector.rank.clock import perf_ns
+from collector.rank.pipe_timeline import StageTimeline
 
 log = logging.getLogger("rankscope.deepspeed")
 
@@ -87,6 +96,88 @@ def _wrap_update_scale(update_scale):
     return wrapper
 
 
+# DeepSpeed's pipeline instructions -> (pipe row kind, which micro-batch counter names it, its offset)
+_INSTRUCTIONS = {
+    "ForwardPass": ("fwd", "fwd", 0),
+    "BackwardPass": ("bwd", "bwd", 0),
+    "RecvActivation": ("recv_act", "fwd", 0),  # for the forward that comes next
+    "RecvGrad": ("recv_grad", "bwd", 0),
+    "SendActivation": ("send_wait", "fwd", -1),  # of the forward just done
+    "SendGrad": ("send_wait", "bwd", -1),
+    "ReduceGrads": ("reduce", None, 0),
+    "ReduceTiedGrads": ("reduce", None, 0),
+}
+
+
+class _PipeStep:
+    """One ``train_batch`` of a DeepSpeed PipelineEngine being recorded."""
+
+    def __init__(self, engine) -> None:
+        module = engine.module
+        self.timeline = StageTimeline(
+            stage=int(engine.stage_id),
+            stages=int(engine.num_stages),
+            data_rank=int(engine.grid.data_parallel_id),
+            layers=len(getattr(module, "forward_funcs", ())),
+        )
+        self.step, self.micro_batches = state.get_step(), int(engine.micro_batches)
+        self.done = {"fwd": 0, "bwd": 0}
+
+    def record(self, instruction: str, start: int) -> None:
+        kind, counter, offset = _INSTRUCTIONS[instruction]
+        micro_batch = -1 if counter is None else self.done[counter] + offset
+        self.timeline.record(kind, micro_batch, start)
+        if kind in self.done:
+            self.done[kind] += 1
+
+
+def _wrap_instruction(name: str, execute):
+    @functools.wraps(execute)
+    def wrapper(self, *args, **kwargs):
+        step = getattr(self, "_rankscope_pipe", None)
+        start = perf_ns()
+        result = execute(self, *args, **kwargs)
+        if step is not None:
+            try:
+                step.record(name, start)
+            except Exception:
+                log.exception("rankscope: recording DeepSpeed's %s failed", name)
+        return result
+
+    return wrapper
+
+
+def _wrap_instruction_map(instruction_map: dict) -> dict:
+    return {
+        cls: _wrap_instruction(cls.__name__, fn) if cls.__name__ in _INSTRUCTIONS else fn
+        for cls, fn in instruction_map.items()
+    }
+
+
+def _wrap_train_batch(train_batch):
+    @functools.wraps(train_batch)
+    def wrapper(self, *args, **kwargs):
+        steps.engine_in_use()
+        try:
+            self._rankscope_pipe = _PipeStep(self)
+        except Exception:
+            log.exception("rankscope: DeepSpeed's PipelineEngine is not what rankscope knows; no pipe rows")
+            self._rankscope_pipe = None
+        try:
+            result = train_batch(self, *args, **kwargs)
+        finally:
+            recorded, self._rankscope_pipe = self._rankscope_pipe, None
+        if recorded is not None:
+            try:
+                recorded.timeline.emit(recorded.step, recorded.micro_batches)
+            except Exception:
+                log.exception("rankscope: sending DeepSpeed's pipe rows failed")
+        steps.engine_stepped(getattr(self, "global_steps", 0))
+        return result
+
+    return wrapper
+
+
 def _patch(owner, name: str, wrap) -> None:
     if (owner, name) not in _originals:
         original = getattr(owner, name)
@@ -108,8 +199,14 @@ def _patch_loss_scaler(module) -> None:
             _patch(getattr(module, name), "update_scale", _wrap_update_scale)
 
 
+def _patch_pipe_engine(module) -> None:
+    _patch(module.PipelineEngine, "train_batch", _wrap_train_batch)
+    _patch(module.PipelineEngine, "_INSTRUCTION_MAP", _wrap_instruction_map)
+
+
 PATCHES = {
     "deepspeed.runtime.engine": _patch_engine,
+    "deepspeed.runtime.pipe.engine": _patch_pipe_engine,
     "deepspeed.monitor.monitor": _patch_monitor,
     "deepspeed.runtime.fp16.loss_scaler": _patch_loss_scaler,
 }

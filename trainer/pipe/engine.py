@@ -12,7 +12,7 @@ a blocking recv for what this stage needs next, so the waits are the bubbles), t
 gradients are summed over their stages, then the engine's ZeRO optimizer (stage 0 or 1) averages
 gradients over the stage's data-parallel replicas and steps, as in a non-pipelined step. Only the
 first stage reads inputs and only the last reads labels from ``data_iter``, as in DeepSpeed.
-Every step's per-stage timeline is sent as ``pipe`` rows (trainer.pipe.telemetry), and the
+Every step's per-stage timeline is sent as ``pipe`` rows (collector.rank.pipe_timeline), and the
 ``train_batch`` timer spans the whole step on every stage (the rank's step for the step analysis).
 """
 
@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from collector.rank.clock import perf_ns
+from collector.rank.pipe_timeline import StageTimeline
 from trainer import comm
 from trainer.config import ConfigError
 from trainer.engine import Engine
 from trainer.pipe.module import PipelineError, PipelineModule
 from trainer.pipe.schedule import BACKWARD, one_f_one_b
-from trainer.pipe.telemetry import StageTimeline
 
 # Wire codes for the dtypes of tensors crossing a stage boundary (sent once per batch with their shapes).
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool]

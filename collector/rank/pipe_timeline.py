@@ -2,7 +2,10 @@
 activation / gradient receive (the wait for the neighbour stage), the wait for this step's sends
 to complete, and the tied / data-parallel gradient reduction, with unix-ns start and end on rank
 0's clock (collector.rank.clock), so the stages of one pipeline line up on one time axis.
-collector.data.pipeline turns these into bubble time per stage and step."""
+collector.data.pipeline turns these into bubble time per stage and step.
+
+Two writers: the bundled engine's PipelineEngine (trainer.pipe.engine) and, in a hook run, DeepSpeed's
+PipelineEngine through its instruction schedule (collector.rank.deepspeed)."""
 
 from __future__ import annotations
 
