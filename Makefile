@@ -37,16 +37,27 @@ proto/rankscope_pb2.py: proto/rankscope.proto $(STAMP)
 native: install
 	-MAX_JOBS=2 $(PY) -m native.build --quiet
 
-# DeepSpeed 0.19.8 in its own venv (.bench-venv-ds/, CPU wheels), for the tests and benchmarks that
-# compare against it; once per machine. Offline it fails, warns only, and those tests skip saying why.
+# DeepSpeed 0.19.8 in its own venv (.bench-venv-ds/, CPU wheels) with its JIT ops built, for the tests
+# and benchmarks that compare against it; once per machine. Offline it fails, warns only, and those
+# tests skip saying why.
 ds-venv: install
 	-$(PY) -m benches._deepspeed_venv
 
 # Both tiers (tests/unit, tests/integration) and the house checks in tests/, all but the slow tests.
-# The set-up steps are independent (a compiler, ruff, pip, mkdocs): they run side by side.
+# The set-up steps are independent (a compiler, ruff, pip, mkdocs): they run side by side. Then two
+# phases: every test that does not measure time runs on TEST_WORKERS pytest-xdist workers (a test file
+# stays on one worker, so its module fixtures are made once); then the `timing` tests (step times,
+# detection delays, CPU contention) one at a time, with nothing of ours beside them. Both phases always
+# run; the target fails if either did. tests/_durations.py fails a test over 60 s and lists the slowest.
+TEST_WORKERS ?= 3
 test: install
 	$(MAKE) --no-print-directory -j4 native lint ds-venv docs
-	$(PY) -m pytest -q -m "not slow" tests
+	@status=0; \
+	echo "make test: phase 1 of 2, the tests that measure no time, on $(TEST_WORKERS) workers"; \
+	$(PY) -m pytest -q -m "not slow and not timing" -n $(TEST_WORKERS) --dist loadfile tests || status=$$?; \
+	echo "make test: phase 2 of 2, the timing tests, one at a time"; \
+	$(PY) -m pytest -q -m "timing and not slow" tests || status=$$?; \
+	exit $$status
 
 # The unit tier alone (pure functions: no process, socket, browser or process group; tests/unit/conftest.py
 # fails a test that tries), a minute or so between edits. native: a JIT build would start a compiler.

@@ -11,8 +11,8 @@ tests/fixtures/deepspeed_run/generate.py.
     python -m benches._deepspeed_venv      # create it if missing, print its versions
 
 DeepSpeed compiles two C++ ops the first time a process of a venv uses them (its CPU Adam and its
-shared-memory all_reduce: a minute or more of g++ on two cores); ``build_ops_in_background`` lets
-the test session have that done at the lowest priority while other tests run.
+shared-memory all_reduce: a minute or more of g++ on two cores); ``build_ops`` (run by the module,
+so by ``make ds-venv``) has that done before any test needs them.
 """
 
 from __future__ import annotations
@@ -97,38 +97,6 @@ def ensure() -> Path:
 JIT_OPS = ("FusedAdamBuilder", "ShareMemCommBuilder")
 
 
-def build_ops_in_background(log: Path) -> subprocess.Popen | None:
-    """Starts compiling DeepSpeed's JIT ops (``JIT_OPS``) in the venv at nice 19, output to ``log``;
-    None where the venv is missing. A DeepSpeed process that needs an op meanwhile waits on torch's
-    build lock for it rather than compiling it again; ops already built just load."""
-    if not PYTHON.exists():
-        return None
-    code = (
-        f"from deepspeed.ops.op_builder.cpu import {', '.join(JIT_OPS)}\n"
-        f"for builder in ({', '.join(JIT_OPS)}):\n"
-        "    builder().load()\n"
-    )
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            [str(PYTHON), "-c", code],
-            env=env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: interrupt_build reaches ninja and g++ too
-            preexec_fn=lambda: os.nice(19),
-        )
-
-
-def interrupt_build(build: subprocess.Popen | None) -> None:
-    """Stops a ``build_ops_in_background`` that is still running, cleanly: SIGINT to its process group
-    (ninja deletes half-written objects, torch releases its build lock), up to 30 s, then SIGKILL. The
-    next DeepSpeed process that needs the ops builds what is left, at its own priority."""
-    from collector.tools.launch import stop_group
-
-    stop_group(build, timeout_s=30.0)
-
-
 # What a rankscope rank needs beyond torch, numpy and psutil (which the venv has already), for a
 # DeepSpeed script in the venv with collector.hook attached: installed with the venv's pip into a
 # folder of its own (so the venv stays DeepSpeed's alone), put on PYTHONPATH with the repo.
@@ -197,7 +165,21 @@ def ensure_tensorboard() -> dict[str, str]:
     return env(PYTHONPATH=str(TENSORBOARD_SIDE))
 
 
+def build_ops() -> None:
+    """Compiles DeepSpeed's JIT ops (``JIT_OPS``) in the venv now, at this process's priority; ops
+    already built just load. ``make ds-venv`` (a set-up step of ``make test``) calls it, so no test
+    waits on a compiler, whichever pytest-xdist worker starts it first."""
+    code = (
+        f"from deepspeed.ops.op_builder.cpu import {', '.join(JIT_OPS)}\n"
+        f"for builder in ({', '.join(JIT_OPS)}):\n"
+        "    builder().load()\n"
+    )
+    print(f"[deepspeed venv] building its JIT ops ({', '.join(JIT_OPS)})", flush=True)
+    subprocess.run([str(PYTHON), "-c", code], env=env(MAX_JOBS="2"), check=True, timeout=3600)
+
+
 if __name__ == "__main__":
     ensure()
     ensure_tensorboard()
+    build_ops()
     print(versions())

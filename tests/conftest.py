@@ -12,38 +12,6 @@ import pytest
 from collector.testing.ports import free_port
 from tests._durations import pytest_configure, pytest_fixture_setup, pytest_runtest_makereport  # noqa: F401 (hooks)
 
-# The test files that run real DeepSpeed: when any is selected, its JIT ops compile in the background
-# from the start of the session (nice 19), in the CPU other tests leave idle. A DeepSpeed test that
-# starts before that build is done stops it and has its own processes build the rest at their priority:
-# on a busy host a nice-19 build would starve while the test waited for it.
-_DEEPSPEED_TESTS = {"test_deepspeed_hook.py", "test_deepspeed_scripts.py", "test_import_deepspeed.py"}
-
-
-def pytest_collection_modifyitems(session, config, items):
-    if any(item.path.name in _DEEPSPEED_TESTS for item in items):
-        from benches import _deepspeed_venv
-
-        config._deepspeed_ops_build = _deepspeed_venv.build_ops_in_background(_deepspeed_venv.VENV / "jit-ops.log")
-
-
-def _stop_deepspeed_ops_build(config) -> None:
-    build = getattr(config, "_deepspeed_ops_build", None)
-    if build is not None:
-        from benches import _deepspeed_venv
-
-        _deepspeed_venv.interrupt_build(build)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _deepspeed_ops_at_full_priority(request):
-    if request.path.name in _DEEPSPEED_TESTS:
-        _stop_deepspeed_ops_build(request.config)
-    yield
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _stop_deepspeed_ops_build(session.config)
-
 
 @pytest.fixture
 def port() -> int:
