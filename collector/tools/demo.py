@@ -21,10 +21,13 @@ Stopping, whatever stops it (collector.tools.supervise):
   itself the terminal's foreground process group, so Ctrl-C reaches the demo and what it started,
   not make, which then exits with the demo's 0 instead of dying of SIGINT ("Error 130").
 * SIGTERM, SIGHUP: as Ctrl-C.
-* the demo itself killed (SIGKILL, its parent gone): its collector, dashboard and torchrun get a
-  death signal from the kernel (PR_SET_PDEATHSIG), and each rank one when torchrun goes.
+* the demo itself killed (SIGKILL, its parent gone): its dashboard and torchrun get a death signal
+  from the kernel (PR_SET_PDEATHSIG), each rank one when torchrun goes, and the demo's guard
+  (``supervise --guard``) waits for the training to end, then stops the collector and removes the
+  spool dir, so the ranks' RunEnd ("stopped") still lands.
 Each rank notes a stop signal as its user's (collector.rank.session.note_stopped), so the run ends
-``stopped``, not ``failed``; the spool dir is removed once empty.
+``stopped``, not ``failed``. What the ranks spooled unacked is delivered to the collector before it
+stops; the spool dir is removed once empty.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from collector.tools.commands.common import DEFAULT_DATA_DIR
 from collector.tools.launch import CollectorProcess, dashboard_command, free_port, stop_group, torchrun_command
-from collector.tools.supervise import die_with_parent
+from collector.tools.supervise import deliver_spooled, die_with_parent
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 UNTIL_STOPPED = 10**9  # "--steps" when none is given: train until Ctrl-C
@@ -276,14 +279,15 @@ def run_demo(args: argparse.Namespace) -> int:
     data_dir = os.path.abspath(args.data_dir)
     data_dir_flag = "" if os.path.abspath(DEFAULT_DATA_DIR) == data_dir else f" --data-dir {args.data_dir}"
     os.makedirs(data_dir, exist_ok=True)
-    collector = dashboard = train_proc = once = None
+    collector = dashboard = train_proc = once = guard = None
     watching = threading.Event()
     spool_dir = tempfile.mkdtemp(prefix="rankscope-demo-spool-")
     steps = args.steps or UNTIL_STOPPED
     stopped_by = None
     try:
         try:
-            collector = CollectorProcess(data_dir, port=args.port, auto_profile=True, preexec_fn=_die_with_parent())
+            # no death signal: if the demo is killed, its guard stops the collector after the training
+            collector = CollectorProcess(data_dir, port=args.port, auto_profile=True)
         except RuntimeError as exc:
             print(
                 f"[demo] the collector did not start on port {args.port}: {exc}\n"
@@ -372,6 +376,9 @@ def run_demo(args: argparse.Namespace) -> int:
             # run cannot use; torchrun gets SIGINT when the demo goes, and stops its ranks
             preexec_fn=_die_with_parent(args.training_nice, signal.SIGINT),
         )
+        watched = [str(os.getpid()), str(proc.pid), str(collector.proc.pid), endpoint, spool_dir]
+        # the guard stops the training, then the collector, if the demo is killed
+        guard = subprocess.Popen([sys.executable, "-m", "collector.tools.supervise", "--guard", *watched])
         once = OnceFilter(sys.stdout, last_step=None if steps == UNTIL_STOPPED else steps)
         if fault:
             once.fault = (
@@ -414,9 +421,13 @@ def run_demo(args: argparse.Namespace) -> int:
         # a second Ctrl-C while stopping must not leave the collector or the spool dir behind
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         watching.set()
+        if guard is not None:  # the demo stops everything itself
+            guard.terminate()
+            guard.wait()
         stop_group(train_proc)
         _stop(dashboard)
         if collector is not None:
+            deliver_spooled(spool_dir, collector.address)
             collector.stop()
         _drop_spool(spool_dir)
         terminal.give_back()

@@ -1,6 +1,6 @@
 """Children that cannot outlive whoever started them, and ranks that end "stopped" when told to stop.
 
-Two pieces, used by ``rankscope demo`` (collector/tools/demo.py):
+Three pieces, used by ``rankscope demo`` (collector/tools/demo.py):
 
 * ``die_with_parent(sig)``: Linux's ``PR_SET_PDEATHSIG``. Called in a child (a ``preexec_fn``), it
   asks the kernel to send ``sig`` to the child when the thread that started it exits: the demo
@@ -15,6 +15,9 @@ Two pieces, used by ``rankscope demo`` (collector/tools/demo.py):
     the training unwinds, its telemetry flushes at exit, and no rank prints a traceback for it;
   - a ``ConfigError`` (a bad value, a world size the config's layout cannot take) said in one line
     naming the key, exit 2; the traceback only with ``RANKSCOPE_DEBUG=1``.
+* ``python -m collector.tools.supervise --guard ...`` (``guard``): a small process that does the
+  demo's clean stop for it when the demo is killed: training first, while the collector still takes
+  the ranks' last records and RunEnd ("stopped"), then the collector, then the spool dir.
 """
 
 from __future__ import annotations
@@ -48,7 +51,24 @@ def _stop_asked(signum, _frame) -> None:
     from collector.rank import session
 
     session.note_stopped()
+    _quiet_output()
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _quiet_output() -> None:
+    """From a stop on, the rank's output goes nowhere: whoever read it (the demo) may be gone, and a
+    write into its closed pipe would fail the rank on its way out, before its RunEnd is sent."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except OSError:
+        pass
 
 
 def run_module(module: str, argv: list[str]) -> None:
@@ -76,7 +96,77 @@ def run_module(module: str, argv: list[str]) -> None:
         sys.exit(128 + signal.SIGINT)
 
 
+GUARD_TRAINING_S = 45.0  # how long the guard waits for the training to stop after its death signal
+GUARD_COLLECTOR_S = 60.0  # and for the collector to commit and exit after its SIGTERM
+
+
+def deliver_spooled(spool_dir: str, endpoint: str) -> None:
+    """Send what the ranks spooled and never got acked (they stopped under load before the collector
+    answered) to the collector while it still runs, so the run is whole and the spool dir empties."""
+    from pathlib import Path
+
+    from collector.rank.resend import resend_spooled
+
+    if os.path.isdir(spool_dir) and os.listdir(spool_dir):
+        resend_spooled(Path(spool_dir), endpoint, timeout_s=30.0)
+
+
+def guard(parent: int, train_pgid: int, collector_pid: int, endpoint: str, spool_dir: str) -> None:
+    """``python -m collector.tools.supervise --guard ...``: what the demo does on its way out, done
+    for it when it is killed (SIGKILL runs no handler): once ``parent`` is gone, wait for the training
+    (torchrun stops its ranks on its own death signal; SIGKILL after GUARD_TRAINING_S), deliver what
+    they spooled, stop the collector (SIGTERM: it commits), remove the spool dir if empty. The demo's
+    own clean stop ends the guard first (SIGTERM). Ctrl-C and a closed terminal are the demo's to
+    handle: the guard ignores them."""
+    import shutil
+    import time
+
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    if not _wait_gone(lambda: os.killpg(train_pgid, 0), GUARD_TRAINING_S):
+        _quietly(lambda: os.killpg(train_pgid, signal.SIGKILL))
+    deliver_spooled(spool_dir, endpoint)
+    _quietly(lambda: os.kill(collector_pid, signal.SIGTERM))
+    _wait_gone(lambda: _alive_or_raise(collector_pid), GUARD_COLLECTOR_S)
+    if os.path.isdir(spool_dir) and not os.listdir(spool_dir):
+        shutil.rmtree(spool_dir, ignore_errors=True)
+
+
+def _alive_or_raise(pid: int) -> None:
+    with open(f"/proc/{pid}/stat") as f:  # FileNotFoundError once it is gone
+        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+            raise ProcessLookupError(pid)
+
+
+def _wait_gone(probe, timeout_s: float) -> bool:
+    """Poll ``probe`` (raises once what it looks at is gone) up to ``timeout_s``; True if gone."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            probe()
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _quietly(action) -> None:
+    try:
+        action()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def main() -> None:
+    if len(sys.argv) >= 2 and sys.argv[1] == "--guard":
+        parent, train_pgid, collector_pid, endpoint, spool_dir = sys.argv[2:7]
+        guard(int(parent), int(train_pgid), int(collector_pid), endpoint, spool_dir)
+        return
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m collector.tools.supervise MODULE [ARGS...]")
     run_module(sys.argv[1], sys.argv[2:])
