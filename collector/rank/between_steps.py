@@ -31,6 +31,7 @@ import time
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from collector.rank import session, state
+from collector.rank.clock import CLOCK
 
 log = logging.getLogger("rankscope.steps")
 
@@ -49,7 +50,8 @@ class BetweenSteps:
         """A step has just ended: the gap starts now (again, if no forward came since the last end)."""
         if session.active() is None:
             return
-        self._ended_wall_ns, self._ended_ns = time.time_ns(), time.perf_counter_ns()
+        self._ended_ns = time.perf_counter_ns()
+        self._ended_wall_ns = CLOCK.wall_ns(self._ended_ns)  # the run's time line, immune to clock steps
         if not self._armed:
             self._armed.append(register_module_forward_pre_hook(self._first_forward))
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import numbers
-import time
 from collections.abc import Mapping
 
 from collector.rank import session, steps
+from collector.rank.clock import CLOCK
 
 log = logging.getLogger("rankscope.metrics")
 
@@ -55,7 +55,7 @@ def log_metrics(metrics: Mapping[str, object], step: int | None = None) -> None:
     if session.active() is None:
         return
     at = steps.logged_step() if step is None else int(step)
-    now = time.time_ns()
+    now = CLOCK.now_ns()  # on the run's time line (monotonic): an NTP step moves nothing
     rows = []
     for key, value in metrics.items():
         number = _number(key, value)

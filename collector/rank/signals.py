@@ -27,6 +27,7 @@ import time
 from array import array
 
 from collector.rank import session, state
+from collector.rank.clock import CLOCK
 
 log = logging.getLogger("rankscope.telemetry")
 
@@ -124,7 +125,7 @@ class HostSampler:
         self.last = self._read()
 
     def _read(self):
-        return time.time_ns(), _host_cpu(), _read_ints("/proc/self/schedstat")
+        return CLOCK.now_ns(), _host_cpu(), _read_ints("/proc/self/schedstat")  # monotonic: rates stay right
 
     def sample(self) -> dict | None:
         now = self._read()

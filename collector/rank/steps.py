@@ -37,12 +37,12 @@ import enum
 import logging
 import os
 import threading
-import time
 
 import torch
 
 from collector.rank import session, state
 from collector.rank.between_steps import BetweenSteps
+from collector.rank.clock import CLOCK
 
 log = logging.getLogger("rankscope.steps")
 
@@ -131,7 +131,7 @@ class _Counter:
     def memory_rows(self, step: int) -> list[dict]:
         if session.active() is None:
             return []
-        now = time.time_ns()
+        now = CLOCK.now_ns()  # the run's time line, not the wall clock an NTP step can move
         sizes = {"rss": self._rss.read()}
         if torch.cuda.is_initialized():  # a process that never touched CUDA has no allocator to ask
             device = torch.cuda.current_device()
