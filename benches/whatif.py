@@ -1,7 +1,7 @@
-"""What-if replay (collector.data.whatif): its figures against the OSDI'25 authors' on their AR and SE
-traces, and its cost at scale.
+"""What-if replay (collector.data.whatif): its figures against the OSDI'25 authors' on their three
+public traces (AR, SE, ST), and its cost at scale.
 
-Targets (issue 47): on AR and SE, ``slowdown``, ``by_stage`` and ``by_dp_rank`` within 3% of the authors'
+Targets (issue 47): on AR and SE (and ST), ``slowdown``, ``by_stage`` and ``by_dp_rank`` within 3% of the authors'
 result-X.json, ``m_w`` / ``m_s`` within 10% of mw-X.json / ms-X.json; 1,024 workers x 100 steps replayed
 in <= 10 s of CPU.
 
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     started, load0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _load()
     with tempfile.TemporaryDirectory() as tmp:
         acc, timing = [], []
-        for name in ("AR", "SE"):
+        for name in ("AR", "SE", "ST"):
             a, t = accuracy(name, Path(tmp))
             acc += a
             timing += t
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
 - rankscope code: {code_version(ROOT)}
 - method and targets: benches/whatif.py's docstring
 
-## AR and SE: ours (imported, then `rankscope whatif --json`) vs the authors' result/mw/ms-X.json
+## AR, SE and ST: ours (imported, then `rankscope whatif --json`) vs the authors' result/mw/ms-X.json
 
 Tolerance: 3% for S and its decompositions, 10% (or 0.01 absolute near zero) for M_W and M_S. The by_stage /
 by_dp_rank rows show the authors' four largest; "worst of all" is the largest relative difference over every key.

@@ -5,7 +5,9 @@
 - **a slowdown that moves across workers** from step to step (the slowest worker of a step is
   a different one in most steps, and M_W is small): sequence-length or data imbalance, not a bad
   machine; a long last stage (M_S at least ``SECOND_CAUSE_MS``) is named as the second cause;
-- **a long last stage** (M_S at least ``LONG_STAGE_MS``, and no moving slowdown): repartition,
+- **a long last stage** (M_S at least ``LONG_STAGE_MS``, and no moving slowdown; or M_S at least
+  ``STAGE_ALONE_MS`` whatever moves: the OSDI'25 ST trace's slowest worker alternates between its
+  last stage's two replicas): repartition,
   with what an even stage would save a step. Where the last stage explains as much as the worst
   workers (a pipeline of one replica: its last stage *is* one worker), the stage is named, not the
   worker; the one-worker verdict needs M_W above M_S.
@@ -24,6 +26,7 @@ MIN_SLOWDOWN = 1.05  # stragglers costing under 5% of a step are noise between s
 ONE_WORKER_MW = 0.5  # the top 3% of workers explain at least half the slowdown
 LONG_STAGE_MS = 0.5
 SECOND_CAUSE_MS = 0.3
+STAGE_ALONE_MS = 0.9  # above it a long last stage is the whole story, however the slowest worker moves
 MOVING_TOP_SHARE = 0.5  # the most frequent slowest worker is the slowest in under half the steps
 
 
@@ -60,6 +63,7 @@ def describe(result: dict | None) -> Finding | None:
     # with one stage, "the last stage" is every worker: no partition to blame
     staged = result["last_stage"] > 0 and m_s is not None
     stage_first = staged and m_s >= LONG_STAGE_MS and (m_w is None or m_s >= m_w - 0.05)
+    stage_alone = staged and m_s >= STAGE_ALONE_MS  # the last stage explains (nearly) all of it
     if m_w is not None and m_w >= ONE_WORKER_MW and not stage_first:
         rank = result["m_w_workers"][0]
         where = result["workers"][str(rank)]
@@ -79,7 +83,7 @@ def describe(result: dict | None) -> Finding | None:
             filters={"rank": rank},
             **common,
         )
-    if moving:
+    if moving and not stage_alone:
         distinct = len(set(tops))
         text = (
             f"{head}: the slowdown moves across workers from step to step ({distinct} different "

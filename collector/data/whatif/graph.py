@@ -20,7 +20,9 @@ among the ops of that type on that stage in start order. Edges, per stage:
 - the DP stream (params all-gather, grads reduce-scatter) in its order; the first forward
   waits for the last all-gather;
 - after the last compute: gc -> layernorm all-reduce -> embedding all-reduce (first and last
-  stage) -> grads reduce-scatter -> clip (a global norm) -> optimizer.
+  stage) -> grads reduce-scatter -> clip (a global norm) -> optimizer. With overlapped DP (the trace
+  has ``separate-grads-all-reduce``) the reduce-scatters start at the last backward instead, and the
+  separate all-reduce takes their place in that chain, after the last of them and gc.
 
 Collectives and p2p pairs are *groups*: every member starts when the last one is ready, and
 ends its own transfer time later. DP collectives and the clip's norm also wait across all
@@ -38,10 +40,11 @@ FORWARD, BACKWARD = "forward-compute", "backward-compute"
 P2P = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 PARAMS_AG, GRADS_RS = "params-all-gather", "grads-reduce-scatter"
 LAYERNORM, EMBEDDING, CLIP = "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "optimizer-clip-main-grad"
+SEPARATE_AR = "separate-grads-all-reduce"  # overlapped DP: the grads left after the overlapped reduce-scatters
 GC, OPTIMIZER = "gc", "optimizer"
 # The ideal duration of a communication op is its median, of a compute op its mean (the paper's choice:
 # a collective's tail is noise, a compute op's mean is what an even load would cost).
-COMM_OPTYPES = frozenset((*P2P, PARAMS_AG, GRADS_RS, LAYERNORM, EMBEDDING, CLIP))
+COMM_OPTYPES = frozenset((*P2P, PARAMS_AG, GRADS_RS, SEPARATE_AR, LAYERNORM, EMBEDDING, CLIP))
 KNOWN_OPTYPES = frozenset((FORWARD, BACKWARD, GC, OPTIMIZER, *COMM_OPTYPES))
 _PEER = {"forward-send": "forward-recv", "forward-recv": "forward-send"}
 _PEER |= {"backward-send": "backward-recv", "backward-recv": "backward-send"}
@@ -173,7 +176,16 @@ def _stage_edges(g, on: pd.DataFrame, stage: int, pp: int, use_dp: bool, key, p2
     after = gc[:1] if gc else ([last_compute] if last_compute is not None else [])
     if gc and last_compute is not None:
         deps[gc[0]].append(last_compute)
-    for optype in (LAYERNORM, EMBEDDING, GRADS_RS, CLIP, OPTIMIZER):
+    scatters = on[on.optype == GRADS_RS].sort_values("seq").node.tolist()
+    overlapped = use_dp and (on.optype == SEPARATE_AR).any()
+    if overlapped and scatters:
+        # overlapped DP: the reduce-scatters run beside the backward passes, from the last backward
+        # on; what they leave is reduced by the separate all-reduce after the last compute
+        backward = comp[comp.optype == BACKWARD]
+        if not backward.empty:
+            deps[scatters[0]].append(int(backward.node.iloc[int(np.argmax(backward.end.to_numpy()))]))
+        after = after + scatters[-1:]
+    for optype in (LAYERNORM, EMBEDDING, SEPARATE_AR if overlapped else GRADS_RS, CLIP, OPTIMIZER):
         if optype == EMBEDDING and stage not in (0, pp - 1):
             continue
         tail += on[on.optype == optype].sort_values("seq").node.tolist()
@@ -200,7 +212,7 @@ def _groups(g: Graph, ops: pd.DataFrame, pp: int, use_dp: bool, key, p2p_index) 
             g.groups.append([int(node)])
             g.synced.append(False)
     if use_dp:
-        for node in ops[ops.optype.isin((PARAMS_AG, GRADS_RS))].node:
+        for node in ops[ops.optype.isin((PARAMS_AG, GRADS_RS, SEPARATE_AR))].node:
             g.groups.append([int(node)])
             g.synced.append(True)
     emb = ops[ops.optype == EMBEDDING]

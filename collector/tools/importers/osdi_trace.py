@@ -44,6 +44,7 @@ from collector.data.whatif.graph import (
     OPTIMIZER,
     P2P,
     PARAMS_AG,
+    SEPARATE_AR,
 )
 from collector.tools.importers import base
 from collector.tools.importers.base import Parsed
@@ -59,6 +60,7 @@ TORCH_OP = {
     "backward-recv": "recv",
     PARAMS_AG: "all_gather_into_tensor",
     GRADS_RS: "reduce_scatter_tensor",
+    SEPARATE_AR: "all_reduce",
     LAYERNORM: "all_reduce",
     EMBEDDING: "all_reduce",
     CLIP: "all_reduce",
@@ -204,7 +206,7 @@ def _group(optype, dp, stage, rank, meta, rank_at, world) -> tuple[str, int, int
         sends = optype.endswith("send")
         src, dst = (rank, peer) if sends else (peer, rank)
         return f"p2p[{'?' if src is None else src}->{'?' if dst is None else dst}]", 2, peer
-    if optype in (PARAMS_AG, GRADS_RS):
+    if optype in (PARAMS_AG, GRADS_RS, SEPARATE_AR):
         return f"dp.stage{stage}", meta["dp_size"], None
     if optype == LAYERNORM:
         return f"tp.{rank}", meta["tp_size"], None

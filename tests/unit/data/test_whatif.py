@@ -1,5 +1,5 @@
 """The what-if replay (collector.data.whatif) against the OSDI'25 authors' published figures on
-their AR and SE traces, and on small hand-made steps whose answer is worked out by hand.
+their three public traces (AR, SE, ST), and on small hand-made steps whose answer is worked out by hand.
 
 Tolerances (issue 47): slowdown, by_stage, by_dp_rank (and by_optype, per-step slowdown) within
 3% of the authors' result-X.json; M_W and M_S within 10% of mw-X.json / ms-X.json (relative,
@@ -40,7 +40,7 @@ def expected(name: str) -> tuple[dict, dict, dict]:
     return tuple(json.loads((DATA / f"{kind}-{name}.json").read_text()) for kind in ("result", "mw", "ms"))
 
 
-@pytest.fixture(scope="module", params=["AR", "SE"])
+@pytest.fixture(scope="module", params=["AR", "SE", "ST"])
 def replayed(request):
     return request.param, analyze(trace_ops(request.param))
 
@@ -77,9 +77,11 @@ def test_words_name_the_cause(replayed):
     if name == "AR":  # one worker slowed on purpose: dp_rank 0, stage 0 (trace rank 0)
         assert finding.kind == "whatif_worker" and finding.ranks == (0,), finding
         assert "dp_rank 0, stage 0" in finding.text
-    else:  # sequence-length imbalance: no one worker; the long last stage second
+    elif name == "SE":  # sequence-length imbalance: no one worker; the long last stage second
         assert finding.kind == "whatif_moving" and finding.ranks == (), finding
         assert "moves across workers" in finding.text and "stage 1" in finding.text
+    else:  # stage partitioning imbalance: the last stage (3) is long
+        assert finding.kind == "whatif_stage" and "stage 3" in finding.text, finding
 
 
 def dp_step(slow_bwd: float = 4.0, steps: int = 5, dp: int = 4, slow: int = 2) -> pd.DataFrame:
@@ -149,3 +151,25 @@ def test_row_order_does_not_matter():
     assert b["slowdown"] == pytest.approx(a["slowdown"], rel=1e-12)
     assert b["by_dp_rank"] == pytest.approx(a["by_dp_rank"], rel=1e-12)
     assert b["m_s"] == pytest.approx(a["m_s"], rel=1e-12)
+
+
+def test_overlapped_data_parallelism_by_hand():
+    """Overlapped DP (``separate-grads-all-reduce``): the reduce-scatter waits for the last backward,
+    the separate all-reduce for the reduce-scatter; as run 1 + 4 + 0.1 + 0.1 + 0.1 = 5.3 s, ideal
+    (backward at its mean, 3 s) 1 + 3 + 0.3 = 4.3 s."""
+    rows = []
+    for step in range(4):
+        ready = [1.0 + (4.0 if d == 1 else 2.0) for d in range(2)]
+        rs_end = max(ready) + 0.1
+        for d in range(2):
+            rows += [
+                (d, d, 0, step, "forward-compute", 0.0, 1.0),
+                (d, d, 0, step, "backward-compute", 1.0, ready[d] - 1.0),
+                (d, d, 0, step, "grads-reduce-scatter", ready[d], rs_end - ready[d]),
+                (d, d, 0, step, "separate-grads-all-reduce", rs_end, 0.1),
+                (d, d, 0, step, "optimizer", rs_end + 0.1, 0.1),
+            ]
+    ops = pd.DataFrame(rows, columns=["rank", "dp_rank", "stage", "step", "optype", "start", "dur"])
+    r = analyze(ops)
+    assert r["step_time_s"] == pytest.approx(5.3) and r["ideal_step_time_s"] == pytest.approx(1 + 3.0 + 0.3)
+    assert r["by_dp_rank"]["1"] == pytest.approx(5.3 / 4.3) and r["m_w_workers"] == [1]
