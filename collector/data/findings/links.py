@@ -117,8 +117,9 @@ def references(first: dict[str, np.ndarray], kind_of: dict[str, tuple]) -> dict[
     """The CUSUM's reference k per group: log SLOW_RATIO, or NOISE_K robust standard deviations
     of the first BASELINE_STEPS log ratios of the groups of its kind (span, size), pooled, where
     their healthy transfers are noisier (a loaded host's): a slowdown must stand out of the noise.
-    At most log MAX_REFERENCE: first steps that jittered 3x (start-up on a loaded host) must not hide
-    a link 10x slower for good (whether the hosts kept their speed is the controls' to say)."""
+    For groups across hosts at most log MAX_REFERENCE: first steps that jittered 3x (start-up on a
+    loaded host) must not hide a link 10x slower for good (whether the hosts kept their speed is the
+    controls' to say); groups inside hosts keep theirs (a noisy one "slowed" would clear every link)."""
     pooled: dict[tuple, list] = {}
     for g, x in first.items():
         pooled.setdefault(kind_of[g], []).extend(x.tolist())
@@ -126,7 +127,8 @@ def references(first: dict[str, np.ndarray], kind_of: dict[str, tuple]) -> dict[
     for kind, xs in pooled.items():
         x = np.asarray(xs)
         sigma[kind] = 1.4826 * float(np.median(np.abs(x - np.median(x)))) if len(x) else 0.0
-    return {g: min(max(math.log(SLOW_RATIO), NOISE_K * sigma[kind_of[g]]), math.log(MAX_REFERENCE)) for g in first}
+    k = {g: max(math.log(SLOW_RATIO), NOISE_K * sigma[kind_of[g]]) for g in first}
+    return {g: min(x, math.log(MAX_REFERENCE)) if kind_of[g][0] else x for g, x in k.items()}
 
 
 def change_points(steps: np.ndarray, log_ratio: np.ndarray, k: float) -> list[tuple[int, int, int | None]]:
