@@ -178,6 +178,15 @@ def test_a_failing_block_ends_the_run_failed(one_rank, collector):
     assert [e.end.status for e in col.envelopes("end")] == ["failed"]
 
 
+def test_ctrl_c_in_the_block_ends_the_run_stopped(one_rank, collector):
+    """Its user stopped it: 'stopped', not 'failed'."""
+    endpoint, col = collector
+    with pytest.raises(KeyboardInterrupt):
+        with hook.attached(run="stopped", endpoint=endpoint):
+            raise KeyboardInterrupt
+    assert [e.end.status for e in col.envelopes("end")] == ["stopped"]
+
+
 def test_unreachable_collector_never_raises_into_training(one_rank, tmp_path, monkeypatch):
     monkeypatch.setenv("RANKSCOPE_SPOOL_DIR", str(tmp_path))
     active = hook.attach(run="offline", endpoint="no such host:::")
