@@ -5,6 +5,7 @@ picks, the real store writing Parquet segments and the catalog under ``data_dir`
         endpoint, data_dir = collector            # unpacks like a pair
         channel = collector.channel()             # closed when the block ends
         ...                                       # collector.state: the store, ledger, compaction
+        collector.compact_until(lambda: ..., "the rollup")  # passes now, not when the thread wakes
 
 The store flushes every 50 ms (``FAST_STORE``) so what a test sends is durable and
 visible almost at once. Compaction is off unless a test passes a ``compaction_config``:
@@ -21,7 +22,9 @@ A collector in its own process (its own GIL, killable with SIGKILL) is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +51,21 @@ class LiveCollector:
     def __iter__(self) -> Iterator:
         """``endpoint, data_dir = collector``."""
         return iter((self.endpoint, self.data_dir))
+
+    def compact_until(self, done: Callable[[], bool], what: str, timeout_s: float = 300) -> int:
+        """Compaction passes (rollups, retention, merges) on the calling thread, one after another,
+        until ``done()``; returns how many it took. The collector's own compactor thread runs at
+        nice +10 and, on a loaded host, late: a test that needs a pass to have happened asks for
+        it. Raises AssertionError naming ``what`` did not happen, and the host's load, after
+        ``timeout_s``."""
+        deadline, passes = time.monotonic() + timeout_s, 0
+        while not done():
+            if time.monotonic() > deadline:
+                load = f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+                raise AssertionError(f"{what} did not happen in {passes} compaction passes, {timeout_s:.0f} s ({load})")
+            self.state.compactor.run_pass()
+            passes += 1
+        return passes
 
     def channel(self, options: list[tuple[str, object]] | None = None) -> grpc.Channel:
         """A plaintext channel to this collector, closed when it stops."""
