@@ -225,3 +225,13 @@ def _number_collectives(out: Parsed) -> None:
             n = counters.get(row["group_name"], 0)
             row["seq"] = n
             counters[row["group_name"]] = n + 1
+
+
+def settle(parsed: list[Parsed]) -> None:
+    """One trace is one job: a folder of several (trace-AR and trace-SE beside each other) would
+    merge different jobs' workers into one run. The first is imported, the others refused by name."""
+    for other in parsed[1:]:
+        if other.rows:
+            other.refuse(
+                "", f"a second OSDI'25 trace in one import (the first: {parsed[0].sources[0]}); import each on its own"
+            )
