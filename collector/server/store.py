@@ -251,6 +251,8 @@ class Store:
         self._flusher.join()
         self._writers.shutdown()
         self.ledger.close()
+        if self.write_status is not None:
+            self.write_status.close()
 
     # -- flushing ------------------------------------------------------------
 

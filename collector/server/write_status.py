@@ -10,6 +10,8 @@ when it begins ("collector cannot write: disk full ...") and once when it ends, 
 The status file has to be written when the disk is full, so it is made at start-up at a fixed
 size (``SIZE`` bytes, padded with spaces) and afterwards only overwritten in place: no new block
 is needed. A reader may catch it mid-overwrite; ``read`` then returns None (it is only a report).
+A collector that stops removes it; one that was killed leaves it, and ``note`` then says that the
+last collector (no longer running) could not write.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ class WriteStatus:
             n,
         )
         self._write()
+
+    def close(self) -> None:
+        """The collector stops: nothing to report any more (a data dir at rest holds no status file)."""
+        self.path.unlink(missing_ok=True)
 
     def _write(self) -> None:
         body = json.dumps({"pid": os.getpid(), "failing": self.failing, "since": self.since, "updated": time.time()})
