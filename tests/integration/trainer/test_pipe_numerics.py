@@ -22,7 +22,8 @@ pipeline computes that norm from stage 0's gradients only (its ``clip_grad_norm_
 marked tensor-parallel only on model-parallel rank 0, and its pipeline grid's model-parallel group is the
 pipe), so there it seldom clips and the same script looks unclipped. ``test_the_issue_script_*`` pins both
 facts: default config == torch clipped at 1.0, ``gradient_clipping: 0`` == plain torch, and the two
-references differ by far more than the tolerance (the test could tell them apart).
+references differ by far more than the tolerance (the test could tell them apart). The slow
+``test_real_deepspeed_side_by_side_*`` runs the script on DeepSpeed 0.19.8 and pins its stage-0 norm.
 
 A drift of the same shape that was the engine's: with a tied weight and clipping, the norm counted the tied
 weight once per stage holding it (its gradient is summed over them, so each holds the whole of it). Now the
@@ -35,58 +36,17 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tests._engine_util import spawn
+from tests.integration.trainer._pipe_numerics_model import MICRO, SEED, STEPS, global_batch, layer_specs, loss_fn
 
-H, MICRO, STEPS, SEED = 16, 2, 20, 1234
 FP32_TOL = 1e-5
 FP16_REL_TOL = 2.0**-8  # 8 x fp16's unit roundoff 2**-11, relative to the loss (module docstring)
-
-
-# ---------------------------------------------------------------- the script's model and data
-
-
-def _transposed(module, x):
-    return x @ module.weight
-
-
-def layer_specs(tied: bool) -> list:
-    from trainer.pipe import LayerSpec, TiedLayerSpec
-
-    first = TiedLayerSpec("proj", nn.Linear, H, H, bias=False) if tied else LayerSpec(nn.Linear, H, H)
-    again = (
-        TiedLayerSpec("proj", nn.Linear, H, H, bias=False, forward_fn=_transposed)
-        if tied
-        else LayerSpec(nn.Linear, H, H)
-    )
-    return [
-        first,
-        LayerSpec(nn.Tanh),
-        LayerSpec(nn.Linear, H, H),
-        LayerSpec(nn.Tanh),
-        LayerSpec(nn.Linear, H, H),
-        LayerSpec(nn.Tanh),
-        LayerSpec(nn.Linear, H, H),
-        again,
-        LayerSpec(nn.Linear, H, 1),
-    ]
-
-
-def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh inputs each step; targets of a fixed teacher, large enough that the default clipping bites."""
-    g = torch.Generator().manual_seed(100 + step)
-    x = torch.randn(size, H, generator=g)
-    teacher = torch.randn(H, 1, generator=torch.Generator().manual_seed(7))
-    return x, 3.0 * torch.tanh(x @ teacher)
-
-
-def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(out.float(), y.float())
 
 
 # ---------------------------------------------------------------- cases
@@ -240,9 +200,10 @@ def _torch_optimizer(c: dict, params):
     return torch.optim.SGD(params, **p)
 
 
-def reference(c: dict, dp: int, clip: float | None = None) -> dict:
+def reference(c: dict, dp: int, clip: float | None = None, norm_layers: range | None = None) -> dict:
     """Per-step losses (and skipped steps) of the one-process run. ``clip``: the norm it clips at
-    (default: the case's, 1.0 where the config leaves the key out)."""
+    (default: the case's, 1.0 where the config leaves the key out); ``norm_layers``: clip every gradient by
+    the norm of these layers' gradients only (DeepSpeed's pipeline: stage 0's), not the whole model's."""
     from trainer.loss_scaler import build_loss_scaler
     from trainer.lr_schedules import build_scheduler
 
@@ -280,7 +241,12 @@ def reference(c: dict, dp: int, clip: float | None = None) -> dict:
                 continue
             for m, g in zip(master.parameters(), grads, strict=True):
                 m.grad = g / scale
-        if clip > 0:
+        if clip > 0 and norm_layers is not None:
+            counted = {id(p): p for i in norm_layers for p in master.funcs[i][0].parameters()}
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in counted.values()]))
+            for p in master.parameters():
+                p.grad.mul_(min(1.0, clip / (norm + 1e-6)))
+        elif clip > 0:
             torch.nn.utils.clip_grad_norm_(master.parameters(), clip)
         opt.step()
         if sched is not None:
@@ -337,3 +303,40 @@ def test_sgd_scheduler_type_partition_checkpointing_and_resume_equal_torch(tmp_p
 @pytest.mark.slow
 def test_four_stages_and_two_stages_by_two_replicas_equal_torch(tmp_path):
     _check(spawn(_worker, 4, tmp_path / "out", FOUR_RANK_CASES, str(tmp_path / "ckpt")), FOUR_RANK_CASES, 4)
+
+
+@pytest.mark.slow
+def test_real_deepspeed_side_by_side_on_the_issue_script(tmp_path):
+    """The issue's script on DeepSpeed 0.19.8 (bench venv, 2 CPU ranks), side by side: gradient_clipping 0 equals
+    plain torch within 1e-5, as ours does; with clipping DeepSpeed equals torch clipped by the norm of stage 0's
+    gradients only (layers 0-4 of the uniform split), not the whole model's as ours and torch's
+    clip_grad_norm_ do: the difference the module docstring names. At the default 1.0 stage 0's norm stays
+    below it in this script (DeepSpeed does not clip at all); at 0.05 it clips, by that norm."""
+    import json
+    import subprocess
+
+    from benches import _deepspeed_venv as venv
+    from collector.testing.ports import free_port
+
+    try:
+        env = venv.ensure_rank_side()
+    except (subprocess.SubprocessError, OSError, RuntimeError) as exc:
+        pytest.skip(f"no DeepSpeed venv ({venv.VENV}) and it cannot be made here: {exc}")
+    script = Path(__file__).with_name("_deepspeed_pipe_numerics.py")
+    torchrun = [str(venv.VENV / "bin" / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    tight = case("issue-script gradient_clipping 0.05", clip=0.05)  # stage 0's own norm is above it too
+    cases = [ISSUE_DEFAULT, ISSUE_NO_CLIP, tight]
+    done = subprocess.run(
+        [*torchrun, str(script), str(tmp_path), json.dumps(cases)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    stage0 = range(0, 5)  # uniform: 9 layers on 2 stages -> [0, 5, 9]
+    want = {c["name"]: reference(c, 1, norm_layers=stage0)["losses"] for c in cases}
+    assert want[ISSUE_NO_CLIP["name"]] == reference(ISSUE_NO_CLIP, 1)["losses"]
+    # the references DeepSpeed is told apart from: the whole model's norm (ours, torch's), and no clipping
+    for other in (reference(tight, 1)["losses"], reference(tight, 1, clip=0.0)["losses"]):
+        assert max(abs(a - b) for a, b in zip(want[tight["name"]], other, strict=True)) > 100 * FP32_TOL
+    for rank, got in enumerate(ranks):
+        for name, losses in want.items():
+            assert got[name] == pytest.approx(losses, abs=FP32_TOL, rel=0), (rank, name, got[name], losses)
