@@ -100,8 +100,9 @@ def describe(result: dict | None) -> Finding | None:
         saved = result["m_s_saved_s"] * 1e3
         return Finding(
             kind="whatif_stage",
-            text=f"{head}: the last stage (stage {result['last_stage']}) is long and explains {m_s:.0%} of it: "
-            f"repartition the layers; an even split would save {saved:,.0f} ms a step",
+            text=f"{head}: the last stage (stage {result['last_stage']}) is long and explains {m_s:.0%} of it "
+            f"(S by stage: {_by_stage(result)}): repartition the layers; an even split would save "
+            f"{saved:,.0f} ms a step",
             cost_ms_per_step=round(saved, 1),
             filters={"stage": result["last_stage"]},
             **common,
@@ -114,6 +115,11 @@ def describe(result: dict | None) -> Finding | None:
         cost_ms_per_step=round(lost_ms, 1),
         **common,
     )
+
+
+def _by_stage(result: dict) -> str:
+    """'3 1.23x, 0 1.00x, ...': each stage's S, largest first."""
+    return ", ".join(f"{stage} {value:.2f}x" for stage, value in result["by_stage"].items())
 
 
 def whatif_findings(result: dict | None) -> list[Finding]:
