@@ -41,8 +41,9 @@ is not what the format says is named (file, entry, field) and skipped, never a t
 from __future__ import annotations
 
 import ast
+import functools
 import io
-import math
+import json
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -67,6 +68,10 @@ OPS = {
     "all_gather": "all_gather",
     "allgather": "all_gather",
     "_allgather_base": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "all_gather_v": "all_gather",
+    "ALLGATHER_coalesced": "all_gather_coalesced",
     "all_gather_into_tensor": "all_gather_into_tensor",
     "allgather_coalesced": "all_gather_coalesced",
     "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
@@ -74,9 +79,17 @@ OPS = {
     "_reduce_scatter_base": "reduce_scatter_tensor",
     "reduce_scatter_tensor": "reduce_scatter_tensor",
     "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_v": "reduce_scatter",
+    "REDUCE_SCATTER_coalesced": "reduce_scatter_tensor_coalesced",
     "all_to_all": "all_to_all",
     "alltoall": "all_to_all",
     "alltoall_base": "all_to_all_single",
+    "all_to_all_single": "all_to_all_single",
+    "all_to_all_v_single": "all_to_all_single",
+    "_broadcast_oop": "broadcast",
+    "_reduce_oop": "reduce",
+    "all_reduce_barrier": "barrier",
     "broadcast": "broadcast",
     "reduce": "reduce",
     "gather": "gather",
@@ -136,8 +149,7 @@ class Entry:
     timeout_s: float
     thread_name: str | None
     thread_id: int | None
-    stack: str
-    innermost: str
+    frames: object  # formatted only for the entries that get a stacks row (most never do)
 
 
 @dataclass
@@ -183,15 +195,26 @@ def _rank_of(path: Path, dump: dict) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@functools.lru_cache(maxsize=256)  # every rank's dump repeats the same lists
+def _ranks_text(value: str) -> tuple[int, ...]:
+    if len(value) > MAX_RANK_LIST:
+        raise BadEntry(f"'ranks' is {len(value):,} characters long")
+    try:
+        parsed = json.loads(value) if value.strip() else []  # '[0, 1]' as NCCL writes it
+    except ValueError:
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+            raise BadEntry(f"'ranks' is not a list of ranks ({value[:40]!r})") from exc
+    if isinstance(parsed, str):
+        raise BadEntry(f"'ranks' is not a list of ranks ({value[:40]!r})")
+    return tuple(_ranks(parsed))
+
+
 def _ranks(value) -> list[int]:
     """A pg_config ``ranks`` ('[0, 1]' as NCCL writes it, or a list) as sorted ints."""
     if isinstance(value, str):
-        if len(value) > MAX_RANK_LIST:
-            raise BadEntry(f"'ranks' is {len(value):,} characters long")
-        try:
-            value = ast.literal_eval(value) if value.strip() else []
-        except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
-            raise BadEntry(f"'ranks' is not a list of ranks ({value[:40]!r})") from exc
+        return list(_ranks_text(value))
     if not isinstance(value, list | tuple) or not all(
         isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD_SIZE for r in value
     ):
@@ -225,8 +248,8 @@ def _stated_groups(dump: dict, out: Parsed, path: Path) -> tuple[dict[str, list[
 
 def _int(e: dict, key: str, default=None) -> int | None:
     value = e.get(key, default)
-    if value is None:
-        return None
+    if value is None or type(value) is int:  # type(), not isinstance: a bool is no number here
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise BadEntry(f"{key!r} is a {type(value).__name__}, not a number")
     try:
@@ -241,12 +264,15 @@ def _elements(sizes, key: str) -> int:
     if not isinstance(sizes, list | tuple):
         raise BadEntry(f"{key!r} is a {type(sizes).__name__}, not a list of shapes")
     total = 0
-    for shape in sizes:
-        if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
+    for shape in sizes:  # plain loops: this runs for every entry of every rank
+        if type(shape) not in (list, tuple) or len(shape) > MAX_DIMS:
             raise BadEntry(f"{key!r} holds {str(shape)[:40]!r}, not a shape")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise BadEntry(f"{key!r} holds {str(shape)[:40]!r}, not a shape of sizes")
-        total += math.prod(shape)
+        n = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise BadEntry(f"{key!r} holds {str(shape)[:40]!r}, not a shape of sizes")
+            n *= d
+        total += n
     return total
 
 
@@ -286,7 +312,6 @@ def _entry(i: int, e, world_names: set[str]) -> Entry | None:
     dtype, itemsize = DTYPES.get(first, (first, None))
     numel = 0 if op == "barrier" else _elements(e.get(f"{side}_sizes"), f"{side}_sizes")
     thread_id = e.get("thread_id")
-    stack, innermost = _stack(e.get("frames"))
     state = e.get("state")
     return Entry(
         index=i,
@@ -304,8 +329,7 @@ def _entry(i: int, e, world_names: set[str]) -> Entry | None:
         timeout_s=(_int(e, "timeout_ms") or 0) / 1000,
         thread_name=e.get("thread_name") if isinstance(e.get("thread_name"), str) else None,
         thread_id=int(thread_id) if str(thread_id or "").isdigit() and len(str(thread_id)) < 19 else None,
-        stack=stack,
-        innermost=innermost,
+        frames=e.get("frames"),
     )
 
 
@@ -428,27 +452,54 @@ def settle(parsed: list[Parsed]) -> list[str]:
             "ranks that left one; in a group known to hold them, a collective counts as joined by them only where a "
             "rank with a dump went on past it"
         )
-    furthest: dict[str, int] = {}
-    for (pg, _), seq in entered.items():
-        furthest[pg] = max(furthest.get(pg, 0), seq)
     world = max((max(m) + 1 for m in members.values() if m), default=0)
     next(iter(dumps.values()))[0].hints[WITHOUT_DUMP] = without_dump
+    seen = _Across(members, names, entered, set(dumps))
     for p, d in dumps.values():
         p.world_size = world or None
-        _rows(p, d, members, names, entered, furthest, dumps.keys())
+        _rows(p, d, seen)
     return notes
 
 
-def _rows(p: Parsed, d: Dump, members, names, entered, furthest, dumped) -> None:
-    """``d``'s entries as comm, inflight and stacks rows of ``p``: ``entered`` maps (group, rank) to the
-    highest seq the rank entered, ``furthest`` a group to the highest any rank with a dump entered."""
+@dataclass
+class _Across:
+    """What one import's dumps say together, for deciding each entry."""
+
+    members: dict[str, list[int]]  # group -> member ranks
+    names: dict[str, str]  # group -> rankscope's group name
+    entered: dict[tuple[str, int], int]  # (group, rank) -> the highest seq that rank entered
+    dumped: set[int]  # ranks that left a dump
+    furthest: dict[str, int] = field(default_factory=dict)  # group -> the highest seq a rank with a dump entered
+    slowest: dict[str, int] = field(default_factory=dict)  # group -> the lowest of its dumped members' highest
+    _absent: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for (pg, _), seq in self.entered.items():
+            self.furthest[pg] = max(self.furthest.get(pg, 0), seq)
+        for pg, ranks in self.members.items():
+            self.slowest[pg] = min((self.entered.get((pg, m), 0) for m in ranks if m in self.dumped), default=0)
+
+    def absent(self, pg: str, seq: int) -> list[int]:
+        """Members with a dump that never entered ``seq`` of ``pg`` (worked out once per collective)."""
+        if self.slowest.get(pg, 0) >= seq:  # most entries: every member went at least this far
+            return []
+        key = (pg, seq)
+        if key not in self._absent:
+            self._absent[key] = [
+                m for m in self.members.get(pg, []) if m in self.dumped and self.entered.get((pg, m), 0) < seq
+            ]
+        return self._absent[key]
+
+
+def _rows(p: Parsed, d: Dump, seen: _Across) -> None:
+    """``d``'s entries as comm, inflight and stacks rows of ``p``."""
     newest, stuck = None, set()
     for e in d.entries:
         where = f"entry {e.index}"
-        group_members = members.get(e.pg, [])
+        group_members = seen.members.get(e.pg, [])
         row = dict(
             step=None,
-            group_name=names[e.pg],
+            group_name=seen.names[e.pg],
             group_size=len(group_members),
             seq=e.seq,
             op=e.op,
@@ -458,11 +509,11 @@ def _rows(p: Parsed, d: Dump, members, names, entered, furthest, dumped) -> None
         )
         if newest is None or (e.created_ns or 0) >= (newest.created_ns or 0):
             newest = e
-        absent = [m for m in group_members if m in dumped and entered.get((e.pg, m), 0) < e.seq]
+        absent = seen.absent(e.pg, e.seq)
         if d.tracked:
             done = e.state == "completed"
         else:  # a member without a dump joined it only if a rank with one went on past it
-            unconfirmed = any(m not in dumped for m in group_members) and furthest.get(e.pg, 0) <= e.seq
+            unconfirmed = seen.furthest.get(e.pg, 0) <= e.seq and any(m not in seen.dumped for m in group_members)
             done = not absent and not unconfirmed
         if done:
             start = e.start_ns if d.tracked else e.created_ns
@@ -481,14 +532,15 @@ def _rows(p: Parsed, d: Dump, members, names, entered, furthest, dumped) -> None
             hang_after_s=0.0 if absent or not d.tracked else e.timeout_s,
             state="waiting",
         )
-        _stack_row(p, d, e, f"in flight: {e.op} #{e.seq} of {names[e.pg]} (Flight Recorder)")
+        _stack_row(p, d, e, f"in flight: {e.op} #{e.seq} of {seen.names[e.pg]} (Flight Recorder)")
         stuck.add(e.index)
     if newest is not None and newest.index not in stuck:
-        _stack_row(p, d, newest, f"last seen: {newest.op} #{newest.seq} of {names[newest.pg]} (Flight Recorder)")
+        _stack_row(p, d, newest, f"last seen: {newest.op} #{newest.seq} of {seen.names[newest.pg]} (Flight Recorder)")
 
 
 def _stack_row(p: Parsed, d: Dump, e: Entry, reason: str) -> None:
-    if not e.stack:
+    stack, innermost = _stack(e.frames)
+    if not stack:
         return
     p.add(
         "stacks",
@@ -499,7 +551,7 @@ def _stack_row(p: Parsed, d: Dump, e: Entry, reason: str) -> None:
         thread_name=e.thread_name,
         thread_id=e.thread_id,
         is_main=None,
-        stack=e.stack,
-        innermost=e.innermost,
+        stack=stack,
+        innermost=innermost,
         time_ns=d.dumped_ns,
     )

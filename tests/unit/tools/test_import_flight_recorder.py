@@ -153,3 +153,40 @@ def test_fuzz_wrong_types_in_any_field_never_raise_and_name_the_entry(tmp_path):
         for p in result.parsed.problems:
             assert "cannot be parsed as" not in str(p) and p.where.startswith(("entry", "")), str(p)
         assert result.parsed.row_count("comm") + result.parsed.row_count("inflight") > 0
+
+
+def _nccl(rank: int, entries: list[dict]) -> bytes:
+    """A dump as NCCL's watchdog writes it: a pickle, every group in pg_config with its ranks, tracked states."""
+    pg_config = {"0": {"desc": "default_pg", "ranks": "[0, 1, 2, 3]"}, "3": {"desc": "TP", "ranks": "[2, 3]"}}
+    return pickle.dumps({"version": "2.10", "pg_config": pg_config, "entries": entries, "rank": rank})
+
+
+def _tracked(seq: int, state: str, pg=("0", "default_pg"), **more) -> dict:
+    e = _entry(seq, pg, **more)
+    e.update(state=state, time_discovered_started_ns=10_000 + seq, time_discovered_completed_ns=None)
+    e["frames"] = [{"name": "train_step", "filename": "/job/train.py", "line": 40 + seq}]
+    return e
+
+
+def test_nccl_states_decide_and_a_collective_every_member_entered_waits_for_its_timeout(tmp_path):
+    """NCCL tracks each entry's state: 'completed' is done; 'started' where every member entered it is a
+    stall judged by its timeout (not hung at once); 'scheduled' with a member absent is hung at once.
+    p2p entries are left out; a 'rank' key beats the file name."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for rank in range(4):
+        entries = [_tracked(1, "completed"), _tracked(2, "started")]  # world #2: everyone in it, running
+        entries.append(dict(_tracked(1, "completed"), is_p2p=True, profiling_name="nccl:send 0->1"))
+        if rank in (2, 3):
+            entries.append(_tracked(1, "completed", ("3", "TP")))
+            if rank == 2:  # rank 3 never enters TP #2
+                entries.append(_tracked(2, "scheduled", ("3", "TP")))
+        (dumps / f"host-{rank // 2}.example_dump_{rank}").write_bytes(_nccl(rank, entries))
+    result = parse_path(dumps)
+    assert not result.parsed.problems and not result.notes, (result.parsed.problems, result.notes)
+    rows = result.parsed.rows
+    assert sorted((r["group_name"], r["seq"]) for r in rows[("comm", 2)]) == [("g[2-3]", 1), ("world", 1)]
+    waiting = {(r["group_name"], r["seq"]): r["hang_after_s"] for r in rows[("inflight", 2)]}
+    assert waiting == {("world", 2): 120.0, ("g[2-3]", 2): 0.0}
+    assert rows[("stacks", 2)][0]["innermost"].startswith("/job/train.py:42")
+    assert result.parsed.world_size == 4
