@@ -69,13 +69,6 @@ class Graph:
     synced: list[bool] = field(default_factory=list)
     order: list[tuple[int, ...]] = field(default_factory=list)  # lone node: (node,), group: members
 
-    @property
-    def is_comm(self) -> np.ndarray:
-        out = np.zeros(len(self.nodes), dtype=bool)
-        for members in self.groups:
-            out[members] = True
-        return out
-
 
 def build(ref: pd.DataFrame, *, pp: int, use_dp: bool) -> Graph:
     """The graph of one step from ``ref``: the ops of one replica in one step (columns stage,

@@ -16,7 +16,8 @@ the moment its last member was ready (its own wait is the stragglers', not the n
 
 Costs: one replay is a pass over the graph's nodes, each a numpy operation over all (step,
 dp_rank) pairs at once: O(nodes x steps x dp) with a small constant; the whole analysis is
-~(op types + dp + stages + 4) replays.
+~(op types + stages + 4) replays plus one batched replay for every dp_rank (``by_replica``):
+1,024 workers x 100 steps (17M ops) ~6 s of CPU (benches/RESULTS-whatif.md).
 """
 
 from __future__ import annotations
