@@ -282,7 +282,7 @@ class MetricsEndpoint:
         streaming = liveness.streaming_runs() if liveness is not None else set()
         if self.streaming_only and not streaming:
             return [], 0, streaming
-        runs = queries.live_runs(self._catalog, self.keep_ended_s)  # newest first
+        runs = queries.live_runs(self._catalog, self.keep_ended_s, streaming)  # newest first
         if self.streaming_only:
             runs = runs[runs.run_id.isin(list(streaming))]
         here = runs.run_id.isin(list(streaming))

@@ -32,7 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-from collector.data import calibration
 from collector.data.bandwidth import bus_factor
 
 OPS = {
@@ -194,6 +193,8 @@ def sweep(args: argparse.Namespace) -> None:
 
 def _store(data_dir: Path, hosts: list[str], found: list[tuple]) -> None:
     import pandas as pd
+
+    from collector.data import calibration  # here: the CLI builds this command's parser on every call
 
     df = pd.DataFrame(found, columns=["op", "bytes", "kind", "span", "group_size", "time_us"])
     rows = (

@@ -1,4 +1,4 @@
-"""Rank processes for the stuck-detection tests: 4 gloo ranks with the hook attached at default
+"""Rank processes for the stuck-detection tests: 3 gloo ranks with the hook attached at default
 settings (no hang_after_s: 60 s). Each learns the run's normal waits (quick all_reduces and
 barriers), then idles, streaming heartbeats only, until the test writes ``out/go``; then:
 
@@ -22,7 +22,7 @@ from collector import hook
 from collector.rank import session
 from collector.testing.gloo import torchrun_env
 
-WORLD = 4
+WORLD = 3
 SAVE_S = 6.0  # twice the stuck floor (hang_rule.STUCK_FLOOR_S): long enough to be judged
 WAIT_S = 240  # for the test's files; then the rank gives up (the test fails by then)
 

@@ -9,14 +9,17 @@ import pyarrow as pa
 from collector.data.queries.connection import Catalog, on_rollup
 
 
-def live_runs(cat: Catalog, ended_within_s: float) -> pd.DataFrame:
-    """Runs still running, and those that ended less than ``ended_within_s`` seconds ago, newest first."""
+def live_runs(cat: Catalog, ended_within_s: float, streaming=()) -> pd.DataFrame:
+    """Runs still running, those that ended less than ``ended_within_s`` seconds ago, and those in
+    ``streaming`` (a rank of them streams to the collector now, whatever their stored times say: a
+    replayed or resumed run), newest first."""
     return cat.df(
         """
         SELECT run_id, name, status, world_size, started_at FROM runs
         WHERE status = 'running' OR ended_at::TIMESTAMPTZ >= now() - to_seconds(?::DOUBLE)
+              OR list_contains(?::VARCHAR[], run_id)
         ORDER BY started_at DESC, run_id""",
-        [float(ended_within_s)],
+        [float(ended_within_s), sorted(streaming)],
     )
 
 
