@@ -382,9 +382,11 @@ class Liveness:
         return named[-1] if named else None
 
     def holds(self, run_id: str) -> bool:
-        """Whether this collector follows the run live (some rank of it streams here)."""
+        """Whether this collector follows the run live: some rank of it streams here and has not
+        ended (once every rank sent its RunEnd, the data dir has the last word, not a refresh made
+        before the last steps arrived)."""
         with self._lock:
-            return any(r.stream is not None for r in self.runs.get(run_id, {}).values())
+            return any(r.stream is not None and not r.ended for r in self.runs.get(run_id, {}).values())
 
     def _judge(self, live: dict, now: float) -> list[str]:
         """Turn this check's stuck collectives into findings.stuck's input (under the lock); the
