@@ -165,7 +165,7 @@ def test_the_held_findings_merge_the_live_judgment_and_tell_listeners_at_once():
     _waits(liveness, streams, 5.0, now_ns)
     liveness.check(now_ns)
     assert heard == [(RUN, "job", ["straggler", "stuck"])], heard  # the live one in place of the stored two
-    assert [f.text for f in held.current(RUN)][0] == "rank 1 is late"
+    assert held.current(RUN)[0].text == "rank 1 is late"
     for r in range(WORLD):  # every rank sent its RunEnd: the data dir has the last word
         liveness.observe(streams[r], fake_runs.run_end(f"c{r}", 50, RUN, r))
     assert held.answer(RUN)[1] is False
