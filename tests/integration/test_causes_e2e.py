@@ -38,7 +38,8 @@ from tests.integration._health import health
 pytestmark = pytest.mark.timing  # CPU sharing between ranks or wall-clock gaps: `make test-stress`
 
 RANK, STEPS = 3, 32
-RUNS = ["sleep:0", "sleep:30", "sleep:80", "gc:40", "data:40", "cpu:0", "sleep:40@40x80"]
+# the healthy run second: the job's first run pays its start-up (allocator, first collectives, lazy imports)
+RUNS = ["sleep:30", "sleep:0", "sleep:80", "gc:40", "data:40", "cpu:0", "sleep:40@40x80"]
 CAUSES = {"gc40": ("gc", "GC pauses"), "data40": ("data", "data loading"), "cpu0": ("host_cpu", "host CPU")}
 WARM_UP_STEPS = 2  # measured step times leave out the first steps (allocator, first collectives)
 
@@ -111,9 +112,15 @@ def test_the_straggler_cost_matches_the_measured_slowdown(runs, d):
 
 
 def test_the_healthy_run_raises_no_straggler_or_communication_warning(runs):
-    data_dir, _ = runs
+    data_dir, times = runs
     found = health(data_dir, run_name("sleep:0"))
-    assert not [f for f in found if f["severity"] in ("warning", "critical")], found
+    warned = [f for f in found if f["severity"] in ("warning", "critical")]
+    if warned:  # what the machine was doing, beside what was claimed: a busy host or a false claim
+        healthy = times[run_name("sleep:0")]
+        spread = median_standard_error_ms(healthy)
+        load = f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores after the runs"
+        machine = f"healthy run's median step {median_step_ms(healthy):.1f} ms (+-{spread:.1f} ms), {load}"
+        raise AssertionError(f"warnings on the healthy run: {[f['text'] for f in warned]}; {machine}; {warned}")
     for f in found:
         for key in ("comm", "waiting", "transfer", "exposed", "overlapped", "share"):
             assert 0 <= f["evidence"].get(key, 0) <= 1, f
