@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 from collector.tools.commands.common import DEFAULT_DATA_DIR
-from collector.tools.launch import CollectorProcess, dashboard_command, free_port, stop_group, torchrun_command
-from collector.tools.supervise import deliver_spooled, die_with_parent
+from collector.tools.launch import CollectorProcess, dashboard_command, free_port, torchrun_command
+from collector.tools.supervise import children, deliver_spooled, die_with_parent, stop_training
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 UNTIL_STOPPED = 10**9  # "--steps" when none is given: train until Ctrl-C
@@ -58,6 +58,7 @@ _PROFILER_NOISE = "USDT:"  # kineto's "profiler_start"/"profiler_stop" lines whi
 
 
 RUN_NAME = "demo"
+STOP_TRAINING_S = 30.0  # the ranks' time to flush and send RunEnd once asked to stop, then SIGKILL
 EVIDENCE_POLL_S = 2.0  # how often the console looks for new evidence files (a directory listing)
 
 
@@ -421,10 +422,14 @@ def run_demo(args: argparse.Namespace) -> int:
         # a second Ctrl-C while stopping must not leave the collector or the spool dir behind
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         watching.set()
+        ranks = children(train_proc.pid) if train_proc is not None else []
         if guard is not None:  # the demo stops everything itself
             guard.terminate()
             guard.wait()
-        stop_group(train_proc)
+        if train_proc is not None and train_proc.poll() is None:
+            # torchrun and its ranks (sessions of their own), all gone before the collector stops
+            stop_training(train_proc.pid, ranks, STOP_TRAINING_S)
+            train_proc.wait()
         _stop(dashboard)
         if collector is not None:
             deliver_spooled(spool_dir, collector.address)

@@ -59,10 +59,6 @@ def _quiet_output() -> None:
     """From a stop on, the rank's output goes nowhere: whoever read it (the demo) may be gone, and a
     write into its closed pipe would fail the rank on its way out, before its RunEnd is sent."""
     try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
-    try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
@@ -71,8 +67,34 @@ def _quiet_output() -> None:
         pass
 
 
+class _OutputWhileItIsRead:
+    """A rank's stdout/stderr that survives its reader: once a write fails (the demo that read the
+    pipe was killed), the rank's output goes to /dev/null and training, and its RunEnd, go on."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            _quiet_output()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            _quiet_output()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def run_module(module: str, argv: list[str]) -> None:
     parent = os.getppid()
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a closed reader is a failed write, never a death
+    sys.stdout, sys.stderr = _OutputWhileItIsRead(sys.stdout), _OutputWhileItIsRead(sys.stderr)
     die_with_parent(signal.SIGTERM)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_asked)
@@ -124,15 +146,63 @@ def guard(parent: int, train_pgid: int, collector_pid: int, endpoint: str, spool
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    ranks: list[int] = []
     while os.getppid() == parent:
+        if not ranks:  # torchrun starts its ranks in sessions of their own: know them before it goes
+            ranks = children(train_pgid)
         time.sleep(0.5)
-    if not _wait_gone(lambda: os.killpg(train_pgid, 0), GUARD_TRAINING_S):
-        _quietly(lambda: os.killpg(train_pgid, signal.SIGKILL))
+    ranks = ranks or children(train_pgid)
+    stop_training(train_pgid, ranks, GUARD_TRAINING_S, signal_first=False)
     deliver_spooled(spool_dir, endpoint)
     _quietly(lambda: os.kill(collector_pid, signal.SIGTERM))
     _wait_gone(lambda: _alive_or_raise(collector_pid), GUARD_COLLECTOR_S)
     if os.path.isdir(spool_dir) and not os.listdir(spool_dir):
         shutil.rmtree(spool_dir, ignore_errors=True)
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (torchrun's ranks), from /proc."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def stop_training(torchrun_pid: int, ranks: list[int], timeout_s: float, *, signal_first: bool = True) -> None:
+    """Stop torchrun (its own process group) and wait for it and its ranks, which torchrun starts in
+    sessions of their own, so that their RunEnd reaches the collector before anyone stops it: SIGINT
+    to torchrun's group (unless ``signal_first`` is False: its death signal did that), up to
+    ``timeout_s`` for all of them, then SIGKILL to what is left."""
+    if signal_first:
+        _quietly(lambda: os.killpg(torchrun_pid, signal.SIGINT))
+    everyone = [torchrun_pid, *ranks]
+    if not _wait_gone(lambda: _any_alive(everyone), timeout_s):
+        _quietly(lambda: os.killpg(torchrun_pid, signal.SIGKILL))
+        for pid in ranks:
+            _quietly(lambda pid=pid: os.kill(pid, signal.SIGKILL))
+
+
+def _any_alive(pids: list[int]) -> None:
+    """Raises ProcessLookupError once none of ``pids`` is alive (a zombie counts as gone)."""
+    for pid in pids:
+        try:
+            _alive_or_raise(pid)
+            return
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+    raise ProcessLookupError(pids)
 
 
 def _alive_or_raise(pid: int) -> None:
