@@ -140,7 +140,7 @@ def change_points(steps: np.ndarray, log_ratio: np.ndarray, k: float) -> list[tu
         if s == 0.0:
             zero = i + 1
         if s >= ALARM:
-            onset, alarm = min(zero, i), i
+            onset, alarm = _step_up(log_ratio, min(zero, i), i), i
             d, back, end = 0.0, i + 1, None
             j = i + 1
             while j < n:
@@ -158,6 +158,19 @@ def change_points(steps: np.ndarray, log_ratio: np.ndarray, k: float) -> list[tu
             continue
         i += 1
     return found
+
+
+def _step_up(x: np.ndarray, first: int, alarm: int) -> int:
+    """Where in [first, alarm] the series steps up: the split with the least squared error between
+    the BASELINE_STEPS before it and the steps after it (up to BASELINE_STEPS past the alarm). The
+    CUSUM's own onset, the step after it was last 0, drifts early where noise above the reference
+    piled up before the slowdown began (seen 5 steps early on a loaded host)."""
+    lo, hi = max(0, first - BASELINE_STEPS), min(len(x), alarm + BASELINE_STEPS + 1)
+
+    def sse(a: np.ndarray) -> float:
+        return float(((a - a.mean()) ** 2).sum()) if len(a) else 0.0
+
+    return min(range(first, alarm + 1), key=lambda j: (sse(x[lo:j]) + sse(x[j:hi]), j))
 
 
 @dataclass

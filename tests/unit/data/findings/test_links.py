@@ -309,3 +309,11 @@ def test_the_world_group_only_hosts_that_slowed_themselves_are_not_a_link():
     # transfer and compute both slower (a loaded host): not the network
     assert not links.slow_links(*world_only(25, 3.0, busy_factor=2.0))
     assert not links.slow_links(*world_only(60, 1.0))  # healthy
+
+
+def test_the_onset_is_where_the_series_steps_up_not_where_noise_began_to_pile_up():
+    # 5 noisy steps above the reference (a loaded host) just before a 7x slowdown at step 15: the
+    # CUSUM last stood at 0 at step 9, the slowdown began at 15
+    x = np.array([0.0] * 10 + [0.6] * 5 + [2.0] * 10)
+    [(onset, alarm, end)] = links.change_points(np.arange(len(x)), x, np.log(links.SLOW_RATIO))
+    assert (onset, end) == (15, None) and alarm - onset <= 1
