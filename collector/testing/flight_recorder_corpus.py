@@ -1,7 +1,7 @@
 """A corpus of real Flight Recorder dumps: gloo jobs that hang, desync or crash in the ways jobs do,
 each case a folder of torch's own per-rank dumps, for `rankscope import`/`fr` and torch's analyzer.
 
-    python -m collector.testing.flight_recorder_corpus OUT    # about 20 s on 2 cores
+    python -m collector.testing.flight_recorder_corpus OUT    # ~30 s of CPU (10 ranks' processes)
 
 Two launches of real ranks (torch.distributed on gloo, torch 2.13, ``TORCH_FR_BUFFER_SIZE`` set)
 run every case one after the other, each case on process groups of its own, and write after each
@@ -37,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-FAULT_TIMEOUT_S = 5  # a faulty case's groups time out after this; the waiting ranks then dump
+FAULT_TIMEOUT_S = 10  # a desync's or a crash's group times out after this (gloo may abort or raise sooner)
+WORLD_TIMEOUT_S = 60  # the default group's: its rendezvous waits this long for ranks that start late under load
 SAFE_TIMEOUT = 120  # the healthy groups' timeout: never reached
 SYNC_TIMEOUT_S = 120
 
@@ -222,7 +223,7 @@ def _main_launch(rank: int, port: int, out: str) -> None:
 
     torchrun_env(rank, 4, port, TORCH_FR_BUFFER_SIZE="2000")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=WORLD_TIMEOUT_S))
     r, out_dir = _Rank(rank, 4, Path(out)), Path(out)
     t = torch.ones(8)
 
@@ -267,18 +268,12 @@ def _main_launch(rank: int, port: int, out: str) -> None:
     if rank == 0:
         _describe(out_dir, "dp_group_hang", fault="hang", members=[1, 3], seq=3, op="all_reduce", missing=[3])
 
-    r.begin("world_hang")  # the default group: rank 2 never enters step 3's all_reduce
+    r.begin("world_hang")  # the default group: rank 2 has not entered step 3's all_reduce
     w = r.world_group()
-    for step in range(3):
-        if step == 2 and rank == 2:
-            r.wait_for_dumps([0, 1, 3])
-            break
-        if step == 2:
-            _try(lambda: dist.all_reduce(t, group=w))
-            break
+    for _ in range(2):
         dist.all_reduce(t, group=w)
         dist.all_gather_into_tensor(torch.zeros(32), t, group=w)
-    r.dump(f"nccl_trace_rank_{rank}")
+    r.stall(w, 5, lambda: dist.all_reduce(t, group=w), [2], f"nccl_trace_rank_{rank}")
     if rank == 0:
         _describe(
             out_dir,
@@ -319,7 +314,7 @@ def _ring_launch(rank: int, port: int, out: str) -> None:
 
     torchrun_env(rank, 3, port, TORCH_FR_BUFFER_SIZE="16")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=WORLD_TIMEOUT_S))
     r, out_dir = _Rank(rank, 3, Path(out)), Path(out)
     t = torch.ones(8)
 
@@ -363,7 +358,7 @@ def _mismatch_launch(rank: int, port: int, out: str) -> None:
 
     torchrun_env(rank, 3, port, TORCH_FR_BUFFER_SIZE="2000")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=WORLD_TIMEOUT_S))
     r, out_dir = _Rank(rank, 3, Path(out)), Path(out)
     t = torch.ones(8)
     r.begin("size_mismatch")

@@ -32,7 +32,10 @@ entered is hung whatever the dump's age (``hang_after_s`` 0); one every member e
 is still running is judged by its own timeout. A run with an in-flight row gets no RunEnd, so the
 ``hangs`` and ``desyncs`` views and ``rankscope health`` judge it as they judge a live hang.
 
-p2p entries (send/recv: ``is_p2p``) are not collectives of a group and are not imported. Pickles
+p2p entries (send/recv: ``is_p2p``, NCCL only: gloo records none) become rows as the hook writes
+them: group ``p2p[src->dst]`` in global ranks (the name's group ranks mapped through the group's
+members), ``seq`` counted per direction; done where the state says so, else in flight, hung at once when
+the peer's dump holds no matching op. Pickles
 load with no class allowed: a dump holds only dicts, lists, tuples, strings and numbers, and
 anything else is refused unexecuted. Every field is checked for its type before use: an entry that
 is not what the format says is named (file, entry, field) and skipped, never a traceback.
@@ -150,6 +153,7 @@ class Entry:
     thread_name: str | None
     thread_id: int | None
     frames: object  # formatted only for the entries that get a stacks row (most never do)
+    p2p: tuple[int, int] | None = None  # a send/recv: (source, destination) as the group numbers its ranks
 
 
 @dataclass
@@ -288,11 +292,9 @@ def _stack(frames) -> tuple[str, str]:
 
 
 def _entry(i: int, e, world_names: set[str]) -> Entry | None:
-    """The entry, None for p2p; raises BadEntry naming the field that is wrong."""
+    """The entry; raises BadEntry naming the field that is wrong."""
     if not isinstance(e, dict):
         raise BadEntry(f"is a {type(e).__name__}, not a map")
-    if e.get("is_p2p"):
-        return None
     group = e.get("process_group")
     if not isinstance(group, list | tuple) or not group or not all(isinstance(g, str | int) for g in group):
         raise BadEntry(f"'process_group' is {str(group)[:40]!r}, not [name, desc]")
@@ -304,8 +306,9 @@ def _entry(i: int, e, world_names: set[str]) -> Entry | None:
     name = e.get("profiling_name")
     if not isinstance(name, str) or not name:
         raise BadEntry(f"'profiling_name' is {str(name)[:40]!r}, not an op's name")
-    fr_op = name.split(":", 1)[-1].split(" ", 1)[0]
+    fr_op, _, between = name.split(":", 1)[-1].partition(" ")
     op = OPS.get(fr_op, fr_op)
+    p2p = _p2p(op, between) if e.get("is_p2p") else None
     side = "output" if op in _OUTPUT_SIDE else "input"
     dtypes = e.get(f"{side}_dtypes")
     first = dtypes[0] if isinstance(dtypes, list | tuple) and dtypes and isinstance(dtypes[0], str) else None
@@ -330,7 +333,22 @@ def _entry(i: int, e, world_names: set[str]) -> Entry | None:
         thread_name=e.get("thread_name") if isinstance(e.get("thread_name"), str) else None,
         thread_id=int(thread_id) if str(thread_id or "").isdigit() and len(str(thread_id)) < 19 else None,
         frames=e.get("frames"),
+        p2p=p2p,
     )
+
+
+def _p2p(op: str, between: str) -> tuple[int, int]:
+    """'send 0->1' / 'recv 1<-0' (NCCL's names, ranks as the group numbers them) -> (source, destination)."""
+    try:
+        if op == "send":
+            src, dst = between.split("->")
+        elif op == "recv":
+            dst, src = between.split("<-")
+        else:
+            raise ValueError
+        return int(src), int(dst)
+    except ValueError:
+        raise BadEntry(f"'profiling_name' is {op} {between[:40]!r}: no 'send a->b' or 'recv b<-a'") from None
 
 
 def parse(path: Path) -> Parsed:
@@ -363,9 +381,8 @@ def parse(path: Path) -> Parsed:
         except BadEntry as exc:
             out.problem(path, f"entry {i}", f"{exc}; entry skipped")
             continue
-        if entry is not None:
-            read.entries.append(entry)
-            read.tracked |= entry.state in _TRACKED_STATES or entry.start_ns is not None
+        read.entries.append(entry)
+        read.tracked |= entry.state in _TRACKED_STATES or entry.start_ns is not None
     out.hints[NAME] = read
     return out
 
@@ -444,7 +461,8 @@ def settle(parsed: list[Parsed]) -> list[str]:
     entered: dict[tuple[str, int], int] = {}  # (group, rank) -> the highest seq it entered
     for _, d in dumps.values():
         for e in d.entries:
-            entered[(e.pg, d.rank)] = max(entered.get((e.pg, d.rank), 0), e.seq)
+            if e.p2p is None:
+                entered[(e.pg, d.rank)] = max(entered.get((e.pg, d.rank), 0), e.seq)
     without_dump = sorted({r for ranks in members.values() for r in ranks} - dumps.keys())
     if without_dump:
         notes.append(
@@ -455,9 +473,11 @@ def settle(parsed: list[Parsed]) -> list[str]:
     world = max((max(m) + 1 for m in members.values() if m), default=0)
     next(iter(dumps.values()))[0].hints[WITHOUT_DUMP] = without_dump
     seen = _Across(members, names, entered, set(dumps))
+    p2p = {(d.rank, *k): n for _, d in dumps.values() for k, n in _p2p_counts(d, members).items()}
     for p, d in dumps.values():
         p.world_size = world or None
         _rows(p, d, seen)
+        _p2p_rows(p, d, members, p2p, set(dumps))
     return notes
 
 
@@ -495,6 +515,12 @@ def _rows(p: Parsed, d: Dump, seen: _Across) -> None:
     """``d``'s entries as comm, inflight and stacks rows of ``p``."""
     newest, stuck = None, set()
     for e in d.entries:
+        if newest is None or (e.created_ns or 0) >= (newest.created_ns or 0):
+            newest = e
+        if e.p2p is not None:  # its rows: _p2p_rows
+            if e.state != "completed":
+                stuck.add(e.index)
+            continue
         where = f"entry {e.index}"
         group_members = seen.members.get(e.pg, [])
         row = dict(
@@ -507,8 +533,6 @@ def _rows(p: Parsed, d: Dump, seen: _Across) -> None:
             numel=e.numel,
             bytes=e.bytes,
         )
-        if newest is None or (e.created_ns or 0) >= (newest.created_ns or 0):
-            newest = e
         absent = seen.absent(e.pg, e.seq)
         if d.tracked:
             done = e.state == "completed"
@@ -536,6 +560,77 @@ def _rows(p: Parsed, d: Dump, seen: _Across) -> None:
         stuck.add(e.index)
     if newest is not None and newest.index not in stuck:
         _stack_row(p, d, newest, f"last seen: {newest.op} #{newest.seq} of {seen.names[newest.pg]} (Flight Recorder)")
+
+
+def _global(members: dict[str, list[int]], e: Entry) -> tuple[int, int] | None:
+    ranks = members.get(e.pg, [])
+    src, dst = e.p2p
+    return (ranks[src], ranks[dst]) if 0 <= src < len(ranks) and 0 <= dst < len(ranks) else None
+
+
+def _p2p_counts(d: Dump, members) -> dict[tuple[str, int, int], int]:
+    """(op, source, destination) -> how many of them this rank issued."""
+    counts: dict[tuple[str, int, int], int] = {}
+    for e in d.entries:
+        pair = _global(members, e) if e.p2p else None
+        if pair:
+            counts[(e.op, *pair)] = counts.get((e.op, *pair), 0) + 1
+    return counts
+
+
+def _p2p_rows(p: Parsed, d: Dump, members, issued: dict, dumped: set[int]) -> None:
+    """Sends and recvs, as the hook records them: group ``p2p[src->dst]``, ``seq`` counted per direction
+    (the n-th send from src to dst matches the n-th recv there). Done where the state says so (NCCL);
+    otherwise in flight, hung at once when the peer (with a dump) never issued its side."""
+    count: dict[tuple[str, int, int], int] = {}
+    for e in d.entries:
+        pair = _global(members, e) if e.p2p else None
+        if pair is None:
+            if e.p2p:
+                p.problem(
+                    d.path,
+                    f"entry {e.index}",
+                    f"{e.op} between group ranks {e.p2p} of a group of {len(members.get(e.pg, []))}; entry skipped",
+                )
+            continue
+        seq = count[(e.op, *pair)] = count.get((e.op, *pair), 0) + 1
+        row = dict(
+            step=None,
+            group_name=f"p2p[{pair[0]}->{pair[1]}]",
+            group_size=2,
+            seq=seq,
+            op=e.op,
+            dtype=e.dtype,
+            numel=e.numel,
+            bytes=e.bytes,
+        )
+        if e.state == "completed":
+            p.add(
+                "comm",
+                d.rank,
+                f"entry {e.index}",
+                **row,
+                log_name=e.op,
+                start_ns=e.start_ns,
+                end_ns=e.end_ns,
+                async_op=None,
+            )
+            continue
+        peer = pair[1] if e.op == "send" else pair[0]
+        other = "recv" if e.op == "send" else "send"
+        absent = peer in dumped and issued.get((peer, other, *pair), 0) < seq
+        p.add(
+            "inflight",
+            d.rank,
+            f"entry {e.index}",
+            **row,
+            group_ranks=rank_ranges(sorted(pair)),
+            entered_ns=e.created_ns or d.dumped_ns,
+            time_ns=d.dumped_ns,
+            hang_after_s=0.0 if absent else e.timeout_s,
+            state="waiting",
+        )
+        _stack_row(p, d, e, f"in flight: {e.op} #{seq} of p2p[{pair[0]}->{pair[1]}] (Flight Recorder)")
 
 
 def _stack_row(p: Parsed, d: Dump, e: Entry, reason: str) -> None:

@@ -6,7 +6,7 @@ problem the analyzer names, rankscope names too -- the group, the seq, the op, t
 their last stack, the mismatched ranks, the ranks without a dump -- and the fault the job injected.
 
 The corpus is generated once per test session (two gloo launches and one more for the size
-mismatch, run at once: ~20 s on a quiet 2-core machine)."""
+mismatch, run at once: ~30 s of CPU in all, 10 processes; 150 s of wall clock at load 25-30 on 2 cores)."""
 
 from __future__ import annotations
 

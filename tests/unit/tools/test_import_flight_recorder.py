@@ -170,13 +170,18 @@ def _tracked(seq: int, state: str, pg=("0", "default_pg"), **more) -> dict:
 
 def test_nccl_states_decide_and_a_collective_every_member_entered_waits_for_its_timeout(tmp_path):
     """NCCL tracks each entry's state: 'completed' is done; 'started' where every member entered it is a
-    stall judged by its timeout (not hung at once); 'scheduled' with a member absent is hung at once.
-    p2p entries are left out; a 'rank' key beats the file name."""
+    stall judged by its timeout (not hung at once); 'scheduled' with a member absent is hung at once; a
+    send/recv is a p2p[src->dst] row as the hook writes it (global ranks, seq per direction), a recv whose
+    sender never sent hung at once. A 'rank' key beats the file name."""
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     for rank in range(4):
         entries = [_tracked(1, "completed"), _tracked(2, "started")]  # world #2: everyone in it, running
-        entries.append(dict(_tracked(1, "completed"), is_p2p=True, profiling_name="nccl:send 0->1"))
+        if rank < 2:  # a pipeline's send and recv, done
+            name = "nccl:send 0->1" if rank == 0 else "nccl:recv 1<-0"
+            entries.append(dict(_tracked(1, "completed"), is_p2p=True, profiling_name=name))
+        if rank == 2:  # rank 2 (TP rank 0) waits for a recv from rank 3, which never sent
+            entries.append(dict(_tracked(1, "started", ("3", "TP")), is_p2p=True, profiling_name="nccl:recv 0<-1"))
         if rank in (2, 3):
             entries.append(_tracked(1, "completed", ("3", "TP")))
             if rank == 2:  # rank 3 never enters TP #2
@@ -187,6 +192,9 @@ def test_nccl_states_decide_and_a_collective_every_member_entered_waits_for_its_
     rows = result.parsed.rows
     assert sorted((r["group_name"], r["seq"]) for r in rows[("comm", 2)]) == [("g[2-3]", 1), ("world", 1)]
     waiting = {(r["group_name"], r["seq"]): r["hang_after_s"] for r in rows[("inflight", 2)]}
-    assert waiting == {("world", 2): 120.0, ("g[2-3]", 2): 0.0}
+    assert waiting == {("world", 2): 120.0, ("g[2-3]", 2): 0.0, ("p2p[3->2]", 1): 0.0}
+    assert [(r["group_name"], r["seq"], r["op"]) for r in rows[("comm", 1)] if r["group_name"].startswith("p2p")] == [
+        ("p2p[0->1]", 1, "recv")
+    ]
     assert rows[("stacks", 2)][0]["innermost"].startswith("/job/train.py:42")
     assert result.parsed.world_size == 4
