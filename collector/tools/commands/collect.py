@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -222,24 +223,32 @@ def run(args: argparse.Namespace) -> int:
 def _listening(at: Listening) -> None:
     scheme = "TLS" if at.tls else "plaintext"
     auth = "token required" if at.token_required else "no token"
-    print(
-        f"rankscope collector listening on {at.host}:{at.port} ({scheme}, {auth}; data dir {at.data_dir})", flush=True
-    )
+    _say(f"rankscope collector listening on {at.host}:{at.port} ({scheme}, {auth}; data dir {at.data_dir})")
     if at.metrics_port is not None:
-        print(f"rankscope collector: Prometheus metrics on http://{at.host}:{at.metrics_port}/metrics", flush=True)
+        _say(f"rankscope collector: Prometheus metrics on http://{at.host}:{at.metrics_port}/metrics")
 
 
 def _compacted(merges: int) -> None:
-    # the line CollectorProcess.compact_now waits for (collector/tools/launch.py)
-    print(f"rankscope collector: compaction pass done ({merges} merges)", flush=True)
+    _say(f"rankscope collector: compaction pass done ({merges} merges)")  # what CollectorProcess.compact_now awaits
 
 
 def _stopping() -> None:
-    print("rankscope collector: stopping, committing buffered records", flush=True)
+    _say("rankscope collector: stopping, committing buffered records")
 
 
 def _complain(problem) -> None:
-    print(f"rankscope collect: {problem}", file=sys.stderr, flush=True)
+    _say(f"rankscope collect: {problem}", to_stderr=True)
+
+
+def _say(line: str, *, to_stderr: bool = False) -> None:
+    """A line for whoever reads the collector's output. One that went away (a demo killed, a closed
+    pipe) must not keep the collector from committing what it holds and stopping: the stream is
+    then replaced by /dev/null, so neither a later line nor the interpreter's last flush raises."""
+    name = "stderr" if to_stderr else "stdout"
+    try:
+        print(line, file=getattr(sys, name), flush=True)
+    except OSError:  # BrokenPipeError, or the terminal gone
+        setattr(sys, name, open(os.devnull, "w"))  # lives as long as the process
 
 
 def _given(**settings):
