@@ -21,9 +21,10 @@ from collector.data.schema import STEP_ANALYSIS_SCHEMA
 #                 span from the second-latest arrival to its own (what the step would have saved
 #                 had it come with the others), combined over the instances of the step it was
 #                 last at as a union (concurrent async collectives hold the others once). Less
-#                 the part of that span its own previous collective was still in flight, where
-#                 that one had ended when it arrived (it may have held the rank; one still in
-#                 flight at its arrival was async and left the rank free): a rank that leaves a
+#                 the part of that span its own previous collective of the group (by seq: the one
+#                 it issued before in that group) was still in flight, where that one had ended
+#                 when it arrived (it may have held the rank; one still in flight at its arrival
+#                 was async and left the rank free): a rank that leaves a
 #                 collective last (in a ring the ranks finish at different times, and a slow link
 #                 stretches that) arrives last at the next one through no compute of its own;
 #                 the network, not the rank, held the others;
@@ -81,7 +82,7 @@ def _step_analysis_body(timed: bool) -> str:
     compute = ", ".join(f"'{name}'" for name in COMPUTE_TIMERS)
     return f"""
     win AS (SELECT rank, step, min(start_ns) AS w0, max(end_ns) AS w1 FROM {span_of} GROUP BY rank, step),
-    cp AS (SELECT *, max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns, end_ns
+    cp AS (SELECT *, max(end_ns) OVER (PARTITION BY rank, group_name ORDER BY seq
                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end FROM c),
     cw AS MATERIALIZED (
         SELECT c.rank, c.step, c.group_name, c.seq, c.op, c.start_ns, c.prev_end,
