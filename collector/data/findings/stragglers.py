@@ -84,6 +84,17 @@ def step_costs(steps: pd.DataFrame) -> pd.DataFrame:
     return per_step.reset_index()
 
 
+def own_lateness(steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with each rank's imposed wait less its own wait in the step: a rank that reached
+    a collective late because it was waiting for another rank in an earlier one (ranks of a host
+    group that wait for their slow member, then arrive late at the cross-host group; a pipeline's
+    first stage, whose receive waits end its step last, at the loss broadcast) passes the lateness
+    on, it does not cause it. A rank late by itself waits little, so keeps its cost."""
+    if "waiting_ms" not in steps:
+        return steps
+    return steps.assign(imposed_ms=(steps.imposed_ms - steps.waiting_ms.fillna(0.0)).clip(lower=0.0))
+
+
 def rank_costs(steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank: cost_ms_per_step (its mean imposed wait, each step's bounded by the step
     time), share_of_run (its total over the run's step time), share_of_waiting (its part of
@@ -142,9 +153,10 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
     A rank that turned slow is judged on the steps since its onset, not diluted by the healthy
     steps before it: a rank slow for the last 500 of 10,000 steps costs what it costs now."""
     # Lateness passed on is not counted: queries.step_analysis leaves out of a rank's imposed wait
-    # the part its own previous collective still held it (waiting for a slow member of a host
-    # group, or a transfer a slow link stretched), so what is left is the rank's own doing.
-    steps = training_steps(steps)
+    # the part its own previous collective of the group still held it (a transfer a slow link
+    # stretched), and own_lateness the rank's waiting in the step (for a slow member of a host group,
+    # for a pipeline peer), so what is left is the rank's own doing.
+    steps = own_lateness(training_steps(steps))
     if world_size < 2 or steps.empty or steps.step.nunique() < MIN_STEPS:
         return []
     step_ms = steps.groupby("step").step_ms.median()
