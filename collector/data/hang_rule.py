@@ -20,8 +20,9 @@ with ``waiting_s`` and ``hang_after_s`` columns.
 Stuck, sooner (adaptive, on by default): before a collective is hung it can be *stuck*. The live
 collector learns from the run itself how long each kind of collective normally keeps a rank
 waiting, per (group, op, size class): ``normal_wait`` of its recent completions (the worst wait
-of each of ``NORMAL_WINDOW`` batches; waits that were themselves stuck are not learned). A collective in flight ``STUCK_FACTOR`` times its normal,
-and at least ``STUCK_FLOOR_S``, is stuck: a warning that names who has not arrived and where they
+of each of ``NORMAL_WINDOW`` batches; waits that were themselves stuck are not learned). A
+collective in flight ``STUCK_FACTOR`` times its normal, and at least ``STUCK_FLOOR_S``, is stuck: a
+warning that names who has not arrived and where they
 are (collector.data.findings.stuck), seconds after it began instead of ``hang_after_s``. A kind
 of collective seen fewer than ``MIN_SAMPLES`` times has no normal yet and waits
 ``UNLEARNED_STUCK_S`` (a first checkpoint barrier, the set-up collectives while slow ranks are
