@@ -54,26 +54,60 @@ def wait_for_ack(control: Path, step: int, rank: int) -> None:
         time.sleep(0.002)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def shared_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every namespace-host workload takes (this one and world_train)."""
     p.add_argument("out", type=Path)
     p.add_argument("--ranks-per-host", type=int, required=True)
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--grad-kib", type=int, default=512)
     p.add_argument("--device-ms", type=float, default=30.0)
     p.add_argument("--control", type=Path)
     p.add_argument("--pause-at", default="")
     p.add_argument("--fault", default="", help="sleep:RANK:MS@FROM, a compute straggler")
+
+
+class Steps:
+    """What every step of a namespace-host workload does around its own collectives: wait at a
+    ``--pause-at`` step for the test's ack (it throttles a link meanwhile), the ``--fault``'s busy wait,
+    ``--device-ms`` asleep; then the logging all_reduce of the loss and the step's time. ``close``
+    writes rank 0's ``OUT/times.json``."""
+
+    def __init__(self, args: argparse.Namespace, prog: str) -> None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.args, self.times = args, []
+        self.pause_at = {int(k) for k in args.pause_at.split(",") if k}
+        self.fault = None
+        if args.fault:
+            kind, rank, ms_at = args.fault.split(":")
+            ms, _, first = ms_at.partition("@")
+            if kind != "sleep":
+                raise SystemExit(f"{prog}: --fault {args.fault!r}: only sleep:RANK:MS@FROM")
+            self.fault = (int(rank), float(ms) / 1e3, int(first or 0))
+
+    def begin(self, step: int, rank: int) -> None:
+        if step in self.pause_at and self.args.control is not None:
+            wait_for_ack(self.args.control, step, rank)
+        self._began = time.perf_counter()
+        if self.fault and rank == self.fault[0] and step >= self.fault[2]:
+            busy_wait(self.fault[1])
+        time.sleep(self.args.device_ms / 1e3)
+
+    def end(self, loss: torch.Tensor, world: int) -> None:
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        self.times.append(time.perf_counter() - self._began)
+        hook.log({"loss": float(total) / world})
+
+    def close(self, rank: int) -> None:
+        if rank == 0:
+            (self.args.out / "times.json").write_text(json.dumps(self.times))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    shared_arguments(p)
+    p.add_argument("--grad-kib", type=int, default=512)
     args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    pause_at = {int(k) for k in args.pause_at.split(",") if k}
-    fault = None
-    if args.fault:
-        kind, rank, ms_at = args.fault.split(":")
-        ms, _, first = ms_at.partition("@")
-        if kind != "sleep":
-            raise SystemExit(f"hosts_train: --fault {args.fault!r}: only sleep:RANK:MS@FROM")
-        fault = (int(rank), float(ms) / 1e3, int(first or 0))
+    steps = Steps(args, "hosts_train")
 
     dist.init_process_group("gloo")
     rank, world, per_host = dist.get_rank(), dist.get_world_size(), args.ranks_per_host
@@ -99,14 +133,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(rank)
     n_params = sum(q.numel() for q in model.parameters())
     grad = torch.zeros(max(n_params, args.grad_kib * 256))  # float32: 256 a KiB
-    times: list[float] = []
     for step in range(args.steps):
-        if step in pause_at and args.control is not None:
-            wait_for_ack(args.control, step, rank)
-        began = time.perf_counter()
-        if fault and rank == fault[0] and step >= fault[2]:
-            busy_wait(fault[1])
-        time.sleep(args.device_ms / 1e3)
+        steps.begin(step, rank)
         x = torch.randn(BATCH, WIDTH, generator=gen)
         loss = model(x).pow(2).mean()
         loss.backward()
@@ -123,12 +151,8 @@ def main() -> None:
             offset += q.numel()
         opt.step()
         opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        times.append(time.perf_counter() - began)
-        hook.log({"loss": float(total) / world})
-    if rank == 0:
-        (args.out / "times.json").write_text(json.dumps(times))
+        steps.end(loss, world)
+    steps.close(rank)
     dist.destroy_process_group()
 
 

@@ -19,41 +19,23 @@ seconds per step).
 from __future__ import annotations
 
 import argparse
-import json
-import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from collector.rank import hook
-from collector.testing.workloads.hosts_train import busy_wait, wait_for_ack
+from collector.testing.workloads.hosts_train import Steps, shared_arguments
 
 BATCH = 16
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out", type=Path)
-    p.add_argument("--ranks-per-host", type=int, required=True)
+    shared_arguments(p)
     p.add_argument("--mode", choices=("ddp", "fsdp2"), default="ddp")
-    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--device-ms", type=float, default=30.0)
-    p.add_argument("--control", type=Path)
-    p.add_argument("--pause-at", default="")
-    p.add_argument("--fault", default="", help="sleep:RANK:MS@FROM, a compute straggler")
     args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    pause_at = {int(k) for k in args.pause_at.split(",") if k}
-    fault = None
-    if args.fault:
-        kind, who, ms_at = args.fault.split(":")
-        ms, _, first = ms_at.partition("@")
-        if kind != "sleep":
-            raise SystemExit(f"world_train: --fault {args.fault!r}: only sleep:RANK:MS@FROM")
-        fault = (int(who), float(ms) / 1e3, int(first or 0))
+    steps = Steps(args, "world_train")
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -75,25 +57,15 @@ def main() -> None:
         fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
-    times: list[float] = []
     for step in range(args.steps):
-        if step in pause_at and args.control is not None:
-            wait_for_ack(args.control, step, rank)
-        began = time.perf_counter()
-        if fault and rank == fault[0] and step >= fault[2]:
-            busy_wait(fault[1])
-        time.sleep(args.device_ms / 1e3)
+        steps.begin(step, rank)
         x = torch.randn(BATCH, args.width, generator=gen)
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        times.append(time.perf_counter() - began)
-        hook.log({"loss": float(total) / world})
-    if rank == 0:
-        (args.out / "times.json").write_text(json.dumps(times))
+        steps.end(loss, world)
+    steps.close(rank)
     dist.destroy_process_group()
 
 
