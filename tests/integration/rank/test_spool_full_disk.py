@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from collector.testing import disks
 from collector.testing.ports import free_port
 
 SCRIPT = textwrap.dedent("""
@@ -32,25 +33,13 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.fixture
 def full_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        (disk / "spool").mkdir(mode=0o700)
-        try:  # every free byte taken (the open itself may already find none)
-            with open(disk / "filler", "wb") as f:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-        except OSError:
-            pass
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        with disks.small_disk(tmp_path / "disk", "64k") as disk:
+            (disk / "spool").mkdir(mode=0o700)
+            disks.fill(disk / "filler")  # every free byte taken
+            yield disk
+    except disks.DiskUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def test_a_full_spool_disk_drops_the_oldest_counted_and_training_goes_on(full_disk):

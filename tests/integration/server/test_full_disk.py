@@ -6,7 +6,6 @@ resent envelopes by itself and says it can write again; every acked record is st
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from collector.data import catalog
 from collector.server import write_status
+from collector.testing import disks
 from collector.testing.fake_runs import comm_envelope, hello
 from collector.testing.ports import free_port
 from collector.testing.streams import RawStream
@@ -29,32 +29,12 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture
 def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    (disk / "filler").touch()  # made now: on a disk the collector filled, not even a new name fits
     try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def _fill(disk: Path) -> Path:
-    """A file taking every free byte of ``disk``."""
-    filler = disk / "filler"
-    with open(filler, "ab") as f:
-        chunk = b"\0" * (64 << 10)
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError:
-            pass
-    return filler
+        with disks.small_disk(tmp_path / "disk", "8m") as disk:
+            (disk / "filler").touch()  # made now: on a disk the collector filled, not even a new name fits
+            yield disk
+    except disks.DiskUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def _wait(what: str, check, timeout_s: float = 90.0):
@@ -88,7 +68,7 @@ def test_a_full_disk_stops_acks_says_so_and_resumes_by_itself(small_disk):
         first.send(*envs[:6])
         assert first.wait_acked(range(1, 7), 60), f"the first envelopes were not acked: {first.error}"
 
-        filler = _fill(small_disk)
+        filler = disks.fill(small_disk / "filler", chunk=64 << 10)
         first.send(*envs[6:])
         status = _wait("the collector saying it cannot write", lambda: (write_status.read(data) or {}).get("failing"))
         assert status == "disk full"
