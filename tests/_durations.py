@@ -32,21 +32,24 @@ _SHARED = "shared_fixtures_s"
 _set_up_now: dict[str, float] = {}
 
 
-def _load() -> str:
+def _load_now() -> float | None:
+    """The 1-minute load average (None where the system has none)."""
     try:
-        return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        return os.getloadavg()[0]
     except OSError:
-        return "load unknown"
+        return None
 
 
-def _busier_than_the_suite(workers: int) -> float:
-    """How many times busier the machine is now than the suite alone makes it (>= 1)."""
-    cores = os.cpu_count() or 1
-    try:
-        per_core = os.getloadavg()[0] / cores
-    except OSError:
+def _said(load: float | None) -> str:
+    return "load unknown" if load is None else f"load {load:.1f} on {os.cpu_count()} cores"
+
+
+def _busier_than_the_suite(load: float | None, workers: int) -> float:
+    """How many times busier a machine at ``load`` is than the suite alone makes it (>= 1)."""
+    if load is None:
         return 1.0
-    return max(1.0, per_core / max(1.0, workers / cores))
+    cores = os.cpu_count() or 1
+    return max(1.0, (load / cores) / max(1.0, workers / cores))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -75,24 +78,22 @@ class DurationGuard:
         self.tests: dict[str, float] = {}  # nodeid -> own seconds
         self.slow: set[str] = set()
         self.fixtures: dict[str, float] = {}
-        self.busier: dict[str, float] = {}  # test or fixture -> _busier_than_the_suite at its end
-        self.load_at: dict[str, str] = {}
+        self.load_at: dict[str, float | None] = {}  # test or fixture -> the load at its end
 
     def pytest_runtest_logreport(self, report) -> None:
         shared = (dict(report.user_properties).get(_SHARED) or {}) if report.when == "setup" else {}
         self.fixtures.update(shared)
         for name in shared:
-            self.busier[name] = _busier_than_the_suite(self.workers)
+            self.load_at[name] = _load_now()
         own = report.duration - sum(shared.values())
         self.tests[report.nodeid] = self.tests.get(report.nodeid, 0.0) + max(own, 0.0)
         if "slow" in report.keywords:
             self.slow.add(report.nodeid)
         if report.when == "teardown":
-            self.load_at[report.nodeid] = _load()
-            self.busier[report.nodeid] = _busier_than_the_suite(self.workers)
+            self.load_at[report.nodeid] = _load_now()
 
     def _limit(self, name: str, base: float) -> tuple[float, str]:
-        busier = self.busier.get(name, 1.0) if GROWS_WITH_LOAD else 1.0
+        busier = _busier_than_the_suite(self.load_at.get(name), self.workers) if GROWS_WITH_LOAD else 1.0
         if busier <= 1.0:
             return base, f"limit {base:.0f} s"
         return base * busier, f"limit {base * busier:.0f} s: {base:.0f} s x {busier:.1f}, the machine that much busier"
@@ -102,7 +103,7 @@ class DurationGuard:
         for nodeid, s in self.tests.items():
             limit, says = self._limit(nodeid, TEST_LIMIT_S)
             if s > limit and nodeid not in self.slow:
-                found.append(f"{nodeid}: {s:.0f} s ({says}; {self.load_at.get(nodeid, _load())} at its end)")
+                found.append(f"{nodeid}: {s:.0f} s ({says}; {_said(self.load_at.get(nodeid, _load_now()))} at its end)")
         for name, s in self.fixtures.items():
             limit, says = self._limit(name, FIXTURE_LIMIT_S)
             if s > limit and not any(nodeid in name for nodeid in self.slow):
@@ -120,7 +121,7 @@ class DurationGuard:
         if not entries or total <= 0:
             return
         write = terminalreporter.write_line
-        terminalreporter.section(f"the {SHOWN} slowest of {total / 60:.1f} min of test time ({_load()} now)")
+        terminalreporter.section(f"the {SHOWN} slowest of {total / 60:.1f} min of test time ({_said(_load_now())} now)")
         for name, s in entries[:SHOWN]:
             write(f"{s:7.1f} s {100 * s / total:5.1f} %  {name}")
         offenders = self.offenders()
