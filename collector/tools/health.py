@@ -21,6 +21,7 @@ import sys
 
 from collector.data import findings, queries, retention, trace_diff
 from collector.server import resends, write_status
+from collector.tools import live_health
 
 UNREADABLE = 3
 
@@ -32,14 +33,7 @@ def report(
     retained_state: dict | None = None,
     resent: str | None = None,
 ) -> str:
-    problems = [f for f in findings_ if f.severity in ("critical", "warning")]
-    infos = [f for f in findings_ if f.severity == "info"]
-    lines = [f"{run_id}: {f.severity}: {f.text}" for f in problems]
-    if not problems:
-        hint = f" ({len(infos)} note{'s' * (len(infos) != 1)}: --all shows them)" if infos and not notes else ""
-        lines.append(f"{run_id}: healthy, nothing to fix{hint}")
-    if notes:
-        lines += [f"{run_id}: info: {f.text}" for f in infos]
+    lines = live_health.lines([{"severity": f.severity, "text": f.text} for f in findings_], run_id, notes)
     if retained_state:
         lines.append(f"{run_id}: note: {retention.note(retained_state)}")
     if resent:

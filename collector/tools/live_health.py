@@ -31,7 +31,8 @@ class Answer(NamedTuple):
 
 
 def lines(found: list[dict], run_id: str, notes: bool = False) -> list[str]:
-    """The same lines collector.tools.health.report prints, from findings as JSON."""
+    """The findings' lines as `rankscope health` prints them, from findings as JSON (the live answer's
+    form; collector.tools.health.report gives its Findings in it too, so both paths print alike)."""
     problems = [f for f in found if f["severity"] in ("critical", "warning")]
     infos = [f for f in found if f["severity"] == "info"]
     out = [f"{run_id}: {f['severity']}: {f['text']}" for f in problems]
