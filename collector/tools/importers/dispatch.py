@@ -123,7 +123,7 @@ def parse_path(path, world_size: int | None = None, files: list[Path] | None = N
                 del parsed.rows[key]
     _drop_csv_duplicates(parsed_by_format, result)
     result.notes += flight_recorder.settle([p for fmt, p in parsed_by_format if fmt is flight_recorder])
-    torch_profiler.settle([p for fmt, p in parsed_by_format if fmt is torch_profiler])
+    result.notes += torch_profiler.settle([p for fmt, p in parsed_by_format if fmt is torch_profiler])
     osdi_trace.settle([p for fmt, p in parsed_by_format if fmt is osdi_trace])
     for _, parsed in parsed_by_format:
         result.parsed.merge(parsed)

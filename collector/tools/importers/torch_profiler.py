@@ -63,6 +63,15 @@ the gloo worker events (and Python calls) of collectives before the cut may lie 
 trace's collectives keep their step, seq, op, sizes and start (their c10d op's), and have no end
 (NULL) rather than a pairing that cannot be trusted; their dtype comes from the other ranks' traces
 where only the worker event held it (``c10d::allreduce_``'s tensor list).
+
+A trace torch wrote malformed is read around the broken events. With ``with_stack=True`` torch
+names a Python call from its code object's strings, and for a code object freed before export
+(import-time frames) that name is freed memory: control characters, stray quotes, bytes that are
+no UTF-8 (pytorch/pytorch#121219, #130622; seen here on a loaded CI host: 83,681 events, one
+of them broken). Control characters inside strings are accepted; an event that still does not
+parse is skipped up to the next event's start. Skipped Python-call events are one note (they
+only place a collective's start and end within its Python call); any other skipped event is a
+problem naming where it was.
 """
 
 from __future__ import annotations
@@ -172,22 +181,27 @@ def _read(path: Path) -> bytes:
     return data
 
 
+_EVENT_START = re.compile(r',\s*\{\s*"(?:ph|name|cat|pid|tid|ts)"\s*:')
+_PYTHON_CALL = re.compile(r'"cat"\s*:\s*"python_function"')
+
+
 def _load(data: bytes, out: Parsed, path: Path) -> tuple[dict, list, bool]:
-    """(the trace's header keys, its events, whether it broke off). A document cut short or broken
-    keeps its header and every whole event before the break, and the break is reported."""
+    """(the trace's header keys, its events, whether it broke off). A document cut short keeps its
+    header and every whole event before the cut, and the cut is reported; a broken event inside
+    it is skipped (see the module's docstring)."""
     text = data.decode("utf-8", errors="replace")
     depth = base.json_depth(data)
     if depth > base.MAX_JSON_DEPTH:
         raise base.FileTooCostly(f"JSON nested deeper than {base.MAX_JSON_DEPTH} levels ({depth}); a trace has 5")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, strict=False)  # strict=False: control characters inside strings
     except ValueError:
         pass
     else:
         if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
             raise ValueError("no 'traceEvents' list")
         return doc, doc["traceEvents"], False
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)
     header = {}
     for key in ("distributedInfo", "baseTimeNanoseconds"):
         m = re.search(rf'"{key}"\s*:\s*', text)
@@ -199,7 +213,7 @@ def _load(data: bytes, out: Parsed, path: Path) -> tuple[dict, list, bool]:
     m = re.search(r'"traceEvents"\s*:\s*\[', text)
     if not m:
         raise ValueError("no 'traceEvents' list")
-    events, at = [], m.end()
+    events, at, python_calls_skipped = [], m.end(), 0
     while True:
         at = _skip(text, at)
         if at >= len(text) or text[at] == "]":
@@ -207,14 +221,24 @@ def _load(data: bytes, out: Parsed, path: Path) -> tuple[dict, list, bool]:
         try:
             event, at = decoder.raw_decode(text, at)
         except ValueError:
-            out.problem(
-                path,
-                f"byte {at}",
-                f"the trace breaks off here; the {len(events):,} events before it are read, "
-                "its collectives without an end (their gloo worker events may lie past the break)",
-            )
-            return header, events, True
+            after = _EVENT_START.search(text, at + 1)
+            if not after:
+                out.problem(
+                    path,
+                    f"byte {at}",
+                    f"the trace breaks off here; the {len(events):,} events before it are read, "
+                    "its collectives without an end (their gloo worker events may lie past the break)",
+                )
+                return header, events, True
+            if _PYTHON_CALL.search(text, at, after.start()):
+                python_calls_skipped += 1
+            else:
+                out.problem(path, f"byte {at}", "an event torch wrote malformed; skipped, the events after it are read")
+            at = after.start() + 1
+            continue
         events.append(event)
+    if python_calls_skipped:
+        out.hints["python_calls_skipped"] = python_calls_skipped
     return header, events, False
 
 
@@ -460,10 +484,17 @@ def _fits(seen: list, shapes: list | None) -> bool:
     return not seen or shapes is None or seen == shapes
 
 
-def settle(parsed: list[Parsed]) -> None:
+def settle(parsed: list[Parsed]) -> list[str]:
     """Across every rank's trace of one import: a collective whose dtype this rank's trace does not
     hold (a non-root scatter records none; a cut trace lacks the worker events that give it) takes
-    the dtype another rank recorded for the same instance (group, seq, op), and its bytes with it."""
+    the dtype another rank recorded for the same instance (group, seq, op), and its bytes with it.
+    Returns the import's notes (the malformed Python-call events each trace had skipped)."""
+    notes = [
+        f"{p.sources[0]}: {p.hints['python_calls_skipped']:,} Python-call events skipped: torch wrote them "
+        "malformed (a freed code object's name, pytorch/pytorch#121219); the collectives and steps are read"
+        for p in parsed
+        if p.hints.get("python_calls_skipped")
+    ]
     known = {}
     for p in parsed:
         for (table, _), rows in p.rows.items():
@@ -484,3 +515,4 @@ def settle(parsed: list[Parsed]) -> None:
                         r["algbw_gbs"], r["busbw_gbs"] = bandwidth.bandwidth(
                             r["op"], r["bytes"], duration, r["group_size"]
                         )
+    return notes
