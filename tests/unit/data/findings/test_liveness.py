@@ -186,3 +186,74 @@ def test_the_desyncs_view_finds_each_odd_instance_and_only_those(tmp_path):
     sides = {row.seq: [(s["numel"], s["dtype"], list(s["ranks"])) for s in row.sides] for row in odd.itertuples()}
     assert sides[900] == [(1024, "float32", [0, 1, 3]), (512, "float32", [2])]
     assert sides[901] == [(1024, "float32", [0, 2, 3]), (1024, None, [1])]
+
+
+def _sides_frame(*sides: dict, seq: int = 3) -> pd.DataFrame:
+    return pd.DataFrame([{"group_name": "world", "seq": seq, "n_sides": len(sides), "sides": list(sides)}])
+
+
+def test_an_unknown_numel_is_unknown_not_a_mismatch():
+    """Imported data may not know a collective's element count (numel NULL: None from DuckDB, NaN from
+    a frame pandas built): a side that differs only by it is no desync, and a real mismatch beside it
+    says 'numel unknown' rather than crashing on int(None)/int(NaN)."""
+    for unknown in (None, float("nan")):
+        only_unknown = _sides_frame(
+            {"op": "all_reduce", "dtype": "float32", "numel": 4, "ranks": [0, 2, 3]},
+            {"op": "all_reduce", "dtype": "float32", "numel": unknown, "ranks": [1]},
+        )
+        assert mismatched_collectives(only_unknown) == [], unknown
+        all_unknown = _sides_frame(
+            {"op": "all_reduce", "dtype": "float32", "numel": unknown, "ranks": [0, 1]},
+            {"op": "all_reduce", "dtype": "float16", "numel": unknown, "ranks": [2]},
+        )
+        [f] = mismatched_collectives(all_unknown)
+        assert f.ranks == (2,) and f.evidence["differs"] == ["dtype"], f
+        assert f.text == (
+            "collective mismatch at world #3 (dtype differ): all_reduce float32 x? (numel unknown) on ranks 0-1 "
+            "vs all_reduce float16 x? (numel unknown) on rank 2"
+        )
+        assert [s["numel"] for s in f.evidence["sides"]] == [None, None]
+        beside_a_real_one = _sides_frame(
+            {"op": "all_reduce", "dtype": "float32", "numel": 4, "ranks": [0, 1]},
+            {"op": "all_reduce", "dtype": "float32", "numel": 8, "ranks": [2]},
+            {"op": "all_reduce", "dtype": "float32", "numel": unknown, "ranks": [3]},
+        )
+        [f] = mismatched_collectives(beside_a_real_one)
+        assert f.ranks == (2,) and f.evidence["differs"] == ["numel"], f
+        assert [s["numel"] for s in f.evidence["sides"]] == [4, 8, None]
+
+
+def test_a_null_numel_in_the_data_dir_is_no_desync_finding(tmp_path):
+    """The same through DuckDB over Parquet: rank 1 enters seq 910 with numel NULL (the view lists it
+    as a side of its own), rank 3 enters seq 911 with numel NULL and rank 2 with another dtype."""
+    from collector.testing.fake_runs import _stored, _write
+
+    run = FakeRun(run_id="nonumel", world_size=4, steps=2, with_moe=False)
+    write_run(tmp_path, run)
+    for rank in range(4):
+        rows = _stored(
+            "comm",
+            rank,
+            {
+                "step": [5, 5],
+                "group_name": ["world"] * 2,
+                "group_size": [4] * 2,
+                "seq": [910, 911],
+                "op": ["all_reduce"] * 2,
+                "dtype": ["float32", "float16" if rank == 2 else "float32"],
+                "numel": [None if rank == 1 else 1024, None if rank == 3 else 1024],
+                "start_ns": [10, 20],
+                "end_ns": [11, 21],
+            },
+        )
+        _write(tmp_path, "comm", run.run_id, f"nonumel-rank{rank}", rows)
+    cat = queries.Catalog(tmp_path)
+    try:
+        odd = queries.desyncs(cat, run.run_id)
+        assert list(odd.seq) == [910, 911]
+        [f] = mismatched_collectives(odd)
+        assert [x.kind for x in findings.for_run(cat, run.run_id) if x.kind == "desync"] == ["desync"]
+    finally:
+        cat.close()
+    assert f.evidence["seq"] == 911 and f.evidence["differs"] == ["dtype"] and f.ranks == (2,), f
+    assert "x? (numel unknown) on rank 3" in f.text, f.text
