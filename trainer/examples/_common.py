@@ -7,13 +7,17 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+USER_ERROR_EXIT = 2  # a user's mistake (config, world size, missing file): one line, no traceback
+DEBUG_ENV = "RANKSCOPE_DEBUG"  # =1: the traceback too
 
 
 class Block(nn.Module):
@@ -72,12 +76,35 @@ def config_path(name: str) -> Path:
     return path
 
 
+def user_error(message: str) -> NoReturn:
+    """Say a user's mistake in one line (``error: ...``, as collector.tools.supervise says it for the
+    demo's ranks) and exit USER_ERROR_EXIT. Every rank says it: each hits the same mistake."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def run_main(main: Callable[[], None]) -> None:
+    """An example's ``main()`` as torchrun runs it: a bad config value or a world size its layout
+    cannot take (ConfigError, naming the dotted key), or a checkpoint that cannot be resumed here
+    (CheckpointError, naming the file or setting) is one line and exit 2 instead of a traceback on
+    every rank; the traceback only with RANKSCOPE_DEBUG=1."""
+    from trainer.checkpoint.layout import CheckpointError
+    from trainer.config import ConfigError
+
+    try:
+        main()
+    except (ConfigError, CheckpointError) as exc:
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        user_error(f"{exc} ({DEBUG_ENV}=1 shows the traceback)")
+
+
 def load_config(args: argparse.Namespace) -> dict:
     try:
         with open(config_path(args.config)) as f:
             config = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"error: cannot read --config {args.config}: {e}")
+        user_error(f"cannot read --config {args.config}: {e}")
     if args.run:
         config.setdefault("telemetry", {})["run"] = args.run
     return config

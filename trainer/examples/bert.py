@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import trainer
-from trainer.examples._common import Block, init_weights, load_config, parse_args, train_loop
+from trainer.examples._common import Block, init_weights, load_config, parse_args, run_main, train_loop
 
 VOCAB, SEQ, MASK = 128, 32, 0
 
@@ -60,4 +60,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

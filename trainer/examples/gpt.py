@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
@@ -32,7 +31,7 @@ from torch.nn import functional as F
 
 import trainer
 from trainer.engine import init_distributed
-from trainer.examples._common import Block, init_weights, load_config, parse_args, train_loop
+from trainer.examples._common import Block, init_weights, load_config, parse_args, run_main, train_loop, user_error
 
 
 class MoEBlock(nn.Module):
@@ -222,7 +221,7 @@ def parse_straggler(spec: str) -> tuple[int, float, int]:
         ms, _, step = rest.partition("@")
         return int(rank), float(ms), int(step or 0)
     except ValueError:
-        sys.exit(f"error: --straggler {spec!r}: expected RANK:MS@STEP, e.g. 1:40@300")
+        user_error(f"--straggler {spec!r}: expected RANK:MS@STEP, e.g. 1:40@300")
 
 
 def stage_straggler(model: nn.Module, engine, spec: str) -> None:
@@ -263,7 +262,7 @@ def main() -> None:
     try:
         model = GPT(layers=args.layers, moe=moe, tp_size=args.tp)
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        user_error(str(e))
     engine, *_ = trainer.initialize(model=model, config=config)
     if args.straggler:
         stage_straggler(model, engine, args.straggler)
@@ -284,4 +283,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

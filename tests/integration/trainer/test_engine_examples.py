@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -68,8 +69,28 @@ def test_engine_example_bad_config_path_is_one_line():
         text=True,
         timeout=60,
     )
-    assert proc.returncode != 0 and "cannot read --config /nonexistent.json" in proc.stderr
+    assert proc.returncode == 2 and "cannot read --config /nonexistent.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_bad_config_value_under_torchrun_is_one_line_naming_the_key(tmp_path):
+    """ZeRO stage 4 under a plain torchrun: the rank says the key, what is allowed and what it got in
+    one line and exits 2, no traceback (torchrun's own ChildFailedError report after it is torch's)."""
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 4}}))
+    logs = tmp_path / "logs"
+    cmd = torchrun_command(1, "--log-dir", str(logs), "--redirects", "3", "-m", "trainer.examples.gpt")
+    cmd += ["--config", str(config), "--steps", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "RANKSCOPE_DEBUG"}
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode != 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]  # torchrun's report of the rank's exit
+    (rank_stderr,) = logs.rglob("stderr.log")  # what the rank itself printed
+    said = rank_stderr.read_text()
+    line = "error: zero_optimization.stage: must be one of 0, 1, 2, 3 (got 4) (RANKSCOPE_DEBUG=1 shows the traceback)"
+    assert said.strip() == line, said
 
 
 def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
