@@ -216,7 +216,11 @@ def run_readonly_query(
             return _fetch(con, sql, max_rows, memory_limit)
         finally:
             if timer is not None:
+                # joined, not only cancelled: the daemon timer thread holds ``con`` (its interrupt); one
+                # still waking up when the CLI exits would keep the connection alive past interpreter
+                # finalization, and DuckDB's bindings then print a "nanobind: leaked ..." dump
                 timer.cancel()
+                timer.join()
             con.close()
 
     narrow = "narrow it (WHERE run_id = ..., fewer columns, LIMIT) and run it again"
