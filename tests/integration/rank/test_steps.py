@@ -75,6 +75,9 @@ def test_memory_is_sampled_per_rank_per_step(ddp_run):
 def attached(tmp_path, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
+    # A fresh process's step: attach keeps a step set before it (an engine's global_steps), and an
+    # in-process engine test run earlier by the same pytest worker leaves its last one (CI once: 2).
+    state.set_step(0)
     with live_collector(tmp_path / "data") as (endpoint, _):
         session = hook.attach(run="rules", endpoint=endpoint)
         try:
@@ -141,6 +144,9 @@ def test_log_values_reach_the_catalog(tmp_path, monkeypatch):
     """0-dim tensors, ints and NaN are logged; an explicit step is kept; a non-number is skipped."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
+    # A fresh process's step: attach keeps a step set before it (an engine's global_steps), and an
+    # in-process engine test run earlier by the same pytest worker leaves its last one (CI once: 2).
+    state.set_step(0)
     with live_collector(tmp_path / "data") as (endpoint, data_dir):
         session = hook.attach(run="values", endpoint=endpoint)
         hook.log({"loss": torch.tensor(0.25), "tokens": 128, "grad_norm": float("nan"), "note": "x"})
