@@ -151,8 +151,21 @@ class _Stopped(Exception):
     """SIGTERM or SIGHUP (a process manager, a closed terminal): stop as on Ctrl-C."""
 
 
+# The stop a signal asked for, kept past the exception that carries it: DuckDB turns a signal that
+# lands inside a query into its own RuntimeError, which a poll that retries on errors would swallow.
+_stop_asked: BaseException | None = None
+
+
 def _stop_on(signum, _frame) -> None:
-    raise _Stopped(signal.Signals(signum).name)
+    global _stop_asked
+    _stop_asked = KeyboardInterrupt() if signum == signal.SIGINT else _Stopped(signal.Signals(signum).name)
+    raise _stop_asked
+
+
+def _stop_if_asked() -> None:
+    """Raise the stop a signal asked for, if one did (see _stop_asked)."""
+    if _stop_asked is not None:
+        raise _stop_asked
 
 
 class _Terminal:
@@ -217,6 +230,7 @@ def _demo_run_id(data_dir: str, since: float, proc: subprocess.Popen, timeout_s:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
+        _stop_if_asked()
         try:
             con = catalog.connect(data_dir)
             try:
@@ -230,7 +244,7 @@ def _demo_run_id(data_dir: str, since: float, proc: subprocess.Popen, timeout_s:
             if row:
                 return row[0]
         except Exception:  # the catalog not written yet, or a file compacted while read: look again
-            pass
+            _stop_if_asked()  # ... unless it was Ctrl-C landing in the query
         time.sleep(1.0)
     return None
 
@@ -274,7 +288,7 @@ def _watch_evidence(data_dir: str, stop: threading.Event) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     # Without these the demo would die at once and leave its collector (holding the data dir) and
     # dashboard running; with them, the finally below stops them as Ctrl-C does.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop_on)
     terminal = _Terminal()
     data_dir = os.path.abspath(args.data_dir)

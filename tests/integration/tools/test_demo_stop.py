@@ -1,0 +1,57 @@
+"""Ctrl-C while the demo waits for its run to appear: the poll reads the catalog with DuckDB, and a
+SIGINT that lands inside a DuckDB query comes out as DuckDB's RuntimeError, not KeyboardInterrupt.
+The poll retries on errors (the catalog not written yet), so it must still stop. Seen beside a CPU
+hog: the demo kept training after Ctrl-C, the fresh clone's two Ctrl-C tests ran into their 300 s
+timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import duckdb
+import pytest
+
+from collector.data import catalog
+from collector.tools import demo
+
+
+def _a_long_query(_data_dir):
+    """A real DuckDB query that runs for minutes: the SIGINT lands inside it."""
+    con = duckdb.connect()
+    con.execute("SELECT count(*) FROM range(100000000000) a")
+    return con
+
+
+@pytest.fixture
+def demo_signals():
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, demo._stop_on)
+    demo._stop_asked = None
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    demo._stop_asked = None
+
+
+@pytest.mark.parametrize("sig, stop", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, demo._Stopped)])
+def test_a_stop_signal_inside_a_duckdb_query_stops_the_run_id_poll(demo_signals, monkeypatch, tmp_path, sig, stop):
+    with pytest.raises(RuntimeError):  # what DuckDB makes of a signal in a query, which the poll retries on
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        timer.start()
+        _a_long_query(None)
+    signal.signal(signal.SIGINT, demo._stop_on)
+    monkeypatch.setattr(catalog, "connect", _a_long_query)
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), sig)).start()
+        with pytest.raises(stop):
+            demo._demo_run_id(str(tmp_path), 0.0, training, timeout_s=20.0)
+    finally:
+        training.kill()
+        training.wait()
