@@ -131,6 +131,14 @@ def ensure_catalog(data_dir) -> Path:
     return path
 
 
+def stopped_by_signal(exc: BaseException) -> bool:
+    """Whether a query's error is a signal's stop: Ctrl-C (a handler that raised) landing inside a
+    DuckDB query comes out as RuntimeError('Query interrupted'), not KeyboardInterrupt, so a poll
+    that retries on errors must ask; a query stopped by ``interrupt()`` (the SQL time limit) is a
+    duckdb.InterruptException instead."""
+    return type(exc) is RuntimeError and str(exc) == "Query interrupted"
+
+
 def connect(data_dir) -> duckdb.DuckDBPyConnection:
     """A read-only connection to D's catalog; every view works from any cwd. Its views read the
     snapshot of D as it is now (``pin``): use it for a while, not for ever, or ``pin`` it again."""

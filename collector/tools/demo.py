@@ -152,7 +152,8 @@ class _Stopped(Exception):
 
 
 # The stop a signal asked for, kept past the exception that carries it: DuckDB turns a signal that
-# lands inside a query into its own RuntimeError, which a poll that retries on errors would swallow.
+# lands inside a query into its own RuntimeError (catalog.stopped_by_signal), which a poll that
+# retries on errors would swallow; SIGTERM's _Stopped as well as Ctrl-C's KeyboardInterrupt.
 _stop_asked: BaseException | None = None
 
 

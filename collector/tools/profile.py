@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from collector.data import queries, security, trace_diff
+from collector.data import catalog, queries, security, trace_diff
 from collector.data.queries.runs import AmbiguousRun
 from collector.server.commands import new_request_id
 from proto import pb, pb_grpc
@@ -75,7 +75,9 @@ def _answers(data_dir, run_id: str, request_id: str, kind: str):
                 [run_id, _reason(kind, request_id)],
             )
         return rows, stacks
-    except Exception:  # a table written while we read: the next poll reads it again
+    except Exception as exc:  # a table written while we read: the next poll reads it again
+        if catalog.stopped_by_signal(exc):  # ... but Ctrl-C that landed in the query stops the wait
+            raise KeyboardInterrupt from None
         return None, None
     finally:
         cat.close()

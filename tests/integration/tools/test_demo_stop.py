@@ -55,3 +55,25 @@ def test_a_stop_signal_inside_a_duckdb_query_stops_the_run_id_poll(demo_signals,
     finally:
         training.kill()
         training.wait()
+
+
+def test_duckdb_tells_a_signals_stop_from_a_time_limit():
+    """What catalog.stopped_by_signal (used by `rankscope profile`'s wait) tells apart, on real queries:
+    Ctrl-C inside a query, and interrupt() from another thread (the SQL time limit)."""
+    errors = []
+    for stop in ("signal", "interrupt"):
+        con = duckdb.connect()
+        if stop == "signal":
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        else:
+            timer = threading.Timer(0.3, con.interrupt)
+        timer.start()
+        try:
+            con.execute("SELECT count(*) FROM range(100000000000) a").fetchone()
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            if stop == "signal":
+                signal.signal(signal.SIGINT, previous)
+    assert [catalog.stopped_by_signal(e) for e in errors] == [True, False], errors
