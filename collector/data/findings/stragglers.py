@@ -201,8 +201,11 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
             row = per_rank.loc[rank]
             floor = late_floor(median_step)
             # Late on most of its (slow) steps, not a few de-scheduled ones: a rank every rank
-            # waits for now and then on a busy host is noise, not a straggler.
-            slow = series.iloc[max(start, turned, 0) :]
+            # waits for now and then on a busy host is noise, not a straggler. Its slow steps are
+            # those since its onset only when the onset's window was judged (long enough, beyond
+            # chance): a healthy rank held back on the last 3 of 24 steps (CI beside other jobs)
+            # has an "onset" there, and the median of those 3 steps said nothing about it.
+            slow = series.iloc[max(start, turned) if turned in judged else start :]
             if row.cost_ms_per_step >= floor and row.share_of_waiting >= concentration and slow.median() >= floor:
                 pattern = late_pattern(series.to_numpy(), _others(matrix, col), floor, world_size)
                 found.append(

@@ -117,3 +117,15 @@ def test_ranks_late_together_are_named_together_with_what_the_others_wait():
 def test_nobody_late_together_in_a_healthy_frame():
     healthy = _late_together(16, set(), late_ms=0.3)
     assert stragglers.costly_ranks(healthy, world_size=16) == []
+
+
+def test_a_healthy_rank_held_back_on_the_last_steps_is_not_a_straggler():
+    """CI beside other jobs: on a 24-step healthy run rank 0 imposed waits on its last 3 steps, long
+    enough that its run-long mean reached the floor. Three steps are too few to judge an onset by
+    (WINDOW_MIN_STEPS), so the rank is judged over the run, where it was late on 3 of 23 steps."""
+    steps = step_rows(4, 24, step_ms=12.0, late_rank=0, late_ms=12.0, late_steps=range(21, 24))
+    assert stragglers.costly_ranks(steps, world_size=4) == []
+    # the same lateness held since step 12 is judged from its onset, and named
+    steps = step_rows(4, 24, step_ms=12.0, late_rank=0, late_ms=12.0, late_from=12)
+    (found,) = stragglers.costly_ranks(steps, world_size=4)
+    assert found.ranks == (0,) and found.evidence["onset_step"] == 12
