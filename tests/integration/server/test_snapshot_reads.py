@@ -10,7 +10,8 @@ The collector's background compactor (a nice +10 thread) is left idle; the test 
 compaction passes one after the other while it reads (SIGUSR1, ``CollectorProcess.compact_now``: a
 pass on the collector's main thread), so merges and rollups happen during the reads whatever the
 host's load, and the test waits on the collector's word that each pass is done, not on luck.
-``RANKSCOPE_SNAPSHOT_TEST_S`` sets the read loop's length (default 8 s)."""
+The runs stream for the read loop's length, ``RANKSCOPE_SNAPSHOT_TEST_S`` (default 8 s); reads go on
+while the passes still asked for then finish."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from collector.tools.launch import CollectorProcess
 RUNS = ("snap-a", "snap-b", "snap-c")
 ROWS = 200  # rows per envelope
 WINDOW = 16  # envelopes in flight per stream
+RATE = 60  # envelopes a second per stream, at most (a quiet 2-core host streams ~130 unpaced)
 READ_FOR_S = float(os.environ.get("RANKSCOPE_SNAPSHOT_TEST_S", "8"))
 MIN_PASSES = 2  # compaction passes (each merges, rolls up, retires) done while reading, at least
 PASS_BOUND_S = 120  # the wait for one asked-for pass, on a loaded host
@@ -55,8 +57,10 @@ class Sender(threading.Thread):
     def run(self) -> None:
         # a one-rank run: its steps settle as it goes, so the collector rolls them up meanwhile
         self.stream.send(hello(f"c-{self.run_id}", 1, self.run_id, 0, 1))
+        started = time.monotonic()
         while not self.stop.is_set() and not self.stream.done.is_set():
-            if self.sent - len(self.acked()) >= WINDOW:
+            # at most RATE envelopes a second, so the rows a pass merges do not grow with the host's speed
+            if self.sent - len(self.acked()) >= WINDOW or self.sent >= RATE * (time.monotonic() - started):
                 time.sleep(0.002)
                 continue
             self.sent += 1
@@ -125,6 +129,12 @@ def test_every_read_during_flushes_and_compaction_sees_a_whole_committed_state(t
         asker.start()
         # read for READ_FOR_S and on until MIN_PASSES passes are done (each bounded above)
         while time.monotonic() < deadline or asker.is_alive():
+            if time.monotonic() >= deadline:
+                # The streams end with the read window; the passes still asked for then merge what
+                # came. Streaming on until they were done, a loaded host (load 16) never caught up:
+                # each pass's ingest (GIL, CPU) starved it and gave the next more to merge (4-5M
+                # rows, the second pass over 120 s, h2 beside a hog and 2/2 beside 8 busy loops).
+                stop.set()
             for kind in reads:
                 acked = {s.run_id: s.acked() for s in senders}
                 try:
