@@ -1,6 +1,7 @@
 """The suite's time guard (a pytest plugin, loaded by tests/conftest.py).
 
-Prints the 20 slowest tests and shared fixtures with their share of the suite's test time, and fails the
+Prints the 20 slowest tests and shared fixtures with their share of the suite's test time and the 10
+costliest test files (all of it saved in build/test-durations/, one file per ``-m``), and fails the
 session when a test not marked ``slow`` took longer than ``TEST_LIMIT_S``, or a shared (module- or
 session-scoped) fixture longer than ``FIXTURE_LIMIT_S``. A test's own time is its setup, call and
 teardown less the shared fixtures it happened to set up first: those serve several tests and are
@@ -17,8 +18,11 @@ guard is there to catch a test that is slow by design, not a busy machine.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +30,9 @@ TEST_LIMIT_S = float(os.environ.get("RANKSCOPE_TEST_TIME_LIMIT_S", "60"))
 GROWS_WITH_LOAD = "RANKSCOPE_TEST_TIME_LIMIT_S" not in os.environ
 FIXTURE_LIMIT_S = 3 * TEST_LIMIT_S  # a fixture that trains the runs a module's tests read
 SHOWN = 20
+FILES_SHOWN = 10
+# every test's and shared fixture's time, per run of pytest (named by its -m), to see where the time goes
+DURATIONS_DIR = Path(__file__).resolve().parents[1] / "build" / "test-durations"
 _SHARED = "shared_fixtures_s"
 
 # worker side: shared fixtures set up during the setup of the item being set up
@@ -73,8 +80,9 @@ def pytest_runtest_makereport(item, call):
 class DurationGuard:
     """Controller side: every report's time, by test and by shared fixture."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, marks: str) -> None:
         self.workers = workers
+        self.marks = marks
         self.tests: dict[str, float] = {}  # nodeid -> own seconds
         self.slow: set[str] = set()
         self.fixtures: dict[str, float] = {}
@@ -124,15 +132,39 @@ class DurationGuard:
         terminalreporter.section(f"the {SHOWN} slowest of {total / 60:.1f} min of test time ({_said(_load_now())} now)")
         for name, s in entries[:SHOWN]:
             write(f"{s:7.1f} s {100 * s / total:5.1f} %  {name}")
+        by_file = self.by_file()
+        terminalreporter.section(f"the {FILES_SHOWN} costliest test files (tests and their shared fixtures)")
+        for name, s in sorted(by_file.items(), key=lambda e: -e[1])[:FILES_SHOWN]:
+            write(f"{s:7.1f} s {100 * s / total:5.1f} %  {name}")
+        self._save(by_file)
         offenders = self.offenders()
         if offenders:
             terminalreporter.section("over the time limit (tests/_durations.py)", red=True)
             for line in offenders:
                 write(line, red=True)
 
+    def by_file(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for name, s in self.tests.items():
+            totals[name.split("::")[0]] = totals.get(name.split("::")[0], 0.0) + s
+        for name, s in self.fixtures.items():
+            where = re.search(r"fixture of (\S+?)(?:::|\])", name)
+            key = where.group(1) if where else name
+            totals[key] = totals.get(key, 0.0) + s
+        return totals
+
+    def _save(self, by_file: dict[str, float]) -> None:
+        slug = re.sub(r"\W+", "-", self.marks).strip("-") or "all"
+        try:
+            DURATIONS_DIR.mkdir(parents=True, exist_ok=True)
+            saved = {"marks": self.marks, "tests": self.tests, "fixtures": self.fixtures, "files": by_file}
+            (DURATIONS_DIR / f"{slug}.json").write_text(json.dumps(saved, indent=1, sort_keys=True))
+        except OSError:
+            pass  # a read-only checkout: the summary above is printed all the same
+
 
 def pytest_configure(config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) judges
         workers = getattr(config.option, "numprocesses", None) or 0
-        guard = DurationGuard(workers if isinstance(workers, int) else 0)
+        guard = DurationGuard(workers if isinstance(workers, int) else 0, config.option.markexpr or "")
         config.pluginmanager.register(guard, "rankscope-duration-guard")
