@@ -32,8 +32,16 @@ TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU wheels: no CUDA down
 
 
 def env(**extra: str) -> dict[str, str]:
-    """Environment for a process in the venv: DeepSpeed on CPU, one intra-op thread."""
-    e = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    """Environment for a process in the venv: DeepSpeed on CPU, one intra-op thread, its JIT ops built
+    inside the venv (torch's default, ~/.cache/torch_extensions, is one folder per machine: two clones'
+    venvs name their sources by different paths, so each rebuilt the ops the other had just built)."""
+    e = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TORCH_EXTENSIONS_DIR=str(VENV / "torch_extensions"),
+    )
     e.pop("PYTHONPATH", None)  # nothing from rankscope's venv leaks in
     e.update(extra)
     return e

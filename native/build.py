@@ -6,7 +6,7 @@ the cached .so. The cache lives in $RANKSCOPE_NATIVE_BUILD_DIR or
 ~/.cache/rankscope/native, in a sub-directory keyed by torch version, CPU
 features and build mode (the release build uses -march=native, so a cache
 copied to another CPU must not be reused), and under it one folder per
-extension and source hash.
+extension, source path and source hash.
 
 Switches (environment):
   RANKSCOPE_NATIVE=off  skip the build, callers use their pure-torch fallback.
@@ -117,10 +117,13 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
 
 
 def extension_dir(name: str) -> Path:
-    """Where extension ``name`` is built: one folder per source version, so worktrees (or installs)
-    with different sources each keep their build instead of rebuilding over each other's."""
+    """Where extension ``name`` is built: one folder per source file and version, so worktrees (or
+    installs) each keep their build instead of rebuilding over each other's. The path counts too:
+    ninja's build file names the source by its path, so two clones of the same source sharing a
+    folder rebuilt it in turn (a test collection waited 93 s for it while another clone ran)."""
     source = CSRC / f"{name}.cpp"
-    return build_dir() / f"{name}-{hashlib.sha1(source.read_bytes()).hexdigest()[:12]}"
+    key = hashlib.sha1(str(source).encode() + b"\0" + source.read_bytes()).hexdigest()[:12]
+    return build_dir() / f"{name}-{key}"
 
 
 # torch's build lock is a plain file that a killed build leaves behind, after which every later
