@@ -3,7 +3,8 @@ world, in new_group, new_subgroups and a DP group, mismatched sizes and ops, a c
 ring, a missing dump, host names and custom prefixes in the file names, a healthy job), each judged by
 torch's analyzer (``torch.distributed.flight_recorder.fr_trace``) and by ``rankscope fr``: every
 problem the analyzer names, rankscope names too -- the group, the seq, the op, the missing ranks with
-their last stack, the mismatched ranks, the ranks without a dump -- and the fault the job injected.
+their last stack, the mismatched ranks, the ranks without a dump -- and the fault the job injected. The
+hangs again at 1,024 ranks, the cases' dumps expanded (collector/testing/flight_recorder_scale.py).
 
 The corpus is generated once per test session (two gloo launches and one more for the size
 mismatch, run at once: ~30 s of CPU in all, 10 processes; 150 s of wall clock at load 25-30 on 2 cores)."""
@@ -16,6 +17,8 @@ import pytest
 
 from collector.data.schema import rank_ranges
 from collector.testing.flight_recorder_corpus import CASES, analyzer_verdicts, generate
+from collector.testing.flight_recorder_scale import analyzer_verdicts as analyzer_on
+from collector.testing.flight_recorder_scale import expand
 from collector.tools.flight_recorder_verdict import judge
 from collector.tools.importers.flight_recorder import OPS
 from tests._import_util import rankscope
@@ -102,3 +105,25 @@ def test_rankscope_fr_prints_the_verdict_with_the_missing_ranks_stack(corpus, tm
     assert "all_reduce #3 of g[1,3], waiting for rank 3" in out
     assert "rank 3 (hang):" in out and "last seen: all_reduce #3 of g[2-3]" in out and "_main_launch" in out
     assert "taken as the ranks whose dumps hold its entries: 1,3" in out  # inferred membership, said so
+
+
+@pytest.mark.parametrize("case", ["world_hang", "dp_group_hang"])
+def test_1024_ranks_expanded_from_the_corpus_get_the_verdict_torchs_analyzer_gives(corpus, case, tmp_path):
+    """Issue 44 at scale: a corpus case's real dumps expanded to 1,024 ranks
+    (collector/testing/flight_recorder_scale.py: 256 copies of the 4-rank job side by side, the world spanning
+    them, subgroups one per copy, the fault kept in one copy), judged by torch's analyzer and by rankscope on
+    the same files: the same hung group, seq, op and missing rank. 9-11 s each at load 12 on 2 cores; speed is
+    measured in benches/flight_recorder_fr.py, not here."""
+    facts = expand(corpus / case / "fr_trace", tmp_path / "dumps", 1024)
+    assert len(list((tmp_path / "dumps").iterdir())) == 1024 and facts["blocks"] == 256
+    reference = analyzer_on(tmp_path / "dumps")
+    verdict = judge(tmp_path / "dumps", tmp_path / "data", run=case)
+    assert verdict is not None and not verdict.problems, verdict.problems
+    said = "\n".join(f.text for f in verdict.findings)
+    (ref,) = reference
+    assert ref["kind"] == "hang" and ref["missing"] == facts["missing"] and len(facts["missing"]) == 1, ref
+    (hang,) = _by_kind(verdict, "hang")
+    group = "world" if len(ref["expected"]) == 1024 else f"g[{rank_ranges(ref['expected'])}]"
+    assert hang.evidence["group_name"] == group and hang.evidence["seq"] == ref["seq"] == facts["seq"], said
+    assert hang.evidence["missing_ranks"] == ref["missing"] and hang.evidence["op"] == OPS.get(ref["op"], ref["op"])
+    assert ref["missing"][0] in verdict.stacks and verdict.exit_code == 2, said
