@@ -25,7 +25,7 @@ class Table:
     name: str
     columns: tuple[tuple[str, str], ...]  # (name, wire type), after run_id/rank
 
-    @property
+    @functools.cached_property  # asked per row by importers' bounds checks and per batch by the codec
     def column_types(self) -> dict[str, str]:
         return dict(self.columns)
 

@@ -207,6 +207,15 @@ def _out_of_bounds(table: str, rank: int, row: dict) -> str | None:
         return f"rank {rank} is out of range (0 to {MAX_WORLD_SIZE - 1:,})"
     types = TABLES[table].column_types
     for name, value in row.items():
+        # the column's type is looked up only for a value that may not fit (this runs for every row imported)
+        if type(value) is int:
+            if INT64_MIN <= value <= INT64_MAX:
+                continue
+        elif type(value) is str:
+            if len(value) <= MAX_FIELD_CHARS:
+                continue
+        elif not isinstance(value, int | str):
+            continue
         kind = types.get(name)
         if kind == I64 and isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
             return f"{name} = {value} does not fit in a 64-bit integer"

@@ -291,25 +291,39 @@ def _stack(frames) -> tuple[str, str]:
     return text, f"{inner.get('filename')}:{inner.get('line')} in {inner.get('name')}" if inner else ""
 
 
-def _entry(i: int, e, world_names: set[str]) -> Entry | None:
-    """The entry; raises BadEntry naming the field that is wrong."""
-    if not isinstance(e, dict):
-        raise BadEntry(f"is a {type(e).__name__}, not a map")
-    group = e.get("process_group")
+def _call(group, name, is_p2p, world_names: set[str]) -> tuple:
+    """What an entry's group and op name say: (group key, group label, op, p2p pair, the side that holds
+    its size); raises BadEntry. The same few calls repeat in every entry of a dump: ``_entry`` keeps these."""
     if not isinstance(group, list | tuple) or not group or not all(isinstance(g, str | int) for g in group):
         raise BadEntry(f"'process_group' is {str(group)[:40]!r}, not [name, desc]")
     pg, desc = str(group[0]), str(group[1]) if len(group) > 1 else ""
     key = _WORLD if desc == WORLD_DESC or pg in world_names else pg
-    seq = _int(e, "collective_seq_id")
-    if seq is None or seq < 0:
-        raise BadEntry("'collective_seq_id' is missing")
-    name = e.get("profiling_name")
     if not isinstance(name, str) or not name:
         raise BadEntry(f"'profiling_name' is {str(name)[:40]!r}, not an op's name")
     fr_op, _, between = name.split(":", 1)[-1].partition(" ")
     op = OPS.get(fr_op, fr_op)
-    p2p = _p2p(op, between) if e.get("is_p2p") else None
-    side = "output" if op in _OUTPUT_SIDE else "input"
+    p2p = _p2p(op, between) if is_p2p else None
+    return key, f"{pg} ({desc})" if desc else pg, op, p2p, "output" if op in _OUTPUT_SIDE else "input"
+
+
+def _entry(i: int, e, world_names: set[str], calls: dict | None = None) -> Entry | None:
+    """The entry; raises BadEntry naming the field that is wrong. ``calls``: ``_call``'s answers so far."""
+    if not isinstance(e, dict):
+        raise BadEntry(f"is a {type(e).__name__}, not a map")
+    group, name, is_p2p = e.get("process_group"), e.get("profiling_name"), e.get("is_p2p")
+    memo = call = None
+    if calls is not None and type(group) in (tuple, list) and len(group) == 2 and type(name) is str:
+        if type(group[0]) is str and type(group[1]) is str:  # as torch writes them; anything else: worked out
+            memo = (group[0], group[1], name, not is_p2p)
+            call = calls.get(memo)
+    if call is None:
+        call = _call(group, name, is_p2p, world_names)
+        if memo is not None:
+            calls[memo] = call
+    key, pg_label, op, p2p, side = call
+    seq = _int(e, "collective_seq_id")
+    if seq is None or seq < 0:
+        raise BadEntry("'collective_seq_id' is missing")
     dtypes = e.get(f"{side}_dtypes")
     first = dtypes[0] if isinstance(dtypes, list | tuple) and dtypes and isinstance(dtypes[0], str) else None
     dtype, itemsize = DTYPES.get(first, (first, None))
@@ -319,7 +333,7 @@ def _entry(i: int, e, world_names: set[str]) -> Entry | None:
     return Entry(
         index=i,
         pg=key,
-        pg_label=f"{pg} ({desc})" if desc else pg,
+        pg_label=pg_label,
         seq=seq,
         op=op,
         dtype=dtype,
@@ -375,9 +389,10 @@ def parse(path: Path) -> Parsed:
         return out
     stated, world_names = _stated_groups(dump, out, path)
     read = Dump(str(path), rank, stated, dumped_ns=path.stat().st_mtime_ns)
+    calls: dict = {}
     for i, e in enumerate(entries):
         try:
-            entry = _entry(i, e, world_names)
+            entry = _entry(i, e, world_names, calls)
         except BadEntry as exc:
             out.problem(path, f"entry {i}", f"{exc}; entry skipped")
             continue
@@ -491,13 +506,23 @@ class _Across:
     dumped: set[int]  # ranks that left a dump
     furthest: dict[str, int] = field(default_factory=dict)  # group -> the highest seq a rank with a dump entered
     slowest: dict[str, int] = field(default_factory=dict)  # group -> the lowest of its dumped members' highest
+    undumped: set[str] = field(default_factory=set)  # groups with a member that left no dump
+    labels: dict[str, str] = field(default_factory=dict)  # group -> its members as rank_ranges writes them
     _absent: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # once per group, not per entry: a world group's members are as many as the job's ranks
         for (pg, _), seq in self.entered.items():
             self.furthest[pg] = max(self.furthest.get(pg, 0), seq)
         for pg, ranks in self.members.items():
             self.slowest[pg] = min((self.entered.get((pg, m), 0) for m in ranks if m in self.dumped), default=0)
+            if not self.dumped.issuperset(ranks):
+                self.undumped.add(pg)
+
+    def label(self, pg: str) -> str:
+        if pg not in self.labels:
+            self.labels[pg] = rank_ranges(self.members.get(pg, []))
+        return self.labels[pg]
 
     def absent(self, pg: str, seq: int) -> list[int]:
         """Members with a dump that never entered ``seq`` of ``pg`` (worked out once per collective)."""
@@ -537,7 +562,7 @@ def _rows(p: Parsed, d: Dump, seen: _Across) -> None:
         if d.tracked:
             done = e.state == "completed"
         else:  # a member without a dump joined it only if a rank with one went on past it
-            unconfirmed = seen.furthest.get(e.pg, 0) <= e.seq and any(m not in seen.dumped for m in group_members)
+            unconfirmed = seen.furthest.get(e.pg, 0) <= e.seq and e.pg in seen.undumped
             done = not absent and not unconfirmed
         if done:
             start = e.start_ns if d.tracked else e.created_ns
@@ -548,7 +573,7 @@ def _rows(p: Parsed, d: Dump, seen: _Across) -> None:
             d.rank,
             where,
             **row,
-            group_ranks=rank_ranges(group_members),
+            group_ranks=seen.label(e.pg),
             entered_ns=e.created_ns or d.dumped_ns,
             time_ns=d.dumped_ns,
             # written after the fact, a dump shows a member that never entered it (or one without a dump that

@@ -45,12 +45,17 @@ def table_batches(table: str, run_id: str, rank: int, rows: pa.Table) -> Iterato
     """TableBatches for ``rows`` (stored schema), in order. The wire has no nulls: a
     column left out is stored as NULL, so rows are cut into runs of consecutive rows
     with the same NULL columns and each run omits its NULL columns."""
-    names = [n for n in TABLES[table].arrow_schema().names[1:] if n in rows.column_names]
+    present = set(rows.column_names)
+    names = [n for n in TABLES[table].arrow_schema().names[1:] if n in present]
     if rows.num_rows == 0:
         return
     pattern = np.zeros(rows.num_rows, dtype=np.int64)
     for bit, name in enumerate(names):
-        pattern |= pc.is_null(rows[name]).to_numpy(zero_copy_only=False).astype(np.int64) << bit
+        nulls = rows[name].null_count
+        if nulls == rows.num_rows:  # most columns are all or nothing: no per-row pass for those
+            pattern |= 1 << bit
+        elif nulls:
+            pattern |= pc.is_null(rows[name]).to_numpy(zero_copy_only=False).astype(np.int64) << bit
     cuts = np.flatnonzero(np.diff(pattern)) + 1
     starts = np.concatenate([[0], cuts])
     ends = np.concatenate([cuts, [rows.num_rows]])
@@ -171,7 +176,7 @@ class _Sink:
 
 class StoreSink(_Sink):
     def __init__(self, data_dir):
-        from collector.server.store import Store  # the server side: no grpc server needed here
+        from collector.server.store import Store, StoreConfig  # the server side: no grpc server needed here
 
         self.data_dir = data_dir
         # An import may start a data dir (a new or empty folder), never turn some other folder into one.
@@ -182,7 +187,11 @@ class StoreSink(_Sink):
                 "give --data-dir a new folder or an existing data dir"
             )
         catalog.ensure_catalog(data_dir)
-        self.store = Store(data_dir)
+        # an import's rows come all at once and nobody reads them before send() returns: committed when
+        # send() flushes (or past flush_bytes), not every 0.25 s as a live collector's are -- a 1,024-rank
+        # Flight Recorder import made 12 commits of 4 small segments each, each with its fsyncs, to be
+        # read back as 12 files a table
+        self.store = Store(data_dir, StoreConfig(flush_interval=5.0))
 
     def send(self, streams: Iterable[Iterable[pb.Envelope]]) -> int:
         errors: list[BaseException] = []
