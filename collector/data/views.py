@@ -101,18 +101,26 @@ def view_definitions(root: str | None = "") -> dict[str, str]:
         FROM hello h LEFT JOIN rank_ends e USING (run_id, rank)"""
     # First Hello of a run wins; a run is finished once every rank of world_size sent
     # RunEnd(finished), failed as soon as one rank failed, stopped (ended by its user: Ctrl-C,
-    # a stop signal) once every rank ended and one or more of them were stopped.
+    # a stop signal) once every rank ended and one or more of them were stopped. A rank's end
+    # counts whether or not its Hello was stored: a run stopped while its ranks started has ranks
+    # that never said Hello, whose end the stop's supervisor records for them
+    # (collector.tools.supervise.end_unended_runs); n_ranks counts the ranks that said Hello.
     views["runs"] = """
         WITH first_hello AS (
             SELECT * FROM _runs_raw
             QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY started_at) = 1),
+        every_rank AS (
+            SELECT run_id, status, ended_at, true AS said_hello FROM ranks
+            UNION ALL
+            SELECT e.run_id, e.status, e.ended_at, false AS said_hello
+            FROM rank_ends e ANTI JOIN ranks r ON e.run_id = r.run_id AND e.rank = r.rank),
         per_run AS (
-            SELECT run_id, count(*) AS n_ranks,
+            SELECT run_id, count(*) FILTER (WHERE said_hello) AS n_ranks,
                    count(*) FILTER (WHERE status = 'failed') AS n_failed,
                    count(*) FILTER (WHERE status = 'finished') AS n_finished,
                    count(*) FILTER (WHERE status = 'stopped') AS n_stopped,
                    max(ended_at) AS last_end
-            FROM ranks GROUP BY run_id),
+            FROM every_rank GROUP BY run_id),
         judged AS (
             SELECT h.*, coalesce(p.n_ranks, 0) AS n_ranks, p.last_end,
                    CASE WHEN coalesce(p.n_failed, 0) > 0 THEN 'failed'

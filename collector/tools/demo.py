@@ -27,7 +27,9 @@ Stopping, whatever stops it (collector.tools.supervise):
   spool dir, so the ranks' RunEnd ("stopped") still lands.
 Each rank notes a stop signal as its user's (collector.rank.session.note_stopped), so the run ends
 ``stopped``, not ``failed``. What the ranks spooled unacked is delivered to the collector before it
-stops; the spool dir is removed once empty.
+stops; the spool dir is removed once empty. A rank whose RunEnd still did not reach the collector
+(killed in a collective after the stop's grace, starved of CPU, stopped before its Hello) gets one,
+``stopped``, from the demo or its guard (supervise.end_unended_runs), so the run never reads ``running``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from pathlib import Path
 
 from collector.tools.commands.common import DEFAULT_DATA_DIR
 from collector.tools.launch import CollectorProcess, dashboard_command, free_port, torchrun_command
-from collector.tools.supervise import children, deliver_spooled, die_with_parent, stop_training
+from collector.tools.supervise import children, deliver_spooled, die_with_parent, end_unended_runs, stop_training
 
 EXAMPLE_CONFIG = "zero2.json"  # a bundled config of trainer.examples, named, not looked up
 UNTIL_STOPPED = 10**9  # "--steps" when none is given: train until Ctrl-C
@@ -299,7 +301,7 @@ def run_demo(args: argparse.Namespace) -> int:
     watching = threading.Event()
     spool_dir = tempfile.mkdtemp(prefix="rankscope-demo-spool-")
     steps = args.steps or UNTIL_STOPPED
-    stopped_by = None
+    stopped_by = started = None
     try:
         try:
             # no death signal: if the demo is killed, its guard stops the collector after the training
@@ -393,7 +395,8 @@ def run_demo(args: argparse.Namespace) -> int:
             preexec_fn=_die_with_parent(args.training_nice, signal.SIGINT),
         )
         watched = [str(os.getpid()), str(proc.pid), str(collector.proc.pid), endpoint, spool_dir]
-        # the guard stops the training, then the collector, if the demo is killed
+        # the guard stops the training, ends the run as the demo would, then stops the collector, if the demo is killed
+        watched += [data_dir, repr(started)]
         guard = subprocess.Popen([sys.executable, "-m", "collector.tools.supervise", "--guard", *watched])
         once = OnceFilter(sys.stdout, last_step=None if steps == UNTIL_STOPPED else steps)
         if fault:
@@ -448,6 +451,15 @@ def run_demo(args: argparse.Namespace) -> int:
         _stop(dashboard)
         if collector is not None:
             deliver_spooled(spool_dir, collector.address)
+            if stopped_by is not None and started is not None:  # the user's stop: no run left 'running'
+                ended = end_unended_runs(data_dir, collector.address, started)
+                for run_id in sorted({run_id for run_id, _ in ended}):
+                    ranks_left = ", ".join(str(rank) for r, rank in ended if r == run_id)
+                    print(
+                        f"[demo] run {run_id}: rank(s) {ranks_left} stopped before their end reached the "
+                        "collector; recorded as stopped",
+                        flush=True,
+                    )
             collector.stop()
         _drop_spool(spool_dir)
         terminal.give_back()

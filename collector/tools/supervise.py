@@ -18,6 +18,13 @@ Three pieces, used by ``rankscope demo`` (collector/tools/demo.py):
 * ``python -m collector.tools.supervise --guard ...`` (``guard``): a small process that does the
   demo's clean stop for it when the demo is killed: training first, while the collector still takes
   the ranks' last records and RunEnd ("stopped"), then the collector, then the spool dir.
+* ``end_unended_runs``: the last word of a stop, the demo's or its guard's. A rank asked to stop does
+  not always get its RunEnd to the collector: blocked in a collective whose peer stopped first it
+  runs no signal handler until that collective fails, and the stop's grace may be spent by then
+  (SIGKILL); starved of CPU (nice 10 on a busy host) it may not get through its close; stopped while
+  the ranks start, one may never have said Hello. Its run then read ``running`` for ever. Once the
+  training is gone, whoever stopped it sends the collector a RunEnd ``stopped`` for each rank of the
+  runs it served that has none stored, so a run its user stopped reads ``stopped`` whatever the timing.
 """
 
 from __future__ import annotations
@@ -133,13 +140,90 @@ def deliver_spooled(spool_dir: str, endpoint: str) -> None:
         resend_spooled(Path(spool_dir), endpoint, timeout_s=30.0)
 
 
-def guard(parent: int, train_pgid: int, collector_pid: int, endpoint: str, spool_dir: str) -> None:
+def end_unended_runs(data_dir: str, endpoint: str, since_s: float, timeout_s: float = 30.0) -> list[tuple[str, int]]:
+    """A stop by its user, once the training is gone and what its ranks spooled is delivered: every
+    run in ``data_dir`` that started at or after ``since_s`` (unix seconds; the runs of the stopped
+    training, served by a collector of its own) and reads ``running`` gets, for each rank of its world
+    size with no RunEnd stored, a RunEnd ``stopped`` sent on the rank's behalf to the collector at
+    ``endpoint`` (one stream each, under a client id of this process's), acked when durable (module
+    docstring: why a rank may not have sent its own). A run that failed keeps its status. Returns the
+    (run_id, rank) ends acked; never raises (the stop goes on: the run then reads ``running``)."""
+    try:
+        missing = _unended_ranks(data_dir, since_s)
+        return _send_ends(endpoint, missing, timeout_s) if missing else []
+    except Exception as exc:  # the rest of the stop (the collector, the spool dir) must still happen
+        _say(f"rankscope: could not end the stopped run(s) in {data_dir}: {exc!r}")
+        return []
+
+
+def _say(line: str) -> None:
+    """A line on stderr, if anyone still reads it (the guard's is the killed demo's)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _unended_ranks(data_dir: str, since_s: float) -> list[tuple[str, int]]:
+    from collector.data import catalog
+
+    con = catalog.connect(data_dir)
+    try:
+        rows = con.execute(
+            "SELECT r.run_id, r.world_size, coalesce(list(e.rank) FILTER (WHERE e.rank IS NOT NULL), []) "
+            "FROM runs r LEFT JOIN rank_ends e USING (run_id) "
+            "WHERE r.status = 'running' AND epoch(r.started_at::TIMESTAMPTZ) >= ? "
+            "GROUP BY r.run_id, r.world_size ORDER BY r.run_id",
+            [since_s],
+        ).fetchall()
+    finally:
+        con.close()
+    return [(run_id, rank) for run_id, world, ended in rows for rank in range(world) if rank not in set(ended)]
+
+
+def _send_ends(endpoint: str, missing: list[tuple[str, int]], timeout_s: float) -> list[tuple[str, int]]:
+    import socket
+    import time
+
+    import grpc
+
+    from collector.data import security
+    from proto import SCHEMA_VERSION, pb, pb_grpc
+
+    ended = []
+    client = f"{socket.gethostname()}.{os.getpid()}.{time.time_ns()}.stop".replace("-", "_")
+    with security.open_channel(endpoint) as channel:
+        stub = pb_grpc.CollectorStub(channel)
+        for i, (run_id, rank) in enumerate(missing):  # one stream and client each: one rank of one run
+            end = pb.RunEnd(run_id=run_id, rank=rank, status="stopped", ended_at_ns=time.time_ns())
+            env = pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"{client}{i}", seq=1, end=end)
+            call = stub.Stream(iter([env]), timeout=timeout_s)
+            try:
+                if any(1 in ack.seqs for ack in call):
+                    ended.append((run_id, rank))
+            except grpc.RpcError as exc:
+                _say(f"rankscope: RunEnd of {run_id} rank {rank} not stored: {exc.details()}")
+            finally:
+                call.cancel()
+    return ended
+
+
+def guard(
+    parent: int,
+    train_pgid: int,
+    collector_pid: int,
+    endpoint: str,
+    spool_dir: str,
+    data_dir: str | None = None,
+    since_s: float | None = None,
+) -> None:
     """``python -m collector.tools.supervise --guard ...``: what the demo does on its way out, done
     for it when it is killed (SIGKILL runs no handler): once ``parent`` is gone, wait for the training
     (torchrun stops its ranks on its own death signal; SIGKILL after GUARD_TRAINING_S), deliver what
-    they spooled, stop the collector (SIGTERM: it commits), remove the spool dir if empty. The demo's
-    own clean stop ends the guard first (SIGTERM). Ctrl-C and a closed terminal are the demo's to
-    handle: the guard ignores them."""
+    they spooled, end the runs of ``data_dir`` started since ``since_s`` that the ranks left
+    unended (``end_unended_runs``), stop the collector (SIGTERM: it commits), remove the spool dir
+    if empty. The demo's own clean stop ends the guard first (SIGTERM). Ctrl-C and a closed
+    terminal are the demo's to handle: the guard ignores them."""
     import shutil
     import time
 
@@ -154,6 +238,8 @@ def guard(parent: int, train_pgid: int, collector_pid: int, endpoint: str, spool
     ranks = ranks or children(train_pgid)
     stop_training(train_pgid, ranks, GUARD_TRAINING_S, signal_first=False)
     deliver_spooled(spool_dir, endpoint)
+    if data_dir is not None and since_s is not None:
+        end_unended_runs(data_dir, endpoint, since_s)
     _quietly(lambda: os.kill(collector_pid, signal.SIGTERM))
     _wait_gone(lambda: _alive_or_raise(collector_pid), GUARD_COLLECTOR_S)
     if os.path.isdir(spool_dir) and not os.listdir(spool_dir):
@@ -235,7 +321,8 @@ def _quietly(action) -> None:
 def main() -> None:
     if len(sys.argv) >= 2 and sys.argv[1] == "--guard":
         parent, train_pgid, collector_pid, endpoint, spool_dir = sys.argv[2:7]
-        guard(int(parent), int(train_pgid), int(collector_pid), endpoint, spool_dir)
+        data_dir, since_s = (sys.argv[7], float(sys.argv[8])) if len(sys.argv) >= 9 else (None, None)
+        guard(int(parent), int(train_pgid), int(collector_pid), endpoint, spool_dir, data_dir, since_s)
         return
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m collector.tools.supervise MODULE [ARGS...]")
