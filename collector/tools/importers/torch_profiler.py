@@ -214,22 +214,28 @@ def _load(data: bytes, out: Parsed, path: Path) -> tuple[dict, list, bool]:
     if not m:
         raise ValueError("no 'traceEvents' list")
     events, at, python_calls_skipped = [], m.end(), 0
+
+    def broke_off(at: int) -> tuple[dict, list, bool]:
+        out.problem(
+            path,
+            f"byte {at}",
+            f"the trace breaks off here; the {len(events):,} events before it are read, "
+            "its collectives without an end (their gloo worker events may lie past the break)",
+        )
+        return header, events, True
+
     while True:
         at = _skip(text, at)
-        if at >= len(text) or text[at] == "]":
+        if at >= len(text):  # no "]": cut short, if only just after a whole event (or what read as one)
+            return broke_off(at)
+        if text[at] == "]":
             break
         try:
             event, at = decoder.raw_decode(text, at)
         except ValueError:
             after = _EVENT_START.search(text, at + 1)
             if not after:
-                out.problem(
-                    path,
-                    f"byte {at}",
-                    f"the trace breaks off here; the {len(events):,} events before it are read, "
-                    "its collectives without an end (their gloo worker events may lie past the break)",
-                )
-                return header, events, True
+                return broke_off(at)
             if _PYTHON_CALL.search(text, at, after.start()):
                 python_calls_skipped += 1
             else:

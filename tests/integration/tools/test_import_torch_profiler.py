@@ -163,6 +163,23 @@ def test_a_trace_cut_short_keeps_what_came_before_and_says_where(profiled_run, t
     assert query(tmp_path / "imported", "SELECT count(*) FROM timers WHERE name = 'profiler_step'")[0][0] >= 1
 
 
+def test_a_trace_cut_anywhere_is_said_to_break_off(profiled_run):
+    """Wherever a killed rank's trace ends -- inside an event, inside its arguments, or just after a
+    whole event -- the reader says it broke off and keeps the whole events before the cut. (A cut just
+    after an event passed for a whole trace: a fresh clone's cut at 60% landed on one.)"""
+    traces, _ = profiled_run
+    whole = next(p for p in traces.iterdir() if p.name.endswith(".json"))
+    data = whole.read_bytes()
+    _, all_events, _ = torch_profiler._load(data, torch_profiler.Parsed(), whole)
+    ends = [m.end() for m in re.finditer(rb"\}\s*,\s*\{", data)]
+    cuts = sorted({*(len(data) * k // 40 for k in range(4, 40)), *(e - 1 for e in ends[:: max(1, len(ends) // 20)])})
+    for at in cuts:
+        out = torch_profiler.Parsed()
+        _, events, cut = torch_profiler._load(data[:at], out, whole)
+        assert cut and len(events) < len(all_events), (at, len(data), len(events))
+        assert events == all_events[: len(events)], at
+
+
 def _document(trace):
     """A trace's JSON as the importer reads it: torch may have written a Python-call event malformed
     (see test_python_calls_torch_wrote_malformed_are_skipped_with_a_note), which json.loads refuses."""
