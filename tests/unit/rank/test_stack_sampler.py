@@ -19,7 +19,7 @@ from collector.rank import stack_sampler
 from collector.rank.capture import with_python_spans
 from collector.rank.stack_sampler import StackSampler
 
-STEPS, SLOW_S = 3, 0.03
+STEPS, SLOW_S = 3, 0.1  # a spin of several scheduler slices: a sampler starved on a loaded host still sees it
 
 
 def spin_in_python(seconds: float) -> None:
