@@ -2,20 +2,29 @@
 
 Target (issue 44): import + verdict of 1,024 ranks' dumps in <= 10 s, with fr_trace's time beside it.
 
-Method: 1,024 NCCL-style pickles (``nccl_trace_rank_<r>``, the fields and ``pg_config`` torch 2.13 writes,
-each entry with a 12-frame stack) of a 3D-ish job: the world, 128 TP groups of 8, 8 DP groups of 128; each
-step two TP all_reduces, a DP reduce_scatter and all_gather and a world all_reduce, ``--entries`` entries a
-rank (steps x 5). In the last step rank ``--missing`` never enters the world all_reduce: every other rank
-waits in it (``started``), everything before is ``completed``.
+Dumps (``--dumps``):
+
+- ``expanded`` (the default): 1,024 ranks' dumps EXPANDED FROM A REAL gloo JOB's
+  (collector/testing/flight_recorder_scale.py): ``--small`` real ranks (TP pairs, DP groups, the world)
+  run ``--entries / 5`` steps of five collectives with torch's Flight Recorder on; in the last step rank
+  ``--missing % --small`` never enters the world all_reduce and every other rank dumps while waiting in it.
+  The dumps are copied side by side into one 1,024-rank job (TP and DP groups renamed per copy, the world
+  spanning every rank), the fault kept in one copy only: rank ``--missing`` is the one missing rank.
+  gloo's states (every entry ``scheduled``) and torch's own stacks.
+- ``synthetic``: NCCL-style pickles written here (``nccl_trace_rank_<r>``, the fields and ``pg_config``
+  torch 2.13 writes, each entry with a 12-frame stack) of a 3D-ish job: the world, 128 TP groups of 8,
+  8 DP groups of 128; each step two TP all_reduces, a DP reduce_scatter and all_gather and a world
+  all_reduce. In the last step rank ``--missing`` never enters the world all_reduce: every other rank
+  waits in it (``started``), everything before is ``completed`` (NCCL's tracked states).
 
 Timed, wall clock and CPU (user + sys: what a shared machine's load does not change), one process each
-as a user runs them, ``--rounds`` rounds: ``python -m collector.tools.cli fr DIR --data-dir <fresh>``
-(import into a fresh data dir, durable, then the verdict) and ``python -m
+as a user runs them, ``--rounds`` rounds, alternating: ``python -m collector.tools.cli fr DIR --data-dir
+<fresh>`` (import into a fresh data dir, durable, then the verdict) and ``python -m
 torch.distributed.flight_recorder.fr_trace DIR -p nccl_trace_rank_`` (the baseline: same files, same
 machine, same run). Both must name the hang: its seq and the missing rank.
 
-    python -m benches.flight_recorder_fr [--ranks 1024 --entries 200 --rounds 3]
-Writes benches/RESULTS-flight-recorder-fr.md.
+    python -m benches.flight_recorder_fr [--dumps expanded --ranks 1024 --entries 200 --rounds 3]
+Writes benches/RESULTS-flight-recorder-fr.md (``--dumps synthetic``: RESULTS-flight-recorder-fr-synthetic.md).
 """
 
 from __future__ import annotations
@@ -110,6 +119,25 @@ def make_dumps(out: Path, ranks: int, entries: int, missing: int) -> int:
     return steps
 
 
+def _expanded(tmp: Path, dumps: Path, args) -> tuple[int, str]:
+    """A real gloo job of ``--small`` ranks, its dumps expanded to ``--ranks``: (the hung world seq, what the
+    dumps are)."""
+    from collector.testing.flight_recorder_scale import expand, run_small_job
+
+    steps = max(2, args.entries // STEP_OPS)
+    started = time.perf_counter()
+    case = run_small_job(tmp / "small", args.small, tp=2, steps=steps, culprit=args.missing % args.small)
+    ran = time.perf_counter() - started
+    facts = expand(case / "fr_trace", dumps, args.ranks, fault_block=args.missing // args.small)
+    assert facts["missing"] == [args.missing] and facts["group"] == "world", facts
+    source = (
+        f"{args.ranks:,} ranks' pickles expanded from a real {args.small}-rank gloo job's (ran {ran:.0f} s: TP pairs, "
+        f"DP groups of {args.small // 2}, the world; {steps} steps of 5 collectives; collector/testing/"
+        f"flight_recorder_scale.py), {facts['entries']:,} entries with torch's own stacks"
+    )
+    return facts["seq"], source
+
+
 def _timed(cmd: list[str], timeout: float) -> tuple[float, float, subprocess.CompletedProcess]:
     """(wall s, CPU s of the process: user + sys, what the load on a shared machine does not change, the result)."""
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -125,19 +153,28 @@ def _row(what: str, runs: list[tuple[float, float]]) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.flight_recorder_fr", description=__doc__.split("\n")[0])
+    p.add_argument("--dumps", choices=("expanded", "synthetic"), default="expanded")
     p.add_argument("--ranks", type=int, default=1024)
+    p.add_argument("--small", type=int, default=8, help="--dumps expanded: ranks of the real gloo job")
     p.add_argument("--entries", type=int, default=200, help="entries per rank (steps x 5)")
-    p.add_argument("--missing", type=int, default=1000)
+    p.add_argument("--missing", type=int, default=1007)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--fr-trace-timeout", type=float, default=1800)
-    p.add_argument("--out", default=str(HERE / "RESULTS-flight-recorder-fr.md"))
+    p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    suffix = "" if args.dumps == "expanded" else "-synthetic"
+    args.out = args.out or str(HERE / f"RESULTS-flight-recorder-fr{suffix}.md")
 
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         dumps = Path(tmp) / "dumps"
-        dumps.mkdir()
-        world_seq = make_dumps(dumps, args.ranks, args.entries, args.missing)
+        if args.dumps == "expanded":
+            world_seq, source = _expanded(Path(tmp), dumps, args)
+        else:
+            dumps.mkdir()
+            world_seq = make_dumps(dumps, args.ranks, args.entries, args.missing)
+            entries = args.ranks * world_seq * STEP_OPS
+            source = f"{args.ranks:,} ranks' NCCL-style pickles written here, ~{entries:,} entries with 12-frame stacks"
         size = sum(f.stat().st_size for f in dumps.iterdir())
         ours, theirs = [], []
         for i in range(args.rounds):
@@ -155,15 +192,14 @@ def main(argv: list[str]) -> int:
             ]
             theirs.append((took, cpu))
             load.append(os.getloadavg()[0])
-    entries = args.ranks * (world_seq * STEP_OPS)
     lines = [
-        "# rankscope fr vs torch's fr_trace",
+        "# rankscope fr vs torch's fr_trace" + ("" if args.dumps == "expanded" else ": synthetic NCCL-style dumps"),
         "",
         f"- command: `{' '.join(['python -m benches.flight_recorder_fr', *argv])}`",
         f"- measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, code {code_version(ROOT)}, "
-        f"{os.cpu_count()}-core VM shared with other jobs (1-minute load {', '.join(f'{x:.1f}' for x in load)})",
-        f"- dumps: {args.ranks:,} ranks' NCCL-style pickles, ~{entries:,} entries with 12-frame stacks, "
-        f"{size / 1e6:.0f} MB; rank {args.missing} never enters world all_reduce #{world_seq}; "
+        f"{os.cpu_count()}-core VM, no GPU, shared with other jobs "
+        f"(1-minute load {', '.join(f'{x:.1f}' for x in load)})",
+        f"- dumps: {source}, {size / 1e6:.0f} MB; rank {args.missing} never enters world all_reduce #{world_seq}; "
         f"{args.rounds} rounds, alternating; both name seq {world_seq} and rank {args.missing}",
         "",
         "| command (whole process) | best wall s | median wall s | CPU s (user+sys), each round |",
