@@ -9,6 +9,7 @@ new segments land; the TTL only bounds memory.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import threading
@@ -36,6 +37,23 @@ __all__ = ["CommFilter", "DataDirError", "data_version", "training_filter"]
 @st.cache_resource(show_spinner=False)
 def catalog(data_dir: str) -> q.Catalog:
     return q.Catalog(data_dir)
+
+
+def _release_catalogs() -> None:
+    """At interpreter exit, drop the cached catalogs: each one's DuckDB connection then goes while
+    DuckDB is whole. Streamlit's resource cache outlives the interpreter's teardown otherwise (seen
+    with the app run by AppTest in a process that had imported torch: a test worker), and a
+    DuckDBPyConnection alive then makes DuckDB's
+    bindings (nanobind) print "leaked 29 instances" (the connection, DuckDB's type objects) after the
+    process's last line. Dropped, not closed: a session thread still inside a query holds its own
+    reference and cursor, and closing a connection under a running query aborts the process."""
+    try:
+        catalog.clear()
+    except Exception:  # a cache Streamlit already tore down: nothing left to drop, and no traceback at exit
+        pass
+
+
+atexit.register(_release_catalogs)
 
 
 def _cached(**kw):
