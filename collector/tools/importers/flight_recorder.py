@@ -292,8 +292,9 @@ def _stack(frames) -> tuple[str, str]:
 
 
 def _call(group, name, is_p2p, world_names: set[str]) -> tuple:
-    """What an entry's group and op name say: (group key, group label, op, p2p pair, the side that holds
-    its size); raises BadEntry. The same few calls repeat in every entry of a dump: ``_entry`` keeps these."""
+    """What an entry's group and op name say: (group key, group label, op, p2p pair, the keys of the side
+    that holds its size: dtypes, sizes); raises BadEntry. The same few calls repeat in every entry of a
+    dump: ``_entry`` keeps these."""
     if not isinstance(group, list | tuple) or not group or not all(isinstance(g, str | int) for g in group):
         raise BadEntry(f"'process_group' is {str(group)[:40]!r}, not [name, desc]")
     pg, desc = str(group[0]), str(group[1]) if len(group) > 1 else ""
@@ -303,7 +304,11 @@ def _call(group, name, is_p2p, world_names: set[str]) -> tuple:
     fr_op, _, between = name.split(":", 1)[-1].partition(" ")
     op = OPS.get(fr_op, fr_op)
     p2p = _p2p(op, between) if is_p2p else None
-    return key, f"{pg} ({desc})" if desc else pg, op, p2p, "output" if op in _OUTPUT_SIDE else "input"
+    side = "output" if op in _OUTPUT_SIDE else "input"
+    return key, f"{pg} ({desc})" if desc else pg, op, p2p, f"{side}_dtypes", f"{side}_sizes"
+
+
+_PLAIN = (int, type(None))  # a number field as torch writes it: no conversion, no check
 
 
 def _entry(i: int, e, world_names: set[str], calls: dict | None = None) -> Entry | None:
@@ -320,16 +325,23 @@ def _entry(i: int, e, world_names: set[str], calls: dict | None = None) -> Entry
         call = _call(group, name, is_p2p, world_names)
         if memo is not None:
             calls[memo] = call
-    key, pg_label, op, p2p, side = call
+    key, pg_label, op, p2p, dtypes_key, sizes_key = call
     seq = _int(e, "collective_seq_id")
     if seq is None or seq < 0:
         raise BadEntry("'collective_seq_id' is missing")
-    dtypes = e.get(f"{side}_dtypes")
+    dtypes = e.get(dtypes_key)
     first = dtypes[0] if isinstance(dtypes, list | tuple) and dtypes and isinstance(dtypes[0], str) else None
     dtype, itemsize = DTYPES.get(first, (first, None))
-    numel = 0 if op == "barrier" else _elements(e.get(f"{side}_sizes"), f"{side}_sizes")
+    numel = 0 if op == "barrier" else _elements(e.get(sizes_key), sizes_key)
     thread_id = e.get("thread_id")
     state = e.get("state")
+    started, completed = e.get("time_discovered_started_ns"), e.get("time_discovered_completed_ns")
+    created, timeout_ms = e.get("time_created_ns"), e.get("timeout_ms")
+    if not (type(started) in _PLAIN and type(completed) in _PLAIN and type(created) in _PLAIN):
+        started, completed = _int(e, "time_discovered_started_ns"), _int(e, "time_discovered_completed_ns")
+        created = _int(e, "time_created_ns")
+    if type(timeout_ms) not in _PLAIN:
+        timeout_ms = _int(e, "timeout_ms")
     return Entry(
         index=i,
         pg=key,
@@ -340,10 +352,10 @@ def _entry(i: int, e, world_names: set[str], calls: dict | None = None) -> Entry
         numel=numel,
         bytes=numel * itemsize if itemsize else None,
         state=state if isinstance(state, str) else "",
-        start_ns=_int(e, "time_discovered_started_ns") or None,
-        end_ns=_int(e, "time_discovered_completed_ns") or None,
-        created_ns=_int(e, "time_created_ns") or None,
-        timeout_s=(_int(e, "timeout_ms") or 0) / 1000,
+        start_ns=started or None,
+        end_ns=completed or None,
+        created_ns=created or None,
+        timeout_s=(timeout_ms or 0) / 1000,
         thread_name=e.get("thread_name") if isinstance(e.get("thread_name"), str) else None,
         thread_id=int(thread_id) if str(thread_id or "").isdigit() and len(str(thread_id)) < 19 else None,
         frames=e.get("frames"),
