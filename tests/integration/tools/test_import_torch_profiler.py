@@ -163,6 +163,9 @@ def test_a_trace_cut_short_keeps_what_came_before_and_says_where(profiled_run, t
     assert query(tmp_path / "imported", "SELECT count(*) FROM timers WHERE name = 'profiler_step'")[0][0] >= 1
 
 
+REGION = 300_000
+
+
 def test_a_trace_cut_anywhere_is_said_to_break_off(profiled_run):
     """Wherever a killed rank's trace ends -- inside an event, inside its arguments, or just after a
     whole event -- the reader says it broke off and keeps the whole events before the cut. (A cut just
@@ -171,8 +174,12 @@ def test_a_trace_cut_anywhere_is_said_to_break_off(profiled_run):
     whole = next(p for p in traces.iterdir() if p.name.endswith(".json"))
     data = whole.read_bytes()
     _, all_events, _ = torch_profiler._load(data, torch_profiler.Parsed(), whole)
-    ends = [m.end() for m in re.finditer(rb"\}\s*,\s*\{", data)]
-    cuts = sorted({*(len(data) * k // 40 for k in range(4, 40)), *(e - 1 for e in ends[:: max(1, len(ends) // 20)])})
+    # cuts in the first REGION bytes (each read costs what precedes the cut): 20 anywhere, 20 just
+    # after a whole event; and the cut at 60% that test_a_trace_cut_short makes
+    region = min(len(data), REGION)
+    ends = [m.end() for m in re.finditer(rb"\}\s*,\s*\{", data[:region])]
+    anywhere = (region * k // 21 for k in range(1, 21))
+    cuts = sorted({*anywhere, *(e - 1 for e in ends[:: max(1, len(ends) // 20)]), len(data) * 6 // 10})
     for at in cuts:
         out = torch_profiler.Parsed()
         _, events, cut = torch_profiler._load(data[:at], out, whole)
