@@ -449,25 +449,30 @@ _HEADERS = {
 
 
 def analyzer_verdicts(case: str | os.PathLike) -> list[dict]:
-    """What ``python -m torch.distributed.flight_recorder.fr_trace`` says about a case's ``fr_trace/``
-    dumps, run in this process (its verdicts go to its logger): one dict per problem, ``kind`` "hang"
-    (``seq``, ``op``, ``expected`` and ``missing`` ranks), "mismatch" (``seq``, ``expected``,
-    ``culprits``, ``error``) or "missing_dumps" (``ranks``)."""
+    """What torch's analyzer says about a case's ``fr_trace/`` dumps (see fr_trace_verdicts)."""
+    case = Path(case)
+    facts = json.loads((case / "case.json").read_text())
+    return fr_trace_verdicts(case / "fr_trace", "rank_", *facts.get("fr_trace_args", []))
+
+
+def fr_trace_verdicts(dumps: str | os.PathLike, prefix: str, *args: str) -> list[dict]:
+    """What ``python -m torch.distributed.flight_recorder.fr_trace DUMPS -p PREFIX ARGS`` says, run in
+    this process (its verdicts go to its logger): one dict per problem, ``kind`` "hang" (``seq``,
+    ``op``, ``expected`` and ``missing`` ranks), "mismatch" (``seq``, ``expected``, ``culprits``,
+    ``error``) or "missing_dumps" (``ranks``)."""
     import contextlib
     import io
     import logging
 
     from torch.distributed.flight_recorder import fr_trace
 
-    case = Path(case)
-    facts = json.loads((case / "case.json").read_text())
     said = io.StringIO()
     logger = logging.getLogger("Flight Recorder")
     own = logger.handlers[:]  # its handler writes to the stderr of when it was made: heard here instead
     logger.handlers = [logging.StreamHandler(said)]
     try:
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            fr_trace.main([str(case / "fr_trace"), "-p", "rank_", *facts.get("fr_trace_args", [])])
+            fr_trace.main([str(dumps), "-p", prefix, *args])
     finally:
         logger.handlers = own
     return parse_analyzer_output(said.getvalue())

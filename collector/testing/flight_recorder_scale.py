@@ -235,25 +235,10 @@ def expand(src: str | os.PathLike, out: str | os.PathLike, ranks: int, fault_blo
 
 def analyzer_verdicts(dumps: str | os.PathLike, prefix: str = PREFIX, *args: str) -> list[dict]:
     """``python -m torch.distributed.flight_recorder.fr_trace DUMPS -p PREFIX`` run in this process,
-    its verdicts parsed (collector.testing.flight_recorder_corpus.parse_analyzer_output)."""
-    import contextlib
-    import io
-    import logging
+    its verdicts parsed (collector.testing.flight_recorder_corpus.fr_trace_verdicts)."""
+    from collector.testing.flight_recorder_corpus import fr_trace_verdicts
 
-    from torch.distributed.flight_recorder import fr_trace
-
-    from collector.testing.flight_recorder_corpus import parse_analyzer_output
-
-    said = io.StringIO()
-    logger = logging.getLogger("Flight Recorder")
-    own = logger.handlers[:]  # its handler writes to the stderr of when it was made: heard here instead
-    logger.handlers = [logging.StreamHandler(said)]
-    try:
-        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            fr_trace.main([str(dumps), "-p", prefix, *args])
-    finally:
-        logger.handlers = own
-    return parse_analyzer_output(said.getvalue())
+    return fr_trace_verdicts(dumps, prefix, *args)
 
 
 def main(argv: list[str]) -> int:

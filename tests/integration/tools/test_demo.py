@@ -91,13 +91,7 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
     spool = re.search(r"\[demo\] spool dir: (\S+)", text)
     assert spool and not os.path.exists(spool[1]), f"the spool dir is left behind: {spool and spool[1]}"
     assert not (tmp_path / "data" / "collector.json").exists(), "the demo's collector did not withdraw its endpoint"
-    con = catalog.connect(tmp_path / "data")
-    try:
-        ended = con.execute("SELECT status FROM runs").fetchall()
-        ranks = con.execute("SELECT rank, status FROM ranks ORDER BY rank").fetchall()
-    finally:
-        con.close()
-    assert ended == [("stopped",)], f"a run its user stopped must read 'stopped': {ended}, ranks {ranks}"
+    _assert_stopped(tmp_path / "data", "ranks")
 
 
 def test_sigterm_ends_the_demo_and_everything_it_started(tmp_path):
@@ -126,6 +120,17 @@ def test_sigterm_ends_the_demo_and_everything_it_started(tmp_path):
     assert rc == 0, text
     assert "[demo] stopped (SIGTERM)" in text and "Traceback" not in text, text
     assert left == [], left
+
+
+def _assert_stopped(data_dir: Path, ranks_view: str) -> None:
+    """The demo's one run reads 'stopped' (a run its user stopped); ``ranks_view``'s rows say why not."""
+    con = catalog.connect(data_dir)
+    try:
+        ended = con.execute("SELECT status FROM runs").fetchall()
+        ranks = con.execute(f"SELECT rank, status FROM {ranks_view} ORDER BY rank").fetchall()
+    finally:
+        con.close()
+    assert ended == [("stopped",)], f"a run its user stopped must read 'stopped': {ended}, ranks {ranks}"
 
 
 def _alive(pid: int) -> bool:
@@ -185,13 +190,7 @@ def test_the_demo_killed_takes_everything_it_started_with_it(tmp_path):
     assert spool and not os.path.exists(spool[1]), f"the spool dir is left behind: {spool and spool[1]}"
     # a rank killed before its RunEnd reached the collector (at load ~30: 3 of 6 runs) has it sent by
     # the guard (collector.tools.supervise.end_unended_runs): the run its user stopped reads 'stopped'
-    con = catalog.connect(tmp_path / "data")
-    try:
-        ended = con.execute("SELECT status FROM runs").fetchall()
-        ranks = con.execute("SELECT rank, status FROM rank_ends ORDER BY rank").fetchall()
-    finally:
-        con.close()
-    assert ended == [("stopped",)], f"a run its user stopped must read 'stopped': {ended}, ranks {ranks}"
+    _assert_stopped(tmp_path / "data", "rank_ends")
 
 
 def test_ctrl_c_in_make_demo_exits_0(tmp_path):
