@@ -1,7 +1,9 @@
 """Rank processes for the evidence tests: 4 gloo ranks with the hook attached, training a small
 model (manual gradient all_reduce, one ``optimizer.step()`` per step), one of them late in a named
 Python function while ``out/slow`` exists (with ``slow_from_start``: from the first step). They run
-until ``out/stop`` appears (or ``max_steps``), then write ``out/rank<r>.json``."""
+until any of them sees ``out/stop`` (agreed by all, so none leaves while a peer is still in a
+collective; CI saw "Connection closed by peer" when each rank read the flag alone), or ``max_steps``,
+then write ``out/rank<r>.json``."""
 
 from __future__ import annotations
 
@@ -59,13 +61,15 @@ def train_worker(
                 dist.all_reduce(p.grad)
             opt.step()
             opt.zero_grad()
-            if Path(out, "stop").exists():
+            if _all_see(Path(out, "stop")):
                 break
     except RuntimeError as exc:  # a peer that exited mid-run
         error = str(exc)[:200]
     hook.detach("failed" if error else "finished")
     Path(out, f"rank{rank}.json").write_text(json.dumps({"steps": step, "error": error}))
-    os._exit(0)
+    if error:
+        os._exit(0)  # no barrier with a dead peer
+    leave_world()
 
 
 def engine_worker(

@@ -21,6 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 WORLD, SLOW_RANK, STEPS, DELAY_S = 4, 3, 24, 0.04
+# Every rank's forward also waits WORK_S, as for a device's kernels (the CPU stays free): a real step
+# is not 10 ms of Python. Without it 4 ranks on 2 cores spent the step competing for the CPU, and in
+# CI one healthy rank came 1 ms (10%) late on most of the 24 steps, a straggler by the 5% floor.
+WORK_S = 0.03
 RUNS = ("healthy", "data", "compute")
 
 
@@ -44,6 +48,7 @@ def _train(run: str, rank: int, endpoint: str) -> str:
     session = hook.attach(run=f"hook-{run}", endpoint=endpoint)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    net.register_forward_pre_hook(lambda module, args: time.sleep(WORK_S))
     if slow and run == "compute":
         net.register_forward_pre_hook(lambda module, args: _busy_wait(DELAY_S))
     model = DistributedDataParallel(net)

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from collector.testing.collectors import live_collector
@@ -53,7 +55,8 @@ def test_a_slow_forward_is_a_straggler_but_not_for_its_data(runs):
 def test_a_healthy_hook_run_has_no_straggler_and_no_data_cause(runs):
     data_dir, run_ids = runs
     found = health(data_dir, run_ids["healthy"])
-    assert not [f for f in found if f["kind"] == "straggler"], found
+    # the whole findings, evidence and all, if it fails (pytest's repr cuts the dicts short)
+    assert not [f for f in found if f["kind"] == "straggler"], json.dumps(found, indent=1)[:4000]
     assert not [f for f in found if f["evidence"].get("cause") == "data" or "data loading" in f["text"]], found
 
 
