@@ -3,7 +3,7 @@ backward, one all_reduce per gradient, SGD), rank ``slow_rank`` late in ``slow_l
 ``out/slow`` exists: it spins in Python, the worst case for torch's own Python tracer (a call
 recorded per loop turn). Each rank times every step and notes whether a capture was running in
 it, or its trace being exported (collector.rank.capture), and writes them to
-``out/steps<rank>.json`` when ``out/stop`` appears."""
+``out/steps<rank>.json`` once any rank sees ``out/stop``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from collector import hook
 from collector.rank import capture, session
+from collector.testing.gloo import any_rank_sees
 
 WORLD = 4
 
@@ -65,7 +66,7 @@ def worker(rank: int, port: int, endpoint: str, out: str, slow_rank: int, slow_m
         capturing = capturing or capture.CAPTURE.profiler is not None
         exporting = exporting or capture.CAPTURE.exporting
         steps.append((step, (time.perf_counter() - t0) * 1000, capturing, exporting and not capturing))
-        if stop_flag.exists():
+        if any_rank_sees(stop_flag):
             break
     hook.detach()
     Path(out, f"steps{rank}.json").write_text(json.dumps(steps))

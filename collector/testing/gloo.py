@@ -1,6 +1,6 @@
 """Ranks of a real gloo world in processes of their own, started as torchrun would start them: the
 parent's side (``start_ranks``, ``join_ranks``, ``wait_for`` a condition meanwhile) and each rank's
-(``torchrun_env`` before ``init_process_group``)."""
+(``torchrun_env`` before ``init_process_group``, ``any_rank_sees`` a stop flag, ``leave_world``)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,18 @@ def join_ranks(ctx, timeout: float = 120.0) -> None:
             for p in ctx.processes:
                 p.kill()
             raise AssertionError("ranks did not finish")
+
+
+def any_rank_sees(flag) -> bool:
+    """Whether any rank of the world sees the file ``flag``, agreed by all with an all_reduce: ranks
+    that stop on it leave after the same step. One that read it alone could leave while a peer that
+    had not waited in its next collective, which then fails ("Connection closed by peer", seen in CI)."""
+    import torch
+    import torch.distributed as dist
+
+    seen = torch.tensor([float(os.path.exists(flag))])
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    return bool(seen.item())
 
 
 def leave_world() -> None:

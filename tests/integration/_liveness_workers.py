@@ -91,7 +91,7 @@ def desync_worker(rank: int, port: int, endpoint: str, out: str, k: int, odd_ran
 
 def steady_worker(rank: int, port: int, endpoint: str, out: str, steps: int, compute_s: float) -> None:
     """A healthy loop: ``compute_s`` of work between collectives; writes its pid first so a test
-    can stop or kill it, and stops early when ``out/stop`` appears. A peer that dies makes the
+    can stop or kill it, and stops early when any rank sees ``out/stop``. A peer that dies makes the
     collective fail: the rank then ends the run as failed."""
     _start(rank, port, endpoint, "steady", hang_after_s=2.0)
     Path(out, f"pid{rank}").write_text(str(os.getpid()))
@@ -100,8 +100,13 @@ def steady_worker(rank: int, port: int, endpoint: str, out: str, steps: int, com
         for step in range(1, steps + 1):
             session.set_step(step)
             time.sleep(compute_s)
-            dist.all_reduce(torch.ones(4))
-            if Path(out, "stop").exists():
+            # the step's all_reduce also carries whether any rank sees out/stop, so all leave after
+            # the same one: a rank that read the flag alone could leave while a peer that had not
+            # waited in its next all_reduce ("Connection closed by peer")
+            values = torch.ones(4)
+            values[3] = float(Path(out, "stop").exists())
+            dist.all_reduce(values)
+            if values[3] > 0:
                 break
     except RuntimeError as exc:
         error = str(exc)[:200]
