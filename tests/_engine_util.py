@@ -8,9 +8,9 @@ import os
 import traceback
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
+from collector.testing import gloo
 from collector.testing.gloo import leave_world
 from collector.testing.ports import free_port
 
@@ -124,9 +124,7 @@ def spawn(fn, world: int, tmp_path, *args) -> list:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; returns each rank's result."""
     out_dir = str(tmp_path)
     os.makedirs(out_dir, exist_ok=True)
-    mp.start_processes(
-        _entry, args=(world, free_port(), out_dir, fn, args), nprocs=world, join=True, start_method="spawn"
-    )
+    gloo.start(_entry, world, (world, free_port(), out_dir, fn, args), join=True)
     results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
     for r, res in enumerate(results):
         if isinstance(res, dict) and "error" in res:

@@ -397,14 +397,12 @@ CASES = (
 
 def generate(out: str | os.PathLike, timeout: float = 300.0) -> Path:
     """Every case under ``out`` (made if needed); returns ``out``. Both launches run at once."""
-    import torch.multiprocessing as mp
-
-    from collector.testing.ports import free_port
+    from collector.testing import gloo
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     launches = [
-        (mp.start_processes(fn, args=(free_port(), str(out)), nprocs=n, join=False, start_method="spawn"), n)
+        (gloo.start_ranks(fn, n, str(out)), n)
         for fn, n in ((_main_launch, 4), (_ring_launch, 3), (_mismatch_launch, 3))
     ]
     deadline = time.monotonic() + timeout

@@ -1,5 +1,5 @@
 """Ranks of a real gloo world in processes of their own, started as torchrun would start them: the
-parent's side (``start_ranks``, ``join_ranks``, ``wait_for`` a condition meanwhile) and each rank's
+parent's side (``start_ranks`` or ``run_ranks``, ``join_ranks``, ``wait_for`` a condition meanwhile) and each rank's
 (``torchrun_env`` before ``init_process_group``, ``any_rank_sees`` a stop flag, ``leave_world``)."""
 
 from __future__ import annotations
@@ -9,13 +9,43 @@ import time
 
 from collector.testing.ports import free_port
 
+# Ranks are forked from a server that imported torch once (multiprocessing's "forkserver"), not
+# spawned: a spawned rank spends ~1.8 s of CPU importing torch (7 s a 4-rank world), which on a
+# 2-core machine was much of the suite's CPU. The server forks before any thread or process group
+# exists, so each rank starts as clean as a spawned one.
+PRELOAD = ["torch", "torch.distributed"]
 
-def start_ranks(fn, world: int, *args):
-    """``fn(rank, port, *args)`` in ``world`` spawned processes, ``port`` a free one for their
-    rendezvous; returns torch.multiprocessing's ProcessContext at once."""
+
+def start(fn, nprocs: int, args: tuple = (), join: bool = False):
+    """``fn(i, *args)`` in ``nprocs`` processes (torch.multiprocessing.start_processes) forked from
+    the server, each first given this process's environment and working directory as they are now
+    (the server's were fixed when it started); with ``join``, waits and raises if one failed."""
+    import multiprocessing
+
     import torch.multiprocessing as mp  # only here: the kit's other modules stay free of torch
 
-    return mp.start_processes(fn, args=(free_port(), *args), nprocs=world, join=False, start_method="spawn")
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts, the first time
+    context = (dict(os.environ), os.getcwd(), fn)
+    return mp.start_processes(_as_started, args=(context, *args), nprocs=nprocs, join=join, start_method="forkserver")
+
+
+def _as_started(i: int, context: tuple, *args):
+    env, cwd, fn = context
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    return fn(i, *args)
+
+
+def start_ranks(fn, world: int, *args):
+    """``fn(rank, port, *args)`` in ``world`` processes (``start``), ``port`` a free one for their
+    rendezvous; returns torch.multiprocessing's ProcessContext at once."""
+    return start(fn, world, (free_port(), *args))
+
+
+def run_ranks(fn, world: int, *args) -> None:
+    """``start_ranks``, waiting for every rank: raises if one failed."""
+    start(fn, world, (free_port(), *args), join=True)
 
 
 def join_ranks(ctx, timeout: float = 120.0) -> None:

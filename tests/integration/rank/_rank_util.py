@@ -13,7 +13,6 @@ from concurrent import futures
 import grpc
 
 from collector.data.codec import decode_batch
-from collector.testing.ports import free_port
 from proto import SCHEMA_VERSION, pb, pb_grpc
 
 
@@ -96,7 +95,7 @@ def serve(port: int = 0, token: str | None = None):
 def spawn(fn, nprocs: int, endpoint: str, out) -> list[dict]:
     """Run ``fn(rank, master_port, endpoint, out)`` on ``nprocs`` gloo ranks; each
     rank writes ``out/rank<r>.json``, returned in rank order."""
-    import torch.multiprocessing as mp
+    from collector.testing.gloo import run_ranks
 
-    mp.spawn(fn, args=(free_port(), endpoint, str(out)), nprocs=nprocs, join=True)
+    run_ranks(fn, nprocs, endpoint, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]

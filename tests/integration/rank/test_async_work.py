@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from collector.testing.ports import free_port
+from collector.testing.gloo import run_ranks
 
 S = 1000
 
@@ -46,7 +45,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 
 def test_future_less_work_keeps_the_callers_output_and_is_recorded(tmp_path):
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_worker, 2, str(tmp_path))
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["shard"] == [1.5]  # (1 + 2) / 2, untouched after the caller's div_

@@ -20,11 +20,9 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
-from collector.testing.gloo import leave_world
-from collector.testing.ports import free_port
+from collector.testing.gloo import leave_world, run_ranks
 from tests.unit.trainer.test_tp_gpt import BATCH, GPT, HEADS, HIDDEN, DenseBlock, batch
 
 WORLD, TP, STEPS, CLIP, LR, TOL = 4, 2, 20, 0.1, 1e-2, 1e-5
@@ -142,4 +140,4 @@ def run_cases(rank: int, moe: bool, stages) -> None:
 
 
 def test_engine_tp2_dp2_with_clipping_and_experts_matches_dense_reference():
-    mp.spawn(worker, args=(free_port(),), nprocs=WORLD, join=True)
+    run_ranks(worker, WORLD)

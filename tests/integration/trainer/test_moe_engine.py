@@ -23,11 +23,9 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
-from collector.testing.gloo import leave_world
-from collector.testing.ports import free_port
+from collector.testing.gloo import leave_world, run_ranks
 
 WORLD, D_IN, HIDDEN, D_OUT, EXPERTS, BATCH, STEPS, AUX_COEF = 2, 6, 8, 3, 4, 8, 6, 0.01
 CLIP = 0.05
@@ -164,4 +162,4 @@ def check_experts_in_checkpoint(engine, ckpt: str, ep: int) -> None:
 
 
 def test_moe_model_trains_under_the_engine_like_the_reference(tmp_path):
-    mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    run_ranks(worker, WORLD, str(tmp_path))

@@ -16,12 +16,10 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from collector.data import catalog
-from collector.testing.gloo import leave_world
-from collector.testing.ports import free_port
+from collector.testing.gloo import leave_world, run_ranks
 from tests._moe_reference import reference_capacity, reference_moe
 
 WORLD, M, E, S = 4, 8, 4, 12  # ranks, hidden, experts, tokens per rank
@@ -154,7 +152,7 @@ def worker(rank: int, port: int, endpoint: str, out: str) -> None:
 
 def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(live_collector, tmp_path):
     endpoint, data = live_collector
-    mp.spawn(worker, args=(free_port(), endpoint, str(tmp_path)), nprocs=WORLD, join=True)
+    run_ranks(worker, WORLD, endpoint, str(tmp_path))
 
     con = catalog.connect(data)
     q = lambda sql, *p: con.execute(sql, list(p)).fetchall()

@@ -16,11 +16,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from collector.data import catalog
-from collector.testing.gloo import leave_world
-from collector.testing.ports import free_port
+from collector.testing.gloo import leave_world, run_ranks
 from tests.integration.trainer.test_moe_parallel import check_case
 from tests.unit.trainer.test_tp_gpt import BATCH, HIDDEN, LAYERS, SEQ, STEPS, train_and_compare
 from trainer.tensor_parallel import ParallelTransformerBlock, parallel_groups
@@ -54,7 +52,7 @@ def worker(rank: int, port: int, endpoint: str) -> None:
 
 def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collector):
     endpoint, data = live_collector
-    mp.spawn(worker, args=(free_port(), endpoint), nprocs=WORLD, join=True)
+    run_ranks(worker, WORLD, endpoint)
 
     con = catalog.connect(data)
     q = lambda sql, *p: con.execute(sql, list(p)).fetchall()
