@@ -30,6 +30,12 @@ from collector.testing import flight_recorder
 from collector.testing.collectors import live_collector
 from collector.testing.ports import free_port
 
+# A healthy run judged beside the rest of the suite's processes (load 6-9 on 2 cores) saw one rank
+# held back by the scheduler on most steps: rank 0's wait for a CPU per ms of CPU 3-5x rank 1's, a
+# real straggler whose host_cpu cause was only just named (on 60-70% of its late steps, 60% needed)
+# and once not. It is judged in the timing phase, beside nothing but its own processes.
+pytestmark = pytest.mark.timing
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 WORLD, SLOW_RANK, SLOW_MS = 2, 1, 50
@@ -111,7 +117,9 @@ def test_the_healthy_ddp_run_is_healthy(ddp_runs):
     held back, the only warning allowed is that straggler explained by host CPU contention."""
     code, found = health(ddp_runs / "data", "ddp-healthy")
     warned = [f for f in found if f["severity"] in ("warning", "critical")]
-    assert all(f["kind"] == "straggler" and f["evidence"].get("cause") == "host_cpu" for f in warned), found
+    assert all(f["kind"] == "straggler" and f["evidence"].get("cause") == "host_cpu" for f in warned), json.dumps(
+        found, indent=1
+    )[:4000]
     assert code == (1 if warned else 0), found
     assert not [f for f in found if f["kind"] == "desync"], found
 
