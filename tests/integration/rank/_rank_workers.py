@@ -177,7 +177,9 @@ def _fsdp_part(endpoint: str) -> dict:
 
 
 def late_peer_worker(rank: int, port: int, endpoint: str, out: str) -> None:
-    """Rank 1 stops its telemetry while an async all_reduce is still in flight; rank 0 joins it 0.3 s later."""
+    """Rank 1 stops its telemetry while an async all_reduce is still in flight; rank 0 joins it 0.1 s after
+    it sees that rank 1 began to stop (a file: a fixed sleep after a barrier reached the stop's 1 s bound
+    beside a CPU hog, and the record was dropped as designed)."""
     from collector import hook
 
     _env(rank, 2, port)
@@ -186,12 +188,17 @@ def late_peer_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     dist.barrier()
     t = torch.full((N,), float(rank + 1))
     stop_s = None
+    stopping = Path(out, "stopping")
     if rank == 0:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while not stopping.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
         dist.all_reduce(t)
         hook.detach()
     else:
         work = dist.all_reduce(t, async_op=True)
+        stopping.write_text("")
         start = time.monotonic()
         hook.detach()  # the all_reduce is not done yet: its record must not be lost
         stop_s = time.monotonic() - start

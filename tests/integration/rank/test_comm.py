@@ -268,14 +268,14 @@ def test_python_m_collector_hook_runs_an_unmodified_script(collector, tmp_path):
 
 def test_an_async_op_in_flight_at_stop_is_still_recorded(live_collector, tmp_path):
     """Stopping waits (bounded, session.STOP_WAIT_S) for in-flight async ops, so the run's last
-    async all_reduce keeps its row; the peer joins it 0.3 s after the stop began."""
+    async all_reduce keeps its row; the peer joins it 0.1 s after it sees the stop began."""
     from tests.integration.rank import _rank_workers as workers
     from tests.integration.rank._rank_util import spawn
 
     endpoint, data = live_collector
     results = spawn(workers.late_peer_worker, 2, endpoint, tmp_path)
     assert results[1]["sum"] == [3.0] * workers.N
-    assert 0.2 < results[1]["stop_s"] < session.STOP_WAIT_S + 2.0
+    assert 0.05 < results[1]["stop_s"] < session.STOP_WAIT_S + 2.0
     con = catalog.connect(data)
     rows = con.execute("SELECT rank, async_op FROM comm WHERE op = 'all_reduce' ORDER BY rank").fetchall()
     ends = con.execute("SELECT rank, dropped_records FROM rank_ends ORDER BY rank").fetchall()
