@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from collector.testing.gloo import wait_for
+
 WORLD = 4
 # What every rank issues through plain torch.distributed while attached:
 # op -> number of calls on rank r (sub-group and p2p ops depend on the rank).
@@ -190,9 +192,7 @@ def late_peer_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     stop_s = None
     stopping = Path(out, "stopping")
     if rank == 0:
-        deadline = time.monotonic() + 60
-        while not stopping.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(stopping.exists, 60, interval=0.01)
         time.sleep(0.1)
         dist.all_reduce(t)
         hook.detach()
