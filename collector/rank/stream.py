@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -37,11 +38,13 @@ class Stream:
         self.outbox: queue.Queue = queue.Queue()
         self.error: grpc.RpcError | Exception | None = None
         self.dead = threading.Event()
+        self._feeder: threading.Thread | None = None  # gRPC's thread that pulls our requests
         self.call = stub.Stream(self._requests(), metadata=metadata)
         self.reader = threading.Thread(target=self._read_acks, name="rankscope-acks", daemon=True)
         self.reader.start()
 
     def _requests(self):
+        self._feeder = threading.current_thread()
         while True:
             item = self.outbox.get()
             if item is _CLOSE:
@@ -71,17 +74,24 @@ class Stream:
         self.outbox.put(item)
 
     def close(self, join_s: float = 5.0) -> None:
-        """Ends the call and waits (up to ``join_s``) for the ack reader to leave gRPC's code. A
-        reader still in there at interpreter exit dies holding the call's lock (daemon threads stop
-        where they wait for the GIL), and the call's ``__del__`` in the final garbage collection
-        then waits for that lock forever: a rank that finished training never exits."""
+        """Ends the call, waits (up to ``join_s`` in all) for the two threads in gRPC's code for it
+        (the ack reader, and gRPC's own that pulls our requests) to leave, then lets the call go.
+        A thread still in there at interpreter exit dies holding the call's lock (daemon threads
+        stop where they wait for the GIL), and the call's ``__del__`` in the final garbage
+        collection then waits for that lock forever: a rank that finished training never exits
+        (a fresh clone's 4-rank run did, its rank 1 parked in that ``__del__``). Dropped here,
+        the call's ``__del__`` runs now, while a thread that holds the lock can still let go."""
+        deadline = time.monotonic() + join_s
         self.outbox.put(_CLOSE)
         try:
             self.call.cancel()
         except Exception:
             pass
+        for thread in (self.reader, self._feeder):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
         if self.reader is not threading.current_thread():
-            self.reader.join(join_s)
+            self.call = None
 
 
 def rejected_seq(err) -> int | None:

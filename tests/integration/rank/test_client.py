@@ -241,10 +241,11 @@ def test_orphaned_spool_of_a_dead_process_is_resent_to_its_collector_and_deleted
 
 
 def test_close_leaves_no_thread_in_grpc_and_no_call_for_the_last_collection(tmp_path):
-    """After close, the ack reader has left gRPC's code and the client holds no call or channel: a
-    reader still inside at interpreter exit dies holding the call's lock, and the call's __del__ in
-    the final garbage collection then waits for it forever (a Lightning rank that had finished
-    training hung so at exit)."""
+    """After close, the ack reader and gRPC's thread that pulls the requests have left gRPC's code,
+    and neither the stream nor the client holds a call or channel: a thread still inside at
+    interpreter exit dies holding the call's lock, and the call's __del__ in the final garbage
+    collection then waits for it forever (a Lightning rank that had finished training hung so at
+    exit; later a 4-rank engine run's rank 1 with only the reader joined)."""
     import threading
 
     server, port, col = serve()
@@ -254,8 +255,11 @@ def test_close_leaves_no_thread_in_grpc_and_no_call_for_the_last_collection(tmp_
         assert col.wait_for(lambda: col.rows("timers") is not None)
         stream = client._stream
         assert stream is not None and stream.reader.is_alive()
+        feeder = stream._feeder
+        assert feeder is not None and feeder.is_alive()
         assert end(client)
-        assert not stream.reader.is_alive()
+        assert not stream.reader.is_alive() and not feeder.is_alive()
+        assert stream.call is None  # its __del__ ran then, not in the interpreter's last collection
         assert not [t.name for t in threading.enumerate() if t.name in ("rankscope-acks", "rankscope-client")]
         assert client._stream is None and client._channel is None
     finally:
