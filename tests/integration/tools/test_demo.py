@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from collector.data import catalog
+from collector.rank import spool
 from tests.integration._demo import start_demo
 
 
@@ -89,7 +90,7 @@ def test_ctrl_c_ends_the_demo_cleanly_with_exit_0(tmp_path):
     assert "[demo] stopped (Ctrl-C)" in text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     spool = re.search(r"\[demo\] spool dir: (\S+)", text)
-    assert spool and not os.path.exists(spool[1]), f"the spool dir is left behind: {spool and spool[1]}"
+    assert spool and not os.path.exists(spool[1]), _left_behind(spool and spool[1], text)
     assert not (tmp_path / "data" / "collector.json").exists(), "the demo's collector did not withdraw its endpoint"
     _assert_stopped(tmp_path / "data", "ranks")
 
@@ -120,6 +121,25 @@ def test_sigterm_ends_the_demo_and_everything_it_started(tmp_path):
     assert rc == 0, text
     assert "[demo] stopped (SIGTERM)" in text and "Traceback" not in text, text
     assert left == [], left
+
+
+def _left_behind(spool_dir: str | None, console: str) -> str:
+    """What a spool dir the demo left holds, and whether each file's writer (its client id is
+    host.pid.nonce) still runs, with the demo's console: enough to tell a late writer from a
+    resend that failed."""
+    if not spool_dir:
+        return f"the demo named no spool dir; its console:\n{console[-3000:]}"
+    lines = [f"the spool dir is left behind: {spool_dir}"]
+    for name in sorted(os.listdir(spool_dir)):
+        pid = ([*spool.client_id_of(Path(name)).rsplit(".", 2), ""])[1]
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                writer = "running: " + f.read().replace(b"\0", b" ").decode(errors="replace")[:150]
+        except (OSError, ValueError):
+            writer = "gone"
+        age = time.time() - os.path.getmtime(os.path.join(spool_dir, name))
+        lines.append(f"  {name} (written {age:.1f} s ago; writer pid {pid or '?'} {writer})")
+    return "\n".join(lines) + f"\nthe demo's console (last 3,000 characters):\n{console[-3000:]}"
 
 
 def _assert_stopped(data_dir: Path, ranks_view: str) -> None:
@@ -187,7 +207,7 @@ def test_the_demo_killed_takes_everything_it_started_with_it(tmp_path):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
     spool = re.search(r"\[demo\] spool dir: (\S+)", "".join(console))
-    assert spool and not os.path.exists(spool[1]), f"the spool dir is left behind: {spool and spool[1]}"
+    assert spool and not os.path.exists(spool[1]), _left_behind(spool and spool[1], "".join(console))
     # a rank killed before its RunEnd reached the collector (at load ~30: 3 of 6 runs) has it sent by
     # the guard (collector.tools.supervise.end_unended_runs): the run its user stopped reads 'stopped'
     _assert_stopped(tmp_path / "data", "rank_ends")
