@@ -296,13 +296,20 @@ def _claimer_gone(path: Path, host: str) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether the writer ``pid`` can still write. A zombie cannot: a rank killed with its torchrun
+    is one until init reaps it, and its files are orphans already (the demo resends its ranks'
+    spool the moment torchrun is reaped, and on a loaded host init may not have reaped them yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's live process
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # gone meanwhile, or no /proc: as kill said
+        return True
 
 
 def local_host_id() -> str:

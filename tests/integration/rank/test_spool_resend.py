@@ -8,7 +8,9 @@ Split by tier: the pure-function tests are in tests/unit/rank/test_spool_resend.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import time
 from pathlib import Path
 
 from collector.data import catalog, codec
@@ -102,3 +104,27 @@ def test_an_undecodable_record_is_set_aside_and_another_writers_file_still_deliv
     assert kept == [] and [raw for raw, _ in bad] == [b"\xff\xff\xff\xff not an envelope"]
     aside = [r.getMessage() for r in caplog.records if "cannot be delivered" in r.getMessage()]
     assert len(aside) == 1 and "1 undecodable" in aside[0], aside
+
+
+def test_a_zombie_writers_file_is_an_orphan(tmp_path):
+    """A writer that has exited but is not yet reaped (a rank SIGKILLed with its torchrun, until init
+    reaps it) writes nothing more: its file is resent now, not left for a process that is gone."""
+    child = subprocess.Popen(["true"])  # exits at once; not waited for until the end: a zombie
+    pid = child.pid
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"the child {pid} did not become a zombie in 30 s")
+        client_id = f"{spool.local_host_id()}.{pid}.abcd"
+        spool.write(tmp_path, client_id, [pb.Envelope(schema_version=1, client_id=client_id, seq=1)], "e:1")
+        assert list(spool.orphans(tmp_path, "e:1")) == [client_id]
+        own = f"{spool.local_host_id()}.{os.getpid()}.abcd"  # a live writer's file is not
+        spool.write(tmp_path, own, [pb.Envelope(schema_version=1, client_id=own, seq=1)], "e:1")
+        assert list(spool.orphans(tmp_path, "e:1")) == [client_id]
+    finally:
+        child.wait()
