@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from collector.data import catalog
-from collector.rank import spool
+from collector.rank.spool import client_id_of
 from tests.integration._demo import start_demo
 
 
@@ -131,7 +131,7 @@ def _left_behind(spool_dir: str | None, console: str) -> str:
         return f"the demo named no spool dir; its console:\n{console[-3000:]}"
     lines = [f"the spool dir is left behind: {spool_dir}"]
     for name in sorted(os.listdir(spool_dir)):
-        pid = ([*spool.client_id_of(Path(name)).rsplit(".", 2), ""])[1]
+        pid = ([*client_id_of(Path(name)).rsplit(".", 2), ""])[1]
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 writer = "running: " + f.read().replace(b"\0", b" ").decode(errors="replace")[:150]
