@@ -18,8 +18,10 @@ evidence (a profile of the straggler and a reference rank) arrive; the console t
 
 Stopping, whatever stops it (collector.tools.supervise):
 * Ctrl-C. Started by another program in the terminal's foreground (``make demo``), the demo makes
-  itself the terminal's foreground process group, so Ctrl-C reaches the demo and what it started,
-  not make, which then exits with the demo's 0 instead of dying of SIGINT ("Error 130").
+  itself the terminal's foreground process group, so Ctrl-C reaches the demo and its dashboard,
+  not make, which then exits with the demo's 0 instead of dying of SIGINT ("Error 130"). The training
+  and the collector have process groups of their own: the demo stops the training first, then the
+  collector, so the ranks' last records and RunEnd still land.
 * SIGTERM, SIGHUP: as Ctrl-C.
 * the demo itself killed (SIGKILL, its parent gone): its dashboard and torchrun get a death signal
   from the kernel (PR_SET_PDEATHSIG), each rank one when torchrun goes, and the demo's guard
@@ -304,8 +306,10 @@ def run_demo(args: argparse.Namespace) -> int:
     stopped_by = started = None
     try:
         try:
-            # no death signal: if the demo is killed, its guard stops the collector after the training
-            collector = CollectorProcess(data_dir, port=args.port, auto_profile=True)
+            # No death signal: if the demo is killed, its guard stops the collector after the training.
+            # A process group of its own: Ctrl-C (SIGINT to the demo's group) must not stop it while the
+            # ranks still send their last records and RunEnd; the demo stops it once the training is done.
+            collector = CollectorProcess(data_dir, port=args.port, auto_profile=True, preexec_fn=os.setpgrp)
         except RuntimeError as exc:
             print(
                 f"[demo] the collector did not start on port {args.port}: {exc}\n"

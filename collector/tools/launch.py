@@ -94,10 +94,12 @@ class CollectorProcess:
     It profiles no rank unless ``auto_profile`` (``collect --no-auto-profile``; a ``tree`` keeps its
     own default, an older commit may not know the flag): a capture changes the profiled ranks' steps,
     which the tests and benchmarks that start it measure. ``preexec_fn`` runs in the child before
-    the collector starts (the demo's ``supervise.die_with_parent``).
-    Raises RuntimeError with the collector's stderr if it exits before listening."""
+    the collector starts (the demo's ``os.setpgrp``). With ``--metrics-port 0`` among ``args`` the
+    collector picks the port, ``metrics_port`` says which (a port chosen beforehand may be taken by
+    then). Raises RuntimeError with the collector's stderr if it exits before listening."""
 
     _LISTENING = re.compile(r"rankscope collector listening on \S+:(\d+) ")
+    _METRICS = re.compile(r"rankscope collector: Prometheus metrics on http://\S+:(\d+)/metrics")
     _COMPACTED = re.compile(r"rankscope collector: compaction pass done \((\d+) merges\)")
 
     def __init__(
@@ -132,6 +134,10 @@ class CollectorProcess:
             raise RuntimeError(f"collector did not start (exit {self.proc.returncode}): {line!r} {self.stderr()}")
         self.port = int(match.group(1))
         self.address = f"127.0.0.1:{self.port}"
+        self.metrics_port = None
+        if "--metrics-port" in args:  # its line follows the listening line at once
+            metrics = self._METRICS.match(self.proc.stdout.readline())
+            self.metrics_port = int(metrics.group(1)) if metrics else None
         self._stdout: list[str] = []
         self._said = threading.Condition()
         threading.Thread(target=self._read_stdout, name="collector-stdout", daemon=True).start()

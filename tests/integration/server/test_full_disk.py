@@ -19,7 +19,6 @@ from collector.data import catalog
 from collector.server import write_status
 from collector.testing import disks
 from collector.testing.fake_runs import comm_envelope, hello
-from collector.testing.ports import free_port
 from collector.testing.streams import RawStream
 from collector.tools.launch import CollectorProcess
 
@@ -57,8 +56,8 @@ def _metric(port: int, name: str) -> float | None:
 
 def test_a_full_disk_stops_acks_says_so_and_resumes_by_itself(small_disk):
     data = small_disk / "data"
-    mport = free_port()
-    collector = CollectorProcess(data, "--flush-interval", "0.05", "--metrics-port", str(mport))
+    collector = CollectorProcess(data, "--flush-interval", "0.05", "--metrics-port", "0")
+    mport = collector.metrics_port
     channel = grpc.insecure_channel(collector.address)
     try:
         envs = [hello("r0", 1, "full", 0, 1)] + [

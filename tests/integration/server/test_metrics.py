@@ -305,11 +305,10 @@ def test_metrics_answer_only_with_the_collectors_token(tmp_path):
     import urllib.error
     import urllib.request
 
-    from collector.tools.launch import CollectorProcess, free_port
+    from collector.tools.launch import CollectorProcess
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    with CollectorProcess(tmp_path / "data", "--token", TOKEN, "--metrics-port", str(port)):
+    with CollectorProcess(tmp_path / "data", "--token", TOKEN, "--metrics-port", "0") as collector:
+        url = f"http://127.0.0.1:{collector.metrics_port}/metrics"
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
