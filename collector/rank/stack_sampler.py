@@ -12,12 +12,13 @@ at most MAX_EVENTS spans whatever the code does.
 ``chrome_events`` writes the spans as torch.profiler writes its Python events (``cat``
 ``python_function``, ``file(first line): function``, ``Python id`` / ``Python parent id``), on the
 training thread's ``tid``, so collector.data.trace_diff reads both alike. Each sample stands for
-the time since the one before (on a busy host, or while the training thread holds the GIL, the
-sampler runs less often than asked): a call's span runs from the sample before the first that
-saw it to the last that saw it, so a step's time is shared out whole. A call shorter than the
-interval may be missed or credited to its neighbour, which a comparison of where milliseconds
-per step went can afford; a sampler starved of CPU for long (a host loaded many times over)
-credits each long gap to the stack it then finds. Consecutive calls whose frames reuse an address merge into one span.
+the time since the one before, the first for the time since ``start`` returned (on a busy host, or
+while the training thread holds the GIL, the sampler runs less often than asked): a call's span
+runs from the sample before the first that saw it to the last that saw it, so a step's time is
+shared out whole. A call shorter than the interval may be missed or credited to its neighbour,
+which a comparison of where milliseconds per step went can afford; a sampler starved of CPU for
+long (a host loaded many times over) credits each long gap to the stack it then finds.
+Consecutive calls whose frames reuse an address merge into one span.
 """
 
 from __future__ import annotations
@@ -40,11 +41,16 @@ class StackSampler:
         self._last_ns = 0  # the previous sample's time (or the start's)
         self.samples = 0
         self._stop = threading.Event()
+        self._begun = threading.Event()  # start() has returned on the sampled thread
         self._thread = threading.Thread(target=self._run, name="rankscope-stack-sampler", daemon=True)
 
     def start(self) -> None:
-        self._last_ns = time.time_ns()
+        """Sample from when this returns. Thread.start waits for the new thread to run, on a loaded
+        host for 100 ms and more: that wait is the sampler's, not the training's, so no span holds it
+        (a capture once named its own start, "wait -> wait", as the suspect's slowest code)."""
         self._thread.start()
+        self._last_ns = time.time_ns()
+        self._begun.set()
 
     def request_stop(self) -> None:
         """Stop sampling from the next wake (on the training thread: no wait; ``finish`` on another)."""
@@ -62,6 +68,8 @@ class StackSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if not self._begun.is_set():
+                continue
             frame = sys._current_frames().get(self.thread_id)
             if frame is None or self._stop.is_set():  # the thread ended, or the capture did meanwhile
                 return

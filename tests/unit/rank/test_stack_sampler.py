@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -85,6 +86,34 @@ def test_without_the_slow_function_no_python_difference_stands_out(tmp_path):
     other = captured(False, tmp_path)
     found = trace_diff.diff(one, other, suspect_rank=1, reference_rank=0, suspect_steps=STEPS, reference_steps=STEPS)
     assert "spin_in_python" not in json.dumps(found)
+
+
+def test_no_span_holds_the_samplers_own_start():
+    """Thread.start waits for the sampler's thread to run, and the sampled thread then waits for the
+    CPU to come back (100 ms and more on a loaded host: a fresh clone's evidence test named that wait,
+    "wait -> wait", as the suspect's slowest code). Spans begin once start() has returned. Here the
+    sampled thread comes back 50 ms late from that wait (a profile hook sleeps on its return)."""
+    late = []
+
+    def comes_back_late(frame, event, _arg):
+        if event == "return" and frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            if not late:
+                late.append(frame.f_code.co_name)
+                time.sleep(0.05)
+
+    sampler = StackSampler(threading.get_ident(), interval_s=0.001)
+    sys.setprofile(comes_back_late)
+    try:
+        sampler.start()
+    finally:
+        sys.setprofile(None)
+    spin_in_python(SLOW_S)
+    sampler.stop()
+    assert late, "the sampled thread never waited in Thread.start"
+    names = [name for *_, name in sampler.spans]
+    assert any(name.endswith(": spin_in_python") for name in names), names
+    starting = [n for n in names if n.startswith(threading.__file__) and n.endswith((": start", ": wait"))]
+    assert not starting, starting
 
 
 def test_spans_stop_at_the_bound(monkeypatch):
