@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from collector.data import processes
+
 FILE_NAME = "collector.json"
 
 
@@ -56,7 +58,7 @@ def write(data_dir: str | os.PathLike, endpoint: str, token_required: bool, pid:
         "token_required": bool(token_required),
         "tls": bool(tls),
         "pid": int(pid),
-        "started": _start_time(pid),
+        "started": processes.start_time(pid),
     }
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -94,34 +96,9 @@ def read(data_dir: str | os.PathLike) -> LiveCollector | None:
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not _alive(pid):
+    if not processes.alive(pid):
         return None
     started = body.get("started")
-    if started is not None and _start_time(pid) not in (None, started):
+    if started is not None and processes.start_time(pid) not in (None, started):
         return None  # the pid was reused by another process
     return live
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    return _start_time(pid) != "zombie"
-
-
-def _start_time(pid: int):
-    """The process's start time (field 22 of /proc/<pid>/stat), "zombie" for a dead child not
-    yet reaped, None where /proc is not there."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
-    if fields[0] == "Z":
-        return "zombie"
-    return int(fields[19])

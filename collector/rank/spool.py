@@ -46,6 +46,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
+from collector.data import processes
 from proto import pb
 
 MAGIC = b"RSSPOOL2"
@@ -292,24 +293,7 @@ def release(claimed: Path) -> None:
 def _claimer_gone(path: Path, host: str) -> bool:
     claimer = path.name.split(CLAIM_MARK, 1)[1]
     claim_host, _, pid = claimer.rpartition(".")
-    return claim_host == host and pid.isdigit() and not _pid_alive(int(pid))
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether the writer ``pid`` can still write. A zombie cannot: a rank killed with its torchrun
-    is one until init reaps it, and its files are orphans already (the demo resends its ranks'
-    spool the moment torchrun is reaped, and on a loaded host init may not have reaped them yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # gone meanwhile, or no /proc: as kill said
-        return True
+    return claim_host == host and pid.isdigit() and not processes.alive(int(pid))
 
 
 def local_host_id() -> str:
@@ -327,7 +311,7 @@ def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path
     host = local_host_id()
     for tmp in directory.glob(f"*{SUFFIX}.tmp"):  # a writer killed mid-write: never a spool file, never resent
         owner_host, pid, _ = ([*client_id_of(tmp).rsplit(".", 2), "", ""])[:3]
-        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)) and _owned_file(tmp):
+        if owner_host == host and pid.isdigit() and not processes.alive(int(pid)) and _owned_file(tmp):
             tmp.unlink(missing_ok=True)
     out: dict[str, list[Path]] = {}
     abandoned = (
@@ -336,7 +320,7 @@ def orphans(directory: Path, endpoint: str | None = None) -> dict[str, list[Path
     for path in sorted(files(directory) + abandoned, key=unclaimed_name):
         cid = client_id_of(path)
         owner_host, pid, _ = ([*cid.rsplit(".", 2), "", ""])[:3]
-        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)) or not _owned_file(path):
+        if owner_host != host or not pid.isdigit() or processes.alive(int(pid)) or not _owned_file(path):
             continue
         if endpoint is not None:
             try:
