@@ -14,7 +14,8 @@ users write), then `rankscope health RUN --json` as a user runs it:
 - ``engine``: the bundled engine's example GPT with ZeRO-2 on 4 ranks (trainer.examples.faults);
 - ``hf``/``lightning``: the Hugging Face Trainer and Lightning scripts of tests/integration/rank, healthy and
   with rank 1 50 ms late each step (collector/testing/workloads/framework_faults.py);
-- ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks (and a slow host link at 1,024);
+- ``simulate``: `rankscope simulate` at 1,024 and 8,192 ranks (and a slow host link at 1,024, with
+  host groups and over the world group only);
 - ``hosts``: collector/testing/workloads/hosts_train.py over 2 or 3 "hosts" (network namespaces,
   collector.testing.multihost; skipped where namespaces cannot be made), one host's link throttled
   with tc tbf from a loop index (and restored at another), or a compute straggler; cases whose
@@ -227,6 +228,27 @@ def cases() -> list[Case]:
             "simulate",
             ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--slow-link", "17:4@30-50"),
             (Expect(link, tuple(range(136, 144)), onset=30),),
+            ranks=1024,
+        ),
+        # the world group only (plain DDP over 128 hosts): the host named by its telemetry's arrival
+        Case(
+            "sim1024-world-slow-link",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--world-only", "--slow-link", "17:4@30"),
+            (Expect(link, tuple(range(136, 144)), onset=30),),
+            ranks=1024,
+        ),
+        Case(
+            "sim1024-world-healthy",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--world-only"),
+            ranks=1024,
+        ),
+        Case(
+            "sim1024-world-straggler",
+            "simulate",
+            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--world-only", "--straggler", "300:40@30"),
+            (Expect(S, (300,), onset=30),),
             ranks=1024,
         ),
         Case(

@@ -1,7 +1,7 @@
 """Slow links (collector/data/findings/links.py): how fast a slow host link is found, how often a
 healthy run raises one, and what the analysis costs.
 
-    python -m benches.slow_links [--ranks 1024] [--hosts 128] [--steps 120] [--seeds 3] [--out FILE]
+    python -m benches.slow_links [--ranks 1024] [--hosts 128] [--steps 120] [--seeds 3] [--world-only] [--out FILE]
     python -m benches.slow_links --only tie-break [--runs 4] [--healthy-runs 2] [--busy 0,10] [--raw-every N]
 
 Targets (issue 31): a 4x slow link named within 10 steps of its onset, the right host, at 1,024
@@ -13,6 +13,9 @@ through the collector's Store, then read back as `rankscope health` reads them:
 - detection delay: one host's link FACTOR times slower (2x, 4x, 10x) from step S for each seed; the
   delay is the finding's ``detected_step`` (the CUSUM's alarm) less S, in steps and in the simulated
   step's seconds; the host named must be the slowed one;
+- ``--world-only``: the same on runs whose only group is the world (plain DDP/FSDP: no host groups;
+  the host is named by its telemetry's arrival, collector/tools/simulate/telemetry.py), its own
+  section;
 - false alarms: healthy --host-groups runs (each seed) and healthy runs with a 40 ms compute
   straggler: any slow_link finding counts;
 - cost: ``findings.links.slow_links`` on the run's query results, per rank-step (median of 5), and its
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=128)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--world-only", action="store_true", help="scale: the world group only (plain DDP/FSDP)")
     p.add_argument("--runs", type=int, default=4, help="tie-break: throttled runs per load level")
     p.add_argument("--healthy-runs", type=int, default=2, help="tie-break: unthrottled runs per load level")
     p.add_argument("--busy", default="0", help="tie-break: busy-looping processes beside the runs, per level")
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def scale(args) -> str:
     onset, slow_host = args.steps // 2, args.hosts // 3
-    shape = dict(ranks=args.ranks, hosts=args.hosts, steps=args.steps)
+    shape = dict(ranks=args.ranks, hosts=args.hosts, steps=args.steps, world_only=args.world_only)
+    groups = {} if args.world_only else {"host_groups": True}
     delay_rows, alarm_rows, cost_rows = [], [], []
     with tempfile.TemporaryDirectory(prefix="rankscope-links-") as tmp:
         work = Path(tmp)
@@ -117,7 +122,7 @@ def scale(args) -> str:
             alarms = 0
             for seed in range(args.seeds):
                 sim = simulate.Simulation(
-                    **shape, host_groups=True, seed=seed, run_id=f"calm-{seed}-{len(alarm_rows)}", **extra
+                    **shape, **groups, seed=seed, run_id=f"calm-{seed}-{len(alarm_rows)}", **extra
                 )
                 alarms += sum(f.kind == "slow_link" for f in found(write(sim, work), sim.run_id))
             alarm_rows.append(f"| {label} | {args.seeds} | {alarms} |")
@@ -164,11 +169,12 @@ def scale(args) -> str:
     load = os.getloadavg()
     return "\n".join(
         [
-            "# Slow links",
+            "# Slow links, world group only" if args.world_only else "# Slow links",
             "",
             f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}; {code_version(REPO)}; "
             f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Command: `python -m "
-            f"benches.slow_links --ranks {args.ranks} --hosts {args.hosts} --steps {args.steps} --seeds {args.seeds}` "
+            f"benches.slow_links --ranks {args.ranks} --hosts {args.hosts} --steps {args.steps} --seeds {args.seeds}"
+            f"{' --world-only' if args.world_only else ''}` "
             f"(`rankscope simulate`: host {slow_host}'s link slowed from step {onset}, {args.seeds} seeds each).",
             "",
             "Detection delay (the CUSUM's alarm less the onset):",

@@ -47,6 +47,7 @@ MIN_FLUSHES = 10
 MIN_Z = 3.0
 MIN_EXTRA_MS = 3.0
 WARMUP_STEPS = 5  # the first steps' flushes carry the connection's start
+SHOWN = 3  # hosts whose jitter the sentence names
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,9 @@ def which_side(
     order = sorted(candidates, key=lambda h: -jitter[h])
     top, others = order[0], order[1:]
     z = min(mann_whitney_z(inside[top], inside[h]) for h in others)
-    said = ", ".join(f"{h} {jitter[h]:.1f} ms" for h in order)
+    said = ", ".join(f"{h} {jitter[h]:.1f} ms" for h in order[:SHOWN])
+    if len(order) > SHOWN:  # at 128 hosts, the rest as one figure
+        said += f", {len(order) - SHOWN} other hosts <= {jitter[order[SHOWN]]:.1f} ms"
     if z >= MIN_Z and all(jitter[top] - jitter[h] >= MIN_EXTRA_MS for h in others):
         return Side(top, jitter, z, f"{top}'s telemetry arrived unevenly while it lasted (jitter {said}; z {z:.1f})")
     return Side(None, jitter, z, f"the telemetry's arrival does not tell them apart (jitter {said}; z {z:.1f})")

@@ -84,6 +84,8 @@ MIN_COST_SHARE = 0.05
 # communication) rose by more than this share of the link's cost per step slowed itself (CPU
 # contention slows transfers and compute alike), so no link is named.
 MAX_BUSY_RISE = 0.25
+# more single-host alternatives than this are said as a count, not one name each
+MAX_NAMED_COVERS = 4
 
 
 @dataclass
@@ -379,6 +381,9 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     fell = before_gbs / after_gbs if after_gbs > 0 else float("inf")
     swept = bool(cls_rows.calibrated.all())  # expected from rankscope calibrate's sweep, not the run
     where = " or ".join(f"{_host_list(c)}'s link" if len(c) == 1 else f"the links of {_host_list(c)}" for c in covers)
+    if len(covers) > MAX_NAMED_COVERS and all(len(c) == 1 for c in covers):  # 128 hosts: not 128 names
+        names = sorted(h for c in covers for h in c)
+        where = f"the link of one of {len(names)} hosts ({names[0]} ... {names[-1]}: evidence.hosts lists them)"
     spanning = " or ".join(_host_list(c) for c in covers)
     n_hosts = len(set(host_of.values()))
     if all(hosts_of[g] == set(host_of.values()) for g in slowed):  # the world group: every host, whichever

@@ -15,6 +15,7 @@ EXAMPLES = """
     rankscope simulate --ranks 256 --steps 1000 --endpoint 127.0.0.1:50051
     rankscope simulate --ranks 8192 --steps 100 --hosts 1024 --straggler 17:25@50 --data-dir /tmp/sim8k
     rankscope simulate --ranks 1024 --hosts 128 --steps 120 --slow-link 17:4@60-90 --data-dir /tmp/simlink
+    rankscope simulate --ranks 1024 --hosts 128 --steps 60 --world-only --slow-link 17:4@30 --data-dir /tmp/simddp
 """
 
 
@@ -48,7 +49,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST:FACTOR@STEP[-END]",
-        help="host HOST's link is FACTOR times slower from STEP (to END, when it is restored); implies --host-groups",
+        help="host HOST's link is FACTOR times slower from STEP (to END, when it is restored); "
+        "implies --host-groups unless --world-only",
+    )
+    p.add_argument(
+        "--world-only",
+        action="store_true",
+        help="the world is the run's only group, as in plain DDP/FSDP: --slow-link adds no host groups",
+    )
+    p.add_argument(
+        "--telemetry-apart",
+        action="store_true",
+        help="--data-dir: the ranks' telemetry takes another network than the training traffic "
+        "(a management Ethernet beside InfiniBand): no slow link delays its arrival",
     )
     p.add_argument(
         "--host-groups",
@@ -78,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
             hang=Hang.parse(args.hang) if args.hang is not None else None,
             slow_links=tuple(SlowLink.parse(x) for x in args.slow_link),
             host_groups=args.host_groups,
+            world_only=args.world_only,
+            telemetry_apart=args.telemetry_apart,
             name=args.name,
             seed=args.seed,
         )

@@ -24,7 +24,13 @@ all_reduce inside each host (group ``host<h>``) and one with the same local rank
 neighbouring host (``pair<h>.<l>``: hosts h and h+1, a ring over the hosts; as pipeline stages
 exchange). A slow link stretches the transfer of the pairs through it and of the collectives over
 every host (a ring is as fast as its slowest link), not those inside hosts: the story
-``rankscope health`` must localise to that host (collector/data/findings/links.py).
+``rankscope health`` must localise to that host (collector/data/findings/links.py). The transfers
+it stretches lengthen the step by as much (collector/tools/simulate/slow_steps.py).
+``--world-only``: the world is the run's only group, as in plain DDP/FSDP, and a slow link adds no
+host groups; what tells the host then is its telemetry, whose flushes queue behind its slow link
+and reach the collector unevenly (collector/tools/simulate/telemetry.py: the ``deliveries`` rows a
+collector keeps, written with every run into a data dir; ``--telemetry-apart``: over another
+network, which no slow link delays).
 
 Values are a pure function of (seed, rank, step), generated for a block of ranks at a time
 with numpy, so memory stays bounded (one block) at any size and the same arguments give the
@@ -38,8 +44,9 @@ same run whichever way it is delivered:
   at most ``--streams`` streams open at a time; returns once every record is durable.
 
 The package: ``faults`` (what --straggler, --hang and --slow-link say), ``simulation`` (a run's
-shape and every table's rows, a block of ranks at a time), ``host_groups`` and ``hang`` (the rows
-those add), ``rows`` (noise, stored tables), ``deliver`` (into a data dir or a collector). The
+shape and every table's rows, a block of ranks at a time), ``slow_steps`` (a slow link's factor
+and the step it stretches), ``host_groups``, ``hang`` and ``telemetry`` (the rows those add),
+``rows`` (noise, stored tables), ``deliver`` (into a data dir or a collector). The
 command's flags are collector/tools/commands/simulate.py.
 """
 

@@ -3,11 +3,14 @@ through a live collector, one gRPC stream per rank."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from collector.data import catalog
 from collector.data.codec import envelope_rows
 from collector.tools.importers.sink import GrpcSink, envelope
 from collector.tools.simulate.faults import SimulateError
 from collector.tools.simulate.simulation import Simulation
+from collector.tools.simulate.telemetry import delivery_rows
 
 
 def write_data_dir(sim: Simulation, data_dir, progress=None, *, rollups: bool = True) -> int:
@@ -30,6 +33,8 @@ def write_data_dir(sim: Simulation, data_dir, progress=None, *, rollups: bool = 
                 if sim.hang is None:
                     rows += envelope_rows(envelope(sim.client_id(r), 2, end=sim.run_end(r)))
             rows += [(table, sim.run_id, t) for table, t in tables.items()]
+            # the collector's own record of when each flush arrived (a slow link's side)
+            rows.append(("deliveries", sim.run_id, delivery_rows(sim, np.arange(ranks.start, ranks.stop), sim.steps)))
             store.submit(f"simulate-{sim.run_id}-block{ranks.start}", 1, rows, lambda e: e and errors.append(e))
             written += sum(t.num_rows for t in tables.values())
             if progress:

@@ -30,8 +30,7 @@ class HungRun(Protocol):
     @property
     def hang_seq(self) -> int: ...
 
-    @property
-    def step_period_ns(self) -> int: ...
+    def step_starts(self, steps: np.ndarray) -> np.ndarray: ...
 
 
 HEARTBEAT_NS = 1_000_000_000  # the ranks' default heartbeat period
@@ -49,13 +48,14 @@ def hang_rows(sim: HungRun, ranks: np.ndarray, entered: np.ndarray, hung_in) -> 
     beats = {"rank": [], "step": [], "time_ns": [], "inflight": []}
     reports = {"rank": [], "time_ns": [], "entered_ns": []}
     stacks = {"rank": [], "time_ns": [], "reason": [], "stack": [], "innermost": []}
+    starts = sim.step_starts(np.arange(hang.step + 1))
     phase = (hash_uniform(sim.seed, 0, ranks + (1 << 41)) * HEARTBEAT_NS).astype(np.int64)
     for r, since, offset in zip(ranks.tolist(), entered.tolist(), phase.tolist()):
         times = np.arange(sim.start_ns + offset, until, HEARTBEAT_NS, dtype=np.int64)
         waiting = r != hang.rank
         reported = times[times >= since + REPORT_AFTER_NS] if waiting else times[:0]
         beats["rank"] += [r] * len(times)
-        beats["step"] += np.minimum(hang.step, (times - sim.start_ns) // sim.step_period_ns).tolist()
+        beats["step"] += np.minimum(hang.step, np.searchsorted(starts, times, side="right") - 1).tolist()
         beats["time_ns"] += times.tolist()
         beats["inflight"] += (
             (times >= since + REPORT_AFTER_NS).astype(np.int64).tolist() if waiting else [0] * len(times)

@@ -15,6 +15,7 @@ import pyarrow as pa
 from collector.data.bandwidth import bus_factor
 from collector.tools.simulate.faults import SlowLink
 from collector.tools.simulate.rows import JITTER_NS, hash_uniform, stored_table
+from collector.tools.simulate.slow_steps import link_factor
 from collector.tools.simulate_template import Template
 
 
@@ -59,14 +60,6 @@ def pair_slot(sim: HostRun, pair: int) -> int:
     """Pairs a rank is in never share a slot: even pairs first, then odd, then the pair that
     closes an odd ring of hosts."""
     return 2 if sim.n_hosts % 2 and pair == sim.n_hosts - 1 else pair % 2
-
-
-def link_factor(sim: HostRun, hosts: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """[len(hosts), len(steps)]: how many times slower each host's link is at each step."""
-    out = np.ones((len(hosts), len(steps)))
-    for link in sim.slow_links:
-        out *= np.where((hosts[:, None] == link.host) & link.on(steps)[None, :], link.factor, 1.0)
-    return out
 
 
 def comm_rows(sim: HostRun, ranks: np.ndarray, steps: np.ndarray, step_start: np.ndarray) -> pa.Table:

@@ -15,12 +15,14 @@ import pyarrow.compute as pc
 
 from collector.data import hang_rule, layout
 from collector.data.bandwidth import bus_factor
+from collector.data.queries.steps import COMPUTE_TIMERS
 from collector.tools import simulate_template
 from collector.tools.importers.sink import envelope, table_batches
 from collector.tools.simulate.faults import Hang, SimulateError, SlowLink, Straggler
 from collector.tools.simulate.hang import HANG_SEEN_S, hang_rows
-from collector.tools.simulate.host_groups import added_step_ns, comm_rows, link_factor
+from collector.tools.simulate.host_groups import added_step_ns, comm_rows
 from collector.tools.simulate.rows import GROUP, JITTER_NS, hash_uniform, noise, stored_table
+from collector.tools.simulate.slow_steps import slowest, stretched, transfer_union
 from proto import pb
 
 BLOCK_RANKS = 64  # ranks generated (and submitted) together
@@ -36,7 +38,9 @@ class Simulation:
     stragglers: tuple[Straggler, ...] = ()
     hang: Hang | None = None
     slow_links: tuple[SlowLink, ...] = ()
-    host_groups: bool = False  # implied by slow_links
+    host_groups: bool = False  # implied by slow_links, unless world_only
+    world_only: bool = False  # the world group alone (plain DDP/FSDP): slow links add no host groups
+    telemetry_apart: bool = False  # telemetry takes another network than training: a slow link never delays it
     hang_after_s: float = hang_rule.DEFAULT_HANG_AFTER_S  # the ranks' setting when none is given
     start_ns: int = T0_NS
     name: str = "simulated"
@@ -65,8 +69,12 @@ class Simulation:
                 raise SimulateError(f"--hang: step {self.hang.step} is past the last step ({self.steps - 1})")
             if self.ranks < 2:
                 raise SimulateError("--hang needs --ranks >= 2: someone has to wait for the stuck rank")
-        if self.slow_links:
+        if self.world_only and self.host_groups:
+            raise SimulateError("--world-only and --host-groups contradict each other: pick one")
+        if self.slow_links and not self.world_only:
             object.__setattr__(self, "host_groups", True)
+        if self.slow_links and self.n_hosts < 2:
+            raise SimulateError(f"--slow-link needs >= 2 hosts: {self.ranks} ranks on {self.n_hosts} host")
         if self.host_groups:
             if self.n_hosts < 2 or self.ranks_per_host < 2 or self.ranks % self.n_hosts:
                 raise SimulateError(
@@ -135,12 +143,41 @@ class Simulation:
     def end_ns(self) -> int:
         """When the run ends: its last step done, or (with a hang) the snapshot's time."""
         if self.hang is None:
-            return self.start_ns + self.steps * self.step_period_ns
+            return int(self.step_starts(np.array([self.steps]))[0])
         # every waiting rank entered by the step's planned first collective + the slowest's lateness + jitter
         t = self.template
         hang_step = np.array([self.hang.step], dtype=np.int64)
-        entered = self.hang.step * self.step_period_ns + t.collective_offset_ns + int(self._step_delay(hang_step)[0])
-        return self.start_ns + entered + JITTER_NS + int((self.hang_after_s + HANG_SEEN_S) * 1e9)
+        entered = int(self.step_starts(hang_step)[0]) + t.collective_offset_ns + int(self._step_delay(hang_step)[0])
+        return entered + JITTER_NS + int((self.hang_after_s + HANG_SEEN_S) * 1e9)
+
+    def step_starts(self, steps: np.ndarray) -> np.ndarray:
+        """When each of ``steps`` begins (a step may be ``steps``: the end of the last): the steps
+        before it took the period each, and the transfers a slow link stretched on top
+        (collector/tools/simulate/slow_steps.py)."""
+        steps = np.asarray(steps, dtype=np.int64)
+        every = np.arange(int(steps.max(initial=0)) + 1, dtype=np.int64)
+        longer = (slowest(self, every) - 1.0) * self._union_ns
+        before = np.concatenate([[0.0], np.cumsum(longer)])[steps]
+        return self.start_ns + steps * self.step_period_ns + before.astype(np.int64)
+
+    @property
+    def _union_ns(self) -> int:
+        """How long a step's collectives move data, their transfers as a union."""
+        union = transfer_union(*self._pattern_times())
+        return int((union[:, 1] - union[:, 0]).sum())
+
+    def _pattern_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """The step's collectives' (offset, transfer), ns from the step's collective offset: the
+        template's step, its pattern repeated and squeezed into the same span for more collectives."""
+        t = self.template
+        pattern = [t.collectives[p % len(t.collectives)] for p in range(self.per_step)]
+        repeats = -(-self.per_step // len(t.collectives))
+        span = t.collectives[-1].offset_ns + t.collectives[-1].transfer_ns
+        offset = np.array(
+            [c.offset_ns // repeats + (p // len(t.collectives)) * span // repeats for p, c in enumerate(pattern)],
+            dtype=np.int64,
+        )
+        return offset, np.array([c.transfer_ns // repeats for c in pattern], dtype=np.int64)
 
     def anchored_now(self) -> Simulation:
         """The same run, its clock shifted so that it ends now (a hang is then current)."""
@@ -163,19 +200,17 @@ class Simulation:
         t = self.template
         ranks = np.arange(first_rank, first_rank + n_ranks, dtype=np.int64)
         steps = np.arange(self.steps, dtype=np.int64)
-        step_t0 = self.start_ns + steps * self.step_period_ns
+        step_t0 = self.step_starts(steps)
+        next_t0 = self.step_starts(steps + 1)
         late = self._delay(ranks, steps)  # [R, S]
         out = {}
 
-        # comm: [R, S, P]
+        # comm: [R, S, P]; a slow link stretches the step's time line where its collectives move data
         pattern = [t.collectives[p % len(t.collectives)] for p in range(self.per_step)]
-        repeats = -(-self.per_step // len(t.collectives))
-        span = t.collectives[-1].offset_ns + t.collectives[-1].transfer_ns
-        offset = np.array(
-            [c.offset_ns // repeats + (p // len(t.collectives)) * span // repeats for p, c in enumerate(pattern)]
-        )
-        transfer = np.array([c.transfer_ns // repeats for c in pattern])
-        planned = step_t0[:, None] + t.collective_offset_ns + offset[None, :]  # [S, P]
+        offset, transfer = self._pattern_times()
+        union = transfer_union(offset, transfer)
+        ring = slowest(self, steps)[:, None]  # [S, 1]: a ring over every host runs at its slowest link's speed
+        planned = step_t0[:, None] + t.collective_offset_ns + stretched(union, offset[None, :], ring)  # [S, P]
         index = (steps[:, None] * self.per_step + np.arange(self.per_step)[None, :]).ravel()
         jitter = np.stack([(hash_uniform(self.seed, int(r), index) * JITTER_NS).astype(np.int64) for r in ranks])
         # A slow forward pass makes its rank late to the step's first collective only: everyone
@@ -185,9 +220,8 @@ class Simulation:
         first = (np.arange(self.per_step) == 0)[None, None, :]
         behind = np.where(first, late[:, :, None], step_delay[None, :, None])
         start = planned[None] + behind + jitter.reshape(n_ranks, self.steps, self.per_step)
-        # a ring over every host runs at its slowest link's speed
-        slowest = link_factor(self, np.arange(self.n_hosts), steps).max(axis=0)  # [S]
-        end = planned + step_delay[:, None] + JITTER_NS + (transfer[None, :] * slowest[:, None]).astype(np.int64)
+        done = step_t0[:, None] + t.collective_offset_ns + stretched(union, (offset + transfer)[None, :], ring)
+        end = done + step_delay[:, None] + JITTER_NS
         end = np.broadcast_to(end[None], start.shape)
         nbytes = np.array([c.bytes for c in pattern])
         algbw = nbytes[None, None, :] / (end - start)  # bytes/ns == GB/s
@@ -217,17 +251,26 @@ class Simulation:
             busbw_gbs=(algbw * factor[None, None, :]).ravel(),
             peer=np.full(n, -1),
         )
+        longer = (ring[:, 0] - 1.0) * self._union_ns  # [S]: what the stretched transfers added to the step
         if self.host_groups:
-            extra = comm_rows(self, ranks, steps, step_t0 + self._step_delay(steps))
+            extra = comm_rows(self, ranks, steps, step_t0 + self._step_delay(steps) + longer.astype(np.int64))
             out["comm"] = pa.concat_tables([out["comm"], extra])
 
-        # timers: a straggler's forward pass is the slow part; everything after it shifts
+        # timers: a straggler's forward pass is the slow part; everything after it shifts. A slow
+        # link stretches what waited for data (their ends move with the time line) and moves
+        # compute that did not (fwd, bwd_inner: their durations stay)
         names = [x.name for x in t.timers]
-        dur = np.array([x.dur_ns for x in t.timers])[None, None, :] * noise(self.seed, ranks, steps, len(names), 0.03)
+        base = np.array([x.dur_ns for x in t.timers])
+        at = np.array([x.offset_ns for x in t.timers]) - t.collective_offset_ns  # on the collectives' time line
+        begins = stretched(union, at[None, :], ring)  # [S, k]
+        grew = stretched(union, (at + base)[None, :], ring) - begins - base[None, :]
+        waits = np.array([x.name not in COMPUTE_TIMERS for x in t.timers])[None, :]
+        dur = base[None, None, :] * noise(self.seed, ranks, steps, len(names), 0.03) + (grew * waits)[None]
         dur[:, :, 0] += late
         dur[:, :, -1] += self.host_groups_ns  # the optimizer step waits for the host-group collectives
         shift = np.array([x.offset_ns > 0 for x in t.timers])[None, None, :] * late[:, :, None]
-        begin = step_t0[None, :, None] + np.array([x.offset_ns for x in t.timers])[None, None, :] + shift
+        offsets = np.array([x.offset_ns for x in t.timers])[None, :] + begins - at  # [S, k]
+        begin = step_t0[None, :, None] + offsets[None] + shift
         k = len(names)
         out["timers"] = stored_table(
             "timers",
@@ -255,7 +298,7 @@ class Simulation:
             tag=[x.tag for x in t.monitor] * (self.steps * n_ranks),
             value=np.stack(values, axis=2).ravel() if values else np.zeros(0),
             samples=np.tile(np.repeat((steps + 1) * self.ranks, k), n_ranks),
-            time_ns=np.tile(np.repeat(step_t0 + self.step_period_ns, k), n_ranks),
+            time_ns=np.tile(np.repeat(next_t0, k), n_ranks),
         )
 
         k = len(t.memory)
@@ -301,6 +344,8 @@ class Simulation:
                 "stragglers": [vars(s) for s in self.stragglers],
                 "hang": vars(self.hang) if self.hang else None,
                 "host_groups": self.host_groups,
+                "world_only": self.world_only,
+                "telemetry_apart": self.telemetry_apart,
                 "slow_links": [vars(x) for x in self.slow_links],
             },
         }

@@ -92,6 +92,30 @@ def test_health_names_the_hung_rank_op_and_step_at_1024_ranks_and_nothing_withou
     assert queries.stacks(cat, run_id, [700]).innermost.str.endswith("in simulated_stall").all()
 
 
+@pytest.mark.parametrize("slow", [True, False])
+def test_health_names_the_slow_host_of_128_over_the_world_group_alone_and_nothing_without(tmp_path, slow):
+    """1,024 ranks on 128 hosts whose only group is the world (plain DDP), node-0017's link 4x
+    slower from step 30: `rankscope health` says it is the network, names that host alone (by its
+    telemetry's arrival) and no straggler; the same run without the slow link raises no warning.
+    (What `rankscope health` costs at this size: benches/slow_links.py --world-only.)"""
+    d = tmp_path / "sim"
+    extra = ["--slow-link", "17:4@30"] if slow else []
+    out = cli("simulate", "--ranks", "1024", "--hosts", "128", "--steps", "60", "--world-only", *extra,
+              "--name", "ddp", "--data-dir", str(d))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    health = cli("health", "ddp", "--data-dir", str(d), "--json")
+    found = json.loads(health.stdout)
+    warnings = [f for f in found if f["severity"] in ("warning", "critical")]
+    if not slow:
+        assert warnings == [] and health.returncode == 0, [f["text"] for f in warnings]
+        return
+    [link] = warnings
+    assert link["kind"] == "slow_link" and link["evidence"]["hosts"] == [["node-0017"]], link["text"]
+    assert link["ranks"] == list(range(136, 144))
+    assert 0 <= link["evidence"]["detected_step"] - 30 <= 10 and abs(link["evidence"]["onset_step"] - 30) <= 2
+    assert "node-0017's link" in link["text"] and "125 other hosts" in link["text"]
+
+
 def test_a_hang_streamed_through_a_collector_is_found(tmp_path):
     with live_collector(tmp_path / "data") as (endpoint, data_dir):
         out = cli("simulate", "--ranks", "48", "--steps", "4", "--hang", "9:2", "--name", "live-hang",

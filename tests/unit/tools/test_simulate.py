@@ -9,12 +9,16 @@ Split by tier: what needs processes, sockets or seconds is in tests/integration/
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from collector.tools import simulate, simulate_template
+from collector.tools.simulate import telemetry
 
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_runs"
 
@@ -73,3 +77,51 @@ def test_a_hang_is_what_hung_ranks_send_whichever_way_ranks_are_blocked():
         and stuck.reason == "missing from reduce_scatter_tensor #21 of world"
     )
     assert stacks[stacks["rank"] != 5].reason.str.startswith("hang: reduce_scatter_tensor world #21").all()
+
+
+def test_a_slow_link_stretches_the_step_where_data_moves_and_leaves_compute_alone():
+    """World group only, host 1's link 4x slower in steps 3-4: every collective of those steps moves
+    its data 4x as long, the step grows by 3x the union of its transfers (the next step starts that
+    much later), compute timers keep their durations, and the steps around are as without it."""
+    shape = dict(ranks=8, hosts=4, steps=7, world_only=True, run_id="w")
+    slow = simulate.Simulation(**shape, slow_links=(simulate.SlowLink.parse("1:4@3-5"),))
+    calm = simulate.Simulation(**shape)
+    assert not slow.host_groups
+    comm, base = slow.block(0, 8)["comm"].to_pandas(), calm.block(0, 8)["comm"].to_pandas()
+    took = (comm.end_ns - comm.start_ns) - (base.end_ns - base.start_ns)
+    transfer = base.end_ns - base.start_ns
+    in_slow = comm.step.isin([3, 4])
+    assert (took[~in_slow] == 0).all()
+    # (the measured transfer holds the entry jitter, up to JITTER_NS, which the stretch does not)
+    assert ((took[in_slow] - 3 * transfer[in_slow]).abs() <= 3 * simulate.JITTER_NS).all()
+    union = slow.step_starts(np.arange(8)) - calm.step_starts(np.arange(8))
+    grown = np.diff(union)  # what each step added
+    assert (grown[[0, 1, 2, 5, 6]] == 0).all() and grown[3] == grown[4] > 0
+    span = transfer[base.step == 0].groupby(base["rank"]).sum().min()  # the transfers, overlaps counted twice
+    assert grown[3] <= 3 * span
+    timers, calm_timers = slow.block(0, 8)["timers"].to_pandas(), calm.block(0, 8)["timers"].to_pandas()
+    for name in ("fwd", "bwd_inner"):  # compute: the same durations
+        assert (timers[timers.name == name].dur_ns.values == calm_timers[calm_timers.name == name].dur_ns.values).all()
+    step = timers[timers.name == "step"].set_index(["rank", "step"])
+    calm_step = calm_timers[calm_timers.name == "step"].set_index(["rank", "step"])
+    ends = (step.start_ns + step.dur_ns) - (calm_step.start_ns + calm_step.dur_ns)
+    # a step's last timer ends what the stretching added later, on every rank
+    assert (ends.xs(3, level="step") == union[4]).all() and (ends.xs(6, level="step") == union[6]).all()
+
+
+def test_telemetry_of_a_slow_links_host_arrives_unevenly_while_it_lasts_and_only_then():
+    sim = simulate.Simulation(
+        ranks=8, hosts=2, steps=60, world_only=True, slow_links=(simulate.SlowLink(1, 4.0, 20, 40),)
+    )
+    rows = telemetry.delivery_rows(sim, np.arange(8), sim.steps).to_pandas()
+    rows["lag_ms"] = (rows.received_ns - rows.made_ns) / 1e6
+    rows["host"] = rows["rank"] // 4
+    spacing = rows.sort_values(["rank", "made_ns"]).groupby("rank").made_ns.diff().dropna()
+    assert (spacing == telemetry.FLUSH_NS).all()  # a client flushes on its timer
+    during = rows.step.between(20, 39)
+    assert rows[~during | (rows.host == 0)].lag_ms.max() <= 2.0  # the route: 1-2 ms
+    queued = rows[during & (rows.host == 1)].lag_ms
+    assert queued.max() > 20 and queued.median() > 5
+    # telemetry on another network than the training traffic: no queue
+    apart = telemetry.delivery_rows(dataclasses.replace(sim, telemetry_apart=True), np.arange(8), sim.steps)
+    assert (pc.subtract(apart["received_ns"], apart["made_ns"]).to_numpy() <= 2e6).all()

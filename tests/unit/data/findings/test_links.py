@@ -78,17 +78,21 @@ def test_a_slow_link_is_not_a_straggler_even_when_its_ranks_arrive_late(tmp_path
 
 
 @pytest.mark.slow  # make test keeps the 64-rank cases; real 2- and 3-host runs cover these too
-def test_three_hosts_name_the_right_one_and_two_name_both(tmp_path):
+def test_three_hosts_name_the_right_one_and_two_name_it_by_its_telemetry_or_both(tmp_path):
     [three] = only(
         health(tmp_path / "3", ranks=12, hosts=3, steps=40, slow_links=(simulate.SlowLink(2, 4.0, 15),)), "slow_link"
     )
     assert three.evidence["hosts"] == [["node-0002"]]
-    # two hosts: every group across hosts spans both, so either link explains it -- said as such
-    [two] = only(
-        health(tmp_path / "2", ranks=8, hosts=2, steps=40, slow_links=(simulate.SlowLink(1, 4.0, 15),)), "slow_link"
-    )
-    assert two.evidence["hosts"] == [["node-0000"], ["node-0001"]]
-    assert "node-0000's link or node-0001's link" in two.text
+    # two hosts: every group across hosts spans both, so either link explains it; what tells them
+    # apart is the telemetry, which only the slow host's link delays...
+    two = dict(ranks=8, hosts=2, steps=40, slow_links=(simulate.SlowLink(1, 4.0, 15),))
+    [named] = only(health(tmp_path / "2", **two), "slow_link")
+    assert named.evidence["hosts"] == [["node-0001"]], named.text
+    assert "node-0001's telemetry arrived unevenly" in named.text
+    # ... unless it takes another network: then both, said as such
+    [both] = only(health(tmp_path / "2apart", **two, telemetry_apart=True), "slow_link")
+    assert both.evidence["hosts"] == [["node-0000"], ["node-0001"]]
+    assert "node-0000's link or node-0001's link" in both.text
 
 
 def test_change_points_find_a_step_up_and_its_end_and_nothing_in_noise():
@@ -317,3 +321,47 @@ def test_the_onset_is_where_the_series_steps_up_not_where_noise_began_to_pile_up
     x = np.array([0.0] * 10 + [0.6] * 5 + [2.0] * 10)
     [(onset, alarm, end)] = links.change_points(np.arange(len(x)), x, np.log(links.SLOW_RATIO))
     assert (onset, end) == (15, None) and alarm - onset <= 1
+
+
+# ---- the world group only (plain DDP/FSDP over every rank: no group inside a host) ----------------
+
+
+def test_world_only_a_slow_link_is_the_network_named_by_its_telemetry_never_a_straggler(tmp_path):
+    found = health(tmp_path, ranks=64, hosts=8, steps=50, world_only=True, slow_links=(simulate.SlowLink(3, 4.0, 20),))
+    [link] = only(found, "slow_link")
+    assert link.evidence["hosts"] == [["node-0003"]], link.text
+    assert link.evidence["control"] == "compute" and "compute on every host unchanged" in link.text
+    assert abs(link.evidence["onset_step"] - 20) <= 2 and link.evidence["detected_step"] - 20 <= 10
+    assert link.evidence["factor"] == pytest.approx(4.0, rel=0.15)
+    assert link.evidence["slowed_groups"] == ["world"] and "groups spanning all 8 hosts" in link.text
+    assert "node-0003's telemetry arrived unevenly" in link.text
+    assert not only(found, "straggler")
+    # its telemetry taking another network: nothing tells the hosts apart, so every one, "or"
+    found = health(
+        tmp_path / "apart",
+        ranks=64,
+        hosts=8,
+        steps=50,
+        world_only=True,
+        telemetry_apart=True,
+        slow_links=(simulate.SlowLink(3, 4.0, 20),),
+    )
+    [link] = only(found, "slow_link")
+    assert link.evidence["hosts"] == [[f"node-{h:04d}"] for h in range(8)], link.text
+    assert "does not tell them apart" in link.text and not only(found, "straggler")
+    assert "the link of one of 8 hosts (node-0000 ... node-0007" in link.text  # a count, not 8 names
+
+
+def test_world_only_healthy_is_silent_and_a_compute_straggler_stays_one(tmp_path):
+    found = health(tmp_path / "calm", ranks=64, hosts=8, steps=50, world_only=True)
+    assert not [f for f in found if f.severity in ("warning", "critical")], [f.text for f in found]
+    found = health(
+        tmp_path / "late",
+        ranks=64,
+        hosts=8,
+        steps=50,
+        world_only=True,
+        stragglers=(simulate.Straggler(27, 40_000_000, 20),),
+    )
+    assert not only(found, "slow_link")
+    assert [f.ranks for f in only(found, "straggler")] == [(27,)]
