@@ -286,6 +286,9 @@ def cases() -> list[Case]:
         ("ddp3x4-throttled", "ddp", 3, 4, "2:80mbit@20", (world_link,)),
         ("fsdp2x2-throttled", "fsdp2", 2, 2, "0:120mbit@20", (world_link,)),
         ("fsdp3x1-throttled", "fsdp2", 3, 1, "1:120mbit@20", (world_link,)),
+        # a link that flaps (slow 5 of every 15 loop indexes), two links slow at once
+        ("ddp3x1-flapping-host1", "ddp", 3, 1, "1:80mbit@20-25,1:80mbit@35-40,1:80mbit@50", (world_link,)),
+        ("ddp4x1-two-links", "ddp", 4, 1, "1:80mbit@20,2:80mbit@20", (world_link,)),
         ("ddp3x1-healthy", "ddp", 3, 1, "-", ()),
         ("ddp2x4-healthy", "ddp", 2, 4, "-", ()),
         ("fsdp2x2-healthy", "fsdp2", 2, 2, "-", ()),
@@ -564,15 +567,16 @@ def run_hosts(case: Case, work: Path) -> Outcome:
     if given[0] == "world":  # the world group only; ~2 MiB of gradients, so an 80 Mbit/s link shows
         workload, given = multihost.WORLD_WORKLOAD, (*given[1:], "--width", "256", "--layers", "8")
     n_hosts, per_host, spec, *args = given
-    throttle = None if spec == "-" else multihost.Throttle.parse(spec)
+    throttles = () if spec == "-" else multihost.Throttle.parse_all(spec)
     run = multihost.train_on_hosts(
         work / case.name, hosts=int(n_hosts), ranks_per_host=int(per_host), steps=55, name=case.name,
-        throttle=throttle, workload_args=tuple(args), workload=workload,
+        throttle=throttles, workload_args=tuple(args), workload=workload,
     )  # fmt: skip
     outcome = Outcome(case)
     times = run.step_times[2:]
     outcome.median_step_ms = 1e3 * statistics.median(times)
     outcome.mean_step_ms = 1e3 * statistics.fmean(times)
+    throttle = throttles[0] if throttles else None  # the first: its rise, onset and delay
     if throttle is not None:
         t, end = run.step_times, throttle.to_step or len(run.step_times)
         during = t[throttle.from_step + 2 : end]
@@ -580,8 +584,10 @@ def run_hosts(case: Case, work: Path) -> Outcome:
     outcome.found = health(run.data_dir, case.name)
     links = [f for f in outcome.found if f["kind"] == "slow_link"]
     if throttle is not None and links:
-        right, named = f"host-{throttle.host}", links[0]["evidence"]["hosts"]
-        outcome.localised = "alone" if named == [[right]] else "or" if [right] in named else "wrong"
+        # every throttled host (two links slow at once: both, as one pair), or an "or" holding each
+        right, named = sorted({f"host-{t.host}" for t in throttles}), links[0]["evidence"]["hosts"]
+        held = right in named or all([h] in named for h in right)
+        outcome.localised = "alone" if named == [right] else "or" if held else "wrong"
         outcome.delay_steps = int(links[0]["evidence"]["detected_step"]) - (throttle.from_step + 1)
     return outcome
 

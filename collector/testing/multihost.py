@@ -3,6 +3,8 @@ at one step and restored at another, for tests and the fault-injection suite:
 
     run = train_on_hosts(work, hosts=2, ranks_per_host=2, steps=60,
                          throttle=Throttle.parse("1:50mbit@20-40"))
+    # several: two links slow at once, or one that flaps (slow 5 loop indexes of every 20)
+    train_on_hosts(..., throttle=Throttle.parse_all("1:80mbit@20-25,1:80mbit@40-45,2:80mbit@60"))
     run.data_dir, run.name, run.step_times        # the collector's data dir, the run, rank 0's step times
 
 ``run_on_hosts(argv, hosts=2, ranks_per_host=2)`` runs any torchrun-style program (say
@@ -56,6 +58,11 @@ class Throttle:
         host, rate, first, end = match.groups()
         return cls(int(host), rate, int(first), int(end) if end else None)
 
+    @classmethod
+    def parse_all(cls, text: str) -> tuple[Throttle, ...]:
+        """Comma-separated throttles: ``1:80mbit@20-25,1:80mbit@40-45``."""
+        return tuple(cls.parse(part) for part in text.split(","))
+
 
 @dataclass
 class HostsRun:
@@ -73,7 +80,7 @@ def train_on_hosts(
     ranks_per_host: int,
     steps: int,
     name: str = "hosts",
-    throttle: Throttle | None = None,
+    throttle: Throttle | tuple[Throttle, ...] | None = None,
     workload_args: tuple[str, ...] = (),
     timeout_s: float = 600,
     auto_profile: bool = False,
@@ -101,17 +108,7 @@ def train_on_hosts(
         line = collector.stdout.readline()
         if "listening" not in line:
             raise RuntimeError(f"collector did not start: {line!r} {collector.stderr.read()[-2000:]}")
-        actions, qdiscs = {}, {}
-        if throttle is not None:
-            slow = net.hosts[throttle.host]  # bound now: the actions run later
-
-            def throttled() -> None:
-                net.throttle(slow, rate=throttle.rate)
-                qdiscs.update({h: net.qdisc(h) for h in net.hosts})  # the evidence: tbf where meant
-
-            actions[throttle.from_step] = throttled
-            if throttle.to_step is not None:
-                actions[throttle.to_step] = lambda: net.restore(slow)
+        actions, qdiscs = _throttle_actions(net, throttle)
         with netns.StepControl(control, actions) as steps_control:
             ranks = []
             for rank in range(world):
@@ -143,6 +140,30 @@ def train_on_hosts(
         except subprocess.TimeoutExpired:
             raise RuntimeError("the collector did not stop within 120 s of SIGTERM") from None
     return HostsRun(data_dir, name, json.loads((out / "times.json").read_text()), out, qdiscs)
+
+
+def _throttle_actions(net: netns.Network, throttle) -> tuple[dict, dict[str, str]]:
+    """netns.StepControl's actions for ``throttle`` (one, several, or None): per loop index, every
+    throttle and restore due then, in order; and the dict each throttle fills with every host's
+    qdisc just after it (the evidence: tbf where meant)."""
+    due: dict[int, list] = {}
+    qdiscs: dict[str, str] = {}
+    for t in (throttle,) if isinstance(throttle, Throttle) else (throttle or ()):
+        slow = net.hosts[t.host]  # bound now: the actions run later
+
+        def throttled(slow=slow, rate=t.rate) -> None:
+            net.throttle(slow, rate=rate)
+            qdiscs.update({h: net.qdisc(h) for h in net.hosts})
+
+        due.setdefault(t.from_step, []).append(throttled)
+        if t.to_step is not None:
+            due.setdefault(t.to_step, []).append(lambda slow=slow: net.restore(slow))
+
+    def run_all(todo: list) -> None:
+        for action in todo:
+            action()
+
+    return {step: (lambda todo=todo: run_all(todo)) for step, todo in due.items()}, qdiscs
 
 
 def _rank_env(net: netns.Network, rank: int, world: int, ranks_per_host: int) -> dict[str, str]:

@@ -265,3 +265,35 @@ def test_a_compute_straggler_over_the_world_group_stays_a_straggler_not_a_link(t
     every = found(run)
     assert not [f for f in every if f.kind == "slow_link"], [f.text for f in every]
     assert [f.ranks for f in every if f.kind == "straggler"] == [(2,)], [f.text for f in every]
+
+
+@pytest.mark.slow
+def test_plain_ddp_over_the_world_a_link_that_flaps_is_one_network_finding(tmp_path):
+    # host-1's link at 80 Mbit/s for 5 loop indexes of every 20, three times (steps 16-20, 36-40, 56-60)
+    throttles = multihost.Throttle.parse_all("1:80mbit@15-20,1:80mbit@35-40,1:80mbit@55-60")
+    run = train_world(tmp_path, hosts=3, ranks_per_host=1, steps=70, throttle=throttles)
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert ["host-1"] in link.evidence["hosts"], link.text
+    episodes = link.evidence.get("episodes") or [[link.evidence["onset_step"], link.evidence["end_step"]]]
+    # every flap found within 10 steps of its onset, each told inside one finding
+    for t in throttles:
+        onset = t.from_step + 1  # the hook's steps count from 1
+        assert any(abs(o - onset) <= 3 for o, _ in episodes), (episodes, link.text)
+    assert link.evidence["detected_step"] - (throttles[0].from_step + 1) <= 10, link.text
+    assert not [f for f in every if f.kind == "straggler"], [f.text for f in every]
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+
+
+@pytest.mark.slow
+def test_plain_ddp_over_the_world_two_links_slow_at_once(tmp_path):
+    # 4 hosts, one rank each; host-1 and host-2 at 80 Mbit/s from loop index 15
+    throttles = multihost.Throttle.parse_all("1:80mbit@15,2:80mbit@15")
+    run = train_world(tmp_path, hosts=4, ranks_per_host=1, steps=40, throttle=throttles)
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    named = link.evidence["hosts"]
+    # both named (as one pair), or an honest "or" that holds both; never a healthy host alone
+    assert named == [["host-1", "host-2"]] or (["host-1"] in named and ["host-2"] in named), link.text
+    assert abs(link.evidence["onset_step"] - 16) <= 3 and link.evidence["detected_step"] - 16 <= 10, link.text
+    assert not [f for f in every if f.kind == "straggler"], [f.text for f in every]

@@ -16,7 +16,8 @@ a flush's *jitter* is how far its spacing from the one before lies from the rank
 first step leaves no healthy stretch to take it from). A host whose jitter during the slowdown stands out of every
 other candidate's -- a one-sided Mann-Whitney test of the jitters during it (normal approximation)
 at MIN_Z, medians at least MIN_EXTRA_MS apart, at least MIN_FLUSHES flushes each during it -- is
-named; otherwise the finding keeps its "or" and says what the spacing showed.
+named; two links slow at once are two hosts that stand out together (each of them out of every
+other candidate); otherwise the finding keeps its "or" and says what the spacing showed.
 
 Why spacing, not delivery lag (receive time less the envelope's latest record time, the first
 idea): measured on the namespace hosts (2 hosts x 2 ranks, tbf 50 Mbit/s on one host's link for
@@ -48,20 +49,21 @@ MIN_Z = 3.0
 MIN_EXTRA_MS = 3.0
 WARMUP_STEPS = 5  # the first steps' flushes carry the connection's start
 SHOWN = 3  # hosts whose jitter the sentence names
+MAX_HOSTS = 4  # at most this many links slow at once are named (more: a cause on the hosts, not links)
 
 
 @dataclass(frozen=True)
 class Side:
-    host: str | None  # the host whose link it is, or None: not decisive
+    hosts: tuple[str, ...]  # the hosts whose link it is (several: slow at once), or (): not decisive
     jitter_ms: dict[str, float]  # per candidate, its flushes' median jitter during the slowdown
-    z: float | None  # the test of the top host against the runner-up
+    z: float | None  # the weakest test of a named host against the others (or top against runner-up)
     sentence: str  # what the spacing showed, for the finding's text
 
 
-def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], onset: int, stop: int) -> pd.DataFrame:
+def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], spans: list[tuple[int, int]]) -> pd.DataFrame:
     """``deliveries``: queries.delivery_lags (rank, step, received_ns). Per rank and flush (the
     envelopes that arrived within FLUSH_GAP_MS of the one before) after the first: host, step (its
-    latest), during (inside steps [onset, stop)), jitter_ms (its spacing from the flush before,
+    latest), during (inside one of ``spans``, steps [onset, stop) each), jitter_ms (its spacing from the flush before,
     less the rank's median spacing)."""
     cols = ["host", "rank", "step", "during", "jitter_ms"]
     d = deliveries.dropna(subset=["step", "received_ns"]).sort_values(["rank", "received_ns"])
@@ -79,7 +81,9 @@ def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], onset: int, 
     f["gap_ms"] = f.groupby("rank").at.diff() / 1e6
     f = f.dropna(subset=["gap_ms"])
     f = f[f.step >= d.step.min() + WARMUP_STEPS]
-    f["during"] = (f.step >= onset) & (f.step < stop)
+    f["during"] = False
+    for onset, stop in spans:
+        f["during"] |= (f.step >= onset) & (f.step < stop)
     usual = f.groupby("rank").gap_ms.median()
     f["jitter_ms"] = (f.gap_ms - f["rank"].map(usual)).abs()
     f["host"] = f["rank"].map(lambda r: host_of.get(int(r)))
@@ -96,26 +100,40 @@ def mann_whitney_z(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def which_side(
-    deliveries: pd.DataFrame | None, host_of: dict[int, str], candidates: list[str], onset: int, stop: int
+    deliveries: pd.DataFrame | None, host_of: dict[int, str], candidates: list[str], spans: list[tuple[int, int]]
 ) -> Side:
-    """Of ``candidates`` (hosts each of whose link alone explains the slowdown of steps [onset,
-    stop)), the one whose telemetry arrived unevenly while the others' did not, or none."""
+    """Of ``candidates`` (hosts each of whose link alone explains the slowdown of the steps in
+    ``spans``, [onset, stop) each: one, or every episode of a link that flaps), those whose
+    telemetry arrived unevenly while the others' did not: the fewest top hosts (by median jitter,
+    at most half the candidates) each of which stands out of every other candidate (MIN_Z,
+    MIN_EXTRA_MS). Two links slow at once are then two hosts; none: not decisive."""
     if deliveries is None or deliveries.empty:
-        return Side(None, {}, None, "no telemetry arrival times to tell them apart")
-    flushes = flush_jitter(deliveries, host_of, onset, stop)
+        return Side((), {}, None, "no telemetry arrival times to tell them apart")
+    flushes = flush_jitter(deliveries, host_of, spans)
     inside = {}
     for host in candidates:
         mine = flushes[flushes.host == host]
         if (n := int(mine.during.sum())) < MIN_FLUSHES:
-            return Side(None, {}, None, f"too few telemetry flushes of {host} to tell ({n} while it lasted)")
+            return Side((), {}, None, f"too few telemetry flushes of {host} to tell ({n} while it lasted)")
         inside[host] = mine[mine.during].jitter_ms.to_numpy()
     jitter = {h: float(np.median(x)) for h, x in inside.items()}
     order = sorted(candidates, key=lambda h: -jitter[h])
-    top, others = order[0], order[1:]
-    z = min(mann_whitney_z(inside[top], inside[h]) for h in others)
     said = ", ".join(f"{h} {jitter[h]:.1f} ms" for h in order[:SHOWN])
     if len(order) > SHOWN:  # at 128 hosts, the rest as one figure
-        said += f", {len(order) - SHOWN} other hosts <= {jitter[order[SHOWN]]:.1f} ms"
-    if z >= MIN_Z and all(jitter[top] - jitter[h] >= MIN_EXTRA_MS for h in others):
-        return Side(top, jitter, z, f"{top}'s telemetry arrived unevenly while it lasted (jitter {said}; z {z:.1f})")
-    return Side(None, jitter, z, f"the telemetry's arrival does not tell them apart (jitter {said}; z {z:.1f})")
+        rest = len(order) - SHOWN
+        said += f", {rest} other host{'s' if rest > 1 else ''} <= {jitter[order[SHOWN]]:.1f} ms"
+    z_top = None
+    for k in range(1, 1 + max(1, min(MAX_HOSTS, len(order) // 2))):
+        top, rest = order[:k], order[k:]
+        # the weakest named host against the strongest other is the margin; z against every other
+        if jitter[top[-1]] - jitter[rest[0]] < MIN_EXTRA_MS:
+            continue
+        z = min(mann_whitney_z(inside[t], inside[r]) for t in top for r in rest)
+        z_top = z if z_top is None else z_top
+        if z >= MIN_Z:
+            named = sorted(top)
+            whose = f"{named[0]}'s telemetry" if k == 1 else f"the telemetry of {', '.join(named[:-1])} and {named[-1]}"
+            said = f"{whose} arrived unevenly while it lasted (jitter {said}; z {z:.1f})"
+            return Side(tuple(top), jitter, z, said)
+    z = z_top if z_top is not None else mann_whitney_z(inside[order[0]], inside[order[1]])
+    return Side((), jitter, z, f"the telemetry's arrival does not tell them apart (jitter {said}; z {z:.1f})")

@@ -54,6 +54,7 @@ prefetches, each count the link's time for all of them).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -284,7 +285,64 @@ def slow_links(
         finding = _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries)
         if finding is not None:
             found.append(finding)
-    return found
+    return _flaps(found, deliveries, host_of)
+
+
+def _flaps(found: list[Finding], deliveries, host_of: dict[int, str]) -> list[Finding]:
+    """One finding per link: slowdowns at different times that share a localisation (a link that
+    flaps: slow some steps of every N) are told once, with every episode's steps. Each episode may
+    have placed it differently (one named the host alone, another an "or" that holds it): the
+    merged finding keeps the hosts every episode allows, and the words of the episode that said
+    most; its cost is per slow step, over all of them. Where every episode left an "or" of single
+    hosts (each too short for its telemetry to tell), their telemetry is judged over all the
+    episodes together."""
+    clusters: list[list[Finding]] = []
+    for f in sorted(found, key=lambda f: f.steps[0]):
+        mine = {tuple(c) for c in f.evidence["hosts"]}
+        for cluster in clusters:
+            if mine & {tuple(c) for g in cluster for c in g.evidence["hosts"]}:
+                cluster.append(f)
+                break
+        else:
+            clusters.append([f])
+    out = []
+    for same in clusters:
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        allowed = set.intersection(*({tuple(c) for c in f.evidence["hosts"]} for f in same))
+        told = min(same, key=lambda f: (len(f.evidence["hosts"]), f.steps[0]))  # the most specific
+        side = None
+        if len(allowed) > 1 and all(len(c) == 1 for c in allowed):
+            episodes = [(f.steps[0], f.steps[1] + 1) for f in same]
+            side = which_side(deliveries, host_of, sorted(h for (h,) in allowed), episodes)
+            allowed = {tuple(side.hosts)} if side.hosts else allowed
+        first, last = same[0], same[-1]
+        lengths = [f.steps[1] - f.steps[0] + 1 for f in same]
+        cost = sum(f.cost_ms_per_step * n for f, n in zip(same, lengths, strict=True)) / sum(lengths)
+        spans = ", ".join(f"{f.steps[0]}-{f.steps[1]}" for f in same)
+        text = (
+            f"{told.text}; the link flaps: slow {len(same)} times (steps {spans}), {sum(lengths)} steps in all, "
+            f"{duration(cost)} per slow step"
+        )
+        if side is not None and side.hosts:
+            text += f"; over all of them {side.sentence}: {_host_list(side.hosts)}"
+            text += "'s link" if len(side.hosts) == 1 else "'s links"
+        evidence = {
+            **told.evidence,
+            "hosts": [list(c) for c in sorted(allowed)],
+            "onset_step": first.evidence["onset_step"],
+            "detected_step": first.evidence["detected_step"],
+            "end_step": last.evidence["end_step"],
+            "cost_ms_per_step": cost,
+            "episodes": [[f.evidence["onset_step"], f.evidence["end_step"]] for f in same],
+        }
+        out.append(
+            dataclasses.replace(
+                told, text=text, steps=(first.steps[0], last.steps[1]), cost_ms_per_step=cost, evidence=evidence
+            )
+        )
+    return out
 
 
 def _overlapping(episodes: list[Episode], last_step: int) -> list[list[Episode]]:
@@ -330,8 +388,8 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
         return None
     side = None
     if len(covers) > 1:  # as small covers, each one host: whose telemetry queued?
-        side = which_side(deliveries, host_of, sorted(h for c in covers for h in c), onset, stop)
-        covers = [frozenset([side.host])] if side.host is not None else covers
+        side = which_side(deliveries, host_of, sorted(h for c in covers for h in c), [(onset, stop)])
+        covers = [frozenset(side.hosts)] if side.hosts else covers
 
     suspects = sorted(set().union(*covers))
     # cost: per step, the rank that lost most to the cross-host groups through the suspects' links

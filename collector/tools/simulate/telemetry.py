@@ -9,7 +9,8 @@ a delay drawn afresh for each flush, up to QUEUE_NS times the share of a transfe
 added (1 - 1/factor: the longer the training traffic holds the link, the deeper the queue it
 leaves). One point is measured (collector.data.findings.link_side: behind a real link throttled
 to 50 Mbit/s, 20x or more slower, the flushes' spacing jittered by a median 8-9 ms, under 1 ms
-elsewhere); QUEUE_NS gives that at 20x, and the shape in between (~7 ms at 4x, ~4.5 ms at 2x) is this model's, not a measurement.
+elsewhere); QUEUE_NS gives that at 20x, and the shape in between (~7 ms at 4x, ~4.5 ms at 2x)
+is this model's, not a measurement.
 ``telemetry_apart``: the telemetry takes another network than the training traffic (a management
 Ethernet beside InfiniBand), which no slow link delays."""
 

@@ -207,11 +207,11 @@ def test_a_host_whose_flushes_all_arrive_late_but_evenly_is_not_named():
     # a constant delay (a longer route, a clock offset) is no queue: spacing, not lag, is judged
     d = flushes({"a": [0, 1], "b": [2, 3]}, None, 15, 40)
     d.loc[d["rank"] < 2, "received_ns"] += 80_000_000
-    side = link_side.which_side(d, {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], 15, 41)
-    assert side.host is None and side.z is not None and side.z < link_side.MIN_Z
+    side = link_side.which_side(d, {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], [(15, 41)])
+    assert side.hosts == () and side.z is not None and side.z < link_side.MIN_Z
     # and too few flushes to judge is said as such
-    short = link_side.which_side(d[d.step < 17], {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], 15, 41)
-    assert short.host is None and "too few telemetry flushes" in short.sentence
+    short = link_side.which_side(d[d.step < 17], {0: "a", 1: "a", 2: "b", 3: "b"}, ["a", "b"], [(15, 41)])
+    assert short.hosts == () and "too few telemetry flushes" in short.sentence
 
 
 def sweep_of(data_dir, run_id) -> pd.DataFrame:
@@ -365,3 +365,29 @@ def test_world_only_healthy_is_silent_and_a_compute_straggler_stays_one(tmp_path
     )
     assert not only(found, "slow_link")
     assert [f.ranks for f in only(found, "straggler")] == [(27,)]
+
+
+@pytest.mark.parametrize("world_only", [True, False])
+def test_a_link_that_flaps_is_one_finding_with_every_episode(tmp_path, world_only):
+    """Host 3's link slow 5 steps of every 20: told once, its four episodes listed, not four warnings."""
+    flaps = tuple(simulate.SlowLink(3, 4.0, s, s + 5) for s in (20, 40, 60, 80))
+    found = health(tmp_path, ranks=64, hosts=8, steps=100, world_only=world_only, slow_links=flaps)
+    [link] = only(found, "slow_link")
+    assert link.evidence["hosts"] == [["node-0003"]], link.text
+    episodes = link.evidence["episodes"]
+    assert len(episodes) == 4 and all(
+        abs(o - s) <= 2 and abs(e - s - 5) <= 2 for (o, e), s in zip(episodes, (20, 40, 60, 80))
+    )
+    assert link.steps[0] <= 22 and link.steps[1] >= 83 and "the link flaps: slow 4 times" in link.text
+    assert not only(found, "straggler")
+
+
+@pytest.mark.parametrize("world_only", [True, False])
+def test_two_links_slow_at_once_are_both_named(tmp_path, world_only):
+    both = (simulate.SlowLink(2, 4.0, 30), simulate.SlowLink(5, 4.0, 30))
+    found = health(tmp_path, ranks=64, hosts=8, steps=60, world_only=world_only, slow_links=both)
+    [link] = only(found, "slow_link")
+    assert link.evidence["hosts"] == [["node-0002", "node-0005"]], link.text
+    assert "the links of node-0002 and node-0005" in link.text and not only(found, "straggler")
+    if world_only:  # over the world group, their telemetry tells: both queued
+        assert "the telemetry of node-0002 and node-0005 arrived unevenly" in link.text
