@@ -297,3 +297,21 @@ def test_plain_ddp_over_the_world_two_links_slow_at_once(tmp_path):
     assert named == [["host-1", "host-2"]] or (["host-1"] in named and ["host-2"] in named), link.text
     assert abs(link.evidence["onset_step"] - 16) <= 3 and link.evidence["detected_step"] - 16 <= 10, link.text
     assert not [f for f in every if f.kind == "straggler"], [f.text for f in every]
+
+
+@pytest.mark.slow
+def test_plain_ddp_over_the_world_a_link_slow_from_the_start_is_found_only_against_a_calibration(tmp_path):
+    # rankscope calibrate on the same 3 hosts first (the world group, around DDP's ~1-2 MiB buckets)
+    sweep = [sys.executable, "-m", "collector.tools.calibrate", "--data-dir", str(tmp_path / "data")]
+    multihost.run_on_hosts([*sweep, "--sizes", "1M,2M,4M", "--ops", "all_reduce"], hosts=3, ranks_per_host=1)
+    throttle = multihost.Throttle.parse("1:80mbit@0")
+    run = train_world(tmp_path, hosts=3, ranks_per_host=1, steps=40, throttle=throttle)
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert link.evidence["control"] == "calibration" and link.evidence["expected_from"] == "calibration", link.text
+    assert ["host-1"] in link.evidence["hosts"] and link.evidence["end_step"] is None, link.text
+    assert link.evidence["onset_step"] <= 5, link.text
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+    # judged by what it learned itself, slow all along is its normal: nothing (and no straggler)
+    calibration.path(run.data_dir, ["host-0", "host-1", "host-2"]).unlink()
+    assert not [f for f in warnings(found(run))], [f.text for f in found(run)]

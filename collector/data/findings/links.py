@@ -410,7 +410,11 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
         # the world group only: DDP's buckets and FSDP's prefetches are async collectives in flight
         # together, each counting the time the link took for all of them; the step lost at most
         # what its ranks' transfer, as a union of their communication less their waiting, grew
+        # (slow from the start, with nothing before to grow from: at most that transfer itself)
         grew = transfer_growth(steps, onset, stop)
+        if grew is None and (union := _union_transfer(steps)) is not None:
+            during_union = union[(union.index >= onset) & (union.index < stop)]
+            grew = float(during_union.mean()) if len(during_union) else None
         cost = min(cost, grew) if grew is not None else cost
     step_ms = None
     if steps is not None and not steps.empty and "step_ms" in steps:
@@ -418,13 +422,15 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
         step_ms = float(before.groupby("step").step_ms.median().median()) if not before.empty else None
     if cost < MIN_COST_MS or (step_ms and cost < MIN_COST_SHARE * step_ms):
         return None
-    busy = None
+    busy, by_calibration = None, False
     if not inside and steps is not None:
         # no group inside a host to show the hosts kept their speed (the world group only, as plain
         # DDP/FSDP run): their compute must have, on every host, while the transfer grew. (Without
         # step analysis, as delivery retention asks, the transfer alone decides: a superset.)
         busy = busy_before_after(steps, host_of, onset, stop)
-        if busy is None or any(after - before > MAX_BUSY_RISE * cost for before, after in busy.values()):
+        if busy is None and _calibrated_from_the_start(t, slowed, ratio, onset, stop):
+            by_calibration = True  # no healthy stretch to compare compute with: the sweep is the yardstick
+        elif busy is None or any(after - before > MAX_BUSY_RISE * cost for before, after in busy.values()):
             return None
 
     # the sentence's numbers: the busiest slowed class, its busbw before and during
@@ -450,10 +456,13 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     text = (
         f"{op} busbw on groups spanning {spanning} fell {fell:.1f}x at step {onset} "
         f"({before_gbs:.2g} -> {after_gbs:.2g} GB/s{' calibrated before' if swept else ''}); "
-        f"{_control_words(inside, busy)}: {where}; "
+        f"{_control_words(inside, busy, by_calibration)}: {where}; "
         f"costs {duration(cost)} per step"
     )
-    if step_ms:
+    if by_calibration and steps is not None and "step_ms" in steps:  # no step before it: a share of its own
+        now = steps[(steps.step >= onset) & (steps.step < stop)].groupby("step").step_ms.median().median()
+        text += f" ({pct(cost / now)} of the {duration(now)} step)" if now and now == now else ""
+    elif step_ms:
         text += f" (+{pct(cost / step_ms)} on the {duration(step_ms)} step before)"
     text += f", ended at step {end}" if end is not None else ", still slow"
     if side is not None:
@@ -487,7 +496,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
             "unchanged_groups": len(unchanged),
             "affected_ranks": affected,
             "expected_from": "calibration" if swept else "run",
-            "control": "host groups" if inside else "compute" if busy else "none",
+            "control": "host groups" if inside else "compute" if busy else "calibration" if by_calibration else "none",
             "busy_ms": {h: [round(b, 2), round(a, 2)] for h, (b, a) in busy.items()} if busy else None,
             "telemetry_jitter_ms": side.jitter_ms if side is not None else None,
             "telemetry_jitter_z": side.z if side is not None else None,
@@ -500,15 +509,23 @@ def transfer_growth(steps: pd.DataFrame | None, onset: int, stop: int) -> float 
     """How much the ranks' transfer per step (their communication less waiting, each a union over
     the step's collectives) grew over [onset, stop) from the HISTORY_STEPS steps before: the per
     step maximum over ranks, mean during less median before. None without step analysis."""
-    if steps is None or steps.empty or not {"comm_ms", "waiting_ms"} <= set(steps.columns):
+    per_step = _union_transfer(steps)
+    if per_step is None:
         return None
-    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
-    per_step = (s.comm_ms - s.waiting_ms.fillna(0.0)).groupby(s.step).max()
     before = per_step[(per_step.index < onset) & (per_step.index >= onset - HISTORY_STEPS)]
     during = per_step[(per_step.index >= onset) & (per_step.index < stop)]
     if len(before) < MIN_EPISODE_STEPS or len(during) < MIN_EPISODE_STEPS:
         return None
     return max(0.0, float(during.mean() - before.median()))
+
+
+def _union_transfer(steps: pd.DataFrame | None) -> pd.Series | None:
+    """Per step (warm-up left out), the most any rank spent moving data: its communication less
+    its waiting, a union over the step's collectives. None without step analysis."""
+    if steps is None or steps.empty or not {"comm_ms", "waiting_ms"} <= set(steps.columns):
+        return None
+    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
+    return (s.comm_ms - s.waiting_ms.fillna(0.0)).groupby(s.step).max()
 
 
 def busy_before_after(
@@ -530,10 +547,23 @@ def busy_before_after(
     return {str(h): (float(b[h]), float(a[h])) for h in b.index.intersection(a.index)} or None
 
 
-def _control_words(inside: bool, busy: dict[str, tuple[float, float]] | None) -> str:
+def _calibrated_from_the_start(t: pd.DataFrame, slowed: set, ratio: pd.Series, onset: int, stop: int) -> bool:
+    """A world-group-only slowdown from before the run learned anything (no step before it to show
+    the hosts' compute kept its speed) is still the network where every slowed collective was
+    expected from ``rankscope calibrate``'s sweep of these hosts and runs at least MAX_REFERENCE
+    times that: more than a busy CPU makes of a transfer (a milder one stays unsaid)."""
+    if onset >= int(t.step.min()) + BASELINE_STEPS:
+        return False
+    rows = t[t.group_name.isin(slowed) & (t.step >= onset) & (t.step < stop)]
+    return bool(len(rows)) and bool(rows.calibrated.all()) and all(ratio[g] >= math.log(MAX_REFERENCE) for g in slowed)
+
+
+def _control_words(inside: bool, busy: dict[str, tuple[float, float]] | None, by_calibration: bool = False) -> str:
     """What shows the hosts themselves kept their speed."""
     if inside:
         return "groups inside hosts unchanged"
+    if by_calibration:
+        return f"from the first steps, at least {MAX_REFERENCE:g}x what rankscope calibrate measured on these hosts"
     if busy is None:
         return "no group inside a host or step time to compare with"
     before = np.median([b for b, _ in busy.values()])

@@ -391,3 +391,23 @@ def test_two_links_slow_at_once_are_both_named(tmp_path, world_only):
     assert "the links of node-0002 and node-0005" in link.text and not only(found, "straggler")
     if world_only:  # over the world group, their telemetry tells: both queued
         assert "the telemetry of node-0002 and node-0005 arrived unevenly" in link.text
+
+
+def test_world_only_a_link_slow_from_the_start_is_found_only_against_a_calibration(tmp_path):
+    """Plain DDP over the world, host 2's link 8x slower from step 0: the run has no healthy stretch,
+    so nothing shows it is slow -- unless rankscope calibrate measured these hosts: then it is the
+    network, said against the sweep; a healthy run under the same calibration stays silent."""
+    healthy = simulate.Simulation(run_id="calm", ranks=32, hosts=4, steps=40, world_only=True)
+    simulate.write_data_dir(healthy, tmp_path / "calm")
+    sweep = sweep_of(tmp_path / "calm", "calm")
+    hosts = [healthy.host(r) for r in range(32)]
+    slow = dict(ranks=32, hosts=4, steps=40, world_only=True, slow_links=(simulate.SlowLink(2, 8.0, 0),))
+    assert not only(health(tmp_path / "bare", **slow), "slow_link")
+    calibration.write(tmp_path / "swept" / "d", hosts, sweep)
+    found = health(tmp_path / "swept", **slow)
+    [link] = only(found, "slow_link")
+    assert link.evidence["control"] == "calibration" and link.evidence["expected_from"] == "calibration", link.text
+    assert link.evidence["hosts"] == [["node-0002"]], link.text  # its telemetry queued all along
+    assert "what rankscope calibrate measured on these hosts" in link.text and not only(found, "straggler")
+    calibration.write(tmp_path / "fine" / "d", hosts, sweep)
+    assert not only(health(tmp_path / "fine", ranks=32, hosts=4, steps=40, world_only=True), "slow_link")
