@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +87,16 @@ def train_on_hosts(
     auto_profile: bool = False,
     raw_every: int = 0,
     workload: Path = WORKLOAD,
+    at_steps: dict[int, Callable[[netns.Network], None]] | None = None,
 ) -> HostsRun:
     """``auto_profile``: let the collector profile the suspects of its live findings (off: a profiled
     rank's steps are not the run's, and the slow-link tests check a cost against step times);
     ``raw_every``: the collector's retention (``collect --raw-every``), and it is stopped only once
     retention has rolled up the run's last step (what it thins is then thinned); ``workload``: the
     training script (hosts_train.py's groups inside and across hosts, or WORLD_WORKLOAD's world
-    group only; both take --ranks-per-host, --steps, --control/--pause-at)."""
+    group only; both take --ranks-per-host, --steps, --control/--pause-at); ``at_steps``: more
+    actions at loop indexes, each given the network (say, start a CPU hog in a host: ``net.popen``,
+    killed with the namespaces), run after that index's throttles."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"
     world = hosts * ranks_per_host
@@ -108,7 +112,7 @@ def train_on_hosts(
         line = collector.stdout.readline()
         if "listening" not in line:
             raise RuntimeError(f"collector did not start: {line!r} {collector.stderr.read()[-2000:]}")
-        actions, qdiscs = _throttle_actions(net, throttle)
+        actions, qdiscs = _throttle_actions(net, throttle, at_steps or {})
         with netns.StepControl(control, actions) as steps_control:
             ranks = []
             for rank in range(world):
@@ -142,7 +146,7 @@ def train_on_hosts(
     return HostsRun(data_dir, name, json.loads((out / "times.json").read_text()), out, qdiscs)
 
 
-def _throttle_actions(net: netns.Network, throttle) -> tuple[dict, dict[str, str]]:
+def _throttle_actions(net: netns.Network, throttle, more: dict) -> tuple[dict, dict[str, str]]:
     """netns.StepControl's actions for ``throttle`` (one, several, or None): per loop index, every
     throttle and restore due then, in order; and the dict each throttle fills with every host's
     qdisc just after it (the evidence: tbf where meant)."""
@@ -158,6 +162,9 @@ def _throttle_actions(net: netns.Network, throttle) -> tuple[dict, dict[str, str
         due.setdefault(t.from_step, []).append(throttled)
         if t.to_step is not None:
             due.setdefault(t.to_step, []).append(lambda slow=slow: net.restore(slow))
+
+    for step, action in more.items():
+        due.setdefault(step, []).append(lambda action=action: action(net))
 
     def run_all(todo: list) -> None:
         for action in todo:

@@ -97,7 +97,7 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
         + implausible_clocks(clock)
-        + (slow_links(*links, steps, deliveries, calibration) if links is not None else [])
+        + (slow_links(*links, steps, deliveries, calibration, signals) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
         + whatif_findings(whatif)

@@ -249,6 +249,7 @@ def slow_links(
     steps: pd.DataFrame | None = None,
     deliveries: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
+    signals: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
     ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
@@ -256,7 +257,9 @@ def slow_links(
     lies inside a host for the hosts' busy time that shows they kept their speed; optional: without
     it such runs are judged on their transfer alone);
     ``deliveries``: queries.deliveries (to break a tie between hosts; optional); ``calibration``:
-    collector.data.calibration.load's, of the run's hosts (what transfers should cost; optional)."""
+    collector.data.calibration.load's, of the run's hosts (what transfers should cost; optional);
+    ``signals``: queries.signals_by_step (its runqueue_ms: where the ranks' wait for a CPU rose with
+    the transfer, the hosts slowed themselves; optional)."""
     ratios = transfer_ratios(transfers, members, hosts, calibration)
     if ratios is None:
         return []
@@ -282,7 +285,9 @@ def slow_links(
     last_step = int(per_group.step.max())
     found = []
     for episode in _overlapping(episodes, last_step):
-        finding = _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries)
+        finding = _judge(
+            episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries, signals
+        )
         if finding is not None:
             found.append(finding)
     return _flaps(found, deliveries, host_of)
@@ -357,7 +362,9 @@ def _overlapping(episodes: list[Episode], last_step: int) -> list[list[Episode]]
     return out
 
 
-def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries) -> Finding | None:
+def _judge(
+    episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries, signals
+) -> Finding | None:
     onset = int(np.median([e.onset for e in episode]))
     ends = [e.end for e in episode]
     end = None if any(x is None for x in ends) else int(np.median(ends))
@@ -428,6 +435,11 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
         # DDP/FSDP run): their compute must have, on every host, while the transfer grew. (Without
         # step analysis, as delivery retention asks, the transfer alone decides: a superset.)
         busy = busy_before_after(steps, host_of, onset, stop)
+        # a loaded CPU slows a CPU-driven transfer (gloo; NCCL's proxy threads) while the step's busy
+        # part hides under it (DDP overlaps compute and buckets): the ranks' wait for a CPU tells
+        cpu_wait = cpu_wait_before_after(signals, host_of, onset, stop)
+        if cpu_wait and any(after - before > MAX_BUSY_RISE * cost for before, after in cpu_wait.values()):
+            return None
         if busy is None and _calibrated_from_the_start(t, slowed, ratio, onset, stop):
             by_calibration = True  # no healthy stretch to compare compute with: the sweep is the yardstick
         elif busy is None or any(after - before > MAX_BUSY_RISE * cost for before, after in busy.values()):
@@ -517,6 +529,25 @@ def transfer_growth(steps: pd.DataFrame | None, onset: int, stop: int) -> float 
     if len(before) < MIN_EPISODE_STEPS or len(during) < MIN_EPISODE_STEPS:
         return None
     return max(0.0, float(during.mean() - before.median()))
+
+
+def cpu_wait_before_after(
+    signals: pd.DataFrame | None, host_of: dict[int, str], onset: int, stop: int
+) -> dict[str, tuple[float, float]] | None:
+    """Per host, its ranks' typical wait for a CPU per step (runqueue_ms) over the HISTORY_STEPS
+    steps before ``onset`` (warm-up left out) and over [onset, stop). None where the run recorded
+    none, or steps are missing on either side."""
+    if signals is None or signals.empty or "runqueue_ms" not in signals or signals.runqueue_ms.isna().all():
+        return None
+    s = signals.dropna(subset=["runqueue_ms"])
+    s = s[s.step >= s.step.min() + WARMUP_STEPS].assign(host=lambda x: x["rank"].map(host_of))
+    before = s[(s.step < onset) & (s.step >= onset - HISTORY_STEPS)]
+    during = s[(s.step >= onset) & (s.step < stop)]
+    if before.step.nunique() < MIN_EPISODE_STEPS or during.step.nunique() < MIN_EPISODE_STEPS:
+        return None
+    b = before.groupby(["host", "step"]).runqueue_ms.median().groupby(level="host").median()
+    a = during.groupby(["host", "step"]).runqueue_ms.median().groupby(level="host").median()
+    return {str(h): (float(b[h]), float(a[h])) for h in b.index.intersection(a.index)} or None
 
 
 def _union_transfer(steps: pd.DataFrame | None) -> pd.Series | None:

@@ -411,3 +411,24 @@ def test_world_only_a_link_slow_from_the_start_is_found_only_against_a_calibrati
     assert "what rankscope calibrate measured on these hosts" in link.text and not only(found, "straggler")
     calibration.write(tmp_path / "fine" / "d", hosts, sweep)
     assert not only(health(tmp_path / "fine", ranks=32, hosts=4, steps=40, world_only=True), "slow_link")
+
+
+def test_world_only_a_transfer_slowed_with_the_ranks_wait_for_a_cpu_is_the_hosts_not_a_link(tmp_path):
+    """A loaded CPU slows a CPU-driven transfer (gloo) while DDP hides the step's compute under it,
+    so the busy time stays put: the ranks' wait for a CPU (signals' runqueue_ms) rising with the
+    transfer says it is the hosts. The same slowdown with the wait flat is the network."""
+    sim = simulate.Simulation(
+        run_id="cpu", ranks=24, hosts=3, steps=50, world_only=True, slow_links=(simulate.SlowLink(1, 2.0, 25),)
+    )
+    simulate.write_data_dir(sim, tmp_path / "d")
+    cat = queries.Catalog(tmp_path / "d")
+    rollup = queries.comm_rollup(cat, "cpu")
+    frames = (queries.link_transfers(rollup, links.MIN_BYTES), queries.group_members(rollup), queries.ranks(cat, "cpu"))
+    steps, deliveries = queries.step_analysis(cat, "cpu"), queries.deliveries(cat, "cpu")
+    cat.close()
+    grid = pd.MultiIndex.from_product([range(24), range(50)], names=["rank", "step"]).to_frame(index=False)
+    flat = grid.assign(runqueue_ms=2.0)
+    loaded = grid.assign(runqueue_ms=np.where(grid.step >= 25, 60.0, 2.0))
+    [link] = links.slow_links(*frames, steps, deliveries, None, flat)
+    assert link.evidence["hosts"] == [["node-0001"]], link.text
+    assert links.slow_links(*frames, steps, deliveries, None, loaded) == []
