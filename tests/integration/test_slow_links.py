@@ -275,6 +275,8 @@ def test_plain_ddp_over_the_world_a_link_that_flaps_is_one_network_finding(tmp_p
     every = found(run)
     [link] = [f for f in every if f.kind == "slow_link"]
     assert ["host-1"] in link.evidence["hosts"], link.text
+    named = {h for c in link.evidence["hosts"] for h in c}
+    assert set(link.ranks) == {r for r in range(3) if f"host-{r}" in named}, (link.ranks, link.text)
     episodes = link.evidence.get("episodes") or [[link.evidence["onset_step"], link.evidence["end_step"]]]
     # every flap found within 10 steps of its onset, each told inside one finding
     for t in throttles:

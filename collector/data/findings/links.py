@@ -342,9 +342,16 @@ def _flaps(found: list[Finding], deliveries, host_of: dict[int, str]) -> list[Fi
             "cost_ms_per_step": cost,
             "episodes": [[f.evidence["onset_step"], f.evidence["end_step"]] for f in same],
         }
+        named = {h for c in allowed for h in c}
+        ranks = tuple(sorted(r for r, h in host_of.items() if h in named))  # the hosts kept, not told's
         out.append(
             dataclasses.replace(
-                told, text=text, steps=(first.steps[0], last.steps[1]), cost_ms_per_step=cost, evidence=evidence
+                told,
+                text=text,
+                ranks=ranks,
+                steps=(first.steps[0], last.steps[1]),
+                cost_ms_per_step=cost,
+                evidence=evidence,
             )
         )
     return out

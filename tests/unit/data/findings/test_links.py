@@ -379,6 +379,7 @@ def test_a_link_that_flaps_is_one_finding_with_every_episode(tmp_path, world_onl
         abs(o - s) <= 2 and abs(e - s - 5) <= 2 for (o, e), s in zip(episodes, (20, 40, 60, 80))
     )
     assert link.steps[0] <= 22 and link.steps[1] >= 83 and "the link flaps: slow 4 times" in link.text
+    assert set(link.ranks) == set(range(24, 32))  # the host's ranks
     assert not only(found, "straggler")
 
 
