@@ -220,51 +220,21 @@ def cases() -> list[Case]:
             ranks=1024,
         ),
     ]
-    # the slow host's ranks; at 2 hosts both links explain it (every cross-host group spans both)
+    # the slow host's ranks (node-0017: ranks 136-143); with host groups, and over the world group
+    # only (plain DDP over 128 hosts: the host named by its telemetry's arrival)
     link = "slow_link"
-    sim += [
-        Case(
-            "sim1024-slow-link",
-            "simulate",
-            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--slow-link", "17:4@30-50"),
-            (Expect(link, tuple(range(136, 144)), onset=30),),
-            ranks=1024,
-        ),
-        # the world group only (plain DDP over 128 hosts): the host named by its telemetry's arrival
-        Case(
-            "sim1024-world-slow-link",
-            "simulate",
-            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--world-only", "--slow-link", "17:4@30"),
-            (Expect(link, tuple(range(136, 144)), onset=30),),
-            ranks=1024,
-        ),
-        Case(
-            "sim1024-world-healthy",
-            "simulate",
-            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--world-only"),
-            ranks=1024,
-        ),
-        Case(
-            "sim1024-world-straggler",
-            "simulate",
-            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--world-only", "--straggler", "300:40@30"),
-            (Expect(S, (300,), onset=30),),
-            ranks=1024,
-        ),
-        Case(
-            "sim1024-host-groups-healthy",
-            "simulate",
-            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--host-groups"),
-            ranks=1024,
-        ),
-        Case(
-            "sim1024-host-groups-straggler",
-            "simulate",
-            ("--ranks", "1024", "--steps", "60", "--hosts", "128", "--host-groups", "--straggler", "300:40@30"),
-            (Expect(S, (300,), onset=30),),
-            ranks=1024,
-        ),
-    ]
+    sim1024 = ("--ranks", "1024", "--steps", "60", "--hosts", "128")
+    slow_host = (Expect(link, tuple(range(136, 144)), onset=30),)
+    late = (Expect(S, (300,), onset=30),)
+    for name, extra, expect in (
+        ("sim1024-slow-link", ("--slow-link", "17:4@30-50"), slow_host),
+        ("sim1024-world-slow-link", ("--world-only", "--slow-link", "17:4@30"), slow_host),
+        ("sim1024-world-healthy", ("--world-only",), ()),
+        ("sim1024-world-straggler", ("--world-only", "--straggler", "300:40@30"), late),
+        ("sim1024-host-groups-healthy", ("--host-groups",), ()),
+        ("sim1024-host-groups-straggler", ("--host-groups", "--straggler", "300:40@30"), late),
+    ):
+        sim.append(Case(name, "simulate", (*sim1024, *extra), expect, ranks=1024))
     # hosts: (hosts, ranks a host, throttle HOST:RATE@FROM[-TO] in loop indexes or "-", workload args...);
     # hook steps count from 1: loop index i is step i + 1
     hosts = [

@@ -541,20 +541,11 @@ def transfer_growth(steps: pd.DataFrame | None, onset: int, stop: int) -> float 
 def cpu_wait_before_after(
     signals: pd.DataFrame | None, host_of: dict[int, str], onset: int, stop: int
 ) -> dict[str, tuple[float, float]] | None:
-    """Per host, its ranks' typical wait for a CPU per step (runqueue_ms) over the HISTORY_STEPS
-    steps before ``onset`` (warm-up left out) and over [onset, stop). None where the run recorded
-    none, or steps are missing on either side."""
+    """Per host, its ranks' typical wait for a CPU per step (runqueue_ms) before ``onset`` and
+    during [onset, stop) (_per_host_before_after). None where the run recorded none."""
     if signals is None or signals.empty or "runqueue_ms" not in signals or signals.runqueue_ms.isna().all():
         return None
-    s = signals.dropna(subset=["runqueue_ms"])
-    s = s[s.step >= s.step.min() + WARMUP_STEPS].assign(host=lambda x: x["rank"].map(host_of))
-    before = s[(s.step < onset) & (s.step >= onset - HISTORY_STEPS)]
-    during = s[(s.step >= onset) & (s.step < stop)]
-    if before.step.nunique() < MIN_EPISODE_STEPS or during.step.nunique() < MIN_EPISODE_STEPS:
-        return None
-    b = before.groupby(["host", "step"]).runqueue_ms.median().groupby(level="host").median()
-    a = during.groupby(["host", "step"]).runqueue_ms.median().groupby(level="host").median()
-    return {str(h): (float(b[h]), float(a[h])) for h in b.index.intersection(a.index)} or None
+    return _per_host_before_after(signals.dropna(subset=["runqueue_ms"]), "runqueue_ms", host_of, onset, stop)
 
 
 def _union_transfer(steps: pd.DataFrame | None) -> pd.Series | None:
@@ -570,18 +561,26 @@ def busy_before_after(
     steps: pd.DataFrame | None, host_of: dict[int, str], onset: int, stop: int
 ) -> dict[str, tuple[float, float]] | None:
     """Per host, its ranks' typical busy time per step (step less communication: compute and
-    whatever else is not a collective) over the HISTORY_STEPS steps before ``onset`` (warm-up left
-    out) and over [onset, stop). None without step analysis or steps on both sides."""
+    whatever else is not a collective) before ``onset`` and during [onset, stop)
+    (_per_host_before_after). None without step analysis."""
     if steps is None or steps.empty or not {"step_ms", "comm_ms"} <= set(steps.columns):
         return None
-    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
-    s = s.assign(busy=s.step_ms - s.comm_ms, host=s["rank"].map(host_of))
+    return _per_host_before_after(steps.assign(busy=steps.step_ms - steps.comm_ms), "busy", host_of, onset, stop)
+
+
+def _per_host_before_after(
+    frame: pd.DataFrame, column: str, host_of: dict[int, str], onset: int, stop: int
+) -> dict[str, tuple[float, float]] | None:
+    """Per host, ``column`` (per rank and step) typical over the HISTORY_STEPS steps before
+    ``onset`` (warm-up left out) and over [onset, stop): the median over steps of the median over
+    its ranks. None without MIN_EPISODE_STEPS steps on both sides."""
+    s = frame[frame.step >= frame.step.min() + WARMUP_STEPS].assign(host=lambda x: x["rank"].map(host_of))
     before = s[(s.step < onset) & (s.step >= onset - HISTORY_STEPS)]
     during = s[(s.step >= onset) & (s.step < stop)]
     if before.step.nunique() < MIN_EPISODE_STEPS or during.step.nunique() < MIN_EPISODE_STEPS:
         return None
-    b = before.groupby(["host", "step"]).busy.median().groupby(level="host").median()
-    a = during.groupby(["host", "step"]).busy.median().groupby(level="host").median()
+    b = before.groupby(["host", "step"])[column].median().groupby(level="host").median()
+    a = during.groupby(["host", "step"])[column].median().groupby(level="host").median()
     return {str(h): (float(b[h]), float(a[h])) for h in b.index.intersection(a.index)} or None
 
 
