@@ -426,9 +426,6 @@ def _judge(
         # what its ranks' transfer, as a union of their communication less their waiting, grew
         # (slow from the start, with nothing before to grow from: at most that transfer itself)
         grew = transfer_growth(steps, onset, stop)
-        if grew is None and (union := _union_transfer(steps)) is not None:
-            during_union = union[(union.index >= onset) & (union.index < stop)]
-            grew = float(during_union.mean()) if len(during_union) else None
         cost = min(cost, grew) if grew is not None else cost
     step_ms = None
     if steps is not None and not steps.empty and "step_ms" in steps:
@@ -480,7 +477,7 @@ def _judge(
     )
     if by_calibration and steps is not None and "step_ms" in steps:  # no step before it: a share of its own
         now = steps[(steps.step >= onset) & (steps.step < stop)].groupby("step").step_ms.median().median()
-        text += f" ({pct(cost / now)} of the {duration(now)} step)" if now and now == now else ""
+        text += f" ({pct(cost / now)} of the {duration(now)} step)" if pd.notna(now) and now else ""
     elif step_ms:
         text += f" (+{pct(cost / step_ms)} on the {duration(step_ms)} step before)"
     text += f", ended at step {end}" if end is not None else ", still slow"
@@ -527,14 +524,17 @@ def _judge(
 def transfer_growth(steps: pd.DataFrame | None, onset: int, stop: int) -> float | None:
     """How much the ranks' transfer per step (their communication less waiting, each a union over
     the step's collectives) grew over [onset, stop) from the HISTORY_STEPS steps before: the per
-    step maximum over ranks, mean during less median before. None without step analysis."""
-    per_step = _union_transfer(steps)
-    if per_step is None:
+    step maximum over ranks, mean during less median before. With too few steps before or during
+    (slow from the start: nothing to grow from), the transfer during it itself. None without step
+    analysis or steps during it."""
+    if steps is None or steps.empty or not {"comm_ms", "waiting_ms"} <= set(steps.columns):
         return None
+    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
+    per_step = (s.comm_ms - s.waiting_ms.fillna(0.0)).groupby(s.step).max()
     before = per_step[(per_step.index < onset) & (per_step.index >= onset - HISTORY_STEPS)]
     during = per_step[(per_step.index >= onset) & (per_step.index < stop)]
     if len(before) < MIN_EPISODE_STEPS or len(during) < MIN_EPISODE_STEPS:
-        return None
+        return float(during.mean()) if len(during) else None
     return max(0.0, float(during.mean() - before.median()))
 
 
@@ -546,15 +546,6 @@ def cpu_wait_before_after(
     if signals is None or signals.empty or "runqueue_ms" not in signals or signals.runqueue_ms.isna().all():
         return None
     return _per_host_before_after(signals.dropna(subset=["runqueue_ms"]), "runqueue_ms", host_of, onset, stop)
-
-
-def _union_transfer(steps: pd.DataFrame | None) -> pd.Series | None:
-    """Per step (warm-up left out), the most any rank spent moving data: its communication less
-    its waiting, a union over the step's collectives. None without step analysis."""
-    if steps is None or steps.empty or not {"comm_ms", "waiting_ms"} <= set(steps.columns):
-        return None
-    s = steps[steps.step >= steps.step.min() + WARMUP_STEPS]
-    return (s.comm_ms - s.waiting_ms.fillna(0.0)).groupby(s.step).max()
 
 
 def busy_before_after(

@@ -251,9 +251,9 @@ class Simulation:
             busbw_gbs=(algbw * factor[None, None, :]).ravel(),
             peer=np.full(n, -1),
         )
-        longer = (ring[:, 0] - 1.0) * self._union_ns  # [S]: what the stretched transfers added to the step
+        longer = next_t0 - step_t0 - self.step_period_ns  # [S]: what the stretched transfers added to the step
         if self.host_groups:
-            extra = comm_rows(self, ranks, steps, step_t0 + self._step_delay(steps) + longer.astype(np.int64))
+            extra = comm_rows(self, ranks, steps, step_t0 + self._step_delay(steps) + longer)
             out["comm"] = pa.concat_tables([out["comm"], extra])
 
         # timers: a straggler's forward pass is the slow part; everything after it shifts. A slow
@@ -269,8 +269,7 @@ class Simulation:
         dur[:, :, 0] += late
         dur[:, :, -1] += self.host_groups_ns  # the optimizer step waits for the host-group collectives
         shift = np.array([x.offset_ns > 0 for x in t.timers])[None, None, :] * late[:, :, None]
-        offsets = np.array([x.offset_ns for x in t.timers])[None, :] + begins - at  # [S, k]
-        begin = step_t0[None, :, None] + offsets[None] + shift
+        begin = step_t0[None, :, None] + t.collective_offset_ns + begins[None] + shift
         k = len(names)
         out["timers"] = stored_table(
             "timers",
