@@ -192,6 +192,25 @@ TABLES: dict[str, Table] = {
             ("detail", STR),
             ("time_ns", I64),
         ),
+        # A link probe (collector.server.probe, collector.rank.probe): ``listening`` (the rank's listener
+        # is open at ``port``), then per peer timed ``measured`` rows, one each way: ``send`` is this
+        # rank's host to the peer's, ``receive`` the other way; ``failed`` says why not. A transfer
+        # cut at its bound is measured over the bytes it moved (``bytes`` then less than asked).
+        _table(
+            "probes",
+            ("request_id", STR),
+            ("status", STR),  # listening | measured | failed | refused
+            ("host", STR),
+            ("peer_rank", I64),  # -1: the collector
+            ("peer_host", STR),
+            ("direction", STR),  # send | receive
+            ("bytes", I64),
+            ("seconds", F64),
+            ("mbit_s", F64),
+            ("port", I64),
+            ("detail", STR),
+            ("time_ns", I64),
+        ),
     )
 }
 

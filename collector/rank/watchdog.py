@@ -46,7 +46,7 @@ import time
 import traceback
 
 from collector.data import hang_rule
-from collector.rank import capture, session, state
+from collector.rank import capture, probe, session, state
 from collector.rank.clock import CLOCK, perf_ns
 from collector.rank.recorder import (
     REC,
@@ -247,6 +247,7 @@ def _on_session(active: bool) -> None:
         WATCHDOG.start(s.hang_after_s, s.heartbeat_s)
     elif not active:
         WATCHDOG.stop()
+        probe.PROBE.close()
 
 
 def _on_request(request) -> None:
@@ -256,6 +257,8 @@ def _on_request(request) -> None:
         WATCHDOG.request_stacks(request.reason or "requested")
         if request.id:
             capture.answer(request, "accepted", "every Python thread's stack, in the stacks table")
+    elif request.kind in probe.KINDS:
+        probe.PROBE.handle(request)
     else:
         capture.CAPTURE.handle(request)
 

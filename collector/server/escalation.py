@@ -9,7 +9,11 @@ which also feeds the alert webhook), at most every few seconds per run:
   finding does not name, on the first suspect's host where one streams, and of those the one
   whose recent busy time (step time less waiting) is nearest their median;
 * a ``hang``: the ranks it names send their stacks;
-* ``memory_growth``: the ranks it names report their memory.
+* ``memory_growth``: the ranks it names report their memory;
+* with a ``prober`` (``rankscope collect --auto-probe``, off by default: it puts bytes on the slow
+  link): a ``slow_link`` finding that leaves an "or" between hosts has their links timed
+  (collector.server.probe), on a thread of its own, once per run and set of hosts; the next refresh's
+  finding reads the probe's rows and names the host where it was decisive.
 
 A finding whose slowness is over (a straggler "was slow in steps a-b, not since") asks no one:
 the steps a profile would capture are healthy ones.
@@ -51,8 +55,12 @@ class Escalation:
         steps: int = 3,
         run_interval_s: float = 300.0,
         rank_interval_s: float = 900.0,
+        profile: bool = True,
+        prober=None,
     ) -> None:
         self.commands = commands
+        self.profile, self.prober = profile, prober
+        self.probes: list[threading.Thread] = []  # the probes started (tests join them)
         self.steps = steps
         self.run_interval_s, self.rank_interval_s = run_interval_s, rank_interval_s
         self._lock = threading.Lock()
@@ -69,8 +77,10 @@ class Escalation:
                 continue
             if (finding.evidence or {}).get("pattern") == "transient":
                 continue  # "was slow in steps a-b, not since": the next steps would show it healthy
+            if finding.kind == "slow_link" and self.prober is not None:
+                self._probe(run_id, finding)
             kind = _request_kind(finding.kind)
-            if kind is None:
+            if kind is None or (kind == "profile" and not self.profile):
                 continue
             key = (run_id, finding.kind, finding.severity, tuple(finding.ranks))
             with self._lock:
@@ -90,6 +100,28 @@ class Escalation:
             if request_id:
                 sent.append(request_id)
         return sent
+
+    def _probe(self, run_id: str, finding: Finding) -> None:
+        """Time the links of the hosts a slow-link finding leaves, once per run and hosts."""
+        candidates = sorted({h for cover in finding.evidence.get("hosts", []) for h in cover})
+        if len(finding.evidence.get("hosts", [])) < 2 or finding.evidence.get("end_step") is not None:
+            return  # named alone already, or over: a probe now would time healthy links
+        key = (run_id, "probe", tuple(candidates))
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen[key] = None
+
+        def probe() -> None:
+            try:
+                report = self.prober.run(run_id, candidates=candidates)
+                log.info("escalation: probed run %s's links of %s: %s", run_id, ", ".join(candidates), report.sentence)
+            except Exception as exc:  # evidence is a bonus
+                log.warning("escalation: could not probe run %s's links of %s: %s", run_id, ", ".join(candidates), exc)
+
+        thread = threading.Thread(target=probe, name="rankscope-auto-probe", daemon=True)
+        self.probes.append(thread)
+        thread.start()
 
     def _ask(self, run_id: str, finding: Finding, kind: str, steps, now: float) -> str | None:
         streams = self.commands.liveness.streams_of(run_id)

@@ -101,11 +101,19 @@ def serve(
         state.close()
 
 
+def _escalation(asked, state):
+    """What the collector asks unprompted: profiles (on by default), link probes (off by default)."""
+    from collector.server.escalation import Escalation
+
+    if not (asked.auto_profile or asked.auto_probe):
+        return None
+    return Escalation(state.commands, profile=asked.auto_profile, prober=state.prober if asked.auto_probe else None)
+
+
 def _start_metrics(settings: CollectorSettings, state):
     """The findings refresh, with /metrics, the alert webhook and the escalation as asked."""
     # imported here, not at the top: the findings pull in pandas, the endpoint prometheus_client
     from collector.server.alerts import AlertWebhook
-    from collector.server.escalation import Escalation
     from collector.server.metrics import MetricsEndpoint
 
     asked = settings.metrics
@@ -117,7 +125,7 @@ def _start_metrics(settings: CollectorSettings, state):
             asked.port,
             settings.host.strip("[]"),
             webhook=webhook,
-            escalation=Escalation(state.commands) if asked.auto_profile else None,
+            escalation=_escalation(asked, state),
             streaming_only=asked.port is None and not asked.alert_webhook,
             token=settings.security.token,
             **({"max_runs": asked.max_runs} if asked.max_runs is not None else {}),

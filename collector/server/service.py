@@ -155,6 +155,7 @@ class _StreamAcks:
         self.identity_from = ""
         self.received_ns = 0  # when its last table envelope arrived (collector.data.deliveries)
         self.resend = False  # it carries spool files of exited processes (collector.server.resends)
+        self.peer = ""  # the rank's address as this collector sees it (a link probe reaches it there)
 
     def _wake(self) -> None:
         try:
@@ -244,7 +245,7 @@ class CollectorServicer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         loop = asyncio.get_running_loop()
         acks = _StreamAcks(loop)
-        acks.resend = resend
+        acks.resend, acks.peer = resend, peer
         self.state.count(streams=1)
         reader = asyncio.create_task(self._read(request_iterator, acks))
         try:
@@ -387,6 +388,8 @@ class CollectorServicer:
             acks.withdraw()
             raise
         self.state.liveness.observe(acks, env, rows)  # a resent Hello too: it names the rank's new stream
+        if env.HasField("table") and env.table.table == "probes":
+            self.state.prober.observe(rows)  # a link probe waits for its answers
 
     async def Command(self, request, context):
         if isinstance(request, Undecodable):
@@ -396,6 +399,18 @@ class CollectorServicer:
             return self.state.commands.send(request.run_id, request.ranks, request.request, roles=roles)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"command: {exc}")
+
+    async def Probe(self, request, context):
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"probe: {request.problem}")
+        run = partial(self.state.prober.run, request.run_id, list(request.hosts), request.bytes, request.timeout_s)
+        try:
+            report = await asyncio.get_running_loop().run_in_executor(None, run)  # seconds: not on the loop
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"probe: {exc}")
+        return pb.ProbeReply(
+            request_id=report.request_id, report_json=json.dumps(report.to_json()), refused=report.refused
+        )
 
     async def Health(self, request, context):
         if isinstance(request, Undecodable):
@@ -434,6 +449,11 @@ def _add_servicer(servicer: CollectorServicer, server: grpc.aio.Server) -> None:
             request_deserializer=_lenient(pb.CommandRequest),
             response_serializer=pb.CommandReply.SerializeToString,
         ),
+        "Probe": grpc.unary_unary_rpc_method_handler(
+            servicer.Probe,
+            request_deserializer=_lenient(pb.ProbeRequest),
+            response_serializer=pb.ProbeReply.SerializeToString,
+        ),
         "Health": grpc.unary_unary_rpc_method_handler(
             servicer.Health,
             request_deserializer=_lenient(pb.HealthRequest),
@@ -453,6 +473,7 @@ class CollectorServer:
         self, state: CollectorState, address: str, token: str | None, credentials: grpc.ServerCredentials | None
     ):
         self.state = state
+        state.prober.bind_host = address.rpartition(":")[0]  # a link probe's listener binds where the collector does
         self.intake = ThreadPoolExecutor(INTAKE_THREADS, thread_name_prefix="rankscope-intake")
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="rankscope-grpc", daemon=True)

@@ -40,6 +40,7 @@ class MetricsSettings(ConfigBlock):
     max_runs: int | None = None
     alert_webhook: str | None = None  # post each new finding here (collector.server.alerts)
     auto_profile: bool = True  # ask the ranks a new live finding names for evidence (server.escalation)
+    auto_probe: bool = False  # time the links a slow-link finding leaves in doubt (server.probe)
 
 
 @dataclass(kw_only=True)

@@ -15,6 +15,7 @@ from collector.server.compaction import CompactionConfig, Compactor
 from collector.server.limits import PeerStreams, StreamLimits
 from collector.server.live_findings import LiveFindings
 from collector.server.liveness import Liveness
+from collector.server.probe import Prober
 from collector.server.resends import Resends
 from collector.server.store import Store, StoreConfig
 from collector.server.write_status import WriteStatus
@@ -44,6 +45,7 @@ class CollectorState:
         self.liveness = Liveness(self.store)
         self.commands = Commands(self.liveness)
         self.findings = LiveFindings(self.liveness)
+        self.prober = Prober(self.liveness, self.findings)
         self.resends = Resends(self.data_dir)
         self.started = time.monotonic()
         self._lock = threading.Lock()

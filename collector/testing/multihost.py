@@ -85,12 +85,14 @@ def train_on_hosts(
     workload_args: tuple[str, ...] = (),
     timeout_s: float = 600,
     auto_profile: bool = False,
+    auto_probe: bool = False,
     raw_every: int = 0,
     workload: Path = WORKLOAD,
     at_steps: dict[int, Callable[[netns.Network], None]] | None = None,
 ) -> HostsRun:
     """``auto_profile``: let the collector profile the suspects of its live findings (off: a profiled
     rank's steps are not the run's, and the slow-link tests check a cost against step times);
+    ``auto_probe``: let it time the links a slow-link finding leaves in doubt (``collect --auto-probe``);
     ``raw_every``: the collector's retention (``collect --raw-every``), and it is stopped only once
     retention has rolled up the run's last step (what it thins is then thinned); ``workload``: the
     training script (hosts_train.py's groups inside and across hosts, or WORLD_WORKLOAD's world
@@ -106,6 +108,7 @@ def train_on_hosts(
             [sys.executable, "-m", "collector.tools.cli", "collect", "--data-dir", str(data_dir),
              "--host", net.ip("collector"), "--port", str(COLLECTOR_PORT), "--insecure",
              "--auto-profile" if auto_profile else "--no-auto-profile",
+             "--auto-probe" if auto_probe else "--no-auto-probe",
              *(["--raw-every", str(raw_every)] if raw_every else [])],
             hostname="collector", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip

@@ -65,6 +65,7 @@ def summarize(
     deliveries: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
     whatif: dict | None = None,
+    probes: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """Every rule over one run's query results, most urgent first. ``steps`` is
     queries.step_analysis; ``log_summary`` is queries.log_summary over queries.training_filter;
@@ -75,7 +76,8 @@ def summarize(
     ``memory`` queries.memory_trend; ``clock`` queries.clock_skew (ranks whose clock is off);
     ``links`` (queries.link_transfers, queries.group_members, queries.ranks): slow links, and
     ``deliveries`` (queries.deliveries) which host's link where two explain it alike, ``calibration``
-    (collector.data.calibration.load's) what a transfer should cost on the run's hosts;
+    (collector.data.calibration.load's) what a transfer should cost on the run's hosts, ``probes``
+    (queries.probes) the link probes made while it was slow;
     ``pipeline`` (collector.data.pipeline.stage_bubbles): stage imbalance and bubbles; on a pipeline
     run they, not the communication notes, speak for the stages' point-to-point traffic; ``whatif``
     (collector.data.whatif.for_run's result, where the run has ops it models): which cause the
@@ -97,7 +99,7 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
         + implausible_clocks(clock)
-        + (slow_links(*links, steps, deliveries, calibration, signals) if links is not None else [])
+        + (slow_links(*links, steps, deliveries, calibration, signals, probes) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
         + whatif_findings(whatif)
@@ -168,6 +170,7 @@ def for_run(
         links=(queries.link_transfers(rollup, LINK_MIN_BYTES), queries.group_members(rollup), ranks),
         pipeline=stage_bubbles(cat, run_id),
         deliveries=queries.deliveries(cat, run_id),
+        probes=queries.probes(cat, run_id),
         calibration=load_calibration(cat.data_dir, ranks.host.dropna().unique()),
         whatif=_whatif(cat, run_id),
     )

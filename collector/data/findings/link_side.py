@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from collector.data.deliveries import FLUSH_GAP_NS
+from collector.data.findings.probes import during as probes_during
 
 FLUSH_GAP_MS = FLUSH_GAP_NS / 1e6  # the collector keeps one delivery per flush (collector.data.deliveries)
 MIN_FLUSHES = 10
@@ -58,6 +59,7 @@ class Side:
     jitter_ms: dict[str, float]  # per candidate, its flushes' median jitter during the slowdown
     z: float | None  # the weakest test of a named host against the others (or top against runner-up)
     sentence: str  # what the spacing showed, for the finding's text
+    probe: str | None = None  # the link probe that named the hosts (its request id), where it did
 
 
 def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], spans: list[tuple[int, int]]) -> pd.DataFrame:
@@ -88,6 +90,26 @@ def flush_jitter(deliveries: pd.DataFrame, host_of: dict[int, str], spans: list[
     f["jitter_ms"] = (f.gap_ms - f["rank"].map(usual)).abs()
     f["host"] = f["rank"].map(lambda r: host_of.get(int(r)))
     return f.dropna(subset=["host", "jitter_ms"])[cols].reset_index(drop=True)
+
+
+def which_side_or_probe(
+    deliveries: pd.DataFrame | None,
+    probes: pd.DataFrame | None,
+    host_of: dict[int, str],
+    candidates: list[str],
+    spans: list[tuple[int, int]],
+) -> Side:
+    """``which_side``; where the telemetry does not decide, a link probe made while it lasted
+    (``rankscope probe``: collector.data.findings.probes) that names hosts among ``candidates``."""
+    side = which_side(deliveries, host_of, candidates, spans)
+    if side.hosts:
+        return side
+    probed = probes_during(probes, candidates, spans)
+    if probed is None:
+        return side
+    request_id, verdict = probed
+    said = f"{side.sentence}; a link probe while it lasted ({request_id}): {verdict.sentence}"
+    return Side(verdict.hosts, side.jitter_ms, side.z, said, probe=request_id)
 
 
 def mann_whitney_z(x: np.ndarray, y: np.ndarray) -> float:

@@ -64,7 +64,7 @@ import pandas as pd
 
 from collector.data import calibration as calibrated
 from collector.data.bandwidth import bus_factor
-from collector.data.findings.link_side import which_side
+from collector.data.findings.link_side import Side, which_side_or_probe
 from collector.data.findings.model import Finding, duration, pct
 
 MIN_BYTES = 64 * 1024
@@ -250,6 +250,7 @@ def slow_links(
     deliveries: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
     signals: pd.DataFrame | None = None,
+    probes: pd.DataFrame | None = None,
 ) -> list[Finding]:
     """``transfers``: queries.link_transfers (group_name, step, op, bytes, transfer_ms, n);
     ``members``: queries.group_members (group_name, rank); ``hosts``: queries.ranks (rank, host);
@@ -259,7 +260,8 @@ def slow_links(
     ``deliveries``: queries.deliveries (to break a tie between hosts; optional); ``calibration``:
     collector.data.calibration.load's, of the run's hosts (what transfers should cost; optional);
     ``signals``: queries.signals_by_step (its runqueue_ms: where the ranks' wait for a CPU rose with
-    the transfer, the hosts slowed themselves; optional)."""
+    the transfer, the hosts slowed themselves; optional); ``probes``: queries.probes (link probes
+    made while it lasted: which host, where the telemetry cannot say; optional)."""
     ratios = transfer_ratios(transfers, members, hosts, calibration)
     if ratios is None:
         return []
@@ -283,17 +285,19 @@ def slow_links(
         for onset, alarm, end in change_points(at, log_ratio, refs[group]):
             episodes.append(Episode(group, onset, alarm, end))
     last_step = int(per_group.step.max())
+
+    def tell(candidates: list[str], spans: list[tuple[int, int]]) -> Side:
+        return which_side_or_probe(deliveries, probes, host_of, candidates, spans)
+
     found = []
     for episode in _overlapping(episodes, last_step):
-        finding = _judge(
-            episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries, signals
-        )
+        finding = _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, tell, signals)
         if finding is not None:
             found.append(finding)
-    return _flaps(found, deliveries, host_of)
+    return _flaps(found, tell, host_of)
 
 
-def _flaps(found: list[Finding], deliveries, host_of: dict[int, str]) -> list[Finding]:
+def _flaps(found: list[Finding], tell, host_of: dict[int, str]) -> list[Finding]:
     """One finding per link: slowdowns at different times that share a localisation (a link that
     flaps: slow some steps of every N) are told once, with every episode's steps. Each episode may
     have placed it differently (one named the host alone, another an "or" that holds it): the
@@ -320,7 +324,7 @@ def _flaps(found: list[Finding], deliveries, host_of: dict[int, str]) -> list[Fi
         side = None
         if len(allowed) > 1 and all(len(c) == 1 for c in allowed):
             episodes = [(f.steps[0], f.steps[1] + 1) for f in same]
-            side = which_side(deliveries, host_of, sorted(h for (h,) in allowed), episodes)
+            side = tell(sorted(h for (h,) in allowed), episodes)
             allowed = {tuple(side.hosts)} if side.hosts else allowed
         first, last = same[0], same[-1]
         lengths = [f.steps[1] - f.steps[0] + 1 for f in same]
@@ -369,9 +373,7 @@ def _overlapping(episodes: list[Episode], last_step: int) -> list[list[Episode]]
     return out
 
 
-def _judge(
-    episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, deliveries, signals
-) -> Finding | None:
+def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step, refs, tell, signals) -> Finding | None:
     onset = int(np.median([e.onset for e in episode]))
     ends = [e.end for e in episode]
     end = None if any(x is None for x in ends) else int(np.median(ends))
@@ -402,7 +404,7 @@ def _judge(
         return None
     side = None
     if len(covers) > 1:  # as small covers, each one host: whose telemetry queued?
-        side = which_side(deliveries, host_of, sorted(h for c in covers for h in c), [(onset, stop)])
+        side = tell(sorted(h for c in covers for h in c), [(onset, stop)])
         covers = [frozenset(side.hosts)] if side.hosts else covers
 
     suspects = sorted(set().union(*covers))
@@ -516,6 +518,7 @@ def _judge(
             "busy_ms": {h: [round(b, 2), round(a, 2)] for h, (b, a) in busy.items()} if busy else None,
             "telemetry_jitter_ms": side.jitter_ms if side is not None else None,
             "telemetry_jitter_z": side.z if side is not None else None,
+            "probe": side.probe if side is not None else None,
         },
         page="comms",
     )

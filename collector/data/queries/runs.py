@@ -131,6 +131,15 @@ def ranks(cat: Catalog, run_id: str) -> pd.DataFrame:
     )
 
 
+def probes(cat: Catalog, run_id: str) -> pd.DataFrame:
+    """The run's link probes (collector.server.probe): one row per rank's answer."""
+    return cat.df(
+        "SELECT rank, step, request_id, status, host, peer_rank, peer_host, direction, mbit_s, time_ns "
+        "FROM probes WHERE run_id = ? ORDER BY time_ns",
+        [run_id],
+    )
+
+
 def deliveries(cat: Catalog, run_id: str) -> pd.DataFrame:
     """When each of the run's telemetry envelopes was made and reached the collector
     (collector.data.deliveries): rank, step, made_ns, received_ns."""

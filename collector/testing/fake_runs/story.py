@@ -20,7 +20,7 @@ from proto import pb
 START = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
 # What a fake run's story writes: every table but the watchdog's (collector.testing.liveness adds
 # those for a hang) and captured evidence (a rank's answers to the collector's own requests).
-STORY_TABLES = frozenset(TABLES) - {"inflight", "heartbeats", "stacks", "artifacts"}
+STORY_TABLES = frozenset(TABLES) - {"inflight", "heartbeats", "stacks", "artifacts", "probes"}
 HOSTS = ("node-a", "node-a", "node-b", "node-b")  # rank r runs on HOSTS[r % 4]
 
 # (op, group, bytes S as nccl-tests defines it); one step issues this pattern.

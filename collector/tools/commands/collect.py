@@ -100,6 +100,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "rank per 15 min (default: on; --no-auto-profile: never ask unprompted)",
     )
     p.add_argument(
+        "--auto-probe",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="when a live slow-link finding cannot tell which host's link it is, time those hosts' links at once "
+        "(rankscope probe: 4 MiB each way per pair, one pair at a time; default: off)",
+    )
+    p.add_argument(
         "--raw-every",
         type=int,
         default=None,
@@ -184,6 +191,7 @@ def settings_from_args(args: argparse.Namespace):
             max_runs=args.metrics_max_runs,
             alert_webhook=args.alert_webhook,
             auto_profile=args.auto_profile,
+            auto_probe=args.auto_probe,
         ),
     )
 

@@ -433,3 +433,34 @@ def test_world_only_a_transfer_slowed_with_the_ranks_wait_for_a_cpu_is_the_hosts
     [link] = links.slow_links(*frames, steps, deliveries, None, flat)
     assert link.evidence["hosts"] == [["node-0001"]], link.text
     assert links.slow_links(*frames, steps, deliveries, None, loaded) == []
+
+
+def probe_rows(request_id: str, step: int, slow_host: str | None, time_ns: int = 1) -> pd.DataFrame:
+    """What ``rankscope probe`` stores for 3 hosts and the collector: every path through
+    ``slow_host`` at 90 Mbit/s, the rest at 9 Gbit/s (collector.server.probe's rows)."""
+    rows = []
+    ends = {"host-0": 0, "host-1": 1, "host-2": 2}
+    for i, (host, rank) in enumerate(ends.items()):
+        peers = [(p, r) for p, r in list(ends.items())[i + 1 :]] + [("collector", -1)]
+        for peer, peer_rank in peers:
+            slow = slow_host in (host, peer)
+            for direction in ("send", "receive"):
+                rows.append(dict(rank=rank, step=step, request_id=request_id, status="measured", host=host,
+                                 peer_rank=peer_rank, peer_host=peer, direction=direction,
+                                 mbit_s=90.0 if slow else 9000.0, time_ns=time_ns))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_world_group_only_a_probe_while_it_lasted_settles_the_or():
+    frames = world_only(25, 8.0)
+    probed = probe_rows("probe-1", 35, "host-1")
+    [link] = links.slow_links(*frames, probes=probed)
+    assert link.evidence["hosts"] == [["host-1"]] and link.evidence["probe"] == "probe-1", link.text
+    assert link.ranks == (1,)
+    assert "host-1's link; costs" in link.text and "a link probe while it lasted (probe-1)" in link.text
+    # a probe before the slowdown, one that names no host, or one naming a host outside the "or": still "or"
+    for other in (probe_rows("early", 10, "host-1"), probe_rows("calm", 35, None)):
+        [link] = links.slow_links(*frames, probes=other)
+        assert link.evidence["hosts"] == [["host-0"], ["host-1"], ["host-2"]] and link.evidence["probe"] is None
+    # healthy: a probe changes nothing
+    assert not links.slow_links(*world_only(60, 1.0), probes=probe_rows("calm", 35, None))
