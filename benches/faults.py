@@ -20,7 +20,9 @@ users write), then `rankscope health RUN --json` as a user runs it:
   collector.testing.multihost; skipped where namespaces cannot be made), one host's link throttled
   with tc tbf from a loop index (and restored at another), or a compute straggler; cases whose
   args start with ``world`` run collector/testing/workloads/world_train.py instead: plain DDP or
-  FSDP2 over the world group only (1 or 4 ranks a host, 2 to 4 hosts), as most jobs are written.
+  FSDP2 over the world group only (1 or 4 ranks a host, 2 to 4 hosts), as most jobs are written,
+  and real DeepSpeed ZeRO-2 under the hook (its venv, benches/_deepspeed_venv.py; ``--auto-probe``:
+  the collector probes the links a finding leaves in doubt).
   Multi-host runs are also scored apart: slow-link and straggler F1 over them alone, where the
   slow link was put (its host named alone and right / an honest "or" that holds it / wrong) and
   its detection delay in steps;
@@ -118,6 +120,7 @@ class Outcome:
     median_step_ms: float | None = None  # step times the script measured (the first 2 left out)
     link_rise_ms: float | None = None  # hosts: the median step's rise while the link was throttled
     localised: str | None = None  # hosts, throttled: the link's host named "alone", among an "or", or "wrong"
+    by_probe: bool = False  # hosts: a link probe (collect --auto-probe) is what placed it
     delay_steps: int | None = None  # hosts, throttled: the slow link's detection step less its onset
     mean_step_ms: float | None = None
     seconds: float = 0.0
@@ -257,12 +260,16 @@ def cases() -> list[Case]:
         ("ddp3x4-throttled", "ddp", 3, 4, "2:80mbit@20", (world_link,)),
         ("fsdp2x2-throttled", "fsdp2", 2, 2, "0:120mbit@20", (world_link,)),
         ("fsdp3x1-throttled", "fsdp2", 3, 1, "1:120mbit@20", (world_link,)),
+        # real DeepSpeed ZeRO-2 under the hook (its own venv: benches/_deepspeed_venv.py)
+        ("zero2-2x2-throttled", "zero2", 2, 2, "0:120mbit@20", (world_link,)),
+        ("zero2-3x1-throttled", "zero2", 3, 1, "1:120mbit@20", (world_link,)),
         # a link that flaps (slow 5 of every 15 loop indexes), two links slow at once
         ("ddp3x1-flapping-host1", "ddp", 3, 1, "1:80mbit@20-25,1:80mbit@35-40,1:80mbit@50", (world_link,)),
         ("ddp4x1-two-links", "ddp", 4, 1, "1:80mbit@20,2:80mbit@20", (world_link,)),
         ("ddp3x1-healthy", "ddp", 3, 1, "-", ()),
         ("ddp2x4-healthy", "ddp", 2, 4, "-", ()),
         ("fsdp2x2-healthy", "fsdp2", 2, 2, "-", ()),
+        ("zero2-2x2-healthy", "zero2", 2, 2, "-", ()),
         ("ddp3x1-straggler", "ddp", 3, 1, "-", (Expect(S, (2,)),), "sleep:2:60@15"),
         ("ddp2x4-straggler", "ddp", 2, 4, "-", (Expect(S, (5,)),), "sleep:5:60@15"),
         ("fsdp2x2-straggler", "fsdp2", 2, 2, "-", (Expect(S, (1,)),), "sleep:1:60@15"),
@@ -531,7 +538,7 @@ def run_simulated(case: Case, work: Path) -> Outcome:
     return outcome
 
 
-def run_hosts(case: Case, work: Path) -> Outcome:
+def run_hosts(case: Case, work: Path, auto_probe: bool = False) -> Outcome:
     from collector.testing import multihost
 
     workload, given = multihost.WORKLOAD, case.args
@@ -539,9 +546,15 @@ def run_hosts(case: Case, work: Path) -> Outcome:
         workload, given = multihost.WORLD_WORKLOAD, (*given[1:], "--width", "256", "--layers", "8")
     n_hosts, per_host, spec, *args = given
     throttles = () if spec == "-" else multihost.Throttle.parse_all(spec)
+    python, rank_env = sys.executable, None
+    if "zero2" in args:  # DeepSpeed's ranks run in its venv, the hook and this repo on their path
+        from benches import _deepspeed_venv
+
+        python, rank_env = str(_deepspeed_venv.PYTHON), _deepspeed_venv.ensure_rank_side()
     run = multihost.train_on_hosts(
         work / case.name, hosts=int(n_hosts), ranks_per_host=int(per_host), steps=55, name=case.name,
-        throttle=throttles, workload_args=tuple(args), workload=workload,
+        throttle=throttles, workload_args=tuple(args), workload=workload, auto_probe=auto_probe,
+        python=python, rank_env=rank_env,
     )  # fmt: skip
     outcome = Outcome(case)
     times = run.step_times[2:]
@@ -559,6 +572,7 @@ def run_hosts(case: Case, work: Path) -> Outcome:
         right, named = sorted({f"host-{t.host}" for t in throttles}), links[0]["evidence"]["hosts"]
         held = right in named or all([h] in named for h in right)
         outcome.localised = "alone" if named == [right] else "or" if held else "wrong"
+        outcome.by_probe = bool(links[0]["evidence"].get("probe"))
         outcome.delay_steps = int(links[0]["evidence"]["detected_step"]) - (throttle.from_step + 1)
     return outcome
 
@@ -582,7 +596,8 @@ def multihost_table(outcomes: list[Outcome]) -> str:
     lines.append("")
     lines.append(
         f"Where the slow link was put ({len(placed)} runs that found one): its host named alone "
-        f'{placed.count("alone")}, an honest "or" that holds it {placed.count("or")}, wrong {placed.count("wrong")}. '
+        f'{placed.count("alone")} ({sum(o.by_probe for o in hosts)} of them by a link probe), an honest "or" that '
+        f"holds it {placed.count('or')}, wrong {placed.count('wrong')}. "
         + (f"Detection delay: median {statistics.median(delays):g} steps, max {delays[-1]} steps." if delays else "")
     )
     return "\n".join(lines)
@@ -683,8 +698,11 @@ def table(outcomes: list[Outcome]) -> tuple[str, dict]:
     return "\n".join(lines), summary
 
 
-def run_suite(selected: list[Case], work: Path, log=print, auto_profile: bool = False) -> list[Outcome]:
-    """``auto_profile``: the live cases' collector profiles the suspects of its findings (collect's default)."""
+def run_suite(
+    selected: list[Case], work: Path, log=print, auto_profile: bool = False, auto_probe: bool = False
+) -> list[Outcome]:
+    """``auto_profile``: the live cases' collector profiles the suspects of its findings (collect's default);
+    ``auto_probe``: the multi-host runs' collector probes the links a slow-link finding leaves in doubt."""
     from collector.tools.launch import CollectorProcess
 
     outcomes: list[Outcome] = []
@@ -722,7 +740,7 @@ def run_suite(selected: list[Case], work: Path, log=print, auto_profile: bool = 
                 log(f"  {case.name}: skipped, network namespaces: {why}")
                 continue
             t0 = time.perf_counter()
-            o = run_hosts(case, work)
+            o = run_hosts(case, work, auto_probe)
             o.seconds = time.perf_counter() - t0
             outcomes.append(o)
             log(f"  {case.name}: {len(o.found)} findings in {o.seconds:.0f} s")
@@ -742,7 +760,7 @@ def _ranks(ranks) -> str:
     return f" [{rank_ranges(list(ranks))}]" if ranks else ""
 
 
-def report(outcomes: list[Outcome], wall_s: float) -> str:
+def report(outcomes: list[Outcome], wall_s: float, command: str = "python -m benches.faults") -> str:
     from benches._common import code_version
     from benches.dashboard_queries import machine
 
@@ -770,7 +788,7 @@ def report(outcomes: list[Outcome], wall_s: float) -> str:
     head = (
         f"# Fault-injection suite\n\nMeasured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}; "
         f"{code_version(REPO)}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. "
-        f"Command: `python -m benches.faults`; {len(outcomes)} cases in {wall_s / 60:.1f} min.\n\n"
+        f"Command: `{command}`; {len(outcomes)} cases in {wall_s / 60:.1f} min.\n\n"
         f"Overall F1 {summary['f1']:.2f} (precision {summary['precision']:.2f}, recall {summary['recall']:.2f}); "
         f"healthy cases with a warning: {summary['healthy_warned']}; cost error (stragglers, slow links) median "
         f"{100 * statistics.median(costs):.0f}% (max {100 * max(costs):.0f}%) over {len(costs)} cases.\n\n"
@@ -833,6 +851,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the live cases' collector profiles the suspects of its findings, as rankscope collect does by default "
         "(off: a capture changes the profiled rank's steps, which the cost error measures)",
     )
+    p.add_argument(
+        "--auto-probe",
+        action="store_true",
+        help="the multi-host runs' collector probes the links a slow-link finding leaves in doubt (--auto-probe)",
+    )
     args = p.parse_args(argv)
     selected = cases()
     if args.quick:
@@ -849,8 +872,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rankscope-faults-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
-        outcomes = run_suite(selected, work, auto_profile=args.auto_profile)
-    text = report(outcomes, time.perf_counter() - t0)
+        outcomes = run_suite(selected, work, auto_profile=args.auto_profile, auto_probe=args.auto_probe)
+    text = report(outcomes, time.perf_counter() - t0, " ".join(["python -m benches.faults", *(argv or sys.argv[1:])]))
     print(text)
     Path(args.out).write_text(text)
     return 0

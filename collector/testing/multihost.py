@@ -89,6 +89,8 @@ def train_on_hosts(
     raw_every: int = 0,
     workload: Path = WORKLOAD,
     at_steps: dict[int, Callable[[netns.Network], None]] | None = None,
+    python: str = sys.executable,
+    rank_env: dict[str, str] | None = None,
 ) -> HostsRun:
     """``auto_profile``: let the collector profile the suspects of its live findings (off: a profiled
     rank's steps are not the run's, and the slow-link tests check a cost against step times);
@@ -98,7 +100,8 @@ def train_on_hosts(
     training script (hosts_train.py's groups inside and across hosts, or WORLD_WORKLOAD's world
     group only; both take --ranks-per-host, --steps, --control/--pause-at); ``at_steps``: more
     actions at loop indexes, each given the network (say, start a CPU hog in a host: ``net.popen``,
-    killed with the namespaces), run after that index's throttles."""
+    killed with the namespaces), run after that index's throttles; ``python``, ``rank_env``: the
+    ranks' interpreter and what their environment adds (DeepSpeed's venv: benches/_deepspeed_venv.py)."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"
     world = hosts * ranks_per_host
@@ -120,13 +123,14 @@ def train_on_hosts(
             ranks = []
             for rank in range(world):
                 host = net.hosts[rank // ranks_per_host]
-                env = dict(
-                    _rank_env(net, rank, world, ranks_per_host),
-                    RANKSCOPE_ENDPOINT=f"{net.ip('collector')}:{COLLECTOR_PORT}",
-                    RANKSCOPE_RUN=name,
-                    RANKSCOPE_SPOOL_DIR=str(work / "spool"),
-                )
-                argv = [sys.executable, "-m", "collector.hook", str(workload), str(out)]
+                env = {
+                    **_rank_env(net, rank, world, ranks_per_host),
+                    **(rank_env or {}),  # its PYTHONPATH, say, over the repo's
+                    "RANKSCOPE_ENDPOINT": f"{net.ip('collector')}:{COLLECTOR_PORT}",
+                    "RANKSCOPE_RUN": name,
+                    "RANKSCOPE_SPOOL_DIR": str(work / "spool"),
+                }
+                argv = [python, "-m", "collector.hook", str(workload), str(out)]
                 argv += ["--ranks-per-host", str(ranks_per_host), "--steps", str(steps), *workload_args]
                 if actions:
                     argv += ["--control", str(control), "--pause-at", steps_control.pause_at]

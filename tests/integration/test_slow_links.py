@@ -338,3 +338,29 @@ def test_plain_ddp_over_the_world_healthy_under_cpu_load_from_mid_run_names_no_l
         pytest.skip(f"the load did not slow the steps (median {t[5:20]} -> {t[22:]}): nothing was tried")
     every = found(run)
     assert not warnings(every), [f.text for f in every]  # silent: no link, no straggler
+
+
+def _deepspeed_rank_side() -> tuple[str, dict]:
+    from benches import _deepspeed_venv
+
+    have = _deepspeed_venv.versions()
+    if not have or have["deepspeed"] != _deepspeed_venv.DEEPSPEED:
+        pytest.skip(f"DeepSpeed {_deepspeed_venv.DEEPSPEED} is not in {_deepspeed_venv.VENV} (make ds-venv)")
+    return str(_deepspeed_venv.PYTHON), _deepspeed_venv.ensure_rank_side()
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_deepspeed_zero2_under_the_hook_a_throttled_link_is_the_network_and_healthy_is_silent(tmp_path):
+    # real DeepSpeed 0.19.8 (DS_ACCELERATOR=cpu, gloo) with the hook attached, 2 hosts x 2 ranks: its
+    # own data-parallel group over every rank, bucketed all_reduces and all_gathers
+    python, env = _deepspeed_rank_side()
+    throttle = multihost.Throttle.parse("0:120mbit@15")
+    run = train_world(
+        tmp_path / "slow", hosts=2, ranks_per_host=2, steps=40, mode="zero2", throttle=throttle, python=python,
+        rank_env=env,
+    )  # fmt: skip
+    world_link_is_found(run, throttle, hosts=2)
+    calm = train_world(tmp_path / "calm", hosts=2, ranks_per_host=2, steps=40, mode="zero2", python=python,
+                       rank_env=env)  # fmt: skip
+    assert not warnings(found(calm)), [f.text for f in found(calm)]
