@@ -22,7 +22,9 @@ users write), then `rankscope health RUN --json` as a user runs it:
   args start with ``world`` run collector/testing/workloads/world_train.py instead: plain DDP or
   FSDP2 over the world group only (1 or 4 ranks a host, 2 to 4 hosts), as most jobs are written,
   and real DeepSpeed ZeRO-2 under the hook (its venv, benches/_deepspeed_venv.py; ``--auto-probe``:
-  the collector probes the links a finding leaves in doubt).
+  the collector probes the links a finding leaves in doubt); ``pipe`` ones run
+  collector/testing/workloads/pipe_train.py: the bundled engine's pipeline, 2 stages across hosts,
+  each stage's data-parallel replicas across hosts (1 rank a host) or inside and across (2 a host).
   Multi-host runs are also scored apart: slow-link and straggler F1 over them alone, where the
   slow link was put (its host named alone and right / an honest "or" that holds it / wrong) and
   its detection delay in steps;
@@ -258,6 +260,7 @@ def cases() -> list[Case]:
         ("ddp4x1-throttled", "ddp", 4, 1, "3:80mbit@20", (world_link,)),
         ("ddp2x4-throttled", "ddp", 2, 4, "1:80mbit@20", (world_link,)),
         ("ddp3x4-throttled", "ddp", 3, 4, "2:80mbit@20", (world_link,)),
+        ("ddp4x4-throttled", "ddp", 4, 4, "2:80mbit@20", (world_link,)),
         ("fsdp2x2-throttled", "fsdp2", 2, 2, "0:120mbit@20", (world_link,)),
         ("fsdp3x1-throttled", "fsdp2", 3, 1, "1:120mbit@20", (world_link,)),
         # real DeepSpeed ZeRO-2 under the hook (its own venv: benches/_deepspeed_venv.py)
@@ -277,6 +280,21 @@ def cases() -> list[Case]:
     for name, mode, n_hosts, per_host, spec, expect, *fault in world:
         args = ("world", str(n_hosts), str(per_host), spec, "--mode", mode, *(("--fault", fault[0]) if fault else ()))
         hosts.append(Case(f"world-{name}", "hosts", args, expect, ranks=n_hosts * per_host))
+    # pipeline parallelism over hosts (the bundled engine; 2 stages): stage groups and point-to-point
+    # pairs; the engine counts steps from 0: loop index i is step i
+    pipe_link = Expect(link, None, onset=20)
+    pipes = [
+        ("pipe4x1-throttled-host0", 4, 1, "0:80mbit@20", (pipe_link,)),
+        ("pipe4x1-throttled-host2", 4, 1, "2:80mbit@20", (pipe_link,)),
+        ("pipe4x2-throttled-host1", 4, 2, "1:80mbit@20", (pipe_link,)),
+        ("pipe2x2-throttled", 2, 2, "0:80mbit@20", (pipe_link,)),
+        ("pipe4x1-healthy", 4, 1, "-", ()),
+        ("pipe4x2-healthy", 4, 2, "-", ()),
+        ("pipe4x1-straggler", 4, 1, "-", (Expect(S, (1,)),), "sleep:1:60@15"),
+    ]
+    for name, n_hosts, per_host, spec, expect, *fault in pipes:
+        args = ("pipe", str(n_hosts), str(per_host), spec, "--stages", "2", *(("--fault", fault[0]) if fault else ()))
+        hosts.append(Case(name, "hosts", args, expect, ranks=n_hosts * per_host))
     sample = [
         Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4, quick=True),
         Case(
@@ -544,6 +562,8 @@ def run_hosts(case: Case, work: Path, auto_probe: bool = False) -> Outcome:
     workload, given = multihost.WORKLOAD, case.args
     if given[0] == "world":  # the world group only; ~2 MiB of gradients, so an 80 Mbit/s link shows
         workload, given = multihost.WORLD_WORKLOAD, (*given[1:], "--width", "256", "--layers", "8")
+    elif given[0] == "pipe":  # 4 MiB of gradients a stage, 128 KiB activations a micro-batch
+        workload, given = multihost.PIPE_WORKLOAD, given[1:]
     n_hosts, per_host, spec, *args = given
     throttles = () if spec == "-" else multihost.Throttle.parse_all(spec)
     python, rank_env = sys.executable, None
@@ -573,7 +593,8 @@ def run_hosts(case: Case, work: Path, auto_probe: bool = False) -> Outcome:
         held = right in named or all([h] in named for h in right)
         outcome.localised = "alone" if named == [right] else "or" if held else "wrong"
         outcome.by_probe = bool(links[0]["evidence"].get("probe"))
-        outcome.delay_steps = int(links[0]["evidence"]["detected_step"]) - (throttle.from_step + 1)
+        first = 0 if workload == multihost.PIPE_WORKLOAD else 1  # the step of loop index 0
+        outcome.delay_steps = int(links[0]["evidence"]["detected_step"]) - (throttle.from_step + first)
     return outcome
 
 

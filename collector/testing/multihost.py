@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "collector" / "testing" / "workloads"
 WORKLOAD = WORKLOADS / "hosts_train.py"
 WORLD_WORKLOAD = WORKLOADS / "world_train.py"  # plain DDP / FSDP2 over the world group only
+PIPE_WORKLOAD = WORKLOADS / "pipe_train.py"  # the bundled engine's pipeline, stages across hosts
 COLLECTOR_PORT = 50051  # the collector's namespace is its own: no port to share
 MASTER_PORT = 29500
 
@@ -97,10 +98,11 @@ def train_on_hosts(
     ``auto_probe``: let it time the links a slow-link finding leaves in doubt (``collect --auto-probe``);
     ``raw_every``: the collector's retention (``collect --raw-every``), and it is stopped only once
     retention has rolled up the run's last step (what it thins is then thinned); ``workload``: the
-    training script (hosts_train.py's groups inside and across hosts, or WORLD_WORKLOAD's world
-    group only; both take --ranks-per-host, --steps, --control/--pause-at); ``at_steps``: more
-    actions at loop indexes, each given the network (say, start a CPU hog in a host: ``net.popen``,
-    killed with the namespaces), run after that index's throttles; ``python``, ``rank_env``: the
+    training script (hosts_train.py's groups inside and across hosts, WORLD_WORKLOAD's world
+    group only, PIPE_WORKLOAD's pipeline stages; all take --ranks-per-host, --steps,
+    --control/--pause-at); ``at_steps``: more actions at loop indexes, each given the network
+    (say, start a CPU hog in a host: ``net.popen``, killed with the namespaces), run after that
+    index's throttles; ``python``, ``rank_env``: the
     ranks' interpreter and what their environment adds (DeepSpeed's venv: benches/_deepspeed_venv.py)."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"

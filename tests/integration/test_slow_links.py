@@ -364,3 +364,39 @@ def test_deepspeed_zero2_under_the_hook_a_throttled_link_is_the_network_and_heal
     calm = train_world(tmp_path / "calm", hosts=2, ranks_per_host=2, steps=40, mode="zero2", python=python,
                        rank_env=env)  # fmt: skip
     assert not warnings(found(calm)), [f.text for f in found(calm)]
+
+
+def train_pipeline(work, *, hosts: int, ranks_per_host: int, throttle=None, fault: str = "") -> multihost.HostsRun:
+    """The bundled engine's pipeline over namespace hosts (pipe_train.py): 2 stages across hosts."""
+    return multihost.train_on_hosts(
+        work, hosts=hosts, ranks_per_host=ranks_per_host, steps=40, name="pipe", throttle=throttle,
+        workload=multihost.PIPE_WORKLOAD, workload_args=("--stages", "2", *(("--fault", fault) if fault else ())),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_a_pipeline_over_four_hosts_names_the_slow_host_by_its_stage_groups_and_pairs(tmp_path):
+    # 2 stages x 2 replicas, 1 rank a host: each stage's data-parallel all_reduce crosses 2 hosts, each
+    # replica's activations and gradients cross 2 others; host-2 (stage 1, replica 0) at 80 Mbit/s from
+    # loop index 15 (the engine's step 15)
+    run = train_pipeline(tmp_path / "slow", hosts=4, ranks_per_host=1, throttle=multihost.Throttle.parse("2:80mbit@15"))
+    every = found(run)
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert link.evidence["hosts"] == [["host-2"]], link.text
+    assert 15 <= link.evidence["detected_step"] <= 25, link.evidence
+    assert {"g[2-3]", "p2p[0->2]"} <= set(link.evidence["slowed_groups"]), link.evidence
+    # the stage slowed by its link is no straggler, no long last stage of the what-if replay
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+    times = run.step_times
+    rise_ms = 1e3 * (statistics.median(times[18:]) - statistics.median(times[3:15]))
+    assert link.cost_ms_per_step == pytest.approx(rise_ms, rel=0.5), (link.cost_ms_per_step, rise_ms)
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_a_healthy_pipeline_over_hosts_is_silent_and_a_compute_straggler_stays_one(tmp_path):
+    calm = found(train_pipeline(tmp_path / "calm", hosts=4, ranks_per_host=1))
+    assert not warnings(calm), [f.text for f in calm]
+    late = found(train_pipeline(tmp_path / "late", hosts=4, ranks_per_host=1, fault="sleep:1:60@15"))
+    assert [(f.kind, f.ranks) for f in warnings(late)] == [("straggler", (1,))], [f.text for f in late]

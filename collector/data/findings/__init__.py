@@ -102,7 +102,7 @@ def summarize(
         + (slow_links(*links, steps, deliveries, calibration, signals, probes) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
-        + whatif_findings(whatif)
+        + whatif_findings(whatif, signals)
     )
 
 
@@ -125,8 +125,22 @@ def _one_story(found: list[Finding]) -> list[Finding]:
             if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)
             and not (f.kind == "straggler" and any(_explained_by(f, x) for x in link))
             and not (f.kind == "straggler" and (moving or any(not set(f.ranks) <= w for w in worst)))
+            and not (f.kind in _WHATIF_STRAGGLERS and any(_replayed_link(f, x) for x in link))
         ]
     )
+
+
+# the what-if verdicts a slow link's stretched collectives make (the replay cannot tell them from slow ops)
+_WHATIF_STRAGGLERS = ("whatif_worker", "whatif_spread", "whatif_moving", "whatif_stage")
+
+
+def _replayed_link(whatif: Finding, link: Finding) -> bool:
+    """A what-if straggler verdict whose slowest worker used the slow link: the replay sees the
+    link's stretched collectives as that worker's slow ops (a slow pipeline stage's DP all_reduce
+    over it, say); the link tells the story, and ``rankscope whatif`` still shows the figures."""
+    workers = list(whatif.evidence.get("top_workers") or {})
+    affected = set(link.evidence.get("affected_ranks", ()))
+    return bool(workers) and int(workers[0]) in affected
 
 
 def _explained_by(straggler: Finding, link: Finding) -> bool:

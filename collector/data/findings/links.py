@@ -45,7 +45,8 @@ link is never a straggler: a rank that leaves a collective last (ring order; a s
 it) and so arrives last at the next has its wait taken out of what it imposes (queries.step_analysis).
 
 Cost per step: for each rank, the extra transfer of the cross-host groups it is in that pass
-through the named links (slowed enough to prove it or not); the job waits
+through the named links (slowed enough to prove it or not; of a point-to-point pair, its
+receiver's: the sender does not wait for the bytes to land); the job waits
 for the rank that lost most (a synchronous step ends with its last rank), so the step's cost is
 the largest, averaged over the episode's steps. Over the world group only, at most what the ranks'
 transfer per step grew as a union (async collectives in flight together, DDP's buckets, FSDP's
@@ -68,6 +69,7 @@ from collector.data.findings.link_side import Side, which_side_or_probe
 from collector.data.findings.model import Finding, duration, pct
 
 MIN_BYTES = 64 * 1024
+RECEIVES = ("recv", "irecv")
 WARMUP_STEPS = 2
 BASELINE_STEPS = 10
 HISTORY_STEPS = 50
@@ -213,6 +215,12 @@ def transfer_ratios(
         }
     )
     t = t.assign(group_name=t.group_name.astype(str)).merge(groups.astype({"group_name": str}), on="group_name")
+    # a point-to-point pair (pseudo-group p2p[src->dst]) moves at its receiver's pace: a recv's
+    # transfer is its time once the sender had posted (the rollup takes that wait out); a sender's
+    # isend ends when it is waited on (after the rest of its schedule), not when its bytes land
+    t = t[~t.group_name.str.startswith("p2p[") | t.op.isin(RECEIVES)]
+    if t.empty:
+        return None
     t["per_coll_ms"] = t.transfer_ms / t.n
     t["bucket"] = (np.log2(t.bytes.clip(lower=1).to_numpy(dtype=float)) // 2).astype(int)
     t["cls"] = t.groupby(["op", "bucket", "span", "size"]).ngroup()
@@ -415,7 +423,7 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     extra = (slow_rows.transfer_ms - slow_rows.expected_ms).clip(lower=0)
     per_rank_step: dict[tuple[int, int], float] = {}
     for g, step, x in zip(slow_rows.group_name, slow_rows.step, extra, strict=True):
-        for r in ranks_of[g]:
+        for r in _paid_by(g, ranks_of[g]):
             per_rank_step[(r, int(step))] = per_rank_step.get((r, int(step)), 0.0) + float(x)
     by_step = pd.Series(per_rank_step, dtype=float)
     if by_step.empty:
@@ -522,6 +530,16 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
         },
         page="comms",
     )
+
+
+def _paid_by(group: str, ranks: list[int]) -> list[int]:
+    """The ranks a group's extra transfer holds up: all of a collective's; a point-to-point pair's
+    receiver (p2p[src->dst]: the sender's isend does not wait for the bytes to land)."""
+    if group.startswith("p2p[") and "->" in group:
+        dst = group.rsplit("->", 1)[1].rstrip("]")
+        if dst.isdigit():
+            return [int(dst)]
+    return ranks
 
 
 def transfer_growth(steps: pd.DataFrame | None, onset: int, stop: int) -> float | None:

@@ -12,13 +12,20 @@
   workers (a pipeline of one replica: its last stage *is* one worker), the stage is named, not the
   worker; the one-worker verdict needs M_W above M_S.
 
+- **the hosts' CPUs**: a spread or moving slowdown while every rank waited for a CPU about as long
+  as it costs a step (queries.signals_by_step's runqueue): oversubscribed cores delay ops at random,
+  the pattern data imbalance also makes; a note, not a warning.
+
 A run whose slowdown S is under ``MIN_SLOWDOWN`` gets no finding: its steps are as fast as its
 typical ops allow. Pure functions of the replay's result dict.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+
+import pandas as pd
 
 from collector.data.findings.model import Finding
 
@@ -28,6 +35,9 @@ LONG_STAGE_MS = 0.5
 SECOND_CAUSE_MS = 0.3
 STAGE_ALONE_MS = 0.9  # above it a long last stage is the whole story, however the slowest worker moves
 MOVING_TOP_SHARE = 0.5  # the most frequent slowest worker is the slowest in under half the steps
+# a spread or moving slowdown whose ranks waited for a CPU at least this share of its cost a step
+# is the hosts' oversubscribed cores (ops delayed at random), said as a note
+CPU_EXPLAINS = 0.5
 
 
 def slowest_per_step(result: dict) -> list[int]:
@@ -122,6 +132,31 @@ def _by_stage(result: dict) -> str:
     return ", ".join(f"{stage} {value:.2f}x" for stage, value in result["by_stage"].items())
 
 
-def whatif_findings(result: dict | None) -> list[Finding]:
+def whatif_findings(result: dict | None, signals: pd.DataFrame | None = None) -> list[Finding]:
+    """``describe``'s finding; ``signals`` (queries.signals_by_step): a slowdown spread over or
+    moving across workers while the ranks waited for a CPU as long as it costs is the hosts' CPUs,
+    not the data or the workers, and is told as a note that says so."""
     found = describe(result)
-    return [found] if found else []
+    if found is None:
+        return []
+    waited = _cpu_wait_ms(signals, found.steps)
+    lost = found.evidence["lost_ms_per_step"]
+    if found.kind in ("whatif_moving", "whatif_spread") and waited is not None and waited >= CPU_EXPLAINS * lost:
+        text = (
+            f"steps run {found.evidence['slowdown']:.2f}x their what-if ideal ({lost:,.0f} ms a step), spread "
+            f"over the workers, while each rank waited {waited:,.0f} ms a step for a CPU: the hosts' cores are "
+            "oversubscribed (more busy threads than cores), which delays ops at random; not one bad worker"
+        )
+        evidence = {**found.evidence, "cpu_wait_ms_per_step": round(waited, 1)}
+        found = dataclasses.replace(found, kind="whatif_cpu", severity="info", text=text, evidence=evidence)
+    return [found]
+
+
+def _cpu_wait_ms(signals: pd.DataFrame | None, steps: tuple[int, int] | None) -> float | None:
+    """The median over ranks of a rank's median wait for a CPU per step (runqueue) over ``steps``."""
+    if signals is None or signals.empty or "runqueue_ms" not in signals or steps is None:
+        return None
+    rows = signals[(signals.step >= steps[0]) & (signals.step <= steps[1])].dropna(subset=["runqueue_ms"])
+    if rows.empty:
+        return None
+    return float(rows.groupby("rank").runqueue_ms.median().median())

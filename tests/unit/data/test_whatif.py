@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from collector.data.findings.whatif import describe
+from collector.data.findings.whatif import describe, whatif_findings
 from collector.data.whatif import GraphError, analyze
 
 DATA = Path(__file__).resolve().parents[2] / "fixtures" / "osdi25_whatif"
@@ -173,3 +173,29 @@ def test_overlapped_data_parallelism_by_hand():
     r = analyze(ops)
     assert r["step_time_s"] == pytest.approx(5.3) and r["ideal_step_time_s"] == pytest.approx(1 + 3.0 + 0.3)
     assert r["by_dp_rank"]["1"] == pytest.approx(5.3 / 4.3) and r["m_w_workers"] == [1]
+
+
+def cpu_waits(result: dict, ms: float) -> pd.DataFrame:
+    """Host samples' wait for a CPU: ``ms`` on every rank in every replayed step."""
+    steps = [int(s) for s in result["per_step"]]
+    ranks = [int(r) for r in result["workers"]]
+    return pd.DataFrame([(r, s, ms) for r in ranks for s in steps], columns=["rank", "step", "runqueue_ms"])
+
+
+def test_a_moving_slowdown_while_the_ranks_wait_for_a_cpu_is_the_hosts_cores_a_note():
+    result = analyze(trace_ops("SE"))
+    lost = describe(result).evidence["lost_ms_per_step"]
+    # waits well under half the cost: the sequence-length verdict stands
+    [kept] = whatif_findings(result, cpu_waits(result, 0.2 * lost))
+    assert kept.kind == "whatif_moving" and kept.severity == "warning", kept
+    [note] = whatif_findings(result, cpu_waits(result, 0.6 * lost))
+    assert note.kind == "whatif_cpu" and note.severity == "info", note
+    assert "waited" in note.text and "oversubscribed" in note.text and "sequence" not in note.text
+    assert note.evidence["cpu_wait_ms_per_step"] == pytest.approx(0.6 * lost, abs=0.1)
+    assert whatif_findings(result, None)[0].kind == "whatif_moving"  # no host samples: as before
+
+
+def test_one_slow_worker_stays_one_whatever_the_cpu_waits():
+    result = analyze(trace_ops("AR"))
+    [found] = whatif_findings(result, cpu_waits(result, 10 * describe(result).evidence["lost_ms_per_step"]))
+    assert found.kind == "whatif_worker" and found.ranks == (0,), found

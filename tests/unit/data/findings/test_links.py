@@ -464,3 +464,47 @@ def test_the_world_group_only_a_probe_while_it_lasted_settles_the_or():
         assert link.evidence["hosts"] == [["host-0"], ["host-1"], ["host-2"]] and link.evidence["probe"] is None
     # healthy: a probe changes nothing
     assert not links.slow_links(*world_only(60, 1.0), probes=probe_rows("calm", 35, None))
+
+
+def pipeline(slow_host: int | None, steps: int = 50, slow_from: int = 25, factor: float = 8.0, seed: int = 0):
+    """A pipeline of 2 stages x 2 data-parallel replicas, one rank a host (pipe_train.py over 4
+    namespace hosts): each stage's replicas all-reduce over a group across 2 hosts (g[0-1], g[2-3]),
+    each replica's stages exchange activations and gradients (p2p[0->2], p2p[2->0], p2p[1->3],
+    p2p[3->1]). From ``slow_from`` host ``slow_host``'s link is ``factor`` x slower: its groups'
+    all_reduce and the recvs through it. Every sender's isend, ended when its schedule waits on it,
+    stretches with the whole pipeline (as measured: 73 -> 251 ms on a pair the link never carried)."""
+    rng = np.random.default_rng(seed)
+    members = {"g[0-1]": [0, 1], "g[2-3]": [2, 3], "p2p[0->2]": [0, 2], "p2p[2->0]": [0, 2],
+               "p2p[1->3]": [1, 3], "p2p[3->1]": [1, 3]}  # fmt: skip
+    rows = []
+    for step in range(1, steps + 1):
+        slow = slow_host is not None and step >= slow_from
+        for group, ranks in members.items():
+            through = slow and f"{slow_host}" in {str(r) for r in ranks}
+            x = factor if through else 1.0
+            noise = rng.uniform(0.9, 1.1)
+            if group.startswith("g["):
+                rows.append((group, step, "all_reduce", 4 << 20, 8.0 * x * noise, 4))
+            else:
+                rows.append((group, step, "recv", 128 << 10, 6.0 * x * noise, 4))
+                rows.append((group, step, "isend", 128 << 10, (250.0 if slow else 75.0) * noise, 4))
+    transfers = pd.DataFrame(rows, columns=["group_name", "step", "op", "bytes", "transfer_ms", "n"])
+    members_ = pd.DataFrame([(g, r) for g, rs in members.items() for r in rs], columns=["group_name", "rank"])
+    hosts = pd.DataFrame({"rank": [0, 1, 2, 3], "host": [f"host-{r}" for r in range(4)]})
+    # the link's time adds to every rank's communication, and so to its step; its compute stays
+    late = [100.0 if slow_host is not None and s >= slow_from else 0.0 for s in range(1, steps + 1)]
+    busy = [
+        (r, s, 80.0 + late[s - 1], 60.0 + late[s - 1], rng.uniform(0, 2)) for r in range(4) for s in range(1, steps + 1)
+    ]
+    steps_ = pd.DataFrame(busy, columns=["rank", "step", "step_ms", "comm_ms", "waiting_ms"])
+    return transfers, members_, hosts, steps_
+
+
+@pytest.mark.parametrize("slow_host", [0, 2])
+def test_a_pipeline_over_hosts_names_the_host_by_its_stage_groups_and_point_to_point_pairs(slow_host):
+    [link] = links.slow_links(*pipeline(slow_host))
+    assert link.evidence["hosts"] == [[f"host-{slow_host}"]], link.text
+    assert link.evidence["onset_step"] == 25 and link.ranks == (slow_host,)
+    # the pairs count by their receiver: no isend in what slowed, and the pair through the link in it
+    assert {"p2p[0->2]", "p2p[2->0]"} <= set(link.evidence["slowed_groups"]), link.evidence
+    assert not links.slow_links(*pipeline(None))  # healthy: every sender's isend as it was, nothing

@@ -29,3 +29,19 @@ def test_a_hung_rank_is_told_once_by_the_hang_not_again_as_a_straggler():
     other = Finding(kind="straggler", severity="warning", ranks=(2,), text="rank 2 costs", cost_ms_per_step=3.0)
     assert _one_story([late, hang, other]) == [hang, other]
     assert _one_story([late, other]) == [late, other]
+
+
+def test_a_whatif_verdict_on_the_slow_links_ranks_is_told_by_the_link():
+    from collector.data.findings import Finding, _one_story
+
+    link = Finding(kind="slow_link", severity="warning", ranks=(2,), text="host-2's link", steps=(20, 54),
+                   evidence={"affected_ranks": [0, 2, 3]})  # fmt: skip
+    # a pipeline's last stage (ranks 2, 3) long because its data-parallel all_reduce crossed the link
+    stage = Finding(kind="whatif_stage", severity="warning", text="the last stage is long",
+                    evidence={"top_workers": {"3": 6.6, "2": 6.5, "0": 1.5, "1": 1.5}})  # fmt: skip
+    assert _one_story([link, stage]) == [link]
+    # its slowest worker never used the link: another story, told
+    other = Finding(kind="whatif_worker", severity="warning", ranks=(1,), text="rank 1",
+                    evidence={"top_workers": {"1": 3.0, "0": 1.0}})  # fmt: skip
+    assert _one_story([link, other]) == [link, other]
+    assert _one_story([stage]) == [stage]  # no link: the replay's verdict stands
