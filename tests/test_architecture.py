@@ -29,6 +29,17 @@ ALLOWED = {
         "collector.rank",
         "proto",
     },
+    # training scripts run under the hook as users write them: one may train on the bundled engine
+    "collector.testing.workloads": {
+        "collector.testing.workloads",
+        "collector.testing",
+        "collector.tools",
+        "collector.server",
+        "collector.data",
+        "collector.rank",
+        "proto",
+        "trainer",
+    },
     "collector.integrations": {"collector.integrations", "collector.rank", "collector.data", "proto"},
     "collector.hook": {"collector.rank"},
     "collector.catalog": {"collector.data"},
