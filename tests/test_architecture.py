@@ -15,31 +15,16 @@ PACKAGES = ("app", "collector", "trainer", "native", "proto")
 GENERATED = {"proto.rankscope_pb2", "proto.rankscope_pb2_grpc"}
 
 # role -> the roles it may import (its own included). A module's role is the longest prefix listed.
+TESTING_KIT = {"collector.testing", "collector.tools", "collector.server", "collector.data", "collector.rank", "proto"}
 ALLOWED = {
     "proto": {"proto"},
     "collector.data": {"collector.data", "proto"},
     "collector.rank": {"collector.rank", "collector.data", "proto"},
     "collector.server": {"collector.server", "collector.data", "proto"},
     "collector.tools": {"collector.tools", "collector.server", "collector.data", "collector.rank", "proto"},
-    "collector.testing": {
-        "collector.testing",
-        "collector.tools",
-        "collector.server",
-        "collector.data",
-        "collector.rank",
-        "proto",
-    },
+    "collector.testing": TESTING_KIT,
     # training scripts run under the hook as users write them: one may train on the bundled engine
-    "collector.testing.workloads": {
-        "collector.testing.workloads",
-        "collector.testing",
-        "collector.tools",
-        "collector.server",
-        "collector.data",
-        "collector.rank",
-        "proto",
-        "trainer",
-    },
+    "collector.testing.workloads": TESTING_KIT | {"collector.testing.workloads", "trainer"},
     "collector.integrations": {"collector.integrations", "collector.rank", "collector.data", "proto"},
     "collector.hook": {"collector.rank"},
     "collector.catalog": {"collector.data"},
