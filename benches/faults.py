@@ -24,7 +24,8 @@ users write), then `rankscope health RUN --json` as a user runs it:
   and real DeepSpeed ZeRO-2 under the hook (its venv, benches/_deepspeed_venv.py; ``--auto-probe``:
   the collector probes the links a finding leaves in doubt); ``pipe`` ones run
   collector/testing/workloads/pipe_train.py: the bundled engine's pipeline, 2 stages across hosts,
-  each stage's data-parallel replicas across hosts (1 rank a host) or inside and across (2 a host).
+  each stage's data-parallel replicas across hosts (1 rank a host) or inside and across (2 a host),
+  and the same script on DeepSpeed's own PipelineEngine (``dspipe``).
   Multi-host runs are also scored apart: slow-link and straggler F1 over them alone, where the
   slow link was put (its host named alone and right / an honest "or" that holds it / wrong) and
   its detection delay in steps;
@@ -295,6 +296,13 @@ def cases() -> list[Case]:
     for name, n_hosts, per_host, spec, expect, *fault in pipes:
         args = ("pipe", str(n_hosts), str(per_host), spec, "--stages", "2", *(("--fault", fault[0]) if fault else ()))
         hosts.append(Case(name, "hosts", args, expect, ranks=n_hosts * per_host))
+    # DeepSpeed's own PipelineEngine, the same script under the hook (its venv; hook steps count from 1)
+    for name, spec, expect in (
+        ("dspipe4x1-throttled-host0", "0:80mbit@20", (world_link,)),
+        ("dspipe4x1-healthy", "-", ()),
+    ):
+        args = ("pipe", "4", "1", spec, "--stages", "2", "--engine", "deepspeed")
+        hosts.append(Case(name, "hosts", args, expect, ranks=4))
     sample = [
         Case("sample-zero2-slow-rank3", "sample", ("zero2-slow-rank3",), (Expect(S, (3,)),), ranks=4, quick=True),
         Case(
@@ -567,7 +575,9 @@ def run_hosts(case: Case, work: Path, auto_probe: bool = False) -> Outcome:
     n_hosts, per_host, spec, *args = given
     throttles = () if spec == "-" else multihost.Throttle.parse_all(spec)
     python, rank_env = sys.executable, None
-    if "zero2" in args:  # DeepSpeed's ranks run in its venv, the hook and this repo on their path
+    if (
+        "zero2" in args or "deepspeed" in args
+    ):  # DeepSpeed's ranks run in its venv, the hook and this repo on their path
         from benches import _deepspeed_venv
 
         python, rank_env = str(_deepspeed_venv.PYTHON), _deepspeed_venv.ensure_rank_side()
@@ -593,7 +603,8 @@ def run_hosts(case: Case, work: Path, auto_probe: bool = False) -> Outcome:
         held = right in named or all([h] in named for h in right)
         outcome.localised = "alone" if named == [right] else "or" if held else "wrong"
         outcome.by_probe = bool(links[0]["evidence"].get("probe"))
-        first = 0 if workload == multihost.PIPE_WORKLOAD else 1  # the step of loop index 0
+        bundled_pipe = workload == multihost.PIPE_WORKLOAD and "deepspeed" not in args
+        first = 0 if bundled_pipe else 1  # the step of loop index 0: the engine counts from 0, the hook from 1
         outcome.delay_steps = int(links[0]["evidence"]["detected_step"]) - (throttle.from_step + first)
     return outcome
 

@@ -366,11 +366,16 @@ def test_deepspeed_zero2_under_the_hook_a_throttled_link_is_the_network_and_heal
     assert not warnings(found(calm)), [f.text for f in found(calm)]
 
 
-def train_pipeline(work, *, hosts: int, ranks_per_host: int, throttle=None, fault: str = "") -> multihost.HostsRun:
-    """The bundled engine's pipeline over namespace hosts (pipe_train.py): 2 stages across hosts."""
+def train_pipeline(
+    work, *, hosts: int, ranks_per_host: int, throttle=None, fault: str = "", deepspeed: bool = False
+) -> multihost.HostsRun:
+    """A pipeline over namespace hosts (pipe_train.py): 2 stages across hosts, on the bundled engine
+    or (``deepspeed``) DeepSpeed's own PipelineEngine in its venv."""
+    python, env = _deepspeed_rank_side() if deepspeed else (sys.executable, None)
+    args = ("--stages", "2", *(("--fault", fault) if fault else ()), *(("--engine", "deepspeed") if deepspeed else ()))
     return multihost.train_on_hosts(
         work, hosts=hosts, ranks_per_host=ranks_per_host, steps=40, name="pipe", throttle=throttle,
-        workload=multihost.PIPE_WORKLOAD, workload_args=("--stages", "2", *(("--fault", fault) if fault else ())),
+        workload=multihost.PIPE_WORKLOAD, workload_args=args, python=python, rank_env=env,
     )  # fmt: skip
 
 
@@ -400,3 +405,17 @@ def test_a_healthy_pipeline_over_hosts_is_silent_and_a_compute_straggler_stays_o
     assert not warnings(calm), [f.text for f in calm]
     late = found(train_pipeline(tmp_path / "late", hosts=4, ranks_per_host=1, fault="sleep:1:60@15"))
     assert [(f.kind, f.ranks) for f in warnings(late)] == [("straggler", (1,))], [f.text for f in late]
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_deepspeeds_pipeline_engine_over_hosts_the_slow_host_is_named_alone(tmp_path):
+    # the same script on DeepSpeed 0.19.8's PipelineEngine under the hook: its p2p and data-parallel
+    # all_reduce as the hook records them; host-0 (stage 0, replica 0) at 80 Mbit/s from loop index 15
+    throttle = multihost.Throttle.parse("0:80mbit@15")
+    every = found(train_pipeline(tmp_path / "slow", hosts=4, ranks_per_host=1, throttle=throttle, deepspeed=True))
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert link.evidence["hosts"] == [["host-0"]], link.text
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+    calm = found(train_pipeline(tmp_path / "calm", hosts=4, ranks_per_host=1, deepspeed=True))
+    assert not warnings(calm), [f.text for f in calm]

@@ -3,8 +3,11 @@ pipeline stages across hosts, each stage's data-parallel replicas across or insi
 (trainer.pipe.PipelineModule, 1F1B, AdamW); run under the hook, one process per rank:
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m collector.hook pipe_train.py OUT \\
-        --ranks-per-host R --stages P [--micro-batches M] [--steps S] [--width W] \\
+        --ranks-per-host R --stages P [--micro-batches M] [--steps S] [--width W] [--engine bundled|deepspeed] \\
         [--control DIR --pause-at K,...] [--fault sleep:RANK:MS@FROM]
+
+``--engine deepspeed``: DeepSpeed's own PipelineEngine, the same script otherwise (run with the
+DeepSpeed venv's python, benches/_deepspeed_venv.py, DS_ACCELERATOR=cpu).
 
 Rank r is stage r // (world / P), data-parallel index r % (world / P) (PipeTopology), and host
 r // R: with P = hosts the stages are the hosts and each stage's replicas share one; with 1 rank a
@@ -33,13 +36,20 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=64)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--layers", type=int, default=4, help="linear layers a stage")
+    p.add_argument("--engine", choices=("bundled", "deepspeed"), default="bundled")
     args = p.parse_args()
     steps = Steps(args, "pipe_train")
 
-    import trainer
-    from trainer.pipe import LayerSpec, PipelineModule
+    if args.engine == "deepspeed":  # DeepSpeed's own PipelineEngine (its venv's python)
+        import deepspeed as engine_lib
+        from deepspeed.pipe import LayerSpec, PipelineModule
 
-    dist.init_process_group("gloo")
+        engine_lib.init_distributed(dist_backend="gloo")
+    else:
+        import trainer as engine_lib
+        from trainer.pipe import LayerSpec, PipelineModule
+
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.stages:
         raise SystemExit(f"pipe_train: world size {world} is not a multiple of --stages {args.stages}")
@@ -53,10 +63,10 @@ def main() -> None:
     config = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": args.micro_batches,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "steps_per_print": 1 << 30,
     }
-    engine, *_ = trainer.initialize(model=net, config=config)
+    engine, *_ = engine_lib.initialize(model=net, model_parameters=net.parameters(), config=config)
     gen = torch.Generator().manual_seed(rank)
 
     def batches():
@@ -70,7 +80,8 @@ def main() -> None:
         loss = engine.train_batch(itertools.islice(data, args.micro_batches))
         steps.end(loss, world)
     steps.close(rank)
-    engine.close()
+    if hasattr(engine, "close"):  # the bundled engine's: flushes its telemetry
+        engine.close()
     dist.destroy_process_group()
 
 
