@@ -379,8 +379,7 @@ def train_pipeline(
     )  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.timing
+@pytest.mark.timing  # in make test: the pipeline's pairs and stage groups on real links (~35 s)
 def test_a_pipeline_over_four_hosts_names_the_slow_host_by_its_stage_groups_and_pairs(tmp_path):
     # 2 stages x 2 replicas, 1 rank a host: each stage's data-parallel all_reduce crosses 2 hosts, each
     # replica's activations and gradients cross 2 others; host-2 (stage 1, replica 0) at 80 Mbit/s from
