@@ -575,9 +575,8 @@ def run_hosts(case: Case, work: Path, auto_probe: bool = False) -> Outcome:
     n_hosts, per_host, spec, *args = given
     throttles = () if spec == "-" else multihost.Throttle.parse_all(spec)
     python, rank_env = sys.executable, None
-    if (
-        "zero2" in args or "deepspeed" in args
-    ):  # DeepSpeed's ranks run in its venv, the hook and this repo on their path
+    # DeepSpeed's ranks run in its venv, the hook and this repo on their path
+    if "zero2" in args or "deepspeed" in args:
         from benches import _deepspeed_venv
 
         python, rank_env = str(_deepspeed_venv.PYTHON), _deepspeed_venv.ensure_rank_side()

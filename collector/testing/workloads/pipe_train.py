@@ -1,4 +1,4 @@
-"""A pipeline-parallel run of the bundled engine over several hosts, as 3D-parallel jobs lay it out:
+"""A pipeline-parallel run (the bundled engine's, or DeepSpeed's) over several hosts, as 3D-parallel jobs lay it out:
 pipeline stages across hosts, each stage's data-parallel replicas across or inside hosts
 (trainer.pipe.PipelineModule, 1F1B, AdamW); run under the hook, one process per rank:
 
