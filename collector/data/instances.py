@@ -28,6 +28,12 @@ LAST_RANK = "arg_max(rank, start_ns::HUGEINT * 4294967296 - rank)"
 RUNNER_UP = "max(start_ns, 2)[2] AS runner_up_ns"
 
 
+# Whether an instance's ranks entered it with different signatures: two known ops, dtypes or
+# element counts that differ. A NULL field (a record that does not say: an imported dump, a
+# framework that hides it) agrees with anything; min/max skip NULLs and cost two cheap aggregates.
+SIGNATURES_DIFFER = "(min(op) <> max(op) OR min(dtype) <> max(dtype) OR min(numel) <> max(numel))"
+
+
 def instances_sql(
     source: str,
     keys: tuple[str, ...] = ("group_name", "seq"),

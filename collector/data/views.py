@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 
 from collector.data import clocks, hang_rule, layout
-from collector.data.instances import instances_sql, join_condition
+from collector.data.instances import SIGNATURES_DIFFER, instances_sql, join_condition
 from collector.data.schema import TABLES
 
 
@@ -68,11 +68,12 @@ def desyncs_sql(completed: str) -> str:
             {completed}
             UNION ALL
             SELECT run_id, rank, group_name, seq, op, dtype, numel FROM inflight_latest),
-        -- Almost every instance agrees: find the few that do not with one cheap aggregate (a hash of
-        -- the signature, NULLs included), and list the sides of those alone.
+        -- Almost every instance agrees: find the few that do not with cheap aggregates
+        -- (instances.SIGNATURES_DIFFER: a field a record leaves NULL agrees with anything), and list
+        -- the sides of those alone.
         odd AS (
             SELECT run_id, group_name, seq FROM entered GROUP BY ALL
-            HAVING min(hash(op, dtype, numel)) <> max(hash(op, dtype, numel))),
+            HAVING {SIGNATURES_DIFFER}),
         per_rank AS (SELECT DISTINCT * FROM entered SEMI JOIN odd USING (run_id, group_name, seq)),
         sides AS (
             SELECT run_id, group_name, seq, op, dtype, numel, list(rank ORDER BY rank) AS ranks

@@ -8,21 +8,21 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from collector.data.instances import SIGNATURES_DIFFER
 from collector.data.queries.connection import Catalog
 from collector.data.queries.rollup import rollup_sql
 from collector.data.schema import COMM_STEPS_SCHEMA
 
 ROLLUP_INPUT = "SELECT rank, step, group_name, seq, op, bytes, start_ns, end_ns, algbw_gbs, busbw_gbs FROM raw"
 
-UNSETTLED_SQL = """
+UNSETTLED_SQL = f"""
     WITH entered AS (
         SELECT rank, step, group_name, seq, op, dtype, numel, group_size FROM comm
         WHERE run_id = ? AND step > ? AND step <= ?
           AND seq IS NOT NULL AND NOT starts_with(group_name, 'p2p[')),
     unsettled AS (
         SELECT group_name, seq FROM entered GROUP BY ALL
-        HAVING min(hash(op, dtype, numel)) <> max(hash(op, dtype, numel))
-            OR count(DISTINCT rank) < coalesce(max(group_size), 0))
+        HAVING {SIGNATURES_DIFFER} OR count(DISTINCT rank) < coalesce(max(group_size), 0))
     SELECT rank, step, group_name, seq, op, dtype, numel FROM entered
     SEMI JOIN unsettled USING (group_name, seq) ORDER BY group_name, seq, rank"""
 

@@ -42,3 +42,25 @@ def test_runner_up_matches_a_sort_at_1024_ranks():
         order = sorted(range(1024), key=lambda r, st=starts: (-st[r], r))
         expected[("world", seq)] = (int(starts[order[0]]), order[0], int(starts[order[1]]), 1024)
     assert _instances(rows) == expected
+
+
+def test_a_desync_is_two_known_signatures_and_a_field_a_record_leaves_null_agrees_with_anything():
+    from collector.data.views import desyncs_sql
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE inflight_latest (run_id VARCHAR, rank INT, group_name VARCHAR, seq BIGINT, "
+                "op VARCHAR, dtype VARCHAR, numel BIGINT)")  # fmt: skip
+    rows = [
+        (0, 0, "all_reduce", "float32", 1024), (1, 0, "all_reduce", None, None),  # an import that does not say
+        (0, 1, "all_reduce", "float32", 1024), (1, 1, "all_reduce", "float32", 2048),  # sizes differ
+        (0, 2, "broadcast", None, 8), (1, 2, "all_reduce", None, 8),  # ops differ, dtypes unknown
+        (0, 3, "all_gather", "bfloat16", 64), (1, 3, None, "bfloat16", 64),  # op unknown on rank 1
+    ]  # fmt: skip
+    cols = list(zip(*rows, strict=True))
+    entered = pa.table({"run_id": ["r"] * len(rows), "rank": cols[0], "group_name": ["world"] * len(rows),
+                        "seq": cols[1], "op": cols[2], "dtype": cols[3], "numel": cols[4]})  # fmt: skip
+    con.register("entered_rows", entered)
+    found = con.execute(
+        f"SELECT seq, n_sides FROM ({desyncs_sql('SELECT * FROM entered_rows')}) ORDER BY seq"
+    ).fetchall()
+    assert found == [(1, 2), (2, 2)]
