@@ -112,16 +112,15 @@ def exchange(address: str, token: str, mode: str, nbytes: int, timeout_s: float)
     """Time ``nbytes`` to (mode "send") or from ("receive") the listener at ``address`` (ip:port),
     cut at ``timeout_s``. OSError when it cannot connect or the listener drops the connection."""
     host, _, port = address.rpartition(":")
-    start = time.monotonic()
-    deadline = start + timeout_s
+    deadline = time.monotonic() + timeout_s  # the connect counts against the bound too
     moved = 0
     with socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout_s, HEADER_TIMEOUT_S)) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         header = HEADER.pack(MAGIC, token.encode(), b"S" if mode == "send" else b"R", nbytes)
         start = time.monotonic()
         try:
+            conn.sendall(header)
             if mode == "send":
-                conn.sendall(header)
                 while moved < nbytes:
                     conn.settimeout(_left(deadline))
                     moved += conn.send(_ZEROS[: min(CHUNK, nbytes - moved)])
@@ -129,7 +128,6 @@ def exchange(address: str, token: str, mode: str, nbytes: int, timeout_s: float)
                 if conn.recv(1) != DONE:
                     raise OSError("the listener closed before confirming the bytes")
             else:
-                conn.sendall(header)
                 buf = bytearray(CHUNK)
                 while moved < nbytes:
                     conn.settimeout(_left(deadline))

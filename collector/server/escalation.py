@@ -36,6 +36,7 @@ import time
 import pandas as pd
 
 from collector.data.findings import Finding
+from collector.data.findings.links import hosts_in_doubt
 from proto import pb
 
 log = logging.getLogger("rankscope.escalation")
@@ -103,7 +104,7 @@ class Escalation:
 
     def _probe(self, run_id: str, finding: Finding) -> None:
         """Time the links of the hosts a slow-link finding leaves, once per run and hosts."""
-        candidates = sorted({h for cover in finding.evidence.get("hosts", []) for h in cover})
+        candidates = hosts_in_doubt(finding)
         if len(finding.evidence.get("hosts", [])) < 2 or finding.evidence.get("end_step") is not None:
             return  # named alone already, or over: a probe now would time healthy links
         key = (run_id, "probe", tuple(candidates))

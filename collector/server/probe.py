@@ -28,10 +28,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import pandas as pd
-
 from collector.data import probe_wire
 from collector.data.findings import probes as verdicts
+from collector.data.findings.links import hosts_in_doubt
 from collector.server.commands import new_request_id
 from proto import pb
 
@@ -147,8 +146,7 @@ class Prober:
         links = [f for f in (found or []) if f.kind == "slow_link"] if held else []
         if not links:
             return []
-        latest = max(links, key=lambda f: f.steps[0])
-        return sorted({h for cover in latest.evidence.get("hosts", []) for h in cover})
+        return hosts_in_doubt(max(links, key=lambda f: f.steps[0]))
 
     def _probe(self, run_id, ranks: dict[str, int], streams, nbytes: int, timeout_s: float) -> Report:
         started = time.monotonic()
@@ -203,8 +201,7 @@ class Prober:
         report.measured = [r for r in rows if r["status"] == "measured"]
         failed = [r for r in rows if r["status"] == "failed"]
         report.refused += [f"rank {r['rank']} -> {r['peer_host']} ({r['direction']}): {r['detail']}" for r in failed]
-        measured = pd.DataFrame(report.measured, columns=["host", "peer_host", "peer_rank", "direction", "mbit_s"])
-        verdict = verdicts.judge(verdicts.rates(measured))
+        verdict = verdicts.judge(verdicts.rates(report.measured))
         report.named, report.ways, report.sentence = verdict.hosts, verdict.ways, verdict.sentence
         report.seconds = time.monotonic() - started
         self.reports = [*self.reports[-9:], report]

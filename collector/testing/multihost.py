@@ -102,8 +102,8 @@ def train_on_hosts(
     group only, PIPE_WORKLOAD's pipeline stages; all take --ranks-per-host, --steps,
     --control/--pause-at); ``at_steps``: more actions at loop indexes, each given the network
     (say, start a CPU hog in a host: ``net.popen``, killed with the namespaces), run after that
-    index's throttles; ``python``, ``rank_env``: the
-    ranks' interpreter and what their environment adds (DeepSpeed's venv: benches/_deepspeed_venv.py)."""
+    index's throttles; ``python``, ``rank_env``: the ranks' interpreter and what their environment
+    adds (DeepSpeed's venv: benches/_deepspeed_venv.py)."""
     work = Path(work)
     data_dir, out, control = work / "data", work / "out", work / "control"
     world = hosts * ranks_per_host

@@ -12,7 +12,6 @@ import json
 import sys
 
 import grpc
-import pandas as pd
 
 from collector.data import security
 from collector.data.findings.probes import COLLECTOR, rates
@@ -60,7 +59,7 @@ def render(report: dict) -> str:
              f"{report['bytes'] / (1 << 20):g} MiB each way per pair"]  # fmt: skip
     stood = ", ".join(f"{h} (rank {r})" for h, r in sorted(report["hosts"].items()))
     lines.append(f"  hosts: {stood}" + (f"; and {COLLECTOR} ({report['collector']})" if report["collector"] else ""))
-    paths = rates(pd.DataFrame(report["measured"], columns=["host", "peer_host", "peer_rank", "direction", "mbit_s"]))
+    paths = rates(report["measured"])
     width = max((len(a) + len(b) for a, b in paths), default=10) + 4
     for (a, b), mbit_s in sorted(paths.items()):
         lines.append(f"  {a + ' -> ' + b:<{width}} {mbit_s:10.1f} Mbit/s")

@@ -532,6 +532,12 @@ def _judge(episode, per_group, t, hosts_of, ranks_of, host_of, steps, last_step,
     )
 
 
+def hosts_in_doubt(finding: Finding) -> list[str]:
+    """Every host a slow-link finding's alternatives name (evidence.hosts: one list per "or"); a
+    finding that named its host alone has one."""
+    return sorted({h for cover in finding.evidence.get("hosts", []) for h in cover})
+
+
 def _paid_by(group: str, ranks: list[int]) -> list[int]:
     """The ranks a group's extra transfer holds up: all of a collective's; a point-to-point pair's
     receiver (p2p[src->dst]: the sender's isend does not wait for the bytes to land)."""

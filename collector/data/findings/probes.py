@@ -25,6 +25,7 @@ import pandas as pd
 COLLECTOR = "the collector"
 SLOW_RATIO = 3.0
 WAYS = (("both ways", "either"), ("sending", "src"), ("receiving", "dst"))
+MEASURED = ["host", "peer_host", "peer_rank", "direction", "mbit_s"]  # what rates() reads of a probes row
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,12 @@ class Verdict:
     sentence: str
 
 
-def rates(measured: pd.DataFrame) -> dict[tuple[str, str], float]:
-    """``measured``: probes rows (host, peer_host, peer_rank, direction, mbit_s) of status measured ->
-    (from, to) -> median Mbit/s; the collector's end is COLLECTOR."""
-    if measured is None or measured.empty:
+def rates(measured: pd.DataFrame | list[dict] | None) -> dict[tuple[str, str], float]:
+    """``measured``: probes rows of status measured (a frame, or the dicts a probe's report holds)
+    with MEASURED's columns -> (from, to) -> median Mbit/s; the collector's end is COLLECTOR."""
+    if measured is None or len(measured) == 0:
         return {}
-    m = measured.dropna(subset=["host", "peer_host", "mbit_s"])
+    m = pd.DataFrame(measured, columns=MEASURED).dropna(subset=["host", "peer_host", "mbit_s"])
     peer = m.peer_host.where(m.peer_rank >= 0, COLLECTOR)
     sending = m.direction == "send"
     src = m.host.where(sending, peer)
