@@ -4,7 +4,8 @@
 
 Target (issue 27): F1 >= 0.97 overall and >= 0.9 per class; no warning on any healthy case;
 stragglers named with the right onset; cost within +-25% of the measured step-time rise; hangs,
-desyncs and crashes named within hang_after_s + 1 s of onset (p90).
+desyncs and crashes named within hang_after_s + 1 s of onset (p90). Issue 45: a hang at default
+settings named stuck <= 5 s after onset (p90), no stuck warning on any healthy case.
 
 Method. Each case is a real run with one fault injected on purpose (or none: the healthy shapes
 users write), then `rankscope health RUN --json` as a user runs it:
@@ -38,6 +39,11 @@ so a poll's cost is the reading and judging, not a new interpreter's imports (1-
 time went is measured hop by hop (``Hops``: onset -> the waiting rank entered -> its watchdog
 reported -> the row readable in D -> health named it; for a crash, onset -> the stream closed ->
 readable -> named) and tabled per class; ``--repeat N`` runs each live case N times for the p90.
+Stuck (issue 45) is the live collector's judgment alone, on what is in flight: every ddp and
+framework case is watched while it runs through the Health RPC `rankscope health` asks first
+(LiveWatch, every 0.25 s), and the stuck findings said then join the ones read after it; a hang
+at default settings (no hang_after_s) is scored on being named stuck, timed from its onset to
+the first stuck warning the watch saw, and a healthy case must never get one.
 
 Scoring. A case states what must be found: (class, ranks), with an onset for stragglers that turn
 slow. Every warning or critical finding is a prediction; it is a true positive when its class and
@@ -87,7 +93,9 @@ CLASSES = {
     "loss_anomaly": "loss",
     "memory_growth": "memory",
     "slow_link": "slow_link",
+    "stuck": "stuck",
 }
+LIVE_ONLY = ("stuck",)  # judged by the live collector alone, on what is in flight: never in the stored findings
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ class Case:
     live: str | None = None  # poll for this class while the job runs (hang, crash, desync)
     ranks: int = 2
     quick: bool = False  # part of the subset `make test` runs (tests/integration/test_fault_suite.py)
+    hang_after_s: float | None = HANG_AFTER_S  # the ranks' setting; None: the default (60 s), stuck adaptive
 
 
 @dataclass
@@ -145,6 +154,8 @@ def cases() -> list[Case]:
         Case("ddp-checkpoint", "ddp", ("--save-every", "10")),
         Case("ddp-slow-first-step", "ddp", ("--first-step-ms", "400")),
         Case("ddp-accumulation-4", "ddp", ("--accum", "4")),
+        # rank 1's loader stalls 1 s every 10 steps at default settings: the others wait, never stuck
+        Case("ddp-data-stalls-1s", "ddp", ("--fault", "data:1:1000@5/10"), hang_after_s=None),
         Case("ddp-straggler-50ms", "ddp", ("--fault", "sleep:1:50"), slow, quick=True),
         Case("ddp-straggler-20ms", "ddp", ("--fault", "sleep:1:20"), slow),
         Case("ddp-straggler-rank0", "ddp", ("--fault", "sleep:0:40"), (Expect(S, (0,)),)),
@@ -159,7 +170,25 @@ def cases() -> list[Case]:
         ),
         Case("ddp-data-loader", "ddp", ("--fault", "data:1:25"), slow),
         Case("ddp-gc-pauses", "ddp", ("--fault", "gc:1:40"), slow),
-        Case("ddp-hang", "ddp", ("--steps", "60", "--fault", "hang:1@25"), (Expect("hang"),), live="hang", quick=True),
+        # hang_after_s 5 s: stuck at the 3 s floor (if judged before the hang), the critical hang at 5 s
+        Case(
+            "ddp-hang",
+            "ddp",
+            ("--steps", "60", "--fault", "hang:1@25"),
+            (Expect("hang"), Expect("stuck", (1,), optional=True)),
+            live="hang",
+            quick=True,
+        ),
+        # default settings (hang_after_s 60 s): the live collector names it stuck in seconds (issue 45)
+        Case(
+            "ddp-hang-default",
+            "ddp",
+            ("--steps", "60", "--fault", "hang:1@25"),
+            (Expect("stuck", (1,)),),
+            live="stuck",
+            quick=True,
+            hang_after_s=None,
+        ),
         Case("ddp-crash", "ddp", ("--steps", "60", "--fault", "exit:1@25"), (Expect("crash"),), live="crash"),
         Case(
             "ddp-desync",
@@ -351,6 +380,58 @@ def poll_health(data_dir: Path, run: str) -> list[dict]:
 
 
 HOP_TABLES = {"hang": "inflight", "crash": "rank_events", "desync": "inflight"}  # the row that tells of the fault
+WATCH_S = 0.25  # how often LiveWatch asks the live collector (its checker judges every 0.25 s)
+
+
+class LiveWatch:
+    """What the live collector says of a run while it runs (collector.tools.live_health.fetch, the
+    Health RPC `rankscope health` asks first), every ``WATCH_S``: each finding of a LIVE_ONLY kind
+    (stuck) as first seen, keyed by (kind, severity, ranks), with when. Those are judged on what is
+    in flight and gone once it completes, so the stored findings read after the run never hold them:
+    a case is scored on what it was said to be while it ran (a stuck warning on a healthy case is a
+    false positive; an info, such as a checkpoint the others wait for, is a note)."""
+
+    def __init__(self, data_dir: Path, run: str) -> None:
+        self.data_dir, self.run = data_dir, run
+        self.seen: dict[tuple, tuple[float, dict]] = {}  # (kind, severity, ranks) -> (first seen, finding)
+        self.latest: list[dict] | None = None  # the last answer's findings (None: not held yet)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="live-watch", daemon=True)
+
+    def start(self) -> LiveWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict]:
+        """Stop watching; the live-only findings seen, in the order first seen."""
+        self._stop.set()
+        self._thread.join(10)
+        return [f for _, f in sorted(self.seen.values(), key=lambda seen: seen[0])]
+
+    def first(self, cls: str) -> float | None:
+        """When a warning or critical finding of ``cls`` was first seen (wall clock), if it was."""
+        times = [t for (kind, severity, _), (t, _) in list(self.seen.items())
+                 if CLASSES.get(kind) == cls and severity in ("warning", "critical")]  # fmt: skip
+        return min(times, default=None)
+
+    def _watch(self) -> None:
+        from collector.tools.live_health import fetch
+
+        while not self._stop.wait(WATCH_S):
+            answer = fetch(self.data_dir, self.run)
+            if answer is None:
+                continue
+            now = time.time()
+            self.latest = answer.findings
+            for f in answer.findings:
+                if f["kind"] in LIVE_ONLY:
+                    self.seen.setdefault((f["kind"], f["severity"], tuple(f["ranks"])), (now, f))
+
+
+def _with_live(found: list[dict], live: list[dict]) -> list[dict]:
+    """The findings of a run, and the live-only ones said while it ran that they lack."""
+    have = {(f["kind"], f["severity"], tuple(f["ranks"])) for f in found}
+    return found + [f for f in live if (f["kind"], f["severity"], tuple(f["ranks"])) not in have]
 
 
 class Hops:
@@ -434,17 +515,20 @@ def _checked(what: str, cmd: list[str], **kwargs) -> None:
         raise RuntimeError(f"{what}: exit {done.returncode}: {done.stderr[-3000:]}")
 
 
-def _env(endpoint: str, run: str) -> dict:
-    return dict(
+def _env(endpoint: str, run: str, hang_after_s: float | None = HANG_AFTER_S) -> dict:
+    env = dict(
         os.environ,
         PYTHONPATH=str(REPO),
         RANKSCOPE_ENDPOINT=endpoint,
         RANKSCOPE_RUN=run,
-        RANKSCOPE_HANG_AFTER_S=str(HANG_AFTER_S),
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
         CUDA_VISIBLE_DEVICES="",
     )
+    env.pop("RANKSCOPE_HANG_AFTER_S", None)  # None: the ranks' default
+    if hang_after_s is not None:
+        env["RANKSCOPE_HANG_AFTER_S"] = str(hang_after_s)
+    return env
 
 
 def _torchrun(ranks: int) -> list[str]:
@@ -464,20 +548,20 @@ def _torchrun(ranks: int) -> list[str]:
 def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
     out = work / case.name
     cmd = [*_torchrun(case.ranks), "-m", "collector.hook", str(WORKLOAD), str(out), *case.args]
+    env = _env(endpoint, case.name, case.hang_after_s)
     outcome = Outcome(case)
+    watch = LiveWatch(data_dir, case.name).start()
     if case.live is None:
-        _checked(case.name, cmd, env=_env(endpoint, case.name), timeout=600)
+        try:
+            _checked(case.name, cmd, env=env, timeout=600)
+        finally:
+            live = watch.stop()
         _step_time(outcome, out)
-        outcome.found = health(data_dir, case.name)
+        outcome.found = _with_live(health(data_dir, case.name), live)
         return outcome
-    # live: start, wait for the fault's timestamp, poll health until the expected class shows
+    # live: start, wait for the fault's timestamp, poll until the expected class shows
     job = subprocess.Popen(
-        cmd,
-        env=_env(endpoint, case.name),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 300
@@ -490,8 +574,16 @@ def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
                 time.sleep(0.2)
         if onset is None:
             raise RuntimeError(f"{case.name}: the fault never fired")
-        hops = Hops(data_dir, case.name, case.live, onset).start()
+        # stuck is the live collector's alone (the watch asks it); the rest as `rankscope health` computes it
+        hops = Hops(data_dir, case.name, case.live, onset).start() if case.live in HOP_TABLES else None
         while time.time() - onset < POLL_TIMEOUT_S:
+            if case.live in LIVE_ONLY:
+                seen = watch.first(case.live)
+                if seen is not None:
+                    outcome.detect_s, outcome.found = seen - onset, list(watch.latest or [])
+                    break
+                time.sleep(WATCH_S)
+                continue
             t0 = time.perf_counter()
             try:
                 found = poll_health(data_dir, case.name)
@@ -503,9 +595,11 @@ def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
                 outcome.found = found  # what a user polling health saw then; stopping the job comes after
                 break
             time.sleep(0.25)
-        hops.stop()
-        outcome.hops = hops.measured(onset, None if outcome.detect_s is None else onset + outcome.detect_s)
+        if hops is not None:
+            hops.stop()
+            outcome.hops = hops.measured(onset, None if outcome.detect_s is None else onset + outcome.detect_s)
     finally:
+        live = watch.stop()  # before the job is stopped: what its stopping does is not the fault's
         try:
             os.killpg(job.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -517,6 +611,7 @@ def run_ddp(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outcome:
             job.wait()
     if outcome.detect_s is None:
         outcome.found = health(data_dir, case.name)
+    outcome.found = _with_live(outcome.found, live)
     return outcome
 
 
@@ -544,12 +639,16 @@ def run_framework(case: Case, work: Path, endpoint: str, data_dir: Path) -> Outc
     script = REPO / "tests" / "integration" / "rank" / name
     out = work / case.name
     out.mkdir(parents=True, exist_ok=True)
-    env = _env(endpoint, case.name) | dict(a.split("=", 1) for a in case.args)  # the script's fault and steps
-    _checked(case.name, [*_torchrun(2), str(script), str(out)], env=env, timeout=600)
+    env = _env(endpoint, case.name, case.hang_after_s) | dict(a.split("=", 1) for a in case.args)  # fault, steps
+    watch = LiveWatch(data_dir, case.name).start()
+    try:
+        _checked(case.name, [*_torchrun(2), str(script), str(out)], env=env, timeout=600)
+    finally:
+        live = watch.stop()
     run_id = json.loads((out / "rank0.json").read_text())["run_id"]
     outcome = Outcome(case)
     _step_time(outcome, out)
-    outcome.found = health(data_dir, run_id)
+    outcome.found = _with_live(health(data_dir, run_id), live)
     return outcome
 
 

@@ -1,7 +1,8 @@
 """The fault-injection suite's quick subset (benches/faults.py, `--quick`), run as `make test` runs it:
 real DDP runs on 2 gloo ranks under `torchrun -m collector.hook` streaming into a real collector
-process (a 50 ms straggler, a hang and a desync polled live from their onset, a NaN loss) and the
-archived sample runs, each scored against what it must find.
+process (a 50 ms straggler, a hang and a desync polled live from their onset, a hang at default
+settings named stuck by the live collector, a NaN loss) and the archived sample runs, each scored
+against what it must find.
 
 Every expected finding must be there with the right ranks, and nothing else above info, with one
 carve-out: a straggler that `rankscope health` itself explains by host CPU contention (its run-queue
