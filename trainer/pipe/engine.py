@@ -3,17 +3,22 @@
     loss = engine.train_batch(data_iter)   # gradient_accumulation_steps micro-batches, one optimizer step
     loss = engine.eval_batch(data_iter)
 
-Each rank runs one stage of one pipeline (trainer.pipe.module: rank = stage * dp + data_rank).
+Each rank runs one stage of one pipeline (trainer.pipe.topology: rank = stage * (dp * tp) + data_rank * tp
++ tp_rank; a pipeline is the ranks of one (data_rank, tp_rank), so with tensor parallelism each of a
+stage's tensor-parallel ranks talks to the same tensor-parallel rank of the next stage).
 A step runs the 1F1B schedule (trainer.pipe.schedule) over m = gradient_accumulation_steps
 micro-batches of train_micro_batch_size_per_gpu samples: activations go forward and their
 gradients back with the instrumented point-to-point ops (trainer.comm: isend to the neighbour,
 a blocking recv for what this stage needs next, so the waits are the bubbles), the loss is
 ``loss_fn(outputs, labels) / m`` on the last stage. After the last backward the tied weights'
 gradients are summed over their stages, then the engine's ZeRO optimizer (stage 0 or 1) averages
-gradients over the stage's data-parallel replicas and steps, as in a non-pipelined step. Only the
-first stage reads inputs and only the last reads labels from ``data_iter``, as in DeepSpeed.
-Every step's per-stage timeline is sent as ``pipe`` rows (collector.rank.pipe_timeline), and the
-``train_batch`` timer spans the whole step on every stage (the rank's step for the step analysis).
+gradients over the data-parallel replicas of the same stage and tensor-parallel rank and steps, as in a
+non-pipelined step; clipping's norm counts every stage, each tensor-parallel shard, and a replicated
+parameter once (trainer.zero.optimizer). Only the first stage reads inputs and only the last reads
+labels from ``data_iter``, as in DeepSpeed; tensor-parallel peers read the same micro-batches.
+Every step's per-stage timeline is sent as ``pipe`` rows (collector.rank.pipe_timeline; by tp_rank 0
+only, as its tensor-parallel peers run the same schedule in lockstep), and the ``train_batch`` timer
+spans the whole step on every stage (the rank's step for the step analysis).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class PipelineEngine(Engine):
         top = self.topology
         self.prev_rank = top.rank_of(self.stage_id - 1) if self.stage_id > 0 else None
         self.next_rank = top.rank_of(self.stage_id + 1) if self.stage_id < self.num_stages - 1 else None
-        self.pipe_group, self.last_rank = self._pipe_group(), top.rank_of(self.num_stages - 1)
+        self.pipe_group, self.last_rank = model.groups.pipe, top.rank_of(self.num_stages - 1)
         self.timeline = StageTimeline(
             stage=self.stage_id, stages=self.num_stages, data_rank=top.data_rank, layers=model.num_local_layers
         )
@@ -70,26 +75,15 @@ class PipelineEngine(Engine):
     # ---------------------------------------------------------------- layout (Engine's hooks)
 
     def _batch_world_size(self, model: nn.Module) -> int:
-        return model.topology.data_parallel
+        return model.topology.data_parallel * model.topology.tensor_parallel  # one stage's ranks
 
     def _data_parallel_group(self, model: nn.Module, cfg) -> tuple[object, int]:
-        if cfg.tensor_parallel.tp_size > 1:
-            raise ConfigError("tensor_parallel.tp_size > 1 with pipeline parallelism is not supported")
         top = model.topology
-        group = None
-        for stage in range(top.num_stages):  # every rank creates every group, in the same order
-            g = comm.new_group(ranks=[top.rank_of(stage, d) for d in range(top.data_parallel)])
-            if stage == top.stage:
-                group = g
-        return group, 0
-
-    def _pipe_group(self):
-        top, mine = self.topology, None
-        for d in range(top.data_parallel):
-            g = comm.new_group(ranks=[top.rank_of(s, d) for s in range(top.num_stages)])
-            if d == top.data_rank:
-                mine = g
-        return mine
+        if cfg.tensor_parallel.tp_size != top.tensor_parallel:
+            cfg.tensor_parallel.fail(
+                "tp_size", f"must equal the PipelineModule's tp_size {top.tensor_parallel}", cfg.tensor_parallel.tp_size
+            )
+        return model.groups.layers.dp_group, top.tp_rank
 
     def is_first_stage(self) -> bool:
         return self.stage_id == 0
@@ -158,7 +152,10 @@ class PipelineEngine(Engine):
         step = self.global_steps
         self.micro_steps += m - 1  # Engine.step counts the last one and steps at the boundary
         self.step()
-        self.last_pipe_columns = self.timeline.emit(step, m)
+        if self.topology.tp_rank == 0:
+            self.last_pipe_columns = self.timeline.emit(step, m)
+        else:
+            self.timeline.events = []
         return self.agg_train_loss
 
     def _report(self, outcome) -> None:

@@ -6,27 +6,24 @@
     loss = engine.train_batch(data_iter)                                 # (inputs, labels) micro-batches
 
 Each rank builds only its stage's layers (a ``LayerSpec`` is built where it runs, as in DeepSpeed).
-Ranks are laid out as DeepSpeed's PipeDataParallelTopology: rank = stage * dp + data_rank, so
-the replicas of one stage are neighbours and each pipeline is one rank per stage.
+Ranks are laid out as trainer.pipe.topology says: rank = stage * (dp * tp) + data_rank * tp + tp_rank,
+so the replicas of one stage are neighbours and each pipeline is one rank per stage. With
+``tp_size`` > 1 a stage's tensor-parallel layers take ``stage_groups(num_stages, tp_size)``.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
 from trainer import comm
+from trainer.pipe.topology import PipelineError, PipeTopology, pipe_groups
 
 __all__ = ["LayerSpec", "PipeTopology", "PipelineError", "PipelineModule", "TiedLayerSpec"]
-
-
-class PipelineError(Exception):
-    """A pipeline description that cannot be built (DeepSpeed's name)."""
 
 
 class LayerSpec:
@@ -96,32 +93,15 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
     return parts[::-1]
 
 
-@dataclass(frozen=True)
-class PipeTopology:
-    """Where a rank sits: its stage and data-parallel index (rank = stage * data_parallel + data_rank)."""
-
-    num_stages: int
-    data_parallel: int
-    rank: int
-
-    @property
-    def stage(self) -> int:
-        return self.rank // self.data_parallel
-
-    @property
-    def data_rank(self) -> int:
-        return self.rank % self.data_parallel
-
-    def rank_of(self, stage: int, data_rank: int | None = None) -> int:
-        return stage * self.data_parallel + (self.data_rank if data_rank is None else data_rank)
-
-
 class PipelineModule(nn.Module):
     """DeepSpeed's PipelineModule: ``layers`` (LayerSpec, TiedLayerSpec, modules or callables) cut
     into ``num_stages`` stages by ``partition_method`` ('parameters': balance trainable parameter
     counts; 'uniform': balance layer counts; 'type:REGEX': balance the layers whose class name
     matches). ``loss_fn(outputs, labels)`` runs on the last stage. ``activation_checkpoint_interval``
-    > 0 recomputes each run of that many layers in backward (trainer.checkpointing.checkpoint)."""
+    > 0 recomputes each run of that many layers in backward (trainer.checkpointing.checkpoint).
+    ``tp_size`` > 1: tensor parallelism inside each stage (the config's ``tensor_parallel.tp_size``
+    says the same); the layers take ``self.groups.layers``, which ``stage_groups`` gives before the
+    module is built."""
 
     def __init__(
         self,
@@ -136,21 +116,18 @@ class PipelineModule(nn.Module):
         activation_checkpoint_interval: int = 0,
         activation_checkpoint_func=None,
         checkpointable_layers=None,
+        tp_size: int = 1,
     ):
         super().__init__()
         from trainer.checkpointing import checkpoint
-        from trainer.engine import init_distributed
 
         if topology is not None:
-            raise PipelineError("PipelineModule(topology=...): give num_stages; stages x data parallel is the layout")
-        if num_stages is None or num_stages < 1:
-            raise PipelineError("PipelineModule: num_stages must be a positive integer")
-        init_distributed()
-        world, rank = comm.get_world_size(), comm.get_rank()
-        if world % num_stages:
-            raise PipelineError(f"num_stages ({num_stages}) must divide distributed world size ({world})")
+            raise PipelineError(
+                "PipelineModule(topology=...): give num_stages and tp_size (stages x data x tensor parallel)"
+            )
+        self.groups = pipe_groups(num_stages, tp_size)
         self.num_stages = num_stages
-        self.topology = PipeTopology(num_stages, world // num_stages, rank)
+        self.topology = self.groups.topology
         self.stage_id = self.topology.stage
         self.loss_fn = loss_fn
         self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
@@ -217,7 +194,7 @@ class PipelineModule(nn.Module):
                 raise PipelineError(f"layer {idx} ({spec!r}) is not a LayerSpec, a module nor a callable")
 
     def _tie_groups(self) -> dict:
-        """Per tied key this stage holds: the group of the stages sharing it (same data rank)."""
+        """Per tied key this stage holds: the group of the stages sharing it (same data and tensor-parallel rank)."""
         out: dict = {}
         if self.num_stages == 1:
             return out
@@ -226,8 +203,7 @@ class PipelineModule(nn.Module):
             stages = sorted(
                 {self.stage_owner(i) for i, s in enumerate(self._layer_specs) if getattr(s, "key", None) == key}
             )
-            for d in range(self.topology.data_parallel):
-                ranks = [self.topology.rank_of(s, d) for s in stages]
+            for ranks in self.topology.pipelines(stages):
                 group = comm.new_group(ranks=ranks)  # every rank creates every group, in the same order
                 if self.topology.rank in ranks:
                     out[key] = {"ranks": ranks, "group": group, "weight_attr": self.tied_weight_attrs[key]}
