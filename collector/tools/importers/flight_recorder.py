@@ -456,18 +456,6 @@ def _label(key: str) -> str:
     return "default_pg" if key == _WORLD else key
 
 
-def _names(members: dict[str, list[int]]) -> dict[str, str]:
-    """Group key -> rankscope's group name, as the hook names groups."""
-    names, taken = {}, set()
-    for key in sorted(members, key=lambda k: (k != _WORLD, len(k), k)):
-        name = "world" if key == _WORLD else f"g[{rank_ranges(members[key])}]"
-        if name in taken:
-            name += f"#{key}"
-        names[key] = name
-        taken.add(name)
-    return names
-
-
 def settle(parsed: list[Parsed]) -> list[str]:
     """Every dump's rows, decided across the ranks of one import; returns the import's notes
     (memberships inferred, ranks without a dump)."""
@@ -484,7 +472,7 @@ def settle(parsed: list[Parsed]) -> list[str]:
     if not dumps:
         return notes
     members = _memberships([d for _, d in dumps.values()], notes)
-    names = _names(members)
+    names = base.group_names(members, _WORLD)
     entered: dict[tuple[str, int], int] = {}  # (group, rank) -> the highest seq it entered
     for _, d in dumps.values():
         for e in d.entries:

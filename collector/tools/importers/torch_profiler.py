@@ -41,12 +41,14 @@ has no dtype. NCCL also writes ``record_param_comms`` events with the group, the
 the dtype; they are not read (untested: no GPU where this was built), and gloo in torch 2.13
 writes none.
 
-Group and seq: a gloo trace names no process group per op, so comm rows are imported only when the
-trace's ``distributedInfo`` lists one process group (``world``); a trace with several is
-reported and its collectives left out. ``seq`` is the collective's number in the trace, from 1
-in issue order: the same instance on every rank as long as every rank's trace covers the same
-steps (a ``torch.profiler.schedule`` does), but not the process group's own counter, which
-has also counted the collectives before the trace began. Point-to-point ops are not imported.
+Group and seq: a gloo trace names no process group per op. Where its ``distributedInfo`` lists one
+group, every row is the ``world``'s; where it lists several, each collective's group is decided
+across the import's traces from the worker thread that ran it (profiler_groups), and a trace
+without worker events is reported and its collectives left out. ``seq`` is the collective's
+number in the trace (in its group), from 1 in issue order: the same instance on every rank as
+long as every rank's trace covers the same steps (a ``torch.profiler.schedule`` does), but not
+the process group's own counter, which has also counted the collectives before the trace began.
+Point-to-point ops are not imported.
 
 Steps -> ``timers`` rows and each row's ``step``. A ``ProfilerStep#N`` span (``prof.step()``
 in the loop) is step N + 1, the hook's numbering when profiling started with the loop
@@ -85,7 +87,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from collector.data import bandwidth
-from collector.tools.importers import base
+from collector.tools.importers import base, profiler_groups
 from collector.tools.importers.base import Parsed
 
 NAME = "torch_profiler"
@@ -337,7 +339,7 @@ def parse(path: Path) -> Parsed:
         elif e.get("cat") == "python_function" and _PUBLIC_CALL.search(name):
             calls.setdefault(_thread(e), []).append((start, start + dur))
         elif name.startswith("gloo:"):
-            workers.append((start, dur, name[5:], args))
+            workers.append((start, dur, name[5:], args, _thread(e)))
         elif m := _STEP_SPAN.match(name):
             spans.append((start, start + dur, int(m.group(1)) + 1))
         elif name in FORWARD_SPANS or name.startswith("Optimizer.step#"):
@@ -364,20 +366,21 @@ def _comm_rows(
     collectives = [op for op in ops if op[3] not in _P2P]
     if not collectives:
         return
-    groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
-    groups = [g for g in groups if isinstance(g, dict)]
-    if len(groups) > 1:
+    groups = profiler_groups.stated(info)
+    several = len(groups) > 1
+    if several and not workers:
         out.problem(
             path,
             "",
-            f"{len(collectives):,} collectives not imported: the trace's ranks are in {len(groups)} process "
-            "groups, and its events do not say which group a collective ran on",
+            f"{len(collectives):,} collectives not imported: the trace's ranks are in {len(groups)} process groups, "
+            "and without gloo's worker events (NCCL, or a trace cut short) nothing tells which one a collective ran on",
         )
         return
-    size = groups[0].get("pg_size") if groups else info.get("world_size")
-    if type(size) is not int or size < 1:
+    size = None if several else groups[0].size if groups else info.get("world_size")
+    if not several and (type(size) is not int or size < 1):
         out.problem(path, "", "no process group size in distributedInfo; collectives not imported")
         return
+    pending = profiler_groups.Pending(rank, groups) if several else None
     claimed = [False] * len(workers)
     worker_starts = [w[0] for w in workers]
     seq = 0
@@ -392,6 +395,9 @@ def _comm_rows(
         seq += 1
         end, dtype_name = (None if cut else start + dur), None
         dims, types = _listed(args, "Input Dims"), _listed(args, "Input type")
+        if pending and c10d_op == "reduce_scatter_":  # one worker event per member of a group not yet known
+            out.problem(path, where, "a list reduce_scatter on one of several process groups; skipped")
+            continue
         if workers:
             need = size if c10d_op == "reduce_scatter_" else 1
             shapes = _shapes(dims, types, spec.local_arg)
@@ -411,20 +417,17 @@ def _comm_rows(
             numel, nbytes = 0, 0
         else:
             try:
-                numel = _numel(dims[arg], types[arg]) * (size if times_group else 1)
+                numel = _numel(dims[arg], types[arg]) * (size if times_group and not pending else 1)
             except (IndexError, TypeError):
                 out.problem(path, where, "no Input Dims (profile with record_shapes=True); skipped")
                 continue
             nbytes = numel * itemsize if itemsize else None
-        algbw, busbw = bandwidth.bandwidth(op, nbytes, end - start, size) if nbytes and end else (None, None)
-        out.add(
-            "comm",
-            rank,
-            where,
+        algbw, busbw = bandwidth.bandwidth(op, nbytes, end - start, size) if nbytes and end and size else (None, None)
+        row = dict(
             step=steps.of(start),
-            group_name="world",
+            group_name=None if pending else "world",
             group_size=size,
-            seq=seq,
+            seq=None if pending else seq,
             op=op,
             log_name=op,
             dtype=dtype,
@@ -436,6 +439,10 @@ def _comm_rows(
             algbw_gbs=algbw,
             busbw_gbs=busbw,
         )
+        if out.add("comm", rank, where, **row) and pending:  # its group is decided across ranks, in settle
+            pending.add(out.rows[("comm", rank)][-1], workers[mine[0]][4], times_group)
+    if pending:
+        out.hints[profiler_groups.HINT] = pending
 
 
 def _thread(event: dict):
@@ -501,6 +508,7 @@ def settle(parsed: list[Parsed]) -> list[str]:
         for p in parsed
         if p.hints.get("python_calls_skipped")
     ]
+    notes += profiler_groups.settle(parsed)
     known = {}
     for p in parsed:
         for (table, _), rows in p.rows.items():

@@ -22,6 +22,7 @@ SKIPPED, WARMUP, ACTIVE = 2, 1, 4  # iterations 0-1 unprofiled (DDP rebuilds its
 ITERATIONS = SKIPPED + WARMUP + ACTIVE
 FIRST_STEP = SKIPPED + WARMUP + 1  # the hook's step of the first recorded iteration (ProfilerStep#3)
 SLOW_S = 0.04
+TP_DP_ACTIVE = 8
 
 
 def _one_of_each(rank: int) -> None:
@@ -96,4 +97,41 @@ def two_groups(rank: int, port: int, out: str) -> None:
         dist.all_reduce(torch.ones(4))
         dist.all_reduce(torch.ones(4), group=pair)
     prof.export_chrome_trace(f"{out}/groups.json")
+    leave_world()
+
+
+def tp_dp(rank: int, port: int, endpoint: str | None, out: str, slow_rank: int = -1) -> None:
+    """4 ranks as a TP x DP job lays them out, profiled, no group named in any trace event: TP pairs
+    [0,1], [2,3] and DP pairs [0,2], [1,3] beside the world. Each step: two TP all_reduces and a TP
+    all_gather_into_tensor (the same on every pair, in step), a DP all_reduce of the TP all_reduce's
+    size, and the loss all_reduced over the world; ``slow_rank`` busy SLOW_S before each step."""
+    world = 4
+    torchrun_env(rank, world, port)
+    torch.set_num_threads(1)
+    if endpoint:
+        hook.attach(run="profiled-tp-dp", endpoint=endpoint)
+    dist.init_process_group("gloo")
+    tp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    dp = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.1)  # the hook's steps: one per optimizer step
+    handler = tensorboard_trace_handler(out, worker_name=f"rank{rank}")
+    plan = schedule(wait=SKIPPED, warmup=WARMUP, active=TP_DP_ACTIVE, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=plan, on_trace_ready=handler) as prof:
+        for _ in range(SKIPPED + WARMUP + TP_DP_ACTIVE):
+            if rank == slow_rank:
+                end = time.perf_counter() + SLOW_S
+                while time.perf_counter() < end:
+                    pass
+            time.sleep(0.02)  # the device's share of a step
+            dist.all_reduce(torch.ones(64), group=tp)
+            dist.all_gather_into_tensor(torch.zeros(32), torch.ones(16), group=tp)
+            dist.all_reduce(torch.ones(64), group=tp)
+            dist.all_reduce(torch.ones(64), group=dp)
+            dist.all_reduce(torch.ones(1))
+            param.grad = torch.zeros(1)
+            opt.step()
+            prof.step()
+    if endpoint:
+        hook.detach()
     leave_world()
