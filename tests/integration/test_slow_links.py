@@ -367,12 +367,14 @@ def test_deepspeed_zero2_under_the_hook_a_throttled_link_is_the_network_and_heal
 
 
 def train_pipeline(
-    work, *, hosts: int, ranks_per_host: int, throttle=None, fault: str = "", deepspeed: bool = False
+    work, *, hosts: int, ranks_per_host: int, throttle=None, fault: str = "", deepspeed: bool = False, tp: int = 1
 ) -> multihost.HostsRun:
     """A pipeline over namespace hosts (pipe_train.py): 2 stages across hosts, on the bundled engine
-    or (``deepspeed``) DeepSpeed's own PipelineEngine in its venv."""
+    (``tp`` > 1: tensor-parallel layers in each stage) or (``deepspeed``) DeepSpeed's own
+    PipelineEngine in its venv."""
     python, env = _deepspeed_rank_side() if deepspeed else (sys.executable, None)
     args = ("--stages", "2", *(("--fault", fault) if fault else ()), *(("--engine", "deepspeed") if deepspeed else ()))
+    args += ("--tp", str(tp)) if tp > 1 else ()
     return multihost.train_on_hosts(
         work, hosts=hosts, ranks_per_host=ranks_per_host, steps=40, name="pipe", throttle=throttle,
         workload=multihost.PIPE_WORKLOAD, workload_args=args, python=python, rank_env=env,
@@ -417,4 +419,21 @@ def test_deepspeeds_pipeline_engine_over_hosts_the_slow_host_is_named_alone(tmp_
     assert link.evidence["hosts"] == [["host-0"]], link.text
     assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
     calm = found(train_pipeline(tmp_path / "calm", hosts=4, ranks_per_host=1, deepspeed=True))
+    assert not warnings(calm), [f.text for f in calm]
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_3d_parallel_tp_inside_each_host_pp_and_dp_across_the_slow_host_is_named_alone(tmp_path):
+    # PP 2 x TP 2 x DP 2 on 4 hosts of 2 ranks (the Megatron layout: a TP pair is a host, stage 0 on
+    # hosts 0-1, stage 1 on hosts 2-3, pipelines and replicas across hosts); host-1 (stage 0, replica
+    # 1) at 80 Mbit/s from loop index 15. Its TP all_reduces never leave the host: the groups inside
+    # hosts are the control, the link is host-1's, and nothing else warns
+    throttle = multihost.Throttle.parse("1:80mbit@15")
+    every = found(train_pipeline(tmp_path / "slow", hosts=4, ranks_per_host=2, throttle=throttle, tp=2))
+    [link] = [f for f in every if f.kind == "slow_link"]
+    assert link.evidence["hosts"] == [["host-1"]], link.text
+    assert not {"g[0-1]", "g[2-3]"} & set(link.evidence["slowed_groups"]), link.evidence
+    assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
+    calm = found(train_pipeline(tmp_path / "calm", hosts=4, ranks_per_host=2, tp=2))
     assert not warnings(calm), [f.text for f in calm]
