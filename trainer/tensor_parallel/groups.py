@@ -101,7 +101,8 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
                 tp_group = g
         for offset in range(tp_size):
             ranks = list(range(offset, world, tp_size))
-            g = process_group(ranks)
+            # one replica (tp_size = world): a communicator of one rank, as None means the world to the engine
+            g = process_group(ranks) if len(ranks) > 1 else comm.new_group(ranks)
             if rank in ranks:
                 dp_group = g
     groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)

@@ -26,7 +26,6 @@ from collector.testing.gloo import leave_world, run_ranks
 from tests.unit.trainer.test_tp_gpt import BATCH, GPT, HEADS, HIDDEN, DenseBlock, batch
 
 WORLD, TP, STEPS, CLIP, LR, TOL = 4, 2, 20, 0.1, 1e-2, 1e-5
-DP = WORLD // TP
 STAGES = (0, 1, 2)
 MOE_STAGES = (0, 2)
 EXPERTS, AUX_COEF = 4, 0.01
@@ -65,16 +64,16 @@ class MoEGPT(nn.Module):
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()) + AUX_COEF * aux
 
 
-def reference(moe: bool = False) -> tuple[list[list[float]], list[float]]:
-    """Per step, the loss of each data-parallel rank's batch, and the unclipped norm."""
+def reference(moe: bool = False, dp: int = WORLD // TP) -> tuple[list[list[float]], list[float]]:
+    """Per step, the loss of each of ``dp`` data-parallel ranks' batches, and the unclipped norm."""
     torch.manual_seed(0)
     dense = MoEGPT(DenseBlock, 1, 1) if moe else GPT(DenseBlock)
     opt = torch.optim.AdamW(dense.parameters(), lr=LR, weight_decay=0.0)
     losses, norms = [], []
     for step in range(STEPS):
-        per_rank = [dense(*batch(step, d)) for d in range(DP)]
+        per_rank = [dense(*batch(step, d)) for d in range(dp)]
         opt.zero_grad()
-        (sum(per_rank) / DP).backward()
+        (sum(per_rank) / dp).backward()
         norms.append(float(nn.utils.clip_grad_norm_(dense.parameters(), CLIP)))
         opt.step()
         losses.append([loss.item() for loss in per_rank])
@@ -101,27 +100,30 @@ def parallel_gpt(moe: bool = False):
     return model
 
 
-def worker(rank: int, port: int) -> None:
+def worker(rank: int, port: int, world: int = WORLD) -> None:
     from trainer.engine import init_distributed
 
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
     torch.set_num_threads(1)
     init_distributed()
-    for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
-        run_cases(rank, moe, stages)
+    if world == TP:  # every rank one tensor-parallel group: one replica, no data parallelism
+        run_cases(rank, False, STAGES, dp=1)
+    else:
+        for moe, stages in ((False, STAGES), (True, MOE_STAGES)):
+            run_cases(rank, moe, stages)
     leave_world()
 
 
-def run_cases(rank: int, moe: bool, stages) -> None:
+def run_cases(rank: int, moe: bool, stages, dp: int = WORLD // TP) -> None:
     import trainer
 
-    expected, norms = reference(moe)
+    expected, norms = reference(moe, dp)
     assert min(norms) > CLIP, norms  # the clip acts at every step
     for stage in stages:
         config = {
-            "train_batch_size": BATCH * DP,
+            "train_batch_size": BATCH * dp,
             "gradient_clipping": CLIP,
             "optimizer": {"type": "AdamW", "params": {"lr": LR}},
             "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
@@ -141,3 +143,10 @@ def run_cases(rank: int, moe: bool, stages) -> None:
 
 def test_engine_tp2_dp2_with_clipping_and_experts_matches_dense_reference():
     run_ranks(worker, WORLD)
+
+
+def test_engine_tp_over_the_whole_world_matches_dense_reference():
+    """tp_size = world size: one replica. Its data-parallel group is a communicator of one rank;
+    None would read as the world, and ZeRO would sum the two shards' different gradients (the
+    loss was 1e-3 off by step 2)."""
+    run_ranks(worker, TP, TP)
