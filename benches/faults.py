@@ -117,6 +117,7 @@ class Case:
     ranks: int = 2
     quick: bool = False  # part of the subset `make test` runs (tests/integration/test_fault_suite.py)
     hang_after_s: float | None = HANG_AFTER_S  # the ranks' setting; None: the default (60 s), stuck adaptive
+    note: str | None = None  # an info finding must say this (a healthy pause the stacks explain)
 
 
 @dataclass
@@ -138,6 +139,7 @@ class Outcome:
     seconds: float = 0.0
     health_s: float | None = None  # `rankscope health` on the finished run (a fresh process)
     hops: dict[str, float] = field(default_factory=dict)  # live faults: where the time to detect went
+    note_missing: bool = False  # the case's note was not said
 
 
 S = "straggler"
@@ -152,6 +154,14 @@ def cases() -> list[Case]:
         Case("ddp-eval-pass", "ddp", ("--eval-every", "5")),
         Case("ddp-jitter", "ddp", ("--jitter-ms", "4")),
         Case("ddp-checkpoint", "ddp", ("--save-every", "10")),
+        # a 20 s save on rank 0 at default settings while rank 1 waits at the barrier: an info naming it
+        Case(
+            "ddp-checkpoint-20s",
+            "ddp",
+            ("--steps", "30", "--save-every", "20", "--save-ms", "20000"),
+            hang_after_s=None,
+            note="rank 0 is saving a checkpoint",
+        ),
         Case("ddp-slow-first-step", "ddp", ("--first-step-ms", "400")),
         Case("ddp-accumulation-4", "ddp", ("--accum", "4")),
         # rank 1's loader stalls 1 s every 10 steps at default settings: the others wait, never stuck
@@ -774,6 +784,10 @@ def score(outcome: Outcome, healthy_ms: dict[str, float]) -> Outcome:
             if rise > 0 and f.get("cost_ms_per_step"):
                 outcome.cost_error = abs(f["cost_ms_per_step"] - rise) / rise
     outcome.fn = [e for e in unmatched if not e.optional]
+    note = outcome.case.note
+    outcome.note_missing = note is not None and not any(
+        f["severity"] == "info" and note in f["text"] for f in outcome.found
+    )
     return outcome
 
 
@@ -824,6 +838,7 @@ def table(outcomes: list[Outcome]) -> tuple[str, dict]:
         "recall": r,
         "cases": len(outcomes),
         "healthy_warned": sum(1 for o in healthy if o.fp),
+        "notes_missing": sum(o.note_missing for o in outcomes),
     }
     return "\n".join(lines), summary
 
@@ -906,6 +921,8 @@ def report(outcomes: list[Outcome], wall_s: float, command: str = "python -m ben
             or "nothing"
         )
         verdict = "ok" if not o.fp and not o.fn else f"{len(o.fp)} FP, {len(o.fn)} FN"
+        if o.case.note is not None:
+            verdict += f" (note {'missing' if o.note_missing else 'said'}: {o.case.note!r})"
         if o.localised is not None:
             verdict += f" (link's host: {o.localised}, +{o.delay_steps} steps)"
         det = f"{o.detect_s:.1f} s" if o.detect_s is not None else ""
@@ -915,15 +932,19 @@ def report(outcomes: list[Outcome], wall_s: float, command: str = "python -m ben
         rows.append(f"| {o.case.name} | {exp} | {got} | {verdict} | {det} | {cost} | {onset} | {took} |")
     costs = [o.cost_error for o in outcomes if o.cost_error is not None]
     load = os.getloadavg()
+    cost = (
+        f"; cost error (stragglers, slow links) median {100 * statistics.median(costs):.0f}% "
+        f"(max {100 * max(costs):.0f}%) over {len(costs)} cases"
+        if costs
+        else ""
+    )
     head = (
         f"# Fault-injection suite\n\nMeasured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on a {machine()}; "
         f"{code_version(REPO)}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. "
         f"Command: `{command}`; {len(outcomes)} cases in {wall_s / 60:.1f} min.\n\n"
         f"Overall F1 {summary['f1']:.2f} (precision {summary['precision']:.2f}, recall {summary['recall']:.2f}); "
-        f"healthy cases with a warning: {summary['healthy_warned']}; cost error (stragglers, slow links) median "
-        f"{100 * statistics.median(costs):.0f}% (max {100 * max(costs):.0f}%) over {len(costs)} cases.\n\n"
-        if costs
-        else ""
+        f"healthy cases with a warning: {summary['healthy_warned']}, whose note was not said: "
+        f"{summary['notes_missing']}{cost}.\n\n"
     )
     multi = multihost_table(outcomes)
     multi = f"\n\n## Multi-host runs\n\n{multi}" if multi else ""

@@ -10,7 +10,6 @@ barriers), then idles, streaming heartbeats only, until the test writes ``out/go
 from __future__ import annotations
 
 import datetime
-import io
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch.distributed.distributed_c10d as c10d
 from collector import hook
 from collector.rank import session
 from collector.testing.gloo import torchrun_env
+from collector.testing.slow_storage import SlowStorage
 
 WORLD = 3
 SAVE_S = 6.0  # twice the stuck floor (hang_rule.STUCK_FLOOR_S): long enough to be judged
@@ -38,20 +38,6 @@ def stall_before_collective(release: Path) -> None:
     deadline = time.monotonic() + WAIT_S
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-class SlowStorage(io.RawIOBase):
-    """A file on slow storage: the save's writes take ``seconds`` in all."""
-
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        time.sleep(max(0.0, self.deadline - time.monotonic()))
-        return len(data)
 
 
 def worker(rank: int, port: int, endpoint: str, out: str, mode: str) -> None:

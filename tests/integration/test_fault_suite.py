@@ -45,3 +45,15 @@ def test_the_table_scores_every_class(outcomes):
     text, summary = faults.table(list(outcomes.values()))
     assert summary["cases"] == len(outcomes) and "| **all** |" in text
     assert summary["recall"] == 1.0
+
+
+@pytest.mark.timing
+def test_a_20_s_checkpoint_save_at_default_settings_is_a_note_naming_it_never_a_warning(tmp_path):
+    [case] = [c for c in faults.cases() if c.name == "ddp-checkpoint-20s"]
+    [o] = faults.run_suite([case], tmp_path, log=lambda *_: None)
+    assert all(_environmental(f) for f in o.fp) and not o.note_missing, (o.fp, o.found)
+    [note] = [f for f in o.found if f["kind"] == "stuck"]
+    assert note["severity"] == "info", note
+    assert note["text"].startswith("rank 0 is saving a checkpoint (at slow_storage.py:"), note["text"]
+    assert "; rank 1 waits for it in barrier #" in note["text"], note["text"]
+    assert "torch/serialization.py" in note["evidence"]["stacks"]["0"], note["evidence"]["stacks"]

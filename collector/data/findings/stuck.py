@@ -145,7 +145,8 @@ def stuck_collectives(stuck: list[Stuck]) -> list[Finding]:
             text = f"hang: {ranks_label(waiting)} stuck {c.waited_s:.0f} s in {at}; not arrived: {where}"
         elif causes == {"checkpoint"}:
             kind, severity = "stuck", "info"
-            text = f"{where}; {ranks_label(waiting)} wait for it in {at} ({c.waited_s:.0f} s so far)"
+            wait = "waits" if len(waiting) == 1 else "wait"
+            text = f"{where}; {ranks_label(waiting)} {wait} for it in {at} ({c.waited_s:.0f} s so far)"
         else:
             kind, severity = "stuck", "warning"
             text = (

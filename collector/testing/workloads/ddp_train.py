@@ -24,7 +24,8 @@ noise against it, as it is on a real job, not half a 5 ms CPU step.
 
 Healthy shapes users write (no warning may come of them): ``--eval-every K`` (an eval pass on
 all ranks with its own all_reduce), ``--save-every K`` (rank 0 saves a checkpoint, all ranks
-barrier), ``--jitter-ms J`` (every rank busy 0..J ms at random each step), ``--first-step-ms M``
+barrier; with ``--save-ms MS`` each save takes that long, in ``torch.save``'s writes to slow
+storage), ``--jitter-ms J`` (every rank busy 0..J ms at random each step), ``--first-step-ms M``
 (a slow first step on every rank, as compilation or lazy allocation make it).
 
 Writes ``OUT/times.json`` (rank 0: seconds between consecutive step ends), ``OUT/onset<rank>.json``
@@ -50,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from collector.rank import hook
 from collector.testing import flight_recorder
+from collector.testing.slow_storage import SlowStorage
 
 KINDS = ("sleep", "data", "gc", "hang", "exit", "desync", "nan", "spike", "leak")
 BATCH, WIDTH, CLASSES = 16, 256, 10
@@ -120,6 +122,7 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--save-every", type=int, default=0)
+    p.add_argument("--save-ms", type=float, default=0.0, help="each save takes this long (slow storage)")
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--first-step-ms", type=float, default=0.0)
     p.add_argument(
@@ -198,7 +201,8 @@ def main() -> None:
             hook.log({"eval_loss": float(ev) / world / 4})
         if args.save_every and (step + 1) % args.save_every == 0:
             if rank == 0:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, out / "checkpoint.pt")
+                with SlowStorage(args.save_ms / 1e3, out / "checkpoint.pt") as f:
+                    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f)
             dist.barrier()
         ends.append(time.perf_counter())
     if os.environ.get("TORCH_FR_BUFFER_SIZE"):
