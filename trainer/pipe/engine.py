@@ -7,10 +7,13 @@ Each rank runs one stage of one pipeline (trainer.pipe.topology: rank = stage * 
 + tp_rank; a pipeline is the ranks of one (data_rank, tp_rank), so with tensor parallelism each of a
 stage's tensor-parallel ranks talks to the same tensor-parallel rank of the next stage).
 A step runs the 1F1B schedule (trainer.pipe.schedule) over m = gradient_accumulation_steps
-micro-batches of train_micro_batch_size_per_gpu samples: activations go forward and their
-gradients back with the instrumented point-to-point ops (trainer.comm: isend to the neighbour,
-a blocking recv for what this stage needs next, so the waits are the bubbles), the loss is
-``loss_fn(outputs, labels) / m`` on the last stage. After the last backward the tied weights'
+micro-batches of train_micro_batch_size_per_gpu samples, or with ``PipelineModule(virtual_stages=v)``
+Megatron's interleaved 1F1B over the stage's v chunks (the model's chunk c * p + s on stage s, so the
+last stage's chunk sends to stage 0's next one): activations go forward and their gradients back with
+the instrumented point-to-point ops (trainer.comm: isend to the neighbour, a blocking recv for what
+this stage needs next, so the waits are the bubbles; activations and gradients on their own tags, as
+both cross the same pair of ranks when chunks wrap), the loss is ``loss_fn(outputs, labels) / m`` on
+the model's last chunk. After the last backward the tied weights'
 gradients are summed over their stages, then the engine's ZeRO optimizer (stage 0 or 1) averages
 gradients over the data-parallel replicas of the same stage and tensor-parallel rank and steps, as in a
 non-pipelined step; clipping's norm counts every stage, each tensor-parallel shard, and a replicated
@@ -32,11 +35,14 @@ from trainer import comm
 from trainer.config import ConfigError
 from trainer.engine import Engine
 from trainer.pipe.module import PipelineError, PipelineModule
-from trainer.pipe.schedule import BACKWARD, one_f_one_b
+from trainer.pipe.schedule import BACKWARD, FORWARD, stage_schedule
 
 # Wire codes for the dtypes of tensors crossing a stage boundary (sent once per batch with their shapes).
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool]
 _META_LEN = 64
+# Point-to-point tags: with virtual stages, activations and gradients cross the same pair of ranks both
+# ways, each stream in its own order.
+_ACTIVATIONS, _GRADIENTS = 0, 1
 
 
 class PipelineEngine(Engine):
@@ -61,9 +67,18 @@ class PipelineEngine(Engine):
         if interval > 0:  # the config's wins over the module's, as in DeepSpeed
             model.set_checkpoint_interval(interval)
         self.micro_batches = self.gradient_accumulation_steps()
+        self.virtual_stages = model.virtual_stages
+        if self.virtual_stages > 1 and self.micro_batches % self.num_stages:
+            raise ConfigError(
+                f"gradient_accumulation_steps: {self.micro_batches} micro-batches; the interleaved schedule "
+                f"(PipelineModule(virtual_stages={self.virtual_stages})) needs a multiple of num_stages "
+                f"{self.num_stages}, as Megatron's does"
+            )
         top = self.topology
-        self.prev_rank = top.rank_of(self.stage_id - 1) if self.stage_id > 0 else None
-        self.next_rank = top.rank_of(self.stage_id + 1) if self.stage_id < self.num_stages - 1 else None
+        wraps = self.virtual_stages > 1  # the last stage's chunk feeds stage 0's next one
+        first, last = self.stage_id == 0, self.stage_id == self.num_stages - 1
+        self.prev_rank = top.rank_of((self.stage_id - 1) % self.num_stages) if wraps or not first else None
+        self.next_rank = top.rank_of((self.stage_id + 1) % self.num_stages) if wraps or not last else None
         self.pipe_group, self.last_rank = model.groups.pipe, top.rank_of(self.num_stages - 1)
         self.timeline = StageTimeline(
             stage=self.stage_id, stages=self.num_stages, data_rank=top.data_rank, layers=model.num_local_layers
@@ -90,6 +105,14 @@ class PipelineEngine(Engine):
 
     def is_last_stage(self) -> bool:
         return self.stage_id == self.num_stages - 1
+
+    def _is_first_chunk(self, chunk: int) -> bool:
+        """Whether this stage's ``chunk`` is the model's first (it reads the inputs)."""
+        return self.is_first_stage() and chunk == 0
+
+    def _is_last_chunk(self, chunk: int) -> bool:
+        """Whether this stage's ``chunk`` is the model's last (it computes the loss)."""
+        return self.is_last_stage() and chunk == self.virtual_stages - 1
 
     def held_elsewhere(self, name: str) -> bool:
         """Whether a checkpoint's parameter or buffer ``name`` belongs to another stage's layers
@@ -130,15 +153,14 @@ class PipelineEngine(Engine):
         batches = self._batches(data_iter)
         m = self.micro_batches
         self.profiler.begin(self.global_steps)
-        self._send_works: list = []
-        self._meta_sent = self._meta_received = False
+        self._start_batch()
         inputs, outputs, losses = {}, {}, []
         self.optimizer.begin_backward(False)
-        for kind, mb in one_f_one_b(self.stage_id, self.num_stages, m):
+        for kind, chunk, mb in stage_schedule(self.stage_id, self.num_stages, m, self.virtual_stages):
             if kind == BACKWARD:
-                self._backward(mb, inputs.pop(mb), outputs.pop(mb))
+                self._backward(chunk, mb, inputs.pop((chunk, mb)), outputs.pop((chunk, mb)))
             else:
-                inputs[mb], outputs[mb] = self._forward(mb, batches, losses, grad=True)
+                inputs[chunk, mb], outputs[chunk, mb] = self._forward(chunk, mb, batches, losses, grad=True)
         start = perf_ns()
         self._wait_sends()
         self.timeline.record("send_wait", -1, start)
@@ -171,12 +193,13 @@ class PipelineEngine(Engine):
         self.module.eval()
         batches = self._batches(data_iter)
         m = num_micro_batches or self.micro_batches
-        self._send_works = []
-        self._meta_sent = self._meta_received = False
+        self._start_batch()
         losses, logits = [], []
+        forwards = [(c, mb) for kind, c, mb in stage_schedule(self.stage_id, self.num_stages, m, self.virtual_stages)
+                    if kind == FORWARD]  # fmt: skip
         with torch.no_grad():
-            for mb in range(m):
-                self._forward(mb, batches, losses if compute_loss else None, grad=False,
+            for chunk, mb in forwards:
+                self._forward(chunk, mb, batches, losses if compute_loss else None, grad=False,
                               logits=logits if return_logits else None)  # fmt: skip
             self._wait_sends()
             loss = self._aggregate(losses, mean_over=m, bcast=bcast_loss)
@@ -196,37 +219,44 @@ class PipelineEngine(Engine):
 
     # ---------------------------------------------------------------- one micro-batch
 
-    def _forward(self, mb: int, batches, losses, *, grad: bool, logits: list | None = None):
-        """One micro-batch forward; the last stage appends its loss to ``losses`` (and its outputs to
-        ``logits``). Returns (this stage's input, what backward starts from: the loss or the outputs)."""
-        batch = next(batches) if self.is_first_stage() or self.is_last_stage() else None
-        if self.is_first_stage():
+    def _start_batch(self) -> None:
+        self._send_works: list = []
+        self._meta_sent: set[int] = set()  # local chunks whose output shapes went out this batch
+        self._received_like: dict[int, tuple[list[torch.Tensor], bool]] = {}  # per local chunk: buffers, as tuple
+
+    def _forward(self, chunk: int, mb: int, batches, losses, *, grad: bool, logits: list | None = None):
+        """One micro-batch forward through this stage's ``chunk``; the model's last chunk appends its
+        loss to ``losses`` (and its outputs to ``logits``). Returns (the chunk's input, what backward
+        starts from: the loss or the outputs)."""
+        first, last = self._is_first_chunk(chunk), self._is_last_chunk(chunk)
+        batch = next(batches) if first or last else None
+        if first:
             x = _to(batch[0], self.device, detach=True)
         else:
             start = perf_ns()
-            x = self._recv_activations(requires_grad=grad)
+            x = self._recv_activations(chunk, requires_grad=grad)
             self.timeline.record("recv_act", mb, start)
         start = perf_ns()
-        out = self.module(x)
-        if self.is_last_stage() and logits is not None:
+        out = self.module(x, chunk)
+        if last and logits is not None:
             logits.append(out.detach())
-        if self.is_last_stage() and losses is not None:
+        if last and losses is not None:
             loss = self.module.loss_fn(out, _to(batch[1], self.device, detach=False))
             losses.append(loss.detach())
             out = loss
         if grad:
             self.timeline.record("fwd", mb, start)
-        if not self.is_last_stage():
-            self._send_activations(out)
+        if not last:
+            self._send_activations(chunk, out)
         return x, out
 
-    def _backward(self, mb: int, x, out) -> None:
-        if self.is_last_stage():
+    def _backward(self, chunk: int, mb: int, x, out) -> None:
+        if self._is_last_chunk(chunk):
             grads, tensors = None, [out.float() / self.micro_batches * self.loss_scale]
         else:
             start = perf_ns()
             sent = [t for t in _tensors(out) if _carries_grad(t)]
-            received = self._recv(self.next_rank, sent, "pipe.recv_grads")
+            received = self._recv(self.next_rank, sent, "pipe.recv_grads", _GRADIENTS)
             self.timeline.record("recv_grad", mb, start)
             pairs = [(t, g) for t, g in zip(sent, received, strict=True) if t.requires_grad]
             tensors, grads = [t for t, _ in pairs], [g for _, g in pairs]
@@ -234,54 +264,54 @@ class PipelineEngine(Engine):
         if tensors:
             torch.autograd.backward(tensors, grad_tensors=grads)
         self.timeline.record("bwd", mb, start)
-        if not self.is_first_stage():
+        if not self._is_first_chunk(chunk):
             inputs = [t for t in _tensors(x) if _carries_grad(t)]
             grads_in = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
-            self._send(grads_in, self.prev_rank, "pipe.send_grads")
+            self._send(grads_in, self.prev_rank, "pipe.send_grads", _GRADIENTS)
 
     # ---------------------------------------------------------------- point-to-point
 
-    def _send(self, tensors, dst: int, log_name: str) -> None:
+    def _send(self, tensors, dst: int, log_name: str, tag: int) -> None:
         for t in tensors:
             t = t.detach().contiguous()
-            self._send_works.append((comm.isend(t, dst, log_name=log_name), t))
+            self._send_works.append((comm.isend(t, dst, tag=tag, log_name=log_name), t))
 
-    def _recv(self, src: int, like, log_name: str) -> list[torch.Tensor]:
+    def _recv(self, src: int, like, log_name: str, tag: int) -> list[torch.Tensor]:
         out = []
         for t in like:
             buf = torch.empty(t.shape, dtype=t.dtype, device=self.device)
-            comm.recv(buf, src, log_name=log_name)
+            comm.recv(buf, src, tag=tag, log_name=log_name)
             out.append(buf)
         return out
 
-    def _send_activations(self, out) -> None:
+    def _send_activations(self, chunk: int, out) -> None:
         tensors = _tensors(out)
-        if not self._meta_sent:  # shapes and dtypes once per batch: the receiver sizes its buffers
+        if chunk not in self._meta_sent:  # shapes and dtypes once per batch and chunk: the receiver sizes its buffers
             meta = [len(tensors), int(isinstance(out, tuple))]
             for t in tensors:
                 meta += [_DTYPES.index(t.dtype), t.dim(), *t.shape]
             if len(meta) > _META_LEN:
                 raise PipelineError(f"stage {self.stage_id} sends too many / too high-rank tensors to describe")
             self._send([torch.tensor(meta + [0] * (_META_LEN - len(meta)), dtype=torch.int64)], self.next_rank,
-                       "pipe.send_meta")  # fmt: skip
-            self._meta_sent = True
-        self._send(tensors, self.next_rank, "pipe.send_activations")
+                       "pipe.send_meta", _ACTIVATIONS)  # fmt: skip
+            self._meta_sent.add(chunk)
+        self._send(tensors, self.next_rank, "pipe.send_activations", _ACTIVATIONS)
 
-    def _recv_activations(self, *, requires_grad: bool):
-        if not self._meta_received:
+    def _recv_activations(self, chunk: int, *, requires_grad: bool):
+        if chunk not in self._received_like:  # the sender's meta comes first on the same stream
             meta = torch.empty(_META_LEN, dtype=torch.int64)
-            comm.recv(meta, self.prev_rank, log_name="pipe.recv_meta")
-            meta, self._like, pos = meta.tolist(), [], 2
+            comm.recv(meta, self.prev_rank, tag=_ACTIVATIONS, log_name="pipe.recv_meta")
+            meta, like, pos = meta.tolist(), [], 2
             for _ in range(meta[0]):
                 dtype, ndim = _DTYPES[meta[pos]], meta[pos + 1]
-                self._like.append(torch.empty(meta[pos + 2 : pos + 2 + ndim], dtype=dtype))
+                like.append(torch.empty(meta[pos + 2 : pos + 2 + ndim], dtype=dtype))
                 pos += 2 + ndim
-            self._as_tuple = bool(meta[1])
-            self._meta_received = True
-        got = self._recv(self.prev_rank, self._like, "pipe.recv_activations")
+            self._received_like[chunk] = like, bool(meta[1])
+        like, as_tuple = self._received_like[chunk]
+        got = self._recv(self.prev_rank, like, "pipe.recv_activations", _ACTIVATIONS)
         for t in got:
             t.requires_grad_(requires_grad and t.is_floating_point())
-        return tuple(got) if self._as_tuple else got[0]
+        return tuple(got) if as_tuple else got[0]
 
     def _wait_sends(self) -> None:
         for work, _ in self._send_works:

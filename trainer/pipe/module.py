@@ -9,10 +9,13 @@ Each rank builds only its stage's layers (a ``LayerSpec`` is built where it runs
 Ranks are laid out as trainer.pipe.topology says: rank = stage * (dp * tp) + data_rank * tp + tp_rank,
 so the replicas of one stage are neighbours and each pipeline is one rank per stage. With
 ``tp_size`` > 1 a stage's tensor-parallel layers take ``stage_groups(num_stages, tp_size)``.
+With ``virtual_stages`` v > 1 (Megatron's virtual pipeline stages) the layers are cut into
+``num_stages * v`` chunks and stage s builds chunks s, s + num_stages, ... (trainer.pipe.schedule).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from functools import partial
@@ -101,7 +104,9 @@ class PipelineModule(nn.Module):
     > 0 recomputes each run of that many layers in backward (trainer.checkpointing.checkpoint).
     ``tp_size`` > 1: tensor parallelism inside each stage (the config's ``tensor_parallel.tp_size``
     says the same); the layers take ``self.groups.layers``, which ``stage_groups`` gives before the
-    module is built."""
+    module is built. ``virtual_stages`` > 1: the interleaved schedule, each stage holding that many
+    chunks of the model (Megatron's ``virtual_pipeline_model_parallel_size``); ``forward(x, chunk)``
+    runs one of them."""
 
     def __init__(
         self,
@@ -117,6 +122,7 @@ class PipelineModule(nn.Module):
         activation_checkpoint_func=None,
         checkpointable_layers=None,
         tp_size: int = 1,
+        virtual_stages: int = 1,
     ):
         super().__init__()
         from trainer.checkpointing import checkpoint
@@ -127,6 +133,7 @@ class PipelineModule(nn.Module):
             )
         self.groups = pipe_groups(num_stages, tp_size)
         self.num_stages = num_stages
+        self.virtual_stages = _checked_virtual_stages(virtual_stages, num_stages)
         self.topology = self.groups.topology
         self.stage_id = self.topology.stage
         self.loss_fn = loss_fn
@@ -135,9 +142,11 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_func = activation_checkpoint_func or checkpoint
         self.checkpointable_layers = checkpointable_layers
         self._layer_specs = list(layers)
-        self.parts = self._partition(partition_method)
-        self._local_start, self._local_stop = self.parts[self.stage_id], self.parts[self.stage_id + 1]
+        self.parts = self._partition(partition_method)  # per chunk of the model: num_stages * virtual_stages
+        chunks = range(self.stage_id, len(self.parts) - 1, num_stages)
+        self._local_ranges = [(self.parts[c], self.parts[c + 1]) for c in chunks]
         self.forward_funcs: list = []
+        self._chunk_bounds = [0]  # local chunk c runs forward_funcs[bounds[c]:bounds[c + 1]]
         self.tied_modules = nn.ModuleDict()
         self.tied_weight_attrs: dict[str, list[str]] = {}
         self._build()
@@ -147,17 +156,27 @@ class PipelineModule(nn.Module):
     # ---------------------------------------------------------------- partitioning and build
 
     def _partition(self, method: str) -> list[int]:
+        parts = self._partition_into(method, self.num_stages * self.virtual_stages)
+        if self.virtual_stages > 1 and any(lo == hi for lo, hi in itertools.pairwise(parts)):
+            raise PipelineError(
+                f"PipelineModule(virtual_stages={self.virtual_stages}): partition_method {method!r} leaves a chunk "
+                f"of the {self.num_stages} x {self.virtual_stages} without layers (boundaries {parts}; "
+                f"{len(self._layer_specs)} layers)"
+            )
+        return parts
+
+    def _partition_into(self, method: str, num_parts: int) -> list[int]:
         method = method.lower()
         if method == "uniform":
-            return partition_uniform(len(self._layer_specs), self.num_stages)
+            return partition_uniform(len(self._layer_specs), num_parts)
         if method == "parameters":
-            return partition_balanced(self._count_layer_params(), self.num_stages)
+            return partition_balanced(self._count_layer_params(), num_parts)
         if method.startswith("type:"):
             pattern = re.compile(method.split(":", 1)[1], re.IGNORECASE)
             weights = [1 if (n := _layer_name(s)) and pattern.search(n) else 0 for s in self._layer_specs]
             if not any(weights):
                 raise PipelineError(f"partition_method {method!r}: no layer's class name matches")
-            return partition_balanced(weights, self.num_stages)
+            return partition_balanced(weights, num_parts)
         raise PipelineError(f"partition_method {method!r}: use 'parameters', 'uniform' or 'type:REGEX'")
 
     def _count_layer_params(self) -> list[int]:
@@ -171,27 +190,32 @@ class PipelineModule(nn.Module):
         return counts
 
     def _build(self) -> None:
-        for idx in range(self._local_start, self._local_stop):
-            spec = self._layer_specs[idx]
-            if self.seed_layers:
-                (self.seed_fn or _set_seed)(self.base_seed + idx)
-            if isinstance(spec, TiedLayerSpec):
-                if spec.key not in self.tied_modules:
-                    self.tied_modules[spec.key] = spec.build()
-                    self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
-                module = self.tied_modules[spec.key]
-                self.forward_funcs.append(module if spec.forward_fn is None else partial(spec.forward_fn, module))
-            elif isinstance(spec, LayerSpec):
-                module = spec.build()
-                self.add_module(str(idx), module)
-                self.forward_funcs.append(module)
-            elif isinstance(spec, nn.Module):
-                self.add_module(str(idx), spec)
-                self.forward_funcs.append(spec)
-            elif callable(spec):
-                self.forward_funcs.append(spec)
-            else:
-                raise PipelineError(f"layer {idx} ({spec!r}) is not a LayerSpec, a module nor a callable")
+        for lo, hi in self._local_ranges:
+            for idx in range(lo, hi):
+                self._build_layer(idx)
+            self._chunk_bounds.append(len(self.forward_funcs))
+
+    def _build_layer(self, idx: int) -> None:
+        spec = self._layer_specs[idx]
+        if self.seed_layers:
+            (self.seed_fn or _set_seed)(self.base_seed + idx)
+        if isinstance(spec, TiedLayerSpec):
+            if spec.key not in self.tied_modules:
+                self.tied_modules[spec.key] = spec.build()
+                self.tied_weight_attrs[spec.key] = spec.tied_weight_attr
+            module = self.tied_modules[spec.key]
+            self.forward_funcs.append(module if spec.forward_fn is None else partial(spec.forward_fn, module))
+        elif isinstance(spec, LayerSpec):
+            module = spec.build()
+            self.add_module(str(idx), module)
+            self.forward_funcs.append(module)
+        elif isinstance(spec, nn.Module):
+            self.add_module(str(idx), spec)
+            self.forward_funcs.append(spec)
+        elif callable(spec):
+            self.forward_funcs.append(spec)
+        else:
+            raise PipelineError(f"layer {idx} ({spec!r}) is not a LayerSpec, a module nor a callable")
 
     def _tie_groups(self) -> dict:
         """Per tied key this stage holds: the group of the stages sharing it (same data and tensor-parallel rank)."""
@@ -234,17 +258,17 @@ class PipelineModule(nn.Module):
         return self.parts
 
     def stage_owner(self, layer_idx: int) -> int:
-        for stage in range(self.num_stages):
-            if self.parts[stage] <= layer_idx < self.parts[stage + 1]:
-                return stage
+        for chunk in range(len(self.parts) - 1):
+            if self.parts[chunk] <= layer_idx < self.parts[chunk + 1]:
+                return chunk % self.num_stages
         raise PipelineError(f"layer {layer_idx} is owned by no stage (parts={self.parts})")
 
     def owns_layer(self, layer_idx: int) -> bool:
-        return self._local_start <= layer_idx < self._local_stop
+        return any(lo <= layer_idx < hi for lo, hi in self._local_ranges)
 
     @property
     def num_local_layers(self) -> int:
-        return self._local_stop - self._local_start
+        return sum(hi - lo for lo, hi in self._local_ranges)
 
     def set_checkpoint_interval(self, interval: int) -> None:
         if interval < 0:
@@ -267,20 +291,33 @@ class PipelineModule(nn.Module):
             return any(type(f).__name__ in self.checkpointable_layers for f in funcs)
         return any(isinstance(f, nn.Module) and next(f.parameters(), None) is not None for f in funcs)
 
-    def forward(self, forward_input):
-        """This stage's layers over ``forward_input`` (a tensor or a tuple of tensors)."""
-        n, every = len(self.forward_funcs), self.activation_checkpoint_interval
+    def forward(self, forward_input, chunk: int = 0):
+        """This stage's layers (of its local ``chunk`` with virtual stages) over ``forward_input`` (a
+        tensor or a tuple of tensors)."""
+        first, end = self._chunk_bounds[chunk], self._chunk_bounds[chunk + 1]
+        every = self.activation_checkpoint_interval
         if every == 0 or not self.training:
-            return self._run(0, n)(forward_input)
+            return self._run(first, end)(forward_input)
         x = forward_input
-        for start in range(0, n, every):
-            stop = min(start + every, n)
+        for start in range(first, end, every):
+            stop = min(start + every, end)
             args = x if isinstance(x, tuple) else (x,)
             if self._checkpointable(self.forward_funcs[start:stop]):
                 x = self.activation_checkpoint_func(self._run(start, stop), *args)
             else:
                 x = self._run(start, stop)(*args)
         return x
+
+
+def _checked_virtual_stages(virtual_stages, num_stages: int) -> int:
+    if not isinstance(virtual_stages, int) or isinstance(virtual_stages, bool) or virtual_stages < 1:
+        raise PipelineError(f"PipelineModule(virtual_stages={virtual_stages!r}): must be an integer >= 1")
+    if virtual_stages > 1 and num_stages < 2:
+        raise PipelineError(
+            f"PipelineModule(virtual_stages={virtual_stages}): the interleaved schedule needs num_stages >= 2 "
+            f"(got {num_stages})"
+        )
+    return virtual_stages
 
 
 def _layer_name(spec) -> str | None:
