@@ -11,6 +11,7 @@ SQL and archived runs depend on the names.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -357,6 +358,17 @@ UNSETTLED_INSTANCES_SCHEMA = pa.schema(
         ("numel", pa.int64()),
     ]
 )
+
+
+_NO_ROLE = ("", "undefined", "default_pg", "p2p")  # torch's descriptions of no role; p2p[...] is ours
+
+
+def group_role(desc) -> str:
+    """A group's name before its ranks: the description a script gave it (``new_group(ranks,
+    group_desc="tp")``, as the engine and Megatron do: ``tp[0-1]``), else ``g``."""
+    if not isinstance(desc, str) or desc in _NO_ROLE:
+        return "g"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", desc)[:32]
 
 
 def rank_ranges(ranks) -> str:

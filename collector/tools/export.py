@@ -320,10 +320,12 @@ def _desc(group: str) -> str:
 
 
 def _members(group: str, size: int, world: int) -> list[int]:
-    if group == "world" or not group.startswith("g["):
+    """A group's ranks from its name (``g[0-3]``, ``tp[0-1]``: schema.group_role), else 0..size-1."""
+    role, bracket, rest = group.partition("[")
+    if group == "world" or not bracket or role == "p2p":
         return list(range(world if group == "world" else size))
     out = []
-    for part in group[2:].split("]")[0].split(","):
+    for part in rest.split("]")[0].split(","):
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out

@@ -391,7 +391,7 @@ def test_a_pipeline_over_four_hosts_names_the_slow_host_by_its_stage_groups_and_
     [link] = [f for f in every if f.kind == "slow_link"]
     assert link.evidence["hosts"] == [["host-2"]], link.text
     assert 15 <= link.evidence["detected_step"] <= 25, link.evidence
-    assert {"g[2-3]", "p2p[0->2]"} <= set(link.evidence["slowed_groups"]), link.evidence
+    assert {"dp[2-3]", "p2p[0->2]"} <= set(link.evidence["slowed_groups"]), link.evidence
     # the stage slowed by its link is no straggler, no long last stage of the what-if replay
     assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
     times = run.step_times
@@ -433,7 +433,7 @@ def test_3d_parallel_tp_inside_each_host_pp_and_dp_across_the_slow_host_is_named
     every = found(train_pipeline(tmp_path / "slow", hosts=4, ranks_per_host=2, throttle=throttle, tp=2))
     [link] = [f for f in every if f.kind == "slow_link"]
     assert link.evidence["hosts"] == [["host-1"]], link.text
-    assert not {"g[0-1]", "g[2-3]"} & set(link.evidence["slowed_groups"]), link.evidence
+    assert not {"tp[0-1]", "tp[2-3]", "tp[4-5]", "tp[6-7]"} & set(link.evidence["slowed_groups"]), link.evidence
     assert not [f for f in warnings(every) if f.kind != "slow_link"], [f.text for f in every]
     calm = found(train_pipeline(tmp_path / "calm", hosts=4, ranks_per_host=2, tp=2))
     assert not warnings(calm), [f.text for f in calm]

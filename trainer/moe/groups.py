@@ -98,12 +98,12 @@ def expert_groups(ep_size: int, tp_size: int = 1) -> ExpertGroups:
             dp_ranks = list(range(t, world, tp_size))
             for start in range(0, len(dp_ranks), ep_size):
                 ranks = dp_ranks[start : start + ep_size]
-                g = process_group(ranks)
+                g = process_group(ranks, "ep")
                 if rank in ranks:
                     ep_group = g
             for offset in range(ep_size):
                 ranks = dp_ranks[offset::ep_size]
-                g = process_group(ranks)
+                g = process_group(ranks, "edp")
                 if rank in ranks:
                     edp_group = g
     groups = _GROUPS[key] = ExpertGroups(ep_size, tp_size, ep_group, edp_group, edp_size)

@@ -130,10 +130,10 @@ def pipe_groups(num_stages: int, tp_size: int = 1) -> PipeGroups:
                 found = group
         return found
 
-    tp_group = mine(top.tensor_parallel_groups(), process_group)
+    tp_group = mine(top.tensor_parallel_groups(), lambda r: process_group(r, "tp"))
     # The engine's data-parallel group is a real communicator even for one replica (None would mean the world).
-    dp_group = mine(top.data_parallel_groups(), lambda r: process_group(r) if len(r) > 1 else comm.new_group(r))
-    pipe = mine(top.pipelines(), process_group)
+    dp_group = mine(top.data_parallel_groups(), lambda r: process_group(r, "dp", one_rank=True))
+    pipe = mine(top.pipelines(), lambda r: process_group(r, "pp"))
     layers = ParallelGroups(top.tensor_parallel, top.tp_rank, tp_group, top.data_parallel, dp_group)
     groups = _LAYOUTS[(num_stages, tp_size)] = PipeGroups(top, layers, pipe)
     return groups

@@ -69,19 +69,21 @@ def validate(tp_size: int, world_size: int, num_heads: int | None = None) -> Ten
 _BY_RANKS: dict[tuple[int, ...], object] = {}
 
 
-def process_group(ranks: list[int]):
-    """The communicator for ``ranks``: None for one rank, the world's for all of them,
-    else made once per rank set, so layouts that coincide (tp 2's data-parallel ranks
-    and MoE's expert-parallel ranks) share one group and one name in the comm table.
-    Collective the first time: every rank asks for every group, in the same order."""
+def process_group(ranks: list[int], role: str | None = None, *, one_rank: bool = False):
+    """The communicator for ``ranks``: None for one rank (a real one with ``one_rank``: where None
+    would read as the world), the world's for all of them, else made once per rank set, so layouts
+    that coincide (tp 2's data-parallel ranks and MoE's expert-parallel ranks) share one group and
+    one name in the comm table. ``role`` (tp, dp, pp, ep...) is the group's description, which
+    names it there (``tp[0-1]``; the first role asked for a rank set). Collective the first time:
+    every rank asks for every group, in the same order."""
     world = comm.get_world_size()
-    if len(ranks) == 1:
+    if len(ranks) == 1 and not one_rank:
         return None
     if len(ranks) == world:
         return comm.group.WORLD
     key = tuple(ranks)
     if key not in _BY_RANKS:
-        _BY_RANKS[key] = comm.new_group(list(ranks))
+        _BY_RANKS[key] = comm.new_group(list(ranks), group_desc=role) if role else comm.new_group(list(ranks))
     return _BY_RANKS[key]
 
 
@@ -96,13 +98,12 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
     if comm.is_initialized() and world > 1:
         for start in range(0, world, tp_size):
             ranks = list(range(start, start + tp_size))
-            g = process_group(ranks)
+            g = process_group(ranks, "tp")
             if rank in ranks:
                 tp_group = g
         for offset in range(tp_size):
             ranks = list(range(offset, world, tp_size))
-            # one replica (tp_size = world): a communicator of one rank, as None means the world to the engine
-            g = process_group(ranks) if len(ranks) > 1 else comm.new_group(ranks)
+            g = process_group(ranks, "dp", one_rank=True)  # one replica: None would mean the world to the engine
             if rank in ranks:
                 dp_group = g
     groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from collector.data.codec import MAX_WORLD_SIZE
-from collector.data.schema import I64, STR, TABLES, rank_ranges
+from collector.data.schema import I64, STR, TABLES, group_role, rank_ranges
 
 
 @dataclass(frozen=True)
@@ -201,12 +201,16 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_FIELD_CHARS = 64 << 10  # a tag, module or group name longer than this is no DeepSpeed output
 
 
-def group_names(members: dict[str, list[int]], world: str) -> dict[str, str]:
+def group_names(
+    members: dict[str, list[int]], world: str | None, roles: dict[str, str] | None = None
+) -> dict[str, str]:
     """Group key -> rankscope's group name, as the hook names groups: ``world`` for the key
-    ``world``, ``g[<ranks>]`` for the others, ``#<key>`` after a name two groups would share."""
+    ``world``, ``<role>[<ranks>]`` for the others (the description a group was made with, ``tp``,
+    where ``roles`` has one; else ``g``), ``#<key>`` after a name two groups would share."""
     names, taken = {}, set()
     for key in sorted(members, key=lambda k: (k != world, len(k), k)):
-        name = "world" if key == world else f"g[{rank_ranges(members[key])}]"
+        role = group_role((roles or {}).get(key))
+        name = "world" if key == world else f"{role}[{rank_ranges(members[key])}]"
         if name in taken:
             name += f"#{key}"
         names[key] = name

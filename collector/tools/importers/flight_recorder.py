@@ -417,8 +417,9 @@ def parse(path: Path) -> Parsed:
 # -- across every rank's dump -------------------------------------------------------------------
 
 
-def _memberships(dumps: list[Dump], notes: list[str]) -> dict[str, list[int]]:
-    """Group key -> members: where a dump states them, else inferred (and noted)."""
+def _memberships(dumps: list[Dump], notes: list[str], roles: dict[str, str]) -> dict[str, list[int]]:
+    """Group key -> members: where a dump states them, else inferred (and noted); ``roles`` gets
+    each group's description as its entries name it."""
     members: dict[str, list[int]] = {}
     for d in dumps:
         for key, ranks in d.stated.items():
@@ -433,7 +434,9 @@ def _memberships(dumps: list[Dump], notes: list[str]) -> dict[str, list[int]]:
     for d in dumps:
         for e in d.entries:
             holders.setdefault(e.pg, set()).add(d.rank)
-            labels.setdefault(e.pg, e.pg_label)
+            if e.pg not in labels:
+                labels[e.pg] = e.pg_label
+                roles[e.pg] = e.pg_label.partition(" (")[2].removesuffix(")")
     if _WORLD not in members:
         named = {r for ranks in members.values() for r in ranks} | {d.rank for d in dumps}
         members[_WORLD] = list(range(max(named) + 1)) if named else []
@@ -471,8 +474,9 @@ def settle(parsed: list[Parsed]) -> list[str]:
         dumps[d.rank] = (p, d)
     if not dumps:
         return notes
-    members = _memberships([d for _, d in dumps.values()], notes)
-    names = base.group_names(members, _WORLD)
+    roles: dict[str, str] = {}
+    members = _memberships([d for _, d in dumps.values()], notes, roles)
+    names = base.group_names(members, _WORLD, roles)
     entered: dict[tuple[str, int], int] = {}  # (group, rank) -> the highest seq it entered
     for _, d in dumps.values():
         for e in d.entries:

@@ -35,6 +35,7 @@ class Group:
     size: int | None
     ranks: tuple[int, ...]
     world: bool
+    desc: str = ""  # pg_desc: the description it was made with (its role, where a script gave one)
 
 
 def stated(info: dict) -> list[Group]:
@@ -48,7 +49,8 @@ def stated(info: dict) -> list[Group]:
         ranks = tuple(ranks) if isinstance(ranks, list) and all(type(r) is int for r in ranks) else ()
         size = g.get("pg_size")
         size = size if type(size) is int and size >= 1 else None
-        groups.append(Group(str(g.get("pg_name", len(groups))), size, ranks, g.get("pg_desc") == WORLD_DESC))
+        desc = g.get("pg_desc") if isinstance(g.get("pg_desc"), str) else ""
+        groups.append(Group(str(g.get("pg_name", len(groups))), size, ranks, desc == WORLD_DESC, desc))
     return groups
 
 
@@ -83,7 +85,8 @@ def settle(parsed: list[Parsed]) -> list[str]:
         ]
     every = {g.key: g for pd in pending.values() for g in pd.groups}
     world = next((key for key, g in every.items() if g.world), None)
-    names = base.group_names({key: list(g.ranks) for key, g in every.items()}, world)
+    roles = {key: g.desc for key, g in every.items()}
+    names = base.group_names({key: list(g.ranks) for key, g in every.items()}, world, roles)
     used = set()
     for rank, pd in pending.items():
         seqs: dict[str, int] = defaultdict(int)

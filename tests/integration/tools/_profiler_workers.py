@@ -102,17 +102,18 @@ def two_groups(rank: int, port: int, out: str) -> None:
 
 def tp_dp(rank: int, port: int, endpoint: str | None, out: str, slow_rank: int = -1) -> None:
     """4 ranks as a TP x DP job lays them out, profiled, no group named in any trace event: TP pairs
-    [0,1], [2,3] and DP pairs [0,2], [1,3] beside the world. Each step: two TP all_reduces and a TP
-    all_gather_into_tensor (the same on every pair, in step), a DP all_reduce of the TP all_reduce's
-    size, and the loss all_reduced over the world; ``slow_rank`` busy SLOW_S before each step."""
+    [0,1], [2,3] and DP pairs [0,2], [1,3] beside the world, described as tp and dp (as Megatron
+    does). Each step: two TP all_reduces and a TP all_gather_into_tensor (the same on every pair, in
+    step), a DP all_reduce of the TP all_reduce's size, and the loss all_reduced over the world;
+    ``slow_rank`` busy SLOW_S before each step."""
     world = 4
     torchrun_env(rank, world, port)
     torch.set_num_threads(1)
     if endpoint:
         hook.attach(run="profiled-tp-dp", endpoint=endpoint)
     dist.init_process_group("gloo")
-    tp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
-    dp = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
+    tp = [dist.new_group([0, 1], group_desc="tp"), dist.new_group([2, 3], group_desc="tp")][rank // 2]
+    dp = [dist.new_group([0, 2], group_desc="dp"), dist.new_group([1, 3], group_desc="dp")][rank % 2]
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=0.1)  # the hook's steps: one per optimizer step
     handler = tensorboard_trace_handler(out, worker_name=f"rank{rank}")

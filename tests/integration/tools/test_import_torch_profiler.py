@@ -408,10 +408,11 @@ def test_collectives_on_several_groups_take_the_group_the_hook_saw(tmp_path, cap
     """A TP x DP job on 4 ranks (TP pairs, DP pairs, the world), profiled with the hook attached: a
     gloo trace names no group per collective, so the importer places each on the group whose worker
     threads ran it, matched across ranks. Every profiled row equals the hook's -- group, size, op,
-    dtype, elements, bytes, step -- though the TP pairs do the same in step (one bigger group would
-    fit their sequences too), and the DP all_reduce has the TP one's size; the import says it
-    inferred them; each group's seq counts its own collectives from 1; health finds no desync (it would
-    on a collective placed on the wrong group; stragglers are not judged here: 4 ranks on 2 cores)."""
+    dtype, elements, bytes, step; groups named by the role they were made with, tp[0-1], dp[0,2] --
+    though the TP pairs do the same in step (one bigger group would fit their sequences too), and the
+    DP all_reduce has the TP one's size; the import says it inferred them; each group's seq counts
+    its own collectives from 1; health finds no desync (it would on a collective placed on the wrong
+    group; stragglers are not judged here: 4 ranks on 2 cores)."""
     traces = tmp_path / "traces"
     traces.mkdir()
     with live_collector(tmp_path / "live") as collector:
@@ -420,13 +421,15 @@ def test_collectives_on_several_groups_take_the_group_the_hook_saw(tmp_path, cap
     capsys.readouterr()
     assert rankscope("import", traces, "--data-dir", imported) == 0
     note = capsys.readouterr().out
-    assert "process groups inferred: " in note and "on 5 groups (g[0,2], g[0-1], g[1,3], g[2-3], world)" in note, note
+    assert "process groups inferred: " in note and "on 5 groups (dp[0,2], dp[1,3], tp[0-1], tp[2-3], world)" in note, (
+        note
+    )
     steps = (workers.FIRST_STEP, workers.FIRST_STEP + workers.TP_DP_ACTIVE - 1)
     got = sorted(query(imported, GROUP_ROWS, [only_run(imported), *steps]))
     want = sorted(query(tmp_path / "live", GROUP_ROWS, [only_run(tmp_path / "live"), *steps]))
     assert got == want and len(got) == 4 * 5 * workers.TP_DP_ACTIVE
     seqs = query(imported, "SELECT rank, group_name, min(seq), max(seq), count(DISTINCT seq) FROM comm GROUP BY ALL")
-    assert {(lo, hi, n) for _, g, lo, hi, n in seqs if g.startswith("g[") and "-" not in g} == {
+    assert {(lo, hi, n) for _, g, lo, hi, n in seqs if g.startswith("dp[")} == {
         (1, workers.TP_DP_ACTIVE, workers.TP_DP_ACTIVE)
     }
     code, found = _health_json(str(imported))  # a collective placed on the wrong group reads as a desync

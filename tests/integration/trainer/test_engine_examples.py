@@ -109,9 +109,10 @@ def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
         con.close()
 
 
-# Four ranks split two ways: each rank's group of neighbours ([0,1] / [2,3]) and of strided peers ([0,2] / [1,3]).
-PAIRS = {0: "g[0-1]", 1: "g[0-1]", 2: "g[2-3]", 3: "g[2-3]"}
-STRIDED = {0: "g[0,2]", 1: "g[1,3]", 2: "g[0,2]", 3: "g[1,3]"}
+# Four ranks split two ways: each rank's group of neighbours ([0,1] / [2,3]) and of strided peers ([0,2] / [1,3]),
+# named by the role the engine made them for (tp, dp, ep, edp: schema.group_role).
+PAIRS = {0: "[0-1]", 1: "[0-1]", 2: "[2-3]", 3: "[2-3]"}
+STRIDED = {0: "[0,2]", 1: "[1,3]", 2: "[0,2]", 3: "[1,3]"}
 
 
 def _train_gpt_on_four_ranks(endpoint: str, run: str, *flags: str) -> None:
@@ -131,14 +132,14 @@ def test_engine_example_gpt_moe_ep2_four_ranks_records_expert_groups(live_collec
     a2a = _comm_rows(data, "gpt-moe", "op = 'all_to_all_single'")
     # one MoE block: dispatch, the fill counts and combine per forward, the reverses in backward, every step
     assert sorted({(r, g, n, name) for r, g, n, name, _ in a2a}) == sorted(
-        (r, PAIRS[r], 2, name)
+        (r, "ep" + PAIRS[r], 2, name)
         for r in range(4)
         for name in ("moe.dispatch", "moe.fill_counts", "moe.combine", "moe.dispatch.backward", "moe.combine.backward")
     )
     assert all(count >= 10 for *_, count in a2a), a2a
     grads = _comm_rows(data, "gpt-moe", "log_name LIKE 'zero2.%_grads'")
     assert {(r, g, n) for r, g, n, *_ in grads} == {
-        (r, g, n) for r in range(4) for g, n in ((STRIDED[r], 2), ("world", 4))
+        (r, g, n) for r in range(4) for g, n in (("edp" + STRIDED[r], 2), ("world", 4))
     }
 
 
@@ -149,7 +150,7 @@ def test_engine_example_gpt_tp2_four_ranks_records_tp_groups(live_collector):
     _train_gpt_on_four_ranks(endpoint, "gpt-tp", "--tp", "2")
     tp = _comm_rows(data, "gpt-tp", "op = 'all_reduce' AND log_name LIKE 'tp.%'")
     assert sorted({(r, g, n, name) for r, g, n, name, _ in tp}) == sorted(
-        (r, PAIRS[r], 2, name) for r in range(4) for name in ("tp.copy_to_tp.backward", "tp.reduce_from_tp")
+        (r, "tp" + PAIRS[r], 2, name) for r in range(4) for name in ("tp.copy_to_tp.backward", "tp.reduce_from_tp")
     )
     grads = _comm_rows(data, "gpt-tp", "log_name LIKE 'zero2.%_grads'")
-    assert {(r, g, n) for r, g, n, *_ in grads} == {(r, STRIDED[r], 2) for r in range(4)}
+    assert {(r, g, n) for r, g, n, *_ in grads} == {(r, "dp" + STRIDED[r], 2) for r in range(4)}

@@ -170,8 +170,8 @@ def test_expert_parallel_matches_reference_and_telemetry_shows_expert_groups(liv
         ep, k, drop = cases[step]
         assert ep > 1, "ep_size 1 sends nothing"
         first = rank - rank % ep
-        # the group's ranks as collector.rank.comm labels them; ep_size == world is the world group
-        assert group == ("world" if ep == WORLD else f"g[{first}-{first + ep - 1}]")
+        # the group's role and ranks as collector.rank.comm labels them; ep_size == world is the world group
+        assert group == ("world" if ep == WORLD else f"ep[{first}-{first + ep - 1}]")
         assert size == ep
         per_step_rank.setdefault((step, rank), []).append(log_name)
         if log_name == "moe.fill_counts":  # [E] int64: how many slots of each expert this rank filled

@@ -66,8 +66,8 @@ def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collecto
     act = BATCH * SEQ * HIDDEN * 4  # one [B, T, H] fp32 activation
     expected = []
     for rank in range(WORLD):
-        tp_group = "g[0-1]" if rank < 2 else "g[2-3]"
-        dp_group = "g[0,2]" if rank % 2 == 0 else "g[1,3]"
+        tp_group = "tp[0-1]" if rank < 2 else "tp[2-3]"
+        dp_group = "dp[0,2]" if rank % 2 == 0 else "dp[1,3]"
         n_params = 2 + 4 * LAYERS * 2 + 2 * LAYERS * 2 + 2 + 1  # wte, wpe; linear w+b; ln w+b; ln_f; head
         expected += [
             (rank, dp_group, 2, "reduce_gradients", n_params * STEPS, STEPS, None, None),
@@ -96,7 +96,7 @@ def test_tp2_dp2_gpt_matches_dense_reference_and_records_tp_groups(live_collecto
                 AND op = 'all_to_all_single' GROUP BY ALL ORDER BY rank""",
         run_id,
         MOE_STEP,
-    ) == [(r, "g[0,2]" if r % 2 == 0 else "g[1,3]", 2, 5) for r in range(WORLD)]
+    ) == [(r, "dp[0,2]" if r % 2 == 0 else "dp[1,3]", 2, 5) for r in range(WORLD)]
     assert q("SELECT count(*) FROM comm WHERE run_id = ? AND log_name = 'moe.reduce_expert_gradients'", run_id) == [
         (0,)
     ]

@@ -190,9 +190,9 @@ def test_nccl_states_decide_and_a_collective_every_member_entered_waits_for_its_
     result = parse_path(dumps)
     assert not result.parsed.problems and not result.notes, (result.parsed.problems, result.notes)
     rows = result.parsed.rows
-    assert sorted((r["group_name"], r["seq"]) for r in rows[("comm", 2)]) == [("g[2-3]", 1), ("world", 1)]
+    assert sorted((r["group_name"], r["seq"]) for r in rows[("comm", 2)]) == [("TP[2-3]", 1), ("world", 1)]
     waiting = {(r["group_name"], r["seq"]): r["hang_after_s"] for r in rows[("inflight", 2)]}
-    assert waiting == {("world", 2): 120.0, ("g[2-3]", 2): 0.0, ("p2p[3->2]", 1): 0.0}
+    assert waiting == {("world", 2): 120.0, ("TP[2-3]", 2): 0.0, ("p2p[3->2]", 1): 0.0}
     assert [(r["group_name"], r["seq"], r["op"]) for r in rows[("comm", 1)] if r["group_name"].startswith("p2p")] == [
         ("p2p[0->1]", 1, "recv")
     ]
