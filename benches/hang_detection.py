@@ -12,7 +12,11 @@ time to stuck = first seen - rank 0's entry. Each round also times ``rankscope h
 fresh process while the collective is stuck (the whole command a person runs). With
 ``--critical``, a last round stalls ``hang_after_s + 5`` s: the time to the critical hang through
 the live collector and, as the same run's baseline, through the data dir (findings.for_run, what
-``rankscope health`` computed before: the only path at default settings until now).
+``rankscope health`` computed before: the only path at default settings until now). With
+``--alerts``, the collector also posts to a local webhook receiver (``--alert-webhook``) and serves
+``/metrics``, scraped every 0.1 s: each round's delay from the Health RPC's first stuck answer to the
+webhook post of that collective (its arrival) and to the first scrape showing
+``rankscope_findings{kind="stuck",severity="warning"}`` (its end). Target: within 1 s of health's.
 
 **hang_after_s elapsed -> visible** (``--hang-after H``, the measure before issue 45): target p95
 <= 2 s over 20 injected hangs.
@@ -26,7 +30,7 @@ that round's seq shows. Latency = first seen - (rank 0's entry + H). Baseline in
 run: the store's own visibility delay (a heartbeat's time to visible in the catalog), the
 floor any catalog-based detection pays.
 
-    python -m benches.hang_detection [--hangs 10 --stall 10 --hog 0 --critical]
+    python -m benches.hang_detection [--hangs 10 --stall 10 --hog 0 --critical --alerts]
     python -m benches.hang_detection --hang-after 1.0 [--hangs 20]
 Writes (appends a section to) benches/RESULTS-hang-detection.md.
 """
@@ -35,9 +39,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
+import re
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +88,7 @@ def main() -> None:
     p.add_argument("--stall", type=float, default=10.0, help="--stuck: s rank 1 stays away each round")
     p.add_argument("--hog", type=int, default=0, help="--stuck: CPU-bound processes beside the job")
     p.add_argument("--critical", action="store_true", help="--stuck: a last round to the critical hang (65 s)")
+    p.add_argument("--alerts", action="store_true", help="--stuck: time the webhook and /metrics against health")
     p.add_argument("--out", default=str(HERE / "RESULTS-hang-detection.md"))
     args = p.parse_args()
     if args.hang_after is None:
@@ -129,6 +137,70 @@ def _hog() -> None:
         pass
 
 
+class _AlertWatch:
+    """The collector's alert webhook and /metrics, watched beside the Health RPC: a local HTTP
+    receiver notes when the first post of each stuck collective arrives (by its seq), and a poller
+    scrapes /metrics every ``SCRAPE_S``, noting each scrape's start, end and stuck warnings."""
+
+    SCRAPE_S = 0.1
+    STUCK = re.compile(r'^rankscope_findings\{(?=[^}]*kind="stuck")(?=[^}]*severity="warning")[^}]*\} (\S+)$', re.M)
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: dict[int, float] = {}  # seq -> when its first stuck post arrived
+        self.scrapes: list[tuple[float, float, float]] = []  # (start, end, stuck warnings)
+        self.failures: list[str] = []  # scrapes that got no answer: what went wrong
+        watch = self
+
+        class Receiver(BaseHTTPRequestHandler):
+            def do_POST(self):
+                arrived = time.time()
+                finding = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["finding"]
+                if finding["kind"] == "stuck":
+                    watch.posts.setdefault(finding["evidence"]["seq"], arrived)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    def collect_args(self) -> tuple[str, ...]:
+        return ("--alert-webhook", f"http://127.0.0.1:{self._server.server_address[1]}/", "--metrics-port", "0")
+
+    def scrape(self, port: int) -> None:
+        def poll():
+            import urllib.request
+
+            while not self._stop.wait(self.SCRAPE_S):
+                start = time.time()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                        text = reply.read().decode()
+                except OSError as exc:  # counted and told; Prometheus, too, scrapes again at its next interval
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                self.scrapes.append((start, time.time(), sum(float(v) for v in self.STUCK.findall(text))))
+
+        self._poller = threading.Thread(target=poll, daemon=True)
+        self._poller.start()
+
+    def metrics_shown(self, after: float) -> float | None:
+        """The end of the first scrape begun after ``after`` that showed a stuck warning."""
+        return next((end for start, end, stuck in list(self.scrapes) if start >= after and stuck), None)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(15)
+        self._server.shutdown()
+
+
 def stuck_main(args) -> None:
     import multiprocessing
     import subprocess
@@ -147,10 +219,14 @@ def stuck_main(args) -> None:
     loads = [os.getloadavg()[0]]
     started = time.time()
     named, cli_s, critical = [], [], {}
+    alerts = _AlertWatch() if args.alerts else None
+    to_webhook, to_metrics = [], []  # per round: s from health's first stuck answer
     with tempfile.TemporaryDirectory() as tmp:
         data_dir, out = Path(tmp) / "data", Path(tmp) / "out"
         out.mkdir()
-        collector = CollectorProcess(data_dir)
+        collector = CollectorProcess(data_dir, *(alerts.collect_args() if alerts else ()))
+        if alerts:
+            alerts.scrape(collector.metrics_port)
         ctx = mp.start_processes(
             _stuck_rank,
             args=(free_port(), collector.address, str(out), hangs, args.stall, args.critical),
@@ -178,13 +254,23 @@ def stuck_main(args) -> None:
                 if i == hangs:  # to the critical hang: live, and the data dir as today
                     critical = _to_critical(data_dir, entered, stuck_now)
                     continue
-                seen = None
+                seen = hit = None
                 while time.time() < entered + args.stall:
-                    if any(1 in f["evidence"].get("missing_ranks", ()) for f in stuck_now() or ()):
+                    hit = next((f for f in stuck_now() or () if 1 in f["evidence"].get("missing_ranks", ())), None)
+                    if hit is not None:
                         seen = time.time()
                         break
                     time.sleep(0.1)
                 named.append((seen or float("inf")) - entered)
+                if alerts and seen is not None:  # the post and the scrapes come on threads of their own
+                    seq = hit["evidence"]["seq"]
+                    while (seq not in alerts.posts or alerts.metrics_shown(entered) is None) and (
+                        time.time() < entered + args.stall
+                    ):
+                        time.sleep(0.05)
+                    posted, shown = alerts.posts.get(seq), alerts.metrics_shown(entered)
+                    to_webhook.append(float("inf") if posted is None else posted - seen)
+                    to_metrics.append(float("inf") if shown is None else shown - seen)
                 if seen is not None and time.time() < entered + args.stall - 3:
                     t0 = time.perf_counter()
                     subprocess.run(
@@ -200,6 +286,8 @@ def stuck_main(args) -> None:
         finally:
             for pid in (p.pid for p in ctx.processes if p.is_alive()):
                 os.kill(pid, 9)
+            if alerts:  # first: a scrape the stopping collector cuts off is no failure of /metrics
+                alerts.close()
             collector.stop()
             for h in hogs:
                 h.kill()
@@ -207,6 +295,7 @@ def stuck_main(args) -> None:
     ok = [x for x in named if x != float("inf")]
     command = f"python -m benches.hang_detection --hangs {hangs} --stall {args.stall:g}"
     command += f"{f' --hog {args.hog}' if args.hog else ''}{' --critical' if args.critical else ''}"
+    command += " --alerts" if args.alerts else ""
     lines = [
         "",
         f"## Stuck at default settings{f', beside a {args.hog}-process CPU hog' if args.hog else ''} (issue 45)",
@@ -218,7 +307,8 @@ def stuck_main(args) -> None:
         f"Python {platform.python_version()}",
         f"- rankscope code: {code_version(ROOT)}",
         f"- a real `rankscope collect`, 2 gloo ranks, hook attached with no hang_after_s (60 s); each round {LEARN} "
-        f"quick all_reduces, then rank 1 stays away {args.stall:g} s from one; the live collector asked every 0.1 s",
+        f"quick all_reduces, then rank 1 stays away {args.stall:g} s from one; the live collector asked every 0.1 s"
+        + ("; the collector posts alerts to a local webhook receiver; /metrics scraped every 0.1 s" * args.alerts),
         "",
         "| measure | rounds | p50 (s) | p90 (s) | max (s) | target |",
         "|---|---:|---:|---:|---:|---|",
@@ -231,8 +321,24 @@ def stuck_main(args) -> None:
             f"| `rankscope health RUN` (fresh process, live collector) while stuck | {len(cli_s)} | "
             f"{_pct(cli_s, 0.5):.2f} | {_pct(cli_s, 0.9):.2f} | {max(cli_s):.2f} | <= 0.3 s quiet |"
         )
+    for what, delays in (
+        ("alert webhook: health's first stuck answer -> the post of that collective arrived", to_webhook),
+        ('/metrics: health\'s first stuck answer -> a scrape showed `rankscope_findings{kind="stuck"}`', to_metrics),
+    ):
+        got = [x for x in delays if x != float("inf")]
+        if delays:
+            lines.append(
+                f"| {what} | {len(got)}/{len(delays)} | "
+                + (f"{_pct(got, 0.5):.2f} | {_pct(got, 0.9):.2f} | {max(got):.2f} |" if got else "- | - | - |")
+                + " <= 1 s |"
+            )
     for what, t in critical.items():
         lines.append(f"| {what} | 1 | {t:.2f} | | | |")
+    if alerts and alerts.failures:
+        lines.append(
+            f"\n/metrics scrapes that got no answer: {len(alerts.failures)} of "
+            f"{len(alerts.failures) + len(alerts.scrapes)} (first: {alerts.failures[0]})"
+        )
     text = "\n".join(lines) + "\n"
     with open(args.out, "a") as f:
         f.write(text)

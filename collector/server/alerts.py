@@ -3,7 +3,9 @@
 A finding is new the first time its (run, kind, severity, ranks) is seen: the sentence of a
 straggler finding changes as its numbers move ("98%", then "99%"), and that is the same
 finding, not a new alert. A finding that gets worse (warning to critical) or moves to other
-ranks is new. Checks that passed (severity ``ok``) are not alerts.
+ranks is new. A stuck or hung collective is an incident of its own (its group and seq are part of
+the key): the next collective the same rank holds up is alerted too. Checks that passed (severity
+``ok``) are not alerts.
 
 The body is JSON with a Slack-compatible ``text`` (incoming webhooks of Slack, Mattermost and
 Discord's /slack endpoint show it as is) and the finding itself (``Finding.to_json``) under
@@ -30,6 +32,7 @@ from collector.data.findings import Finding
 log = logging.getLogger("rankscope.alerts")
 
 POST_TIMEOUT_S = 5.0
+PER_COLLECTIVE = ("stuck", "hang")  # kinds told of one collective instance (evidence group_name, seq)
 
 
 def check_url(url: str) -> str:
@@ -38,6 +41,13 @@ def check_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError(f"--alert-webhook: {url!r} is not an http(s) URL")
     return url
+
+
+def _collective(finding: Finding) -> tuple | None:
+    """The collective instance a stuck or hang finding tells of; None for other kinds."""
+    if finding.kind not in PER_COLLECTIVE:
+        return None
+    return finding.evidence.get("group_name"), finding.evidence.get("seq")
 
 
 class AlertWebhook:
@@ -59,7 +69,7 @@ class AlertWebhook:
         new = 0
         with self._wake:
             for finding in findings:
-                key = (run_id, finding.kind, finding.severity, tuple(finding.ranks))
+                key = (run_id, finding.kind, finding.severity, tuple(finding.ranks), _collective(finding))
                 if finding.severity == "ok" or key in self._seen:
                     continue
                 self._seen.add(key)

@@ -136,6 +136,24 @@ def test_webhook_posts_are_rate_limited_and_a_bad_url_is_named(webhook_server):
         check_url("hooks.example.com/x")
 
 
+def test_each_stuck_collective_is_alerted_even_when_the_same_rank_holds_up_the_next(webhook_server):
+    from collector.data.findings import Finding
+
+    url, posts = webhook_server
+    webhook = AlertWebhook(url, min_interval_s=0.0)
+
+    def stuck(seq: int) -> Finding:
+        evidence = {"group_name": "world", "seq": seq}
+        return Finding(kind="stuck", severity="warning", text=f"stuck in #{seq}", ranks=(1,), evidence=evidence)
+
+    assert webhook.offer("run-a", "a", [stuck(7)]) == 1
+    assert webhook.offer("run-a", "a", [stuck(7)]) == 0  # the same collective, still stuck
+    assert webhook.offer("run-a", "a", [stuck(9)]) == 1  # a later one: a new incident
+    _wait(lambda: len(posts) == 2, 20, "two posts")
+    webhook.close()
+    assert [p["finding"]["evidence"]["seq"] for p in posts] == [7, 9]
+
+
 def test_collect_refuses_a_taken_metrics_port(tmp_path):
     import socket
 
