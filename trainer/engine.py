@@ -35,6 +35,7 @@ from torch import nn
 
 from collector.rank import session
 from collector.rank import signals as _signals  # noqa: F401  (GC pauses and host samples follow the session)
+from collector.rank.clock import CLOCK
 from trainer import comm, reporting
 from trainer.batches import BatchCounter
 from trainer.config import ConfigError, EngineConfig, OptimizerConfig, load_config
@@ -502,7 +503,7 @@ class Engine(nn.Module):
                     "hysteresis_left": outcome.hysteresis_left,
                     "bad_params": ",".join(outcome.bad_params),
                     "first_rank": outcome.first_rank,
-                    "time_ns": time.time_ns(),
+                    "time_ns": CLOCK.now_ns(),
                 }
             ]
         for table, rows in records.items():

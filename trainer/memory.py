@@ -10,11 +10,11 @@ is in use. All reads are host-side counters: nothing synchronizes the device.
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import torch
 from torch import nn
+
+from collector.rank.clock import CLOCK
 
 
 class MemoryTracker:
@@ -23,7 +23,7 @@ class MemoryTracker:
         self._process = psutil.Process()
 
     def sample(self, step: int) -> list[dict]:
-        now = time.time_ns()
+        now = CLOCK.now_ns()
         sizes = self.zero.memory_bytes(self.module)
         sizes["rss"] = self._process.memory_info().rss
         if self.device.type == "cuda":

@@ -25,12 +25,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
+
+from collector.rank.clock import CLOCK
 
 
 class StateStorage:
@@ -142,7 +143,7 @@ class NVMeParamSwap:
 
     def write(self, shards: list[torch.Tensor]) -> None:
         """Write the (resident) partitions to their files and drop them from memory."""
-        start, nbytes = time.time_ns(), 0
+        start, nbytes = CLOCK.now_ns(), 0
         for t in shards:
             self.swapper.swap_out(self._key(t), t.data)
             nbytes += t.numel() * t.element_size()
@@ -171,7 +172,7 @@ class NVMeParamSwap:
         missing = [t for t in shards if not self.resident(t)]
         if not missing:
             return
-        start = time.time_ns()
+        start = CLOCK.now_ns()
         self.prefetch(missing)
         for t in missing:
             t.data = self.swapper.swap_in(self._key(t))
@@ -216,7 +217,7 @@ class NVMeStorage(CPUStorage):
         params = [p for p in self._params(optimizer) if id(p) in self._swapped]
         if not params:
             return
-        start = time.time_ns()
+        start = CLOCK.now_ns()
         nbytes = 0
         for p in params:  # every read in flight before the first wait
             for name in self._swapped[id(p)]:
@@ -229,7 +230,7 @@ class NVMeStorage(CPUStorage):
         _emit("nvme.swap_in", start, nbytes)
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        start = time.time_ns()
+        start = CLOCK.now_ns()
         nbytes = 0
         for p in self._params(optimizer):
             state = optimizer.state.get(p)
@@ -256,7 +257,7 @@ def _emit(name: str, start_ns: int, nbytes: int) -> None:
     try:
         from collector.rank import session
 
-        session.emit("timers", name=name, start_ns=start_ns, dur_ns=time.time_ns() - start_ns)
+        session.emit("timers", name=name, start_ns=start_ns, dur_ns=CLOCK.now_ns() - start_ns)
     except Exception:  # telemetry must never fail the step
         pass
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from collector.rank.clock import CLOCK
+
 
 class Timers:
     def __init__(self, enabled: bool) -> None:
@@ -21,7 +23,7 @@ class Timers:
 
     def start(self, name: str) -> None:
         if self.enabled:
-            self._open[name] = (time.time_ns(), time.perf_counter_ns())
+            self._open[name] = (CLOCK.now_ns(), time.perf_counter_ns())
             self._first_start.setdefault(name, self._open[name][0])
 
     def stop(self, name: str) -> None:

@@ -118,6 +118,9 @@ TABLES: dict[str, Table] = {
             ("cpu_ns", I64),
             ("rss_bytes", I64),
             ("mem_available_bytes", I64),  # the host's MemAvailable: how far an OOM is
+            # the host's system clock minus the run's time line (its monotonic clock) since the rank
+            # started: a jump between samples is a clock step (findings.clock)
+            ("wall_drift_ns", I64),
         ),
         # ... and what the rank trained on in the step (trainer.batches): samples, and tokens where
         # the inputs are token ids (NULL otherwise). Input imbalance shows here.

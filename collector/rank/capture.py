@@ -43,6 +43,7 @@ import threading
 import time
 
 from collector.rank import session, state
+from collector.rank.clock import CLOCK
 from collector.rank.stack_sampler import StackSampler
 
 log = logging.getLogger("rankscope.capture")
@@ -65,7 +66,7 @@ def _row(request, status: str, detail: str = "", **extra) -> dict:
         "finding": request.finding,
         "role": request.role,
         "detail": detail,
-        "time_ns": time.time_ns(),
+        "time_ns": CLOCK.now_ns(),
         **extra,
     }
 

@@ -33,6 +33,11 @@ class Clock:
     def now_ns(self) -> int:
         return self.wall_ns(perf_ns())
 
+    def wall_drift_ns(self) -> int:
+        """How far this host's system clock has moved from the monotonic one since the anchor: NTP's
+        slewing keeps it within milliseconds; a jump is the clock stepped (NTP, a manual change)."""
+        return time.time_ns() - (self.anchor_wall_ns + perf_ns() - self.anchor_perf_ns)
+
 
 CLOCK = Clock()
 

@@ -29,10 +29,9 @@ import functools
 import importlib.abc
 import logging
 import sys
-import time
 
 from collector.rank import session, state, steps
-from collector.rank.clock import perf_ns
+from collector.rank.clock import CLOCK, perf_ns
 from collector.rank.pipe_timeline import StageTimeline
 
 log = logging.getLogger("rankscope.deepspeed")
@@ -62,7 +61,7 @@ def _wrap_write_events(write_events):
     @functools.wraps(write_events)
     def wrapper(self, event_list, *args, **kwargs):
         try:
-            now = time.time_ns()
+            now = CLOCK.now_ns()
             rows = []
             for event in event_list:
                 value = _number(event[1])
@@ -88,7 +87,7 @@ def _wrap_update_scale(update_scale):
             row = {"scale_before": _number(before), "scale": _number(self.cur_scale), "overflow": bool(overflow)}
             if hasattr(self, "cur_hysteresis"):
                 row["hysteresis_left"] = int(self.cur_hysteresis)
-            session.emit("loss_scale", time_ns=time.time_ns(), **row)
+            session.emit("loss_scale", time_ns=CLOCK.now_ns(), **row)
         except Exception:
             log.exception("rankscope: reading DeepSpeed's loss scale failed")
         return result

@@ -145,6 +145,7 @@ class HostSampler:
             "cpu_ns": sched1[0] - sched0[0],
             "rss_bytes": statm[1] * self.page if statm and len(statm) > 1 else 0,
             "mem_available_bytes": _mem_available(),
+            "wall_drift_ns": CLOCK.wall_drift_ns(),
         }
 
 

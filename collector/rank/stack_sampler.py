@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
+
+from collector.rank.clock import CLOCK
 
 INTERVAL_S = 0.002
 MAX_DEPTH = 128  # innermost frames kept
@@ -49,7 +50,7 @@ class StackSampler:
         host for 100 ms and more: that wait is the sampler's, not the training's, so no span holds it
         (a capture once named its own start, "wait -> wait", as the suspect's slowest code)."""
         self._thread.start()
-        self._last_ns = time.time_ns()
+        self._last_ns = CLOCK.now_ns()
         self._begun.set()
 
     def request_stop(self) -> None:
@@ -73,7 +74,7 @@ class StackSampler:
             frame = sys._current_frames().get(self.thread_id)
             if frame is None or self._stop.is_set():  # the thread ended, or the capture did meanwhile
                 return
-            self._sample(frame, time.time_ns())
+            self._sample(frame, CLOCK.now_ns())
             del frame
             if len(self.spans) >= MAX_EVENTS:  # bounded: stop here; ``stop`` closes what is open
                 return

@@ -17,7 +17,7 @@ import pandas as pd
 
 from collector.data import queries
 from collector.data.calibration import load as load_calibration
-from collector.data.findings.clock import implausible_clocks
+from collector.data.findings.clock import clock_steps, implausible_clocks
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
 from collector.data.findings.hang import stuck_collectives
@@ -99,6 +99,7 @@ def summarize(
         + loss_anomalies(losses)
         + memory_growth(memory)
         + implausible_clocks(clock)
+        + clock_steps(signals)
         + (slow_links(*links, steps, deliveries, calibration, signals, probes) if links is not None else [])
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)

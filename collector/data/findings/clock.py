@@ -23,9 +23,9 @@ NAMED = 3  # ranks named with their offset in the sentence; more are counted
 def span(ns: float) -> str:
     """A clock offset for people: '3.0 h', '12.5 min', '4.2 s'."""
     s = abs(ns) / 1e9
-    if s >= 3600:
+    if s >= 3600 * 0.995:  # what rounds to 1.0 h is said in hours, not as 60.0 min
         return f"{s / 3600:.1f} h"
-    if s >= 60:
+    if s >= 60 * 0.995:
         return f"{s / 60:.1f} min"
     return f"{s:.1f} s"
 
@@ -65,3 +65,44 @@ def implausible_clocks(skew: pd.DataFrame | None) -> list[Finding]:
             page="stragglers",
         )
     ]
+
+
+# A change of the wall clock against the monotonic one this large between two steps is a step of the
+# clock: NTP slews at most 500 ppm (0.5 ms a second), so even an hour between steps stays far below it.
+STEP_S = 1.0
+
+
+def clock_steps(signals: pd.DataFrame | None) -> list[Finding]:
+    """One warning per clock step (ranks whose host clock jumped by the same amount at the same step
+    are one), from signals_by_step's ``wall_drift_s``. Rankscope's own times never move with it (they
+    run on each rank's monotonic clock from one anchor), so this is about everything else on the host."""
+    if signals is None or signals.empty or "wall_drift_s" not in signals:
+        return []
+    rows = signals.dropna(subset=["wall_drift_s"]).sort_values(["rank", "step"])
+    by_rank = rows.groupby("rank")
+    # the step of the sample before: the clock stepped after it, by the first sample that saw it
+    rows = rows.assign(jump_s=by_rank.wall_drift_s.diff(), after=by_rank.step.shift())
+    jumps = rows[rows.jump_s.abs() >= STEP_S]
+    found = []
+    for (step, _), same in jumps.groupby([jumps.step, jumps.jump_s.round()]):
+        ranks = tuple(sorted(int(r) for r in same["rank"]))
+        jump_s, first = float(same.jump_s.median()), int(same.after.max())
+        when = f"at step {int(step)}" if first >= step - 1 else f"between steps {first} and {int(step)}"
+        whose = f"{ranks_label(ranks)}'s system clock" + ("s" if len(ranks) > 1 else "")
+        text = (
+            f"{whose} stepped {'back' if jump_s < 0 else 'forward'} {span(jump_s * 1e9)} {when} (the wall "
+            "clock against the monotonic one: an NTP step or a manual change); rankscope's times keep the run's "
+            "time line, but logs, file times and timeouts read on the wall clock there jump with it"
+        )
+        found.append(
+            Finding(
+                kind="clock_step",
+                severity="warning",
+                text=text,
+                ranks=ranks,
+                steps=(min(first + 1, int(step)), int(step)),
+                evidence={"jump_s": jump_s, "ranks": ranks_label(ranks)},
+                page="stragglers",
+            )
+        )
+    return found

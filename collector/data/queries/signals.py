@@ -48,8 +48,8 @@ _SIGNAL_TABLES = {
     "between_steps": ("sum(dur_ns) / 1e6 AS between_steps_ms", {"between_steps_ms": "between_steps.between_steps_ms"}),
     "host": (
         "sum(runqueue_ns) / 1e6 AS runqueue_ms, sum(cpu_ns) / 1e6 AS cpu_ms, avg(cpu_util) AS cpu_util,"
-        " avg(steal) AS steal",
-        {c: f"host.{c}" for c in ("runqueue_ms", "cpu_ms", "cpu_util", "steal")},
+        " avg(steal) AS steal, arg_max(wall_drift_ns, time_ns) / 1e9 AS wall_drift_s",
+        {c: f"host.{c}" for c in ("runqueue_ms", "cpu_ms", "cpu_util", "steal", "wall_drift_s")},
     ),
     "batches": ("sum(tokens)::DOUBLE AS tokens", {"tokens": "batches.tokens"}),
 }
@@ -60,7 +60,8 @@ def signals_by_step(cat: Catalog, run_id: str) -> pd.DataFrame:
     wait for the batch, the engine's ``data`` timer), between_steps_ms (a hook run's wait from the
     step before's end to this step's first forward: data loading and host work), runqueue_ms and
     cpu_ms (time the process waited for a CPU and ran on one), cpu_util and steal (host shares),
-    tokens (what the rank trained on).
+    wall_drift_s (the host's system clock against the run's time line at the step's last sample: a
+    change from one step to the next is a clock step), tokens (what the rank trained on).
     A signal the run did not record is NULL; runs recorded
     before a signal existed have no table for it, so it is not queried at all."""
     timers = (

@@ -3,10 +3,12 @@ view of time (``time.time`` / ``time.time_ns`` shifted from step 30 of 60) in a 
 with gloo collectives, streaming to a real collector. Every timestamp the rank stores stays on the
 run's one time line (collector.rank.clock: perf_counter from one anchor), so no table jumps by the
 hour, no duration is negative, nothing is refused, and ``rankscope health`` finds no hang or
-silent rank."""
+silent rank, and names the step: rank 0's system clock stepped back (forward) 1.0 h, at step 30 or between
+the steps of the host samples around it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,14 +76,21 @@ def _run(tmp_path, shift_s: float) -> None:
         assert rows == 0 or span_ns < 600e9, f"{table} timestamps span {span_ns / 1e9:.0f} s: the clock step moved them"
     assert bad == 0, f"{bad} comm rows end before they start"
     health = subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", "health", run_id, "--data-dir", str(data)],
+        [sys.executable, "-m", "collector.tools.cli", "health", run_id, "--json", "--data-dir", str(data)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert health.returncode in (0, 1), health.stdout + health.stderr
-    assert "hang" not in health.stdout and "silent" not in health.stdout, health.stdout
+    assert health.returncode == 1, health.stdout + health.stderr
+    found = json.loads(health.stdout)
+    assert not [f for f in found if f["kind"] in ("hang", "stuck", "silent", "crash")], health.stdout
+    # the clock finding names the step: the rank, which way, by how much, when
+    [step] = [f for f in found if f["kind"] == "clock_step"]
+    first, last = step["steps"]  # from the step after the last sample before it to the first sample after it
+    assert step["ranks"] == [0] and first <= 30 <= last <= 36, step
+    assert abs(step["evidence"]["jump_s"] - shift_s) < 1.0, step
+    assert f"stepped {'back' if shift_s < 0 else 'forward'} 1.0 h " in step["text"], step["text"]
 
 
 def test_a_wall_clock_stepped_back_an_hour_moves_no_timestamp(tmp_path):
