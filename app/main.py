@@ -37,9 +37,9 @@ page = st.navigation(
     }
 )
 state.sidebar_picker()
-# Every page: a hang, mismatch or silent rank is news wherever one looks. It sits above the page
-# but is worked out after it (its findings read the liveness tables): the page's first chart does
-# not wait for it.
+# Every page: a stuck or hung collective, a mismatch or a silent rank is news wherever one looks.
+# It sits above the page but is worked out after it (the live collector asked, or the liveness
+# tables read): the page's first chart does not wait for it.
 banner = st.container()
 try:
     page.run()

@@ -30,6 +30,7 @@ from collector.data.queries import CommFilter, DataDirError, data_version, train
 CACHE_TTL_S = 600
 CACHE_ENTRIES = 256
 _FILTERED = {"hash_funcs": {CommFilter: CommFilter.key}}
+LIVE_TIMEOUT_S = 1.0  # the banner asks the live collector again at its next re-check; the data dir answers meanwhile
 
 __all__ = ["CommFilter", "DataDirError", "data_version", "training_filter"]
 
@@ -314,6 +315,23 @@ def console_views(data_dir: str) -> list[str]:
 
 
 # --- liveness: a second's cache, since silence grows with time even when no data lands ------
+
+
+@st.cache_data(ttl=1, max_entries=CACHE_ENTRIES, show_spinner=False)
+def live_attention(data_dir: str, run_id: str) -> list[str] | None:
+    """What needs attention now in the run, as the live collector serving the data dir holds it
+    (collector.data.live_collector.fetch: what `rankscope health`, /metrics and the alerts say, stuck
+    judged within a quarter of a second): the sentences of its warnings and critical findings of the
+    banner's kinds, most urgent first; None when no collector follows the run live."""
+    from collector.data.findings import ATTENTION_KINDS
+    from collector.data.live_collector import fetch
+
+    answer = fetch(data_dir, run_id, timeout_s=LIVE_TIMEOUT_S)
+    if answer is None:
+        return None
+    return [
+        f["text"] for f in answer.findings if f["kind"] in ATTENTION_KINDS and f["severity"] in ("critical", "warning")
+    ]
 
 
 @st.cache_data(ttl=1, max_entries=CACHE_ENTRIES, show_spinner=False)

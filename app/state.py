@@ -291,9 +291,11 @@ LIVENESS_PAGE = "views/liveness.py"  # relative to app/, as main.py declares it
 
 
 def liveness_banner() -> None:
-    """Declared once by main.py, above every page: a red banner while the selected run has a hang,
-    a collective mismatch or a silent rank, linking to the Liveness page (wavefront and stacks).
-    While the run is live it re-checks every LIVENESS_REFRESH_S, in place."""
+    """Declared once by main.py, above every page: a red banner while the selected run has a stuck
+    or hung collective, a collective mismatch or a silent rank, linking to the Liveness page
+    (wavefront and stacks). While the run is live it re-checks every LIVENESS_REFRESH_S, in place,
+    from the findings the live collector holds (the same as `rankscope health`'s), or from the
+    data dir when no collector follows the run."""
     directory = st.session_state.get("rankscope.data_dir")
     runs = st.session_state.get("rankscope.runs")
     chosen = st.session_state.get(SELECTION_KEY) or ()
@@ -302,13 +304,16 @@ def liveness_banner() -> None:
     run_id = chosen[0]
 
     def show() -> None:
-        try:
-            found = queries.liveness_findings(directory, run_id, queries.data_version(directory, run_id))
-        except (duckdb.Error, queries.DataDirError):
-            return  # the page itself says what is wrong with the data
+        found = queries.live_attention(directory, run_id)
+        if found is None:
+            try:
+                version = queries.data_version(directory, run_id)
+                found = [f.text for f in queries.liveness_findings(directory, run_id, version)]
+            except (duckdb.Error, queries.DataDirError):
+                return  # the page itself says what is wrong with the data
         if not found:
             return
-        lines = "\n".join(f"- {f.text}" for f in found[:5])
+        lines = "\n".join(f"- {text}" for text in found[:5])
         more = f"\n- … and {len(found) - 5} more" if len(found) > 5 else ""
         st.error(f"**This run needs attention now**\n{lines}{more}", icon=":material/error:")
         st.page_link(LIVENESS_PAGE, label="Wavefront and stacks", icon=":material/arrow_forward:")

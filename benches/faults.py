@@ -394,7 +394,7 @@ WATCH_S = 0.25  # how often LiveWatch asks the live collector (its checker judge
 
 
 class LiveWatch:
-    """What the live collector says of a run while it runs (collector.tools.live_health.fetch, the
+    """What the live collector says of a run while it runs (collector.data.live_collector.fetch, the
     Health RPC `rankscope health` asks first), every ``WATCH_S``: each finding of a LIVE_ONLY kind
     (stuck) as first seen, keyed by (kind, severity, ranks), with when. Those are judged on what is
     in flight and gone once it completes, so the stored findings read after the run never hold them:
@@ -425,7 +425,7 @@ class LiveWatch:
         return min(times, default=None)
 
     def _watch(self) -> None:
-        from collector.tools.live_health import fetch
+        from collector.data.live_collector import fetch
 
         while not self._stop.wait(WATCH_S):
             answer = fetch(self.data_dir, self.run)

@@ -6,7 +6,7 @@ quiet machine, <= 8 s beside a 2-process CPU hog (``--hog 2``); critical at hang
 Method: a real ``rankscope collect`` process and 2 gloo ranks with the hook attached and no
 hang_after_s (the default, 60 s). Each round the ranks run ``LEARN`` quick all_reduces (the run's
 normal), then rank 0 writes its entry time and enters an all_reduce that rank 1 reaches only
-``--stall`` s later. This process asks the live collector (collector.tools.live_health.fetch: the
+``--stall`` s later. This process asks the live collector (collector.data.live_collector.fetch: the
 Health RPC ``rankscope health`` asks first) every 0.1 s until a stuck finding naming rank 1 shows;
 time to stuck = first seen - rank 0's entry. Each round also times ``rankscope health RUN`` as a
 fresh process while the collective is stuck (the whole command a person runs). With
@@ -208,9 +208,9 @@ def stuck_main(args) -> None:
 
     import torch.multiprocessing as mp
 
+    from collector.data.live_collector import fetch
     from collector.testing.ports import free_port
     from collector.tools.launch import CollectorProcess
-    from collector.tools.live_health import fetch
 
     hangs = args.hangs or 10
     hogs = [multiprocessing.get_context("spawn").Process(target=_hog, daemon=True) for _ in range(args.hog)]

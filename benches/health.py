@@ -145,8 +145,8 @@ def _children_cpu() -> float:
 
 
 def live_vs_data_dir(args) -> None:
+    from collector.data.live_collector import fetch
     from collector.tools.launch import CollectorProcess
-    from collector.tools.live_health import fetch
 
     name = "bench-live-health"
     py = [sys.executable, "-m", "collector.tools.cli"]

@@ -12,6 +12,11 @@ Written atomically (a temporary name, then a rename: a reader never sees half of
 A collector killed with SIGKILL leaves its file behind: ``read`` returns None when the pid is gone,
 or when the pid now belongs to another process (its start time differs), so a stale file never
 sends a command to a port nobody, or somebody else, listens on. The token itself is never written.
+
+``fetch`` asks that collector (its Health RPC) for the findings it holds in memory of a run it
+follows live (collector.server.live_findings): what ``rankscope health`` prints first
+(collector.tools.live_health) and the dashboard's attention banner shows, so both agree with
+/metrics and the alerts. It imports grpc and the stubs, never pandas or duckdb.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from collector.data import processes
 
 FILE_NAME = "collector.json"
+TIMEOUT_S = 3.0  # a busy collector (its findings refresh holds the GIL for a moment) still beats the data dir
 
 
 @dataclass(frozen=True)
@@ -102,3 +109,42 @@ def read(data_dir: str | os.PathLike) -> LiveCollector | None:
     if started is not None and processes.start_time(pid) not in (None, started):
         return None  # the pid was reused by another process
     return live
+
+
+class Answer(NamedTuple):
+    """A live collector's findings of a run it follows."""
+
+    run_id: str
+    findings: list[dict]  # as Finding.to_json gives them, most urgent first
+    age_s: float  # since the collector computed the stored-data part (the live part is current)
+
+
+def fetch(data_dir, run: str, *, timeout_s: float = TIMEOUT_S) -> Answer | None:
+    """The live collector of ``data_dir``'s answer for ``run`` (an id or a name); None when none
+    advertises, it needs a token or TLS CA not given (``RANKSCOPE_TOKEN``, ``RANKSCOPE_TLS_CA``), does
+    not answer within ``timeout_s``, or does not follow the run live."""
+    from collector.data import security
+
+    live = read(data_dir)
+    if live is None:
+        return None
+    token = security.resolve_token()
+    if live.token_required and not token:
+        return None
+    tls_ca = security.resolve_tls_ca()
+    if live.tls and not tls_ca:
+        return None
+    import grpc
+
+    from proto import pb, pb_grpc
+
+    try:
+        with security.open_channel(live.endpoint, tls_ca=tls_ca if live.tls else None) as channel:
+            reply = pb_grpc.CollectorStub(channel).Health(
+                pb.HealthRequest(run=run), timeout=timeout_s, metadata=security.auth_metadata(token)
+            )
+    except (grpc.RpcError, security.SecurityConfigError):
+        return None
+    if not reply.held:
+        return None
+    return Answer(reply.run_id, json.loads(reply.findings_json or "[]"), reply.findings_age_s)

@@ -1,15 +1,15 @@
 """``rankscope health RUN``'s fast path: ask the collector serving the data dir for the findings it
 holds in memory (its Health RPC; collector.server.live_findings) instead of computing them again.
 
-The collector found in ``D/collector.json`` (collector.data.live_collector) follows a run live while
-a rank of it streams there: its findings are the stored-data ones of its last refresh (at most
-``refresh_s`` old) with the live judgment of stuck and hung collectives, current to a quarter of a
-second. This path imports grpc and the stubs, never pandas or duckdb, so the answer is printed in
-a fraction of a second where computing it costs seconds of CPU.
+The collector found in ``D/collector.json`` follows a run live while a rank of it streams there
+(collector.data.live_collector.fetch asks it): its findings are the stored-data ones of its last
+refresh (at most ``refresh_s`` old) with the live judgment of stuck and hung collectives, current
+to a quarter of a second. This path imports grpc and the stubs, never pandas or duckdb, so the
+answer is printed in a fraction of a second where computing it costs seconds of CPU.
 
 ``ask`` returns None when there is nothing to ask (no collector advertised, it does not answer
-within ``TIMEOUT_S``, refuses the token, or does not follow the run): the caller computes from
-the data dir then (collector.tools.health). The lines printed and the exit code are those of the
+in time, refuses the token, or does not follow the run): the caller computes from the data dir
+then (collector.tools.health). The lines printed and the exit code are those of the
 data-dir path; what only the data dir has (captured evidence, retention notes) is left to it.
 """
 
@@ -18,16 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import NamedTuple
 
-TIMEOUT_S = 3.0  # a busy collector (its findings refresh holds the GIL for a moment) still beats the data dir
+from collector.data import live_collector
+
 SEVERITY_EXIT = {"critical": 2, "warning": 1}
-
-
-class Answer(NamedTuple):
-    run_id: str
-    findings: list[dict]  # as Finding.to_json gives them, most urgent first
-    age_s: float  # since the collector computed the stored-data part (the live part is current)
 
 
 def lines(found: list[dict], run_id: str, notes: bool = False) -> list[str]:
@@ -48,38 +42,9 @@ def exit_code(found: list[dict]) -> int:
     return max((SEVERITY_EXIT.get(f["severity"], 0) for f in found), default=0)
 
 
-def fetch(data_dir, run: str, *, timeout_s: float = TIMEOUT_S) -> Answer | None:
-    """The live collector of ``data_dir``'s answer for ``run``, or None."""
-    from collector.data import live_collector, security
-
-    live = live_collector.read(data_dir)
-    if live is None:
-        return None
-    token = security.resolve_token()
-    if live.token_required and not token:
-        return None
-    tls_ca = security.resolve_tls_ca()
-    if live.tls and not tls_ca:
-        return None
-    import grpc
-
-    from proto import pb, pb_grpc
-
-    try:
-        with security.open_channel(live.endpoint, tls_ca=tls_ca if live.tls else None) as channel:
-            reply = pb_grpc.CollectorStub(channel).Health(
-                pb.HealthRequest(run=run), timeout=timeout_s, metadata=security.auth_metadata(token)
-            )
-    except (grpc.RpcError, security.SecurityConfigError):
-        return None
-    if not reply.held:
-        return None
-    return Answer(reply.run_id, json.loads(reply.findings_json or "[]"), reply.findings_age_s)
-
-
 def ask(args: argparse.Namespace) -> int | None:
     """Print the live collector's answer and return the exit code; None: not answered here."""
-    answer = fetch(args.data_dir, args.run)
+    answer = live_collector.fetch(args.data_dir, args.run)
     if answer is None:
         return None
     run_id, found, _ = answer

@@ -3,7 +3,8 @@
 (60 s), and ``rankscope health`` answered by the live collector (its Health RPC).
 
 * a rank that stops before a collective is named *stuck* (a warning naming it and its stack) long
-  before the 60 s hang; the CLI prints it from the live collector; it clears once the rank goes on;
+  before the 60 s hang; the CLI prints it from the live collector, the dashboard's banner (AppTest)
+  shows it from there too; it clears once the rank goes on;
 * rank 0 saving a checkpoint (``torch.save`` into slow storage) while the others wait at a barrier
   is an info naming the save, never a warning;
 * with the ranks idle, the live collector's findings are the data dir's (the same ``for_run``).
@@ -20,11 +21,12 @@ import time
 from pathlib import Path
 
 from collector.data import findings, hang_rule
+from collector.data.live_collector import fetch
 from collector.testing.gloo import join_ranks, start_ranks, wait_for
 from collector.tools.launch import CollectorProcess
-from collector.tools.live_health import fetch
 from tests._import_util import on_the_run
 from tests.integration import _stuck_workers as workers
+from tests.integration.app._pages import open_page
 
 ROOT = Path(__file__).resolve().parents[2]
 START_S = 180  # ranks up, streaming, learned and followed by the collector (imports under load)
@@ -56,7 +58,7 @@ def _health_cli(data_dir: Path, run: str, *flags: str, python: tuple = ()) -> su
     )
 
 
-def test_a_stopped_rank_is_named_stuck_in_seconds_at_default_settings_with_its_stack(tmp_path):
+def test_a_stopped_rank_is_named_stuck_in_seconds_at_default_settings_with_its_stack(tmp_path, monkeypatch):
     out, data_dir = tmp_path / "out", tmp_path / "data"
     out.mkdir()
     collector = CollectorProcess(data_dir)
@@ -88,6 +90,10 @@ def test_a_stopped_rank_is_named_stuck_in_seconds_at_default_settings_with_its_s
         imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in cli.stderr.splitlines()}
         assert not imported & {"pandas", "duckdb", "pyarrow"}, "the live answer's path imported the data stack"
         assert "warning: stuck: ranks 0-1 waiting" in cli.stdout and "stall_before_collective" in cli.stdout, cli.stdout
+
+        # the dashboard's banner, on any page, from the same source (the data dir has no hang before 60 s)
+        banner = [e.value for e in open_page(data_dir, monkeypatch, None, [answer.run_id]).error]
+        assert any("stuck: ranks 0-1 waiting" in b and "stall_before_collective" in b for b in banner), banner
 
         (out / "release").write_text("")
         assert wait_for(lambda: all((out / f"done{r}").exists() for r in range(workers.WORLD)), 60)

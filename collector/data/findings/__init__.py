@@ -35,7 +35,20 @@ from collector.data.findings.stragglers import costly_ranks
 from collector.data.findings.whatif import whatif_findings
 from collector.data.pipeline import stage_bubbles
 
-__all__ = ["Finding", "duration", "exit_code", "for_run", "liveness_findings", "pct", "ranked", "summarize"]
+__all__ = [
+    "ATTENTION_KINDS",
+    "Finding",
+    "duration",
+    "exit_code",
+    "for_run",
+    "liveness_findings",
+    "pct",
+    "ranked",
+    "summarize",
+]
+
+# what the dashboard's banner shows: liveness_findings' kinds, and stuck (the live collector's alone)
+ATTENTION_KINDS = ("hang", "stuck", "desync", "rank_stopped", "silent_rank")
 
 
 def liveness_findings(hangs: pd.DataFrame, desyncs: pd.DataFrame, liveness: pd.DataFrame) -> list[Finding]:
