@@ -11,7 +11,10 @@ forward/backward per micro-batch with the loss scaled, fp32 AdamW masters, the f
 DeepSpeed's dynamic scaler), so what is left is the order of the fp16 gradient sums: each micro-batch add
 rounds once (unit roundoff u = 2**-11), and a weight whose fp32 master lies near an fp16 rounding boundary
 can round one ulp (u relative) the other way. The loss moves by a few u relative at most: tolerance
-8u = 2**-8 (3.9e-3) of the loss, with every overflow step skipped on the same steps.
+8u = 2**-8 (3.9e-3) of the loss, with every overflow step skipped on the same steps. bf16: the same
+recipe without a loss scale; bf16's unit roundoff u = 2**-8 (3.9e-3) relative to the loss is the tolerance
+(measured 3.6e-4 over 20 steps: the sums' order moves the loss by a tenth of u; a precision bug -- gradients
+left unreduced, a wrong dtype on the wire -- moves it by far more).
 
 The drift issue 46 reported (first two losses equal to the bit, then +3.8e-5, -1.2e-4, ... against plain
 torch) is gradient clipping, not a gradient carried over nor a double optimizer update: ``gradient_clipping``
@@ -47,6 +50,7 @@ from tests.integration.trainer._pipe_numerics_model import MICRO, SEED, STEPS, g
 
 FP32_TOL = 1e-5
 FP16_REL_TOL = 2.0**-8  # 8 x fp16's unit roundoff 2**-11, relative to the loss (module docstring)
+BF16_REL_TOL = 2.0**-8  # bf16's unit roundoff, relative to the loss (module docstring)
 
 
 # ---------------------------------------------------------------- cases
@@ -65,6 +69,7 @@ def case(name: str, **kw) -> dict:
         "checkpoint_interval": 0,
         "zero": 0,
         "fp16": None,
+        "bf16": False,
         "resume_at": None,
         "virtual_stages": 1,  # > 1: the interleaved schedule
     }
@@ -85,6 +90,7 @@ TWO_STAGE_CASES = [  # in make test
     ISSUE_NO_CLIP,
     case("adamw gas 8, parameters partition, tied, clip 0.5", gas=8, partition="parameters", tied=True, clip=0.5),
     case("fp16 dynamic loss scale with overflows", fp16=FP16, gas=4),
+    case("bf16, clip 0.5", bf16=True, gas=4, clip=0.5),
 ]
 MORE_TWO_STAGE_CASES = [
     case("sgd momentum, warmup scheduler, clip 0.5, gas 1", optimizer=SGD, scheduler=WARMUP, clip=0.5, gas=1),
@@ -134,6 +140,8 @@ def _config(c: dict, dp: int) -> dict:
         cfg["scheduler"] = c["scheduler"]
     if c["fp16"] is not None:
         cfg["fp16"] = c["fp16"]
+    if c["bf16"]:
+        cfg["bf16"] = {"enabled": True}
     return cfg
 
 
@@ -157,8 +165,8 @@ def _engine(c: dict, world: int, base_seed: int = SEED):
 def _micro_batches(engine, c: dict, step: int):
     dp, gas, d = engine.dp_world_size, c["gas"], engine.topology.data_rank
     x, y = global_batch(step, dp * gas * MICRO)
-    if c["fp16"] is not None:
-        x = x.half()
+    if c["fp16"] is not None or c["bf16"]:
+        x = x.to(torch.float16 if c["fp16"] is not None else torch.bfloat16)
     x, y = x.view(dp, gas, MICRO, -1)[d], y.view(dp, gas, MICRO, -1)[d]
     return iter([(x[k], y[k]) for k in range(gas)])
 
@@ -230,31 +238,31 @@ def reference(c: dict, dp: int, clip: float | None = None, norm_layers: range | 
     opt = _torch_optimizer(c, master.parameters())
     sched = build_scheduler(opt, c["scheduler"]) if c["scheduler"] else None
     scaler = build_loss_scaler(c["fp16"]) if c["fp16"] else None
-    half = copy.deepcopy(master).half() if scaler else None
+    low = torch.float16 if scaler else torch.bfloat16 if c["bf16"] else None  # the engine's training precision
+    half = copy.deepcopy(master).to(low) if low else None
     losses, skipped = [], 0
     for step in range(STEPS):
         x, y = global_batch(step, dp * c["gas"] * MICRO)
-        if scaler is None:
+        if half is None:
             loss = loss_fn(master(x), y)
             opt.zero_grad()
             loss.backward()
             losses.append(loss.item())
         else:
-            # the engine's recipe: fp16 forward/backward per micro-batch (data-parallel rank 0 only here,
-            # dp is 1 for fp16 cases), gradients accumulate in fp16 scaled by the loss scale
+            # the engine's recipe: fp16 / bf16 forward/backward per micro-batch (data-parallel rank 0 only
+            # here, dp is 1 for these cases), gradients accumulate in that precision, fp16's scaled by the loss scale
             total = 0.0
             for p in half.parameters():
                 p.grad = None
-            xs, ys = x.half().view(c["gas"], MICRO, -1), y.view(c["gas"], MICRO, -1)
+            scale = scaler.loss_scale if scaler else 1.0
+            xs, ys = x.to(low).view(c["gas"], MICRO, -1), y.view(c["gas"], MICRO, -1)
             for k in range(c["gas"]):
                 loss = loss_fn(half(xs[k]), ys[k])
-                (loss.float() / c["gas"] * scaler.loss_scale).backward()
+                (loss.float() / c["gas"] * scale).backward()
                 total += loss.item()
             losses.append(total / c["gas"])
             grads = [p.grad.float() for p in half.parameters()]
-            scale = scaler.loss_scale
-            decision = scaler.update(not all(torch.isfinite(g).all() for g in grads))
-            if decision.skipped:
+            if scaler and scaler.update(not all(torch.isfinite(g).all() for g in grads)).skipped:
                 skipped += 1
                 continue
             for m, g in zip(master.parameters(), grads, strict=True):
@@ -282,11 +290,13 @@ def _check(results: list[dict], cases: list[dict], world: int) -> None:
         want = reference(c, dp)
         for rank, r in enumerate(results):
             got = r[c["name"]]
-            if c["fp16"] is None:
-                tol = {"abs": FP32_TOL, "rel": 0}
-            else:
+            if c["fp16"] is not None:
                 tol = {"abs": 0, "rel": FP16_REL_TOL}
                 assert got["skipped"] == want["skipped"] > 0, (c["name"], got["skipped"], want["skipped"])
+            elif c["bf16"]:
+                tol = {"abs": 0, "rel": BF16_REL_TOL}
+            else:
+                tol = {"abs": FP32_TOL, "rel": 0}
             for step, (g, w) in enumerate(zip(got["losses"], want["losses"], strict=True)):
                 assert g == pytest.approx(w, **tol), (
                     f"{c['name']}: rank {rank} step {step} loss {g!r} vs torch {w!r} "
