@@ -335,6 +335,12 @@ def cases() -> list[Case]:
     for name, n_hosts, per_host, spec, expect, *fault in pipes:
         args = ("pipe", str(n_hosts), str(per_host), spec, "--stages", "2", *(("--fault", fault[0]) if fault else ()))
         hosts.append(Case(name, "hosts", args, expect, ranks=n_hosts * per_host))
+    # 3D parallelism: PP 2 x TP 2 x DP 2 on 4 hosts of 2 ranks, a TP pair a host (its all_reduces never leave it)
+    for name, spec, expect in (
+        ("pp2tp2dp2-throttled-host1", "1:80mbit@20", (pipe_link,)),
+        ("pp2tp2dp2-healthy", "-", ()),
+    ):
+        hosts.append(Case(name, "hosts", ("pipe", "4", "2", spec, "--stages", "2", "--tp", "2"), expect, ranks=8))
     # DeepSpeed's own PipelineEngine, the same script under the hook (its venv; hook steps count from 1)
     for name, spec, expect in (
         ("dspipe4x1-throttled-host0", "0:80mbit@20", (world_link,)),
