@@ -333,13 +333,8 @@ def test_four_stages_and_two_stages_by_two_replicas_equal_torch(tmp_path):
     _check(spawn(_worker, 4, tmp_path / "out", FOUR_RANK_CASES, str(tmp_path / "ckpt")), FOUR_RANK_CASES, 4)
 
 
-@pytest.mark.slow
-def test_real_deepspeed_side_by_side_on_the_issue_script(tmp_path):
-    """The issue's script on DeepSpeed 0.19.8 (bench venv, 2 CPU ranks), side by side: gradient_clipping 0 equals
-    plain torch within 1e-5, as ours does; with clipping DeepSpeed equals torch clipped by the norm of stage 0's
-    gradients only (layers 0-4 of the uniform split), not the whole model's as ours and torch's
-    clip_grad_norm_ do: the difference the module docstring names. At the default 1.0 stage 0's norm stays
-    below it in this script (DeepSpeed does not clip at all); at 0.05 it clips, by that norm."""
+def _on_deepspeed(tmp_path, cases: list[dict], nproc: int) -> list[dict]:
+    """Each rank's {case name: losses} of ``cases`` run on DeepSpeed 0.19.8 (the bench venv, gloo, CPU ranks)."""
     import json
     import subprocess
 
@@ -351,14 +346,25 @@ def test_real_deepspeed_side_by_side_on_the_issue_script(tmp_path):
     except (subprocess.SubprocessError, OSError, RuntimeError) as exc:
         pytest.skip(f"no DeepSpeed venv ({venv.VENV}) and it cannot be made here: {exc}")
     script = Path(__file__).with_name("_deepspeed_pipe_numerics.py")
-    torchrun = [str(venv.VENV / "bin" / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    tight = case("issue-script gradient_clipping 0.05", clip=0.05)  # stage 0's own norm is above it too
-    cases = [ISSUE_DEFAULT, ISSUE_NO_CLIP, tight]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    torchrun = [str(venv.VENV / "bin" / "torchrun"), "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
     done = subprocess.run(
         [*torchrun, str(script), str(tmp_path), json.dumps(cases)], env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.slow
+def test_real_deepspeed_side_by_side_on_the_issue_script(tmp_path):
+    """The issue's script on DeepSpeed 0.19.8 (bench venv, 2 CPU ranks), side by side: gradient_clipping 0 equals
+    plain torch within 1e-5, as ours does; with clipping DeepSpeed equals torch clipped by the norm of stage 0's
+    gradients only (layers 0-4 of the uniform split), not the whole model's as ours and torch's
+    clip_grad_norm_ do: the difference the module docstring names. At the default 1.0 stage 0's norm stays
+    below it in this script (DeepSpeed does not clip at all); at 0.05 it clips, by that norm."""
+    tight = case("issue-script gradient_clipping 0.05", clip=0.05)  # stage 0's own norm is above it too
+    cases = [ISSUE_DEFAULT, ISSUE_NO_CLIP, tight]
+    ranks = _on_deepspeed(tmp_path, cases, 2)
     stage0 = range(0, 5)  # uniform: 9 layers on 2 stages -> [0, 5, 9]
     want = {c["name"]: reference(c, 1, norm_layers=stage0)["losses"] for c in cases}
     assert want[ISSUE_NO_CLIP["name"]] == reference(ISSUE_NO_CLIP, 1)["losses"]
@@ -368,6 +374,36 @@ def test_real_deepspeed_side_by_side_on_the_issue_script(tmp_path):
     for rank, got in enumerate(ranks):
         for name, losses in want.items():
             assert got[name] == pytest.approx(losses, abs=FP32_TOL, rel=0), (rank, name, got[name], losses)
+
+
+# The matrix where DeepSpeed's pipeline agrees with torch by definition (no clipping: its norm is stage 0's)
+DEEPSPEED_TWO_RANK_CASES = [
+    case("ds: adamw gas 8, parameters partition, tied", gas=8, partition="parameters", tied=True),
+    case("ds: sgd momentum, warmup scheduler, gas 1", optimizer=SGD, scheduler=WARMUP, gas=1),
+    case("ds: type:linear partition, activation checkpointing", partition="type:linear", checkpoint_interval=2),
+]
+DEEPSPEED_FOUR_RANK_CASES = [
+    case("ds: 4 stages parameters gas 8 checkpointing", stages=4, partition="parameters", gas=8, checkpoint_interval=1),
+    case("ds: 2 stages x 2 replicas zero-1 sgd", stages=2, zero=1, optimizer=SGD),
+    case("ds: 2 stages x 2 replicas adamw tied", stages=2, tied=True),
+]
+
+
+@pytest.mark.slow
+def test_real_deepspeed_runs_the_matrix_equal_to_torch_side_by_side(tmp_path):
+    """The matrix's fp32 cases on DeepSpeed 0.19.8 (2 and 4 CPU ranks): AdamW and SGD with momentum, WarmupLR,
+    GAS 1/4/8, 2 and 4 stages, uniform / parameters / type: partitions, tied layers, activation checkpointing,
+    ZeRO-1 over 2 replicas; each equal to the one-process torch run within 1e-5, as the bundled engine's same cases
+    are (test_sgd_*, test_four_stages_*). Clipping is left off: DeepSpeed's pipeline clips by stage 0's norm
+    (test_real_deepspeed_side_by_side_on_the_issue_script); fp16 is not run (DeepSpeed's CPU accelerator has no
+    fp16 optimizer)."""
+    for nproc, cases in ((2, DEEPSPEED_TWO_RANK_CASES), (4, DEEPSPEED_FOUR_RANK_CASES)):
+        ranks = _on_deepspeed(tmp_path / f"ds{nproc}", cases, nproc)
+        for c in cases:
+            want = reference(c, nproc // c["stages"])["losses"]
+            for rank, got in enumerate(ranks):
+                losses = got[c["name"]]
+                assert losses == pytest.approx(want, abs=FP32_TOL, rel=0), (rank, c["name"], losses, want)
 
 
 def _interleaved_worker(rank: int, world: int, cases: list[dict], ckpt_root: str) -> dict:
