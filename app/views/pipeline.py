@@ -18,6 +18,8 @@ def pipeline_page() -> None:
             )
             return
         stages, m = int(bubbles.stages.max()), int(bubbles.micro_batches.max())
+        v = int(bubbles.virtual_stages.max())
+        schedule = "1F1B" if v == 1 else f"interleaved 1F1B, {v} virtual stages"
         ideal = float(bubbles.ideal_fraction.iloc[-1])
         steps = sorted(bubbles.step.unique())
         pipelines = sorted(bubbles.data_rank.unique())
@@ -45,7 +47,7 @@ def pipeline_page() -> None:
                     "step",
                     "bubble_pct",
                     "stage",
-                    f"Bubble fraction per stage (ideal for 1F1B: {100 * ideal:.0f}%)",
+                    f"Bubble fraction per stage (ideal for {schedule}: {100 * ideal:.0f}%)",
                     y_title="% of the step idle",
                 ),
             )

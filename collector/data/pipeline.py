@@ -4,7 +4,8 @@ A pipeline's step is the span from its first forward to its last backward over a
 (one data-parallel replica: the ranks sharing a ``data_rank``); a stage is busy during its own
 forward and backward passes and idle otherwise: waiting for an activation or a gradient, or done
 before the others. Bubble = span - busy, per stage and step. 1F1B with equal stages idles
-(p - 1) / (m + p - 1) of the span (``ideal_fraction``); slower stages and overheads add to it.
+(p - 1) / (m + p - 1) of the span (``ideal_fraction``; interleaved 1F1B with v virtual stages:
+(p - 1) / (v m + p - 1)); slower stages and overheads add to it.
 Only steps every stage of the pipeline reported count. The stages' times share rank 0's clock
 (collector.rank.clock), so their spans line up.
 """
@@ -23,17 +24,18 @@ BUBBLES_SQL = """
         span AS (SELECT step, data_rank, min(start_ns) AS t0, max(end_ns) AS t1, count(DISTINCT stage) AS seen
                  FROM p WHERE kind IN ('fwd', 'bwd') GROUP BY step, data_rank),
         st AS (SELECT step, data_rank, stage, min(rank) AS rank, max(stages) AS stages,
-                      max(micro_batches) AS micro_batches, max(layers) AS layers,
+                      max(micro_batches) AS micro_batches, coalesce(max(virtual_stages), 1) AS virtual_stages,
+                      max(layers) AS layers,
                       coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'fwd'), 0) / 1e6 AS fwd_ms,
                       coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'bwd'), 0) / 1e6 AS bwd_ms,
                       coalesce(sum(end_ns - start_ns) FILTER (WHERE kind IN ('recv_act', 'recv_grad')), 0) / 1e6
                           AS recv_ms
                FROM p GROUP BY step, data_rank, stage)
-        SELECT st.step, st.data_rank, st.stage, st.rank, st.stages, st.micro_batches, st.layers,
+        SELECT st.step, st.data_rank, st.stage, st.rank, st.stages, st.micro_batches, st.virtual_stages, st.layers,
                (t1 - t0) / 1e6 AS span_ms, fwd_ms, bwd_ms, fwd_ms + bwd_ms AS busy_ms,
                (t1 - t0) / 1e6 - fwd_ms - bwd_ms AS bubble_ms,
                ((t1 - t0) / 1e6 - fwd_ms - bwd_ms) / nullif((t1 - t0) / 1e6, 0) AS bubble_fraction,
-               (st.stages - 1) / (st.micro_batches + st.stages - 1) AS ideal_fraction, recv_ms
+               (st.stages - 1) / (st.micro_batches * st.virtual_stages + st.stages - 1) AS ideal_fraction, recv_ms
         FROM st JOIN span USING (step, data_rank)
         WHERE span.seen = st.stages
         ORDER BY st.step, st.data_rank, st.stage"""

@@ -138,6 +138,7 @@ TABLES: dict[str, Table] = {
             ("stages", I64),
             ("data_rank", I64),  # which pipeline (data-parallel replica) the stage belongs to
             ("micro_batches", I64),
+            ("virtual_stages", I64),  # model chunks a stage holds (interleaved 1F1B); NULL: one
             ("layers", I64),  # layers on this stage
             ("kind", STR),
             ("micro_batch", I64),

@@ -16,8 +16,9 @@ from collector.rank.clock import CLOCK, perf_ns
 class StageTimeline:
     """Collects one step's events on this stage; ``emit`` sends them as ``pipe`` rows."""
 
-    def __init__(self, *, stage: int, stages: int, data_rank: int, layers: int) -> None:
+    def __init__(self, *, stage: int, stages: int, data_rank: int, layers: int, virtual_stages: int = 1) -> None:
         self.stage, self.stages, self.data_rank, self.layers = stage, stages, data_rank, layers
+        self.virtual_stages = virtual_stages
         self.events: list[tuple[str, int, int, int]] = []  # (kind, micro_batch, start perf ns, end perf ns)
 
     def record(self, kind: str, micro_batch: int, start: int) -> None:
@@ -35,6 +36,7 @@ class StageTimeline:
             "stages": [self.stages] * n,
             "data_rank": [self.data_rank] * n,
             "micro_batches": [micro_batches] * n,
+            "virtual_stages": [self.virtual_stages] * n,
             "layers": [self.layers] * n,
             "kind": kinds,
             "micro_batch": mbs,

@@ -7,6 +7,7 @@ stage's time is what the test sets, also on a loaded machine (sleeping needs no 
 - ``balanced``: 2 stages of equal time, ``MICRO_BATCHES`` micro-batches;
 - ``slow``: the same with stage 1 sleeping ``SLOW_S`` more in each micro-batch's forward;
 - ``few``: balanced, 2 micro-batches (1F1B idles a third of each step at that ratio);
+- ``interleaved``: balanced, each stage holding ``VIRTUAL`` model chunks (interleaved 1F1B);
 - ``data_parallel``: no pipeline, the same layers replicated on both ranks, gradients all-reduced in
   small buckets after each backward (``reduce_bucket_size`` ``DP_BUCKET``): exposed, small messages.
 
@@ -30,6 +31,7 @@ WORLD, STAGES, STEPS, MICRO_BATCHES = 2, 2, 8, 4
 FWD_S, BWD_S, SLOW_S = 0.03, 0.06, 0.03
 LAYERS_PER_STAGE = 8
 RUNS = {"balanced": (MICRO_BATCHES, 0.0), "slow": (MICRO_BATCHES, SLOW_S), "few": (2, 0.0)}
+VIRTUAL = 2  # the interleaved run's model chunks a stage
 DP_BUCKET = 64  # elements: each Linear(8, 8)'s 72 parameters take two all_reduces
 
 
@@ -82,13 +84,19 @@ def _config(name: str, micro_batches: int, endpoint: str, **blocks) -> dict:
 WALLS: dict[str, list[float]] = {}  # run name -> this rank's train_batch wall seconds per step
 
 
-def _train(name: str, micro_batches: int, slow_s: float, endpoint: str) -> str:
+def _train(name: str, micro_batches: int, slow_s: float, endpoint: str, virtual_stages: int = 1) -> str:
     import trainer
     from collector.rank import session
     from trainer.pipe import PipelineModule
 
     torch.manual_seed(0)
-    net = PipelineModule(layers(slow_s), num_stages=STAGES, loss_fn=nn.functional.mse_loss, partition_method="uniform")
+    net = PipelineModule(
+        layers(slow_s),
+        num_stages=STAGES,
+        loss_fn=nn.functional.mse_loss,
+        partition_method="uniform",
+        virtual_stages=virtual_stages,
+    )
     engine, *_ = trainer.initialize(model=net, config=_config(name, micro_batches, endpoint))
     data = iter([(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(STEPS * micro_batches)])
     walls = WALLS.setdefault(name, [])
@@ -126,6 +134,7 @@ def pipe_runs_worker(rank: int, port: int, endpoint: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     run_ids = {name: _train(name, m, slow, endpoint) for name, (m, slow) in RUNS.items()}
+    run_ids["interleaved"] = _train("interleaved", MICRO_BATCHES, 0.0, endpoint, virtual_stages=VIRTUAL)
     run_ids["data_parallel"] = _train_data_parallel(endpoint)
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(run_ids))

@@ -85,6 +85,21 @@ def test_a_balanced_pipeline_idles_as_1f1b_predicts_and_has_no_finding(runs):
     assert _kinds(cat, run_ids["balanced"]) == {"stage_imbalance": [], "pipeline_bubble": []}
 
 
+def test_an_interleaved_pipeline_idles_as_its_schedule_predicts_and_has_no_finding(runs):
+    """Interleaved 1F1B's rows say how many model chunks a stage holds, and the ideal is that schedule's,
+    (p - 1) / (v m + p - 1), not plain 1F1B's (its smaller bubble would otherwise read as better than ideal)."""
+    cat, run_ids = runs
+    bubbles = stage_bubbles(cat, run_ids["interleaved"])
+    settled = bubbles[bubbles.step > 0]
+    ideal = (script.STAGES - 1) / (script.VIRTUAL * script.MICRO_BATCHES + script.STAGES - 1)
+    assert set(settled.virtual_stages) == {script.VIRTUAL} and settled.ideal_fraction.eq(ideal).all()
+    for stage, rows in settled.groupby("stage"):
+        measured = rows.bubble_fraction.median()
+        assert abs(measured - ideal) <= 0.05, (stage, measured, ideal, rows)
+    assert _kinds(cat, run_ids["interleaved"]) == {"stage_imbalance": [], "pipeline_bubble": []}
+    assert set(stage_bubbles(cat, run_ids["balanced"]).virtual_stages) == {1}
+
+
 def test_a_slow_stage_is_named_with_its_cost(runs):
     cat, run_ids = runs
     (found,) = _kinds(cat, run_ids["slow"])["stage_imbalance"]

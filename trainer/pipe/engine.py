@@ -81,7 +81,11 @@ class PipelineEngine(Engine):
         self.next_rank = top.rank_of((self.stage_id + 1) % self.num_stages) if wraps or not last else None
         self.pipe_group, self.last_rank = model.groups.pipe, top.rank_of(self.num_stages - 1)
         self.timeline = StageTimeline(
-            stage=self.stage_id, stages=self.num_stages, data_rank=top.data_rank, layers=model.num_local_layers
+            stage=self.stage_id,
+            stages=self.num_stages,
+            data_rank=top.data_rank,
+            layers=model.num_local_layers,
+            virtual_stages=self.virtual_stages,
         )
         self.last_pipe_columns: dict[str, list] = {}  # this rank's pipe rows of the last step
         self.data_iterator = None

@@ -131,27 +131,30 @@ def too_few_micro_batches(bubbles: pd.DataFrame | None) -> list[Finding]:
     if (pipeline := _pipeline(bubbles)) is None:
         return []
     rows, stages, m = pipeline
-    ideal = (stages - 1) / (m + stages - 1)
+    v = int(rows.virtual_stages.max()) if "virtual_stages" in rows else 1  # interleaved 1F1B's chunks a stage
+    ideal = (stages - 1) / (m * v + stages - 1)
     measured = float(rows.bubble_fraction.mean())
     if ideal <= MAX_IDEAL or measured < MIN_BUBBLE:
         return []
     idle_ms = float(rows.bubble_ms.mean())
     better = 8 * (stages - 1)
+    schedule = "1F1B" if v == 1 else f"interleaved 1F1B with {v} virtual stages"
     return [
         Finding(
             kind="pipeline_bubble",
             severity="warning",
             text=(
                 f"pipeline stages idle {pct(measured)} of each step (~{duration(idle_ms)}/step) with {stages} stages "
-                f"and {m} micro-batches: 1F1B idles at least {pct(ideal)} at that ratio; with {better} micro-batches "
-                f"(gradient_accumulation_steps, smaller train_micro_batch_size_per_gpu for the same batch) "
-                f"it would be {pct((stages - 1) / (better + stages - 1))}"
+                f"and {m} micro-batches: {schedule} idles at least {pct(ideal)} at that ratio; with {better} "
+                f"micro-batches (gradient_accumulation_steps, smaller train_micro_batch_size_per_gpu for the same "
+                f"batch) it would be {pct((stages - 1) / (better * v + stages - 1))}"
             ),
             steps=(int(bubbles.step.min()), int(bubbles.step.max())),
             cost_ms_per_step=idle_ms,
             evidence={
                 "stages": stages,
                 "micro_batches": m,
+                "virtual_stages": v,
                 "bubble_fraction": measured,
                 "ideal_fraction": ideal,
                 "suggested_micro_batches": better,
