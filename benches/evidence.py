@@ -47,6 +47,7 @@ from collector.server.escalation import Escalation
 from collector.server.metrics import MetricsEndpoint
 from collector.testing.collectors import live_collector
 from collector.testing.ports import free_port
+from collector.testing.workloads import busy_wait
 from proto import pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,12 +201,6 @@ def set_step_cost(calls: int = 1_000_000, rounds: int = 7) -> dict:
     return best
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -227,7 +222,7 @@ def tracer_vs_sampler(repeats: int, work: Path, steps: int = 3, spin_s: float = 
 
     def step() -> float:
         t0 = time.perf_counter()
-        _spin(spin_s)
+        busy_wait(spin_s)
         for _ in range(20):
             a @ b
         return (time.perf_counter() - t0) * 1e3

@@ -20,18 +20,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
+from collector.testing.workloads import busy_wait
+
 WORLD, SLOW_RANK, STEPS, DELAY_S = 4, 3, 24, 0.04
 # Every rank's forward also waits WORK_S, as for a device's kernels (the CPU stays free): a real step
 # is not 10 ms of Python. Without it 4 ranks on 2 cores spent the step competing for the CPU, and in
 # CI one healthy rank came 1 ms (10%) late on most of the 24 steps, a straggler by the 5% floor.
 WORK_S = 0.03
 RUNS = ("healthy", "data", "compute")
-
-
-def _busy_wait(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def _train(run: str, rank: int, endpoint: str) -> str:
@@ -50,7 +46,7 @@ def _train(run: str, rank: int, endpoint: str) -> str:
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     net.register_forward_pre_hook(lambda module, args: time.sleep(WORK_S))
     if slow and run == "compute":
-        net.register_forward_pre_hook(lambda module, args: _busy_wait(DELAY_S))
+        net.register_forward_pre_hook(lambda module, args: busy_wait(DELAY_S))
     model = DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)

@@ -52,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from collector.rank import hook
 from collector.testing import flight_recorder
 from collector.testing.slow_storage import SlowStorage
+from collector.testing.workloads import busy_wait
 
 KINDS = ("sleep", "data", "gc", "hang", "exit", "desync", "nan", "spike", "leak")
 BATCH, WIDTH, CLASSES = 16, 256, 10
@@ -96,12 +97,6 @@ def parse_fault(spec: str) -> Fault:
     if fault.kind not in KINDS:
         raise SystemExit(f"ddp_train: --fault {spec!r}: KIND is one of {', '.join(KINDS)}")
     return fault
-
-
-def busy_wait(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def gc_pause(ms: float) -> None:

@@ -15,7 +15,8 @@ import os
 import time
 from pathlib import Path
 
-from collector.testing.workloads.ddp_train import Fault, busy_wait, parse_fault
+from collector.testing.workloads import busy_wait
+from collector.testing.workloads.ddp_train import Fault, parse_fault
 
 
 def steps(default: int) -> int:

@@ -33,15 +33,10 @@ import torch
 import torch.distributed as dist
 
 from collector.rank import hook
+from collector.testing.workloads import busy_wait
 
 WIDTH, BATCH = 128, 32
 ACK_TIMEOUT_S = 600.0
-
-
-def busy_wait(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def wait_for_ack(control: Path, step: int, rank: int) -> None:

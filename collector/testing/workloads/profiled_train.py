@@ -1,6 +1,7 @@
-"""A training script that knows nothing of rankscope and records itself with torch.profiler, as
-people do: ``tensorboard_trace_handler`` writes one trace per rank, and ``rankscope import`` of that
-folder is the only way its data reaches us (issue 44: imported traces judged as hooked runs are).
+"""A training script without rankscope's hook (only the testing kit's busy wait) that records itself
+with torch.profiler, as people do: ``tensorboard_trace_handler`` writes one trace per rank, and
+``rankscope import`` of that folder is the only way its data reaches us (issue 44: imported traces
+judged as hooked runs are).
 
     torchrun --nproc-per-node 2 -m collector.testing.workloads.profiled_train OUT \\
         [--mode ddp|fsdp2] [--steps S] [--device-ms MS] [--slow-rank R --slow-ms MS]
@@ -24,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from collector.testing.workloads import busy_wait
+
 BATCH = 16
 SKIPPED, WARMUP = 1, 1
 
@@ -44,12 +47,6 @@ def _model(mode: str, width: int, layers: int, world: int) -> torch.nn.Module:
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
-
-
-def _busy(ms: float) -> None:
-    end = time.perf_counter() + ms / 1000
-    while time.perf_counter() < end:
-        pass
 
 
 def main() -> None:
@@ -81,7 +78,7 @@ def main() -> None:
     ) as prof:
         for _ in range(args.steps):
             if rank == args.slow_rank:
-                _busy(args.slow_ms)
+                busy_wait(args.slow_ms / 1000)
             time.sleep(args.device_ms / 1000)
             x = torch.randn(BATCH, args.width, generator=gen)
             loss = model(x).pow(2).mean()

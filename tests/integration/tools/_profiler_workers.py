@@ -100,12 +100,11 @@ def two_groups(rank: int, port: int, out: str) -> None:
     leave_world()
 
 
-def tp_dp(rank: int, port: int, endpoint: str | None, out: str, slow_rank: int = -1) -> None:
+def tp_dp(rank: int, port: int, endpoint: str | None, out: str) -> None:
     """4 ranks as a TP x DP job lays them out, profiled, no group named in any trace event: TP pairs
     [0,1], [2,3] and DP pairs [0,2], [1,3] beside the world, described as tp and dp (as Megatron
     does). Each step: two TP all_reduces and a TP all_gather_into_tensor (the same on every pair, in
-    step), a DP all_reduce of the TP all_reduce's size, and the loss all_reduced over the world;
-    ``slow_rank`` busy SLOW_S before each step."""
+    step), a DP all_reduce of the TP all_reduce's size, and the loss all_reduced over the world."""
     world = 4
     torchrun_env(rank, world, port)
     torch.set_num_threads(1)
@@ -120,10 +119,6 @@ def tp_dp(rank: int, port: int, endpoint: str | None, out: str, slow_rank: int =
     plan = schedule(wait=SKIPPED, warmup=WARMUP, active=TP_DP_ACTIVE, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=plan, on_trace_ready=handler) as prof:
         for _ in range(SKIPPED + WARMUP + TP_DP_ACTIVE):
-            if rank == slow_rank:
-                end = time.perf_counter() + SLOW_S
-                while time.perf_counter() < end:
-                    pass
             time.sleep(0.02)  # the device's share of a step
             dist.all_reduce(torch.ones(64), group=tp)
             dist.all_gather_into_tensor(torch.zeros(32), torch.ones(16), group=tp)
