@@ -27,7 +27,7 @@ from typing import ClassVar
 from collector.rank.config import ConfigBlock, derived, setting
 from trainer import comm
 from trainer.tensor_parallel import groups as tp_groups
-from trainer.tensor_parallel.groups import process_group
+from trainer.tensor_parallel.groups import own_group
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,10 @@ def expert_groups(ep_size: int, tp_size: int = 1) -> ExpertGroups:
     if comm.is_initialized() and world > 1:
         for t in range(tp_size):
             dp_ranks = list(range(t, world, tp_size))
-            for start in range(0, len(dp_ranks), ep_size):
-                ranks = dp_ranks[start : start + ep_size]
-                g = process_group(ranks, "ep")
-                if rank in ranks:
-                    ep_group = g
-            for offset in range(ep_size):
-                ranks = dp_ranks[offset::ep_size]
-                g = process_group(ranks, "edp")
-                if rank in ranks:
-                    edp_group = g
+            ep = own_group([dp_ranks[s : s + ep_size] for s in range(0, len(dp_ranks), ep_size)], rank, "ep")
+            edp = own_group([dp_ranks[o::ep_size] for o in range(ep_size)], rank, "edp")
+            if rank in dp_ranks:
+                ep_group, edp_group = ep, edp
     groups = _GROUPS[key] = ExpertGroups(ep_size, tp_size, ep_group, edp_group, edp_size)
     return groups
 

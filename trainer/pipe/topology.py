@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer import comm
-from trainer.tensor_parallel.groups import ParallelGroups, TensorParallelConfig, process_group
+from trainer.tensor_parallel.groups import ParallelGroups, TensorParallelConfig, own_group
 
 __all__ = ["PipeGroups", "PipeTopology", "PipelineError", "pipe_groups", "stage_groups"]
 
@@ -122,18 +122,10 @@ def pipe_groups(num_stages: int, tp_size: int = 1) -> PipeGroups:
     init_distributed()
     top = PipeTopology.of(num_stages, tp_size, comm.get_world_size(), comm.get_rank())
 
-    def mine(rank_lists: list[list[int]], make):
-        found = None
-        for ranks in rank_lists:
-            group = make(ranks)
-            if top.rank in ranks:
-                found = group
-        return found
-
-    tp_group = mine(top.tensor_parallel_groups(), lambda r: process_group(r, "tp"))
+    tp_group = own_group(top.tensor_parallel_groups(), top.rank, "tp")
     # The engine's data-parallel group is a real communicator even for one replica (None would mean the world).
-    dp_group = mine(top.data_parallel_groups(), lambda r: process_group(r, "dp", one_rank=True))
-    pipe = mine(top.pipelines(), lambda r: process_group(r, "pp"))
+    dp_group = own_group(top.data_parallel_groups(), top.rank, "dp", one_rank=True)
+    pipe = own_group(top.pipelines(), top.rank, "pp")
     layers = ParallelGroups(top.tensor_parallel, top.tp_rank, tp_group, top.data_parallel, dp_group)
     groups = _LAYOUTS[(num_stages, tp_size)] = PipeGroups(top, layers, pipe)
     return groups

@@ -83,8 +83,19 @@ def process_group(ranks: list[int], role: str | None = None, *, one_rank: bool =
         return comm.group.WORLD
     key = tuple(ranks)
     if key not in _BY_RANKS:
-        _BY_RANKS[key] = comm.new_group(list(ranks), group_desc=role) if role else comm.new_group(list(ranks))
+        _BY_RANKS[key] = comm.new_group(list(ranks), group_desc=role)
     return _BY_RANKS[key]
+
+
+def own_group(rank_lists: list[list[int]], rank: int, role: str | None = None, *, one_rank: bool = False):
+    """Every group of ``rank_lists`` made in order (process_group: collective, every rank passes the
+    same lists) and ``rank``'s among them; None where it is in none."""
+    mine = None
+    for ranks in rank_lists:
+        group = process_group(ranks, role, one_rank=one_rank)
+        if rank in ranks:
+            mine = group
+    return mine
 
 
 def parallel_groups(tp_size: int = 1) -> ParallelGroups:
@@ -96,15 +107,8 @@ def parallel_groups(tp_size: int = 1) -> ParallelGroups:
     tp_size = validate(tp_size, world).tp_size
     tp_group = dp_group = None
     if comm.is_initialized() and world > 1:
-        for start in range(0, world, tp_size):
-            ranks = list(range(start, start + tp_size))
-            g = process_group(ranks, "tp")
-            if rank in ranks:
-                tp_group = g
-        for offset in range(tp_size):
-            ranks = list(range(offset, world, tp_size))
-            g = process_group(ranks, "dp", one_rank=True)  # one replica: None would mean the world to the engine
-            if rank in ranks:
-                dp_group = g
+        tp_group = own_group([list(range(s, s + tp_size)) for s in range(0, world, tp_size)], rank, "tp")
+        # one replica (tp_size = world): a group of one rank, as None would mean the world to the engine
+        dp_group = own_group([list(range(o, world, tp_size)) for o in range(tp_size)], rank, "dp", one_rank=True)
     groups = _GROUPS[tp_size] = ParallelGroups(tp_size, rank % tp_size, tp_group, world // tp_size, dp_group)
     return groups
