@@ -367,12 +367,12 @@ UNSETTLED_INSTANCES_SCHEMA = pa.schema(
 _NO_ROLE = ("", "undefined", "default_pg", "p2p")  # torch's descriptions of no role; p2p[...] is ours
 
 
-def group_role(desc) -> str:
-    """A group's name before its ranks: the description a script gave it (``new_group(ranks,
-    group_desc="tp")``, as the engine and Megatron do: ``tp[0-1]``), else ``g``."""
-    if not isinstance(desc, str) or desc in _NO_ROLE:
-        return "g"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", desc)[:32]
+def group_name(desc, ranks_label: str) -> str:
+    """A group's name in comm rows other than the world's: its role, the description a script gave
+    it (``new_group(ranks, group_desc="tp")``, as the engine and Megatron do), and its ranks:
+    ``tp[0-1]``; ``g[0-3,8]`` without a role."""
+    role = "g" if not isinstance(desc, str) or desc in _NO_ROLE else re.sub(r"[^A-Za-z0-9_.-]", "_", desc)[:32]
+    return f"{role}[{ranks_label}]"
 
 
 def rank_ranges(ranks) -> str:

@@ -55,7 +55,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from collector.data import bandwidth
 from collector.data.config import ConfigBlock
-from collector.data.schema import TABLES, group_role, rank_ranges
+from collector.data.schema import TABLES, group_name, rank_ranges
 from collector.rank import session, state
 from collector.rank.clock import CLOCK, perf_ns
 
@@ -322,7 +322,7 @@ class Recorder:
             else:
                 ranks = sorted(c10d.get_process_group_ranks(group))
                 label = rank_ranges(ranks)
-                name = f"{group_role(getattr(group, 'group_desc', None))}[{label}]"
+                name = group_name(getattr(group, "group_desc", None), label)
                 if any(o.name == name for o in self.groups.values()):  # a second communicator, same ranks
                     name += f"#{getattr(group, 'group_name', len(self.groups))}"
                 g = _Group(name, len(ranks), label, group)

@@ -320,7 +320,7 @@ def _desc(group: str) -> str:
 
 
 def _members(group: str, size: int, world: int) -> list[int]:
-    """A group's ranks from its name (``g[0-3]``, ``tp[0-1]``: schema.group_role), else 0..size-1."""
+    """A group's ranks from its name (``g[0-3]``, ``tp[0-1]``: schema.group_name), else 0..size-1."""
     role, bracket, rest = group.partition("[")
     if group == "world" or not bracket or role == "p2p":
         return list(range(world if group == "world" else size))

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from collector.data.codec import MAX_WORLD_SIZE
-from collector.data.schema import I64, STR, TABLES, group_role, rank_ranges
+from collector.data.schema import I64, STR, TABLES, group_name, rank_ranges
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_FIELD_CHARS = 64 << 10  # a tag, module or group name longer than this is no DeepSpeed output
 
 
+WORLD_DESC = "default_pg"  # torch's description of the default group, in dumps and traces
+
+
 def group_names(
     members: dict[str, list[int]], world: str | None, roles: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -209,8 +212,7 @@ def group_names(
     where ``roles`` has one; else ``g``), ``#<key>`` after a name two groups would share."""
     names, taken = {}, set()
     for key in sorted(members, key=lambda k: (k != world, len(k), k)):
-        role = group_role((roles or {}).get(key))
-        name = "world" if key == world else f"{role}[{rank_ranges(members[key])}]"
+        name = "world" if key == world else group_name((roles or {}).get(key), rank_ranges(members[key]))
         if name in taken:
             name += f"#{key}"
         names[key] = name

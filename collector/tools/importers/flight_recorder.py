@@ -58,7 +58,6 @@ from collector.tools.importers import base
 from collector.tools.importers.base import Parsed
 
 NAME = "flight_recorder"
-WORLD_DESC = "default_pg"
 _WORLD = "\0world"  # the key of the default group, whatever a rank's dump names it
 WITHOUT_DUMP = "flight_recorder.without_dump"  # the hint settle() leaves: member ranks that left no dump
 _TRACKED_STATES = {"started", "completed"}
@@ -237,7 +236,7 @@ def _stated_groups(dump: dict, out: Parsed, path: Path) -> tuple[dict[str, list[
         if not isinstance(cfg, dict):
             out.problem(path, f"pg_config[{str(pg)[:40]!r}]", "is not a map with 'desc' and 'ranks'; ignored")
             continue
-        world = cfg.get("desc") == WORLD_DESC or pg == ""  # torch 2.13's gloo keys the world by ''
+        world = cfg.get("desc") == base.WORLD_DESC or pg == ""  # torch 2.13's gloo keys the world by ''
         if world:
             world_names.add(str(pg))
         try:
@@ -298,7 +297,7 @@ def _call(group, name, is_p2p, world_names: set[str]) -> tuple:
     if not isinstance(group, list | tuple) or not group or not all(isinstance(g, str | int) for g in group):
         raise BadEntry(f"'process_group' is {str(group)[:40]!r}, not [name, desc]")
     pg, desc = str(group[0]), str(group[1]) if len(group) > 1 else ""
-    key = _WORLD if desc == WORLD_DESC or pg in world_names else pg
+    key = _WORLD if desc == base.WORLD_DESC or pg in world_names else pg
     if not isinstance(name, str) or not name:
         raise BadEntry(f"'profiling_name' is {str(name)[:40]!r}, not an op's name")
     fr_op, _, between = name.split(":", 1)[-1].partition(" ")

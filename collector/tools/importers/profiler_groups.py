@@ -26,7 +26,6 @@ MAX_WAYS = 20_000  # assignments of one rank's threads tried; beyond, the import
 # doing the same as its peers everywhere could be read as one bigger group: every TP pair's
 # collectives, in step on every pair, read as the world's.
 GLOO_THREADS = 2
-WORLD_DESC = "default_pg"
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ def stated(info: dict) -> list[Group]:
         size = g.get("pg_size")
         size = size if type(size) is int and size >= 1 else None
         desc = g.get("pg_desc") if isinstance(g.get("pg_desc"), str) else ""
-        groups.append(Group(str(g.get("pg_name", len(groups))), size, ranks, desc == WORLD_DESC, desc))
+        groups.append(Group(str(g.get("pg_name", len(groups))), size, ranks, desc == base.WORLD_DESC, desc))
     return groups
 
 
@@ -114,9 +113,10 @@ def _assign(pending: dict[int, Pending]) -> dict[int, dict[object, Group]] | str
     options: dict[int, list[tuple[tuple, dict[str, int]]]] = {}
     threads_of: dict[int, list] = {}
     for rank, pd in pending.items():
-        threads = sorted({t for _, t, _ in pd.rows}, key=lambda t: (type(t) is not int, t if type(t) is int else 0))
+        threads = {t for _, t, _ in pd.rows}
         if any(type(t) is not int for t in threads):
             return f"rank {rank}'s gloo worker events carry no numeric thread id"
+        threads = sorted(threads)
         if not pd.groups or math.comb(len(threads) + len(pd.groups) - 1, len(threads)) > MAX_WAYS:
             return f"rank {rank}: {len(threads)} worker threads over {len(pd.groups)} groups, too many ways to match"
         at = {t: i for i, t in enumerate(threads)}

@@ -110,7 +110,7 @@ def _comm_rows(data, run: str, sql_where: str) -> list[tuple]:
 
 
 # Four ranks split two ways: each rank's group of neighbours ([0,1] / [2,3]) and of strided peers ([0,2] / [1,3]),
-# named by the role the engine made them for (tp, dp, ep, edp: schema.group_role).
+# named by the role the engine made them for (tp, dp, ep, edp: schema.group_name).
 PAIRS = {0: "[0-1]", 1: "[0-1]", 2: "[2-3]", 3: "[2-3]"}
 STRIDED = {0: "[0,2]", 1: "[1,3]", 2: "[0,2]", 3: "[1,3]"}
 
