@@ -41,6 +41,11 @@ BUBBLES_SQL = """
         ORDER BY st.step, st.data_rank, st.stage"""
 
 
+def ideal_fraction(stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """BUBBLES_SQL's ``ideal_fraction`` for given counts: what the schedule idles with equal stages."""
+    return (stages - 1) / (micro_batches * virtual_stages + stages - 1)
+
+
 def _has_rows(data_dir: str, run_id: str) -> bool:
     part = layout.partition_dir(Path(data_dir), "pipe", run_id)
     return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))

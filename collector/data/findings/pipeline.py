@@ -23,6 +23,7 @@ from __future__ import annotations
 import pandas as pd
 
 from collector.data.findings.model import Finding, duration, pct
+from collector.data.pipeline import ideal_fraction
 
 IMBALANCE = 0.2
 MIN_COST_SHARE = 0.05
@@ -132,7 +133,7 @@ def too_few_micro_batches(bubbles: pd.DataFrame | None) -> list[Finding]:
         return []
     rows, stages, m = pipeline
     v = int(rows.virtual_stages.max()) if "virtual_stages" in rows else 1  # interleaved 1F1B's chunks a stage
-    ideal = (stages - 1) / (m * v + stages - 1)
+    ideal = ideal_fraction(stages, m, v)
     measured = float(rows.bubble_fraction.mean())
     if ideal <= MAX_IDEAL or measured < MIN_BUBBLE:
         return []
@@ -147,7 +148,7 @@ def too_few_micro_batches(bubbles: pd.DataFrame | None) -> list[Finding]:
                 f"pipeline stages idle {pct(measured)} of each step (~{duration(idle_ms)}/step) with {stages} stages "
                 f"and {m} micro-batches: {schedule} idles at least {pct(ideal)} at that ratio; with {better} "
                 f"micro-batches (gradient_accumulation_steps, smaller train_micro_batch_size_per_gpu for the same "
-                f"batch) it would be {pct((stages - 1) / (better * v + stages - 1))}"
+                f"batch) it would be {pct(ideal_fraction(stages, better, v))}"
             ),
             steps=(int(bubbles.step.min()), int(bubbles.step.max())),
             cost_ms_per_step=idle_ms,
