@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from collector.data import bandwidth
 from collector.data.codec import MAX_WORLD_SIZE
 from collector.data.schema import I64, STR, TABLES, group_name, rank_ranges
 
@@ -199,6 +200,14 @@ class Parsed:
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_FIELD_CHARS = 64 << 10  # a tag, module or group name longer than this is no DeepSpeed output
+
+
+def set_bandwidth(row: dict) -> None:
+    """A comm row's algbw/busbw from its bytes, times and group size, once a settle() has decided
+    what they were left without (its dtype, its group); a row without bytes or an end keeps none."""
+    if row["bytes"] and row["end_ns"] is not None:
+        duration = row["end_ns"] - row["start_ns"]
+        row["algbw_gbs"], row["busbw_gbs"] = bandwidth.bandwidth(row["op"], row["bytes"], duration, row["group_size"])
 
 
 WORLD_DESC = "default_pg"  # torch's description of the default group, in dumps and traces

@@ -16,7 +16,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations_with_replacement
 
-from collector.data import bandwidth
 from collector.tools.importers import base
 from collector.tools.importers.base import Parsed
 
@@ -98,9 +97,7 @@ def settle(parsed: list[Parsed]) -> list[str]:
             if times_group:
                 row["numel"] *= size
                 row["bytes"] = row["bytes"] and row["bytes"] * size
-            if row["bytes"] and row["end_ns"] is not None:
-                duration = row["end_ns"] - row["start_ns"]
-                row["algbw_gbs"], row["busbw_gbs"] = bandwidth.bandwidth(row["op"], row["bytes"], duration, size)
+            base.set_bandwidth(row)
     return [
         f"process groups inferred: {count:,} collectives on {len(used)} groups ({', '.join(sorted(used))}); "
         "a gloo trace names no group per collective, so each took the group whose worker threads ran it, "

@@ -524,9 +524,5 @@ def settle(parsed: list[Parsed]) -> list[str]:
                 dtype = known.get((r["group_name"], r["seq"], r["op"]))
                 if r["dtype"] is None and dtype in ITEMSIZE:
                     r["dtype"], r["bytes"] = dtype, r["numel"] * ITEMSIZE[dtype]
-                    if r["end_ns"] is not None and r["bytes"]:
-                        duration = r["end_ns"] - r["start_ns"]
-                        r["algbw_gbs"], r["busbw_gbs"] = bandwidth.bandwidth(
-                            r["op"], r["bytes"], duration, r["group_size"]
-                        )
+                    base.set_bandwidth(r)
     return notes

@@ -166,15 +166,10 @@ def test_a_slow_ranks_traces_name_it_as_the_straggler(tmp_path):
     join_ranks(start_ranks(workers.worker, workers.WORLD, None, str(traces), 1, 8), timeout=180)
     data = str(tmp_path / "d")
     assert rankscope("import", traces, "--data-dir", data) == 0
-    out = subprocess.run(
-        [sys.executable, "-m", "collector.tools.cli", "health", only_run(data), "--json", "--data-dir", data],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 1, out.stdout + out.stderr
-    stragglers = [f for f in json.loads(out.stdout) if f["kind"] == "straggler"]
-    assert [f["ranks"] for f in stragglers] == [[1]], out.stdout
+    code, found = _health_json(data)
+    assert code == 1, found
+    stragglers = [f for f in found if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[1]], found
     assert stragglers[0]["cost_ms_per_step"] > 20 and stragglers[0]["evidence"]["op"] == "all_reduce"
 
 
