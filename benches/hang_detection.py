@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -138,40 +137,32 @@ def _hog() -> None:
 
 
 class _AlertWatch:
-    """The collector's alert webhook and /metrics, watched beside the Health RPC: a local HTTP
-    receiver notes when the first post of each stuck collective arrives (by its seq), and a poller
-    scrapes /metrics every ``SCRAPE_S``, noting each scrape's start, end and stuck warnings."""
+    """The collector's alert webhook and /metrics, watched beside the Health RPC: a local webhook
+    receiver (collector.testing.webhook) takes its posts, and a poller scrapes /metrics every
+    ``SCRAPE_S``, noting each scrape's start, end and stuck warnings."""
 
     SCRAPE_S = 0.1
     STUCK = re.compile(r'^rankscope_findings\{(?=[^}]*kind="stuck")(?=[^}]*severity="warning")[^}]*\} (\S+)$', re.M)
 
     def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from collector.testing.webhook import WebhookReceiver
 
-        self.posts: dict[int, float] = {}  # seq -> when its first stuck post arrived
+        self.webhook = WebhookReceiver()
         self.scrapes: list[tuple[float, float, float]] = []  # (start, end, stuck warnings)
         self.failures: list[str] = []  # scrapes that got no answer: what went wrong
-        watch = self
-
-        class Receiver(BaseHTTPRequestHandler):
-            def do_POST(self):
-                arrived = time.time()
-                finding = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["finding"]
-                if finding["kind"] == "stuck":
-                    watch.posts.setdefault(finding["evidence"]["seq"], arrived)
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
+    def posted(self, seq: int) -> float | None:
+        """When the first post of the stuck collective ``seq`` arrived, if one did."""
+        for arrived, body in zip(list(self.webhook.arrivals), list(self.webhook.bodies), strict=False):
+            finding = body["finding"]
+            if finding["kind"] == "stuck" and finding["evidence"]["seq"] == seq:
+                return arrived
+        return None
+
     def collect_args(self) -> tuple[str, ...]:
-        return ("--alert-webhook", f"http://127.0.0.1:{self._server.server_address[1]}/", "--metrics-port", "0")
+        return ("--alert-webhook", self.webhook.url, "--metrics-port", "0")
 
     def scrape(self, port: int) -> None:
         def poll():
@@ -198,7 +189,7 @@ class _AlertWatch:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(15)
-        self._server.shutdown()
+        self.webhook.close()
 
 
 def stuck_main(args) -> None:
@@ -264,11 +255,11 @@ def stuck_main(args) -> None:
                 named.append((seen or float("inf")) - entered)
                 if alerts and seen is not None:  # the post and the scrapes come on threads of their own
                     seq = hit["evidence"]["seq"]
-                    while (seq not in alerts.posts or alerts.metrics_shown(entered) is None) and (
+                    while (alerts.posted(seq) is None or alerts.metrics_shown(entered) is None) and (
                         time.time() < entered + args.stall
                     ):
                         time.sleep(0.05)
-                    posted, shown = alerts.posts.get(seq), alerts.metrics_shown(entered)
+                    posted, shown = alerts.posted(seq), alerts.metrics_shown(entered)
                     to_webhook.append(float("inf") if posted is None else posted - seen)
                     to_metrics.append(float("inf") if shown is None else shown - seen)
                 if seen is not None and time.time() < entered + args.stall - 3:

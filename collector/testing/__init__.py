@@ -17,6 +17,7 @@ producer or a dashboard against rankscope) need to stand up real parts quickly.
   ``join_ranks``, ``wait_for``; ``torchrun_env`` in each rank); torch is imported when ranks start.
 - ``pki``: a throwaway CA and server certificate made with the openssl CLI.
 - ``slow_storage``: ``SlowStorage``, a file a checkpoint save into takes a set time (its stack shows the save).
+- ``webhook``: ``WebhookReceiver``, a local endpoint the collector's alert webhook posts to.
 - ``prometheus``: ``PrometheusProcess``, Debian's Prometheus server scraping given targets.
 - ``step_frames``: ``step_rows``, per-step analysis frames with a known straggler story.
 - ``netns``: several "hosts" on one machine (network namespaces through a bridge, a host's link

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 
@@ -19,6 +17,7 @@ from collector.server.alerts import AlertWebhook, check_url
 from collector.server.metrics import MetricsEndpoint
 from collector.testing.collectors import live_collector
 from collector.testing.prometheus import PrometheusProcess, prometheus_installed
+from collector.testing.webhook import WebhookReceiver
 from tests.integration.rank import _hook_run_workers as script
 from tests.integration.rank._rank_util import spawn
 
@@ -26,30 +25,10 @@ RUN = "metrics-job"
 TOKEN = "metrics-token-" + "x" * 20
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    posts: ClassVar[list[dict]] = []
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).posts.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):  # keep the test output clean
-        pass
-
-
 @pytest.fixture
 def webhook_server():
-    class Receiver(_Receiver):  # posts of this test only
-        posts: ClassVar[list[dict]] = []
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", Receiver.posts
-    server.shutdown()
-    server.server_close()
+    with WebhookReceiver() as receiver:
+        yield receiver.url, receiver.bodies
 
 
 def _wait(predicate, timeout_s: float, what: str):
