@@ -32,7 +32,7 @@ from collector.data.findings.moe import expert_imbalance
 from collector.data.findings.pipeline import pipelined, stage_imbalance, too_few_micro_batches
 from collector.data.findings.silent import silent_ranks
 from collector.data.findings.stragglers import costly_ranks
-from collector.data.findings.whatif import whatif_findings
+from collector.data.findings.whatif import savings, whatif_findings
 from collector.data.pipeline import stage_bubbles
 
 __all__ = [
@@ -104,7 +104,7 @@ def summarize(
             desyncs if desyncs is not None else empty,
             liveness if liveness is not None else empty,
         )
-        + costly_ranks(steps, world_size, signals)
+        + costly_ranks(steps, world_size, signals, savings(whatif))
         + exposed_communication(steps, piped)
         + small_messages(log_summary, engine, stage, piped)
         + loss_scale_falls(scales)
@@ -130,13 +130,17 @@ def _one_story(found: list[Finding]) -> list[Finding]:
     # tells the story: a slowdown moving across workers step by step is no straggler per rank, and
     # of a slow worker's stragglers only the one naming that worker alone stays (arrival lateness
     # also names the ranks waiting downstream of it: AR's last stage at the clip's all_reduce)
-    moving = any(f.kind == "whatif_moving" for f in found)
-    worst = [set(f.ranks) for f in found if f.kind == "whatif_worker"]
+    # (a data-parallel-only run's verdict is a note: there the stragglers name the ranks, at the
+    # replay's cost, and a note naming the worker a straggler names says it twice)
+    moving = any(f.kind == "whatif_moving" and f.severity == "warning" for f in found)
+    worst = [set(f.ranks) for f in found if f.kind == "whatif_worker" and f.severity == "warning"]
+    named = {f.ranks for f in found if f.kind == "straggler"}
     return ranked(
         [
             f
             for f in found
-            if not (f.kind == "straggler" and hung and set(f.ranks) <= hung)
+            if not (f.kind == "whatif_worker" and f.severity == "info" and f.ranks in named)
+            and not (f.kind == "straggler" and hung and set(f.ranks) <= hung)
             and not (f.kind == "straggler" and any(_explained_by(f, x) for x in link))
             and not (f.kind == "straggler" and (moving or any(not set(f.ranks) <= w for w in worst)))
             and not (f.kind in _WHATIF_STRAGGLERS and any(_replayed_link(f, x) for x in link))

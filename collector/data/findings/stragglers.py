@@ -146,9 +146,14 @@ def late_floor(median_step_ms: float) -> float:
     return max(MIN_COST_MS, MIN_COST_SHARE * median_step_ms)
 
 
-def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | None = None) -> list[Finding]:
+def costly_ranks(
+    steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | None = None, saved: pd.DataFrame | None = None
+) -> list[Finding]:
     """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms) and, to say
-    why, queries.signals_by_step (see findings.causes).
+    why, queries.signals_by_step (see findings.causes). ``saved`` (findings.whatif.savings: ms a
+    step that fixing the rank alone saves, steps x ranks, from the what-if replay): where it has the
+    rank, the finding's cost is the replay's over the same steps (one cost model); arrival lateness
+    still decides who is named, and stays in the evidence.
 
     A rank that turned slow is judged on the steps since its onset, not diluted by the healthy
     steps before it: a rank slow for the last 500 of 10,000 steps costs what it costs now."""
@@ -210,7 +215,15 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
                 pattern = late_pattern(series.to_numpy(), _others(matrix, col), floor, world_size)
                 found.append(
                     straggler(
-                        int(rank), row, start, median_step, series, (turned, before[col], after[col]), signals, pattern
+                        int(rank),
+                        row,
+                        start,
+                        median_step,
+                        series,
+                        (turned, before[col], after[col]),
+                        signals,
+                        pattern,
+                        saved,
                     )
                 )
                 break
@@ -222,7 +235,7 @@ def costly_ranks(steps: pd.DataFrame, world_size: int, signals: pd.DataFrame | N
                 continue
             pattern = late_pattern(series.to_numpy(), _others(matrix, col), floor, world_size)
             if pattern:
-                found.append(straggler(int(rank), row, 0, median_step, series, (-1, 0.0, 0.0), signals, pattern))
+                found.append(straggler(int(rank), row, 0, median_step, series, (-1, 0.0, 0.0), signals, pattern, saved))
     if not found:
         group = late_together(steps, world_size, step_ms)
         if group is not None:
@@ -346,20 +359,30 @@ def _kl(q: float, p: float) -> float:
     return q * math.log(q / p) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
 
 
-def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signals, pattern=None) -> Finding:
+def straggler(
+    rank, row, start, median_step, imposed: pd.Series, onset_at, signals, pattern=None, saved=None
+) -> Finding:
     """The finding for a rank judged costly over the steps from index ``start`` of ``imposed``
     (its bounded imposed wait per step); ``onset_at`` is (onset index or -1, mean before, after);
-    ``pattern`` is late_pattern's, when its late steps were a burst that ended or every k-th step."""
+    ``pattern`` is late_pattern's, when its late steps were a burst that ended or every k-th step;
+    ``saved``: costly_ranks'."""
     turned, before, after = onset_at
     if pattern is not None:
         turned = -1  # the pattern says when, not an onset
-    cost = float(row.cost_ms_per_step)
-    text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
+    cost = lateness = float(row.cost_ms_per_step)
+    share = float(row.share_of_run)
+    replayed = replay_cost(saved, rank, int(imposed.index[start]))
+    if replayed is not None:
+        share = share * replayed / lateness if lateness > 0 else share
+        cost = replayed
+    text = f"rank {rank} costs {duration(cost)} per step ({pct(share)} of step time)"
     text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
     floor = late_floor(median_step)
     evidence = {
         "cost_ms_per_step": cost,
-        "share_of_run": float(row.share_of_run),
+        "cost_model": "arrival lateness" if replayed is None else "what-if replay",
+        "lateness_ms_per_step": lateness,
+        "share_of_run": share,
         "share_of_waiting": float(row.share_of_waiting),
         "median_step_ms": median_step,
         "what_if_step_ms": median_step - cost,
@@ -398,6 +421,15 @@ def straggler(rank, row, start, median_step, imposed: pd.Series, onset_at, signa
         page="stragglers",
         filters={"rank": rank},
     )
+
+
+def replay_cost(saved: pd.DataFrame | None, rank: int, first_step: int) -> float | None:
+    """The mean of what the what-if replay says fixing ``rank`` alone saves a step (ms), over its
+    replayed steps from ``first_step`` on; None where it has no such figure."""
+    if saved is None or rank not in saved.columns:
+        return None
+    values = saved.loc[saved.index >= first_step, rank].dropna()
+    return float(max(values.mean(), 0.0)) if len(values) else None
 
 
 def chance_bound(k: int, instances: int, world_size: int) -> float:

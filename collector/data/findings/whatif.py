@@ -17,7 +17,10 @@
   the pattern data imbalance also makes; a note, not a warning.
 
 A run whose slowdown S is under ``MIN_SLOWDOWN`` gets no finding: its steps are as fast as its
-typical ops allow. Pure functions of the replay's result dict.
+typical ops allow. On a data-parallel-only run (one stage) the verdict is a note: there the
+``straggler`` findings (arrival lateness, with its onset, pattern and chance rules) decide whom to
+name, with the replay's saving as their cost (``savings``), and a step's noise on a busy host is
+not told as a cause. Pure functions of the replay's result dict.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def describe(result: dict | None) -> Finding | None:
     tops = slowest_per_step(result)
     _, most_count = Counter(tops).most_common(1)[0]
     moving = most_count / len(tops) < MOVING_TOP_SHARE
-    common = dict(severity="warning", steps=span, evidence=evidence, page="stragglers")
+    severity = "info" if result["last_stage"] == 0 else "warning"
+    common = dict(severity=severity, steps=span, evidence=evidence, page="stragglers")
     # with one stage, "the last stage" is every worker: no partition to blame
     staged = result["last_stage"] > 0 and m_s is not None
     stage_first = staged and m_s >= LONG_STAGE_MS and (m_w is None or m_s >= m_w - 0.05)
@@ -160,3 +164,14 @@ def _cpu_wait_ms(signals: pd.DataFrame | None, steps: tuple[int, int] | None) ->
     if rows.empty:
         return None
     return float(rows.groupby("rank").runqueue_ms.median().median())
+
+
+def savings(result: dict | None) -> pd.DataFrame | None:
+    """Per step (index) and rank (columns): the ms a step that fixing that rank alone saves, for the
+    replay's worst workers (replay.SAVED_WORKERS); the straggler findings' cost. None without a replay."""
+    if not result or not result.get("per_step"):
+        return None
+    rows = {int(step): row.get("saved_s", {}) for step, row in result["per_step"].items()}
+    out = pd.DataFrame.from_dict(rows, orient="index").sort_index() * 1e3
+    out.columns = [int(c) for c in out.columns]
+    return out if len(out.columns) else None

@@ -92,7 +92,7 @@ from collector.data.queries.series import (
 )
 from collector.data.queries.signals import memory_trend, signals_by_step
 from collector.data.queries.steps import COMPUTE_TIMERS, analyse_steps, step_analysis, step_analysis_of
-from collector.data.queries.whatif import whatif_ops, whatif_pipe_ops
+from collector.data.queries.whatif import whatif_collectives, whatif_ops, whatif_pipe_ops
 
 __all__ = [
     "COMM_ROLLUP_SQL",
@@ -156,6 +156,7 @@ __all__ = [
     "step_wall_ms",
     "training_filter",
     "wavefront",
+    "whatif_collectives",
     "whatif_ops",
     "whatif_pipe_ops",
 ]

@@ -9,12 +9,16 @@ The bundled pipeline engine's runs (trainer/pipe) say the same in their ``pipe``
 (``whatif_pipe_ops``): fwd / bwd are the compute, recv_act / recv_grad the receives, reduce the
 data-parallel gradient reduction (named grads-reduce-scatter: it is the step's DP collective); the
 engine's sends are asynchronous and not timed, so each is a send of no duration when its compute ends.
+
+Data-parallel-only runs (hook runs of DDP/FSDP scripts, the engine without a pipeline) have only
+their collectives: ``whatif_collectives`` reads them (collector.data.whatif.dp models the step).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from collector.data import clocks
 from collector.data.queries.connection import Catalog
 from collector.data.whatif.graph import COMM_OPTYPES, KNOWN_OPTYPES
 
@@ -67,4 +71,21 @@ def whatif_pipe_ops(cat: Catalog, run_id: str) -> pd.DataFrame:
                (start_ns - min(start_ns) OVER (PARTITION BY step)) / 1e9 AS start, dur_ns / 1e9 AS dur
         FROM ops""",
         [run_id],
+    )
+
+
+def whatif_collectives(cat: Catalog, run_id: str, after: int = -1) -> pd.DataFrame:
+    """rank, step, op, log_name, async_op, start_ns (arrival), end_ns of the run's collectives after
+    step ``after`` (point-to-point left out), on rank 0's clock (clocks.fixes_sql: a rank whose clock
+    is off beyond the bound is moved by what is left)."""
+    return cat.df(
+        f"""
+        WITH raw AS MATERIALIZED (
+            SELECT rank, step, group_name, seq, op, log_name, async_op, start_ns, end_ns FROM comm
+            WHERE run_id = ? AND step > ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL
+              AND NOT starts_with(group_name, 'p2p[')),
+        fix AS MATERIALIZED ({clocks.fixes_sql("raw")})
+        SELECT rank, step, op, log_name, async_op, start_ns, end_ns FROM ({clocks.fixed_sql("raw", "fix")})
+        ORDER BY rank, step, start_ns""",
+        [run_id, after],
     )

@@ -4,19 +4,20 @@ and whose ops (which op type, dp_rank, stage, worker) the slowdown belongs to.
     from collector.data import queries, whatif
     result = whatif.for_run(queries.Catalog(data_dir), run_id)   # JSON-ready dict
 
-``graph`` is the step's dependency model, ``replay`` the simulator and the figures (the OSDI'25
-study's S, S_optype, S_dp_rank, S_stage, S_worker, M_W, M_S). ``NoSteps`` / ``GraphError`` say why
-a run cannot be replayed.
+``graph`` is the step's dependency model (``dp`` that of a data-parallel-only run), ``replay`` the
+simulator and the figures (the OSDI'25 study's S, S_optype, S_dp_rank, S_stage, S_worker, M_W, M_S).
+``NoSteps`` / ``GraphError`` say why a run cannot be replayed.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from collector.data.whatif import dp
 from collector.data.whatif.graph import GraphError
 from collector.data.whatif.replay import analyze
 
-__all__ = ["GraphError", "NoSteps", "analyze", "for_run", "worker_steps"]
+__all__ = ["GraphError", "NoSteps", "analyze", "analyze_dp", "for_run", "worker_steps"]
 
 
 class NoSteps(LookupError):
@@ -30,12 +31,20 @@ def for_run(cat, run_id: str) -> dict:
     ops = queries.whatif_ops(cat, run_id)
     if ops.empty:  # not an imported trace: a pipeline engine run?
         ops = queries.whatif_pipe_ops(cat, run_id)
+    if ops.empty:  # data parallelism alone: its collectives
+        return analyze_dp(queries.whatif_collectives(cat, run_id))
+    return analyze(ops)
+
+
+def analyze_dp(comm: pd.DataFrame) -> dict:
+    """The what-if figures of a data-parallel-only run from its collectives (collector.data.whatif.dp)."""
+    ops = dp.ops(comm)
     if ops.empty:
         raise NoSteps(
-            "no ops the what-if replay models: it reads imported OSDI'25 traces and the pipeline "
-            "engine's pipe rows (data-parallel-only runs are not modelled yet)"
+            "no ops the what-if replay models: no step in which every rank issued the run's usual collectives "
+            "(it reads imported OSDI'25 traces, the pipeline engine's pipe rows and a data-parallel run's collectives)"
         )
-    return analyze(ops)
+    return dp.analyze(ops)
 
 
 def worker_steps(result: dict) -> pd.DataFrame:

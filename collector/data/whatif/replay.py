@@ -31,6 +31,7 @@ import pandas as pd
 from collector.data.whatif.graph import COMM_OPTYPES, P2P, Graph, GraphError, build
 
 WORST_SHARE_PCT = 3  # M_W's workers: the paper's top 3% (at least one)
+SAVED_WORKERS = 3  # the worst workers whose own saving (fixing that one alone) is replayed
 _OPTYPE_LABEL = {o: o.split("-")[0] + "-pp-comm" for o in P2P}
 
 
@@ -46,8 +47,9 @@ class Trace:
     dropped_steps: list[int]
 
 
-def prepare(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = None) -> Trace:
-    """``ops``: one row per op (rank, dp_rank, stage, step, optype, start, dur; seconds).
+def prepare(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = None, model=None) -> Trace:
+    """``ops``: one row per op (rank, dp_rank, stage, step, optype, start, dur; seconds); ``model``:
+    the step's graph builder (ref -> Graph; default the 3D-parallel one, graph.build).
     Steps where some replica's ops differ from the reference step's are left out
     (``dropped_steps``); GraphError when no step is complete or the step is not understood.
     Vectorised (integer keys, one sort): a 1,024-worker run of 100 steps is ~17M ops."""
@@ -92,7 +94,7 @@ def prepare(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
             "end": start[ref_rows] + dur[ref_rows],
         }
     )
-    graph = build(ref, pp=pp, use_dp=use_dp)
+    graph = model(ref) if model is not None else build(ref, pp=pp, use_dp=use_dp)
     # node of every op through a dense (stage, op type, seq) table; -1: not in the reference step
     code_of = {name: k for k, name in enumerate(optypes)}
     lookup = np.full((pp, n_types, int(seq.max()) + 1), -1, dtype=np.int64)
@@ -201,12 +203,16 @@ def ideal_cost(trace: Trace) -> np.ndarray:
     return out
 
 
-def analyze(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = None) -> dict:
-    """The what-if figures of a run's ops (see the module docstring); JSON-ready."""
-    trace = prepare(ops, pp=pp, dp_size=dp_size)
+def analyze(
+    ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = None, model=None, typical=ideal_cost
+) -> dict:
+    """The what-if figures of a run's ops (see the module docstring); JSON-ready. ``model`` and
+    ``typical``: the step's graph builder (prepare) and each node's ideal cost (trace -> (N,)), for
+    runs modelled otherwise than a 3D-parallel job (collector.data.whatif.dp)."""
+    trace = prepare(ops, pp=pp, dp_size=dp_size, model=model)
     g = trace.graph
     orig = trace.cost
-    ideal = np.broadcast_to(ideal_cost(trace)[:, None, None], orig.shape)
+    ideal = np.broadcast_to(typical(trace)[:, None, None], orig.shape)
     t_run = simulate(trace, orig)
     t_ideal = simulate(trace, ideal)
     base = t_ideal.mean()
@@ -246,12 +252,19 @@ def analyze(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
         return float((t_run_mean - t) / (t_run_mean - base)), float(t_run_mean - t)
 
     top_n = max(1, math.ceil(len(workers) * WORST_SHARE_PCT / 100))
-    ranked = sorted(workers.itertuples(), key=lambda r: (-by_worker[str(r.rank)], r.rank))[:top_n]
+    ordered = sorted(workers.itertuples(), key=lambda r: (-by_worker[str(r.rank)], r.rank))
+    ranked = ordered[:top_n]
     mask_w = np.zeros((len(g.nodes), 1, len(trace.dp_ranks)), dtype=bool)
     for r in ranked:
         mask_w[node_stage == r.stage, 0, int(np.searchsorted(trace.dp_ranks, r.dp_rank))] = True
     last_stage = node_stage.max()
     m_w, m_w_saved = share_removed(mask_w)
+    # what fixing each of the worst workers alone saves, per step: the straggler findings' cost
+    saved = {}
+    for r in ordered[:SAVED_WORKERS]:
+        mask = np.zeros((len(g.nodes), 1, len(trace.dp_ranks)), dtype=bool)
+        mask[node_stage == r.stage, 0, int(np.searchsorted(trace.dp_ranks, r.dp_rank))] = True
+        saved[str(r.rank)] = t_run - simulate(trace, np.where(mask, ideal, orig))
     m_s, m_s_saved = share_removed((node_stage == last_stage)[:, None, None])
 
     per_step = {}
@@ -267,6 +280,7 @@ def analyze(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
             str(r.rank): min(row["by_dp_rank"][str(r.dp_rank)], row["by_stage"][str(r.stage)])
             for r in workers.itertuples()
         }
+        row["saved_s"] = {rank: float(v[i]) for rank, v in saved.items()}
         per_step[str(step)] = row
     return {
         "slowdown": float(t_run_mean / base),
@@ -279,6 +293,7 @@ def analyze(ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = N
         "m_w": m_w,
         "m_w_workers": [int(r.rank) for r in ranked],
         "m_w_saved_s": m_w_saved,
+        "saved_s": {rank: float(v.mean()) for rank, v in saved.items()},
         "m_s": m_s,
         "m_s_saved_s": m_s_saved,
         "last_stage": int(last_stage),
