@@ -8,8 +8,9 @@ Each rank is a worker (dp_rank = rank, stage 0). Per rank and step, in the order
 
 - compute #k is the rank's own time before it issued collective #k: from the moment it was free
   (the end of the collective before, or its issue where that one was asynchronous and left the
-  rank free) to its arrival; compute #0 starts where the rank had finished the step before (all
-  its collectives ended), so what runs between steps (the optimizer, data loading) is in it;
+  rank free; before a blocking collective, the end of the asynchronous ones still in flight, which
+  the rank waited for) to its arrival; compute #0 starts where the rank had finished the step
+  before (all its collectives ended), so what runs between steps (the optimizer, data loading) is in it;
 - a collective waits for every rank (the world's and a data-parallel group's collectives alike:
   the replay's synced groups) and for the collective before it (one communication stream), and
   costs its transfer time: its end less the last member's arrival;
@@ -69,6 +70,11 @@ def ops(comm: pd.DataFrame) -> pd.DataFrame:
     # when asynchronous); at a step's first, after everything of its step before ended
     freed = np.where(is_async, start, end)
     ready = np.where(first, prev_end.reindex(key).to_numpy(), np.r_[0, freed[:-1]])
+    # before a blocking collective the rank waited for its asynchronous ones still in flight (a
+    # ZeRO step's reduce-scatters before the gradient norm): not its compute
+    in_flight = pd.Series(np.where(is_async, end, 0)).groupby([c["rank"], c.step]).cummax().to_numpy()
+    in_flight = np.where(first, 0, np.r_[0, in_flight[:-1]])
+    ready = np.where(is_async, ready, np.maximum(ready, in_flight))
     keep = c.step.isin(good).to_numpy()
     c, ready, start, end, is_async = c[keep], ready[keep], start[keep], end[keep], is_async[keep]
     if c.empty:
@@ -104,7 +110,10 @@ def build(ref: pd.DataFrame, asynchronous=()) -> Graph:
         if kind == COMPUTE:
             if last_compute is not None:
                 deps[i].append(last_compute)
-            if last_coll is not None and kinds[last_coll] not in asynchronous:
+            # after a blocking collective, or before one (waiting for the asynchronous ones; the
+            # stream's order makes the last of them the one to wait for)
+            leads_to = kinds[i + 1] if i + 1 < len(kinds) else None
+            if last_coll is not None and (kinds[last_coll] not in asynchronous or leads_to not in asynchronous):
                 deps[i].append(last_coll)
             last_compute = i
         else:
