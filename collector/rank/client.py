@@ -14,6 +14,10 @@ and deleted once all their envelopes are acked. When the spool cannot be written
 disk, a spool dir that is not private to this user) the envelopes stay in memory up to
 ``max_unacked_bytes``; beyond it the oldest are dropped (never the Hello), their rows
 counted in ``dropped_unspooled``, in the RunEnd's dropped count and in one warning per outage.
+The spool itself is bounded too: beyond ``max_spool_bytes`` of this process's files the oldest
+file is deleted, its rows counted the same way. A partition (packets swallowed, nothing refused)
+is noticed by HTTP/2 keepalive pings (``KEEPALIVE_S``), so its records go to the spool, not to
+a queue in memory, and a healed link is used again within ``RECONNECT_MAX_S`` plus the backoff.
 ``close`` sends RunEnd, waits a bounded time for acks, and spools whatever is still un-acked.
 
 Errors from the collector: INVALID_ARGUMENT names the rejected envelope in the
@@ -70,6 +74,23 @@ _OPERATOR_ERRORS = (
 UNREACHABLE_WARN_S = 3.0
 SPOOL_RETRY_S = 5.0  # after a failed spool write (full disk, refused dir), the next try
 UNREACHABLE_CLOSE_S = 1.0
+# A partition does not refuse a connection, it swallows its packets: without pings a stream would
+# stay "open" for the kernel's retransmission timeout (~15 min), its envelopes queued in memory
+# and not spooled. HTTP/2 pings every KEEPALIVE_S, answered by the collector's transport however
+# slow its disk, end such a stream within KEEPALIVE_S + KEEPALIVE_TIMEOUT_S; the collector allows
+# pings this often (collector.server.service). gRPC's own reconnect backoff (up to 120 s by
+# default) is held to RECONNECT_MAX_S, so a healed link is used again within seconds.
+KEEPALIVE_S = 10.0
+KEEPALIVE_TIMEOUT_S = 10.0
+RECONNECT_MAX_S = 5.0
+MAX_UNACKED_BYTES = 64 << 20  # telemetry.max_unacked_bytes
+MAX_SPOOL_BYTES = 1 << 30  # telemetry.max_spool_bytes
+CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
+    ("grpc.http2.max_pings_without_data", 0),  # a stalled stream sends no data: ping it anyway
+    ("grpc.max_reconnect_backoff_ms", int(RECONNECT_MAX_S * 1000)),
+)
 
 
 @dataclass(kw_only=True)
@@ -84,7 +105,8 @@ class ClientConfig(ConfigBlock):
     batch_rows: int = setting(8192, ge=1)
     flush_interval_s: float = setting(0.2, ge=0)
     max_buffer_rows: int = setting(1_000_000, ge=1)
-    max_unacked_bytes: int = setting(64 << 20, ge=1)  # beyond this, un-acked envelopes move to the spool
+    max_unacked_bytes: int = setting(MAX_UNACKED_BYTES, ge=1)  # beyond this, un-acked envelopes move to the spool
+    max_spool_bytes: int = setting(MAX_SPOOL_BYTES, ge=1)  # this process's spool files; beyond, the oldest go
     spool_after_s: float = setting(1.0, ge=0)  # disconnected this long -> spool instead of holding in memory
     backoff_initial_s: float = setting(0.1, ge=0)
     backoff_max_s: float = setting(5.0, ge=0)
@@ -113,10 +135,12 @@ class Client:
         self._unacked: collections.OrderedDict[int, tuple[pb.Envelope, int, int]] = collections.OrderedDict()
         self._unacked_bytes = 0
         self._spooled: dict[Path, set[int]] = {}  # spool file -> seqs in it not yet acked
+        self._spool_sizes: dict[Path, int] = {}  # spool file -> its bytes (max_spool_bytes)
         self._spooled_seq: dict[int, Path] = {}
         self._rows_of: dict[int, int] = {}  # spooled seq -> rows, for drop accounting
         self.dropped_rejected = 0
-        self.dropped_unspooled = 0  # rows dropped, oldest first, while the spool could not be written
+        self.dropped_unspooled = 0  # rows dropped, oldest first: the spool could not be written, or was full
+        self.spool_dropped = 0  # of those, rows of spool files deleted beyond max_spool_bytes
         self._spool_error: str | None = None  # why the last spool write failed (said once per failure)
         self._spool_retry_at = 0.0
         self._stream: Stream | None = None
@@ -358,7 +382,9 @@ class Client:
     def _connect(self) -> None:
         try:
             if self._channel is None:
-                self._channel = security.open_channel(self.cfg.endpoint, tls_ca=self.cfg.tls_ca)
+                self._channel = security.open_channel(
+                    self.cfg.endpoint, tls_ca=self.cfg.tls_ca, options=security.channel_options(CHANNEL_OPTIONS)
+                )
             metadata = security.auth_metadata(self.cfg.token)
             stream = Stream(
                 pb_grpc.CollectorStub(self._channel),
@@ -492,8 +518,30 @@ class Client:
             self._spooled_seq[seq] = path
             self._rows_of[seq] = rows
         self._spooled[path] = seqs
+        self._spool_sizes[path] = _size(path)
         self._unacked.clear()
         self._unacked_bytes = 0
+        self._cap_spool()
+
+    def _cap_spool(self) -> None:
+        """Beyond max_spool_bytes of this process's spool files, delete the oldest (never the newest:
+        what was just written is kept), their rows counted in dropped_unspooled and said once."""
+        dropped = 0
+        while sum(self._spool_sizes.values()) > self.cfg.max_spool_bytes and len(self._spooled) > 1:
+            oldest = min(self._spooled)  # names sort in seq order
+            for seq in list(self._spooled[oldest]):
+                dropped += self._rows_of.get(seq, 0)
+                self._forget_spooled(seq)
+        if dropped:
+            if not self.spool_dropped:
+                log.warning(
+                    "rankscope: the spool for the collector at %s is over %d bytes: dropping its oldest records "
+                    "(counted in the run's dropped records)",
+                    self.cfg.endpoint,
+                    self.cfg.max_spool_bytes,
+                )
+            self.spool_dropped += dropped
+            self.dropped_unspooled += dropped
 
     def _keep_in_memory(self, error: OSError | None) -> None:
         """The spool cannot be written: hold envelopes in memory, the oldest dropped beyond
@@ -531,6 +579,7 @@ class Client:
         left.discard(seq)
         if not left:
             del self._spooled[path]
+            self._spool_sizes.pop(path, None)
             try:
                 path.unlink()
             except OSError:
@@ -538,11 +587,20 @@ class Client:
 
     def _spooled_envelopes(self, path: Path):
         """Called by the request iterator: the file's envelopes not yet acked."""
+        with self._lock:
+            left = set(self._spooled.get(path, ()))
+        if not left:  # acked meanwhile, or dropped beyond max_spool_bytes
+            return []
         try:
             envs, _ = spool.scan(path)  # an undecodable record stays in the file: resend_spooled sets it aside
         except (OSError, spool.SpoolError) as e:
             log.error("rankscope: cannot read spool file: %s", e)
             return []
-        with self._lock:
-            left = set(self._spooled.get(path, ()))
         return [e for e in envs if e.seq in left]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

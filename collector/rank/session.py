@@ -52,6 +52,7 @@ from collector.data import hang_rule
 from collector.data.config import ConfigBlock, ConfigError, setting
 from collector.data.layout import new_run_id
 from collector.rank import state
+from collector.rank.client import MAX_SPOOL_BYTES, MAX_UNACKED_BYTES
 from collector.rank.clock import CLOCK
 from collector.rank.records import RecordBuffer
 
@@ -92,6 +93,8 @@ class TelemetryConfig(ConfigBlock):
     spool_dir: str | None = None
     hang_after_s: float = setting(hang_rule.DEFAULT_HANG_AFTER_S, gt=0)
     heartbeat_s: float = setting(1.0, gt=0, le=60)
+    max_unacked_bytes: int = setting(MAX_UNACKED_BYTES, ge=1)  # un-acked records in memory (collector.rank.client)
+    max_spool_bytes: int = setting(MAX_SPOOL_BYTES, ge=1)  # this process's spool files; beyond, the oldest go
 
     def validate(self) -> None:
         for key in ("run", "endpoint", "token", "tls_ca", "spool_dir"):
@@ -178,6 +181,7 @@ class Session:
         tls_ca: str | None = None,
         hang_after_s: float = hang_rule.DEFAULT_HANG_AFTER_S,
         heartbeat_s: float = 1.0,
+        limits: dict | None = None,
     ) -> None:
         from collector.rank.client import Client, ClientConfig
 
@@ -193,7 +197,9 @@ class Session:
         self.host = host
         self.client_id = re.sub(r"[^A-Za-z0-9_.]", "_", f"{host}.{os.getpid()}.{secrets.token_hex(4)}")
         self.buffer = RecordBuffer()
-        self.client_config = ClientConfig(endpoint=endpoint, token=token, tls_ca=tls_ca, spool_dir=spool_dir)
+        self.client_config = ClientConfig(
+            endpoint=endpoint, token=token, tls_ca=tls_ca, spool_dir=spool_dir, **(limits or {})
+        )
         self.client = Client(self.client_config, self.client_id, self.buffer)
 
     @property
@@ -270,6 +276,7 @@ def start(
             source=source,
             hang_after_s=hang_after,
             heartbeat_s=heartbeat,
+            limits={"max_unacked_bytes": cfg.max_unacked_bytes, "max_spool_bytes": cfg.max_spool_bytes},
         )
         _session = session
         _install_exit_hooks()

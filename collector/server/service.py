@@ -96,6 +96,7 @@ REFUSAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECON
 INTAKE_THREADS = 8
 PENDING_CALLS = 1 << 16
 PENDING_CALL_MAX_S = 600  # a rank waits this long to be taken up in a connect storm, not 30 s
+PING_MIN_INTERVAL_MS = 5_000  # below the ranks' keepalive (collector.rank.client.KEEPALIVE_S: 10 s)
 
 try:
     SERVER_VERSION = importlib.metadata.version("rankscope")
@@ -500,6 +501,10 @@ class CollectorServer:
                 ("grpc.server.max_pending_requests", PENDING_CALLS),
                 ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
                 ("grpc.server_max_unrequested_time_in_server", PENDING_CALL_MAX_S),
+                # ranks ping every client.KEEPALIVE_S to notice a partition (a stalled stream sends no
+                # data); gRPC's default answers pings more often than every 5 min with GOAWAY
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", PING_MIN_INTERVAL_MS),
+                ("grpc.http2.max_ping_strikes", 0),
             ],
         )
         _add_servicer(CollectorServicer(self.state, self.intake), server)

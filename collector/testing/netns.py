@@ -7,6 +7,8 @@ host's link rate set (and changed mid-run) with ``tc qdisc ... tbf``.
         net.popen(net.hosts[1], [...], hostname="host-1")
         net.throttle("host-1", rate="40mbit")           # both directions of host-1's link
         net.restore("host-1")
+        net.partition("collector")                      # every packet on its link dropped
+        net.heal("collector")
 
 Topology: one namespace per member (each host, and the collector), each with one interface
 ``eth0`` (a veth) at 10.99.0.<i+1>/24, whose peer sits in a bridge namespace on bridge ``br0``.
@@ -18,6 +20,12 @@ of a test leaves the namespaces it made.
 A host's "link" is its veth pair: ``throttle`` puts a tbf on both ends (egress of eth0 is
 what the host sends, egress of the bridge-side peer what it receives). ``netem`` is not
 needed (and not on every kernel); tbf is.
+
+``partition`` cuts a member off as a real partition does: its connections *hang* (packets vanish,
+TCP retransmits, a new connect times out) rather than being refused. Both ends of its link get a
+``pfifo`` of length 0 (every packet dropped, in both directions), and first every member's
+neighbour entry for the others is pinned (``nud permanent``), so no failed ARP turns the silence
+into an immediate "no route to host" as it would on one LAN.
 
 Processes are started with ``ip netns exec NS unshare --uts`` and, given ``hostname``, set
 their namespace's host name first, so a rank's ``socket.gethostname()`` (what it reports in
@@ -167,6 +175,27 @@ class Network:
         """``host``'s link at full speed again."""
         for ns, dev in ((self.ns(host), "eth0"), (self.bridge_ns, self._peer(host))):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+
+    def partition(self, member: str) -> None:
+        """Every packet to and from ``member`` dropped, in both directions, until ``heal``."""
+        self._pin_neighbours()
+        for ns, dev in ((self.ns(member), "eth0"), (self.bridge_ns, self._peer(member))):
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "pfifo", "limit", "0")
+
+    def heal(self, member: str) -> None:
+        """``member``'s link carries packets again (the same as ``restore``)."""
+        self.restore(member)
+
+    def _pin_neighbours(self) -> None:
+        macs = {m: self._mac(m) for m in self.members}
+        for member in self.members:
+            for other in self.members:
+                if other != member:
+                    _run("ip", "-n", self.ns(member), "neigh", "replace", self.ip(other),
+                         "lladdr", macs[other], "dev", "eth0", "nud", "permanent")  # fmt: skip
+
+    def _mac(self, member: str) -> str:
+        return _run("ip", "-n", self.ns(member), "-br", "link", "show", "eth0").stdout.split()[2]  # eth0 UP <mac> ...
 
     def qdisc(self, host: str) -> str:
         """``tc qdisc show`` of ``host``'s eth0 (for a test's evidence)."""

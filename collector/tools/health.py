@@ -34,6 +34,8 @@ def report(
     resent: str | None = None,
 ) -> str:
     lines = live_health.lines([{"severity": f.severity, "text": f.text} for f in findings_], run_id, notes)
+    if not notes:  # a gap is said even in a healthy run: part of its data arrived late, resent
+        lines += [f"{run_id}: note: {f.text}" for f in findings_ if f.kind == "network_gap" and f.severity == "info"]
     if retained_state:
         lines.append(f"{run_id}: note: {retention.note(retained_state)}")
     if resent:

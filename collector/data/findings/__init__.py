@@ -20,6 +20,7 @@ from collector.data.calibration import load as load_calibration
 from collector.data.findings.clock import clock_steps, implausible_clocks
 from collector.data.findings.communication import exposed_communication
 from collector.data.findings.desync import mismatched_collectives
+from collector.data.findings.gaps import network_gaps
 from collector.data.findings.hang import stuck_collectives
 from collector.data.findings.links import MIN_BYTES as LINK_MIN_BYTES
 from collector.data.findings.links import slow_links
@@ -117,6 +118,7 @@ def summarize(
         + stage_imbalance(pipeline)
         + too_few_micro_batches(pipeline)
         + whatif_findings(whatif, signals)
+        + network_gaps(deliveries, links[2] if links is not None else None)
     )
 
 

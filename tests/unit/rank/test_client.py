@@ -73,3 +73,22 @@ def test_client_config_errors_name_the_telemetry_key(given, message):
 def test_client_config_spool_dir_defaults_per_user(tmp_path):
     assert ClientConfig(spool_dir=str(tmp_path)).spool_dir == tmp_path
     assert ClientConfig().spool_dir == spool.default_dir()
+
+
+def test_the_spool_beyond_max_spool_bytes_drops_its_oldest_files_counted(tmp_path, caplog):
+    from collector.rank.client import Client
+
+    client = Client(ClientConfig(spool_dir=tmp_path, max_spool_bytes=3000), "h.1.x", RecordBuffer())
+    client._hello = client._envelope(end=pb.RunEnd(run_id="r"))  # stands in for the Hello (seq 1)
+    with caplog.at_level(logging.WARNING, logger="rankscope.client"):
+        for _ in range(6):  # six files of ~1 KB, 10 rows each
+            env = client._envelope(end=pb.RunEnd(run_id="r" * 1000))
+            client._rows_of[env.seq] = 10
+            client._track(env, 10)
+            with client._lock:
+                client._spool_unacked()
+    files = sorted(tmp_path.glob("*.rsspool"))
+    assert sum(f.stat().st_size for f in files) <= 3000 and len(files) == 2
+    assert files[-1].name.endswith("-000000000007.rsspool")  # the newest stays
+    assert client.spool_dropped == client.dropped_unspooled == 40  # four files of 10 rows
+    assert caplog.text.count("is over 3000 bytes: dropping its oldest records") == 1
