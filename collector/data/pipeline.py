@@ -12,11 +12,9 @@ Only steps every stage of the pipeline reported count. The stages' times share r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
-from collector.data import layout
+from collector.data.queries.runs import has_rows
 
 # Per (step, data_rank, stage) bubbles over ``rows`` (a query giving pipe rows with rank).
 BUBBLES_SQL = """
@@ -46,16 +44,11 @@ def ideal_fraction(stages: int, micro_batches: int, virtual_stages: int = 1) -> 
     return (stages - 1) / (micro_batches * virtual_stages + stages - 1)
 
 
-def _has_rows(data_dir: str, run_id: str) -> bool:
-    part = layout.partition_dir(Path(data_dir), "pipe", run_id)
-    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
-
-
 def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
     """Per (step, data_rank, stage): rank, stages, micro_batches, layers, span_ms, fwd_ms, bwd_ms,
     busy_ms, bubble_ms, bubble_fraction, ideal_fraction, recv_ms (waiting on neighbours). Empty for
     a run without pipeline parallelism."""
-    if not _has_rows(cat.data_dir, run_id):
+    if not has_rows(cat.data_dir, "pipe", run_id):
         return pd.DataFrame()
     return cat.df(BUBBLES_SQL.format(rows="SELECT * FROM pipe WHERE run_id = ?"), [run_id])
 
@@ -63,7 +56,7 @@ def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
 def timeline(cat, run_id: str, step: int, data_rank: int = 0) -> pd.DataFrame:
     """One step of one pipeline: stage, rank, kind, micro_batch, start_ms, end_ms (from the step's
     first event), for the dashboard's stages x time chart."""
-    if not _has_rows(cat.data_dir, run_id):
+    if not has_rows(cat.data_dir, "pipe", run_id):
         return pd.DataFrame()
     return cat.df(
         """

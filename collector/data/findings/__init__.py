@@ -178,26 +178,28 @@ def for_run(
 ) -> list[Finding]:
     """Run the queries and every rule for one run (``rollup``: its comm rollup, ``steps``: its
     queries.step_analysis, where the caller has them)."""
-    runs = queries.list_runs(cat)
-    match = runs[runs.run_id == run_id]
-    run = match.iloc[0] if len(match) else None
+    run = queries.run_info(cat, run_id) or {}
     if world_size is None:
-        world_size = int(run.world_size) if run is not None else 1
+        world_size = int(run.get("world_size") or 1)
     if rollup is None:
         rollup = queries.comm_rollup(cat, run_id)
     ranks = queries.ranks(cat, run_id)
+
+    def written(table: str, query) -> pd.DataFrame:  # a table the run never wrote needs no query
+        return query(cat, run_id) if queries.has_rows(cat.data_dir, table, run_id) else pd.DataFrame()
+
     return summarize(
         steps=steps if steps is not None else queries.step_analysis(cat, run_id),
         log_summary=queries.log_summary(rollup, queries.training_filter(queries.comm_dimensions(rollup))),
-        scales=queries.loss_scale(cat, run_id),
+        scales=written("loss_scale", queries.loss_scale),
         world_size=world_size,
-        source=run.source if run is not None else None,
-        config=run.config if run is not None else None,
+        source=run.get("source"),
+        config=run.get("config"),
         signals=queries.signals_by_step(cat, run_id),
         hangs=queries.hangs(cat, run_id),
         desyncs=queries.desyncs(cat, run_id),
         liveness=queries.rank_liveness(cat, run_id),
-        moe=queries.moe_load(cat, run_id),
+        moe=written("moe", queries.moe_load),
         losses=queries.loss_series(cat, run_id),
         memory=queries.memory_trend(cat, run_id),
         clock=queries.clock_skew(cat, run_id),

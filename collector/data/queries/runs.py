@@ -34,6 +34,22 @@ def runs_with(data_dir, table: str) -> set[str]:
     }
 
 
+def has_rows(data_dir, table: str, run_id: str) -> bool:
+    """Whether ``run_id`` has a committed segment of ``table`` (one directory listing): a query of a
+    table the run never wrote can be skipped."""
+    part = layout.partition_dir(Path(data_dir), table, run_id)
+    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
+
+
+def run_info(cat: Catalog, run_id: str) -> dict | None:
+    """The run's first Hello (world_size, source, config: what ``runs`` takes from it), without judging
+    every run's status as ``list_runs`` does; None for a run no rank said Hello of."""
+    rows = cat.df(
+        "SELECT world_size, source, config FROM _runs_raw WHERE run_id = ? ORDER BY started_at LIMIT 1", [run_id]
+    )
+    return rows.iloc[0].to_dict() if len(rows) else None
+
+
 class UnknownRun(LookupError):
     """No run has that id or name."""
 
@@ -86,6 +102,14 @@ def _when(started) -> str:
 
 def resolve_run(con, run: str) -> str:
     """The run id of ``run`` (``pick_run``'s rule). ``con`` is a catalog connection or cursor."""
+    # The Hellos alone settle a run id and a name one run has; judging every run's status (the
+    # ``runs`` view) is for a name several runs share.
+    hellos = con.execute("SELECT run_id FROM _runs_raw WHERE run_id = ? OR name = ?", [run, run]).fetchall()
+    said_hello = {row[0] for row in hellos}
+    if run in said_hello:
+        return run
+    if len(said_hello) == 1:
+        return said_hello.pop()
     rows = con.execute(
         "SELECT run_id, name, status, started_at FROM runs WHERE run_id = ? OR name = ? ORDER BY started_at DESC",
         [run, run],
