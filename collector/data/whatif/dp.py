@@ -16,8 +16,9 @@ Each rank is a worker (dp_rank = rank, stage 0). Per rank and step, in the order
   costs its transfer time: its end less the last member's arrival;
 - the step ends when the rank's last collective ends.
 
-The typical duration (the "no stragglers" job) is, per node, the median of a collective's
-transfer times and, for compute, the lower median over workers of each worker's mean: with two
+The typical duration (the "no stragglers" job) is, per node, for a collective the longest of
+its workers' median transfer times (the step waits for its last worker's) and, for compute, the
+lower median over workers of each worker's mean: with two
 workers, one slowed, the other one's time; with more, the middle worker's, so a minority of slow
 workers does not move it (the OSDI'25 study's mean over all workers would put half of a slowed
 rank's delay into the ideal of a 2-rank job).
@@ -126,8 +127,9 @@ def build(ref: pd.DataFrame, asynchronous=()) -> Graph:
 
 
 def typical(trace) -> np.ndarray:
-    """(N,) each node's typical cost: a collective's median transfer, compute's lower median over
-    workers of the worker's mean."""
+    """(N,) each node's typical cost: compute's lower median over workers of the worker's mean; a
+    collective's, the longest of its workers' median transfers (it ends for the step when its last
+    worker's transfer does: a worker that typically leaves it last is how it runs, not a straggler)."""
     optype = trace.graph.nodes.optype.to_numpy()
     out = np.empty(len(optype))
     for i, name in enumerate(optype):
@@ -136,7 +138,7 @@ def typical(trace) -> np.ndarray:
             means = np.sort(np.nanmean(values, axis=0))
             out[i] = means[(len(means) - 1) // 2]
         else:
-            out[i] = np.nanmedian(values)
+            out[i] = np.nanmax(np.nanmedian(values, axis=0))
     return out
 
 
