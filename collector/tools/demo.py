@@ -37,6 +37,7 @@ stops; the spool dir is removed once empty. A rank whose RunEnd still did not re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -161,10 +162,29 @@ class _Stopped(Exception):
 _stop_asked: BaseException | None = None
 
 
+_starting_now = False  # a child process is being started: a stop signal waits until it is (``_starting``)
+
+
 def _stop_on(signum, _frame) -> None:
     global _stop_asked
     _stop_asked = KeyboardInterrupt() if signum == signal.SIGINT else _Stopped(signal.Signals(signum).name)
-    raise _stop_asked
+    if not _starting_now:
+        raise _stop_asked
+
+
+@contextlib.contextmanager
+def _starting():
+    """Start a child process, a stop signal held until it is started and kept: raised inside
+    subprocess's fork hooks it prints an "Exception ignored" traceback, and raised before the
+    child is assigned it leaves the child behind (a collector holding the data dir). The stop is
+    raised on the way out, and the finally of run_demo stops what was started."""
+    global _starting_now
+    _starting_now = True
+    try:
+        yield
+    finally:
+        _starting_now = False
+    _stop_if_asked()
 
 
 def _stop_if_asked() -> None:
@@ -309,7 +329,8 @@ def run_demo(args: argparse.Namespace) -> int:
             # No death signal: if the demo is killed, its guard stops the collector after the training.
             # A process group of its own: Ctrl-C (SIGINT to the demo's group) must not stop it while the
             # ranks still send their last records and RunEnd; the demo stops it once the training is done.
-            collector = CollectorProcess(data_dir, port=args.port, auto_profile=True, preexec_fn=os.setpgrp)
+            with _starting():
+                collector = CollectorProcess(data_dir, port=args.port, auto_profile=True, preexec_fn=os.setpgrp)
         except RuntimeError as exc:
             print(
                 f"[demo] the collector did not start on port {args.port}: {exc}\n"
@@ -326,12 +347,13 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"[demo] spool dir: {spool_dir} (the ranks' own, for what the collector has not acked)", flush=True)
         if not args.no_dashboard:
             port = _port_or_free(args.dashboard_port)
-            dashboard = subprocess.Popen(
-                dashboard_command(data_dir, port=port),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent(),
-            )
+            with _starting():
+                dashboard = subprocess.Popen(
+                    dashboard_command(data_dir, port=port),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent(),
+                )
             print(f"[demo] dashboard: http://127.0.0.1:{port}", flush=True)
         extra = []
         fault = args.straggler if args.straggler and args.straggler.lower() != "none" else None
@@ -386,22 +408,24 @@ def run_demo(args: argparse.Namespace) -> int:
         started = time.time()
         # Its own session: Ctrl-C reaches the demo alone, which stops the training quietly (the
         # ranks' KeyboardInterrupt tracebacks would bury the console) and exits 0.
-        proc = train_proc = subprocess.Popen(
-            train,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-            # the ranks (torchrun's children) inherit the niceness: priority only, never speed the
-            # run cannot use; torchrun gets SIGINT when the demo goes, and stops its ranks
-            preexec_fn=_die_with_parent(args.training_nice, signal.SIGINT),
-        )
+        with _starting():
+            proc = train_proc = subprocess.Popen(
+                train,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+                # the ranks (torchrun's children) inherit the niceness: priority only, never speed the
+                # run cannot use; torchrun gets SIGINT when the demo goes, and stops its ranks
+                preexec_fn=_die_with_parent(args.training_nice, signal.SIGINT),
+            )
         watched = [str(os.getpid()), str(proc.pid), str(collector.proc.pid), endpoint, spool_dir]
         # the guard stops the training, ends the run as the demo would, then stops the collector, if the demo is killed
         watched += [data_dir, repr(started)]
-        guard = subprocess.Popen([sys.executable, "-m", "collector.tools.supervise", "--guard", *watched])
+        with _starting():
+            guard = subprocess.Popen([sys.executable, "-m", "collector.tools.supervise", "--guard", *watched])
         once = OnceFilter(sys.stdout, last_step=None if steps == UNTIL_STOPPED else steps)
         if fault:
             once.fault = (
@@ -441,8 +465,10 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\n[demo] stopping ({stopped_by}): the training, then the dashboard and the collector ...", flush=True)
         return 0
     finally:
-        # a second Ctrl-C while stopping must not leave the collector or the spool dir behind
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a second Ctrl-C, SIGTERM or SIGHUP while stopping must not leave the collector or the spool
+        # dir behind (nor print a traceback from the middle of this)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         watching.set()
         ranks = children(train_proc.pid) if train_proc is not None else []
         if guard is not None:  # the demo stops everything itself
