@@ -31,7 +31,7 @@ from collector.data.whatif import dp
 from collector.testing.ports import free_port
 from collector.tools.launch import CollectorProcess
 
-pytestmark = [pytest.mark.timing, pytest.mark.slow]  # two 3-rank DDP runs of 30 steps
+pytestmark = [pytest.mark.timing, pytest.mark.slow]  # two 3-rank DDP runs (80 and 30 steps)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "collector" / "testing" / "workloads" / "ddp_train.py"
@@ -65,7 +65,9 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("whatif-dp")
     data_dir = tmp / "data"
     with CollectorProcess(data_dir) as collector:  # a real one: its findings refresh answers Health
-        live = _train(collector.address, data_dir, "slow", tmp / "slow", "--fault", f"sleep:{SLOW_RANK}:{DELAY_MS:g}")
+        # 80 steps: long enough for the findings refresh (every 5 s) to see it while it trains
+        slow = ("--steps", "80", "--fault", f"sleep:{SLOW_RANK}:{DELAY_MS:g}")
+        live = _train(collector.address, data_dir, "slow", tmp / "slow", *slow)
         _train(collector.address, data_dir, "healthy", tmp / "healthy")
     cat = queries.Catalog(data_dir)
     return cat, {name: queries.resolve_run(cat.con, name) for name in ("slow", "healthy")}, live
