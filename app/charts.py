@@ -57,7 +57,7 @@ def lines(
         )
     fig.update_yaxes(title=y_title or y, type="log" if log_y else None)
     fig.update_xaxes(title=x_title or x)
-    return _tidy(fig, title)
+    return _tidy(fig, title) if color is None else legend_below(_tidy(fig, title))
 
 
 BYTE_UNITS = (("bytes", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
@@ -166,11 +166,33 @@ def step_breakdown(mean: pd.DataFrame) -> go.Figure:
     return _tidy(fig, title)
 
 
+def legend_below(fig: go.Figure) -> go.Figure:
+    """The legend in a row under the plot: at the right, beside a half-width column's plot, names
+    like 'all_reduce expected (p10-p90)' took half the chart."""
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0))
+    fig.update_layout(height=HEIGHT + 40, margin=dict(b=60))
+    return fig
+
+
+def size_label(n: float) -> str:
+    """A message size in the byte unit that fits it: 4 bytes, 64 KiB, 1.5 MiB."""
+    unit, size = next(((u, s) for u, s in reversed(BYTE_UNITS) if n >= s), BYTE_UNITS[0])
+    return f"{n / size:.3g} {unit}"
+
+
+def size_axis(fig: go.Figure, sizes) -> None:
+    """Message sizes as ordered categories, one per size seen: on a log axis one 4-byte all_reduce
+    (a loss or overflow flag) pushed every bucket-sized message into a strip at the right."""
+    order = [size_label(n) for n in sorted(set(sizes))]
+    fig.update_xaxes(title="message size", type="category", categoryorder="array", categoryarray=order)
+
+
 def busbw_vs_size(df: pd.DataFrame) -> go.Figure:
-    fig = px.line(df, x="bytes", y="busbw_gbs", color="op", markers=True, log_x=True, hover_data={"count": True})
-    fig.update_xaxes(title="message size (bytes, log)")
+    df = df.sort_values("bytes").assign(size=lambda d: d.bytes.map(size_label))
+    fig = px.line(df, x="size", y="busbw_gbs", color="op", markers=True, hover_data={"count": True, "bytes": ":,"})
+    size_axis(fig, df.bytes)
     fig.update_yaxes(title="busbw (GB/s)")
-    return _tidy(fig, "Bus bandwidth vs message size")
+    return legend_below(_tidy(fig, "Bus bandwidth vs message size"))
 
 
 def busbw_envelope(band: pd.DataFrame, marks: pd.DataFrame) -> go.Figure:
@@ -180,7 +202,7 @@ def busbw_envelope(band: pd.DataFrame, marks: pd.DataFrame) -> go.Figure:
     palette = px.colors.qualitative.Plotly
     for i, (op, rows) in enumerate(band.sort_values("bytes").groupby("op", sort=True)):
         colour = palette[i % len(palette)]
-        x = rows.bytes.tolist()
+        x = rows.bytes.map(size_label).tolist()
         fig.add_trace(
             go.Scatter(
                 x=x + x[::-1],
@@ -197,7 +219,7 @@ def busbw_envelope(band: pd.DataFrame, marks: pd.DataFrame) -> go.Figure:
     if not marks.empty:
         fig.add_trace(
             go.Scatter(
-                x=marks.bytes,
+                x=marks.bytes.map(size_label),
                 y=marks.busbw_gbs,
                 mode="markers",
                 marker=dict(symbol="x", size=12, color="red"),
@@ -206,9 +228,9 @@ def busbw_envelope(band: pd.DataFrame, marks: pd.DataFrame) -> go.Figure:
                 hovertemplate="%{text}<extra></extra>",
             )
         )
-    fig.update_xaxes(title="message size (bytes, log)", type="log")
+    size_axis(fig, pd.concat([band.bytes, marks.bytes]) if not marks.empty else band.bytes)
     fig.update_yaxes(title="busbw (GB/s)")
-    return _tidy(fig, "Bus bandwidth vs message size, expected band")
+    return legend_below(_tidy(fig, "Bus bandwidth vs message size, expected band"))
 
 
 def link_health(grid: pd.DataFrame) -> go.Figure:
@@ -367,15 +389,26 @@ def wavefront(wave: pd.DataFrame) -> go.Figure:
     group = wave[wave.group_name == name]
     ranges = zip(group.first_rank, group.last_rank, strict=True)
     labels = [f"rank {lo}" if lo == hi else f"ranks {lo}–{hi}" for lo, hi in ranges]
+    # Seqs counted from the lowest one shown: 19,208 against 19,213 drawn from 0 look the same.
+    # (from one below the lowest, so the lowest bar still shows)
+    seqs = pd.concat([group.max_entered, group.min_completed]).dropna()
+    base = int(seqs.min()) - 1 if len(seqs) else 0
     fig = go.Figure(
         [
-            go.Bar(x=labels, y=group.max_entered, name="last entered"),
-            go.Bar(x=labels, y=group.min_completed, name="last completed"),
+            go.Bar(
+                x=labels,
+                y=seqs_above - base,
+                customdata=seqs_above,
+                name=name_of,
+                hovertemplate=f"%{{x}}: {name_of} seq %{{customdata:,}}<extra></extra>",
+            )
+            for seqs_above, name_of in ((group.max_entered, "last entered"), (group.min_completed, "last completed"))
         ]
     )
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="", type="category")
-    fig.update_yaxes(title=f"collective seq in {name}")
+    span = int(seqs.max()) - base if len(seqs) else 1
+    fig.update_yaxes(title=f"collective seq in {name} − {base:,}", tickformat=",d", dtick=1 if span <= 10 else None)
     return _tidy(fig, f"Wavefront: how far each rank got in {name}")
 
 

@@ -4,12 +4,13 @@ table, the share of step time spent communicating, and the per-rank breakdown.""
 import pandas as pd
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, queries, state, tables
 from collector.data.bandwidth import gbps
 from collector.data.findings.communication import exposed_shares
 from collector.data.findings.stragglers import training_steps
 
 COMM_TABLES = ("comm", "comm_steps")  # what the comm rollup reads
+PER_RANK_COLUMNS = {"total_latency_ms": "time in comms (ms)", "wait_ms": "waiting for the last rank (ms)"}
 
 
 def human_bytes(n: int) -> str:
@@ -37,17 +38,26 @@ def log_summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+STEPS_PICKED = "comms.steps"  # the Steps slider's pick, None for the whole run
+
+
 def filters(dims: dict) -> queries.CommFilter:
+    """The page's filters over ``dims``. Drawn inside a live run's refresh, so the Steps slider
+    reaches the latest step: its whole range follows the run; a narrower pick stays as picked
+    (held here, since a slider whose end moves is a new widget to Streamlit)."""
     c1, c2, c3 = st.columns(3)
-    ops = c1.multiselect("Op", dims["ops"], placeholder="all ops")
-    groups = c2.multiselect("Group", dims["groups"], placeholder="all groups")
-    ranks = c3.multiselect("Rank", dims["ranks"], placeholder="all ranks")
+    ops = c1.multiselect("Op", dims["ops"], placeholder="all ops", key="comms.ops")
+    groups = c2.multiselect("Group", dims["groups"], placeholder="all groups", key="comms.groups")
+    ranks = c3.multiselect("Rank", dims["ranks"], placeholder="all ranks", key="comms.ranks")
     steps = None
     first, last = dims["first_step"], dims["last_step"]
     if first is not None and last > first:
-        lo, hi = st.slider("Steps", first, last, (first, last))
+        picked = st.session_state.get(STEPS_PICKED)
+        shown = (first, last) if picked is None else (max(first, picked[0]), min(last, picked[1]))
+        lo, hi = st.slider("Steps", first, last, shown)
         # The full range stays open-ended so a live run keeps showing new steps.
         steps = None if (lo, hi) == (first, last) else (lo, hi)
+        st.session_state[STEPS_PICKED] = steps
     return queries.CommFilter(ops, groups, ranks, steps)
 
 
@@ -84,7 +94,6 @@ def comms_page() -> None:
             "This run has no communication records (a single rank without collectives, or the comms logger was off)."
         )
         return
-    flt = filters(dims)
     metric = st.radio(
         "Bandwidth",
         ["busbw_gbs", "algbw_gbs"],
@@ -92,14 +101,18 @@ def comms_page() -> None:
         format_func=lambda m: "bus bandwidth" if m.startswith("bus") else "algorithm bandwidth",
     )
 
-    def bandwidth_chart(version: str):
+    def bandwidth_chart(version: str, flt: queries.CommFilter):
         over_time = queries.bandwidth_by_step(d, run_id, version, flt)
         over_time["series"] = over_time.op + " · " + over_time.group_name
         return charts.lines(
             over_time, "step", metric, "series", "Bandwidth per step", y_title=f"{metric.split('_')[0]} (GB/s)"
         )
 
+    picked = {}  # the filters the last draw used, for the runs compared below
+
     def body(version: str) -> None:
+        dims = queries.comm_dimensions(d, run_id, version)
+        flt = picked["flt"] = filters(dims)
         summary = queries.log_summary(d, run_id, version, flt)
         if summary.empty:
             st.info("No communication records match these filters yet.")
@@ -110,7 +123,7 @@ def comms_page() -> None:
         # browser redraws nothing
         moved = state.tables_version(sel, version, COMM_TABLES)
         left.plotly_chart(
-            state.memo(f"comms.bw.{run_id}.{metric}.{flt.key()}", moved, lambda: bandwidth_chart(version))
+            state.memo(f"comms.bw.{run_id}.{metric}.{flt.key()}", moved, lambda: bandwidth_chart(version, flt))
         )
         band, marks, slow = queries.busbw_envelope(d, run_id, version)
         if flt.key() == queries.CommFilter().key() and not band.empty:
@@ -161,22 +174,24 @@ def comms_page() -> None:
                 help="Per rank and step, the union of its communication intervals inside the step: overlapping "
                 "async collectives count once. Waiting: before the instance's last rank arrived; transfer: after.",
             )
-        st.dataframe(
-            totals,
+        tables.dataframe(
+            totals.rename(columns=PER_RANK_COLUMNS),
             hide_index=True,
             column_config={
                 name: st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1)
                 for name in shares.values()
             },
         )
-        st.dataframe(
-            per_rank.pivot_table(index="rank", columns="op", values="total_latency_ms").round(1),
+        by_op = per_rank.pivot_table(index="rank", columns="op", values="total_latency_ms")
+        st.caption("Time in each op per rank (ms, summed over the steps shown)")
+        tables.dataframe(
+            by_op.rename(columns=lambda op: f"{op} (ms)"),
             column_config={"_index": st.column_config.NumberColumn("rank")},
         )
 
     state.live(sel, body)
     if len(sel.run_ids) > 1:
-        compared(sel, flt)
+        compared(sel, picked.get("flt", queries.CommFilter()))
 
 
 st.title("Comms")

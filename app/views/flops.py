@@ -5,7 +5,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, queries, state, tables
 from collector.data import binning
 
 SIZE_BY = {"flops": "flops", "fwd latency": "latency_ns", "params": "params"}
@@ -89,7 +89,7 @@ def flops_page() -> None:
 
         st.subheader("Top modules per depth")
         k = st.number_input("Top k", min_value=1, max_value=20, value=3)
-        st.dataframe(top_modules(tree, int(k)), hide_index=True)
+        tables.dataframe(top_modules(tree, int(k)), hide_index=True)
 
         st.subheader("Per-rank comparison")
         shallow = measured(profile[profile.depth == 1]).assign(latency_ms=lambda f: f.latency_ns / 1e6)
@@ -112,7 +112,7 @@ def flops_page() -> None:
         )
 
         st.subheader("Detailed profile")
-        st.dataframe(detailed_table(tree), hide_index=True)
+        tables.dataframe(detailed_table(tree), hide_index=True)
 
     state.live(sel, body)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, queries, state, tables
 from collector.data.findings.model import ranks_label
 
 EXPANDED_STACK_GROUPS = 3  # the odd ones out (fewest ranks) open; the rest one click away
@@ -50,9 +50,10 @@ def liveness_page() -> None:
         if hangs.empty:
             state.missing_data(sel, "stacks", "No collective is stuck in this run.")
         else:
-            st.dataframe(
+            tables.dataframe(
                 hangs[["group_name", "seq", "op", "step", "waiting_s", "waiting_ranks", "missing_ranks"]],
                 hide_index=True,
+                column_config={"waiting_s": st.column_config.NumberColumn("waiting (s)", format="%.1f")},
             )
         liveness = queries.rank_liveness(d, run_id, version)
         if liveness.empty:
@@ -69,7 +70,7 @@ def liveness_page() -> None:
                 "behind: how many collectives the row's slowest rank has yet to enter "
                 "to reach the furthest rank of its group."
             )
-            st.dataframe(behind(wave), hide_index=True)
+            tables.dataframe(behind(wave), hide_index=True)
         st.subheader("Stacks")
         stacks = queries.stacks(d, run_id, version)
         if stacks.empty:

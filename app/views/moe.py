@@ -3,7 +3,7 @@ for exceeding the expert's capacity."""
 
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, queries, state, tables
 
 
 def moe_page() -> None:
@@ -37,7 +37,13 @@ def moe_page() -> None:
         )
         totals = rows.groupby("expert", as_index=False)[["tokens", "dropped"]].sum()
         totals["share of tokens"] = totals.tokens / totals.tokens.sum()
-        st.dataframe(totals, hide_index=True)
+        tables.dataframe(
+            totals,
+            hide_index=True,
+            column_config={
+                "share of tokens": st.column_config.ProgressColumn(format="percent", min_value=0, max_value=1),
+            },
+        )
 
     state.live(sel, body)
 

@@ -4,7 +4,7 @@ neighbour stages, the gaps are the bubbles) and each stage's bubble fraction ove
 
 import streamlit as st
 
-from app import charts, queries, state
+from app import charts, queries, state, tables
 
 
 def pipeline_page() -> None:
@@ -54,7 +54,7 @@ def pipeline_page() -> None:
         )
         table = bubbles.groupby("stage", as_index=False)[["busy_ms", "bubble_ms", "bubble_fraction", "layers"]].median()
         table["ms per micro-batch"] = table.busy_ms / m
-        st.dataframe(table, hide_index=True)
+        tables.dataframe(table, hide_index=True)
 
     state.live(sel, body)
 

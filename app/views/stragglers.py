@@ -13,7 +13,7 @@ from suspects (app/evidence.py) under them. Click a cell to list the collective 
 import pandas as pd
 import streamlit as st
 
-from app import charts, evidence, queries, state
+from app import charts, evidence, queries, state, tables
 from collector.data import binning, whatif
 from collector.data.findings.stragglers import late_ranks
 from collector.data.findings.whatif import describe
@@ -74,7 +74,14 @@ def drill_down(sel: state.Selection, version: str, labels: dict[int, str], dims:
     elif instances.empty:
         st.info(f"Rank {rank} ran no collectives at step {step}.")
     else:
-        st.dataframe(instances, hide_index=True)
+        tables.dataframe(
+            instances,
+            hide_index=True,
+            column_config={
+                "arrival_delay_ms": st.column_config.NumberColumn("arrival delay (ms)", format="localized"),
+                "wait_ms": st.column_config.NumberColumn("wait (ms)", format="localized"),
+            },
+        )
 
 
 def summary_sentences(last: pd.DataFrame, world_size: int) -> list[str]:
@@ -180,7 +187,10 @@ def stragglers_page() -> None:
     def body(version: str) -> None:
         ranks = queries.ranks(d, run_id, version)
         labels = rank_labels(ranks)
-        last = queries.last_arrivals(d, run_id, version, flt)
+        # Who arrives last counts the training steps: the warm-up step's start-up broadcasts (one
+        # per tensor, from rank 0) would otherwise name whichever rank loads its model last.
+        steps = queries.training_filter(queries.comm_dimensions(d, run_id, version)).steps
+        last = queries.last_arrivals(d, run_id, version, queries.CommFilter(ops, groups, steps=steps))
         if last.empty:
             st.info("No collectives match these filters yet.")
             return
@@ -214,7 +224,7 @@ def stragglers_page() -> None:
                 .sort_values(["arrival_delay_ms", "host"], ascending=[False, True])
             )
             st.subheader("By host (slowest first)")
-            st.dataframe(per_host, hide_index=True)
+            tables.dataframe(per_host, hide_index=True)
         with sentences:
             world = max(len(ranks), int(last["rank"].max()) + 1)
             for sentence in summary_sentences(last, world):

@@ -16,6 +16,7 @@ import pytest
 from collector.data import catalog
 from collector.data import queries as q
 from collector.testing.dashboard import browser_tab
+from tests.integration import _glance
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS, serve_dashboard
 
 SAMPLE_RUNS = Path(__file__).resolve().parents[2] / "sample_runs"
@@ -251,3 +252,35 @@ def test_no_request_leaves_the_machine(browser, dashboard, runs):
     outside = {u for u in requested if urlparse(u).scheme in ("http", "https", "ws", "wss")}
     outside = {u for u in outside if urlparse(u).hostname not in ("127.0.0.1", "localhost")}
     assert not outside, sorted(outside)[:10]
+
+
+# Issue 48 item 6: each chart page over the sample run that has its data, in this module's one browser.
+GLANCE = {
+    "overview": "zero3-fp16-overflows",
+    "comms": "zero2-slow-rank3",
+    "stragglers": "zero2-slow-rank3",
+    "liveness": "zero2-hang-rank2",
+    "memory": "zero3-fp16-overflows",
+    "flops": "zero2-slow-rank3",
+    "moe": "moe-skewed-expert",
+}
+
+
+def test_every_page_reads_at_a_glance(tab, dashboard, runs):
+    """No blank chart, no legend over a plot, no raw number (7978.5628) in a table or on an axis."""
+    found = []
+    for page, name in GLANCE.items():
+        open_page(tab, dashboard, page, runs[1][name])
+        found += _glance.problems(tab, f"{page} ({name}): ")  # waits for the tables too
+        _shot(tab, f"glance-{page}")
+    assert not found, "\n".join(found)
+
+
+def test_who_arrives_last_leaves_out_the_start_up_broadcasts(tab, dashboard, runs):
+    """Issue 48: Stragglers said 'rank 3 arrives last in 71% of broadcasts', all of them the
+    parameter broadcasts of the warm-up step; it counts the training steps now."""
+    open_page(tab, dashboard, "stragglers", runs[1]["zero2-slow-rank3"])
+    sentences = tab.locator("[data-testid=stMarkdownContainer] strong").all_inner_texts()
+    assert "reduce_scatter_tensor" in sentences and "broadcast" not in sentences, sentences
+    bars = [c for c in charts(tab) if c["title"].startswith("Ranks arriving last")]
+    assert bars and "broadcast" not in {t["name"] for t in bars[0]["traces"]}

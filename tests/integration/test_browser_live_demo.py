@@ -1,8 +1,8 @@
 """`rankscope demo` as a person runs it, checked in headless Chromium while its 4-rank run trains
 on the same cores: every chart page draws its first chart within FIRST_CHART_S, no chart is
-blank, and every chart that follows the steps is redrawn at least every REDRAW_S; then Ctrl-C
-ends the demo with exit 0. Its staged straggler (rank 1, from an early step here) shows up in
-Overview's health summary while it runs."""
+blank, every page reads at a glance (tests/integration/_glance.py), and every chart that follows
+the steps is redrawn at least every REDRAW_S; then Ctrl-C ends the demo with exit 0. Its staged
+straggler (rank 1, from an early step here) shows up in Overview's health summary while it runs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from collector.data import catalog
 from collector.testing.dashboard import browser_tab, drawn_charts, record_redraws, redraws
 from collector.testing.ports import answers_ok
 from collector.tools.launch import free_port
+from tests.integration import _glance
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 from tests.integration._demo import start_demo
 
@@ -101,11 +102,12 @@ def test_every_page_draws_within_5_s_and_redraws_every_2_s_while_it_trains(demo,
         start = time.time()
         tab.wait_for_timeout(OBSERVE_S * 1000)
         end = time.time()
-        charts, seen = drawn_charts(tab), redraws(tab)
+        charts, seen, glance = drawn_charts(tab), redraws(tab), _glance.problems(tab)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         tab.screenshot(path=str(SCREENSHOTS / f"live-demo-{page}.png"), full_page=True)
     problems = [] if first <= FIRST_CHART_S else [f"first chart after {first:.1f} s"]
     problems += [f"blank chart {c['title']!r}" for c in charts if c["blank"]] if charts else ["no chart"]
+    problems += glance  # issue 48 item 6: no legend over a plot, no raw number in a table or on an axis
     by_title: dict[str, list[float]] = {}  # Streamlit's theme wraps a title in <b> once or twice
     for title, times in seen.items():
         by_title.setdefault(re.sub("<[^>]+>", "", title), []).extend(times)

@@ -1,8 +1,9 @@
 """The dashboard at scale in a real headless Chromium: a `rankscope simulate` run of 1,024
 ranks (20 steps, so the whole check stays within CI's budget; the 8,192-rank run is
 benches/dashboard_scale.py) with rank 517 injected 40 ms late. Every page draws, no chart
-is blank, none draws more than MAX_DRAWN rows or legend entries, and the straggler is named
-on Stragglers and Overview."""
+is blank, none draws more than MAX_DRAWN rows or legend entries, every page reads at a glance
+(tests/integration/_glance.py: no legend over a plot, no raw number in a table or on an axis),
+and the straggler is named on Stragglers and Overview."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from collector.testing.dashboard import DashboardProcess, browser_tab, drawn_charts
 from collector.tools import simulate
+from tests.integration import _glance
 from tests.integration._browser import NEEDS_CHROMIUM, SCREENSHOTS
 
 RANKS, STEPS, LATE = 1024, 20, 517
@@ -21,6 +23,7 @@ PAGES = {  # url path -> text on the page once it has rendered
     "comms": "Summary (deepspeed.comm.log_summary)",
     "stragglers": f"rank {LATE} arrives last",
     "memory": "per rank",
+    "liveness": "Wavefront",
 }
 
 pytestmark = NEEDS_CHROMIUM
@@ -64,6 +67,7 @@ def test_every_chart_draws_a_readable_number_of_rows(tab, run, path):
         assert chart["legend"] <= MAX_DRAWN, f"{path}: {chart['title']!r} has {chart['legend']} legend entries"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SCREENSHOTS / f"scale-{path}.png"), full_page=True)
+    assert not (found := _glance.problems(tab)), "\n".join(found)
 
 
 def test_stragglers_bins_the_ranks_and_opens_the_straggler_s_host(tab, run):
