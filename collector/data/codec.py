@@ -69,6 +69,7 @@ REJECTED_SEQ_KEY = "rankscope-rejected-seq"
 RESEND_KEY = "rankscope-resend"
 MAX_CLIENT_ID_CHARS = 256
 RUN_END_STATUSES = ("finished", "failed", "stopped")  # stopped: ended by its user (Ctrl-C, a stop signal)
+RUN_END_SENDERS = ("rank", "supervisor")  # RunEnd.ended_by; empty (an older sender) is the rank
 
 Rows = tuple[str, str, pa.Table]  # (table, run_id, rows)
 
@@ -398,6 +399,9 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
             _check_range("end.ended_at_ns", e.ended_at_ns, 0, INT64_MAX)
             if e.status not in RUN_END_STATUSES:
                 raise CodecError(f"run end: status {e.status!r} is not one of {', '.join(RUN_END_STATUSES)}")
+            ended_by = e.ended_by or "rank"
+            if ended_by not in RUN_END_SENDERS:
+                raise CodecError(f"run end: ended_by {e.ended_by!r} is not one of {', '.join(RUN_END_SENDERS)}")
             end = _one_row(
                 RANK_ENDS_SCHEMA,
                 run_id=e.run_id,
@@ -405,6 +409,7 @@ def envelope_rows(env: pb.Envelope) -> list[Rows]:
                 status=e.status,
                 ended_at=_timestamp(e.ended_at_ns),
                 dropped_records=e.dropped_records,
+                ended_by=ended_by,
             )
             return [("rank_ends", e.run_id, end)]
     except CodecError as exc:

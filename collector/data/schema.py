@@ -288,6 +288,9 @@ RANK_ENDS_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("ended_at", TIMESTAMP),
         ("dropped_records", pa.int64()),
+        # rank: the rank's own RunEnd; supervisor: recorded for it by whoever stopped the run
+        # (collector.tools.supervise); NULL in segments written before the column
+        ("ended_by", pa.string()),
     ]
 )
 

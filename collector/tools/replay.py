@@ -130,7 +130,9 @@ def open_run(con, run: str) -> tuple[dict, list[RankData]]:
     ends = {
         r[0]: r[1:]
         for r in con.execute(
-            """SELECT rank, status, epoch_ns(ended_at), dropped_records FROM rank_ends WHERE run_id = ?""", [run_id]
+            "SELECT rank, status, epoch_ns(ended_at), dropped_records, coalesce(ended_by, 'rank') FROM rank_ends "
+            "WHERE run_id = ?",
+            [run_id],
         ).fetchall()
     }
     per_rank = _rows_per_step(con, run_id)
@@ -153,8 +155,10 @@ def open_run(con, run: str) -> tuple[dict, list[RankData]]:
         )
         end = None
         if rank in ends:
-            status, ended, dropped = ends[rank]
-            end = pb.RunEnd(rank=rank, status=status, ended_at_ns=ended or 0, dropped_records=dropped or 0)
+            status, ended, dropped, ended_by = ends[rank]
+            end = pb.RunEnd(
+                rank=rank, status=status, ended_at_ns=ended or 0, dropped_records=dropped or 0, ended_by=ended_by
+            )
         per_step = per_rank.get(rank, [])
         out.append(RankData(rank, hello, end, _step_ranges(per_step), sum(n for _, n, _ in per_step)))
     return run_row, out

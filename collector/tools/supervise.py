@@ -195,7 +195,9 @@ def _send_ends(endpoint: str, missing: list[tuple[str, int]], timeout_s: float) 
     with security.open_channel(endpoint) as channel:
         stub = pb_grpc.CollectorStub(channel)
         for i, (run_id, rank) in enumerate(missing):  # one stream and client each: one rank of one run
-            end = pb.RunEnd(run_id=run_id, rank=rank, status="stopped", ended_at_ns=time.time_ns())
+            end = pb.RunEnd(
+                run_id=run_id, rank=rank, status="stopped", ended_at_ns=time.time_ns(), ended_by="supervisor"
+            )
             env = pb.Envelope(schema_version=SCHEMA_VERSION, client_id=f"{client}{i}", seq=1, end=end)
             call = stub.Stream(iter([env]), timeout=timeout_s)
             try:

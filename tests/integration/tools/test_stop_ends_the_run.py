@@ -33,7 +33,7 @@ def _stored(data_dir) -> tuple[list, list]:
     con = catalog.connect(data_dir)
     try:
         runs = con.execute("SELECT run_id, status, n_ranks FROM runs").fetchall()
-        ends = con.execute("SELECT rank, status FROM rank_ends ORDER BY rank").fetchall()
+        ends = con.execute("SELECT rank, status, ended_by FROM rank_ends ORDER BY rank").fetchall()
     finally:
         con.close()
     return runs, ends
@@ -62,7 +62,7 @@ def test_the_guard_ends_a_killed_demos_run_stopped_for_the_ranks_that_could_not(
     parent = None
     try:
         _ranks_as_a_stop_left_them(collector)
-        assert _stored(data) == ([(RUN, "running", 2)], [(0, "stopped")])
+        assert _stored(data) == ([(RUN, "running", 2)], [(0, "stopped", "rank")])
         # the demo: it starts the guard, watching it, the training and the collector, and is killed
         guard_argv = [sys.executable, "-m", "collector.tools.supervise", "--guard"]
         watched = [str(training.pid), str(collector.proc.pid), collector.address, str(spool), str(data), repr(since)]
@@ -87,7 +87,8 @@ def test_the_guard_ends_a_killed_demos_run_stopped_for_the_ranks_that_could_not(
                 proc.wait()
     runs, ends = _stored(data)
     assert runs == [(RUN, "stopped", 2)], f"a run its user stopped must read 'stopped': {runs}, ends {ends}"
-    assert ends == [(0, "stopped"), (1, "stopped"), (2, "stopped")]
+    # the rank's own end, and the two the guard recorded for the ranks that could not send theirs
+    assert ends == [(0, "stopped", "rank"), (1, "stopped", "supervisor"), (2, "stopped", "supervisor")]
 
 
 def test_only_runs_still_running_since_the_stopped_training_started_are_ended_each_once(tmp_path):

@@ -156,3 +156,18 @@ def test_impossible_values_are_refused_by_column_and_row(table, column, bad, mes
     columns[column][2] = bad
     with pytest.raises(CodecError, match=message):
         decode_batch(encode_batch(table, "r", 0, columns))
+
+
+@pytest.mark.parametrize("ended_by, stored", [("", "rank"), ("rank", "rank"), ("supervisor", "supervisor")])
+def test_a_run_end_says_who_sent_it(ended_by, stored):
+    """The rank's own RunEnd (an older sender leaves ended_by empty) or one recorded for it by
+    whoever stopped the run (collector.tools.supervise): rank_ends keeps which."""
+    end = pb.RunEnd(run_id="r", rank=1, status="stopped", ended_at_ns=5, ended_by=ended_by)
+    [(table, run_id, row)] = envelope_rows(pb.Envelope(schema_version=1, client_id="c", seq=3, end=end))
+    assert (table, run_id, row.column("ended_by").to_pylist()) == ("rank_ends", "r", [stored])
+
+
+def test_a_run_end_from_an_unknown_sender_is_refused_by_name():
+    end = pb.RunEnd(run_id="r", rank=1, status="stopped", ended_at_ns=5, ended_by="someone")
+    with pytest.raises(CodecError, match=r"envelope seq 3: run end: ended_by 'someone' is not one of rank, supervisor"):
+        envelope_rows(pb.Envelope(schema_version=1, client_id="c", seq=3, end=end))
