@@ -34,6 +34,14 @@ def main(argv: list[str] | None = None) -> None:
         # a viewer of this app needs no "Deploy" button or developer menu
         "--client.toolbarMode",
         "viewer",
+        # Streamlit runs a full gc.collect(2) after every script run, a live page's 1 s refreshes
+        # included: a quarter of the server's CPU with one live Overview open (py-spy, issue 48).
+        # Python's own generational collection still runs.
+        "--runner.postScriptGC",
+        "false",
+        # nor does it reload the app when its source files change: no watcher threads polling them
+        "--server.fileWatcherType",
+        "none",
         "--",
         "--data-dir",
         os.path.abspath(args.data_dir),
