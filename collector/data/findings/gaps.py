@@ -5,12 +5,15 @@ Input: queries.deliveries (rank, step, made_ns, received_ns: one row per flush o
 collector.data.deliveries) and, optionally, queries.ranks (its ``dropped_records``, the rows each
 rank counted as lost). A rank's deliveries arrive every flush (0.2 s); a gap is a stretch of at
 least ``GAP_S`` in which the collector received nothing from it, *after* which the first delivery
-is late by at least ``HELD_FRACTION`` of the gap: what it carries was made during the silence and
-held back (in the rank's memory or spool) until the link was back. That tells a gap of the network
-(or of the collector) from a rank that stopped making records (a frozen or dead process, whose
-first delivery afterwards is fresh: the silent and stopped-rank findings speak for it). The
-delivery lag is compared with the rank's own usual lag (its median), so a constant offset between
-rank 0's time line and the collector's clock cancels.
+is late (by ``HELD_FRACTION`` of the gap, or ``HELD_S``: what it carries was held back in the
+rank's memory or spool until the link was back, the oldest perhaps dropped over the spool's limit),
+and by the time its deliveries are fresh again the rank is further than before the silence by at
+least ``TRAINED`` of the steps its pace before would have made in it: it trained on while nobody
+heard it. That tells a gap of the network (or
+of the collector) from a rank that stopped (a frozen, stopped or dead process: what it held
+arrives late too when it resumes, but its steps did not move; the silent and stopped-rank findings
+speak for it). The delivery lag is compared with the rank's own usual lag (its median), so a
+constant offset between rank 0's time line and the collector's clock cancels.
 
 Ranks whose gaps overlap share one finding: a host cut off, or a collector down, is one line. It is
 information (nothing was lost: the ranks resent it all), or a warning when the ranks counted
@@ -25,7 +28,10 @@ from collector.data.findings.clock import span
 from collector.data.findings.model import Finding, ranks_label
 
 GAP_S = 10.0  # deliveries come every 0.2 s; a heartbeat period is 1 s, a rank is silent after 3
-HELD_FRACTION = 0.5  # the first delivery after the gap is late by at least this share of it
+HELD_FRACTION = 0.5  # the first delivery after the gap is late by this share of it ...
+HELD_S = 5.0  # ... or by this much (what was made first in the gap may have been dropped)
+MIN_STEPS = 2  # steps made while nobody heard the rank: at least this many, and at least
+TRAINED = 0.25  # this share of what its pace before the gap would have made in it
 
 
 def _gaps(rows: pd.DataFrame) -> list[dict]:
@@ -39,18 +45,25 @@ def _gaps(rows: pd.DataFrame) -> list[dict]:
     found = []
     for i in range(1, len(rows)):
         gap = received[i] - received[i - 1]
-        if gap < GAP_S * 1e9 or lag[i] - usual < HELD_FRACTION * gap:
+        late = min(HELD_FRACTION * gap, HELD_S * 1e9)
+        if gap < GAP_S * 1e9 or lag[i] - usual < late:
             continue
-        live = next((j for j in range(i, len(rows)) if lag[j] - usual < HELD_FRACTION * gap), len(rows) - 1)
-        found.append(
-            {
-                "start_ns": int(received[i - 1]),
-                "end_ns": int(received[i]),
-                "from_step": None if pd.isna(steps[i - 1]) else int(steps[i - 1]),
-                "to_step": None if pd.isna(steps[live]) else int(steps[live]),
-            }
-        )
+        live = next((j for j in range(i, len(rows)) if lag[j] - usual < late), len(rows) - 1)
+        before, after = steps[i - 1], steps[live]
+        if pd.isna(before) or pd.isna(after) or after - before < max(MIN_STEPS, TRAINED * _rate(rows, i) * gap):
+            continue
+        found.append({"start_ns": int(received[i - 1]), "end_ns": int(received[i]), "from_step": int(before),
+                      "to_step": int(after)})  # fmt: skip
     return found
+
+
+def _rate(rows: pd.DataFrame, i: int) -> float:
+    """Steps per ns the rank made before its ``i``-th delivery (0 where that cannot be told)."""
+    before = rows.iloc[:i].dropna(subset=["step"])
+    if len(before) < 2:
+        return 0.0
+    span_ns = float(before.received_ns.iloc[-1] - before.received_ns.iloc[0])
+    return max(0.0, float(before.step.iloc[-1] - before.step.iloc[0]) / span_ns) if span_ns > 0 else 0.0
 
 
 def network_gaps(deliveries: pd.DataFrame | None, ranks: pd.DataFrame | None = None) -> list[Finding]:
@@ -75,24 +88,25 @@ def _finding(group: list[tuple[int, dict]], dropped: dict[int, int]) -> Finding:
     ranks = tuple(sorted({rank for rank, _ in group}))
     start = min(g["start_ns"] for _, g in group)
     end = max(g["end_ns"] for _, g in group)
-    froms = [g["from_step"] for _, g in group if g["from_step"] is not None]
-    tos = [g["to_step"] for _, g in group if g["to_step"] is not None]
-    first, last = (min(froms), max(tos)) if froms and tos else (None, None)
-    between = f" between steps {first} and {last}" if first is not None else ""
+    first, last = min(g["from_step"] for _, g in group), max(g["to_step"] for _, g in group)
     lost = sum(dropped.get(r, 0) for r in ranks)
     text = (
-        f"the collector heard nothing from {ranks_label(ranks)}{between} ({span(end - start)}): a network "
+        f"the collector heard nothing from {ranks_label(ranks)} between steps {first} and {last} "
+        f"({span(end - start)}): a network "
         "partition, or the collector stopped or stalled; the ranks trained on, and what they made meanwhile "
         "arrived after it (resent from their memory and spool)"
     )
-    if lost:
-        text += f"; {lost} records were dropped over the ranks' limits (telemetry.max_spool_bytes, max_unacked_bytes)"
+    if lost:  # an upper bound: records stored whose ack the partition swallowed are counted too
+        text += (
+            f"; the ranks counted {lost} records dropped over their limits (telemetry.max_spool_bytes, "
+            "max_unacked_bytes)"
+        )
     return Finding(
         kind="network_gap",
         severity="warning" if lost else "info",
         text=text,
         ranks=ranks,
-        steps=(first, last) if first is not None else None,
+        steps=(first, last),
         evidence={
             "seconds": (end - start) / 1e9,
             "start_ns": start,

@@ -69,6 +69,7 @@ def main() -> None:
     step_s, samples, rows = [], [], 0
     next_sample = time.monotonic()
     step = 0
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"started-{rank}").write_text("")
     while not args.stop.exists():
         hook.step(step)
@@ -100,7 +101,6 @@ def main() -> None:
     dist.destroy_process_group()
     report["dropped"] = client.dropped_unspooled + client.dropped_rejected + client.buffer.dropped
     report["spool_dropped"] = client.spool_dropped
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank-{rank}.json").write_text(json.dumps(report))
 
 

@@ -37,7 +37,10 @@ def check(run: PartitionRun, partition_s: float) -> Outcome:
 
     got = outcome(run)
     assert got.stored == got.distinct, f"{got.stored - got.distinct} timers rows stored twice"
-    assert got.stored + got.dropped == got.made, f"{got.stored} stored + {got.dropped} dropped != {got.made} made"
+    # every row not stored was counted dropped; the count is an upper bound: rows the collector
+    # stored whose ack the partition swallowed, and that the rank then dropped from its spool, count too
+    counts = f"{got.stored} stored, {got.dropped} dropped, {got.made} made"
+    assert got.stored <= got.made <= got.stored + got.dropped, counts
     found = got.found
     kinds = {f.kind for f in found}
     assert not kinds & {"rank_stopped", "silent_rank", "hang", "stuck"}, [f.text for f in found]
@@ -57,7 +60,8 @@ def check(run: PartitionRun, partition_s: float) -> Outcome:
 
 def test_a_partition_loses_nothing_and_is_named_a_gap(tmp_path):
     run = partition_run(tmp_path, warm_s=3, partition_s=25, after_s=6)
-    assert check(run, 25).dropped == 0
+    got = check(run, 25)
+    assert got.dropped == 0 and got.stored == got.made
 
 
 @pytest.mark.slow  # 10 minutes cut off on purpose

@@ -48,7 +48,7 @@ def test_dropped_records_make_it_a_warning_that_counts_them():
     ranks = pd.DataFrame({"rank": [0, 1], "dropped_records": [1234, 0]})
     [gap] = network_gaps(frame, ranks)
     assert gap.severity == "warning" and gap.evidence["dropped_records"] == 1234
-    assert "1234 records were dropped" in gap.text
+    assert "counted 1234 records dropped" in gap.text
 
 
 def test_separate_gaps_are_separate_findings_and_a_rank_not_cut_off_is_not_named():
@@ -57,10 +57,24 @@ def test_separate_gaps_are_separate_findings_and_a_rank_not_cut_off_is_not_named
     assert [g.ranks for g in gaps] == [(0,), (2,)]
 
 
-def test_a_rank_that_stopped_making_records_is_no_gap():
-    # a frozen process: nothing received for 60 s, and the first delivery afterwards is fresh
-    frame = pd.DataFrame(flushes(0, 0, 20) + flushes(0, 80, 100))
+def test_a_rank_that_stopped_is_no_gap_though_what_it_held_arrives_late():
+    # a frozen process (SIGSTOP, swap): nothing received for 60 s; what it held when it froze
+    # arrives late when it resumes, but its steps did not move meanwhile
+    held = {"rank": 0, "step": 399, "made_ns": int(20 * S) - OFFSET, "received_ns": int(80 * S)}
+    resumed = [r | {"step": 400 + (r["step"] - 1600)} for r in flushes(0, 80.2, 100)]  # steps go on from 400
+    frame = pd.DataFrame([*flushes(0, 0, 20), held, *resumed])
     assert network_gaps(frame) == []
+    fresh = pd.DataFrame([*flushes(0, 0, 20), *flushes(0, 80, 100)])  # or nothing held at all
+    assert network_gaps(fresh) == []
+
+
+def test_a_partition_whose_oldest_records_were_dropped_is_still_a_gap():
+    # the spool kept only the last 80 s: the first delivery after the heal was made 80 s before it
+    held = {"rank": 0, "step": int(540 / 0.05), "made_ns": int(540 * S) - OFFSET, "received_ns": int(620 * S)}
+    frame = pd.DataFrame([*flushes(0, 0, 20), held, *flushes(0, 620.2, 640)])
+    ranks = pd.DataFrame({"rank": [0], "dropped_records": [99]})
+    [gap] = network_gaps(frame, ranks)
+    assert gap.ranks == (0,) and 599 <= gap.evidence["seconds"] <= 601 and gap.severity == "warning"
 
 
 def test_pauses_shorter_than_the_threshold_and_steady_flushes_are_silent():
