@@ -12,6 +12,9 @@ that ended in the last ``keep_ended_s``:
 | ``rankscope_last_arrival_share`` | share of the run's collective instances this rank arrived last to |
 | ``rankscope_findings{kind,severity}`` | findings of the run as held at the scrape (collector.server.live_findings) |
 | ``rankscope_ranks_omitted`` | ranks of the run whose per-rank series are left out (``max_ranks``) |
+| ``rankscope_whatif_slowdown`` | the what-if replay's S over the stored steps (collector.data.whatif; runs it models) |
+| ``rankscope_whatif_worker_slowdown{rank}`` | S with only that worker as run, the 5 worst workers |
+| ``rankscope_whatif_stage_slowdown{stage}`` | S with only that stage as run |
 
 and the collector's own counters: ``rankscope_collector_records_durable_total``,
 ``rankscope_collector_batches_rejected_total``, ``rankscope_collector_open_streams``,
@@ -62,7 +65,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from collector.data import findings, queries
+from collector.data import findings, queries, whatif
 from collector.data.findings.communication import recent_exposed_share
 from collector.server.alerts import AlertWebhook
 
@@ -115,7 +118,11 @@ GAUGES = {
     "rankscope_last_arrival_share": ("Share of collective instances this rank arrived last to", (*RUN_LABELS, "rank")),
     "rankscope_findings": ("Findings of the run by kind and severity", (*RUN_LABELS, "kind", "severity")),
     "rankscope_ranks_omitted": ("Ranks of the run whose per-rank series are left out (max_ranks)", RUN_LABELS),
+    "rankscope_whatif_slowdown": ("What-if replay: step time as run / with no stragglers (S)", RUN_LABELS),
+    "rankscope_whatif_worker_slowdown": ("What-if replay: S with only this worker as run", (*RUN_LABELS, "rank")),
+    "rankscope_whatif_stage_slowdown": ("What-if replay: S with only this stage as run", (*RUN_LABELS, "stage")),
 }
+WHATIF_WORKERS = 5  # the worst workers whose what-if score is exported
 
 
 @dataclass
@@ -363,6 +370,7 @@ class MetricsEndpoint:
                     mine.add(name, (*run_labels, rank, *extra), value)
         mine.add("rankscope_ranks_omitted", run_labels, len(ranks) - len(shown))
         found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps)
+        self._whatif(cat, run.run_id, run_labels, mine)
         for (kind, severity), n in _counts(found).items():
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
         if self.held is not None:
@@ -373,6 +381,20 @@ class MetricsEndpoint:
         if self.escalation is not None:
             self.escalation.offer(run.run_id, found, steps)
         return mine
+
+    @staticmethod
+    def _whatif(cat, run_id: str, run_labels: tuple, mine: Snapshot) -> None:
+        """S and its decomposition by the worst workers and by stage, from the replay the findings
+        above ran (whatif.for_run keeps it per data version): live, below the findings' 1.05 too."""
+        try:
+            result = whatif.for_run(cat, run_id)
+        except (whatif.NoSteps, whatif.GraphError):
+            return
+        mine.add("rankscope_whatif_slowdown", run_labels, result["slowdown"])
+        for rank, value in list(result["by_worker"].items())[:WHATIF_WORKERS]:
+            mine.add("rankscope_whatif_worker_slowdown", (*run_labels, rank), value)
+        for stage, value in result["by_stage"].items():
+            mine.add("rankscope_whatif_stage_slowdown", (*run_labels, stage), value)
 
     def _worst(self, ranks: set[int], per_rank: dict) -> set[int]:
         """The ``max_ranks`` ranks to export: most often last to arrive, then slowest steps."""

@@ -3,7 +3,8 @@
 streaming to a real collector. With rank 1 busy 60 ms more before each step's forward, the replay
 names rank 1 alone (the worst worker, M_W's only one) and fixing it alone saves close to the 60 ms;
 health's straggler finding names rank 1 at that cost (one cost model), and the live collector
-says so while the run trains (its findings refresh replays the steps stored so far). The healthy run's steps are at
+says so while the run trains (its findings refresh replays the steps stored so far; its /metrics
+carry S and the worst workers' scores). The healthy run's steps are at
 their ideal (S < 1.05) and get no what-if finding.
 
 What load changes (as test_whatif_pipe says for pipelines): a busy host delays ranks and stretches
@@ -19,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -38,9 +40,10 @@ WORKLOAD = ROOT / "collector" / "testing" / "workloads" / "ddp_train.py"
 RANKS, SLOW_RANK, DELAY_MS = 3, 1, 60.0
 
 
-def _train(endpoint: str, data_dir: Path, name: str, out: Path, *args: str) -> list[dict]:
-    """Run the script to its end; returns the live collector's findings of the run with the replay's
-    cost in them, each time it was asked while the run trained (its Health RPC, every 0.5 s)."""
+def _train(endpoint: str, metrics_port: int, data_dir: Path, name: str, out: Path, *args: str) -> list[dict]:
+    """Run the script to its end; returns, each time the live collector was asked while the run trained
+    (every 0.5 s), its findings with the replay's cost in them (its Health RPC) and its /metrics lines of
+    the replay's figures."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RANKSCOPE_ENDPOINT=endpoint, RANKSCOPE_RUN=name, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS)]
     cmd += ["--master-port", str(free_port()), "-m", "collector.hook", str(WORKLOAD), str(out), *args]
@@ -49,11 +52,20 @@ def _train(endpoint: str, data_dir: Path, name: str, out: Path, *args: str) -> l
         while job.poll() is None:
             answer = live_collector_data.fetch(data_dir, name)
             replayed = [f for f in (answer.findings if answer else []) if _replayed(f)]
-            if replayed:
-                seen.append({"at": time.monotonic(), "findings": replayed})
+            gauges = [line for line in _scrape(metrics_port) if line.startswith("rankscope_whatif_")]
+            if replayed or gauges:
+                seen.append({"findings": replayed, "gauges": gauges})
             time.sleep(0.5)
         assert job.wait(timeout=600) == 0, job.stderr.read()[-3000:]
     return seen
+
+
+def _scrape(port: int) -> list[str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return reply.read().decode().splitlines()
+    except OSError:
+        return []
 
 
 def _replayed(finding: dict) -> bool:
@@ -64,11 +76,12 @@ def _replayed(finding: dict) -> bool:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("whatif-dp")
     data_dir = tmp / "data"
-    with CollectorProcess(data_dir) as collector:  # a real one: its findings refresh answers Health
+    # a real one: its findings refresh answers Health and fills /metrics
+    with CollectorProcess(data_dir, "--metrics-port", "0") as collector:
         # 80 steps: long enough for the findings refresh (every 5 s) to see it while it trains
         slow = ("--steps", "80", "--fault", f"sleep:{SLOW_RANK}:{DELAY_MS:g}")
-        live = _train(collector.address, data_dir, "slow", tmp / "slow", *slow)
-        _train(collector.address, data_dir, "healthy", tmp / "healthy")
+        live = _train(collector.address, collector.metrics_port, data_dir, "slow", tmp / "slow", *slow)
+        _train(collector.address, collector.metrics_port, data_dir, "healthy", tmp / "healthy")
     cat = queries.Catalog(data_dir)
     return cat, {name: queries.resolve_run(cat.con, name) for name in ("slow", "healthy")}, live
 
@@ -145,3 +158,13 @@ def test_the_live_collector_tells_the_replays_cost_while_the_run_trains(runs):
     _, _, live = runs
     assert live, "the live collector never told the replay's figures while the run trained"
     assert any(f["ranks"] == [SLOW_RANK] for seen in live for f in seen["findings"]), live[-1]
+    # /metrics: S over the steps stored so far, and the slowed rank the worst worker
+    gauges = [line for seen in live for line in seen["gauges"]]
+    slowdowns = [float(line.rsplit(" ", 1)[1]) for line in gauges if line.startswith("rankscope_whatif_slowdown{")]
+    assert slowdowns and max(slowdowns) > 1.05, gauges[-5:]
+    workers = {}
+    for line in gauges:
+        if line.startswith("rankscope_whatif_worker_slowdown{"):
+            rank = int(line.split('rank="', 1)[1].split('"', 1)[0])
+            workers[rank] = float(line.rsplit(" ", 1)[1])
+    assert max(workers, key=workers.get) == SLOW_RANK, workers

@@ -11,6 +11,9 @@ simulator and the figures (the OSDI'25 study's S, S_optype, S_dp_rank, S_stage, 
 
 from __future__ import annotations
 
+import collections
+import threading
+
 import pandas as pd
 
 from collector.data.whatif import dp
@@ -24,8 +27,35 @@ class NoSteps(LookupError):
     """The run has no ops the replay models (yet)."""
 
 
+_CACHE: collections.OrderedDict = collections.OrderedDict()  # (data dir, run, data version) -> result or NoSteps
+_CACHE_RUNS = 8
+_CACHE_LOCK = threading.Lock()
+
+
 def for_run(cat, run_id: str) -> dict:
-    """The what-if figures of ``run_id`` (collector.data.whatif.replay.analyze)."""
+    """The what-if figures of ``run_id`` (collector.data.whatif.replay.analyze), computed once per data
+    version of the run (the collector's findings refresh and its /metrics figures both ask; treat the
+    result as read-only)."""
+    from collector.data import queries
+
+    key = (str(cat.data_dir), run_id, queries.data_version(cat.data_dir, run_id))
+    with _CACHE_LOCK:
+        known = _CACHE.get(key)
+    if known is None:
+        try:
+            known = _replay(cat, run_id)
+        except (NoSteps, GraphError) as exc:
+            known = exc
+        with _CACHE_LOCK:
+            _CACHE[key] = known
+            while len(_CACHE) > _CACHE_RUNS:
+                _CACHE.popitem(last=False)
+    if isinstance(known, Exception):
+        raise type(known)(*known.args)
+    return known
+
+
+def _replay(cat, run_id: str) -> dict:
     from collector.data import queries
 
     ops = queries.whatif_ops(cat, run_id)
