@@ -50,30 +50,34 @@ def ops(comm: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     c = comm.assign(optype=comm.log_name.fillna(comm.op).astype(str)).sort_values(["rank", "step", "start_ns"])
     c = c.reset_index(drop=True)
-    # the steps every rank ran with the run's usual collectives (the most common signature)
-    sig = c.groupby(["rank", "step"]).optype.agg(tuple)
-    usual = sig.value_counts().index[0]
-    # each rank's step before must be there (its end starts compute #0), and the first step is warm-up
-    ends = c.groupby(["rank", "step"]).end_ns.max()
-    steps = ends.index.get_level_values("step").to_numpy()
-    ranks = ends.index.get_level_values("rank").to_numpy()
-    follows = np.r_[False, (ranks[1:] == ranks[:-1]) & (steps[1:] == steps[:-1] + 1)]
-    prev_end = pd.Series(np.r_[0, ends.to_numpy()[:-1]], index=ends.index)
-    ok = pd.Series((sig.reindex(ends.index) == pd.Series([usual] * len(ends), index=ends.index)).to_numpy() & follows)
-    by_step = ok.groupby(steps).agg(["all", "size"])
-    n_ranks = len(np.unique(ranks))
-    good = by_step.index[by_step["all"] & (by_step["size"] == n_ranks)]
+    rank, step = c["rank"].to_numpy(np.int64), c.step.to_numpy(np.int64)
     is_async = c.async_op.fillna(False).astype(bool).to_numpy()
     start, end = c.start_ns.to_numpy(np.int64), c.end_ns.to_numpy(np.int64)
-    key = pd.MultiIndex.from_arrays([c["rank"], c.step])
-    first = ~key.duplicated()
+    # (rank, step) groups of consecutive rows, in integer arrays (a 1,024-rank run has 100k of them)
+    first = np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]
+    heads = np.flatnonzero(first)
+    gid = np.cumsum(first) - 1
+    pos = np.arange(len(c)) - heads[gid]
+    g_rank, g_step = rank[heads], step[heads]
+    # the steps every rank ran with the run's usual collectives (the most common sequence of op types)
+    codes = pd.factorize(c.optype)[0]
+    seqs = np.full((len(heads), int(pos.max()) + 1), -1)
+    seqs[gid, pos] = codes
+    _, which, counts = np.unique(seqs, axis=0, return_inverse=True, return_counts=True)
+    usual = which.ravel() == np.argmax(counts)
+    # each rank's step before must be there (its end starts compute #0), and the first step is warm-up
+    g_end = np.maximum.reduceat(end, heads)
+    follows = np.r_[False, (g_rank[1:] == g_rank[:-1]) & (g_step[1:] == g_step[:-1] + 1)]
+    prev_end = np.r_[0, g_end[:-1]]
+    by_step = pd.DataFrame({"step": g_step, "ok": usual & follows}).groupby("step").ok.agg(["all", "size"])
+    good = by_step.index[by_step["all"] & (by_step["size"] == len(np.unique(g_rank)))]
     # where the rank was free before each collective: after the one before (its end, or its issue
     # when asynchronous); at a step's first, after everything of its step before ended
     freed = np.where(is_async, start, end)
-    ready = np.where(first, prev_end.reindex(key).to_numpy(), np.r_[0, freed[:-1]])
+    ready = np.where(first, prev_end[gid], np.r_[0, freed[:-1]])
     # before a blocking collective the rank waited for its asynchronous ones still in flight (a
     # ZeRO step's reduce-scatters before the gradient norm): not its compute
-    in_flight = pd.Series(np.where(is_async, end, 0)).groupby([c["rank"], c.step]).cummax().to_numpy()
+    in_flight = pd.Series(np.where(is_async, end, 0)).groupby(gid).cummax().to_numpy()
     in_flight = np.where(first, 0, np.r_[0, in_flight[:-1]])
     ready = np.where(is_async, ready, np.maximum(ready, in_flight))
     keep = c.step.isin(good).to_numpy()
