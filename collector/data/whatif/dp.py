@@ -38,6 +38,7 @@ from collector.data.whatif import replay
 from collector.data.whatif.graph import Graph, _topological
 
 COMPUTE = "compute"
+ARRIVAL = " arrival"  # a collective's op type + this: the ranks meeting at it (costs nothing; starts it)
 
 
 def ops(comm: pd.DataFrame) -> pd.DataFrame:
@@ -71,61 +72,82 @@ def ops(comm: pd.DataFrame) -> pd.DataFrame:
     prev_end = np.r_[0, g_end[:-1]]
     by_step = pd.DataFrame({"step": g_step, "ok": usual & follows}).groupby("step").ok.agg(["all", "size"])
     good = by_step.index[by_step["all"] & (by_step["size"] == len(np.unique(g_rank)))]
-    # where the rank was free before each collective: after the one before (its end, or its issue
-    # when asynchronous); at a step's first, after everything of its step before ended
-    freed = np.where(is_async, start, end)
+    # a collective starts when its last rank arrives (every rank runs the same sequence in the steps kept)
+    last = pd.Series(start).groupby([step, pos]).transform("max").to_numpy()
+    # where the rank was free before each collective: after the one before (its end; where that one
+    # was asynchronous, once every rank had arrived at it); at a step's first, after everything of its
+    # step before ended
+    freed = np.where(is_async, np.maximum(start, np.minimum(last, end)), end)
     ready = np.where(first, prev_end[gid], np.r_[0, freed[:-1]])
     # before a blocking collective the rank waited for its asynchronous ones still in flight (a
     # ZeRO step's reduce-scatters before the gradient norm): not its compute
     in_flight = pd.Series(np.where(is_async, end, 0)).groupby(gid).cummax().to_numpy()
     in_flight = np.where(first, 0, np.r_[0, in_flight[:-1]])
     ready = np.where(is_async, ready, np.maximum(ready, in_flight))
+    # the transfer begins when every rank arrived and the rank's collective before ended (one stream)
+    began = np.maximum(last, np.where(first, 0, np.r_[0, end[:-1]]))
     keep = c.step.isin(good).to_numpy()
-    c, ready, start, end, is_async = c[keep], ready[keep], start[keep], end[keep], is_async[keep]
+    c, ready, start, end, is_async, began = (x[keep] for x in (c, ready, start, end, is_async, began))
     if c.empty:
         return pd.DataFrame(columns=columns)
     t0 = pd.Series(np.minimum(ready, start)).groupby(c.step.to_numpy()).transform("min").to_numpy()
     base = dict(rank=c["rank"].to_numpy(), dp_rank=c["rank"].to_numpy(), stage=0, step=c.step.to_numpy())
-    compute = pd.DataFrame(
-        {**base, "optype": COMPUTE, "start": (ready - t0) / 1e9, "dur": np.maximum(start - ready, 0) / 1e9}
+    names = c.optype.to_numpy()
+    own = np.maximum(start - ready, 0)  # a compute ends at the arrival it leads to (its start: in arrival order)
+    compute = pd.DataFrame({**base, "optype": COMPUTE, "start": (start - own - t0) / 1e9, "dur": own / 1e9})
+    arrive = pd.DataFrame({**base, "optype": names + ARRIVAL, "start": (start - t0) / 1e9, "dur": 0.0})
+    transfer = pd.DataFrame(
+        {**base, "optype": names, "start": (began - t0) / 1e9, "dur": np.maximum(end - began, 0) / 1e9}
     )
-    coll = pd.DataFrame(
-        {**base, "optype": c.optype.to_numpy(), "start": (start - t0) / 1e9, "dur": (end - start) / 1e9}
-    )
-    out = pd.concat([compute, coll], ignore_index=True)[columns]
+    out = pd.concat([compute, arrive, transfer], ignore_index=True)[columns]
     out.attrs["async"] = sorted(set(c.optype[is_async]) - set(c.optype[~is_async]))
     return out
 
 
 def build(ref: pd.DataFrame, asynchronous=()) -> Graph:
     """The graph of one rank's step from ``ref`` (its ops: stage, optype, seq, start, end), the
-    chain above; ``asynchronous``: the collective op types that leave the rank free."""
+    chain above; ``asynchronous``: the collective op types that leave the rank free once every rank
+    has arrived. A collective is two nodes: the ranks' meeting (synced: it waits for every rank;
+    costs nothing) and the rank's transfer after it (and after its transfer before: one stream)."""
     ref = ref.reset_index(drop=True)
-    # the chain in time order: a compute ends at the arrival of the collective it leads to, and
-    # comes before it on a tie
-    is_compute = ref.optype.to_numpy() == COMPUTE
-    chain = np.lexsort((~is_compute, np.where(is_compute, ref.end.to_numpy(), ref.start.to_numpy())))
-    nodes = ref.loc[chain, ["stage", "optype", "seq"]].reset_index(drop=True)
+    optype = ref.optype.to_numpy().astype(str)
+    is_compute, is_arrival = optype == COMPUTE, np.char.endswith(optype, ARRIVAL)
+    # compute k and meeting k alternate in arrival order (a compute ends at its arrival; first on a tie)
+    paced = np.flatnonzero(is_compute | is_arrival)
+    at = np.where(is_compute, ref.end.to_numpy(), ref.start.to_numpy())[paced]
+    chain = paced[np.lexsort((is_arrival[paced], at))]
+    transfers = np.flatnonzero(~is_compute & ~is_arrival)
+    order = np.r_[chain, transfers]
+    nodes = ref.loc[order, ["stage", "optype", "seq"]].reset_index(drop=True)
     nodes["node"] = np.arange(len(nodes))
+    nodes["label"] = nodes.optype.str.removesuffix(ARRIVAL)  # by_optype: a meeting is its collective's
+    index = {(o, q): n for o, q, n in nodes[["optype", "seq", "node"]].itertuples(index=False)}
     deps: list[list[int]] = [[] for _ in range(len(nodes))]
     g = Graph(nodes=nodes, deps=deps)
     kinds = nodes.optype.tolist()
-    last_compute = last_coll = None
-    for i, kind in enumerate(kinds):
+    last_compute = last_meeting = last_transfer = None
+    for i in range(len(chain)):
+        kind = kinds[i]
         if kind == COMPUTE:
             if last_compute is not None:
                 deps[i].append(last_compute)
-            # after a blocking collective, or before one (waiting for the asynchronous ones; the
-            # stream's order makes the last of them the one to wait for)
-            leads_to = kinds[i + 1] if i + 1 < len(kinds) else None
-            if last_coll is not None and (kinds[last_coll] not in asynchronous or leads_to not in asynchronous):
-                deps[i].append(last_coll)
+            if last_meeting is not None:
+                before = kinds[last_meeting].removesuffix(ARRIVAL)
+                leads_to = kinds[i + 1].removesuffix(ARRIVAL) if i + 1 < len(chain) else None
+                # free once the ranks met at an asynchronous collective; after a blocking one, or before
+                # one (waiting for the asynchronous ones in flight), once its transfer ended (the
+                # stream's order makes the last transfer the one to wait for)
+                free_early = before in asynchronous and leads_to in asynchronous
+                deps[i].append(last_meeting if free_early else last_transfer)
             last_compute = i
         else:
-            deps[i].extend(n for n in (last_compute, last_coll) if n is not None)
+            transfer = index[(kind.removesuffix(ARRIVAL), nodes.seq[i])]
+            if last_compute is not None:
+                deps[i].append(last_compute)
             g.groups.append([i])
             g.synced.append(True)
-            last_coll = i
+            deps[transfer].extend(n for n in (i, last_transfer) if n is not None)
+            last_meeting, last_transfer = i, transfer
     g.order = _topological(g)
     return g
 
@@ -141,7 +163,7 @@ def typical(trace) -> np.ndarray:
         if name == COMPUTE:
             means = np.sort(np.nanmean(values, axis=0))
             out[i] = means[(len(means) - 1) // 2]
-        else:
+        else:  # a transfer (a meeting costs nothing)
             out[i] = np.nanmax(np.nanmedian(values, axis=0))
     return out
 

@@ -222,7 +222,10 @@ def analyze(
         return t.mean() / base, t / t_ideal
 
     node_stage = g.nodes.stage.to_numpy()
-    labels = g.nodes.optype.map(lambda o: _OPTYPE_LABEL.get(o, o)).to_numpy()
+    # by_optype's keys: a model may name them (a label column), else the op types, p2p sends and
+    # receives as one
+    labels = g.nodes["label"] if "label" in g.nodes else g.nodes.optype.map(lambda o: _OPTYPE_LABEL.get(o, o))
+    labels = labels.to_numpy()
     by: dict[str, dict] = {}
     per: dict[str, dict] = {}
     for name, keys, mask_of in (
