@@ -1,9 +1,9 @@
 """Slow storage under a real collector (issue 49): every fsync of the collector process takes
-0.2-2 s (seeded; the test moves the collector's view of its disk by wrapping ``os.fsync`` before
-``rankscope collect`` starts), while a real rank (``collector.hook``) trains and exits. Acks still
-mean durable (they come only after the slow commits), the rank's exit stays prompt (what is not
-acked by its close timeout goes to its spool), a reader of the catalog still answers while the
-commits crawl, and once the spool is resent every record is stored exactly once."""
+0.2-2 s (seeded; collector.testing.slow_fsync wraps the collector process's ``os.fsync``), while
+a real rank (``collector.hook``) trains and exits. Acks still mean durable (they come only after
+the slow commits), the rank's exit stays prompt (what is not acked by its close timeout goes to its
+spool), a reader of the catalog still answers while the commits crawl, and once the spool is
+resent every record is stored exactly once. Figures: benches/slow_storage.py."""
 
 from __future__ import annotations
 
@@ -25,17 +25,7 @@ from collector.testing.collectors import live_collector
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS, ROWS_PER_STEP = 150, 20
-
-SLOW_COLLECTOR = textwrap.dedent("""
-    import os, random, runpy, sys, time
-    real, rng = os.fsync, random.Random(49)
-    def slow_fsync(fd):
-        time.sleep(rng.uniform(0.2, 2.0))
-        return real(fd)
-    os.fsync = slow_fsync
-    sys.argv = ["rankscope", *sys.argv[1:]]
-    runpy.run_module("collector.tools.cli", run_name="__main__")
-""")
+SLOW_COLLECTOR = [sys.executable, "-m", "collector.testing.slow_fsync", "0.2", "2.0", "49", "collect"]
 
 RANK = textwrap.dedent("""
     import sys, time
@@ -58,7 +48,7 @@ def test_slow_fsync_keeps_acks_durable_training_prompt_and_readers_answering(tmp
     data, spool_dir = tmp_path / "data", tmp_path / "spool"
     stderr = tempfile.TemporaryFile(mode="w+")
     collector = subprocess.Popen(
-        [sys.executable, "-c", SLOW_COLLECTOR, "collect", "--data-dir", str(data), "--port", "0", "--no-auto-profile"],
+        [*SLOW_COLLECTOR, "--data-dir", str(data), "--port", "0", "--no-auto-profile"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=stderr,
