@@ -65,6 +65,7 @@ def test_a_partition_loses_nothing_and_is_named_a_gap(tmp_path):
 
 
 @pytest.mark.slow  # 10 minutes cut off on purpose
+@pytest.mark.timeout(1200)
 def test_ten_minutes_cut_off_stays_within_the_spool_limit(tmp_path):
     limit = 8 << 20
     run = partition_run(tmp_path, warm_s=10, partition_s=600, after_s=30, max_spool_bytes=limit, timeout_s=900)
