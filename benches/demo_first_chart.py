@@ -1,7 +1,7 @@
 """`rankscope demo` as a person opens it: time to each page's first chart while its 4-rank run
-trains on the same cores, in headless Chromium.
+trains on the same cores, in headless Chromium, with and without a CPU hog beside it.
 
-    python -m benches.demo_first_chart [--rounds 1]
+    python -m benches.demo_first_chart [--rounds 1] [--hog 2]
 
 The demo (collector, training until stopped with its staged straggler, dashboard) starts on free
 ports; 25 s after its dashboard answers, every chart page is opened twice per round:
@@ -11,25 +11,34 @@ ports; 25 s after its dashboard answers, every chart page is opened twice per ro
 - warm: one browser context for all pages, as a person moves from page to page.
 
 Per page: the sidebar's appearance (Streamlit's frontend up and its session connected), the
-moment the browser asked for the Plotly chunk (the first chart's element reached it), and the
-first drawn Plotly chart, all from navigation. Target (issue 29): first chart within 5 s.
-Writes (replaces) benches/RESULTS-demo-first-chart.md.
+first drawn Plotly chart, both from navigation, and the charts still blank (no point drawn)
+SETTLE_S after it. Then, with the live Overview open for CPU_WINDOW_S, the dashboard server's CPU
+per script run, for the demo's dashboard and for the same app under Streamlit's defaults beside
+it. With ``--hog N`` the same pass runs again beside N processes spinning a core each
+(``python -c "while True: pass"``), so the report has both side by side. Target (issues 29,
+48): first chart within 5 s and no blank chart, hog or not. Writes (replaces) benches/RESULTS-demo-first-chart.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import re
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
+from app.state import REFRESH_S
 from benches._common import code_version, publish
-from collector.testing.dashboard import launch_chromium
+from collector.testing.dashboard import drawn_charts, launch_chromium
 from collector.testing.ports import answers_ok
 from collector.tools.launch import free_port
 from tests.integration._demo import start_demo
@@ -37,10 +46,8 @@ from tests.integration._demo import start_demo
 HERE = Path(__file__).resolve().parent
 PAGES = ["overview", "comms", "stragglers", "liveness", "memory", "flops"]
 TARGET_S = 5.0
-_CHUNK_JS = """() => {
-  const e = performance.getEntriesByType('resource').find(r => /PlotlyChart\\.[^/]*\\.js$/.test(r.name));
-  return e ? [e.startTime / 1000, e.transferSize] : [null, null];
-}"""
+SETTLE_S = 3.0  # after the first chart, how long the page gets before its charts are checked for blanks
+CPU_WINDOW_S = 20.0
 
 
 def _open(tab, url: str, page: str) -> dict:
@@ -50,39 +57,132 @@ def _open(tab, url: str, page: str) -> dict:
     sidebar = time.monotonic() - t0
     tab.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
     first = time.monotonic() - t0
-    chunk_s, chunk_bytes = tab.evaluate(_CHUNK_JS)
-    return {"sidebar": sidebar, "chunk": chunk_s, "cached": chunk_bytes == 0, "first": first}
+    tab.wait_for_timeout(SETTLE_S * 1000)
+    blank = [re.sub("<[^>]+>", "", c["title"]) or "(untitled)" for c in drawn_charts(tab) if c["blank"]]
+    return {"sidebar": sidebar, "first": first, "blank": blank}
 
 
-def measure(url: str, rounds: int) -> list[dict]:
-    from playwright.sync_api import sync_playwright
-
+def _pages(p, url: str, rounds: int, phase: str) -> list[dict]:
     rows = []
-    with sync_playwright() as p:
-        for _ in range(rounds):
-            for page in PAGES:  # cold: a browser of its own per page
-                browser = launch_chromium(p)
-                try:
-                    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-                    rows.append({"mode": "cold", "page": page, "load": os.getloadavg()[0], **_open(tab, url, page)})
-                finally:
-                    browser.close()
-            browser = launch_chromium(p)  # warm: one context, page after page
+    for _ in range(rounds):
+        for page in PAGES:  # cold: a browser of its own per page
+            browser = launch_chromium(p)
             try:
-                context = browser.new_context(viewport={"width": 1400, "height": 1000})
-                for page in PAGES:
-                    tab = context.new_page()
-                    rows.append({"mode": "warm", "page": page, "load": os.getloadavg()[0], **_open(tab, url, page)})
-                    tab.close()
+                tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+                rows.append({"phase": phase, "mode": "cold", "page": page, "load": os.getloadavg()[0]})
+                rows[-1].update(_open(tab, url, page))
             finally:
                 browser.close()
+        browser = launch_chromium(p)  # warm: one context, page after page
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            for page in PAGES:
+                tab = context.new_page()
+                rows.append({"phase": phase, "mode": "warm", "page": page, "load": os.getloadavg()[0]})
+                rows[-1].update(_open(tab, url, page))
+                tab.close()
+        finally:
+            browser.close()
     return rows
 
 
-def report(rows: list[dict], command: str) -> str:
+def _cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def cpu_per_run(p, url: str, server_pid: int, page: str = "overview") -> dict:
+    """The dashboard server's CPU per script run while one browser holds the live Overview: its
+    1 s refresh and the attention banner's 2 s re-check, each a run, counted as the browser gets
+    each run's script_finished message (a loaded server runs fewer than the timers ask for)."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    finished = []
+
+    def count(payload) -> None:
+        if isinstance(payload, bytes) and ForwardMsg.FromString(payload).WhichOneof("type") == "script_finished":
+            finished.append(time.monotonic())
+
+    browser = launch_chromium(p)
+    try:
+        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        tab.on("websocket", lambda ws: ws.on("framereceived", count))
+        tab.goto(f"{url}/{page}")
+        tab.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+        tab.wait_for_timeout(3000)  # past the first full run of the page
+        cpu0, t0, runs0 = _cpu(server_pid), time.monotonic(), len(finished)
+        tab.wait_for_timeout(CPU_WINDOW_S * 1000)
+        cpu, wall, runs = _cpu(server_pid) - cpu0, time.monotonic() - t0, len(finished) - runs0
+    finally:
+        browser.close()
+    return {"cpu_s": cpu, "wall_s": wall, "runs": runs, "per_run": cpu / max(runs, 1), "load": os.getloadavg()[0]}
+
+
+@contextlib.contextmanager
+def streamlit_defaults(data_dir: str):
+    """The same app beside the demo's, started as Streamlit runs it by default: a full gc.collect(2)
+    after every script run, and a watcher on its source files (what app/__main__.py turns off)."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(HERE.parent / "app" / "main.py"),
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        "--data-dir",
+        data_dir,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        while not answers_ok(f"{url}/_stcore/health"):
+            time.sleep(0.5)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def cpu_both(p, url: str, dashboard_pid: int, data_dir: str) -> dict[str, dict]:
+    with streamlit_defaults(data_dir) as (default_url, default_pid):
+        return {
+            "as shipped": cpu_per_run(p, url, dashboard_pid),
+            "Streamlit defaults": cpu_per_run(p, default_url, default_pid),
+        }
+
+
+@contextlib.contextmanager
+def hog(n: int):
+    """``n`` processes spinning a core each, killed on exit."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(5)  # the load average and the scheduler see them
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _dashboard_pid(demo_pid: int) -> int:
+    for child in psutil.Process(demo_pid).children(recursive=True):
+        if "streamlit" in " ".join(child.cmdline()):
+            return child.pid
+    raise RuntimeError("the demo's dashboard process was not found")
+
+
+def report(rows: list[dict], cpu: dict[str, dict], command: str) -> str:
     loads = [r["load"] for r in rows]
+    phases = list(dict.fromkeys(r["phase"] for r in rows))
     lines = [
-        "# The demo's first charts while it trains (issue 29)",
+        "# The demo's first charts while it trains (issues 29, 48)",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on a {os.cpu_count()}-core "
         f"{platform.machine()} host, CPython {platform.python_version()}, {code_version(HERE.parent)}; "
@@ -90,40 +190,63 @@ def report(rows: list[dict], command: str) -> str:
         f"Command: `{command}`",
         "",
         "Seconds from navigation. Cold: a new browser per page; warm: one browser context, page after page "
-        "(the Plotly chunk from the cache). Target: first chart within 5 s.",
+        f"(the Plotly chunk from the cache). Blank: charts with no point drawn {SETTLE_S:g} s after the first. "
+        "Target: first chart within 5 s, no blank chart.",
         "",
-        "| page | mode | sidebar s | Plotly chunk asked s | first chart s | within 5 s |",
-        "|---|---|---:|---:|---:|---|",
+        "| page | mode | "
+        + " | ".join(f"{ph}: sidebar s | {ph}: first chart s | {ph}: load | {ph}: blank" for ph in phases)
+        + " |",
+        "|---|---|" + "---:|---:|---:|---|" * len(phases),
     ]
-    for r in rows:
-        chunk = "–" if r["chunk"] is None else f"{r['chunk']:.2f}"
-        ok = "yes" if r["first"] <= TARGET_S else "**no**"
-        lines.append(f"| {r['page']} | {r['mode']} | {r['sidebar']:.2f} | {chunk} | {r['first']:.2f} | {ok} |")
+    by_key = {(r["phase"], r["mode"], r["page"]): r for r in rows}  # the last round's, when several
     for mode in ("cold", "warm"):
-        firsts = [r["first"] for r in rows if r["mode"] == mode]
-        lines.append(
-            f"\n{mode}: first chart median {statistics.median(firsts):.2f} s, max {max(firsts):.2f} s "
-            f"({sum(f <= TARGET_S for f in firsts)} of {len(firsts)} within {TARGET_S:g} s)."
-        )
+        for page in PAGES:
+            cells = []
+            for ph in phases:
+                r = by_key[(ph, mode, page)]
+                first = f"{r['first']:.2f}" if r["first"] <= TARGET_S else f"**{r['first']:.2f}**"
+                cells += [f"{r['sidebar']:.2f}", first, f"{r['load']:.1f}", ", ".join(r["blank"]) or "none"]
+            lines.append(f"| {page} | {mode} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for ph in phases:
+        for mode in ("cold", "warm"):
+            firsts = [r["first"] for r in rows if r["mode"] == mode and r["phase"] == ph]
+            blanks = sum(bool(r["blank"]) for r in rows if r["mode"] == mode and r["phase"] == ph)
+            lines.append(
+                f"- {ph}, {mode}: first chart median {statistics.median(firsts):.2f} s, max {max(firsts):.2f} s "
+                f"({sum(f <= TARGET_S for f in firsts)} of {len(firsts)} within {TARGET_S:g} s; "
+                f"{blanks} page(s) with a blank chart)."
+            )
     lines += [
         "",
-        "Where the time goes: the sidebar (Streamlit's frontend booted, its session connected) at ~1-2 s; "
-        "the server's first chart reaches the browser right after (the Plotly chunk is asked for then); "
-        "the rest, ~2 s, is the browser compiling and running Plotly's 4.7 MB chunk (from its cache or not: "
-        "warm pages are no faster) and drawing the first figure. "
-        "Asking for the chunk as the page opens (an `st.html` module import) moved nothing: the first "
-        "chart already arrives within ~0.3 s of the sidebar.",
+        f"Dashboard server CPU while one browser holds the live Overview for {CPU_WINDOW_S:g} s (its refresh "
+        f"every {REFRESH_S:g} s and the banner's every 2 s, each a script run, counted from the runs' "
+        "script_finished messages): the demo's dashboard as shipped, and the same app beside it under "
+        "Streamlit's defaults (a full `gc.collect(2)` after every run, a source-file watcher).",
+        "",
+        "| phase | server | CPU s | wall s | script runs | CPU ms per run | load |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
+    for ph, servers in cpu.items():
+        for server, c in servers.items():
+            lines.append(
+                f"| {ph} | {server} | {c['cpu_s']:.2f} | {c['wall_s']:.1f} | {c['runs']} | "
+                f"{1000 * c['per_run']:.0f} | {c['load']:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=1, help="cold and warm passes over the pages (default 1)")
+    p.add_argument("--hog", type=int, default=0, help="then again beside N processes spinning a core each")
     p.add_argument("--out", default=str(HERE / "RESULTS-demo-first-chart.md"))
     args = p.parse_args()
+    from playwright.sync_api import sync_playwright
+
     data_dir = tempfile.mkdtemp(prefix="rankscope-demo-first-chart-")
     proc = start_demo(data_dir, "--dashboard-port", str(free_port()), "--straggler", "1:40@60")
+    rows, cpu = [], {}
     try:
         console = []
         for line in proc.stdout:
@@ -134,11 +257,20 @@ def main() -> None:
         while not answers_ok(f"{url}/_stcore/health"):
             time.sleep(1)
         time.sleep(25)  # past the start-up: the run has steps, findings and a FLOPS profile
-        rows = measure(url, args.rounds)
+        dashboard = _dashboard_pid(proc.pid)
+        with sync_playwright() as pw:
+            rows += _pages(pw, url, args.rounds, "no hog")
+            cpu["no hog"] = cpu_both(pw, url, dashboard, data_dir)
+            if args.hog:
+                phase = f"hog {args.hog}"
+                with hog(args.hog):
+                    rows += _pages(pw, url, args.rounds, phase)
+                    cpu[phase] = cpu_both(pw, url, dashboard, data_dir)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)
-    publish(args.out, report(rows, f"python -m benches.demo_first_chart --rounds {args.rounds}"))
+    command = f"python -m benches.demo_first_chart --rounds {args.rounds}" + (f" --hog {args.hog}" if args.hog else "")
+    publish(args.out, report(rows, cpu, command))
 
 
 if __name__ == "__main__":
