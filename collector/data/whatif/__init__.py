@@ -68,13 +68,19 @@ def _replay(cat, run_id: str) -> dict:
 
 def analyze_dp(comm: pd.DataFrame) -> dict:
     """The what-if figures of a data-parallel-only run from its collectives (collector.data.whatif.dp)."""
-    ops = dp.ops(comm)
+    try:
+        ops = dp.ops(comm)
+    except (KeyError, IndexError, ValueError) as exc:  # records no step model reads: say so, never a traceback
+        raise GraphError(f"the data-parallel step model cannot read this run's collectives: {exc}") from exc
     if ops.empty:
         raise NoSteps(
             "no ops the what-if replay models: no step in which every rank issued the run's usual collectives "
             "(it reads imported OSDI'25 traces, the pipeline engine's pipe rows and a data-parallel run's collectives)"
         )
-    return dp.analyze(ops)
+    try:
+        return dp.analyze(ops)
+    except (KeyError, IndexError) as exc:
+        raise GraphError(f"the data-parallel step model cannot order this run's collectives: {exc}") from exc
 
 
 def worker_steps(result: dict) -> pd.DataFrame:
