@@ -91,3 +91,36 @@ def test_the_straggler_cost_is_the_replays_saving():
     assert found.text.startswith("rank 1 costs 50 ms per step")
     (alone,) = stragglers.costly_ranks(steps, world_size=4)
     assert alone.cost_ms_per_step == pytest.approx(70.0) and alone.evidence["cost_model"] == "arrival lateness"
+
+
+def zero_run(ranks=4, steps=10, slow=None, extra_ms=0.0):
+    """comm rows of a ZeRO-like step as `rankscope simulate` records it: 10 ms of compute, then two
+    asynchronous reduce-scatters, the second issued 5 ms after every rank met at the first (so a late
+    rank's lead shifts everyone's second issue), then a blocking norm all_reduce once both ended."""
+    rows, t = [], 0.0
+    for step in range(1, steps + 1):
+        arrive = {r: t + 10.0 + (extra_ms if r == slow else 0.0) for r in range(ranks)}
+        met = max(arrive.values())
+        rs0_end = met + 3.0
+        rs1_at = met + 5.0
+        rs1_end = max(rs1_at, rs0_end) + 3.0
+        norm_at = rs1_end + 1.0
+        for r in range(ranks):
+            rows.append((r, step, "reduce_scatter", "rs", True, arrive[r], rs0_end))
+            rows.append((r, step, "reduce_scatter", "rs", True, rs1_at, rs1_end))
+            rows.append((r, step, "all_reduce", "norm", False, norm_at, norm_at + 0.5))
+        t = norm_at + 0.5
+    df = pd.DataFrame(rows, columns=["rank", "step", "op", "log_name", "async_op", "start_ns", "end_ns"])
+    df[["start_ns", "end_ns"]] = (df[["start_ns", "end_ns"]] * MS).astype("int64")
+    return df
+
+
+def test_after_an_asynchronous_collective_a_rank_is_free_once_every_rank_met():
+    # read from its own issue, a healthy rank's second issue (shifted by the late rank's lead) would
+    # look like 45 ms of its own compute, and fixing the late rank would save nothing
+    result = analyze_dp(zero_run(slow=1, extra_ms=40.0))
+    assert next(iter(result["by_worker"])) == "1"
+    assert result["saved_s"]["1"] == pytest.approx(0.040, abs=1e-6)
+    assert result["ideal_step_time_s"] == pytest.approx(0.0195, abs=1e-6)  # 10 + 5 + 3 + 1 + 0.5 ms
+    assert set(result["by_optype"]) == {"compute", "rs", "norm"}  # a meeting is told as its collective
+    assert analyze_dp(zero_run())["slowdown"] == pytest.approx(1.0)
