@@ -51,6 +51,8 @@ def report(run_id: str, r: dict) -> str:
         f"  by dp_rank:  {_top(r['by_dp_rank'])}",
         f"  by worker:   {_top(r['by_worker'])} (rank: slowdown)",
         f"  M_W = {_share(r['m_w'])} (workers {', '.join(map(str, r['m_w_workers']))}), M_S = {_share(r['m_s'])}",
+        "  fixing one worker alone saves a step: "
+        + ", ".join(f"rank {rank} {seconds * 1e3:,.1f} ms" for rank, seconds in r["saved_s"].items()),
     ]
     if r["dropped_steps"]:
         lines.append(f"  left out {len(r['dropped_steps'])} steps some replica did not record in full")
