@@ -27,6 +27,9 @@ DEFAULT_DATA_DIR = "rankscope-data"
 REFRESH_S = 1.0  # how often a live page's sections look for new data (each its own fragment)
 STATUS_EVERY_S = 5.0  # a live run's status is re-read at most this often unless its data moved
 LIVENESS_REFRESH_S = 2.0  # the attention banner's re-check (hangs and silence grow with time alone)
+# what reads the whole run (findings, the what-if replay, the busbw envelope) follows a live run at most
+# this often: rebuilt at every 1 s refresh, they took most of a loaded server's CPU
+SUMMARY_EVERY_S = 5.0
 MEMO_KEY, MEMO_ENTRIES = "rankscope.memo", 64
 STATUS_KEY = "rankscope.live_status"
 T = TypeVar("T")

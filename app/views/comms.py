@@ -125,7 +125,13 @@ def comms_page() -> None:
         left.plotly_chart(
             state.memo(f"comms.bw.{run_id}.{metric}.{flt.key()}", moved, lambda: bandwidth_chart(version, flt))
         )
-        band, marks, slow = queries.busbw_envelope(d, run_id, version)
+        live = sel.is_live()  # the envelope and link health read the whole run: at most every SUMMARY_EVERY_S
+        band, marks, slow = state.memo(
+            f"comms.envelope-data.{run_id}",
+            version,
+            lambda: queries.busbw_envelope(d, run_id, version),
+            at_most_every_s=state.SUMMARY_EVERY_S if live else 0.0,
+        )
         if flt.key() == queries.CommFilter().key() and not band.empty:
             # the whole run: the expected envelope, learned from its healthy steps, and what fell out
             right.plotly_chart(
@@ -141,7 +147,12 @@ def comms_page() -> None:
             )
         for finding in slow:
             st.warning(f"Slow link: {finding.text}")
-        health = queries.link_health(d, run_id, version)
+        health = state.memo(
+            f"comms.link-health-data.{run_id}",
+            version,
+            lambda: queries.link_health(d, run_id, version),
+            at_most_every_s=state.SUMMARY_EVERY_S if live else 0.0,
+        )
         if not health.empty:
             st.plotly_chart(state.memo(f"comms.links.{run_id}", moved, lambda: charts.link_health(health)))
 

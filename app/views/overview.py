@@ -80,9 +80,6 @@ def finding_link(finding: diagnosis.Finding, run_id: str) -> str:
     return f" [→ {finding.page}](/{finding.page}?{params})"
 
 
-HEALTH_EVERY_S = 5.0  # a live run's findings in words are worked out again at most this often
-
-
 def findings_of(sel: state.Selection, version: str) -> list:
     d, run_id = sel.data_dir, sel.run_id
     run = sel.run()
@@ -112,12 +109,12 @@ def findings_of(sel: state.Selection, version: str) -> list:
 def health_summary(sel: state.Selection, version: str) -> None:
     d, run_id = sel.data_dir, sel.run_id
     # The findings read most of the run (the comm rollup, every step's analysis): while it is live
-    # they follow the data at most every HEALTH_EVERY_S; the cost chart below follows every version.
+    # they follow the data at most every SUMMARY_EVERY_S; the cost chart below follows every version.
     findings, nothing_yet = state.memo(
         f"overview.findings.{run_id}",
         version,
         lambda: (findings_of(sel, version), queries.step_analysis(d, run_id, version).empty),
-        at_most_every_s=HEALTH_EVERY_S if sel.is_live() else 0.0,
+        at_most_every_s=state.SUMMARY_EVERY_S if sel.is_live() else 0.0,
     )
     st.subheader("Health")
     problems = [f for f in findings if f.severity in ("critical", "warning")]

@@ -231,16 +231,22 @@ def stragglers_page() -> None:
                 st.markdown(sentence)
             for found in evidence.captured(d, run_id):  # what the suspects did, if profiled
                 evidence.show(d, found)
-        whatif_section(d, run_id, version)
+        whatif_section(sel, version)
         drill_down(sel, version, labels, queries.comm_dimensions(d, run_id, version), cell)
 
     state.live(sel, body)
 
 
-def whatif_section(data_dir: str, run_id: str, version: str) -> None:
+def whatif_section(sel: state.Selection, version: str) -> None:
     """The what-if replay's verdict and its worker x step heatmap (the OSDI'25 study's Fig. 14),
-    where the run has the ops the replay models (docs/whatif.md)."""
-    result = queries.whatif_result(data_dir, run_id, version)
+    where the run has the ops the replay models (docs/whatif.md). It replays every step of every
+    rank: a live run's follows the data at most every SUMMARY_EVERY_S."""
+    result = state.memo(
+        f"stragglers.whatif.{sel.run_id}",
+        version,
+        lambda: queries.whatif_result(sel.data_dir, sel.run_id, version),
+        at_most_every_s=state.SUMMARY_EVERY_S if sel.is_live() else 0.0,
+    )
     if result is None:
         return
     st.subheader("What-if: how much faster without stragglers, and whose they are")
