@@ -257,10 +257,14 @@ def whatif_section(sel: state.Selection, version: str) -> None:
         + (verdict.text if verdict else "The steps run as fast as their typical ops allow.")
     )
     grid = whatif.worker_steps(result)
+    worst = grid.groupby("rank", as_index=False).slowdown.max()
+    title = "Worker x step slowdown (1 = no straggling)"
+    if len(worst) > binning.MAX_ROWS:  # 1,024 rows are unreadable and heavy: the slowest workers
+        kept = binning.top_k(worst, "slowdown", binning.MAX_ROWS, others=False)["rank"]
+        grid = grid[grid["rank"].isin(kept)]
+        title += f", the {binning.MAX_ROWS} slowest of {len(worst):,} workers"
     labels = dict(zip(grid["rank"], grid["label"]))
-    st.plotly_chart(
-        charts.heatmap(grid, "slowdown", "Worker x step slowdown (1 = no straggling)", y_labels=labels, colorbar="x")
-    )
+    st.plotly_chart(charts.heatmap(grid, "slowdown", title, y_labels=labels, colorbar="x"))
 
 
 st.title("Stragglers")
