@@ -38,6 +38,7 @@ import psutil
 
 from app.state import REFRESH_S
 from benches._common import code_version, publish
+from collector.testing.cpu_hog import cpu_hog
 from collector.testing.dashboard import drawn_charts, launch_chromium
 from collector.testing.ports import answers_ok
 from collector.tools.launch import free_port
@@ -158,19 +159,6 @@ def cpu_both(p, url: str, dashboard_pid: int, data_dir: str) -> dict[str, dict]:
         }
 
 
-@contextlib.contextmanager
-def hog(n: int):
-    """``n`` processes spinning a core each, killed on exit."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        time.sleep(5)  # the load average and the scheduler see them
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
 def _dashboard_pid(demo_pid: int) -> int:
     for child in psutil.Process(demo_pid).children(recursive=True):
         if "streamlit" in " ".join(child.cmdline()):
@@ -263,7 +251,7 @@ def main() -> None:
             cpu["no hog"] = cpu_both(pw, url, dashboard, data_dir)
             if args.hog:
                 phase = f"hog {args.hog}"
-                with hog(args.hog):
+                with cpu_hog(args.hog):
                     rows += _pages(pw, url, args.rounds, phase)
                     cpu[phase] = cpu_both(pw, url, dashboard, data_dir)
     finally:
