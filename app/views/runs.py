@@ -6,7 +6,7 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from app import queries, state
+from app import queries, state, tables
 
 TABLE_KEY = "runs_table"
 
@@ -55,7 +55,7 @@ def runs_page() -> None:
     current = st.session_state.get(TABLE_KEY)
     if current is None or sorted(current.get("selection", {}).get("rows", [])) != sorted(picked):
         st.session_state[TABLE_KEY] = {"selection": {"rows": picked, "columns": [], "cells": []}}
-    st.dataframe(
+    tables.dataframe(
         shown,
         hide_index=True,
         on_select=partial(_pick, runs.run_id.tolist()),

@@ -254,8 +254,9 @@ def test_no_request_leaves_the_machine(browser, dashboard, runs):
     assert not outside, sorted(outside)[:10]
 
 
-# Issue 48 item 6: each chart page over the sample run that has its data, in this module's one browser.
+# Issue 48 item 6: each page over the sample run that has its data, in this module's one browser.
 GLANCE = {
+    "": "zero2-slow-rank3",  # the Runs page: a table, no chart
     "overview": "zero3-fp16-overflows",
     "comms": "zero2-slow-rank3",
     "stragglers": "zero2-slow-rank3",
@@ -270,9 +271,10 @@ def test_every_page_reads_at_a_glance(tab, dashboard, runs):
     """No blank chart, no legend over a plot, no raw number (7978.5628) in a table or on an axis."""
     found = []
     for page, name in GLANCE.items():
-        open_page(tab, dashboard, page, runs[1][name])
-        found += _glance.problems(tab, f"{page} ({name}): ")  # waits for the tables too
-        _shot(tab, f"glance-{page}")
+        first = ".js-plotly-plot" if page else "[data-testid=stDataFrame]"
+        open_page(tab, dashboard, page, runs[1][name], wait_for=first)
+        found += _glance.problems(tab, f"{page or 'runs'} ({name}): ")  # waits for the tables too
+        _shot(tab, f"glance-{page or 'runs'}")
     assert not found, "\n".join(found)
 
 
