@@ -67,7 +67,7 @@ def write_run(data_dir, run: FakeRun, steps_per_segment: int = 50) -> None:
     _write_rows(data_dir, "ranks", run.run_id, "hello", ranks, RANKS_SCHEMA)
     if run.status != "running":
         ends = [
-            dict(run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0)
+            dict(run_id=run.run_id, rank=r, status=run.status, ended_at=run.end, dropped_records=0, ended_by="rank")
             for r in range(run.world_size)
         ]
         _write_rows(data_dir, "rank_ends", run.run_id, "end", ends, RANK_ENDS_SCHEMA)
