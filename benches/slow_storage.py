@@ -5,8 +5,9 @@ its un-acked bytes within ``telemetry.max_unacked_bytes`` (then its spool); the 
 the dashboard's pages query) still answering.
 
 Method: for each delay, two real collectors side by side on loopback, one whose every fsync first
-sleeps that long (collector.testing.slow_fsync: the collector process's ``os.fsync`` wrapped, not a
-slow device), one plain; a real hooked rank streams into each (collector/testing/workloads/
+sleeps that long (``--device wrap``: collector.testing.slow_fsync, the collector process's
+``os.fsync`` wrapped; ``--device fuse``: its data dir on a FUSE directory whose fsyncs sleep,
+collector.testing.slow_dir), one plain; a real hooked rank streams into each (collector/testing/workloads/
 partition_train.py, alone in its world: each step 50 ms asleep, a gloo all_reduce, ``--rows`` timers
 rows; it samples its memory, un-acked bytes, stream queue and spool every 0.5 s). Both ranks run the
 same ``--seconds`` at once, so the machine's load is the same for both. Meanwhile a reader opens
@@ -14,7 +15,7 @@ each data dir's catalog every second and runs the runs list and the run's step a
 Overview's queries), timed. Then the ranks stop, whatever they spooled is resent to their
 collector, the collectors stop (SIGTERM) and the timers rows are counted against those made.
 
-    .venv/bin/python -m benches.slow_storage [--delays 0.2,0.5,1,2,0.2-2] [--seconds 45] [--rows 200]
+    .venv/bin/python -m benches.slow_storage [--delays 0.2,0.5,1,2,0.2-2] [--seconds 45] [--rows 200] [--device fuse]
 """
 
 from __future__ import annotations
@@ -43,9 +44,23 @@ ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 
 
-def _collector(data: Path, delay: tuple[float, float] | None, log) -> tuple[subprocess.Popen, str]:
+def _slow_dir(work: Path, delay: tuple[float, float], log) -> tuple[subprocess.Popen, Path]:
+    """A FUSE passthrough of work/disk at work/mnt whose fsyncs sleep (collector.testing.slow_dir)."""
+    (work / "disk").mkdir()
+    (work / "mnt").mkdir()
+    cmd = [sys.executable, "-m", "collector.testing.slow_dir", str(work / "disk"), str(work / "mnt")]
+    proc = subprocess.Popen([*cmd, str(delay[0]), str(delay[1]), "49"], cwd=ROOT, stderr=log)
+    deadline = time.monotonic() + 20
+    while not os.path.ismount(work / "mnt"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the slow directory did not mount (exit {proc.poll()}): see {log.name}")
+        time.sleep(0.1)
+    return proc, work / "mnt"
+
+
+def _collector(data: Path, delay: tuple[float, float] | None, log, device: str) -> tuple[subprocess.Popen, str]:
     argv = ["collect", "--data-dir", str(data), "--host", "127.0.0.1", "--port", "0", "--no-auto-profile"]
-    if delay:
+    if delay and device == "wrap":
         cmd = [sys.executable, "-m", "collector.testing.slow_fsync", str(delay[0]), str(delay[1]), "49", *argv]
     else:
         cmd = [sys.executable, "-m", "collector.tools.cli", *argv]
@@ -106,20 +121,26 @@ def _stored(data: Path, name: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def one(tmp: Path, delay: tuple[float, float], seconds: float, rows: int) -> dict:
-    """The slow and the plain collector side by side for ``seconds``; each side's figures."""
+def one(tmp: Path, delay: tuple[float, float], seconds: float, rows: int, device: str = "wrap") -> dict:
+    """The slow and the plain collector side by side for ``seconds``; each side's figures. ``device``
+    "fuse": the slow collector's data dir is on a slow directory (collector.testing.slow_dir), not
+    its own fsync wrapped; the plain one's on the same disk beneath, through no FUSE."""
     sides = {"slow": delay, "plain": None}
-    procs, ranks, readers, stop = {}, {}, {}, threading.Event()
+    procs, ranks, readers, stop, mounts = {}, {}, {}, threading.Event(), []
     logs = {s: open(tmp / f"{s}.log", "w") for s in sides}
     try:
         for side, d in sides.items():
             work = tmp / side
             work.mkdir()
-            procs[side] = _collector(work / "data", d, logs[side])
+            data = work / "data"
+            if d and device == "fuse":
+                mounts.append(_slow_dir(work, d, logs[side]))
+                data = mounts[-1][1] / "data"
+            procs[side] = _collector(data, d, logs[side], device)
             ranks[side] = _rank(work, procs[side][1], rows)
             readers[side] = ([], [], None)
-            t = threading.Thread(target=_reader, args=(work / "data", side, stop, *readers[side][:2]), daemon=True)
-            readers[side] = (*readers[side][:2], t)
+            t = threading.Thread(target=_reader, args=(data, side, stop, *readers[side][:2]), daemon=True)
+            readers[side] = (*readers[side][:2], t, data)
             t.start()
         time.sleep(seconds)
         for side in sides:
@@ -134,8 +155,8 @@ def one(tmp: Path, delay: tuple[float, float], seconds: float, rows: int) -> dic
             delivered, left = resend_spooled(work / "spool", procs[side][1])
             report = json.loads((work / "out" / "rank-0.json").read_text())
             terminate(procs[side][0], timeout=300)
-            stored, distinct = _stored(work / "data", side)
-            times, reader_errors, _ = readers[side]
+            stored, distinct = _stored(readers[side][3], side)
+            times, reader_errors, _, _ = readers[side]
             out[side] = {
                 "code": procs[side][0].returncode,
                 "steps": np.array(report["step_s"]),
@@ -157,6 +178,9 @@ def one(tmp: Path, delay: tuple[float, float], seconds: float, rows: int) -> dic
         for side in ranks:
             if ranks[side].poll() is None:
                 ranks[side].kill()
+        for proc, mount in mounts:  # after the collector that wrote there
+            subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+            terminate(proc, timeout=30)
         for log in logs.values():
             log.close()
 
@@ -166,6 +190,13 @@ def main(argv=None) -> int:
     p.add_argument("--delays", default="0.2,0.5,1,2,0.2-2", help="fsync seconds: fixed, or LOW-HIGH (uniform)")
     p.add_argument("--seconds", type=float, default=45.0)
     p.add_argument("--rows", type=int, default=200)
+    p.add_argument(
+        "--device",
+        choices=("wrap", "fuse"),
+        default="wrap",
+        help="wrap: the slow collector's os.fsync sleeps first; fuse: its data dir is on a FUSE passthrough whose "
+        "fsyncs sleep (collector.testing.slow_dir: needs libfuse2, fusepy and root)",
+    )
     a = p.parse_args(argv)
     started, bad = time.strftime("%H:%M", time.gmtime()), False
     print(
@@ -177,7 +208,7 @@ def main(argv=None) -> int:
         low, _, high = text.partition("-")
         delay = (float(low), float(high or low))
         with tempfile.TemporaryDirectory(prefix="rankscope-slowdisk-") as tmp:
-            got = one(Path(tmp), delay, a.seconds, a.rows)
+            got = one(Path(tmp), delay, a.seconds, a.rows, a.device)
         s, n = got["slow"], got["plain"]
 
         def ms(x):
@@ -202,9 +233,10 @@ def main(argv=None) -> int:
             if side["reader_errors"]:
                 print(f"reader errors: {side['reader_errors'][:3]}")
     load = os.getloadavg()
+    slow = "os.fsync wrapped in the slow collector" if a.device == "wrap" else "its data dir on a FUSE slow directory"
     print(
-        f"\n{code_version(ROOT)}; {platform.node()}, {os.cpu_count()} cores, load {load[0]:.1f} / {load[1]:.1f} / "
-        f"{load[2]:.1f} at the end; Python {platform.python_version()}; {started}-"
+        f"\nslow side: {slow}; {code_version(ROOT)}; {platform.node()}, {os.cpu_count()} cores, "
+        f"load {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end; Python {platform.python_version()}; {started}-"
         f"{time.strftime('%H:%M UTC %Y-%m-%d', time.gmtime())}"
     )
     return 1 if bad else 0

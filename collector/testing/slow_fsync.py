@@ -4,8 +4,8 @@ stalls: the collector process's ``os.fsync`` sleeps a seeded uniform(MIN, MAX) s
 
     python -m collector.testing.slow_fsync MIN MAX SEED collect --data-dir D --port 0 ...
 
-A real slow device (a FUSE passthrough, dm-delay) was not used: this machine has no device-mapper,
-and a Python FUSE layer would slow every read and write, not the fsync alone.
+collector.testing.slow_dir is the real thing where FUSE is available (a directory whose fsyncs
+sleep, for every process that writes there); this one needs nothing and slows the fsync alone.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Slow storage under a real collector (issue 49): every fsync of the collector process takes
-0.2-2 s (seeded; collector.testing.slow_fsync wraps the collector process's ``os.fsync``), while
+"""Slow storage under a real collector (issue 49): every fsync of the collector takes 0.2-2 s
+(seeded), its own (collector.testing.slow_fsync wraps the process's ``os.fsync``) or its disk's
+(a FUSE passthrough whose fsyncs sleep, collector.testing.slow_dir, where libfuse 2 and fusepy
+are installed), while
 a real rank (``collector.hook``) trains and exits. Acks still mean durable (they come only after
 the slow commits), the rank's exit stays prompt (what is not acked by its close timeout goes to its
 spool), a reader of the catalog still answers while the commits crawl, and once the spool is
@@ -7,6 +9,7 @@ resent every record is stored exactly once. Figures: benches/slow_storage.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -26,6 +29,47 @@ from collector.testing.collectors import live_collector
 ROOT = Path(__file__).resolve().parents[3]
 STEPS, ROWS_PER_STEP = 150, 20
 SLOW_COLLECTOR = [sys.executable, "-m", "collector.testing.slow_fsync", "0.2", "2.0", "49", "collect"]
+PLAIN_COLLECTOR = [sys.executable, "-m", "collector.tools.cli", "collect"]
+
+
+def _no_slow_dir() -> str | None:
+    """Why a FUSE slow directory cannot be mounted here, or None."""
+    from collector.testing import slow_dir
+
+    if slow_dir.MISSING:
+        return slow_dir.MISSING
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        return "mounting a FUSE directory needs root and /dev/fuse"
+    return None
+
+
+@contextlib.contextmanager
+def _disk(tmp_path: Path, device: str):
+    """Where the slow collector's data dir goes: tmp_path itself (its own os.fsync sleeps), or a
+    FUSE passthrough of tmp_path/disk whose fsyncs sleep 0.2-2 s (collector.testing.slow_dir)."""
+    if device == "wrap":
+        yield tmp_path, SLOW_COLLECTOR
+        return
+    (tmp_path / "disk").mkdir()
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    argv = [sys.executable, "-m", "collector.testing.slow_dir", str(tmp_path / "disk"), str(mount), "0.2", "2.0", "49"]
+    fuse = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(mount):
+            assert fuse.poll() is None and time.monotonic() < deadline, f"not mounted: {fuse.stderr.read()[-2000:]}"
+            time.sleep(0.1)
+        yield mount, PLAIN_COLLECTOR
+    finally:
+        # lazily: a collector a failed test left behind may still hold files there
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+        try:
+            fuse.wait(30)
+        except subprocess.TimeoutExpired:
+            fuse.kill()
+            fuse.wait()
+
 
 RANK = textwrap.dedent("""
     import sys, time
@@ -44,11 +88,18 @@ RANK = textwrap.dedent("""
 
 
 @pytest.mark.slow  # ~80 s at load 30: fsync of 0.2-2 s each is slow on purpose
-def test_slow_fsync_keeps_acks_durable_training_prompt_and_readers_answering(tmp_path):
-    data, spool_dir = tmp_path / "data", tmp_path / "spool"
+@pytest.mark.parametrize("device", ["wrap", "fuse"])
+def test_slow_fsync_keeps_acks_durable_training_prompt_and_readers_answering(tmp_path, device):
+    if device == "fuse" and _no_slow_dir():
+        pytest.skip(_no_slow_dir())
+    with _disk(tmp_path, device) as (disk, slow_collector):
+        _slow_storage(disk / "data", tmp_path / "spool", slow_collector)
+
+
+def _slow_storage(data: Path, spool_dir: Path, slow_collector: list[str]) -> None:
     stderr = tempfile.TemporaryFile(mode="w+")
     collector = subprocess.Popen(
-        [*SLOW_COLLECTOR, "--data-dir", str(data), "--port", "0", "--no-auto-profile"],
+        [*slow_collector, "--data-dir", str(data), "--port", "0", "--no-auto-profile"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=stderr,
