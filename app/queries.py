@@ -291,10 +291,7 @@ def pipe_timeline(data_dir: str, run_id: str, step: int, data_rank: int, version
 @_cached()
 def whatif_result(data_dir: str, run_id: str, version: str) -> dict | None:
     """The run's what-if replay (collector.data.whatif), or None where it has no ops the replay models."""
-    try:
-        return whatif.for_run(catalog(data_dir), run_id)
-    except (whatif.NoSteps, whatif.GraphError):
-        return None
+    return whatif.replay_or_none(catalog(data_dir), run_id)
 
 
 @st.cache_data(ttl=5, show_spinner=False)

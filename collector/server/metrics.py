@@ -369,8 +369,10 @@ class MetricsEndpoint:
                 for extra, value in samples[rank]:
                     mine.add(name, (*run_labels, rank, *extra), value)
         mine.add("rankscope_ranks_omitted", run_labels, len(ranks) - len(shown))
-        found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps)
-        self._whatif(cat, run.run_id, run_labels, mine)
+        # one replay for the findings and the gauges: the run's data changes between two asks
+        replay = whatif.replay_or_none(cat, run.run_id)
+        found = findings.for_run(cat, run.run_id, int(run.world_size), rollup=rollup, steps=steps, replay=replay)
+        self._whatif(replay, run_labels, mine)
         for (kind, severity), n in _counts(found).items():
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
         if self.held is not None:
@@ -383,12 +385,10 @@ class MetricsEndpoint:
         return mine
 
     @staticmethod
-    def _whatif(cat, run_id: str, run_labels: tuple, mine: Snapshot) -> None:
+    def _whatif(result: dict | None, run_labels: tuple, mine: Snapshot) -> None:
         """S and its decomposition by the worst workers and by stage, from the replay the findings
-        above ran (whatif.for_run keeps it per data version): live, below the findings' 1.05 too."""
-        try:
-            result = whatif.for_run(cat, run_id)
-        except (whatif.NoSteps, whatif.GraphError):
+        read (None: the run has nothing it models): live, below the findings' 1.05 too."""
+        if result is None:
             return
         mine.add("rankscope_whatif_slowdown", run_labels, result["slowdown"])
         for rank, value in list(result["by_worker"].items())[:WHATIF_WORKERS]:

@@ -132,8 +132,8 @@ def _one_story(found: list[Finding]) -> list[Finding]:
     # tells the story: a slowdown moving across workers step by step is no straggler per rank, and
     # of a slow worker's stragglers only the one naming that worker alone stays (arrival lateness
     # also names the ranks waiting downstream of it: AR's last stage at the clip's all_reduce)
-    # (a data-parallel-only run's verdict is a note: there the stragglers name the ranks, at the
-    # replay's cost, and a note naming the worker a straggler names says it twice)
+    # (a data-parallel-only run's verdict is a note: there the stragglers name the ranks, the replay's
+    # saving beside their cost, and a note naming the worker a straggler names says it twice)
     moving = any(f.kind == "whatif_moving" and f.severity == "warning" for f in found)
     worst = [set(f.ranks) for f in found if f.kind == "whatif_worker" and f.severity == "warning"]
     named = {f.ranks for f in found if f.kind == "straggler"}
@@ -173,11 +173,22 @@ def _explained_by(straggler: Finding, link: Finding) -> bool:
     return straggler.steps[0] <= link.steps[1] and link.steps[0] <= straggler.steps[1]
 
 
+_REPLAY = object()  # for_run's default: replay the run here
+
+
 def for_run(
-    cat: queries.Catalog, run_id: str, world_size: int | None = None, rollup=None, steps: pd.DataFrame | None = None
+    cat: queries.Catalog,
+    run_id: str,
+    world_size: int | None = None,
+    rollup=None,
+    steps: pd.DataFrame | None = None,
+    replay=_REPLAY,
 ) -> list[Finding]:
     """Run the queries and every rule for one run (``rollup``: its comm rollup, ``steps``: its
-    queries.step_analysis, where the caller has them)."""
+    queries.step_analysis, ``replay``: its what-if replay as whatif.replay_or_none gives it, where
+    the caller has them)."""
+    from collector.data import whatif
+
     run = queries.run_info(cat, run_id) or {}
     if world_size is None:
         world_size = int(run.get("world_size") or 1)
@@ -208,15 +219,5 @@ def for_run(
         deliveries=queries.deliveries(cat, run_id),
         probes=queries.probes(cat, run_id),
         calibration=load_calibration(cat.data_dir, ranks.host.dropna().unique()),
-        whatif=_whatif(cat, run_id),
+        whatif=whatif.replay_or_none(cat, run_id) if replay is _REPLAY else replay,
     )
-
-
-def _whatif(cat: queries.Catalog, run_id: str) -> dict | None:
-    """The what-if replay of the run, or None where it has nothing the replay models."""
-    from collector.data import whatif
-
-    try:
-        return whatif.for_run(cat, run_id)
-    except (whatif.NoSteps, whatif.GraphError):
-        return None

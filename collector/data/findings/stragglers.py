@@ -370,19 +370,18 @@ def straggler(
     if pattern is not None:
         turned = -1  # the pattern says when, not an onset
     cost = float(row.cost_ms_per_step)
-    share = float(row.share_of_run)
     # The replay's saving for the rank is a second opinion, kept beside the cost: it agreed within 10%
     # on 9-11 of the fault suite's 12 data-parallel cases, but read a simulated run's 40 ms straggler,
     # slow for the last quarter of the run, as 9 ms (docs/whatif.md), where lateness reads 40.
     replayed = replay_cost(saved, rank, int(imposed.index[start]))
-    text = f"rank {rank} costs {duration(cost)} per step ({pct(share)} of step time)"
+    text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
     text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
     floor = late_floor(median_step)
     evidence = {
         "cost_ms_per_step": cost,
         "cost_model": "arrival lateness",
         "replay_ms_per_step": replayed,
-        "share_of_run": share,
+        "share_of_run": float(row.share_of_run),
         "share_of_waiting": float(row.share_of_waiting),
         "median_step_ms": median_step,
         "what_if_step_ms": median_step - cost,

@@ -20,7 +20,7 @@ from collector.data.whatif import dp
 from collector.data.whatif.graph import GraphError
 from collector.data.whatif.replay import analyze
 
-__all__ = ["GraphError", "NoSteps", "analyze", "analyze_dp", "for_run", "worker_steps"]
+__all__ = ["GraphError", "NoSteps", "analyze", "analyze_dp", "for_run", "replay_or_none", "worker_steps"]
 
 
 class NoSteps(LookupError):
@@ -53,6 +53,15 @@ def for_run(cat, run_id: str) -> dict:
     if isinstance(known, Exception):
         raise type(known)(*known.args)
     return known
+
+
+def replay_or_none(cat, run_id: str) -> dict | None:
+    """``for_run``'s figures, or None where the run has nothing the replay models (the findings, the
+    collector's gauges and the dashboard read it so)."""
+    try:
+        return for_run(cat, run_id)
+    except (NoSteps, GraphError):
+        return None
 
 
 def _replay(cat, run_id: str) -> dict:

@@ -262,7 +262,7 @@ def analyze(
         mask_w[node_stage == r.stage, 0, int(np.searchsorted(trace.dp_ranks, r.dp_rank))] = True
     last_stage = node_stage.max()
     m_w, m_w_saved = share_removed(mask_w)
-    # what fixing each of the worst workers alone saves, per step: the straggler findings' cost
+    # what fixing each of the worst workers alone saves, per step: beside the straggler findings' cost
     saved = {}
     for r in ordered[:SAVED_WORKERS]:
         mask = np.zeros((len(g.nodes), 1, len(trace.dp_ranks)), dtype=bool)
