@@ -51,6 +51,7 @@ from benches.dashboard_queries import machine
 from collector.data import findings, queries
 from collector.data.findings import links
 from collector.testing import multihost, netns
+from collector.testing.cpu_hog import cpu_hog
 from collector.tools import simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,17 +213,11 @@ def tie_break(args) -> str:
     rows, summary = [], []
     with tempfile.TemporaryDirectory(prefix="rankscope-tie-") as tmp:
         for busy in levels:
-            loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
-            try:
-                time.sleep(WARM_UP_S if busy else 0)  # until the 1-minute load average shows them
+            with cpu_hog(busy, settle_s=WARM_UP_S):  # until the 1-minute load average shows them
                 plan = [i % 2 for i in range(args.runs)] + [None] * args.healthy_runs  # throttled host, or none
                 got = [
                     one_hosts_run(Path(tmp) / f"busy{busy}-{i}", host, args.raw_every) for i, host in enumerate(plan)
                 ]
-            finally:
-                for proc in loops:
-                    proc.kill()
-                    proc.wait()
             rows += [f"| {busy} | {run['row']} |" for run in got]
             throttled = [r["outcome"] for r in got if r["host"] is not None]
             healthy = [r["outcome"] for r in got if r["host"] is None]
