@@ -48,7 +48,7 @@ class SlowSync(Operations):
 
     def __call__(self, op, path, *args):
         try:
-            return super().__call__(op, self._path(path) if op != "__call__" else path, *args)
+            return super().__call__(op, self._path(path), *args)
         except OSError as exc:
             raise FuseOSError(exc.errno or errno.EIO) from None
 
