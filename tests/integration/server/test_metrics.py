@@ -63,12 +63,14 @@ def test_prometheus_scrapes_a_live_run_and_the_webhook_gets_each_finding_once(tm
                 assert collector.data_dir.exists() and not (tmp_path / "rank0.json").exists()  # still live
                 assert sorted(s["metric"]["rank"] for s in series) == ["0", "1"]
                 assert all(float(s["value"][1]) >= script.STRAGGLE_S * 0.5 for s in series)
-                late = _wait(
-                    lambda: prom.query(f'rankscope_last_arrival_share{{run="{RUN}",rank="{script.STRAGGLER_RANK}"}}'),
+                # The share settles above 0.9 as steps accumulate: under load the run's first collective can
+                # find rank 0 later than the straggler (CI once read 8 of 9 at the first scrape).
+                late_share = f'rankscope_last_arrival_share{{run="{RUN}",rank="{script.STRAGGLER_RANK}"}}'
+                _wait(
+                    lambda: (r := prom.query(late_share)) and float(r[0]["value"][1]) > 0.9,
                     60,
-                    "the late rank's last-arrival share",
+                    "the late rank's last-arrival share above 0.9",
                 )
-                assert float(late[0]["value"][1]) > 0.9
                 found = _wait(
                     lambda: prom.query(f'rankscope_findings{{run="{RUN}",kind="straggler"}}'), 60, "a straggler finding"
                 )
