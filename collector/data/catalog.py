@@ -17,6 +17,7 @@ user-typed SQL is collector.data.sql_guard. Their public names are importable fr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -91,8 +92,12 @@ __all__ = [
 VERSION_VIEW = "rankscope_catalog_version"
 
 
+@functools.cache
 def _catalog_version() -> str:
+    """What this code builds: the views and the placeholders' schemas (a catalog of this version had its
+    placeholders written by this code, so a reader need not read them again)."""
     text = "\n".join(f"{k}={v}" for k, v in view_definitions().items())
+    text += "\n" + "\n".join(f"{name}={schema}" for name, schema in layout.stored_schemas().items())
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -107,6 +112,25 @@ def _installed_version(path: Path) -> str | None:
         return None
     finally:
         con.close()
+
+
+def _open_current(root: Path) -> duckdb.DuckDBPyConnection | None:
+    """D's catalog opened read-only, where this code built it and its placeholders are in place; None
+    where it must be built first. One open, not two: a `rankscope health` poll opens a catalog each time."""
+    path = root / layout.CATALOG_FILE
+    if not path.exists() or not layout.placeholders_present(root):
+        return None
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:
+        return None
+    try:
+        if con.execute(f"SELECT version FROM {quote_ident(VERSION_VIEW)}").fetchone()[0] == _catalog_version():
+            return con
+    except duckdb.Error:
+        pass
+    con.close()
+    return None
 
 
 def ensure_catalog(data_dir) -> Path:
@@ -143,8 +167,9 @@ def connect(data_dir) -> duckdb.DuckDBPyConnection:
     """A read-only connection to D's catalog; every view works from any cwd. Its views read the
     snapshot of D as it is now (``pin``): use it for a while, not for ever, or ``pin`` it again."""
     root = layout.check_data_dir(Path(data_dir).resolve())  # creates nothing in a folder that is not one
-    path = ensure_catalog(root)
-    con = duckdb.connect(str(path), read_only=True)
+    con = _open_current(root)
+    if con is None:
+        con = duckdb.connect(str(ensure_catalog(root)), read_only=True)
     con.execute("SET file_search_path = ?", [str(root)])
     pin(con, root)
     return con

@@ -221,6 +221,13 @@ def ensure_placeholders(data_dir: Path) -> None:
         os.replace(tmp, path)
 
 
+def placeholders_present(data_dir: Path) -> bool:
+    """Whether every table's placeholder exists (their schemas are not read: see catalog._catalog_version)."""
+    return all(
+        (table_dir(data_dir, table) / PLACEHOLDER_PARTITION / PLACEHOLDER_FILE).is_file() for table in stored_schemas()
+    )
+
+
 def is_data_dir(path: Path) -> bool:
     """A directory the collector (or ``ensure_catalog``) has written: it has parquet/ or the catalog."""
     return path.is_dir() and ((path / PARQUET_DIR).is_dir() or (path / CATALOG_FILE).is_file())

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from collector.data.queries.runs import has_rows
-
 # Per (step, data_rank, stage) bubbles over ``rows`` (a query giving pipe rows with rank).
 BUBBLES_SQL = """
         WITH p AS ({rows}),
@@ -48,7 +46,7 @@ def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
     """Per (step, data_rank, stage): rank, stages, micro_batches, layers, span_ms, fwd_ms, bwd_ms,
     busy_ms, bubble_ms, bubble_fraction, ideal_fraction, recv_ms (waiting on neighbours). Empty for
     a run without pipeline parallelism."""
-    if not has_rows(cat.data_dir, "pipe", run_id):
+    if not cat.has_rows("pipe", run_id):
         return pd.DataFrame()
     return cat.df(BUBBLES_SQL.format(rows="SELECT * FROM pipe WHERE run_id = ?"), [run_id])
 
@@ -56,7 +54,7 @@ def stage_bubbles(cat, run_id: str) -> pd.DataFrame:
 def timeline(cat, run_id: str, step: int, data_rank: int = 0) -> pd.DataFrame:
     """One step of one pipeline: stage, rank, kind, micro_batch, start_ms, end_ms (from the step's
     first event), for the dashboard's stages x time chart."""
-    if not has_rows(cat.data_dir, "pipe", run_id):
+    if not cat.has_rows("pipe", run_id):
         return pd.DataFrame()
     return cat.df(
         """

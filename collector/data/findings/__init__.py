@@ -197,7 +197,7 @@ def for_run(
     ranks = queries.ranks(cat, run_id)
 
     def written(table: str, query) -> pd.DataFrame:  # a table the run never wrote needs no query
-        return query(cat, run_id) if queries.has_rows(cat.data_dir, table, run_id) else pd.DataFrame()
+        return query(cat, run_id) if cat.has_rows(table, run_id) else pd.DataFrame()
 
     return summarize(
         steps=steps if steps is not None else queries.step_analysis(cat, run_id),

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import warnings
+from pathlib import Path
 
 import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from collector.data import catalog
+from collector.data import catalog, layout
 
 
 class DataDirError(Exception):
@@ -41,6 +42,12 @@ class Catalog:
         cur = catalog.cursor(self.con, self.data_dir, self.skipped)
         cur.execute("SET enable_progress_bar = false")  # it would print into a server's log
         return cur
+
+    def has_rows(self, table: str, run_id: str) -> bool:
+        """Whether ``run_id`` has a committed segment of ``table`` (one directory listing): a query of a
+        table the run never wrote can be skipped."""
+        part = layout.partition_dir(Path(self.data_dir), table, run_id)
+        return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
 
     def df(self, sql: str, params: list) -> pd.DataFrame:
         return self._run(lambda cur: cur.execute(sql, params).df())

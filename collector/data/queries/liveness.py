@@ -16,13 +16,16 @@ def hangs(cat: Catalog, run_id: str) -> pd.DataFrame:
     # The view reads every comm record (how far each rank completed); a run no rank ever reported
     # a long enough wait for, the usual case, is answered from the small inflight table alone.
     # The same rule (collector.data.hang_rule) over every waiting report, a superset of the view's open ones.
-    waited = cat.df(
-        f"""SELECT EXISTS (
+    waited = (
+        cat.has_rows("inflight", run_id)
+        and cat.df(
+            f"""SELECT EXISTS (
                 SELECT 1 FROM (SELECT group_name, seq, (time_ns - entered_ns) / 1e9 AS waiting_s, hang_after_s
                                FROM inflight WHERE run_id = ? AND coalesce(state, 'waiting') = 'waiting')
                 GROUP BY group_name, seq HAVING {hang_rule.HUNG_SQL}) AS yes""",
-        [run_id],
-    ).yes.iloc[0]
+            [run_id],
+        ).yes.iloc[0]
+    )
     if not waited:
         return pd.DataFrame(columns=[*HANG_COLUMNS, "missing"])
     return cat.df(
@@ -36,7 +39,9 @@ def desyncs(cat: Catalog, run_id: str) -> pd.DataFrame:
     """Collective instances entered with different op/dtype/numel on different ranks (the ``desyncs``
     view's rows). Of the steps compaction analysed, only the instances it could not settle are read
     (the ``unsettled_instances`` table); the raw records after them as they are."""
-    through = cat.df("SELECT coalesce(max(step), -1) AS s FROM step_analysis WHERE run_id = ?", [run_id]).s.iloc[0]
+    through = -1
+    if cat.has_rows("step_analysis", run_id):
+        through = cat.df("SELECT coalesce(max(step), -1) AS s FROM step_analysis WHERE run_id = ?", [run_id]).s.iloc[0]
     completed = """
         SELECT ?::VARCHAR AS run_id, rank, group_name, seq, op, dtype, numel FROM unsettled_instances WHERE run_id = ?
         UNION ALL

@@ -34,13 +34,6 @@ def runs_with(data_dir, table: str) -> set[str]:
     }
 
 
-def has_rows(data_dir, table: str, run_id: str) -> bool:
-    """Whether ``run_id`` has a committed segment of ``table`` (one directory listing): a query of a
-    table the run never wrote can be skipped."""
-    part = layout.partition_dir(Path(data_dir), table, run_id)
-    return part.is_dir() and any(part.glob(f"*{layout.SEGMENT_SUFFIX}"))
-
-
 def run_info(cat: Catalog, run_id: str) -> dict | None:
     """The run's first Hello (world_size, source, config: what ``runs`` takes from it), without judging
     every run's status as ``list_runs`` does; None for a run no rank said Hello of."""
@@ -157,11 +150,10 @@ def ranks(cat: Catalog, run_id: str) -> pd.DataFrame:
 
 def probes(cat: Catalog, run_id: str) -> pd.DataFrame:
     """The run's link probes (collector.server.probe): one row per rank's answer."""
-    return cat.df(
-        "SELECT rank, step, request_id, status, host, peer_rank, peer_host, direction, mbit_s, time_ns "
-        "FROM probes WHERE run_id = ? ORDER BY time_ns",
-        [run_id],
-    )
+    columns = "rank step request_id status host peer_rank peer_host direction mbit_s time_ns".split()
+    if not cat.has_rows("probes", run_id):  # most runs were never probed
+        return pd.DataFrame(columns=columns)
+    return cat.df(f"SELECT {', '.join(columns)} FROM probes WHERE run_id = ? ORDER BY time_ns", [run_id])
 
 
 def deliveries(cat: Catalog, run_id: str) -> pd.DataFrame:

@@ -152,6 +152,8 @@ def step_analysis(cat: Catalog, run_id: str) -> pd.DataFrame:
     held_ms, timed (see above). The steps the collector already analysed as they settled (the
     ``step_analysis`` table, written by compaction) are read back; only the steps after the last of
     them are computed from the raw records, so the cost follows the unsettled tail, not the run."""
+    if not cat.has_rows("step_analysis", run_id):  # nothing settled yet (a short or young run)
+        return analyse_steps(cat, run_id)
     stored = cat.df(
         f"SELECT {_STEP_ANALYSIS_COLUMNS} FROM step_analysis WHERE run_id = ? ORDER BY step, rank", [run_id]
     )
@@ -170,7 +172,7 @@ def analyse_steps(cat: Catalog, run_id: str, after: int = -1, through: int | Non
     (``through`` None: every later step). Timers are moved onto the collector's clock with the
     rank's measured offset, as the comm records already are; a rank whose clock is still off
     beyond clocks.BOUND_NS (measured over these steps) has both moved by what is left."""
-    timed = bool(
+    timed = cat.has_rows("timers", run_id) and bool(
         cat.df(
             "SELECT EXISTS (SELECT 1 FROM timers WHERE run_id = ? AND start_ns IS NOT NULL AND dur_ns IS NOT NULL)"
             " AS yes",
