@@ -33,7 +33,8 @@ users write), then `rankscope health RUN --json` as a user runs it:
 - ``sample``: the archived sample runs (sample_runs/).
 Live faults (hang, crash, desync) are polled from the fault's own timestamp (the rank writes it
 when it injects) until the expected finding appears; the delay is the time to detect. The poll
-runs what `rankscope health` runs (open the catalog, resolve the run, judge it) in this process,
+runs what `rankscope health` runs (ask the live collector for the run; where it does not hold it,
+open the catalog, resolve the run, judge it) in this process,
 so a poll's cost is the reading and judging, not a new interpreter's imports (1-4 s on a loaded
 2-core host, which would otherwise count as detection delay). The job is then stopped. Where the
 time went is measured hop by hop (``Hops``: onset -> the waiting rank entered -> its watchdog
@@ -387,7 +388,14 @@ def health(data_dir: Path, run: str) -> list[dict]:
 
 
 def poll_health(data_dir: Path, run: str) -> list[dict]:
-    """What `rankscope health RUN --json` prints, computed in this process (no interpreter start)."""
+    """What `rankscope health RUN --json` prints, in this process (no interpreter start): the answer of
+    the collector serving the data dir where it holds the run (its Health RPC), else computed from
+    the data dir."""
+    from collector.data.live_collector import fetch
+
+    answer = fetch(data_dir, run)
+    if answer is not None:
+        return answer.findings
     cat = queries.Catalog(str(data_dir))
     try:
         return [f.to_json() for f in findings.for_run(cat, queries.resolve_run(cat.con, run))]

@@ -8,16 +8,19 @@ Two parts make a run's findings:
   refresh (collector.server.metrics) computes every ``refresh_s`` for the runs streaming here and
   hands over with ``stored``;
 * the live ones (collector.server.liveness: stuck and hung collectives, with where their missing
-  ranks are), judged every ``liveness.CHECK_INTERVAL_S`` from what the streams report. They take
-  the place of the stored ``stuck`` findings and of a stored ``hang`` of the same collective (the
-  same story, told sooner); every other stored finding stands.
+  ranks are, and collectives in flight entered with different shapes: desyncs), judged every
+  ``liveness.CHECK_INTERVAL_S`` from what the streams report. They take the place of the stored
+  ``stuck`` findings and of a stored ``hang`` or ``desync`` of the same collective (the same story,
+  told sooner); every other stored finding stands.
 
 When the live part changes (a collective gets stuck, a stack names where its missing rank is, it
 leaves flight) the listeners (``listen``: the alert webhook) hear it from the liveness checker at
 once, not at the next refresh.
 
 A run is *held* while a rank of it streams here and the refresh has computed its stored part at
-least once; otherwise the Health RPC says so and ``rankscope health`` computes from the data dir.
+least once, from rows that include the run's last news (a rank gone or unresponsive, a collective
+that raised: what the live judgment does not tell); otherwise the Health RPC says so and
+``rankscope health`` computes from the data dir, which has that news as soon as the store commits it.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ from collections.abc import Callable
 log = logging.getLogger("rankscope.live_findings")
 
 REPLACED_BY_LIVE = ("stuck",)  # stored kinds the live judgment always replaces
+TOLD_LIVE = ("hang", "desync")  # stored kinds it replaces where it tells of the same collective
 
 
 class LiveFindings:
     def __init__(self, liveness) -> None:
         self.liveness = liveness
-        self._stored: dict[str, tuple[str, list, float]] = {}  # run_id -> (name, findings, when: monotonic)
+        # run_id -> (name, findings, when: monotonic, as of: rows submitted before this are in them)
+        self._stored: dict[str, tuple[str, list, float, float]] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable] = []
         liveness.on_change = self._live_changed
@@ -44,10 +49,12 @@ class LiveFindings:
         """``listener(run_id, run_name, findings)`` on each change of a run's live findings."""
         self._listeners.append(listener)
 
-    def stored(self, run_id: str, name: str, found: list) -> None:
-        """The refresh computed a run's findings from the stored data."""
+    def stored(self, run_id: str, name: str, found: list, as_of: float | None = None) -> None:
+        """The refresh computed a run's findings from the stored data, which held every row submitted
+        before ``as_of`` (monotonic; the store's ``visible_through`` as the refresh began; None: now)."""
+        now = time.monotonic()
         with self._lock:
-            self._stored[run_id] = (name, list(found), time.monotonic())
+            self._stored[run_id] = (name, list(found), now, now if as_of is None else as_of)
 
     def keep(self, run_ids) -> None:
         """Forget the stored findings of runs the refresh no longer follows."""
@@ -72,7 +79,7 @@ class LiveFindings:
             f
             for f in found
             if f.kind not in REPLACED_BY_LIVE
-            and not (f.kind == "hang" and (f.evidence.get("group_name"), f.evidence.get("seq")) in collectives)
+            and not (f.kind in TOLD_LIVE and (f.evidence.get("group_name"), f.evidence.get("seq")) in collectives)
         ] + live
         from collector.data.findings.model import ranked
 
@@ -90,7 +97,7 @@ class LiveFindings:
         if found is not None:
             return found
         with self._lock:  # the name the catalog knows (the refresh's), where the Hello gave none
-            named = [run_id for run_id, (name, _, _) in self._stored.items() if name == run]
+            named = [run_id for run_id, (name, *_) in self._stored.items() if name == run]
         return named[-1] if named else None
 
     def answer(self, run: str) -> tuple[str | None, bool, list, float]:
@@ -101,6 +108,11 @@ class LiveFindings:
         with self._lock:
             stored = self._stored.get(run_id)
         if stored is None:  # streaming, but not refreshed yet: the data dir has the whole story
+            return run_id, False, [], 0.0
+        news = self.liveness.news_at(run_id)
+        if news is not None and news >= stored[3]:
+            # a rank went away or a collective raised since the rows of the last refresh: the data dir
+            # names it now, the next refresh here in up to refresh_s
             return run_id, False, [], 0.0
         return run_id, True, self.current(run_id), time.monotonic() - stored[2]
 

@@ -100,7 +100,7 @@ class _Rank:
     last_seen: float = 0.0  # our monotonic clock, when its last heartbeat arrived
     period_s: float = 1.0
     step: int = 0
-    # (group, seq) -> (entered_ns, time_ns, hang_after_s, members, op, bytes, step)
+    # (group, seq) -> (entered_ns, time_ns, hang_after_s, members, op, bytes, step, dtype, numel)
     inflight: dict = field(default_factory=dict)
     asked_at: float | None = None  # our monotonic clock, when we last asked for stacks
     answered: bool = True
@@ -156,8 +156,12 @@ class Liveness:
         self.names: dict[str, str] = {}  # run_id -> the name its Hello gave
         self.on_change = None  # called with a run id when its live findings change (from the checker)
         self._live: dict[str, list] = {}  # run_id -> its stuck collectives (findings.stuck.Stuck), last check
+        self._desynced: dict[str, list] = {}  # run_id -> its mismatched collectives in flight, last check
         self._live_keys: dict[str, frozenset] = {}  # run_id -> what its live findings say, to tell a change
         self._asked_for: set[tuple] = set()  # (run_id, group, seq, rank): each missing rank asked once per hang
+        # run_id -> when (monotonic) a row it needs stored came last: a collective that raised, a rank gone or
+        # unresponsive. The live judgment does not tell those; findings refreshed before them are stale.
+        self._news: dict[str, float] = {}
         self._lock = threading.Lock()
         self._client_id = f"rankscope-collector.{secrets.token_hex(6)}"
         self._seq = itertools.count(1)
@@ -260,6 +264,7 @@ class Liveness:
                     if row["state"] == "failed":
                         rank.inflight.pop(key, None)
                         news = True  # a collective that raised: a desync or a peer gone
+                        self._news[batch.run_id] = now
                         continue
                     # news once per collective: the report that first says it crossed the rank's setting
                     news = news or (_crossed(row["entered_ns"], row["time_ns"], row["hang_after_s"])
@@ -272,6 +277,8 @@ class Liveness:
                         row["op"],
                         row["bytes"],
                         row["step"],
+                        row["dtype"],
+                        row["numel"],
                     )
             else:  # stacks: an answer (or a capture of its own, which answers as well)
                 rank.answered = True
@@ -296,12 +303,17 @@ class Liveness:
         asks: list[tuple[_Rank, str]] = []
         unresponsive: list[tuple[str, int, str]] = []
         live: dict[str, list] = {}
+        desynced: dict[str, list] = {}  # run_id -> its mismatched collectives in flight (queries.desyncs rows)
         with self._lock:
             for run_id, ranks in self.runs.items():
                 normals = self.normals.get(run_id) or _Normals()
-                for key, (op, waiting, threshold_s, group_members, oldest_ns, nbytes, step) in self._stuck(
+                for key, (op, waiting, threshold_s, group_members, oldest_ns, nbytes, step, sides) in self._stuck(
                     ranks
                 ).items():
+                    mismatch = self._mismatch(key, sides)
+                    if mismatch is not None:  # a desync, told as one at once: no wait makes it a hang
+                        desynced.setdefault(run_id, []).append(mismatch)
+                        continue
                     waited_s = (now_ns - oldest_ns) / 1e9
                     normal_s = normals.normal(key[0], op, nbytes)
                     stuck_after_s = hang_rule.stuck_after(normal_s, threshold_s)
@@ -342,6 +354,16 @@ class Liveness:
             for rank, _ in asks:
                 rank.asked_at, rank.answered = now, False
             changed = self._judge(live, now)
+            for run_id in set(desynced) | set(self._desynced):
+                rows = desynced.get(run_id, [])
+                if [(r["group_name"], r["seq"]) for r in rows] != [
+                    (r["group_name"], r["seq"]) for r in self._desynced.get(run_id, [])
+                ]:
+                    changed.append(run_id)
+                if rows:
+                    self._desynced[run_id] = rows
+                else:
+                    self._desynced.pop(run_id, None)
             self._forget_quiet_runs()
         for rank, reason in asks:
             if rank.stream is not None:
@@ -360,18 +382,32 @@ class Liveness:
 
     def findings(self, run_id: str) -> list:
         """The run's live findings as of the last check: its stuck and hung collectives, with where
-        their missing ranks are (collector.data.findings.stuck)."""
+        their missing ranks are (collector.data.findings.stuck), and its collectives in flight
+        entered with different shapes (collector.data.findings.desync)."""
         with self._lock:
             stuck = list(self._live.get(run_id, ()))
-        if not stuck:
-            return []
-        from collector.data.findings.stuck import stuck_collectives  # pandas-free, but the package is not
+            desynced = list(self._desynced.get(run_id, ()))
+        found = []
+        if stuck:
+            from collector.data.findings.stuck import stuck_collectives  # pandas-free, but the package is not
 
-        return stuck_collectives(stuck)
+            found += stuck_collectives(stuck)
+        if desynced:
+            import pandas as pd
+
+            from collector.data.findings.desync import mismatched_collectives
+
+            found += mismatched_collectives(pd.DataFrame(desynced))
+        return found
 
     def name_of(self, run_id: str) -> str:
         with self._lock:
             return self.names.get(run_id, run_id)
+
+    def news_at(self, run_id: str) -> float | None:
+        """When (monotonic) the run last got news only its stored rows tell (see ``_news``), if it did."""
+        with self._lock:
+            return self._news.get(run_id)
 
     def resolve(self, run: str) -> str | None:
         """A run id, or a name (the newest run of that name followed here), -> the run's id."""
@@ -480,6 +516,7 @@ class Liveness:
             del self.runs[run_id]
             self.normals.pop(run_id, None)
             self.names.pop(run_id, None)
+            self._news.pop(run_id, None)
         if done:
             gone = set(done)
             self._asked_for = {key for key in self._asked_for if key[0] not in gone}
@@ -487,20 +524,41 @@ class Liveness:
     @staticmethod
     def _stuck(ranks: dict[int, _Rank]) -> dict:
         """(group, seq) -> (op, waiting ranks, threshold (hang_rule), members, earliest entry, bytes,
-        step) over in-flight reports."""
+        step, sides: (op, dtype, numel) -> ranks) over in-flight reports."""
         stuck: dict = {}
         for r, rank in ranks.items():
             if rank.ended:
                 continue
-            for key, (entered_ns, _, hang_after_s, group_members, op, nbytes, step) in rank.inflight.items():
-                entry = stuck.setdefault(key, [op, set(), [], group_members, entered_ns, nbytes, step])
+            for key, (entered_ns, _, hang_after_s, members_, op, nbytes, step, dtype, numel) in rank.inflight.items():
+                entry = stuck.setdefault(key, [op, set(), [], members_, entered_ns, nbytes, step, {}])
                 entry[1].add(r)
                 entry[2].append(hang_after_s)
                 entry[4] = min(entry[4], entered_ns)
+                entry[7].setdefault((op, dtype, numel), []).append(r)
         return {
-            k: (op, waiting, hang_rule.threshold(s), m, oldest, nbytes, step)
-            for k, (op, waiting, s, m, oldest, nbytes, step) in stuck.items()
+            k: (op, waiting, hang_rule.threshold(s), m, oldest, nbytes, step, sides)
+            for k, (op, waiting, s, m, oldest, nbytes, step, sides) in stuck.items()
         }
+
+    @staticmethod
+    def _mismatch(key: tuple, sides: dict) -> dict | None:
+        """A desync row (queries.desyncs' form) where the ranks in flight in one collective entered it
+        with a different op, dtype or element count (findings.desync's rule); None where they agree.
+        Point-to-point groups are left out, as the stored rule leaves them (send and recv differ)."""
+        if len(sides) < 2 or str(key[0]).startswith("p2p["):
+            return None
+        from collector.data.findings.desync import differing_fields
+
+        listed = sorted(
+            (
+                {"op": op, "dtype": dtype, "numel": numel, "ranks": sorted(rs)}
+                for (op, dtype, numel), rs in sides.items()
+            ),
+            key=lambda side: (-len(side["ranks"]), side["ranks"]),
+        )
+        if not differing_fields(listed):
+            return None
+        return {"group_name": key[0], "seq": int(key[1]), "sides": listed, "n_sides": len(listed)}
 
     def _readable_now(self) -> None:
         """Have the store commit what it holds now (collector.server.store.Store.flush_soon)."""
@@ -521,6 +579,8 @@ class Liveness:
         )
         try:
             self.store.submit(self._client_id, next(self._seq), [("rank_events", run_id, row)], lambda error: None)
+            with self._lock:
+                self._news[run_id] = time.monotonic()
             self._readable_now()  # a rank gone or unresponsive: news
         except Exception:  # the store is closing: the event is lost, the data is not
             log.warning("liveness: could not store %s of rank %d in %s", event, rank, run_id)

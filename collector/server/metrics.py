@@ -342,6 +342,7 @@ class MetricsEndpoint:
     def _refresh_run(self, run) -> Snapshot:
         """One run's figures, in a snapshot of their own (merged only once all are computed)."""
         cat = self._catalog
+        as_of = getattr(getattr(self.state, "store", None), "visible_through", None)  # before any query pins D
         mine = Snapshot()
         run_labels = (run.run_id, label(run.name))
         per_rank: dict[str, dict[int, list]] = {}  # gauge -> rank -> [(extra labels, value)]
@@ -376,7 +377,7 @@ class MetricsEndpoint:
         for (kind, severity), n in _counts(found).items():
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
         if self.held is not None:
-            self.held.stored(run.run_id, run.name, found)
+            self.held.stored(run.run_id, run.name, found, as_of)
             found = self.held.current(run.run_id)  # the live judgment in place of the stored one
         if self.webhook is not None:
             self.webhook.offer(run.run_id, run.name, found)

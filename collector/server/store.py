@@ -184,6 +184,9 @@ class Store:
         self._pending: dict[tuple[str, int], list[Callback]] = {}
         self._committing: dict[tuple[str, int], list[Callback]] = {}
         self._closing = False
+        # monotonic time: every row submitted before it is committed and readable (a reader that
+        # pinned D's snapshot after this moment has it: live_findings asks whether news is stored)
+        self.visible_through = time.monotonic()
         self.records_durable = 0
         self.write_status = None  # a running collector's collector.server.write_status.WriteStatus
         self._writers = ThreadPoolExecutor(2, thread_name_prefix="rankscope-write")
@@ -277,9 +280,11 @@ class Store:
                 buffers, self._buffers = self._buffers, {}
                 self._committing, self._pending = self._pending, {}
                 self._buffered_since, self._flush_now = None, False
-            self._commit(buffers)
+                taken = time.monotonic()
+            if self._commit(buffers):
+                self.visible_through = taken
 
-    def _commit(self, buffers: dict[tuple[str, str], list[pa.Table]]) -> None:
+    def _commit(self, buffers: dict[tuple[str, str], list[pa.Table]]) -> bool:
         nbytes = sum(t.nbytes for ts in buffers.values() for t in ts)
         # records the ranks sent: not the collector's own rows (Hello/RunEnd tables, deliveries)
         nrows = sum(
@@ -333,6 +338,7 @@ class Store:
         for callbacks in done.values():
             for callback in callbacks:
                 callback(error)
+        return error is None
 
     def _load_known_runs(self) -> set[str]:
         """The runs with a runs row: in a partition of their own, or in the shared one (compaction folds them there)."""

@@ -29,7 +29,7 @@ def _side(side) -> str:
     return f"{side['op']} {side['dtype']} {count} on {ranks_label(side['ranks'])}"
 
 
-def _differs(sides) -> list[str]:
+def differing_fields(sides) -> list[str]:
     """The fields the sides disagree on; numel only where two known counts differ."""
     differs = [key for key in ("op", "dtype") if len({side[key] for side in sides}) > 1]
     if len({n for n in map(_numel, sides) if n is not None}) > 1:
@@ -46,7 +46,7 @@ def mismatched_collectives(desyncs: pd.DataFrame) -> list[Finding]:
     found = []
     for row in desyncs.itertuples(index=False):
         sides = list(row.sides)
-        differs = _differs(sides)
+        differs = differing_fields(sides)
         if not differs:  # the sides differ by an unknown numel alone
             continue
         # the ranks that disagree with the largest side; where every side agrees with it (its numel is

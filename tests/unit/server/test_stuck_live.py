@@ -169,3 +169,51 @@ def test_the_held_findings_merge_the_live_judgment_and_tell_listeners_at_once():
     for r in range(WORLD):  # every rank sent its RunEnd: the data dir has the last word
         liveness.observe(streams[r], fake_runs.run_end(f"c{r}", 50, RUN, r))
     assert held.answer(RUN)[1] is False
+
+
+def test_a_rank_gone_since_the_last_refresh_leaves_the_answer_to_the_data_dir_until_a_refresh_has_it():
+    """A rank gone (its stream closed without RunEnd) is told by a stored row, not by the live
+    judgment: findings refreshed from rows before it are stale, so Health says "not held" (the
+    CLI computes from the data dir, which has the row once the store commits it) until a refresh
+    made from rows that include it."""
+    from collector.data.findings.model import Finding
+    from collector.server.live_findings import LiveFindings
+
+    liveness, streams = _live(learned_wait_s=0.02)
+    held = LiveFindings(liveness)
+    straggler = [Finding(kind="straggler", severity="warning", text="rank 1 is late", ranks=(1,))]
+    before_news = time.monotonic()
+    held.stored(RUN, "job", straggler, as_of=before_news)
+    assert held.answer(RUN)[1] is True
+    liveness.closed(streams[2])  # rank 2's process died: a rank_events row, news
+    assert liveness.news_at(RUN) > before_news
+    assert held.answer(RUN)[1] is False, "the stale refresh answered for a run that just lost a rank"
+    held.stored(RUN, "job", straggler, as_of=time.monotonic())  # a refresh whose rows include the event
+    assert held.answer(RUN)[1] is True
+
+
+def test_ranks_in_flight_in_one_collective_with_different_shapes_are_a_desync_at_once_not_a_hang():
+    """ddp-desync's shape: every rank is in all_reduce #7 of world, rank 2 with 5 elements where the
+    others have 4 (nobody is missing, so no wait would ever name a rank). The live view names the
+    mismatch at its first check, with both sides, as the stored rule words it; no stuck or hang."""
+    from collector.data.findings.model import Finding
+    from collector.server.live_findings import LiveFindings
+
+    liveness, streams = _live(learned_wait_s=0.02)
+    held = LiveFindings(liveness)
+    heard = []
+    held.listen(lambda run_id, name, found: heard.append([f.kind for f in found]))
+    stale = Finding(kind="desync", severity="critical", text="stored", evidence={"group_name": "world", "seq": 7})
+    held.stored(RUN, "job", [stale])
+    now_ns = time.time_ns()
+    for r in range(WORLD):  # rank 2 with one element more
+        liveness.observe(
+            streams[r], _waiting(RUN, r, 120.0, hang_rule.DEFAULT_HANG_AFTER_S, now_ns, 5 if r == 2 else 4)
+        )
+    liveness.check(now_ns)
+    found = liveness.findings(RUN)
+    assert [(f.kind, f.severity, f.ranks) for f in found] == [("desync", "critical", (2,))], found
+    assert "numel differ" in found[0].text and "x5 on rank 2" in found[0].text, found[0].text
+    assert [f.text for f in held.current(RUN)] == [found[0].text], "the stored one of the same collective stays"
+    assert heard == [["desync"]]
+    assert not any(s.requests for s in streams.values()), "nobody is missing: nobody is asked for stacks"
