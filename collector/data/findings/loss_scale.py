@@ -14,7 +14,9 @@ def loss_scale_falls(scales: pd.DataFrame) -> list[Finding]:
     falls = int(scales.overflow.sum())
     n_steps = scales.step.nunique()
     last = scales.iloc[-1]
-    text = f"loss scale fell {falls} times in {n_steps} steps (now {last.scale:g} at step {int(last.step)})"
+    scale = float(last.scale)
+    shown = f"{scale:,.0f}" if scale >= 1 and scale.is_integer() else f"{scale:g}"  # 131,072, not 131072 or 1.3e+05
+    text = f"loss scale fell {falls} times in {n_steps} steps (now {shown} at step {int(last.step)})"
     return [
         Finding(
             kind="loss_scale",

@@ -21,3 +21,11 @@ def test_loss_scale_without_overflow_is_ok_and_absent_without_fp16():
     scales = pd.DataFrame({"step": [0, 1], "scale": [1024.0, 1024.0], "overflow": [False, False]})
     assert loss_scale.loss_scale_falls(scales)[0].severity == "ok"
     assert loss_scale.loss_scale_falls(scales.iloc[0:0]) == []
+
+
+def test_the_scale_is_said_with_thousands_separators():
+    scales = pd.DataFrame(
+        {"step": [1, 2], "scale": [262144.0, 131072.0], "overflow": [False, True], "bad_params": [0, 0]}
+    )
+    (finding,) = loss_scale.loss_scale_falls(scales)
+    assert "(now 131,072 at step 2)" in finding.text, finding.text
