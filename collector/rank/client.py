@@ -147,6 +147,7 @@ class Client:
         self._connected_at: float | None = None
         self._disconnected_since = time.monotonic()
         self._outage_since = self._disconnected_since  # no ack since then (retries do not reset it)
+        self._last_ack_at: float | None = None  # monotonic: the collector's last ack
         self._backoff = config.backoff_initial_s
         self._next_connect = 0.0
         self._operator_error_logged: set = set()
@@ -296,6 +297,10 @@ class Client:
         if away < UNREACHABLE_WARN_S:
             return
         self._outage_warned = True
+        if self._last_ack_at is not None and self._unacked:
+            # a cut the keepalive took ~20 s to notice: records went unanswered since the last ack, not
+            # only since the connection was seen to break
+            away = max(away, time.monotonic() - self._last_ack_at)
         log.warning(
             "rankscope: collector at %s has not answered for %.0f s (%s); training goes on, its records are "
             "spooled in %s and resent when the collector is back",
@@ -467,6 +472,7 @@ class Client:
 
     # ---- acks (reader thread) ----
     def _on_ack(self, seqs) -> None:
+        self._last_ack_at = time.monotonic()
         with self._lock:
             for seq in seqs:
                 held = self._unacked.pop(seq, None)

@@ -92,3 +92,20 @@ def test_the_spool_beyond_max_spool_bytes_drops_its_oldest_files_counted(tmp_pat
     assert files[-1].name.endswith("-000000000007.rsspool")  # the newest stays
     assert client.spool_dropped == client.dropped_unspooled == 40  # four files of 10 rows
     assert caplog.text.count("is over 3000 bytes: dropping its oldest records") == 1
+
+
+def test_a_cut_noticed_late_is_said_from_the_last_ack_not_from_when_it_was_noticed(caplog):
+    """A partition hangs the stream: the keepalive notices it ~20 s after the last ack. The warning
+    then says how long the records have gone unanswered (since that ack), not 3 s."""
+    import time
+
+    from collector.rank.client import UNREACHABLE_WARN_S, Client
+
+    client = Client(ClientConfig(), "h.1.x", RecordBuffer())
+    client._track(client._envelope(end=pb.RunEnd(run_id="r")), 10)  # sent, never acked
+    now = time.monotonic()
+    client._last_ack_at = now - 23.0  # the last ack, before the cut
+    client._outage_since = now - UNREACHABLE_WARN_S - 0.1  # the broken stream, noticed just now
+    with caplog.at_level(logging.WARNING, logger="rankscope.client"):
+        client._warn_if_unreachable()
+    assert "has not answered for 23 s" in caplog.text, caplog.text
