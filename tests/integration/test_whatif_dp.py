@@ -133,10 +133,11 @@ def test_the_slowed_rank_is_named_alone_with_its_delay_as_the_saving(runs):
         others = [v for k, v in result["saved_s"].items() if k != str(SLOW_RANK)]
         assert all(v * 1e3 < 0.2 * DELAY_MS for v in others), result["saved_s"]
         stragglers = [f for f in found if f.kind == "straggler"]
-        if stragglers:  # health: one straggler, rank 1, the replay's saving beside its cost
+        if stragglers:  # health: one straggler, rank 1, at the replay's saving
             (straggler,) = stragglers
             assert straggler.ranks == (SLOW_RANK,)
-            assert straggler.evidence["replay_ms_per_step"] == pytest.approx(DELAY_MS, rel=0.25)
+            assert straggler.evidence["cost_model"] == "what-if replay"
+            assert straggler.cost_ms_per_step == pytest.approx(DELAY_MS, rel=0.25)
 
     _check(cat, run_ids["slow"], claim)
 

@@ -132,8 +132,8 @@ def _one_story(found: list[Finding]) -> list[Finding]:
     # tells the story: a slowdown moving across workers step by step is no straggler per rank, and
     # of a slow worker's stragglers only the one naming that worker alone stays (arrival lateness
     # also names the ranks waiting downstream of it: AR's last stage at the clip's all_reduce)
-    # (a data-parallel-only run's verdict is a note: there the stragglers name the ranks, the replay's
-    # saving beside their cost, and a note naming the worker a straggler names says it twice)
+    # (a data-parallel-only run's verdict is a note: there the stragglers name the ranks, at the
+    # replay's saving as their cost, and a note naming the worker a straggler names says it twice)
     moving = any(f.kind == "whatif_moving" and f.severity == "warning" for f in found)
     worst = [set(f.ranks) for f in found if f.kind == "whatif_worker" and f.severity == "warning"]
     named = {f.ranks for f in found if f.kind == "straggler"}

@@ -152,8 +152,8 @@ def costly_ranks(
     """From queries.step_analysis (rank, step, step_ms, imposed_ms, late_op, held_ms) and, to say
     why, queries.signals_by_step (see findings.causes). ``saved`` (findings.whatif.savings: ms a
     step that fixing the rank alone saves, steps x ranks, from the what-if replay): where it has the
-    rank, the replay's figure over the same steps goes in the evidence (``replay_ms_per_step``) beside
-    the cost, which is arrival lateness's.
+    rank, the finding's cost is the replay's over the same steps (one cost model); arrival lateness
+    still decides who is named, and stays in the evidence (``lateness_ms_per_step``).
 
     A rank that turned slow is judged on the steps since its onset, not diluted by the healthy
     steps before it: a rank slow for the last 500 of 10,000 steps costs what it costs now."""
@@ -369,19 +369,24 @@ def straggler(
     turned, before, after = onset_at
     if pattern is not None:
         turned = -1  # the pattern says when, not an onset
-    cost = float(row.cost_ms_per_step)
-    # The replay's saving for the rank is a second opinion, kept beside the cost: it agreed within 10%
-    # on 9-11 of the fault suite's 12 data-parallel cases, but read a simulated run's 40 ms straggler,
-    # slow for the last quarter of the run, as 9 ms (docs/whatif.md), where lateness reads 40.
+    cost = lateness = float(row.cost_ms_per_step)
+    share = float(row.share_of_run)
+    # One cost model: where the what-if replay has the rank, its saving over the same steps is the
+    # cost (docs/whatif.md: closer to the measured rise on the fault suite's data-parallel cases);
+    # arrival lateness names the rank, and stays in the evidence.
     replayed = replay_cost(saved, rank, int(imposed.index[start]))
-    text = f"rank {rank} costs {duration(cost)} per step ({pct(row.share_of_run)} of step time)"
+    if replayed is not None:
+        share = share * replayed / lateness if lateness > 0 else share
+        cost = replayed
+    text = f"rank {rank} costs {duration(cost)} per step ({pct(share)} of step time)"
     text += f" by arriving late at {row.late_op}" if isinstance(row.late_op, str) else " by arriving late"
     floor = late_floor(median_step)
     evidence = {
         "cost_ms_per_step": cost,
-        "cost_model": "arrival lateness",
+        "cost_model": "arrival lateness" if replayed is None else "what-if replay",
+        "lateness_ms_per_step": lateness,
         "replay_ms_per_step": replayed,
-        "share_of_run": float(row.share_of_run),
+        "share_of_run": share,
         "share_of_waiting": float(row.share_of_waiting),
         "median_step_ms": median_step,
         "what_if_step_ms": median_step - cost,

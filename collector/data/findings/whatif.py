@@ -19,7 +19,7 @@
 A run whose slowdown S is under ``MIN_SLOWDOWN`` gets no finding: its steps are as fast as its
 typical ops allow. On a data-parallel-only run (one stage) the verdict is a note: there the
 ``straggler`` findings (arrival lateness, with its onset, pattern and chance rules) decide whom to
-name, with the replay's saving beside their cost (``savings``), and a step's noise on a busy host is
+name, at the replay's saving as their cost (``savings``), and a step's noise on a busy host is
 not told as a cause. Pure functions of the replay's result dict.
 """
 
@@ -168,7 +168,7 @@ def _cpu_wait_ms(signals: pd.DataFrame | None, steps: tuple[int, int] | None) ->
 
 def savings(result: dict | None) -> pd.DataFrame | None:
     """Per step (index) and rank (columns): the ms a step that fixing that rank alone saves, for the
-    replay's worst workers (replay.SAVED_WORKERS), beside the straggler findings' cost. None without a replay."""
+    replay's worst workers (replay.SAVED_WORKERS): the straggler findings' cost. None without a replay."""
     if not result or not result.get("per_step"):
         return None
     rows = {int(step): row.get("saved_s", {}) for step, row in result["per_step"].items()}

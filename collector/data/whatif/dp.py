@@ -152,19 +152,35 @@ def build(ref: pd.DataFrame, asynchronous=()) -> Graph:
     return g
 
 
+WINDOW_STEPS = 5  # a compute's typical at a step: its workers' medians over the steps this near (11 in all)
+
+
 def typical(trace) -> np.ndarray:
-    """(N,) each node's typical cost: compute's lower median over workers of the worker's mean; a
-    collective's, the longest of its workers' median transfers (it ends for the step when its last
-    worker's transfer does: a worker that typically leaves it last is how it runs, not a straggler)."""
+    """(N, S) each node's typical cost at each step: a compute's, the lower median over workers of
+    each worker's median over the steps around it (WINDOW_STEPS either side, the window kept whole at
+    the run's ends): what the typical worker took then. So a worker slow for part of the run is
+    replayed against its peers of that part (not against another phase's durations, nor a peer's slow
+    warm-up), and one step's noise is not the typical (a lower median over 2 workers at each step
+    alone would be the faster one's, and would read a slow worker's every noisy op as its delay). A
+    collective's, the longest of its workers' median transfers over the run (it ends for the step
+    when its last worker's transfer does: a worker that typically leaves it last is how it runs, not
+    a straggler)."""
     optype = trace.graph.nodes.optype.to_numpy()
-    out = np.empty(len(optype))
-    for i, name in enumerate(optype):
-        values = trace.cost[i]  # (S, D)
-        if name == COMPUTE:
-            means = np.sort(np.nanmean(values, axis=0))
-            out[i] = means[(len(means) - 1) // 2]
-        else:  # a transfer (a meeting costs nothing)
-            out[i] = np.nanmax(np.nanmedian(values, axis=0))
+    cost = trace.cost  # (N, S, D)
+    n_steps = cost.shape[1]
+    out = np.empty(cost.shape[:2])
+    compute = optype == COMPUTE
+    if compute.any():
+        values = cost[compute]  # (K, S, D)
+        width = min(n_steps, 2 * WINDOW_STEPS + 1)
+        first = np.clip(np.arange(n_steps) - WINDOW_STEPS, 0, n_steps - width)  # each step's window
+        windows = np.lib.stride_tricks.sliding_window_view(values, width, axis=1)[:, first]  # (K, S, D, W)
+        median = np.nanmedian if np.isnan(values).any() else np.median  # (the NaN-aware one is slower)
+        near = np.sort(median(windows, axis=3), axis=2)  # NaN (a worker without the op) last
+        counts = np.maximum((~np.isnan(near)).sum(axis=2), 1)
+        out[compute] = np.take_along_axis(near, ((counts - 1) // 2)[..., None], axis=2)[..., 0]
+    for i in np.flatnonzero(~compute):  # a transfer (a meeting costs nothing)
+        out[i] = np.nanmax(np.nanmedian(cost[i], axis=0))
     return out
 
 

@@ -176,18 +176,20 @@ def simulate(trace: Trace, cost: np.ndarray, dp_axis: int = 1) -> np.ndarray:
 
 
 def by_replica(trace: Trace, orig: np.ndarray, ideal_nodes: np.ndarray, chunk: int = 16) -> np.ndarray:
-    """(S, D): step times with replica d as run and every other replica ideal, for each d. The
-    other replicas are alike, so each scenario is a two-replica job (d, one ideal replica): all
-    scenarios run side by side in one replay per ``chunk`` of replicas, not one replay each."""
+    """(S, D): step times with replica d as run and every other replica ideal, for each d
+    (``ideal_nodes``: (N,) or, where a step has its own, (N, S)). The other replicas are alike, so
+    each scenario is a two-replica job (d, one ideal replica): all scenarios run side by side in one
+    replay per ``chunk`` of replicas, not one replay each."""
     n, s_count, d_count = orig.shape
     if d_count == 1:
         return simulate(trace, orig)[:, None]
+    ideal_nodes = np.broadcast_to(ideal_nodes.reshape(n, -1), (n, s_count))
     out = np.empty((s_count, d_count))
     for lo in range(0, d_count, chunk):
         hi = min(d_count, lo + chunk)
         pair = np.empty((n, s_count, hi - lo, 2))
         pair[..., 0] = orig[:, :, lo:hi]
-        pair[..., 1] = ideal_nodes[:, None, None]
+        pair[..., 1] = ideal_nodes[:, :, None]
         out[:, lo:hi] = simulate(trace, pair, dp_axis=2)
     return out
 
@@ -203,16 +205,23 @@ def ideal_cost(trace: Trace) -> np.ndarray:
     return out
 
 
+def _per_replica(typical: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    """A model's typical costs, (N,) (one per node) or (N, S) (one per node and step), as (N, S, D):
+    every replica's op at its node's (and step's) typical cost."""
+    typical = np.asarray(typical, dtype=np.float64)
+    return np.broadcast_to(typical.reshape(typical.shape + (1,) * (3 - typical.ndim)), shape)
+
+
 def analyze(
     ops: pd.DataFrame, *, pp: int | None = None, dp_size: int | None = None, model=None, typical=ideal_cost
 ) -> dict:
     """The what-if figures of a run's ops (see the module docstring); JSON-ready. ``model`` and
-    ``typical``: the step's graph builder (prepare) and each node's ideal cost (trace -> (N,)), for
-    runs modelled otherwise than a 3D-parallel job (collector.data.whatif.dp)."""
+    ``typical``: the step's graph builder (prepare) and each node's ideal cost (trace -> (N,), or (N, S)
+    where each step has its own), for runs modelled otherwise than a 3D-parallel job (collector.data.whatif.dp)."""
     trace = prepare(ops, pp=pp, dp_size=dp_size, model=model)
     g = trace.graph
     orig = trace.cost
-    ideal = np.broadcast_to(typical(trace)[:, None, None], orig.shape)
+    ideal = _per_replica(typical(trace), orig.shape)
     t_run = simulate(trace, orig)
     t_ideal = simulate(trace, ideal)
     base = t_ideal.mean()
@@ -237,7 +246,7 @@ def analyze(
             overall, steps = keep_as_run(mask_of(k))
             by[name][str(k)] = float(overall)
             per[name][str(k)] = steps
-    replica_times = by_replica(trace, orig, ideal[:, 0, 0])
+    replica_times = by_replica(trace, orig, ideal[:, :, 0])
     by["by_dp_rank"] = {str(d): float(replica_times[:, i].mean() / base) for i, d in enumerate(trace.dp_ranks)}
     per["by_dp_rank"] = {str(d): replica_times[:, i] / t_ideal for i, d in enumerate(trace.dp_ranks)}
     workers = trace.workers
@@ -262,7 +271,7 @@ def analyze(
         mask_w[node_stage == r.stage, 0, int(np.searchsorted(trace.dp_ranks, r.dp_rank))] = True
     last_stage = node_stage.max()
     m_w, m_w_saved = share_removed(mask_w)
-    # what fixing each of the worst workers alone saves, per step: beside the straggler findings' cost
+    # what fixing each of the worst workers alone saves, per step: the straggler findings' cost
     saved = {}
     for r in ordered[:SAVED_WORKERS]:
         mask = np.zeros((len(g.nodes), 1, len(trace.dp_ranks)), dtype=bool)
