@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-ENTRY = Path(__file__).parent / "main.py"
+ENTRY = Path(__file__).parent / "serve.py"  # main.py, served with preload.PlotlyEarly
 
 
 def main(argv: list[str] | None = None) -> None:
