@@ -117,6 +117,7 @@ class Answer(NamedTuple):
     run_id: str
     findings: list[dict]  # as Finding.to_json gives them, most urgent first
     age_s: float  # since the collector computed the stored-data part (the live part is current)
+    evidence: list[dict]  # the run's captured profile diffs (collector.data.trace_diff.evidence)
 
 
 def fetch(data_dir, run: str, *, timeout_s: float = TIMEOUT_S) -> Answer | None:
@@ -147,4 +148,9 @@ def fetch(data_dir, run: str, *, timeout_s: float = TIMEOUT_S) -> Answer | None:
         return None
     if not reply.held:
         return None
-    return Answer(reply.run_id, json.loads(reply.findings_json or "[]"), reply.findings_age_s)
+    return Answer(
+        reply.run_id,
+        json.loads(reply.findings_json or "[]"),
+        reply.findings_age_s,
+        json.loads(reply.evidence_json or "[]"),
+    )

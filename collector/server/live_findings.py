@@ -43,18 +43,36 @@ class LiveFindings:
         self._stored: dict[str, tuple[str, list, float, float]] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable] = []
+        self._captured: dict[str, list[dict]] = {}  # run_id -> its captured evidence (trace_diff.run_evidence)
         liveness.on_change = self._live_changed
 
     def listen(self, listener: Callable[[str, str, list], None]) -> None:
         """``listener(run_id, run_name, findings)`` on each change of a run's live findings."""
         self._listeners.append(listener)
 
-    def stored(self, run_id: str, name: str, found: list, as_of: float | None = None) -> None:
+    def stored(
+        self, run_id: str, name: str, found: list, as_of: float | None = None, captured: list | None = None
+    ) -> None:
         """The refresh computed a run's findings from the stored data, which held every row submitted
-        before ``as_of`` (monotonic; the store's ``visible_through`` as the refresh began; None: now)."""
+        before ``as_of`` (monotonic; the store's ``visible_through`` as the refresh began; None: now),
+        and ``captured``: the evidence captured of it (trace_diff.run_evidence), for the answer's JSON."""
         now = time.monotonic()
         with self._lock:
             self._stored[run_id] = (name, list(found), now, now if as_of is None else as_of)
+            self._captured[run_id] = list(captured or ())
+
+    def captured(self, run_id: str) -> list[dict]:
+        """The run's captured evidence as of the last refresh."""
+        with self._lock:
+            return list(self._captured.get(run_id, []))
+
+    def as_json(self, run_id: str, found: list) -> list[dict]:
+        """``found`` as the Health RPC sends it: each finding's JSON with the captured evidence whose
+        suspect it names (``captured``, as `rankscope health --json` gives it from the data dir)."""
+        from collector.data.trace_diff import attach
+
+        captured = self.captured(run_id)
+        return [attach(f.to_json(), captured) for f in found]
 
     def keep(self, run_ids) -> None:
         """Forget the stored findings of runs the refresh no longer follows."""
@@ -62,6 +80,7 @@ class LiveFindings:
         with self._lock:
             for run_id in [r for r in self._stored if r not in keep]:
                 del self._stored[run_id]
+                self._captured.pop(run_id, None)
 
     def name_of(self, run_id: str) -> str:
         with self._lock:

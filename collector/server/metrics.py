@@ -65,7 +65,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from collector.data import findings, queries, whatif
+from collector.data import findings, queries, trace_diff, whatif
 from collector.data.findings.communication import recent_exposed_share
 from collector.server.alerts import AlertWebhook
 
@@ -166,6 +166,7 @@ class MetricsEndpoint:
             raise ValueError(f"--metrics-max-runs must be at least 1, got {max_runs}")
         self.max_ranks, self.max_runs, self.idle_refresh_s = max_ranks, max_runs, idle_refresh_s
         self._computed: dict[str, _Computed] = {}  # run_id -> its figures as last computed
+        self._evidence: dict[str, tuple] = {}  # run_id -> (its captures, their diffs): diffed once per capture
         self._failed: set[str] = set()  # runs whose last attempt failed: tried again at every refresh
         self._expected_auth = f"Bearer {token}".encode() if token else None
         self.snapshot = Snapshot()
@@ -331,7 +332,7 @@ class MetricsEndpoint:
                 mine = last.samples if last is not None else Snapshot()
             for name, samples in mine.gauges.items():
                 snapshot.gauges.setdefault(name, []).extend(samples)
-        for known in (self.run_errors, self._computed):  # bounded by the exported runs
+        for known in (self.run_errors, self._computed, self._evidence):  # bounded by the exported runs
             for run_id in [r for r in known if r not in live]:
                 del known[run_id]
         self._failed &= live
@@ -377,13 +378,25 @@ class MetricsEndpoint:
         for (kind, severity), n in _counts(found).items():
             mine.add("rankscope_findings", (*run_labels, kind, severity), n)
         if self.held is not None:
-            self.held.stored(run.run_id, run.name, found, as_of)
+            self.held.stored(run.run_id, run.name, found, as_of, self._captured(run.run_id))
             found = self.held.current(run.run_id)  # the live judgment in place of the stored one
         if self.webhook is not None:
             self.webhook.offer(run.run_id, run.name, found)
         if self.escalation is not None:
             self.escalation.offer(run.run_id, found, steps)
         return mine
+
+    def _captured(self, run_id: str) -> list[dict]:
+        """The run's captured evidence (trace_diff.run_evidence: what `rankscope health` prints as
+        ``evidence:`` lines), its traces read and diffed again only when its captures change."""
+        if not self._catalog.has_rows("artifacts", run_id):
+            return []
+        rows = trace_diff.captures(self._catalog, run_id)
+        key = tuple(zip(rows.request_id, rows["rank"], rows.status))
+        cached = self._evidence.get(run_id)
+        if cached is None or cached[0] != key:
+            cached = self._evidence[run_id] = (key, trace_diff.evidence(self.state.data_dir, rows))
+        return cached[1]
 
     @staticmethod
     def _whatif(result: dict | None, run_labels: tuple, mine: Snapshot) -> None:

@@ -429,7 +429,8 @@ class CollectorServicer:
             run_id, held, found, age_s = s.findings.answer(request.run)
             reply.run_id, reply.held, reply.findings_age_s = run_id or "", held, age_s
             if held:
-                reply.findings_json = json.dumps([f.to_json() for f in found], default=str)
+                reply.findings_json = json.dumps(s.findings.as_json(run_id, found), default=str)
+                reply.evidence_json = json.dumps(s.findings.captured(run_id), default=str)
         return reply
 
 

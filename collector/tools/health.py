@@ -67,7 +67,6 @@ def main(args: argparse.Namespace) -> int:
     else:
         resent = resends.note_for_run(args.data_dir, run_id)
         print(report(found, run_id, notes=args.all, retained_state=retained, resent=resent))
-        for e in captured:
-            shown = e.get("headline") or e.get("error")
-            print(f"{run_id}: evidence: {shown} (request {e['request_id']}, steps {e.get('steps')})")
+        for line in live_health.evidence_lines(run_id, captured):
+            print(line)
     return max(findings.exit_code(found), 1 if disk else 0)

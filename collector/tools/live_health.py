@@ -10,7 +10,8 @@ answer is printed in a fraction of a second where computing it costs seconds of 
 ``ask`` returns None when there is nothing to ask (no collector advertised, it does not answer
 in time, refuses the token, or does not follow the run): the caller computes from the data dir
 then (collector.tools.health). The lines printed and the exit code are those of the
-data-dir path; what only the data dir has (captured evidence, retention notes) is left to it.
+data-dir path, captured evidence included (the collector's refresh diffs each capture once); what
+only the data dir has (retention notes, resent-spool notes) is left to it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def lines(found: list[dict], run_id: str, notes: bool = False) -> list[str]:
     return out
 
 
+def evidence_lines(run_id: str, captured: list[dict]) -> list[str]:
+    """The ``evidence:`` lines of captured profile diffs (collector.data.trace_diff.evidence's dicts)."""
+    return [
+        f"{run_id}: evidence: {e.get('headline') or e.get('error')} (request {e['request_id']}, steps {e.get('steps')})"
+        for e in captured
+    ]
+
+
 def exit_code(found: list[dict]) -> int:
     return max((SEVERITY_EXIT.get(f["severity"], 0) for f in found), default=0)
 
@@ -47,10 +56,10 @@ def ask(args: argparse.Namespace) -> int | None:
     answer = live_collector.fetch(args.data_dir, args.run)
     if answer is None:
         return None
-    run_id, found, _ = answer
+    run_id, found, _, captured = answer
     if args.json:
         print(json.dumps(found, indent=2))
     else:
-        print("\n".join(lines(found, run_id, notes=args.all)))
+        print("\n".join(lines(found, run_id, notes=args.all) + evidence_lines(run_id, captured)))
     sys.stdout.flush()
     return exit_code(found)

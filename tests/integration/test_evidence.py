@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from collector.data import queries, trace_diff
+from collector.data.live_collector import fetch
+from collector.data.live_collector import write as advertise
 from collector.testing.collectors import live_collector
 from collector.testing.gloo import join_ranks, start_ranks, wait_for
 from collector.testing.ports import free_port
@@ -222,6 +224,14 @@ def test_a_live_straggler_finding_profiles_the_suspect_and_a_reference_and_a_hea
             mark = time.monotonic()
             assert wait_for(lambda: _refreshed_after(metrics, run_id, mark), 60)
             assert len(escalation.asked) == 1 and len(collector.state.commands.sent) == 2
+            # the live answer (what `rankscope health` prints first) carries the evidence, diffed once
+            advertise(collector.data_dir, collector.endpoint, False, os.getpid())  # as `rankscope collect` does
+            answer = fetch(collector.data_dir, run_id)
+            assert answer is not None and [e["request_id"] for e in answer.evidence] == [request_id], answer
+            [straggler] = [f for f in answer.findings if f["kind"] == "straggler" and f["ranks"] == [1]]
+            assert [e["request_id"] for e in straggler["captured"]] == [request_id], straggler
+            health = _cli("health", run_id, "--data-dir", str(collector.data_dir))
+            assert f"evidence: {found['headline']} (request {request_id}" in health.stdout, health.stdout
         finally:
             _stop_and_join(ctx, out)
             metrics.close()
