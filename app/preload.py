@@ -45,7 +45,7 @@ class PlotlyEarly:
         if scope["type"] != "http" or scope["method"] != "GET" or not shell_tag():
             await self.app(scope, receive, send)
             return
-        # the page uncompressed, so the tag can go in (it is 2 kB; the chunks stay as they are)
+        # the page uncompressed, so the tag can go in (8 kB; Streamlit sends its static chunks uncompressed anyway)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"accept-encoding"]
         start: dict = {}
         body: list[bytes] = []
