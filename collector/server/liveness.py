@@ -155,6 +155,7 @@ class Liveness:
         self.normals: dict[str, _Normals] = {}
         self.names: dict[str, str] = {}  # run_id -> the name its Hello gave
         self.on_change = None  # called with a run id when its live findings change (from the checker)
+        self.on_new_run = None  # called (no arguments) when a run not followed here says Hello
         self._live: dict[str, list] = {}  # run_id -> its stuck collectives (findings.stuck.Stuck), last check
         self._desynced: dict[str, list] = {}  # run_id -> its mismatched collectives in flight, last check
         self._live_keys: dict[str, frozenset] = {}  # run_id -> what its live findings say, to tell a change
@@ -178,10 +179,13 @@ class Liveness:
             body = env.WhichOneof("body")
             if body == "hello":
                 with self._lock:
+                    new_run = env.hello.run_id not in self.runs
                     rank = self._rank(env.hello.run_id, env.hello.rank)
                     rank.stream, rank.ended, rank.host, rank.gone = stream, False, env.hello.host, False
                     self.names[env.hello.run_id] = env.hello.run_name or env.hello.run_id
                     rank.last_seen = rank.last_seen or time.monotonic()
+                if new_run and self.on_new_run is not None:
+                    self.on_new_run()
             elif body == "end":
                 with self._lock:
                     self._rank(env.end.run_id, env.end.rank).ended = True

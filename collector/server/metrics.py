@@ -176,11 +176,16 @@ class MetricsEndpoint:
         self.run_errors: dict[str, int] = {}  # run_id -> refreshes of that run that failed
         self._catalog: queries.Catalog | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a new run streams here: refresh now, not at the next tick
+        self._wake_after = 0.0  # monotonic: the refresh waits until the store has made rows submitted by then readable
         self._server = None
         self.port = None
         if port is not None:
             self._serve(host, port)
         self.held = getattr(state, "findings", None)  # collector.server.live_findings.LiveFindings
+        liveness = getattr(state, "liveness", None)
+        if liveness is not None:
+            liveness.on_new_run = self.refresh_soon
         if self.held is not None and webhook is not None:
             self.held.listen(webhook.offer)  # stuck, hung, cleared: posted as judged, not at the next refresh
         self._thread = threading.Thread(target=self._run, name="rankscope-metrics", daemon=True)
@@ -282,7 +287,30 @@ class MetricsEndpoint:
                 self.refresh_errors += 1
                 log.exception("rankscope: refreshing the /metrics figures failed; the previous ones stay")
             self.refresh_seconds = time.monotonic() - started
-            self._stop.wait(self.refresh_s)
+            self._wake.wait(self.refresh_s)
+            self._wake.clear()
+            self._until_readable(self._wake_after)
+
+    def refresh_soon(self) -> None:
+        """Refresh once the store has committed what was submitted until now (a new run's Hello): a
+        run's findings are held, and Health answers from them, within a second of its start instead
+        of at the next ``refresh_s`` tick (a desync or hang in a young run is told live)."""
+        self._wake_after = time.monotonic()
+        store = getattr(self.state, "store", None)
+        if store is not None and hasattr(store, "flush_soon"):
+            store.flush_soon()
+        self._wake.set()
+
+    def _until_readable(self, since: float, limit_s: float = 2.0) -> None:
+        store = getattr(self.state, "store", None)
+        deadline = time.monotonic() + limit_s
+        while (
+            store is not None
+            and getattr(store, "visible_through", since) < since
+            and time.monotonic() < deadline
+            and not self._stop.is_set()
+        ):
+            time.sleep(0.02)
 
     def exported_runs(self):
         """(the live runs to export, how many were left out): streaming here first, then the newest."""
@@ -431,6 +459,7 @@ class MetricsEndpoint:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(30)
         if self._server is not None:
             self._server.shutdown()

@@ -217,3 +217,18 @@ def test_ranks_in_flight_in_one_collective_with_different_shapes_are_a_desync_at
     assert [f.text for f in held.current(RUN)] == [found[0].text], "the stored one of the same collective stays"
     assert heard == [["desync"]]
     assert not any(s.requests for s in streams.values()), "nobody is missing: nobody is asked for stacks"
+
+
+def test_a_new_run_says_so_once_so_its_findings_are_held_from_its_start():
+    """The findings refresh is woken by a run's first Hello (collector.server.metrics.refresh_soon),
+    not by every rank's, nor by a rank that reconnects."""
+    liveness = Liveness(NoStore(), start=False)
+    heard = []
+    liveness.on_new_run = lambda: heard.append(1)
+    streams = {r: RecordingStream() for r in range(WORLD)}
+    for r in range(WORLD):
+        liveness.observe(streams[r], fake_runs.hello(f"c{r}", 1, RUN, r, WORLD))
+    liveness.observe(streams[0], fake_runs.hello("c0", 7, RUN, 0, WORLD))  # rank 0 reconnects
+    assert heard == [1]
+    liveness.observe(RecordingStream(), fake_runs.hello("d0", 1, "another-run", 0, 1))
+    assert heard == [1, 1]
