@@ -101,15 +101,20 @@ def _catalog_version() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _version_of(con: duckdb.DuckDBPyConnection) -> str | None:
+    try:
+        return con.execute(f"SELECT version FROM {quote_ident(VERSION_VIEW)}").fetchone()[0]
+    except duckdb.Error:
+        return None
+
+
 def _installed_version(path: Path) -> str | None:
     try:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error:
         return None
     try:
-        return con.execute(f"SELECT version FROM {quote_ident(VERSION_VIEW)}").fetchone()[0]
-    except duckdb.Error:
-        return None
+        return _version_of(con)
     finally:
         con.close()
 
@@ -124,11 +129,8 @@ def _open_current(root: Path) -> duckdb.DuckDBPyConnection | None:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error:
         return None
-    try:
-        if con.execute(f"SELECT version FROM {quote_ident(VERSION_VIEW)}").fetchone()[0] == _catalog_version():
-            return con
-    except duckdb.Error:
-        pass
+    if _version_of(con) == _catalog_version():
+        return con
     con.close()
     return None
 

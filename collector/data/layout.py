@@ -164,6 +164,11 @@ def table_dir(data_dir: Path, table: str) -> Path:
     return data_dir / PARQUET_DIR / table
 
 
+def placeholder_path(data_dir: Path, table: str) -> Path:
+    """``table``'s empty file with its schema, so its view reads before any segment exists."""
+    return table_dir(data_dir, table) / PLACEHOLDER_PARTITION / PLACEHOLDER_FILE
+
+
 PARTITION_PREFIX = "run="
 
 
@@ -208,7 +213,7 @@ def fsync_dir(path: Path) -> None:
 def ensure_placeholders(data_dir: Path) -> None:
     """Write (or refresh, after a schema change) each table's empty placeholder."""
     for table, schema in stored_schemas().items():
-        path = table_dir(data_dir, table) / PLACEHOLDER_PARTITION / PLACEHOLDER_FILE
+        path = placeholder_path(data_dir, table)
         if path.exists():
             try:
                 if pq.read_schema(path).equals(schema):
@@ -223,9 +228,7 @@ def ensure_placeholders(data_dir: Path) -> None:
 
 def placeholders_present(data_dir: Path) -> bool:
     """Whether every table's placeholder exists (their schemas are not read: see catalog._catalog_version)."""
-    return all(
-        (table_dir(data_dir, table) / PLACEHOLDER_PARTITION / PLACEHOLDER_FILE).is_file() for table in stored_schemas()
-    )
+    return all(placeholder_path(data_dir, table).is_file() for table in stored_schemas())
 
 
 def is_data_dir(path: Path) -> bool:
