@@ -163,10 +163,18 @@ _stop_asked: BaseException | None = None
 
 
 _starting_now = False  # a child process is being started: a stop signal waits until it is (``_starting``)
+_stopping_now = False  # the demo is stopping what it started: a second stop signal changes nothing
+
+
+def _now_stopping() -> None:
+    global _stopping_now
+    _stopping_now = True
 
 
 def _stop_on(signum, _frame) -> None:
     global _stop_asked
+    if _stopping_now:  # before the handlers are set to SIG_IGN (finally of run_demo), a signal lands here
+        return
     _stop_asked = KeyboardInterrupt() if signum == signal.SIGINT else _Stopped(signal.Signals(signum).name)
     if not _starting_now:
         raise _stop_asked
@@ -457,6 +465,7 @@ def run_demo(args: argparse.Namespace) -> int:
         dashboard.wait()
         return rc
     except (KeyboardInterrupt, _Stopped) as stopped:
+        _now_stopping()
         # Ctrl-C is how a person ends the demo ("Ctrl-C to stop"), SIGTERM/SIGHUP how a machine does:
         # a normal end, exit 0, so that `make demo` does not report "Error 130" for it.
         if once is not None:
@@ -467,6 +476,7 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         # a second Ctrl-C, SIGTERM or SIGHUP while stopping must not leave the collector or the spool
         # dir behind (nor print a traceback from the middle of this)
+        _now_stopping()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         watching.set()
