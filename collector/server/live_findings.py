@@ -9,18 +9,21 @@ Two parts make a run's findings:
   hands over with ``stored``;
 * the live ones (collector.server.liveness: stuck and hung collectives, with where their missing
   ranks are, and collectives in flight entered with different shapes: desyncs), judged every
-  ``liveness.CHECK_INTERVAL_S`` from what the streams report. They take the place of the stored
-  ``stuck`` findings and of a stored ``hang`` or ``desync`` of the same collective (the same story,
-  told sooner); every other stored finding stands.
+  ``liveness.CHECK_INTERVAL_S`` from what the streams report, and ranks gone without ending the run
+  as soon as their streams close. They take the place of the stored ``stuck`` findings, of a stored
+  ``hang`` or ``desync`` of the same collective and of the stored ``rank_stopped`` (the same story,
+  told sooner; a stored ``silent_rank`` of ranks now gone too); every other stored finding stands.
 
 When the live part changes (a collective gets stuck, a stack names where its missing rank is, it
 leaves flight) the listeners (``listen``: the alert webhook) hear it from the liveness checker at
 once, not at the next refresh.
 
-A run is *held* while a rank of it streams here and the refresh has computed its stored part at
-least once, from rows that include the run's last news (a rank gone or unresponsive, a collective
-that raised: what the live judgment does not tell); otherwise the Health RPC says so and
-``rankscope health`` computes from the data dir, which has that news as soon as the store commits it.
+A run is *held* while a rank of it streams here (or, once a rank went away without ending it, until a
+refresh from rows that include every rank's end) and the refresh has computed its stored part at
+least once, from rows that include the run's last news the live judgment does not tell (a rank
+unresponsive; a collective that raised, where the stored part has a hang or desync it may end);
+otherwise the Health RPC says so and ``rankscope health`` computes from the data dir, which has that
+news as soon as the store commits it.
 """
 
 from __future__ import annotations
@@ -94,11 +97,14 @@ class LiveFindings:
             stored = self._stored.get(run_id)
         found = list(stored[1]) if stored else []
         collectives = {(f.evidence.get("group_name"), f.evidence.get("seq")) for f in live}
+        gone = {r for f in live if f.kind == "rank_stopped" for r in f.ranks}
         merged = [
             f
             for f in found
             if f.kind not in REPLACED_BY_LIVE
             and not (f.kind in TOLD_LIVE and (f.evidence.get("group_name"), f.evidence.get("seq")) in collectives)
+            and not (gone and f.kind == "rank_stopped")
+            and not (gone and f.kind == "silent_rank" and set(f.ranks) <= gone)
         ] + live
         from collector.data.findings.model import ranked
 
@@ -122,16 +128,23 @@ class LiveFindings:
     def answer(self, run: str) -> tuple[str | None, bool, list, float]:
         """(run id, held, findings, age of the stored part in s) for the Health RPC."""
         run_id = self.resolve(run)
-        if run_id is None or not self.liveness.holds(run_id):
+        if run_id is None:
             return run_id, False, [], 0.0
         with self._lock:
             stored = self._stored.get(run_id)
         if stored is None:  # streaming, but not refreshed yet: the data dir has the whole story
             return run_id, False, [], 0.0
-        news = self.liveness.news_at(run_id)
+        if not self.liveness.holds(run_id):
+            # a crash (a rank gone, the rest ended or gone) is told live until a refresh from rows that
+            # include every rank's end (refresh_soon: a second or two); then, as for any run over, the data dir
+            crashed_at = self.liveness.crashed_at(run_id)
+            if crashed_at is None or stored[3] >= crashed_at:
+                return run_id, False, [], 0.0
+        # news since the rows of the last refresh that the live judgment does not tell: the data dir
+        # names it now, the next refresh here in up to refresh_s (a rank gone is told live)
+        untold = ("unresponsive", "failed") if any(f.kind in TOLD_LIVE for f in stored[1]) else ("unresponsive",)
+        news = self.liveness.news_at(run_id, untold)
         if news is not None and news >= stored[3]:
-            # a rank went away or a collective raised since the rows of the last refresh: the data dir
-            # names it now, the next refresh here in up to refresh_s
             return run_id, False, [], 0.0
         return run_id, True, self.current(run_id), time.monotonic() - stored[2]
 

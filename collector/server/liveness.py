@@ -68,6 +68,7 @@ SILENT_AFTER_PERIODS = 3
 ANSWER_WITHIN_S = 5.0
 LEARN_PER_S = 20.0  # comm batches per run and second that teach the normal waits
 ASK_AT_SHARE = 0.5  # missing ranks are asked for stacks this far to stuck, so the words are ready on time
+GONE_HELD_S = 30.0  # a rank gone without ending the run is told live this long, then by the stored rows alone
 
 
 def _crossed(entered_ns: int | None, time_ns: int | None, hang_after_s: float | None) -> bool:
@@ -106,6 +107,9 @@ class _Rank:
     answered: bool = True
     silent_asked: bool = False
     gone: bool = False  # its stream closed without RunEnd
+    gone_ns: int = 0  # our clock (wall ns), when it did: the ``disconnected`` row's time
+    ending: bool = False  # its last heartbeat said it is ending (as good as its RunEnd)
+    left_at: float = 0.0  # our monotonic clock, when its RunEnd came or its stream closed, whichever was last
     stack: tuple[int, str, str] | None = None  # its main thread's latest stack: (time_ns, stack, innermost)
 
 
@@ -156,13 +160,14 @@ class Liveness:
         self.names: dict[str, str] = {}  # run_id -> the name its Hello gave
         self.on_change = None  # called with a run id when its live findings change (from the checker)
         self.on_new_run = None  # called (no arguments) when a run not followed here says Hello
+        self.on_rank_gone = None  # called (no arguments) when a rank's stream closes without RunEnd
         self._live: dict[str, list] = {}  # run_id -> its stuck collectives (findings.stuck.Stuck), last check
         self._desynced: dict[str, list] = {}  # run_id -> its mismatched collectives in flight, last check
         self._live_keys: dict[str, frozenset] = {}  # run_id -> what its live findings say, to tell a change
         self._asked_for: set[tuple] = set()  # (run_id, group, seq, rank): each missing rank asked once per hang
-        # run_id -> when (monotonic) a row it needs stored came last: a collective that raised, a rank gone or
-        # unresponsive. The live judgment does not tell those; findings refreshed before them are stale.
-        self._news: dict[str, float] = {}
+        # run_id -> news -> when (monotonic) it came last: a row the stored findings need, "failed" (a
+        # collective that raised), "disconnected" (a rank gone: told live as well) or "unresponsive".
+        self._news: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
         self._client_id = f"rankscope-collector.{secrets.token_hex(6)}"
         self._seq = itertools.count(1)
@@ -181,14 +186,16 @@ class Liveness:
                 with self._lock:
                     new_run = env.hello.run_id not in self.runs
                     rank = self._rank(env.hello.run_id, env.hello.rank)
-                    rank.stream, rank.ended, rank.host, rank.gone = stream, False, env.hello.host, False
+                    rank.stream, rank.ended, rank.host = stream, False, env.hello.host
+                    rank.gone, rank.gone_ns, rank.ending = False, 0, False
                     self.names[env.hello.run_id] = env.hello.run_name or env.hello.run_id
                     rank.last_seen = rank.last_seen or time.monotonic()
                 if new_run and self.on_new_run is not None:
                     self.on_new_run()
             elif body == "end":
                 with self._lock:
-                    self._rank(env.end.run_id, env.end.rank).ended = True
+                    rank = self._rank(env.end.run_id, env.end.rank)
+                    rank.ended, rank.left_at = True, time.monotonic()
             elif body == "table" and env.table.table in ("heartbeats", "inflight", "stacks"):
                 self._table(stream, env.table)
             elif body == "table" and env.table.table == "comm" and rows:
@@ -199,16 +206,21 @@ class Liveness:
     def closed(self, stream: RankStream) -> None:
         """A stream ended: ranks it carried that did not end the run are gone."""
         gone = []
+        now_ns = time.time_ns() // 1000 * 1000  # as the row stores it (us)
         with self._lock:
             for run_id, ranks in self.runs.items():
                 for r, rank in ranks.items():
                     if rank.stream is stream:
-                        rank.stream = None
+                        rank.stream, rank.left_at = None, time.monotonic()
                         if not rank.ended:
-                            rank.gone = True
+                            rank.gone, rank.gone_ns = True, now_ns
                             gone.append((run_id, r))
         for run_id, r in gone:
-            self._event(run_id, r, "disconnected", "the stream closed without RunEnd")
+            self._event(run_id, r, "disconnected", "the stream closed without RunEnd", now_ns)
+        for run_id in sorted({run_id for run_id, _ in gone}):
+            self._tell_change(run_id)  # a rank gone is a live finding (``findings``): alerts hear it now
+        if gone and self.on_rank_gone is not None:
+            self.on_rank_gone()  # the stored findings catch up with the gone rank's last rows
 
     def streaming_runs(self) -> set[str]:
         """The runs with a rank whose stream is open here now."""
@@ -258,6 +270,7 @@ class Liveness:
                     if (row["time_ns"] or 0) >= rank.last_beat_ns:
                         rank.last_beat_ns, rank.step = row["time_ns"] or 0, row["step"] or 0
                         rank.period_s = row["period_s"] or 1.0
+                        rank.ending = bool(row.get("ending"))
                 rank.last_seen, rank.silent_asked = now, False
                 # a collective not reported since the previous beat has left flight
                 horizon = rank.last_beat_ns - int(1.5e9 * rank.period_s)
@@ -268,7 +281,7 @@ class Liveness:
                     if row["state"] == "failed":
                         rank.inflight.pop(key, None)
                         news = True  # a collective that raised: a desync or a peer gone
-                        self._news[batch.run_id] = now
+                        self._news.setdefault(batch.run_id, {})["failed"] = now
                         continue
                     # news once per collective: the report that first says it crossed the rank's setting
                     news = news or (_crossed(row["entered_ns"], row["time_ns"], row["hang_after_s"])
@@ -349,7 +362,7 @@ class Liveness:
                     )
                 for r, rank in ranks.items():
                     silent = now - rank.last_seen > SILENT_AFTER_PERIODS * rank.period_s
-                    if silent and rank.last_beat_ns and not rank.ended and not rank.silent_asked:
+                    if silent and rank.last_beat_ns and not rank.ended and not rank.gone and not rank.silent_asked:
                         rank.silent_asked = True
                         asks.append((rank, f"silent for {now - rank.last_seen:.0f} s"))
                     if not rank.answered and rank.asked_at is not None and now - rank.asked_at > self.answer_within_s:
@@ -378,20 +391,31 @@ class Liveness:
         for run_id, r, detail in unresponsive:
             self._event(run_id, r, "unresponsive", detail)
         for run_id in changed:
-            if self.on_change is not None:
-                try:
-                    self.on_change(run_id)
-                except Exception:
-                    log.exception("liveness: a listener of live findings failed")
+            self._tell_change(run_id)
+
+    def _tell_change(self, run_id: str) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(run_id)
+            except Exception:
+                log.exception("liveness: a listener of live findings failed")
 
     def findings(self, run_id: str) -> list:
         """The run's live findings as of the last check: its stuck and hung collectives, with where
-        their missing ranks are (collector.data.findings.stuck), and its collectives in flight
-        entered with different shapes (collector.data.findings.desync)."""
+        their missing ranks are (collector.data.findings.stuck), its collectives in flight entered
+        with different shapes (collector.data.findings.desync), and its ranks gone without ending the
+        run (collector.data.findings.silent's ``rank_stopped``, as the stored rows will tell it)."""
         with self._lock:
             stuck = list(self._live.get(run_id, ()))
             desynced = list(self._desynced.get(run_id, ()))
+            gone = [
+                (r, rank.step, rank.period_s, rank.gone_ns)
+                for r, rank in self.runs.get(run_id, {}).items()
+                if _told_gone(rank)
+            ]
         found = []
+        if gone:
+            found += _stopped(gone)
         if stuck:
             from collector.data.findings.stuck import stuck_collectives  # pandas-free, but the package is not
 
@@ -408,10 +432,11 @@ class Liveness:
         with self._lock:
             return self.names.get(run_id, run_id)
 
-    def news_at(self, run_id: str) -> float | None:
-        """When (monotonic) the run last got news only its stored rows tell (see ``_news``), if it did."""
+    def news_at(self, run_id: str, kinds: tuple[str, ...] = ("failed", "disconnected", "unresponsive")) -> float | None:
+        """When (monotonic) the run last got news of these kinds (see ``_news``), if it did."""
         with self._lock:
-            return self._news.get(run_id)
+            news = self._news.get(run_id, {})
+            return max((news[k] for k in kinds if k in news), default=None)
 
     def resolve(self, run: str) -> str | None:
         """A run id, or a name (the newest run of that name followed here), -> the run's id."""
@@ -427,6 +452,16 @@ class Liveness:
         before the last steps arrived)."""
         with self._lock:
             return any(r.stream is not None and not r.ended for r in self.runs.get(run_id, {}).values())
+
+    def crashed_at(self, run_id: str) -> float | None:
+        """When (monotonic) the last rank of a run that no rank streams to any more left, if a rank of it
+        went away without ending it (told live, ``findings``); None otherwise. Findings refreshed from
+        rows before then are told with the live ``rank_stopped`` (collector.server.live_findings)."""
+        with self._lock:
+            ranks = self.runs.get(run_id, {}).values()
+            if any(r.stream is not None and not r.ended for r in ranks) or not any(_told_gone(r) for r in ranks):
+                return None
+            return max(r.left_at for r in ranks)
 
     def _judge(self, live: dict, now: float) -> list[str]:
         """Turn this check's stuck collectives into findings.stuck's input (under the lock); the
@@ -508,11 +543,17 @@ class Liveness:
     def _forget_quiet_runs(self) -> None:
         """Drop the runs nothing can happen to any more without new data (see the module's docstring)."""
 
+        gone_before_ns = time.time_ns() - int(GONE_HELD_S * 1e9)
+
         def quiet(rank: _Rank) -> bool:
             return (
                 rank.stream is None
                 and rank.answered
-                and (rank.ended or (not rank.inflight and (not rank.last_beat_ns or rank.silent_asked)))
+                and (
+                    rank.ended
+                    or (rank.gone and (not rank.last_beat_ns or rank.gone_ns < gone_before_ns))
+                    or (not rank.gone and not rank.inflight and (not rank.last_beat_ns or rank.silent_asked))
+                )
             )
 
         done = [run_id for run_id, ranks in self.runs.items() if all(quiet(r) for r in ranks.values())]
@@ -570,13 +611,13 @@ class Liveness:
         if flush_soon is not None:
             flush_soon()
 
-    def _event(self, run_id: str, rank: int, event: str, detail: str) -> None:
+    def _event(self, run_id: str, rank: int, event: str, detail: str, at_ns: int | None = None) -> None:
         row = pa.table(
             {
                 "run_id": [run_id],
                 "rank": [rank],
                 "event": [event],
-                "time": timestamp(time.time_ns()),
+                "time": timestamp(at_ns or time.time_ns()),
                 "detail": [detail],
             },
             schema=RANK_EVENTS_SCHEMA,
@@ -584,7 +625,30 @@ class Liveness:
         try:
             self.store.submit(self._client_id, next(self._seq), [("rank_events", run_id, row)], lambda error: None)
             with self._lock:
-                self._news[run_id] = time.monotonic()
+                self._news.setdefault(run_id, {})[event] = time.monotonic()
             self._readable_now()  # a rank gone or unresponsive: news
         except Exception:  # the store is closing: the event is lost, the data is not
             log.warning("liveness: could not store %s of rank %d in %s", event, rank, run_id)
+
+
+def _told_gone(rank: _Rank) -> bool:
+    """A rank gone without ending the run, as the stored rows judge it (``rank_liveness``: one that beat)."""
+    return rank.gone and not rank.ended and not rank.ending and bool(rank.last_beat_ns)
+
+
+def _stopped(gone: list[tuple[int, int, float, int]]) -> list:
+    """The ``rank_stopped`` finding of ranks gone without ending the run ((rank, last beat's step,
+    period, when it went: wall ns) each), worded by collector.data.findings.silent as from the
+    stored rows (``rank_liveness``), which hold the same steps and times."""
+    import pandas as pd
+
+    from collector.data.findings.silent import silent_ranks
+
+    rows = pd.DataFrame(
+        [
+            {"rank": r, "step": step, "period_s": period_s, "silent_s": 0.0, "behind_s": 0.0, "ended": False}
+            | {"gone": True, "gone_ns": gone_ns, "unresponsive": False, "run_status": "running"}
+            for r, step, period_s, gone_ns in sorted(gone)
+        ]
+    )
+    return [f for f in silent_ranks(rows) if f.kind == "rank_stopped"]

@@ -186,6 +186,7 @@ class MetricsEndpoint:
         liveness = getattr(state, "liveness", None)
         if liveness is not None:
             liveness.on_new_run = self.refresh_soon
+            liveness.on_rank_gone = self.refresh_soon  # the stored part catches up with a crash's last rows
         if self.held is not None and webhook is not None:
             self.held.listen(webhook.offer)  # stuck, hung, cleared: posted as judged, not at the next refresh
         self._thread = threading.Thread(target=self._run, name="rankscope-metrics", daemon=True)

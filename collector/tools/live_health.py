@@ -4,7 +4,8 @@ holds in memory (its Health RPC; collector.server.live_findings) instead of comp
 The collector found in ``D/collector.json`` follows a run live while a rank of it streams there
 (collector.data.live_collector.fetch asks it): its findings are the stored-data ones of its last
 refresh (at most ``refresh_s`` old) with the live judgment of stuck and hung collectives, current
-to a quarter of a second. This path imports grpc and the stubs, never pandas or duckdb, so the
+to a quarter of a second, and of ranks gone without ending the run, from the moment their streams
+close. This path imports grpc and the stubs, never pandas or duckdb, so the
 answer is printed in a fraction of a second where computing it costs seconds of CPU.
 
 ``ask`` returns None when there is nothing to ask (no collector advertised, it does not answer

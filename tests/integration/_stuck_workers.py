@@ -4,7 +4,9 @@ barriers), then idles, streaming heartbeats only, until the test writes ``out/go
 
 * ``hang``: rank 2 stops before the next all_reduce until the test writes ``out/release``;
 * ``checkpoint``: rank 0 saves a checkpoint through ``torch.save`` into storage that takes
-  ``SAVE_S`` s while the others wait at a barrier, as a training loop does every N steps.
+  ``SAVE_S`` s while the others wait at a barrier, as a training loop does every N steps;
+* ``crash``: the test kills rank 2 before ``out/go``; the others' next all_reduce raises, and they
+  end the run as failed (a script that catches the error; torchrun would stop them instead).
 """
 
 from __future__ import annotations
@@ -61,7 +63,14 @@ def worker(rank: int, port: int, endpoint: str, out: str, mode: str) -> None:
     (out / f"learned{rank}").write_text("")
     _wait_file(out / "go")
     (out / f"entered{rank}").write_text(str(time.time()))
-    if mode == "hang":
+    if mode == "crash":
+        try:
+            dist.all_reduce(torch.ones(4))
+        except RuntimeError:
+            (out / f"done{rank}").write_text(str(time.time()))
+            hook.detach("failed")
+            return
+    elif mode == "hang":
         if rank == 2:
             stall_before_collective(out / "release")
         dist.all_reduce(torch.ones(4))

@@ -7,7 +7,8 @@
   shows it from there too; it clears once the rank goes on;
 * rank 0 saving a checkpoint (``torch.save`` into slow storage) while the others wait at a barrier
   is an info naming the save, never a warning;
-* with the ranks idle, the live collector's findings are the data dir's (the same ``for_run``).
+* with the ranks idle, the live collector's findings are the data dir's (the same ``for_run``);
+* a rank killed is told by the live collector as soon as its stream closes, in the data dir's words.
 
 Bounds are generous (load 5-20 on 2 shared cores); benches/hang_detection.py measures the times.
 """
@@ -149,4 +150,47 @@ def test_a_checkpoint_save_others_wait_for_is_info_naming_it_and_the_idle_run_ag
             (out / name).write_text("")
         if ctx is not None:
             join_ranks(ctx)
+        collector.stop()
+
+
+def test_a_killed_rank_is_told_live_as_its_stream_closes_in_the_data_dirs_words(tmp_path):
+    """Rank 2 is killed; ranks 0-1 fail in their next all_reduce and end the run as failed. The
+    live collector tells ``rank 2 stopped ...`` from the moment the stream closes (before: only once
+    a refresh had the row, the CLI computing from the data dir meanwhile), the words the data dir's
+    rows give once they are committed."""
+    out, data_dir = tmp_path / "out", tmp_path / "data"
+    out.mkdir()
+    collector = CollectorProcess(data_dir)
+    ctx = None
+    try:
+        ctx = start_ranks(workers.worker, workers.WORLD, collector.address, str(out), "crash")
+        run_id = _started(out, data_dir, "stuck-crash").run_id
+        ctx.processes[2].kill()
+        killed = time.time()
+        (out / "go").write_text("")
+
+        def told():
+            answer = fetch(data_dir, "stuck-crash")
+            return next((f for f in answer.findings if f["kind"] == "rank_stopped"), None) if answer else None
+
+        live = wait_for(told, 30, interval=0.05)
+        told_after = time.time() - killed
+        assert live is not None, "the live collector did not tell the killed rank"
+        assert (live["severity"], live["ranks"]) == ("critical", [2]), live
+        assert told_after <= 10, f"told only {told_after:.1f} s after the kill"
+
+        def stored():
+            found = on_the_run(data_dir, findings.for_run) or []
+            return next((f for f in found if f.kind == "rank_stopped"), None)
+
+        finding = wait_for(stored, 30)
+        assert finding is not None and live["text"] == finding.text, (live["text"], finding)
+        assert finding.text.startswith("rank 2 stopped at step ") and run_id
+    finally:
+        (out / "finish").write_text("")
+        if ctx is not None:
+            for p in ctx.processes:
+                p.join(60)
+                if p.is_alive():
+                    p.kill()
         collector.stop()

@@ -171,25 +171,81 @@ def test_the_held_findings_merge_the_live_judgment_and_tell_listeners_at_once():
     assert held.answer(RUN)[1] is False
 
 
-def test_a_rank_gone_since_the_last_refresh_leaves_the_answer_to_the_data_dir_until_a_refresh_has_it():
-    """A rank gone (its stream closed without RunEnd) is told by a stored row, not by the live
-    judgment: findings refreshed from rows before it are stale, so Health says "not held" (the
-    CLI computes from the data dir, which has the row once the store commits it) until a refresh
-    made from rows that include it."""
+def _beat(rank: int, step: int, time_ns: int):
+    cols = {"step": [step], "time_ns": [time_ns], "period_s": [1.0], "inflight": [0], "hang_after_s": [60.0],
+            "ending": [False]}  # fmt: skip
+    return fake_runs.envelope(f"c{rank}", 50 + step, table=encode_batch("heartbeats", RUN, rank, cols))
+
+
+def test_a_rank_gone_is_told_live_at_once_as_the_stored_rows_will_tell_it():
+    """A rank whose stream closes without RunEnd (a crash) is a live ``rank_stopped`` at once, worded
+    as collector.data.findings.silent words it from the stored rows (the last beat's step), in place
+    of a stored one; the answer stays held (before, Health left it to the data dir until the next
+    refresh), alerts hear it, and the findings refresh is asked to catch up."""
+    from collector.data.findings.model import Finding
+    from collector.server.live_findings import LiveFindings
+
+    liveness, streams = _live(learned_wait_s=0.02)
+    held = LiveFindings(liveness)
+    heard, refreshes = [], []
+    held.listen(lambda run_id, name, found: heard.append([f.kind for f in found]))
+    liveness.on_rank_gone = lambda: refreshes.append(1)
+    now_ns = time.time_ns()
+    for r in range(WORLD):
+        liveness.observe(streams[r], _beat(r, 24 if r == 2 else 25, now_ns))
+    straggler = [Finding(kind="straggler", severity="warning", text="rank 1 is late", ranks=(1,))]
+    held.stored(RUN, "job", straggler, as_of=time.monotonic())
+    liveness.closed(streams[2])  # rank 2's process died
+    _, is_held, found, _ = held.answer(RUN)
+    assert is_held, "a rank gone left the answer to the data dir"
+    kinds = [(f.kind, f.severity, f.ranks) for f in found]
+    assert kinds == [("rank_stopped", "critical", (2,)), ("straggler", "warning", (1,))], kinds
+    assert found[0].text == "rank 2 stopped at step 24 without ending the run", found[0].text
+    assert heard == [["rank_stopped", "straggler"]] and refreshes == [1]
+    # the refresh that has the event: its stored rank_stopped gives way to the live one (one line, not two)
+    held.stored(RUN, "job", [*straggler, Finding(kind="rank_stopped", severity="critical", text="stored", ranks=(2,))])
+    assert [f.text for f in held.current(RUN)] == [found[0].text, "rank 1 is late"]
+    liveness.closed(streams[0])  # the rest stop 100+ ms later: rank 2 first, as silent's rule tells a crash
+    liveness.runs[RUN][0].gone_ns = liveness.runs[RUN][2].gone_ns + int(0.2e9)
+    [stopped] = [f for f in held.answer(RUN)[2] if f.kind == "rank_stopped"]
+    assert stopped.text.startswith("rank 2 stopped first, at step 24 (connection closed without ending the run, 200 ms")
+
+
+def test_news_the_live_view_does_not_tell_leaves_the_answer_to_the_data_dir_until_a_refresh_has_it():
+    """A rank that did not answer a stack request, or a collective that raised where the stored part
+    has a hang it may end, is told by a stored row: findings refreshed from rows before it are stale,
+    so Health says "not held" (the CLI computes from the data dir, which has the row once the store
+    commits it) until a refresh made from rows that include it. A collective that raised changes
+    nothing else the stored part says (a crash's peers raise at once: the answer stays held)."""
     from collector.data.findings.model import Finding
     from collector.server.live_findings import LiveFindings
 
     liveness, streams = _live(learned_wait_s=0.02)
     held = LiveFindings(liveness)
     straggler = [Finding(kind="straggler", severity="warning", text="rank 1 is late", ranks=(1,))]
+    hang = Finding(kind="hang", severity="critical", text="stored hang", evidence={"group_name": "world", "seq": 7})
     before_news = time.monotonic()
     held.stored(RUN, "job", straggler, as_of=before_news)
-    assert held.answer(RUN)[1] is True
-    liveness.closed(streams[2])  # rank 2's process died: a rank_events row, news
+    liveness.observe(streams[0], _failed(0, time.time_ns()))
     assert liveness.news_at(RUN) > before_news
-    assert held.answer(RUN)[1] is False, "the stale refresh answered for a run that just lost a rank"
-    held.stored(RUN, "job", straggler, as_of=time.monotonic())  # a refresh whose rows include the event
+    assert held.answer(RUN)[1] is True, "a collective that raised hid a straggler nothing changed"
+    held.stored(RUN, "job", [*straggler, hang], as_of=before_news)
+    assert held.answer(RUN)[1] is False, "a stored hang the collective that raised may end was answered"
+    held.stored(RUN, "job", straggler, as_of=time.monotonic())  # a refresh whose rows include it
+    liveness._event(RUN, 1, "unresponsive", "no stacks within 5 s of asking")
+    assert held.answer(RUN)[1] is False, "the stale refresh answered for a rank that stopped answering"
+    held.stored(RUN, "job", straggler, as_of=time.monotonic())
     assert held.answer(RUN)[1] is True
+
+
+def _failed(rank: int, now_ns: int):
+    """all_reduce #7 of world raised on ``rank`` (a peer gone: gloo's connection reset)."""
+    cols = {
+        "step": [3], "group_name": ["world"], "group_size": [3], "group_ranks": ["0-2"], "seq": [7],
+        "op": ["all_reduce"], "dtype": ["float32"], "numel": [4], "bytes": [16],
+        "entered_ns": [now_ns - int(0.5e9)], "time_ns": [now_ns], "hang_after_s": [60.0], "state": ["failed"],
+    }  # fmt: skip
+    return fake_runs.envelope(f"c{rank}", 3, table=encode_batch("inflight", RUN, rank, cols))
 
 
 def test_ranks_in_flight_in_one_collective_with_different_shapes_are_a_desync_at_once_not_a_hang():
