@@ -18,7 +18,10 @@ Every ``heartbeat_s`` (default 1 s) it emits:
   collective whose completion only its ``wait()`` reveals (gloo without futures) counts
   from that ``wait()``: until then the caller is busy elsewhere, not stuck.
   Reports repeat each beat while the collective stays in flight, so the newest
-  report's ``time_ns - entered_ns`` is how long the rank has been waiting.
+  report's ``time_ns - entered_ns`` is how long the rank has been waiting. The first
+  report of a collective comes as it crosses ``REPORT_AFTER_S`` (the thread looks every
+  ``LOOK_S`` and wakes for the crossing), not at the next beat: a desync (ranks in one
+  collective with different shapes) is told from those reports, up to a beat sooner.
 * one ``inflight`` row with ``state = 'failed'`` per collective whose call raised
   (gloo's timeout, a peer that died, a size mismatch the backend caught), so a
   collective mismatch is visible even when the backend turned it into an error.
@@ -63,6 +66,9 @@ from collector.rank.recorder import (
 log = logging.getLogger("rankscope.watchdog")
 
 REPORT_AFTER_S = 0.5  # a collective in flight this long is reported (shorter ones are business as usual)
+# How often the thread looks at what is in flight between beats (a collective's entry does not wake it:
+# the hot path stays one dict store), so a crossing of REPORT_AFTER_S is reported within this of it.
+LOOK_S = 0.25
 MAX_STACK_FRAMES = 64  # innermost frames kept per thread
 
 
@@ -101,6 +107,7 @@ class Watchdog:
         self._wake = threading.Event()
         self._requests: list[str] = []  # stack captures asked for (by the collector)
         self._hung: set[int] = set()  # slots whose stacks were captured already
+        self._reported: set[int] = set()  # slots reported in flight at least once
         self.captures = 0  # stack captures made, for tests and diagnostics
 
     def start(self, hang_after_s: float, heartbeat_s: float) -> None:
@@ -131,28 +138,49 @@ class Watchdog:
                     self.beat()
                     next_beat = now + self.heartbeat_s
                 self._check_hangs()
+                self._report_crossed()
                 self.report_failed()
                 while self._requests:
                     self.capture_stacks(self._requests.pop(0))
             except Exception:  # telemetry never takes the job down
                 log.exception("rankscope: watchdog check failed")
-            self._wake.wait(max(0.01, min(next_beat - time.monotonic(), self._next_hang_in())))
+            self._wake.wait(max(0.01, min(next_beat - time.monotonic(), self._next_due_in())))
             self._wake.clear()
 
-    def _next_hang_in(self) -> float:
-        """Seconds until the oldest not-yet-hung collective crosses hang_after_s."""
+    def _next_due_in(self) -> float:
+        """Seconds until the next collective in flight crosses REPORT_AFTER_S unreported, or
+        hang_after_s not yet hung; LOOK_S at most (a collective entered meanwhile)."""
         now = perf_ns()
-        due = [
-            (slot[SLOT_SINCE] + self.hang_after_s * 1e9 - now) / 1e9
-            for key, slot in list(REC.inflight.items())
-            if key not in self._hung and slot[SLOT_SINCE]
+        due = []
+        for key, slot in list(REC.inflight.items()):
+            if not slot[SLOT_SINCE]:
+                continue
+            if key not in self._reported:
+                due.append((slot[SLOT_SINCE] + REPORT_AFTER_S * 1e9 - now) / 1e9)
+            if key not in self._hung:
+                due.append((slot[SLOT_SINCE] + self.hang_after_s * 1e9 - now) / 1e9)
+        return min([*due, LOOK_S])
+
+    def _report_crossed(self) -> None:
+        """Report the collectives that crossed REPORT_AFTER_S since the last look (the rest of
+        their reports come with the beats)."""
+        now = perf_ns()
+        items = list(REC.inflight.items())
+        self._reported &= {key for key, _ in items}  # forget collectives that completed
+        crossed = [
+            (key, slot)
+            for key, slot in items
+            if key not in self._reported and slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= REPORT_AFTER_S * 1e9
         ]
-        return min(due, default=self.heartbeat_s)
+        if crossed:
+            self._reported.update(key for key, _ in crossed)
+            self._report([slot for _, slot in crossed], REPORT_AFTER_S)
 
     def beat(self, ending: bool = False) -> None:
         """One heartbeat and the in-flight report; ``ending``: the last one, the session is stopping
         (its RunEnd follows), so the silence after it is no alarm."""
-        slots = list(REC.inflight.values())
+        items = list(REC.inflight.items())
+        slots = [slot for _, slot in items]
         session.emit(
             "heartbeats",
             time_ns=CLOCK.now_ns(),
@@ -161,7 +189,11 @@ class Watchdog:
             hang_after_s=self.hang_after_s,
             ending=ending,
         )
+        now = perf_ns()  # before the report's own: a slot this old is in it
         self._report(slots, REPORT_AFTER_S)
+        self._reported.update(
+            key for key, slot in items if slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= REPORT_AFTER_S * 1e9
+        )
 
     def report_failed(self) -> int:
         """Report the collectives whose call raised since the last look."""

@@ -7,8 +7,9 @@ when a stream ends), it keeps per run, in memory:
 * the collectives each rank reports in flight (collector.rank.watchdog's ``inflight``
   rows), with their group's members;
 * each kind of collective's normal wait (collector.data.hang_rule: per group, op and size class,
-  the worst wait of its recent completions), learned from the ``comm`` rows the ranks send (at
-  most ``LEARN_PER_S`` batches a second per run: a 1,024-rank run teaches as much as an 8-rank one);
+  the worst wait of its recent completions), learned from the ``comm`` rows the ranks send (every
+  one of a run's first ``EAGER_BATCHES`` batches, then at most ``LEARN_PER_S`` a second per run: a
+  1,024-rank run teaches as much as an 8-rank one);
 * each rank's latest main-thread stack.
 
 A checker thread looks every ``CHECK_INTERVAL_S`` (so a stream's in-flight report is judged
@@ -66,7 +67,8 @@ log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 0.25
 SILENT_AFTER_PERIODS = 3
 ANSWER_WITHIN_S = 5.0
-LEARN_PER_S = 20.0  # comm batches per run and second that teach the normal waits
+LEARN_PER_S = 20.0  # comm batches per run and second that teach the normal waits ...
+EAGER_BATCHES = 16  # ... but for a run's first batches, which all do
 ASK_AT_SHARE = 0.5  # missing ranks are asked for stacks this far to stuck, so the words are ready on time
 GONE_HELD_S = 30.0  # a rank gone without ending the run is told live this long, then by the stored rows alone
 
@@ -119,6 +121,7 @@ class _Normals:
 
     waits: dict = field(default_factory=dict)
     learn_at: float = 0.0  # our monotonic clock: the next batch that may teach
+    taught: int = 0  # batches that taught
 
     def normal(self, group: str, op: str, nbytes: int | None) -> float | None:
         return self._normal((group, op, hang_rule.size_class(nbytes)))
@@ -246,9 +249,11 @@ class Liveness:
         now = time.monotonic()
         with self._lock:
             normals = self.normals.setdefault(run_id, _Normals())
-            if now < normals.learn_at:
+            # a run's first EAGER_BATCHES batches all teach: its warm-up batches (sent by all ranks within
+            # a few ms) would otherwise teach one each 1/LEARN_PER_S, leaving a short run's kinds unlearned
+            if now < normals.learn_at and normals.taught >= EAGER_BATCHES:
                 return
-            normals.learn_at = now + 1.0 / LEARN_PER_S
+            normals.learn_at, normals.taught = now + 1.0 / LEARN_PER_S, normals.taught + 1
         for table, _, comm in rows:
             if table == "comm":
                 learned = _Normals()

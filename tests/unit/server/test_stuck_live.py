@@ -51,6 +51,17 @@ def _live(learned_wait_s: float | None, answer_within_s: float = 0.0) -> tuple[L
     return liveness, streams
 
 
+def test_a_runs_warm_up_batches_arriving_together_all_teach():
+    """Ranks flush their warm-up comm rows within a few ms of each other: the rate limit (for 1,024
+    ranks) would let one of them teach, and a short warm-up would leave the kind without a normal
+    (stuck at hang_rule.UNLEARNED_STUCK_S instead of seconds; seen under load in test_stuck)."""
+    liveness, streams = _live(learned_wait_s=None)
+    for batch in range(hang_rule.MIN_SAMPLES):
+        env, rows = _comm(batch, 1 + 8 * batch, 0.02)
+        liveness.observe(streams[batch], env, rows)
+    assert liveness.normals[RUN].normal("world", "all_reduce", 16) == 0.02
+
+
 def _waits(liveness, streams, waited_s: float, now_ns: int) -> None:
     for r in (0, 1):
         liveness.observe(streams[r], _waiting(RUN, r, waited_s, hang_rule.DEFAULT_HANG_AFTER_S, now_ns))
