@@ -72,6 +72,11 @@ LOOK_S = 0.25
 MAX_STACK_FRAMES = 64  # innermost frames kept per thread
 
 
+def _past_report_after(items: list, now: int) -> list:
+    """The (key, slot) of ``items`` (REC.inflight's) waited for at least REPORT_AFTER_S at ``now``."""
+    return [(key, slot) for key, slot in items if slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= REPORT_AFTER_S * 1e9]
+
+
 def _stack_rows(reason: str) -> list[dict]:
     """One row per Python thread of this process: its stack, innermost frame last."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -164,14 +169,9 @@ class Watchdog:
     def _report_crossed(self) -> None:
         """Report the collectives that crossed REPORT_AFTER_S since the last look (the rest of
         their reports come with the beats)."""
-        now = perf_ns()
         items = list(REC.inflight.items())
         self._reported &= {key for key, _ in items}  # forget collectives that completed
-        crossed = [
-            (key, slot)
-            for key, slot in items
-            if key not in self._reported and slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= REPORT_AFTER_S * 1e9
-        ]
+        crossed = [(key, slot) for key, slot in _past_report_after(items, perf_ns()) if key not in self._reported]
         if crossed:
             self._reported.update(key for key, _ in crossed)
             self._report([slot for _, slot in crossed], REPORT_AFTER_S)
@@ -191,9 +191,7 @@ class Watchdog:
         )
         now = perf_ns()  # before the report's own: a slot this old is in it
         self._report(slots, REPORT_AFTER_S)
-        self._reported.update(
-            key for key, slot in items if slot[SLOT_SINCE] and now - slot[SLOT_SINCE] >= REPORT_AFTER_S * 1e9
-        )
+        self._reported.update(key for key, _ in _past_report_after(items, now))
 
     def report_failed(self) -> int:
         """Report the collectives whose call raised since the last look."""

@@ -235,7 +235,7 @@ class Liveness:
         (what a command can reach: collector.server.commands)."""
         with self._lock:
             ranks = self.runs.get(run_id, {}).items()
-            return {r: (rank.stream, rank.host) for r, rank in ranks if rank.stream is not None and not rank.ended}
+            return {r: (rank.stream, rank.host) for r, rank in ranks if _streaming(rank)}
 
     def stop(self) -> None:
         self._stop.set()
@@ -456,7 +456,7 @@ class Liveness:
         ended (once every rank sent its RunEnd, the data dir has the last word, not a refresh made
         before the last steps arrived)."""
         with self._lock:
-            return any(r.stream is not None and not r.ended for r in self.runs.get(run_id, {}).values())
+            return any(_streaming(r) for r in self.runs.get(run_id, {}).values())
 
     def crashed_at(self, run_id: str) -> float | None:
         """When (monotonic) the last rank of a run that no rank streams to any more left, if a rank of it
@@ -464,7 +464,7 @@ class Liveness:
         rows before then are told with the live ``rank_stopped`` (collector.server.live_findings)."""
         with self._lock:
             ranks = self.runs.get(run_id, {}).values()
-            if any(r.stream is not None and not r.ended for r in ranks) or not any(_told_gone(r) for r in ranks):
+            if any(_streaming(r) for r in ranks) or not any(_told_gone(r) for r in ranks):
                 return None
             return max(r.left_at for r in ranks)
 
@@ -634,6 +634,11 @@ class Liveness:
             self._readable_now()  # a rank gone or unresponsive: news
         except Exception:  # the store is closing: the event is lost, the data is not
             log.warning("liveness: could not store %s of rank %d in %s", event, rank, run_id)
+
+
+def _streaming(rank: _Rank) -> bool:
+    """A rank whose stream is open here and has not ended the run."""
+    return rank.stream is not None and not rank.ended
 
 
 def _told_gone(rank: _Rank) -> bool:

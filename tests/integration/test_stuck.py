@@ -15,6 +15,7 @@ Bounds are generous (load 5-20 on 2 shared cores); benches/hang_detection.py mea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -44,6 +45,34 @@ def _started(out: Path, data_dir: Path, run: str):
     return answer
 
 
+@contextlib.contextmanager
+def _job(tmp_path: Path, mode: str):
+    """A real ``rankscope collect`` process and the 3 ranks of _stuck_workers in ``mode``, through their
+    warm-up and held by the collector: (out dir, data dir, the ranks' process context). On the way out
+    every file a mode waits for is written, the ranks are joined (a rank that failed fails the test;
+    in ``crash`` mode, where the test kills rank 2, each is waited for, then killed) and the collector
+    stopped."""
+    out, data_dir = tmp_path / "out", tmp_path / "data"
+    out.mkdir()
+    collector = CollectorProcess(data_dir)
+    ctx = None
+    try:
+        ctx = start_ranks(workers.worker, workers.WORLD, collector.address, str(out), mode)
+        _started(out, data_dir, f"stuck-{mode}")
+        yield out, data_dir, ctx
+    finally:
+        for name in ("go", "release", "finish"):
+            (out / name).write_text("")
+        if ctx is not None and mode == "crash":
+            for p in ctx.processes:
+                p.join(60)
+                if p.is_alive():
+                    p.kill()
+        elif ctx is not None:
+            join_ranks(ctx)
+        collector.stop()
+
+
 def _entered(out: Path, ranks) -> float:
     assert wait_for(lambda: all((out / f"entered{r}").exists() for r in ranks), 60), "ranks did not go on"
     return max(float((out / f"entered{r}").read_text()) for r in ranks)
@@ -60,13 +89,7 @@ def _health_cli(data_dir: Path, run: str, *flags: str, python: tuple = ()) -> su
 
 
 def test_a_stopped_rank_is_named_stuck_in_seconds_at_default_settings_with_its_stack(tmp_path, monkeypatch):
-    out, data_dir = tmp_path / "out", tmp_path / "data"
-    out.mkdir()
-    collector = CollectorProcess(data_dir)
-    ctx = None
-    try:
-        ctx = start_ranks(workers.worker, workers.WORLD, collector.address, str(out), "hang")
-        _started(out, data_dir, "stuck-hang")
+    with _job(tmp_path, "hang") as (out, data_dir, _):
         (out / "go").write_text("")
         entered = _entered(out, (0, 1))
 
@@ -100,23 +123,10 @@ def test_a_stopped_rank_is_named_stuck_in_seconds_at_default_settings_with_its_s
         assert wait_for(lambda: all((out / f"done{r}").exists() for r in range(workers.WORLD)), 60)
         cleared = wait_for(lambda: not [f for f in fetch(data_dir, "stuck-hang").findings if f["kind"] == "stuck"], 30)
         assert cleared, f"the stuck finding stayed after the collective completed: {fetch(data_dir, 'stuck-hang')}"
-    finally:
-        for name in ("go", "release", "finish"):
-            (out / name).write_text("")
-        if ctx is not None:
-            join_ranks(ctx)
-        collector.stop()
 
 
 def test_a_checkpoint_save_others_wait_for_is_info_naming_it_and_the_idle_run_agrees_with_the_data_dir(tmp_path):
-    out, data_dir = tmp_path / "out", tmp_path / "data"
-    out.mkdir()
-    collector = CollectorProcess(data_dir)
-    ctx = None
-    try:
-        ctx = start_ranks(workers.worker, workers.WORLD, collector.address, str(out), "checkpoint")
-        _started(out, data_dir, "stuck-checkpoint")
-
+    with _job(tmp_path, "checkpoint") as (out, data_dir, _):
         # idle ranks (no new comm rows): once a refresh has seen their last rows, the live answer
         # is what the data dir says
         idle_since = time.monotonic()
@@ -145,12 +155,6 @@ def test_a_checkpoint_save_others_wait_for_is_info_naming_it_and_the_idle_run_ag
             t.startswith("rank 0 is saving a checkpoint (at ") and "ranks 1-2 wait for it in barrier #" in t
             for t in infos
         ), f"the save was not named (seen: {infos or 'nothing'}; the save takes {workers.SAVE_S} s)"
-    finally:
-        for name in ("go", "finish"):
-            (out / name).write_text("")
-        if ctx is not None:
-            join_ranks(ctx)
-        collector.stop()
 
 
 def test_a_killed_rank_is_told_live_as_its_stream_closes_in_the_data_dirs_words(tmp_path):
@@ -158,14 +162,8 @@ def test_a_killed_rank_is_told_live_as_its_stream_closes_in_the_data_dirs_words(
     live collector tells ``rank 2 stopped ...`` from the moment the stream closes (before: only once
     a refresh had the row, the CLI computing from the data dir meanwhile), the words the data dir's
     rows give once they are committed."""
-    out, data_dir = tmp_path / "out", tmp_path / "data"
-    out.mkdir()
-    collector = CollectorProcess(data_dir)
-    ctx = None
-    try:
-        ctx = start_ranks(workers.worker, workers.WORLD, collector.address, str(out), "crash")
-        run_id = _started(out, data_dir, "stuck-crash").run_id
-        ctx.processes[2].kill()
+    with _job(tmp_path, "crash") as (out, data_dir, ranks):
+        ranks.processes[2].kill()
         killed = time.time()
         (out / "go").write_text("")
 
@@ -185,12 +183,4 @@ def test_a_killed_rank_is_told_live_as_its_stream_closes_in_the_data_dirs_words(
 
         finding = wait_for(stored, 30)
         assert finding is not None and live["text"] == finding.text, (live["text"], finding)
-        assert finding.text.startswith("rank 2 stopped at step ") and run_id
-    finally:
-        (out / "finish").write_text("")
-        if ctx is not None:
-            for p in ctx.processes:
-                p.join(60)
-                if p.is_alive():
-                    p.kill()
-        collector.stop()
+        assert finding.text.startswith("rank 2 stopped at step ")

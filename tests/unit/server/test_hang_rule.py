@@ -55,12 +55,14 @@ class NoStore:
         pass
 
 
-def _waiting(run_id: str, rank: int, waited_s: float, hang_after_s: float, now_ns: int, numel: int = 4) -> pb.Envelope:
+def _waiting(
+    run_id: str, rank: int, waited_s: float, hang_after_s: float, now_ns: int, numel: int = 4, state: str = "waiting"
+) -> pb.Envelope:
     cols = {
         "step": [3], "group_name": ["world"], "group_size": [3], "group_ranks": ["0-2"], "seq": [7],
         "op": ["all_reduce"], "dtype": ["float32"], "numel": [numel], "bytes": [4 * numel],
         "entered_ns": [now_ns - int(waited_s * 1e9)], "time_ns": [now_ns], "hang_after_s": [hang_after_s],
-        "state": ["waiting"],
+        "state": [state],
     }  # fmt: skip
     return fake_runs.envelope(f"c{rank}", 2, table=encode_batch("inflight", run_id, rank, cols))
 

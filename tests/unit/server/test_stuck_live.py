@@ -237,7 +237,7 @@ def test_news_the_live_view_does_not_tell_leaves_the_answer_to_the_data_dir_unti
     hang = Finding(kind="hang", severity="critical", text="stored hang", evidence={"group_name": "world", "seq": 7})
     before_news = time.monotonic()
     held.stored(RUN, "job", straggler, as_of=before_news)
-    liveness.observe(streams[0], _failed(0, time.time_ns()))
+    liveness.observe(streams[0], _waiting(RUN, 0, 0.5, 60.0, time.time_ns(), state="failed"))  # a peer gone
     assert liveness.news_at(RUN) > before_news
     assert held.answer(RUN)[1] is True, "a collective that raised hid a straggler nothing changed"
     held.stored(RUN, "job", [*straggler, hang], as_of=before_news)
@@ -247,16 +247,6 @@ def test_news_the_live_view_does_not_tell_leaves_the_answer_to_the_data_dir_unti
     assert held.answer(RUN)[1] is False, "the stale refresh answered for a rank that stopped answering"
     held.stored(RUN, "job", straggler, as_of=time.monotonic())
     assert held.answer(RUN)[1] is True
-
-
-def _failed(rank: int, now_ns: int):
-    """all_reduce #7 of world raised on ``rank`` (a peer gone: gloo's connection reset)."""
-    cols = {
-        "step": [3], "group_name": ["world"], "group_size": [3], "group_ranks": ["0-2"], "seq": [7],
-        "op": ["all_reduce"], "dtype": ["float32"], "numel": [4], "bytes": [16],
-        "entered_ns": [now_ns - int(0.5e9)], "time_ns": [now_ns], "hang_after_s": [60.0], "state": ["failed"],
-    }  # fmt: skip
-    return fake_runs.envelope(f"c{rank}", 3, table=encode_batch("inflight", RUN, rank, cols))
 
 
 def test_ranks_in_flight_in_one_collective_with_different_shapes_are_a_desync_at_once_not_a_hang():
