@@ -89,6 +89,14 @@ def leave_world() -> None:
     os._exit(0)
 
 
+def stamp(path) -> None:
+    """Write the time now to ``path`` whole: a test polling for the file never reads it empty."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(time.time()))
+    os.replace(tmp, path)
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2):
     """``predicate()``'s first value that is neither None nor False, polled every ``interval`` s; after
     ``timeout`` s whatever it returns then."""

@@ -16,7 +16,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from collector import hook
 from collector.rank import session
-from collector.testing.gloo import torchrun_env
+from collector.testing.gloo import stamp, torchrun_env
 
 WORLD = 4
 PG_TIMEOUT_S = 60
@@ -60,7 +60,7 @@ def hang_worker(rank: int, port: int, endpoint: str, out: str, k: int, stall_ran
     total = 0.0
     for i in range(1, k + 2):
         if i == k:
-            Path(out, f"entered{rank}").write_text(str(time.time()))
+            stamp(Path(out, f"entered{rank}"))
             if rank == stall_rank:
                 stall_before_collective(stall_s)
         t = torch.ones(4)

@@ -21,7 +21,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from collector import hook
 from collector.rank import session
-from collector.testing.gloo import torchrun_env
+from collector.testing.gloo import stamp, torchrun_env
 from collector.testing.slow_storage import SlowStorage
 
 WORLD = 3
@@ -62,12 +62,12 @@ def worker(rank: int, port: int, endpoint: str, out: str, mode: str) -> None:
         time.sleep(0.01)
     (out / f"learned{rank}").write_text("")
     _wait_file(out / "go")
-    (out / f"entered{rank}").write_text(str(time.time()))
+    stamp(out / f"entered{rank}")
     if mode == "crash":
         try:
             dist.all_reduce(torch.ones(4))
         except RuntimeError:
-            (out / f"done{rank}").write_text(str(time.time()))
+            stamp(out / f"done{rank}")
             hook.detach("failed")
             return
     elif mode == "hang":
@@ -78,7 +78,7 @@ def worker(rank: int, port: int, endpoint: str, out: str, mode: str) -> None:
         if rank == 0:
             torch.save({"model": model.state_dict()}, SlowStorage(SAVE_S))
         dist.barrier()
-    (out / f"done{rank}").write_text(str(time.time()))
+    stamp(out / f"done{rank}")
     _wait_file(out / "finish")  # the test looks at the run after the collective, streams still open
     hook.detach()
     dist.destroy_process_group()

@@ -14,15 +14,29 @@ measures the p50/p90.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from benches import faults
 
-pytestmark = pytest.mark.timeout(900)
+# timing: a straggler is wall-clock lateness; beside the parallel tier's other jobs a loaded CI host made a
+# whole-run one of a healthy rank (stops 56, 57)
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(900)]
 
 
 def _environmental(finding: dict) -> bool:
     return finding["kind"] == "straggler" and finding["evidence"].get("cause") == "host_cpu"
+
+
+def _host() -> str:
+    """What an uncaused false positive needs to be read: the host's CPUs and load as the test saw them."""
+    pressure = Path("/proc/pressure/cpu")
+    return (
+        f"cpus {os.cpu_count()}, affinity {len(os.sched_getaffinity(0))}, load {os.getloadavg()}, "
+        f"cpu pressure {pressure.read_text().split() if pressure.exists() else None}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +50,7 @@ def outcomes(tmp_path_factory):
 def test_the_case_is_diagnosed_as_injected(outcomes, name):
     o = outcomes[name]
     assert not o.fn, (name, o.fn, o.found)
-    assert all(_environmental(f) for f in o.fp), (name, o.fp)
+    assert all(_environmental(f) for f in o.fp), (name, [(f["text"], f["evidence"]) for f in o.fp], _host())
     if o.case.live:
         assert o.detect_s is not None and o.detect_s <= faults.HANG_AFTER_S + 15, (name, o.detect_s)
 
@@ -47,7 +61,6 @@ def test_the_table_scores_every_class(outcomes):
     assert summary["recall"] == 1.0
 
 
-@pytest.mark.timing
 def test_a_20_s_checkpoint_save_at_default_settings_is_a_note_naming_it_never_a_warning(tmp_path):
     [case] = [c for c in faults.cases() if c.name == "ddp-checkpoint-20s"]
     [o] = faults.run_suite([case], tmp_path, log=lambda *_: None)

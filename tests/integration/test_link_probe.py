@@ -28,11 +28,18 @@ def test_a_probe_names_no_link_when_healthy_and_the_auto_probe_settles_the_fsdp2
     out = tmp_path / "probe.out"
     data = tmp_path / "run" / "data"
 
+    cli = []
+
     def probe_now(net: netns.Network) -> None:  # the CLI, as a user runs it, beside the training
         endpoint = f"{net.ip('collector')}:{multihost.COLLECTOR_PORT}"
         argv = [sys.executable, "-m", "collector.tools.cli", "probe", "hosts", "--endpoint", endpoint]
-        net.popen("collector", [*argv, "--data-dir", str(data)], stdout=out.open("w"), stderr=subprocess.STDOUT,
-                  cwd=multihost.REPO)  # fmt: skip
+        cli.append(net.popen("collector", [*argv, "--data-dir", str(data)], stdout=out.open("w"),
+                             stderr=subprocess.STDOUT, cwd=multihost.REPO))  # fmt: skip
+
+    def probe_done(net: netns.Network) -> None:
+        # the healthy probe is over before the throttle: on a loaded host the CLI's start alone took
+        # 9 steps, and its last pair was timed through the throttled link
+        cli[0].wait(timeout=300)
 
     run = multihost.train_on_hosts(
         tmp_path / "run",
@@ -42,7 +49,7 @@ def test_a_probe_names_no_link_when_healthy_and_the_auto_probe_settles_the_fsdp2
         workload=multihost.WORLD_WORKLOAD,
         workload_args=("--mode", "fsdp2", "--width", "256", "--layers", "8"),
         throttle=multihost.Throttle.parse(f"0:120mbit@{THROTTLE_AT}"),
-        at_steps={HEALTHY_PROBE_AT: probe_now},
+        at_steps={HEALTHY_PROBE_AT: probe_now, THROTTLE_AT - 1: probe_done},
         auto_probe=True,
     )
     said = out.read_text()
@@ -67,7 +74,9 @@ def test_a_probe_names_no_link_when_healthy_and_the_auto_probe_settles_the_fsdp2
     assert measured[measured.request_id == early].step.max() < THROTTLE_AT + 1
     assert measured[measured.request_id == late].step.min() > THROTTLE_AT + 1
 
-    [link] = [f for f in every if f.kind == "slow_link"]
+    links = [f for f in every if f.kind == "slow_link"]
+    assert len(links) == 1, [(f.kind, f.text, f.evidence) for f in every]
+    [link] = links
     assert link.evidence["hosts"] == [["host-0"]], link.text
     assert link.evidence["probe"] == late and "a link probe while it lasted" in link.text, link.text
     assert "host-0's link is slow both ways" in link.text, link.text

@@ -1,8 +1,11 @@
 """Pipeline telemetry end to end: the bundled engine's 1F1B on 2 real gloo ranks streams ``pipe``
 rows into a real collector; the bubbles and findings are read back from the stored Parquet.
 
-- balanced (2 stages, 4 micro-batches): the measured bubble per stage is within 5 points of
-  1F1B's ideal (p - 1) / (m + p - 1) = 20%, and no stage-imbalance or bubble finding;
+- balanced (2 stages, 4 micro-batches): the measured bubble per stage is 1F1B's ideal
+  (p - 1) / (m + p - 1) = 20%, at most 5 points under and 10 over (a loaded host idles the waiting
+  stage more), and no stage-imbalance or bubble finding;
+- interleaved (2 model chunks a stage): near its own schedule's ideal, (p - 1) / (v m + p - 1) = 11%,
+  and below the balanced run's measured bubble by at least a quarter of the two ideals' difference;
 - slow (stage 1 sleeps 30 ms more per micro-batch): stage 1 is named, its ranks, and its cost
   (m - 1) * (max - mean stage time) = 3 * 15 ms = 45 ms/step within 40% (sleeps overshoot on a
   loaded machine), with layers to move to stage 0;
@@ -34,6 +37,7 @@ from tests.integration import _pipe_workers as script
 from tests.integration.rank._rank_util import spawn
 
 pytestmark = pytest.mark.timing  # bubbles are wall-clock spans
+BUBBLE_SLACK = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,13 @@ def _kinds(cat, run_id) -> dict[str, list]:
     return {kind: [f for f in found if f.kind == kind] for kind in ("stage_imbalance", "pipeline_bubble")}
 
 
+def _near_the_ideal(measured: float, ideal: float, context) -> None:
+    """A stage's median bubble: never below its schedule's ideal (5 points for noise), above it by
+    BUBBLE_SLACK at most: quiet, 2-3 points; on a loaded host the stages' sleeps overshoot unevenly
+    and the one waiting idles more (CI: 8 points, interleaved)."""
+    assert ideal - 0.05 <= measured <= ideal + BUBBLE_SLACK, (measured, ideal, context)
+
+
 def test_every_stage_reports_every_micro_batch_each_way(runs):
     cat, run_ids = runs
     rows = cat.df("SELECT rank, step, stage, kind, count(*) AS n FROM pipe WHERE run_id = ? GROUP BY ALL",
@@ -80,8 +91,7 @@ def test_a_balanced_pipeline_idles_as_1f1b_predicts_and_has_no_finding(runs):
     ideal = (script.STAGES - 1) / (script.MICRO_BATCHES + script.STAGES - 1)
     assert settled.ideal_fraction.eq(ideal).all()
     for stage, rows in settled.groupby("stage"):
-        measured = rows.bubble_fraction.median()
-        assert abs(measured - ideal) <= 0.05, (stage, measured, ideal, rows)
+        _near_the_ideal(rows.bubble_fraction.median(), ideal, (stage, rows))
     assert _kinds(cat, run_ids["balanced"]) == {"stage_imbalance": [], "pipeline_bubble": []}
 
 
@@ -93,9 +103,15 @@ def test_an_interleaved_pipeline_idles_as_its_schedule_predicts_and_has_no_findi
     settled = bubbles[bubbles.step > 0]
     ideal = (script.STAGES - 1) / (script.VIRTUAL * script.MICRO_BATCHES + script.STAGES - 1)
     assert set(settled.virtual_stages) == {script.VIRTUAL} and settled.ideal_fraction.eq(ideal).all()
+    plain = stage_bubbles(cat, run_ids["balanced"])
+    plain = plain[plain.step > 0].groupby("stage").bubble_fraction.median()
+    plain_ideal = (script.STAGES - 1) / (script.MICRO_BATCHES + script.STAGES - 1)
     for stage, rows in settled.groupby("stage"):
         measured = rows.bubble_fraction.median()
-        assert abs(measured - ideal) <= 0.05, (stage, measured, ideal, rows)
+        _near_the_ideal(measured, ideal, (stage, rows))
+        # below the same stages' plain 1F1B, run just before in the same processes (a loaded host
+        # moves both): by a quarter of the ideals' 9 points at least (quiet: 9; beside two busy loops: 4)
+        assert plain[stage] - measured >= 0.25 * (plain_ideal - ideal), (stage, measured, plain[stage])
     assert _kinds(cat, run_ids["interleaved"]) == {"stage_imbalance": [], "pipeline_bubble": []}
     assert set(stage_bubbles(cat, run_ids["balanced"]).virtual_stages) == {1}
 
