@@ -96,6 +96,19 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.S
     }
 
 
+def shared_cpu_wait(rank: int, late_steps: pd.Index, signals: pd.DataFrame | None) -> float | None:
+    """The other ranks' median wait for a CPU (ms) on ``rank``'s late steps, or None where the run
+    did not record it. On an oversubscribed host every rank waits in the run queue at random; a rank
+    late by less than that on its late steps is not told apart from the others' luck by its lateness."""
+    if signals is None or signals.empty or "runqueue_ms" not in signals or signals.runqueue_ms.isna().all():
+        return None
+    grid = _grid(signals, "runqueue_ms")
+    if rank not in grid.columns or grid.shape[1] < 2:
+        return None
+    others = grid.drop(columns=rank).reindex(late_steps).median(axis=1).dropna()
+    return float(others.median()) if len(others) else None
+
+
 def _input_imbalance(rank: int, late_steps: pd.Index, signals: pd.DataFrame) -> dict | None:
     """The input-imbalance explanation of a rank's late steps, from the ``tokens`` column, or None."""
     if "tokens" not in signals or signals.tokens.isna().all():

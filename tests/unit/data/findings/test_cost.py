@@ -130,6 +130,19 @@ def test_no_cause_when_no_signal_stands_out_or_none_was_recorded():
     assert "cause" not in unknown.evidence
 
 
+@pytest.mark.parametrize(("late_ms", "named"), [(12.0, False), (38.0, True)])
+def test_on_an_oversubscribed_host_only_lateness_beyond_everyones_cpu_wait_names_a_rank(late_ms, named):
+    # every rank waits ~20 ms a step for a CPU: a rank late by less than that on its late steps is
+    # the scheduler's luck (seen on CI: 4 ms late, 13.5 ms waits); one late by more is still named
+    steps = step_rows(4, 30, late_rank=3, late_ms=late_ms)
+    busy_host = signal_rows(4, 30).assign(runqueue_ms=lambda f: f.runqueue_ms + 20.0)
+    found = stragglers.costly_ranks(steps, world_size=4, signals=busy_host)
+    assert [f.ranks for f in found] == ([(3,)] if named else []), [f.text for f in found]
+    # the same lateness on a host with CPUs to spare is named either way
+    (quiet,) = stragglers.costly_ranks(steps, world_size=4, signals=signal_rows(4, 30))
+    assert quiet.ranks == (3,)
+
+
 def test_a_hook_runs_wait_between_steps_is_data_loading_and_host_work():
     """A hook run records no loader timer (data_ms NULL), only the wait between steps: the sentence
     says what that wait holds; a wait the other ranks have as much of explains nothing."""
