@@ -11,6 +11,7 @@ import time
 import pytest
 
 from collector.data import probe_wire
+from collector.testing.gloo import wait_for
 
 MiB = 1 << 20
 
@@ -31,7 +32,8 @@ def test_both_ways_move_every_byte_and_are_timed(listener):
     for t in (sent, got):
         assert t.complete and t.bytes == 8 * MiB and t.seconds > 0
         assert t.mbit_s == pytest.approx(8 * MiB * 8 / t.seconds / 1e6)
-    assert lis.served == 2
+    # the listener counts an exchange after its last byte, on its own thread: the client may be back first
+    assert wait_for(lambda: lis.served == 2, 10), lis.served
 
 
 def test_a_wrong_token_or_an_oversized_ask_is_dropped_before_a_byte_is_served(listener):
@@ -50,10 +52,12 @@ def test_a_transfer_is_cut_at_its_bound_and_measured_over_what_it_moved():
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         started = time.monotonic()
         t = probe_wire.exchange(address, "0" * probe_wire.TOKEN_CHARS, "send", 64 * MiB, 0.5)
-        assert time.monotonic() - started < 3.0
+        took = time.monotonic() - started
+    assert 0.5 <= took < 3.0
     assert not t.complete
     assert 0 < t.bytes < 64 * MiB
-    assert t.seconds >= 0.5
+    # the bound counts the connect, the seconds the transfer after it (CI beside other jobs: 0.494 s)
+    assert 0.4 <= t.seconds <= took
 
 
 def test_a_listener_takes_nothing_after_its_window():
