@@ -68,7 +68,7 @@ def layers(slow_s: float, scale: float = 1.0) -> list:
     per = LAYERS_PER_STAGE
     specs = [LayerSpec(SleepLayer, 8, scale * FWD_S / per, scale * BWD_S / per) for _ in range(per * STAGES)]
     if slow_s:  # the last layer of stage 1 (2 stages): the slow one
-        specs[-1] = LayerSpec(SleepLayer, 8, FWD_S / per + slow_s, BWD_S / per)
+        specs[-1] = LayerSpec(SleepLayer, 8, scale * FWD_S / per + slow_s, scale * BWD_S / per)
     return specs
 
 

@@ -62,6 +62,11 @@ def _kinds(cat, run_id) -> dict[str, list]:
     return {kind: [f for f in found if f.kind == kind] for kind in ("stage_imbalance", "pipeline_bubble")}
 
 
+def _ideal(virtual: int = 1) -> float:
+    """The schedule's ideal bubble, (p - 1) / (v m + p - 1): 1F1B's with one model chunk a stage."""
+    return (script.STAGES - 1) / (virtual * script.MICRO_BATCHES + script.STAGES - 1)
+
+
 def _near_the_ideal(measured: float, ideal: float, context) -> None:
     """A stage's median bubble: never below its schedule's ideal (5 points for noise), above it by
     BUBBLE_SLACK at most: quiet, 2-3 points; on a loaded host the stages' sleeps overshoot unevenly
@@ -88,7 +93,7 @@ def test_a_balanced_pipeline_idles_as_1f1b_predicts_and_has_no_finding(runs):
     cat, run_ids = runs
     bubbles = stage_bubbles(cat, run_ids["balanced"])
     settled = bubbles[bubbles.step > 0]
-    ideal = (script.STAGES - 1) / (script.MICRO_BATCHES + script.STAGES - 1)
+    ideal = _ideal()
     assert settled.ideal_fraction.eq(ideal).all()
     for stage, rows in settled.groupby("stage"):
         _near_the_ideal(rows.bubble_fraction.median(), ideal, (stage, rows))
@@ -101,11 +106,12 @@ def test_an_interleaved_pipeline_idles_as_its_schedule_predicts_and_has_no_findi
     cat, run_ids = runs
     bubbles = stage_bubbles(cat, run_ids["interleaved"])
     settled = bubbles[bubbles.step > 0]
-    ideal = (script.STAGES - 1) / (script.VIRTUAL * script.MICRO_BATCHES + script.STAGES - 1)
+    ideal = _ideal(script.VIRTUAL)
     assert set(settled.virtual_stages) == {script.VIRTUAL} and settled.ideal_fraction.eq(ideal).all()
-    plain = stage_bubbles(cat, run_ids["balanced"])
-    plain = plain[plain.step > 0].groupby("stage").bubble_fraction.median()
-    plain_ideal = (script.STAGES - 1) / (script.MICRO_BATCHES + script.STAGES - 1)
+    balanced = stage_bubbles(cat, run_ids["balanced"])
+    assert set(balanced.virtual_stages) == {1}
+    plain = balanced[balanced.step > 0].groupby("stage").bubble_fraction.median()
+    plain_ideal = _ideal()
     for stage, rows in settled.groupby("stage"):
         measured = rows.bubble_fraction.median()
         _near_the_ideal(measured, ideal, (stage, rows))
@@ -113,7 +119,6 @@ def test_an_interleaved_pipeline_idles_as_its_schedule_predicts_and_has_no_findi
         # moves both): by a quarter of the ideals' 9 points at least (quiet: 9; beside two busy loops: 4)
         assert plain[stage] - measured >= 0.25 * (plain_ideal - ideal), (stage, measured, plain[stage])
     assert _kinds(cat, run_ids["interleaved"]) == {"stage_imbalance": [], "pipeline_bubble": []}
-    assert set(stage_bubbles(cat, run_ids["balanced"]).virtual_stages) == {1}
 
 
 def test_a_slow_stage_is_named_with_its_cost(runs):

@@ -43,11 +43,27 @@ SIGNALS = (
 )
 
 
-def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.Series | None = None) -> dict | None:
+class Grids:
+    """A run's signals as step x rank grids (``_grid``), each built once and shared by every rank
+    explained from them: at 1,024 ranks one takes ~1 s."""
+
+    def __init__(self, signals: pd.DataFrame) -> None:
+        self.signals = signals
+        self._built: dict[str, pd.DataFrame] = {}
+
+    def __call__(self, column: str) -> pd.DataFrame:
+        if column not in self._built:
+            self._built[column] = _grid(self.signals, column)
+        return self._built[column]
+
+
+def explain(
+    rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.Series | None = None, grids: Grids | None = None
+) -> dict | None:
     """``lateness``: the rank's imposed wait (ms) on its late steps, indexed by step; ``imposed``:
     its imposed wait on every step (late or not; without it, 0 off the late steps);
-    ``signals``: queries.signals_by_step. Returns the cause, a clause for the sentence and the
-    evidence, or None if no recorded signal explains it.
+    ``signals``: queries.signals_by_step (``grids``: its grids, when the caller shares them). Returns
+    the cause, a clause for the sentence and the evidence, or None if no recorded signal explains it.
 
     A signal sampled on a clock (SAMPLED) is known per sample, not per step, so its coincidence
     is judged at that resolution: each late step's excess (the sample's, spread evenly) against
@@ -56,12 +72,13 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.S
     contention makes it) would miss the 50% on the bursty steps though the waits cover it."""
     if lateness.empty or signals.empty:
         return None
+    grids = grids if grids is not None else Grids(signals)
     late_steps = lateness.index
     best = None
     for cause, column, label in SIGNALS:
         if column not in signals or signals[column].isna().all():
             continue
-        grid = _grid(signals, column)
+        grid = grids(column)
         if rank not in grid.columns or grid.shape[1] < 2:
             continue
         judged = lateness
@@ -69,7 +86,7 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.S
             judged = _per_sample(rank, lateness, imposed, signals, column, grid.index)
         own = grid[rank].reindex(late_steps).fillna(0.0)
         if cause == "host_cpu" and "cpu_ms" in signals and not signals.cpu_ms.isna().all():
-            cpu = _grid(signals, "cpu_ms")
+            cpu = grids("cpu_ms")
             per_cpu_ms = (grid / cpu.where(cpu > 0)).drop(columns=rank).median(axis=1)
             others = (cpu[rank] * per_cpu_ms).reindex(late_steps).fillna(0.0)
         else:
@@ -80,7 +97,7 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.S
         if explained >= MIN_EXPLAINED and coincidence >= MIN_COINCIDENCE and (best is None or explained > best[0]):
             best = (explained, cause, label, float(np.median(own)), float(others.median()), coincidence)
     if best is None:
-        return _input_imbalance(rank, late_steps, signals)
+        return _input_imbalance(rank, late_steps, signals, grids)
     explained, cause, label, own_median, others_median, coincidence = best
     return {
         "cause": cause,
@@ -96,24 +113,26 @@ def explain(rank: int, lateness: pd.Series, signals: pd.DataFrame, imposed: pd.S
     }
 
 
-def shared_cpu_wait(rank: int, late_steps: pd.Index, signals: pd.DataFrame | None) -> float | None:
+def shared_cpu_wait(
+    rank: int, late_steps: pd.Index, signals: pd.DataFrame | None, grids: Grids | None = None
+) -> float | None:
     """The other ranks' median wait for a CPU (ms) on ``rank``'s late steps, or None where the run
     did not record it. On an oversubscribed host every rank waits in the run queue at random; a rank
     late by less than that on its late steps is not told apart from the others' luck by its lateness."""
     if signals is None or signals.empty or "runqueue_ms" not in signals or signals.runqueue_ms.isna().all():
         return None
-    grid = _grid(signals, "runqueue_ms")
+    grid = (grids if grids is not None else Grids(signals))("runqueue_ms")
     if rank not in grid.columns or grid.shape[1] < 2:
         return None
     others = grid.drop(columns=rank).reindex(late_steps).median(axis=1).dropna()
     return float(others.median()) if len(others) else None
 
 
-def _input_imbalance(rank: int, late_steps: pd.Index, signals: pd.DataFrame) -> dict | None:
+def _input_imbalance(rank: int, late_steps: pd.Index, signals: pd.DataFrame, grids: Grids) -> dict | None:
     """The input-imbalance explanation of a rank's late steps, from the ``tokens`` column, or None."""
     if "tokens" not in signals or signals.tokens.isna().all():
         return None
-    grid = _grid(signals, "tokens")
+    grid = grids("tokens")
     if rank not in grid.columns or grid.shape[1] < 2:
         return None
     own = grid[rank].reindex(late_steps)

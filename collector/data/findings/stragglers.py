@@ -196,6 +196,7 @@ def costly_ranks(
         ok = (per_rank.cost_ms_per_step >= MIN_COST_MS) & (per_rank.share_of_waiting >= concentration)
         candidates.update(per_rank.index[ok.to_numpy()])
     found = []
+    grids = causes.Grids(signals) if signals is not None else None  # built on the first rank explained
     for col, rank in enumerate(cost.columns):
         if rank not in candidates:
             continue
@@ -224,6 +225,7 @@ def costly_ranks(
                         signals,
                         pattern,
                         saved,
+                        grids,
                     )
                 )
                 break
@@ -235,7 +237,9 @@ def costly_ranks(
                 continue
             pattern = late_pattern(series.to_numpy(), _others(matrix, col), floor, world_size)
             if pattern:
-                found.append(straggler(int(rank), row, 0, median_step, series, (-1, 0.0, 0.0), signals, pattern, saved))
+                found.append(
+                    straggler(int(rank), row, 0, median_step, series, (-1, 0.0, 0.0), signals, pattern, saved, grids)
+                )
     found = [f for f in found if f is not None]  # within the host's CPU noise: see straggler()
     if not found:
         group = late_together(steps, world_size, step_ms)
@@ -361,16 +365,16 @@ def _kl(q: float, p: float) -> float:
 
 
 def straggler(
-    rank, row, start, median_step, imposed: pd.Series, onset_at, signals, pattern=None, saved=None
+    rank, row, start, median_step, imposed: pd.Series, onset_at, signals, pattern=None, saved=None, grids=None
 ) -> Finding | None:
     """The finding for a rank judged costly over the steps from index ``start`` of ``imposed``
     (its bounded imposed wait per step); ``onset_at`` is (onset index or -1, mean before, after);
     ``pattern`` is late_pattern's, when its late steps were a burst that ended or every k-th step;
-    ``saved``: costly_ranks'. None when nothing of its own explains it and the other ranks waited
-    as long for a CPU on its late steps as it was late (causes.shared_cpu_wait): on an oversubscribed
-    host some rank is late at random by about the run queue's wait, and which one says nothing (a
-    healthy 4-rank run beside other jobs: rank 2 late 4 ms a step on half its steps, every rank
-    waiting 13.5 ms a step for a CPU)."""
+    ``saved``: costly_ranks'; ``grids``: the signals' causes.Grids, shared by the run's ranks. None
+    when nothing of its own explains it and the other ranks waited as long for a CPU on its late
+    steps as it was late (causes.shared_cpu_wait): on an oversubscribed host some rank is late at
+    random by about the run queue's wait, and which one says nothing (a healthy 4-rank run beside
+    other jobs: rank 2 late 4 ms a step on half its steps, every rank waiting 13.5 ms a step for a CPU)."""
     turned, before, after = onset_at
     if pattern is not None:
         turned = -1  # the pattern says when, not an onset
@@ -415,9 +419,9 @@ def straggler(
         # the median step is one of its normal steps: without it, every step would be that
         evidence |= {"pattern": "intermittent", "every": pattern["every"], "what_if_step_ms": median_step}
     late = imposed[imposed >= floor]
-    why = causes.explain(rank, late, signals, imposed) if signals is not None else None
+    why = causes.explain(rank, late, signals, imposed, grids) if signals is not None else None
     if why is None and not late.empty:
-        noise = causes.shared_cpu_wait(rank, late.index, signals)
+        noise = causes.shared_cpu_wait(rank, late.index, signals, grids)
         if noise is not None and float(late.median()) <= noise:
             return None
     if why is not None:
